@@ -1,0 +1,149 @@
+"""The public entry point: check the inputs once, pick a variant and its config, launch."""
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+from . import configs
+from .kernels import VARIANTS, Problem, launch
+
+LOG2E = math.log2(math.e)
+HEAD_DIMS = (32, 64, 96, 128, 256)
+DTYPES = (torch.float16, torch.bfloat16)
+LAYOUTS = ("bhsd", "bshd")
+CAUSAL_ALIGNS = ("top_left", "bottom_right")
+
+
+def interpreting() -> bool:
+    """True when Triton's CPU interpreter runs the kernels (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def arch_of(device: torch.device) -> str:
+    """The config-table key of ``device``: interpreter, sm90, sm80 (other CUDA) or hip."""
+    if interpreting():
+        return "interpreter"
+    if torch.version.hip:
+        return "hip"
+    major, _ = torch.cuda.get_device_capability(device)
+    return "sm90" if major == 9 else "sm80"
+
+
+def select_variant(arch: str) -> str:
+    """``variant="auto"``: the fastest correct variant measured on ``arch``."""
+    return "tiled"
+
+
+def variants() -> list[str]:
+    """Names accepted by ``variant=`` (besides ``"auto"``)."""
+    return list(VARIANTS)
+
+
+def _check(q, k, v, causal_align: str, layout: str, variant: str, scale) -> None:
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if causal_align not in CAUSAL_ALIGNS:
+        raise ValueError(f"causal_align must be one of {CAUSAL_ALIGNS}, got {causal_align!r}")
+    if variant != "auto" and variant not in VARIANTS:
+        raise ValueError(f"variant must be 'auto' or one of {variants()}, got {variant!r}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must have 4 dimensions ({layout}), got shape {tuple(t.shape)}")
+        if t.dtype not in DTYPES:
+            raise TypeError(f"{name} has dtype {t.dtype}; fmha takes float16 or bfloat16 "
+                            f"(float32 inputs: cast them, accumulation is float32 anyway)")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if q.device.type == "cpu" and not interpreting():
+        raise RuntimeError("fmha got CPU tensors but Triton's interpreter is off: move the tensors "
+                           "to a GPU, or set TRITON_INTERPRET=1 before importing fmha to run the "
+                           "same kernels on the CPU (slowly)")
+    if q.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"fmha runs on CUDA/ROCm GPUs (or the CPU interpreter), got device {q.device}")
+    seq_dim, head_dim_ = (2, 1) if layout == "bhsd" else (1, 2)
+    b, h, d = q.shape[0], q.shape[head_dim_], q.shape[3]
+    for name, t in (("k", k), ("v", v)):
+        if t.shape[0] != b:
+            raise ValueError(f"{name} has batch {t.shape[0]}, q has {b}")
+        if t.shape[3] != d:
+            raise ValueError(f"{name} has head_dim {t.shape[3]}, q has {d}")
+    if k.shape[head_dim_] != v.shape[head_dim_] or k.shape[seq_dim] != v.shape[seq_dim]:
+        raise ValueError(f"k and v must agree in kv_heads and seqlen_k ({layout}), got "
+                         f"{tuple(k.shape)} and {tuple(v.shape)}")
+    kv_heads = k.shape[head_dim_]
+    if kv_heads == 0 and h != 0 or kv_heads and h % kv_heads:
+        raise ValueError(f"heads ({h}) must be a multiple of kv_heads ({kv_heads})")
+    if d not in HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {d}")
+    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a finite positive number or None, got {scale!r}")
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+              scale: float | None = None, variant: str = "auto", causal_align: str = "top_left",
+              layout: str = "bhsd", return_lse: bool = False, config: configs.KernelConfig | None = None):
+    """Exact attention ``softmax(scale * q k^T) v``, computed flash-style (no score matrix).
+
+    Shapes (``layout="bhsd"``): ``q`` ``[batch, heads, seqlen_q, head_dim]``, ``k`` and
+    ``v`` ``[batch, kv_heads, seqlen_k, head_dim]`` with ``heads`` a multiple of
+    ``kv_heads`` (GQA/MQA).  ``layout="bshd"``: ``[batch, seq, heads, head_dim]``,
+    read through strides without copies.  float16 or bfloat16; head_dim in
+    32, 64, 96, 128, 256; any seqlen >= 0.  Returns ``o`` in q's layout and
+    dtype (a new tensor, never an alias of an input), and with ``return_lse``
+    also the natural-log log-sum-exp, float32 ``[batch, heads, seqlen_q]``.
+
+    ``scale`` defaults to ``1/sqrt(head_dim)``; the kernels receive
+    ``scale * log2(e)`` and use exp2.  ``causal=True`` masks key j for query i
+    unless ``j <= i`` (``causal_align="top_left"``, torch SDPA's ``is_causal``) or
+    ``j <= i + seqlen_k - seqlen_q`` (``"bottom_right"``, FlashAttention 2.1+).
+
+    Edges: a query row with no visible key (``seqlen_k == 0``, or causal
+    bottom-right with ``seqlen_q > seqlen_k``) gives 0 and LSE ``-inf``, never NaN;
+    an empty batch, heads or seqlen_q gives an empty result without a launch.
+
+    ``variant``: ``"auto"`` (the fastest for this device) or one of
+    :func:`variants`; ``config`` overrides the variant's tuned
+    :class:`~fmha.configs.KernelConfig` (for sweeps).
+    CPU tensors run only under Triton's interpreter (``TRITON_INTERPRET=1``).
+    """
+    _check(q, k, v, causal_align, layout, variant, scale)
+    if layout == "bhsd":
+        batch, heads, seqlen_q, head_dim = q.shape
+        kv_heads, seqlen_k = k.shape[1], k.shape[2]
+    else:
+        batch, seqlen_q, heads, head_dim = q.shape
+        seqlen_k, kv_heads = k.shape[1], k.shape[2]
+    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device) if return_lse else None
+    if o.numel() == 0:
+        return (o, lse) if return_lse else o
+    if seqlen_k == 0:
+        o.zero_()
+        if return_lse:
+            lse.fill_(-math.inf)
+        return (o, lse) if return_lse else o
+
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    offset = 0 if causal_align == "top_left" else seqlen_k - seqlen_q
+    prob = Problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, bool(causal),
+                   offset if causal else 0, scale * LOG2E)
+    arch = arch_of(q.device)
+    name = select_variant(arch) if variant == "auto" else variant
+    cfg = config or configs.default_config(name, arch, head_dim)
+    with torch.cuda.device(q.device) if q.device.type == "cuda" else _nullcontext():
+        launch(name, cfg, prob, q, k, v, o, lse, layout)
+    return (o, lse) if return_lse else o
+
+
+class _nullcontext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False

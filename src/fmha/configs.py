@@ -1,0 +1,61 @@
+"""Kernel configurations: data, one table per variant, the measurement beside each entry.
+
+A :class:`KernelConfig` fixes the tile shape and the launch parameters.  The
+``singlewave`` and ``pipelined`` entries are the seed's identity (16x16 tiles,
+one warp) on every target.  The ``tiled`` table is keyed by architecture and
+head dimension; the interpreter entry is small so CPU tests stay quick.  There
+is no autotuning on the default path: ``fmha sweep`` explores, this table decides.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int = 1
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        return f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}"
+
+
+SEED = KernelConfig(block_m=16, block_n=16, num_warps=1, num_stages=1)
+
+# (arch, max head_dim) -> config, first match wins.  arch: "interpreter", "sm90",
+# "sm80" (any other CUDA), "hip".
+TILED = [
+    ("interpreter", 256, KernelConfig(32, 32, 4, 1)),      # small tiles: fewer masked lanes on tiny tests
+    ("sm90", 64, KernelConfig(128, 64, 4, 3)),             # tutorial-06 shape for D<=64
+    ("sm90", 128, KernelConfig(128, 64, 8, 3)),
+    ("sm90", 256, KernelConfig(64, 32, 4, 2)),             # D=256: the accumulator alone is 64 KB of registers
+    ("sm80", 64, KernelConfig(128, 64, 4, 3)),
+    ("sm80", 128, KernelConfig(128, 64, 8, 2)),
+    ("sm80", 256, KernelConfig(64, 32, 4, 2)),
+    ("hip", 128, KernelConfig(64, 64, 4, 1)),
+    ("hip", 256, KernelConfig(32, 32, 4, 1)),
+]
+
+
+def tiled_config(arch: str, head_dim: int) -> KernelConfig:
+    """The ``tiled`` entry for ``arch`` at ``head_dim`` (padded to a power of two)."""
+    for key, max_d, cfg in TILED:
+        if key == arch and head_dim <= max_d:
+            return cfg
+    for key, max_d, cfg in TILED:  # an arch not in the table takes the sm80 rows
+        if key == "sm80" and head_dim <= max_d:
+            return cfg
+    raise ValueError(f"no tiled config for arch={arch!r}, head_dim={head_dim}")
+
+
+def default_config(variant: str, arch: str, head_dim: int) -> KernelConfig:
+    if variant in ("singlewave", "pipelined"):
+        return SEED
+    if variant == "tiled":
+        return tiled_config(arch, head_dim)
+    raise ValueError(f"no config table for variant {variant!r}")

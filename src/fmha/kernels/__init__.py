@@ -1,0 +1,60 @@
+"""The Triton variants and the one launch path they share.
+
+Each variant module exports ``KERNEL``, a ``@triton.jit`` function with the
+common signature (pointers, strides in ``b, h, s, d`` order, sizes, constexprs).
+Adding a variant: its module, its config table in :mod:`fmha.configs`, one
+line in :data:`VARIANTS`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from . import pipelined, singlewave, tiled
+
+VARIANTS = {
+    "singlewave": singlewave.KERNEL,
+    "pipelined": pipelined.KERNEL,
+    "tiled": tiled.KERNEL,
+}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One attention call, checked: sizes, masking and the base-2 scale."""
+    batch: int
+    heads: int
+    kv_heads: int
+    seqlen_q: int
+    seqlen_k: int
+    head_dim: int
+    causal: bool
+    causal_offset: int
+    scale_log2: float
+
+    @property
+    def block_d(self) -> int:
+        return max(16, triton.next_power_of_2(self.head_dim))
+
+
+def strides_bhsd(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
+    """Strides in (batch, head, seq, dim) order for a tensor in ``layout``."""
+    s = t.stride()
+    return (s[0], s[1], s[2], s[3]) if layout == "bhsd" else (s[0], s[2], s[1], s[3])
+
+
+def launch(variant: str, cfg, prob: Problem, q, k, v, o, lse, layout: str) -> None:
+    """Run ``variant`` with ``cfg`` on ``prob``: writes ``o`` (and ``lse`` if not None)."""
+    kernel = VARIANTS[variant]
+    grid = (triton.cdiv(prob.seqlen_q, cfg.block_m), prob.batch * prob.heads)
+    kernel[grid](
+        q, k, v, o, lse if lse is not None else o,
+        *strides_bhsd(q, layout), *strides_bhsd(k, layout), *strides_bhsd(v, layout),
+        *strides_bhsd(o, layout),
+        prob.heads, prob.heads // prob.kv_heads, prob.seqlen_q, prob.seqlen_k,
+        prob.causal_offset, prob.scale_log2,
+        HEAD_DIM=prob.head_dim, BLOCK_D=prob.block_d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        CAUSAL=prob.causal, STORE_LSE=lse is not None,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)

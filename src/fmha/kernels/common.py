@@ -1,0 +1,145 @@
+"""The pieces every Triton variant shares, written once (seed Sections 3, 5, 6, 7).
+
+* :func:`mma` -- the one matrix product, with the interpreter switch;
+* :func:`locate` -- which (batch, head, query block) a program owns, base pointers;
+* :func:`load_rows` -- a masked ``[rows, head_dim]`` tile load;
+* :func:`mask_scores` -- the key-boundary and causal masks (5.2);
+* :func:`causal_stop` -- the early exit (Section 7);
+* :func:`online_softmax_step` -- one tile of the recurrence (5.3-5.6);
+* :func:`write_output` -- the epilogue with the ``l == 0`` guard (Section 6) and LSE.
+
+Scores live in the base-2 domain: ``s = scale_log2 * q.k`` with
+``scale_log2 = scale * log2(e)`` folded on the host (8.1), so every exponential is
+one ``exp2``.
+"""
+import os
+
+import triton
+import triton.language as tl
+
+# Triton 3.6's interpreter returns garbage for a bfloat16 tl.dot; float32 operands
+# give exact products.  Decided once, at import, as Triton decides interpretation.
+INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+LN2: tl.constexpr = 0.6931471805599453
+
+
+@triton.jit
+def mma(a, b, acc):
+    """``acc + a @ b`` with float32 accumulation."""
+    if INTERPRET:
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        out = tl.dot(a, b, acc)
+    return out
+
+
+@triton.jit
+def locate(Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_kb, stride_kh,
+           stride_vb, stride_vh, stride_ob, stride_oh, stride_os, heads, group,
+           BLOCK_M: tl.constexpr):
+    """Program (query block, batch*head) -> base pointers of its Q/O rows and its K/V head.
+
+    64-bit offsets up to the row: tensors past 2**31 elements stay addressable.
+    ``group`` query heads share one KV head (GQA/MQA).
+    """
+    start_m = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1)
+    b = (bh // heads).to(tl.int64)
+    h = bh % heads
+    kvh = (h // group).to(tl.int64)
+    h = h.to(tl.int64)
+    row0 = start_m.to(tl.int64)
+    q_base = Q + b * stride_qb + h * stride_qh + row0 * stride_qs
+    o_base = O + b * stride_ob + h * stride_oh + row0 * stride_os
+    k_base = K + b * stride_kb + kvh * stride_kh
+    v_base = V + b * stride_vb + kvh * stride_vh
+    return start_m, bh, q_base, k_base, v_base, o_base
+
+
+@triton.jit
+def load_rows(ptrs, rows, n_rows, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+              MASK_ROWS: tl.constexpr):
+    """Load a ``[len(rows), BLOCK_D]`` tile; rows >= n_rows and columns >= HEAD_DIM read 0."""
+    if MASK_ROWS:
+        if BLOCK_D == HEAD_DIM:
+            x = tl.load(ptrs, mask=rows[:, None] < n_rows, other=0.0)
+        else:
+            x = tl.load(ptrs, mask=(rows[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    else:
+        if BLOCK_D == HEAD_DIM:
+            x = tl.load(ptrs)
+        else:
+            x = tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+    return x
+
+
+@triton.jit
+def mask_scores(s, offs_m, offs_n, seqlen_k, causal_offset,
+                MASK_KEYS: tl.constexpr, CAUSAL: tl.constexpr):
+    """Step 5.2: a masked score becomes -inf, so its weight exp2(-inf) is 0.
+
+    Query i sees key j iff ``j < seqlen_k`` and, when causal, ``j <= i + causal_offset``.
+    """
+    if MASK_KEYS:
+        s = tl.where(offs_n[None, :] < seqlen_k, s, float("-inf"))
+    if CAUSAL:
+        s = tl.where(offs_n[None, :] <= offs_m[:, None] + causal_offset, s, float("-inf"))
+    return s
+
+
+@triton.jit
+def causal_stop(start_m, seqlen_k, causal_offset, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
+    """Section 7: keys at or past the returned position are invisible to every row
+    of the block ``[start_m, start_m + BLOCK_M)``, so the key loop stops there."""
+    stop = seqlen_k
+    if CAUSAL:
+        stop = tl.minimum(seqlen_k, tl.maximum(start_m + BLOCK_M + causal_offset, 0))
+    return stop
+
+
+@triton.jit
+def full_stop(start_m, seqlen_k, causal_offset, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """Keys ``[0, full_stop)`` exist and are visible to every row of the block, in
+    whole ``BLOCK_N`` tiles: the loop over them needs no mask."""
+    stop = seqlen_k
+    if CAUSAL:
+        stop = tl.minimum(seqlen_k, tl.maximum(start_m + causal_offset + 1, 0))
+    return (stop // BLOCK_N) * BLOCK_N
+
+
+@triton.jit
+def online_softmax_step(acc, l, m, s, v):
+    """One key tile of the recurrence (seed 5.3-5.6), ``s`` already scaled and masked.
+
+    ``m_new = max(m, rowmax s)``, ``alpha = exp2(m - m_new)``, ``p = exp2(s - m_new)``,
+    ``l = alpha l + rowsum p``, ``acc = alpha acc + p @ v``.  A row that has seen
+    only masked keys keeps ``m = -inf``; its pivot is taken as 0 so that no
+    ``-inf - -inf`` appears, and its ``p``, ``l`` and ``acc`` stay 0.
+    """
+    m_new = tl.maximum(m, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.math.exp2(m - m_safe)
+    p = tl.math.exp2(s - m_safe[:, None])
+    l = l * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    acc = mma(p.to(v.dtype), v, acc)
+    return acc, l, m_new
+
+
+@triton.jit
+def write_output(o_base, LSE, acc, l, m, bh, start_m, offs_m, offs_d, seqlen_q, stride_os, stride_od,
+                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, STORE_LSE: tl.constexpr):
+    """Section 6: ``o = acc / l`` with ``1/l := 0`` on an empty row (never NaN);
+    LSE (natural log, float32, ``-inf`` on an empty row) when asked."""
+    inv_l = tl.where(l == 0.0, 0.0, 1.0 / l)
+    o = acc * inv_l[:, None]
+    rows = offs_m - start_m
+    o_ptrs = o_base + rows[:, None] * stride_os + offs_d[None, :] * stride_od
+    if BLOCK_D == HEAD_DIM:
+        o_mask = offs_m[:, None] < seqlen_q
+    else:
+        o_mask = (offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM)
+    tl.store(o_ptrs, o.to(o_base.dtype.element_ty), mask=o_mask)
+    if STORE_LSE:
+        lse = tl.where(l == 0.0, float("-inf"), (m + tl.math.log2(l)) * LN2)
+        tl.store(LSE + bh.to(tl.int64) * seqlen_q + offs_m, lse, mask=offs_m < seqlen_q)

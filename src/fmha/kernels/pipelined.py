@@ -1,0 +1,61 @@
+"""``pipelined``: the seed's software-pipelined sibling (seed Section 10, the D64 winner).
+
+The same math as ``singlewave`` (one warp, 16 rows, 16-key tiles), with the
+independent work reordered: the QK product of tile ``t + 1`` is issued before
+the softmax of tile ``t``, so the matrix unit has work while the exponentials
+and reductions of tile ``t`` run.
+"""
+import triton
+import triton.language as tl
+
+from .common import (causal_stop, load_rows, locate, mask_scores, mma, online_softmax_step,
+                     write_output)
+
+
+@triton.jit
+def pipelined_kernel(
+        Q, K, V, O, LSE,
+        stride_qb, stride_qh, stride_qs, stride_qd,
+        stride_kb, stride_kh, stride_ks, stride_kd,
+        stride_vb, stride_vh, stride_vs, stride_vd,
+        stride_ob, stride_oh, stride_os, stride_od,
+        heads, group, seqlen_q, seqlen_k, causal_offset, scale_log2,
+        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr):
+    start_m, bh, q_base, k_base, v_base, o_base = locate(
+        Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_kb, stride_kh,
+        stride_vb, stride_vh, stride_ob, stride_oh, stride_os, heads, group, BLOCK_M)
+    rows = tl.arange(0, BLOCK_M)
+    offs_m = start_m + rows
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    q = load_rows(q_base + rows[:, None] * stride_qs + offs_d[None, :] * stride_qd,
+                  offs_m, seqlen_q, offs_d, HEAD_DIM, BLOCK_D, True)
+    k_ptrs = k_base + offs_n[:, None] * stride_ks + offs_d[None, :] * stride_kd
+    v_ptrs = v_base + offs_n[:, None] * stride_vs + offs_d[None, :] * stride_vd
+
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    stop = causal_stop(start_m, seqlen_k, causal_offset, BLOCK_M, CAUSAL)
+    # prologue: QK of tile 0 (keys past `stop` read as 0 and are masked below)
+    k = load_rows(k_ptrs, offs_n, stop, offs_d, HEAD_DIM, BLOCK_D, True)
+    qk = mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
+    for start_n in range(0, stop, BLOCK_N):
+        cols = start_n + offs_n
+        # 5.1 for tile t+1, issued before the softmax of tile t
+        k_ptrs += BLOCK_N * stride_ks
+        k_next = load_rows(k_ptrs, cols + BLOCK_N, stop, offs_d, HEAD_DIM, BLOCK_D, True)
+        qk_next = mma(q, tl.trans(k_next), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
+        # 5.2-5.6 for tile t
+        s = mask_scores(qk * scale_log2, offs_m, cols, seqlen_k, causal_offset, True, CAUSAL)
+        v = load_rows(v_ptrs, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, True)
+        acc, l, m = online_softmax_step(acc, l, m, s, v)
+        # 5.7 carry, the next scores included
+        v_ptrs += BLOCK_N * stride_vs
+        qk = qk_next
+    write_output(o_base, LSE, acc, l, m, bh, start_m, offs_m, offs_d, seqlen_q, stride_os, stride_od,
+                 HEAD_DIM, BLOCK_D, STORE_LSE)
+
+
+KERNEL = pipelined_kernel

@@ -1,0 +1,59 @@
+"""``singlewave``: the seed's kernel (seed Sections 4-7, ``fmha_singlewave.py``).
+
+One warp per program (``num_warps=1``), 16 query rows, 16-key tiles: the
+16x16x16 matrix-instruction shape of gfx1151's ``v_wmma_f32_16x16x16_f16``.
+The running ``m``, ``l``, ``acc`` ride the key loop; the loop stops at the last
+tile any row of the block can see (causal early exit), and every tile is masked
+elementwise (a no-op except on the causal diagonal and the last, ragged tile).
+"""
+import triton
+import triton.language as tl
+
+from .common import (causal_stop, load_rows, locate, mask_scores, mma, online_softmax_step,
+                     write_output)
+
+
+@triton.jit
+def singlewave_kernel(
+        Q, K, V, O, LSE,
+        stride_qb, stride_qh, stride_qs, stride_qd,
+        stride_kb, stride_kh, stride_ks, stride_kd,
+        stride_vb, stride_vh, stride_vs, stride_vd,
+        stride_ob, stride_oh, stride_os, stride_od,
+        heads, group, seqlen_q, seqlen_k, causal_offset, scale_log2,
+        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr):
+    start_m, bh, q_base, k_base, v_base, o_base = locate(
+        Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_kb, stride_kh,
+        stride_vb, stride_vh, stride_ob, stride_oh, stride_os, heads, group, BLOCK_M)
+    rows = tl.arange(0, BLOCK_M)
+    offs_m = start_m + rows
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    q = load_rows(q_base + rows[:, None] * stride_qs + offs_d[None, :] * stride_qd,
+                  offs_m, seqlen_q, offs_d, HEAD_DIM, BLOCK_D, True)
+    k_ptrs = k_base + offs_n[:, None] * stride_ks + offs_d[None, :] * stride_kd
+    v_ptrs = v_base + offs_n[:, None] * stride_vs + offs_d[None, :] * stride_vd
+
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    stop = causal_stop(start_m, seqlen_k, causal_offset, BLOCK_M, CAUSAL)
+    for start_n in range(0, stop, BLOCK_N):
+        cols = start_n + offs_n
+        # 5.1 S = Q K^T, contracted over the head dimension
+        k = load_rows(k_ptrs, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, True)
+        qk = mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
+        # 5.2 scale into base 2, mask
+        s = mask_scores(qk * scale_log2, offs_m, cols, seqlen_k, causal_offset, True, CAUSAL)
+        # 5.3-5.6 running max, alpha, p, l, acc += P V
+        v = load_rows(v_ptrs, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, True)
+        acc, l, m = online_softmax_step(acc, l, m, s, v)
+        # 5.7 next tile
+        k_ptrs += BLOCK_N * stride_ks
+        v_ptrs += BLOCK_N * stride_vs
+    write_output(o_base, LSE, acc, l, m, bh, start_m, offs_m, offs_d, seqlen_q, stride_os, stride_od,
+                 HEAD_DIM, BLOCK_D, STORE_LSE)
+
+
+KERNEL = singlewave_kernel

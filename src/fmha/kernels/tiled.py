@@ -1,0 +1,73 @@
+"""``tiled``: the general kernel for any GPU: large tiles, several warps, pipelined loads.
+
+The key range of a query block is split in two loops (Triton tutorial 06's
+shape): first the whole tiles every row of the block sees, with no mask at all,
+then the remaining tiles up to the causal early exit (the diagonal and the
+ragged end), masked elementwise.  Tile sizes, warps and stages come from
+:mod:`fmha.configs`.
+"""
+import triton
+import triton.language as tl
+
+from .common import (causal_stop, full_stop, load_rows, locate, mask_scores, mma,
+                     online_softmax_step, write_output)
+
+
+@triton.jit
+def _key_range(acc, l, m, q, k_base, v_base, lo, hi, offs_m, offs_n, offs_d,
+               stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, causal_offset, scale_log2,
+               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
+    first = (lo + offs_n).to(tl.int64)
+    k_ptrs = k_base + first[:, None] * stride_ks + offs_d[None, :] * stride_kd
+    v_ptrs = v_base + first[:, None] * stride_vs + offs_d[None, :] * stride_vd
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        k = load_rows(k_ptrs, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, MASKED)
+        qk = mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
+        s = mask_scores(qk * scale_log2, offs_m, cols, seqlen_k, causal_offset, MASKED, CAUSAL and MASKED)
+        v = load_rows(v_ptrs, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, MASKED)
+        acc, l, m = online_softmax_step(acc, l, m, s, v)
+        k_ptrs += BLOCK_N * stride_ks
+        v_ptrs += BLOCK_N * stride_vs
+    return acc, l, m
+
+
+@triton.jit
+def tiled_kernel(
+        Q, K, V, O, LSE,
+        stride_qb, stride_qh, stride_qs, stride_qd,
+        stride_kb, stride_kh, stride_ks, stride_kd,
+        stride_vb, stride_vh, stride_vs, stride_vd,
+        stride_ob, stride_oh, stride_os, stride_od,
+        heads, group, seqlen_q, seqlen_k, causal_offset, scale_log2,
+        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr):
+    start_m, bh, q_base, k_base, v_base, o_base = locate(
+        Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_kb, stride_kh,
+        stride_vb, stride_vh, stride_ob, stride_oh, stride_os, heads, group, BLOCK_M)
+    rows = tl.arange(0, BLOCK_M)
+    offs_m = start_m + rows
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    q = load_rows(q_base + rows[:, None] * stride_qs + offs_d[None, :] * stride_qd,
+                  offs_m, seqlen_q, offs_d, HEAD_DIM, BLOCK_D, True)
+
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    lo = full_stop(start_m, seqlen_k, causal_offset, BLOCK_N, CAUSAL)
+    hi = causal_stop(start_m, seqlen_k, causal_offset, BLOCK_M, CAUSAL)
+    # tiles every row sees: no mask
+    acc, l, m = _key_range(acc, l, m, q, k_base, v_base, 0, lo, offs_m, offs_n, offs_d,
+                           stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, causal_offset,
+                           scale_log2, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, False, CAUSAL)
+    # the diagonal and the ragged end, up to the early exit: masked
+    acc, l, m = _key_range(acc, l, m, q, k_base, v_base, lo, hi, offs_m, offs_n, offs_d,
+                           stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, causal_offset,
+                           scale_log2, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, True, CAUSAL)
+    write_output(o_base, LSE, acc, l, m, bh, start_m, offs_m, offs_d, seqlen_q, stride_os, stride_od,
+                 HEAD_DIM, BLOCK_D, STORE_LSE)
+
+
+KERNEL = tiled_kernel

@@ -1,0 +1,159 @@
+"""The float64 reference: the specification of attention and the seed's recurrence.
+
+Two independent computations of ``softmax(scale * Q K^T) V`` in NumPy float64:
+
+* :func:`dense_attention` -- the definition (seed Section 1), the whole score
+  matrix at once, with the same mask semantics as the kernels.
+* :func:`online_attention` -- the tile-by-tile online-softmax recurrence (seed
+  Sections 3, 5, 6, 9), step for step with the seed's names ``m``, ``l``,
+  ``acc``, ``alpha``, ``p``, ``scale_log2``, and the tile width a parameter.
+
+Shapes are ``[batch, heads, seqlen, head_dim]`` (``bhsd``); ``k`` and ``v`` may
+have fewer heads (GQA/MQA), ``heads`` a multiple of ``kv_heads``.  A query row
+with no visible key returns 0 (the ``l == 0`` guard) and log-sum-exp ``-inf``.
+This module imports nothing from the rest of fmha.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+LOG2E = math.log2(math.e)
+
+
+def causal_offset(seqlen_q: int, seqlen_k: int, causal_align: str) -> int:
+    """Query ``i`` sees key ``j`` iff ``j <= i + offset``.
+
+    ``top_left`` (torch SDPA's ``is_causal``): offset 0.
+    ``bottom_right`` (FlashAttention 2.1+): offset ``seqlen_k - seqlen_q``.
+    """
+    if causal_align == "top_left":
+        return 0
+    if causal_align == "bottom_right":
+        return seqlen_k - seqlen_q
+    raise ValueError(f"causal_align must be 'top_left' or 'bottom_right', got {causal_align!r}")
+
+
+def visible(seqlen_q: int, seqlen_k: int, causal: bool, causal_align: str = "top_left") -> np.ndarray:
+    """Boolean ``[seqlen_q, seqlen_k]``: True where query i may attend to key j."""
+    if not causal:
+        return np.ones((seqlen_q, seqlen_k), dtype=bool)
+    offset = causal_offset(seqlen_q, seqlen_k, causal_align)
+    i = np.arange(seqlen_q)[:, None]
+    j = np.arange(seqlen_k)[None, :]
+    return j <= i + offset
+
+
+def _as_f64(x) -> np.ndarray:
+    if hasattr(x, "detach"):  # a torch tensor, without importing torch here
+        x = x.detach().cpu().double().numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+def _expand_kv(q: np.ndarray, k: np.ndarray, v: np.ndarray):
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if heads % kv_heads:
+        raise ValueError(f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
+    group = heads // kv_heads
+    return np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+
+
+def dense_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
+                    causal_align: str = "top_left", return_lse: bool = False):
+    """(a) ``softmax(scale * Q K^T) V`` in float64, the whole score matrix at once.
+
+    Returns ``o`` ``[B, H, Sq, D]`` float64 (and the natural-log LSE ``[B, H, Sq]``
+    when ``return_lse``).  Rows with no visible key give 0 and LSE ``-inf``.
+    """
+    q, k, v = _as_f64(q), _as_f64(k), _as_f64(v)
+    k, v = _expand_kv(q, k, v)
+    seqlen_q, seqlen_k, head_dim = q.shape[2], k.shape[2], q.shape[3]
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+    s = scale * np.einsum("bhid,bhjd->bhij", q, k)
+    mask = visible(seqlen_q, seqlen_k, causal, causal_align)
+    s = np.where(mask, s, -np.inf)
+    row_max = s.max(axis=-1, keepdims=True, initial=-np.inf)
+    row_max_safe = np.where(np.isfinite(row_max), row_max, 0.0)
+    w = np.exp(s - row_max_safe)
+    denom = w.sum(axis=-1, keepdims=True)
+    o = np.einsum("bhij,bhjd->bhid", w, v) / np.where(denom == 0, 1.0, denom)
+    if not return_lse:
+        return o
+    with np.errstate(divide="ignore"):
+        lse = (row_max_safe + np.log(denom))[..., 0]
+    return o, lse
+
+
+@dataclass
+class RowTrace:
+    """Per-tile values of the recurrence for one query row (base-2 domain)."""
+    tile: list[int] = field(default_factory=list)
+    m: list[float] = field(default_factory=list)
+    l: list[float] = field(default_factory=list)
+    alpha: list[float] = field(default_factory=list)
+
+
+def online_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
+                     causal_align: str = "top_left", block_n: int = 16,
+                     return_lse: bool = False, trace_row: tuple[int, int, int] | None = None):
+    """(b) The seed's online-softmax recurrence, one key tile of width ``block_n`` at a time.
+
+    Follows seed Section 9 line by line, in the base-2 domain of Section 8.1
+    (``scale_log2 = scale * log2(e)``, ``exp2`` everywhere), with the causal early
+    exit of Section 7 and the ``l == 0`` guard of Section 6.  ``trace_row =
+    (batch, head, row)`` also returns a :class:`RowTrace` of ``m``, ``l`` and
+    ``alpha`` per tile for that row.
+    """
+    q, k, v = _as_f64(q), _as_f64(k), _as_f64(v)
+    k, v = _expand_kv(q, k, v)
+    batch, heads, seqlen_q, head_dim = q.shape
+    seqlen_k = k.shape[2]
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+    scale_log2 = scale * LOG2E                      # tau * log2(e), folded once (8.1)
+    mask = visible(seqlen_q, seqlen_k, causal, causal_align)
+    offset = causal_offset(seqlen_q, seqlen_k, causal_align) if causal else 0
+
+    m = np.full((batch, heads, seqlen_q), -np.inf)  # running max (base 2)
+    l = np.zeros((batch, heads, seqlen_q))          # running denominator
+    acc = np.zeros((batch, heads, seqlen_q, head_dim))  # running un-normalised output
+    trace = RowTrace() if trace_row is not None else None
+
+    n_tiles = -(-seqlen_k // block_n)
+    causal_stop = n_tiles
+    if causal:  # Section 7: the last key any row of this problem can see
+        causal_stop = min(n_tiles, max(0, -(-(seqlen_q + offset) // block_n)))
+    for t in range(causal_stop):
+        cols = slice(t * block_n, min((t + 1) * block_n, seqlen_k))
+        # 5.1-5.2: scores of this tile, scaled into the base-2 domain, masked
+        s = scale_log2 * np.einsum("bhid,bhjd->bhij", q, k[:, :, cols])
+        s = np.where(mask[:, cols], s, -np.inf)
+        # 5.3: running max and the rescale factor; -inf rows keep a finite pivot
+        m_new = np.maximum(m, s.max(axis=-1))
+        m_safe = np.where(np.isfinite(m_new), m_new, 0.0)
+        alpha = np.exp2(m - m_safe)
+        # 5.4: this tile's weights and the running denominator
+        p = np.exp2(s - m_safe[..., None])
+        l = alpha * l + p.sum(axis=-1)
+        # 5.5-5.6: rescale the accumulator, add P V
+        acc = alpha[..., None] * acc + np.einsum("bhij,bhjd->bhid", p, v[:, :, cols])
+        # 5.7: carry
+        m = m_new
+        if trace is not None:
+            b, h, i = trace_row
+            trace.tile.append(t)
+            trace.m.append(float(m[b, h, i]))
+            trace.l.append(float(l[b, h, i]))
+            trace.alpha.append(float(alpha[b, h, i]))
+
+    # Section 6: o = acc / l, with 1/l := 0 on an empty row
+    inv_l = np.where(l == 0, 0.0, 1.0 / np.where(l == 0, 1.0, l))
+    o = acc * inv_l[..., None]
+    out = [o]
+    if return_lse:
+        with np.errstate(divide="ignore"):
+            out.append(np.where(l == 0, -np.inf, (m + np.log2(np.where(l == 0, 1.0, l))) / LOG2E))
+    if trace is not None:
+        out.append(trace)
+    return out[0] if len(out) == 1 else tuple(out)
