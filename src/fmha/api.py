@@ -7,7 +7,6 @@ import os
 import torch
 
 from . import configs
-from .kernels import VARIANTS, Problem, launch
 
 LOG2E = math.log2(math.e)
 HEAD_DIMS = (32, 64, 96, 128, 256)
@@ -36,9 +35,16 @@ def select_variant(arch: str) -> str:
     return "tiled"
 
 
+def _kernels():
+    # imported on first use: Triton fixes interpretation (TRITON_INTERPRET) when a
+    # kernel is defined, so `python -m fmha` can still choose it after `import fmha`
+    from . import kernels
+    return kernels
+
+
 def variants() -> list[str]:
     """Names accepted by ``variant=`` (besides ``"auto"``)."""
-    return list(VARIANTS)
+    return list(_kernels().VARIANTS)
 
 
 def _check(q, k, v, causal_align: str, layout: str, variant: str, scale) -> None:
@@ -46,7 +52,7 @@ def _check(q, k, v, causal_align: str, layout: str, variant: str, scale) -> None
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if causal_align not in CAUSAL_ALIGNS:
         raise ValueError(f"causal_align must be one of {CAUSAL_ALIGNS}, got {causal_align!r}")
-    if variant != "auto" and variant not in VARIANTS:
+    if variant != "auto" and variant not in variants():
         raise ValueError(f"variant must be 'auto' or one of {variants()}, got {variant!r}")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
@@ -87,7 +93,8 @@ def _check(q, k, v, causal_align: str, layout: str, variant: str, scale) -> None
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
               scale: float | None = None, variant: str = "auto", causal_align: str = "top_left",
-              layout: str = "bhsd", return_lse: bool = False, config: configs.KernelConfig | None = None):
+              layout: str = "bhsd", return_lse: bool = False, out: torch.Tensor | None = None,
+              config: configs.KernelConfig | None = None):
     """Exact attention ``softmax(scale * q k^T) v``, computed flash-style (no score matrix).
 
     Shapes (``layout="bhsd"``): ``q`` ``[batch, heads, seqlen_q, head_dim]``, ``k`` and
@@ -109,7 +116,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
 
     ``variant``: ``"auto"`` (the fastest for this device) or one of
     :func:`variants`; ``config`` overrides the variant's tuned
-    :class:`~fmha.configs.KernelConfig` (for sweeps).
+    :class:`~fmha.configs.KernelConfig` (for sweeps).  ``out``: a tensor of q's
+    shape, dtype and device to write into (any strides; it must not overlap an input).
     CPU tensors run only under Triton's interpreter (``TRITON_INTERPRET=1``).
     """
     _check(q, k, v, causal_align, layout, variant, scale)
@@ -119,7 +127,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     else:
         batch, seqlen_q, heads, head_dim = q.shape
         seqlen_k, kv_heads = k.shape[1], k.shape[2]
-    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    o = _output(q, k, v, out)
     lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device) if return_lse else None
     if o.numel() == 0:
         return (o, lse) if return_lse else o
@@ -131,14 +139,42 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
 
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
     offset = 0 if causal_align == "top_left" else seqlen_k - seqlen_q
-    prob = Problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, bool(causal),
+    kernels = _kernels()
+    prob = kernels.Problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, bool(causal),
                    offset if causal else 0, scale * LOG2E)
     arch = arch_of(q.device)
     name = select_variant(arch) if variant == "auto" else variant
     cfg = config or configs.default_config(name, arch, head_dim)
     with torch.cuda.device(q.device) if q.device.type == "cuda" else _nullcontext():
-        launch(name, cfg, prob, q, k, v, o, lse, layout)
+        kernels.launch(name, cfg, prob, q, k, v, o, lse, layout)
     return (o, lse) if return_lse else o
+
+
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+
+    def span(t):
+        lo = t.data_ptr()
+        hi = lo + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) * t.element_size()
+        return lo, hi + t.element_size()
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
+
+
+def _output(q, k, v, out):
+    if out is None:
+        return torch.empty_like(q, memory_format=torch.contiguous_format)
+    if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
+        raise ValueError(f"out must match q's shape, dtype and device {tuple(q.shape)}, {q.dtype}, "
+                         f"{q.device}; got {tuple(out.shape)}, {out.dtype}, {out.device}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if _overlaps(out, t):
+            raise ValueError(f"out overlaps {name}: the kernel reads {name} while writing out")
+    return out
 
 
 class _nullcontext:

@@ -1,0 +1,1 @@
+"""The campaign: FLOP counts, providers, grids, timing, the ledger, sweeps and plots."""

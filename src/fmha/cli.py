@@ -1,0 +1,108 @@
+"""Command line: thin wrappers over the API, the targets and the campaign."""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import warnings
+
+import numpy as np
+import torch
+
+import fmha
+from fmha import reference
+from fmha.api import interpreting
+
+
+def _demo_cpu(args) -> int:
+    b, h, kvh, sq, sk, d = 1, 2, 1, 40, 56, 64
+    print(f"fmha demo: no CUDA GPU, so the seed's `singlewave` kernel runs in Triton's interpreter\n"
+          f"problem: batch={b} heads={h} kv_heads={kvh} seqlen_q={sq} seqlen_k={sk} head_dim={d} "
+          f"float16, causal (bottom-right)")
+    g = torch.Generator().manual_seed(args.seed)
+    q = torch.randn(b, h, sq, d, generator=g).half()
+    k = torch.randn(b, kvh, sk, d, generator=g).half()
+    v = torch.randn(b, kvh, sk, d, generator=g).half()
+    with warnings.catch_warnings():  # the interpreter's numpy warns on 1/l for empty rows
+        warnings.simplefilter("ignore", RuntimeWarning)
+        o = fmha.attention(q, k, v, causal=True, causal_align="bottom_right", variant="singlewave")
+    ref = reference.dense_attention(q, k, v, causal=True, causal_align="bottom_right")
+    err = np.abs(o.double().numpy() - ref)
+    rel = np.linalg.norm(o.double().numpy() - ref) / np.linalg.norm(ref)
+    print(f"max |o - o_ref| = {err.max():.2e}   ||o - o_ref|| / ||o_ref|| = {rel:.2e}   "
+          f"(float64 reference; float16 rounding is ~5e-4)")
+
+    def trace_of(r):
+        return reference.online_attention(q, k, v, causal=True, causal_align="bottom_right",
+                                          block_n=16, trace_row=(0, 0, r))[1]
+
+    if args.row is None:  # the row whose running max moves most often: the instructive one
+        row = max(range(sq), key=lambda r: (sum(0 < a < 1 for a in trace_of(r).alpha), r))
+    else:
+        row = args.row
+    trace = trace_of(row)
+    block0 = row // 16 * 16
+    stop = min(sk, block0 + 16 + sk - sq)  # the kernel's causal_stop for this row's 16-row block
+    n_run = math.ceil(stop / 16)
+    print(f"\nthe recurrence for query row {row} (it sees keys 0..{min(sk, row + sk - sq + 1) - 1}), "
+          f"16-key tiles, base-2 domain:")
+    print(f"{'tile':>4}  {'keys':>9}  {'m (running max)':>16}  {'alpha = 2^(m_old-m)':>20}  {'l':>12}")
+    for t, m, a, l in list(zip(trace.tile, trace.m, trace.alpha, trace.l))[:n_run]:
+        print(f"{t:>4}  {f'{16 * t}-{min(16 * t + 15, sk - 1)}':>9}  {m:>16.5f}  {a:>20.6f}  {l:>12.6f}")
+    print(f"o[{row}] = acc / l.  The program for rows {block0}-{block0 + 15} ran {n_run} of "
+          f"{math.ceil(sk / 16)} key tiles: the causal early exit skipped the rest.")
+    return 0 if rel < 1e-2 else 1
+
+
+def _demo_gpu(args) -> int:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from fmha.bench.flops import attention_flops
+    from fmha.bench.timing import median_ms, tflops
+    b, h, s, d = 4, 16, 4096, 128
+    dev = torch.cuda.get_device_name()
+    print(f"fmha demo on {dev}: batch={b} heads={h} seqlen={s} head_dim={d} bfloat16")
+    print(f"{'provider':>22} {'causal':>6} {'ms':>8} {'TFLOP/s':>8} {'rel err':>8}")
+    for causal in (False, True):
+        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(),
+                                                               is_causal=causal)
+        flops = attention_flops(b, h, s, s, d, causal)
+        runs = [(f"fmha:{n}", lambda n=n: fmha.attention(q, k, v, causal=causal, variant=n))
+                for n in ["auto", *fmha.variants()]]
+
+        def sdpa():
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION]):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        runs.append(("torch sdpa", sdpa))
+        for name, fn in runs:
+            o = fn()
+            rel = ((o.float() - ref).norm() / ref.norm()).item()
+            ms = median_ms(fn)
+            print(f"{name:>22} {str(causal):>6} {ms:8.3f} {tflops(flops, ms):8.1f} {rel:8.1e}")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    if interpreting():
+        return _demo_cpu(args)
+    return _demo_gpu(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m fmha", description=fmha.__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("demo", help="run the seed kernel, check it, trace the recurrence")
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--row", type=int, default=None, help="query row to trace (CPU demo)")
+    d.set_defaults(fn=cmd_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""Validation messages and the edges with defined answers."""
+import math
+
+import pytest
+import torch
+
+import fmha
+from conftest import DEVICE, check_against_reference, make_qkv, nan_like
+
+F16 = torch.float16
+
+
+def t(*shape, dtype=F16):
+    return torch.randn(shape, dtype=torch.float32).to(dtype).to(DEVICE)
+
+
+@pytest.mark.parametrize("kwargs,args,match", [
+    ({}, (t(2, 16, 64), t(1, 2, 16, 64), t(1, 2, 16, 64)), "q must have 4 dimensions"),
+    ({}, (t(1, 2, 16, 64, dtype=torch.float32),) * 3, "float16 or bfloat16"),
+    ({}, (t(1, 2, 16, 64), t(1, 2, 16, 64, dtype=torch.bfloat16), t(1, 2, 16, 64)), "share a dtype"),
+    ({}, (t(1, 2, 16, 64), t(2, 2, 16, 64), t(2, 2, 16, 64)), "k has batch 2"),
+    ({}, (t(1, 2, 16, 64), t(1, 2, 16, 32), t(1, 2, 16, 32)), "k has head_dim 32"),
+    ({}, (t(1, 2, 16, 64), t(1, 2, 16, 64), t(1, 2, 17, 64)), "k and v must agree"),
+    ({}, (t(1, 3, 16, 64), t(1, 2, 16, 64), t(1, 2, 16, 64)), r"heads \(3\) must be a multiple"),
+    ({}, (t(1, 2, 16, 48), t(1, 2, 16, 48), t(1, 2, 16, 48)), "head_dim must be one of"),
+    ({"variant": "nope"}, (t(1, 2, 16, 64),) * 3, "variant must be 'auto' or one of"),
+    ({"layout": "sbhd"}, (t(1, 2, 16, 64),) * 3, "layout must be one of"),
+    ({"causal_align": "center"}, (t(1, 2, 16, 64),) * 3, "causal_align must be one of"),
+    ({"scale": -1.0}, (t(1, 2, 16, 64),) * 3, "scale must be a finite positive"),
+    ({"scale": math.nan}, (t(1, 2, 16, 64),) * 3, "scale must be a finite positive"),
+])
+def test_errors_name_the_argument(kwargs, args, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        fmha.attention(*args, **kwargs)
+
+
+def test_out_must_not_alias_an_input():
+    q, k, v = make_qkv(1, 2, 2, 16, 16, 64, F16)
+    with pytest.raises(ValueError, match="out overlaps q"):
+        fmha.attention(q, k, v, out=q)
+    with pytest.raises(ValueError, match="out must match"):
+        fmha.attention(q, k, v, out=torch.empty_like(q)[:, :1])
+
+
+def test_cpu_without_interpreter_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    q = torch.randn(1, 1, 4, 32, dtype=F16)
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        fmha.attention(q, q, q)
+
+
+@pytest.mark.parametrize("shape_q,shape_kv", [((0, 2, 8, 64), (0, 2, 8, 64)), ((1, 0, 8, 64), (1, 0, 8, 64)),
+                                              ((1, 2, 0, 64), (1, 2, 8, 64))])
+def test_empty_problems_return_empty(shape_q, shape_kv):
+    q, k = t(*shape_q), t(*shape_kv)
+    o, lse = fmha.attention(q, k, k, return_lse=True)
+    assert o.shape == q.shape and lse.shape == (shape_q[0], shape_q[1], shape_q[2])
+
+
+def test_no_keys_gives_zeros_and_neg_inf_lse():
+    q, k = t(1, 2, 5, 64), t(1, 2, 0, 64)
+    o, lse = fmha.attention(q, k, k, return_lse=True)
+    assert (o == 0).all() and torch.isneginf(lse).all()
+
+
+@pytest.mark.parametrize("variant", fmha.variants())
+def test_large_scores_stay_finite(variant):
+    # scores of order 1e4: only the running-max subtraction keeps exp2 finite
+    q, k, v = make_qkv(1, 1, 1, 20, 40, 64, F16)
+    q, k = q * 12, k * 12
+    o = fmha.attention(q, k, v, variant=variant, out=nan_like(q))
+    check_against_reference(o, q, k, v, False)
+
+
+@pytest.mark.parametrize("variant", fmha.variants())
+def test_output_stays_inside_its_buffer(variant):
+    q, k, v = make_qkv(1, 2, 2, 19, 23, 96, F16)
+    guard = torch.full((3 * q.numel(),), 7.0, dtype=F16, device=DEVICE)
+    out = guard[q.numel():2 * q.numel()].view(q.shape)
+    fmha.attention(q, k, v, variant=variant, causal=True, out=out)
+    assert (guard[:q.numel()] == 7).all() and (guard[2 * q.numel():] == 7).all()
+    check_against_reference(out, q, k, v, True)
