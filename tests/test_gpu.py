@@ -1,0 +1,30 @@
+"""The compiled kernels on a CUDA GPU, at sizes past the interpreter's reach."""
+import pytest
+import torch
+
+import fmha
+from conftest import check_against_reference, make_qkv, nan_like
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = [  # (batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim)
+    (2, 8, 8, 1024, 1024, 128),
+    (1, 8, 2, 1000, 1537, 64),    # GQA, ragged, sq != sk
+    (1, 4, 1, 1537, 777, 96),     # MQA, masked head_dim
+    (1, 4, 4, 513, 2049, 256),
+    (3, 6, 3, 257, 255, 32),
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}h{}kv{}-q{}k{}-d{}".format(*s))
+@pytest.mark.parametrize("causal,align", [(False, "top_left"), (True, "top_left"), (True, "bottom_right")])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("variant", ["auto", "singlewave", "pipelined", "tiled"])
+def test_gpu_matches_reference(variant, dtype, causal, align, shape):
+    b, h, kvh, sq, sk, d = shape
+    for layout in ("bhsd", "bshd"):
+        q, k, v = make_qkv(b, h, kvh, sq, sk, d, dtype, layout, contiguous=layout == "bhsd", seed=sq)
+        out = nan_like(q)
+        fmha.attention(q, k, v, causal=causal, causal_align=align, layout=layout, variant=variant, out=out)
+        torch.cuda.synchronize()
+        check_against_reference(out, q, k, v, causal, align, layout)
