@@ -61,15 +61,14 @@ def torch_lowp(q, k, v, causal, causal_align, scale=None):
     """The same attention in PyTorch at the input precision (scores and P V in q.dtype,
     softmax in float32): the yardstick for the kernel's error."""
     dt = q.dtype
-    q, k, v = (t.cpu() for t in (q, k, v))
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
     scale = 1.0 / q.shape[-1] ** 0.5 if scale is None else scale
     s = (q @ k.transpose(-1, -2)).float() * scale
-    mask = torch.from_numpy(reference.visible(q.shape[2], k.shape[2], causal, causal_align))
+    mask = torch.from_numpy(reference.visible(q.shape[2], k.shape[2], causal, causal_align)).to(q.device)
     s = s.masked_fill(~mask, float("-inf"))
     p = torch.softmax(s, -1).nan_to_num(0.0).to(dt)
-    return (p @ v).double().numpy()
+    return (p @ v).double().cpu().numpy()
 
 
 def max_err(a, b):

@@ -71,14 +71,14 @@ def dense_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     k, v = _expand_kv(q, k, v)
     seqlen_q, seqlen_k, head_dim = q.shape[2], k.shape[2], q.shape[3]
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
-    s = scale * np.einsum("bhid,bhjd->bhij", q, k)
+    s = scale * (q @ k.swapaxes(-1, -2))
     mask = visible(seqlen_q, seqlen_k, causal, causal_align)
     s = np.where(mask, s, -np.inf)
     row_max = s.max(axis=-1, keepdims=True, initial=-np.inf)
     row_max_safe = np.where(np.isfinite(row_max), row_max, 0.0)
     w = np.exp(s - row_max_safe)
     denom = w.sum(axis=-1, keepdims=True)
-    o = np.einsum("bhij,bhjd->bhid", w, v) / np.where(denom == 0, 1.0, denom)
+    o = (w @ v) / np.where(denom == 0, 1.0, denom)
     if not return_lse:
         return o
     with np.errstate(divide="ignore"):
@@ -127,7 +127,7 @@ def online_attention(q, k, v, *, causal: bool = False, scale: float | None = Non
     for t in range(causal_stop):
         cols = slice(t * block_n, min((t + 1) * block_n, seqlen_k))
         # 5.1-5.2: scores of this tile, scaled into the base-2 domain, masked
-        s = scale_log2 * np.einsum("bhid,bhjd->bhij", q, k[:, :, cols])
+        s = scale_log2 * (q @ k[:, :, cols].swapaxes(-1, -2))
         s = np.where(mask[:, cols], s, -np.inf)
         # 5.3: running max and the rescale factor; -inf rows keep a finite pivot
         m_new = np.maximum(m, s.max(axis=-1))
@@ -137,7 +137,7 @@ def online_attention(q, k, v, *, causal: bool = False, scale: float | None = Non
         p = np.exp2(s - m_safe[..., None])
         l = alpha * l + p.sum(axis=-1)
         # 5.5-5.6: rescale the accumulator, add P V
-        acc = alpha[..., None] * acc + np.einsum("bhij,bhjd->bhid", p, v[:, :, cols])
+        acc = alpha[..., None] * acc + p @ v[:, :, cols]
         # 5.7: carry
         m = m_new
         if trace is not None:
