@@ -31,8 +31,9 @@ SEED = KernelConfig(block_m=16, block_n=16, num_warps=1, num_stages=1)
 # "sm80" (any other CUDA), "hip".
 TILED = [
     ("interpreter", 256, KernelConfig(32, 32, 4, 1)),      # small tiles: fewer masked lanes on tiny tests
-    ("sm90", 64, KernelConfig(128, 64, 4, 3)),             # tutorial-06 shape for D<=64
-    ("sm90", 128, KernelConfig(128, 64, 8, 3)),
+    # H200, bf16, B=4 S=4096 (bench/logs/2026-11-29-probe1-probe_tiled.txt), TFLOP/s non-causal/causal:
+    ("sm90", 64, KernelConfig(128, 64, 4, 3)),     # 404/339; m64n64w4s3 370/353, m128n128w8s3 346/303
+    ("sm90", 128, KernelConfig(128, 128, 8, 3)),   # 489/435; m64n64w4s3 506/423, m128n64w8s3 448/409
     ("sm90", 256, KernelConfig(64, 32, 4, 2)),             # D=256: the accumulator alone is 64 KB of registers
     ("sm80", 64, KernelConfig(128, 64, 4, 3)),
     ("sm80", 128, KernelConfig(128, 64, 8, 2)),
