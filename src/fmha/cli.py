@@ -89,6 +89,59 @@ def cmd_demo(args) -> int:
     return _demo_gpu(args)
 
 
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def _bench_device(name: str) -> str:
+    if name == "cpu" and not interpreting():
+        raise SystemExit("--device cpu runs Triton's interpreter: set TRITON_INTERPRET=1 (or run where "
+                         "no CUDA GPU is visible, where `python -m fmha` sets it)")
+    if name == "cuda" and interpreting():
+        raise SystemExit("--device cuda needs a CUDA GPU with TRITON_INTERPRET unset")
+    return name
+
+
+def cmd_bench(args) -> int:
+    from fmha.bench import grids, providers, report, runner
+    device = _bench_device(args.device or ("cpu" if interpreting() else "cuda"))
+    grid = args.grid or ("quick" if device == "cpu" else "default")
+    provs = providers.select(providers.providers(device), args.providers)
+    cells = grids.GRIDS[grid]()
+    dtypes = [DTYPES[d] for d in args.dtype]
+    print(f"fmha bench: grid={grid} ({len(cells)} cells x {len(dtypes)} dtypes), device={device}, "
+          f"providers={[p.name for p in provs]}, ledger={args.ledger}", flush=True)
+    ceil, rows = runner.run_grid(cells, dtypes, provs, device, args.ledger)
+    print(f"ceilings this run: matmul {ceil[0]['tflops']:.0f} TFLOP/s ({ceil[0]['config']}), "
+          f"copy {ceil[1]['tbps']:.2f} TB/s")
+    print(report.grid_table(rows, timing_means_nothing=device == "cpu"))
+    return 0
+
+
+def cmd_sweep(args) -> int:
+    from fmha.bench import sweep
+    device = _bench_device(args.device or ("cpu" if interpreting() else "cuda"))
+    space = sweep.parse_space(args.space, args.variant)
+    cells = sweep.DEFAULT_CELLS[device]
+    rows = sweep.sweep(args.variant, space, cells, DTYPES[args.dtype], device, args.ledger)
+    best = {}
+    for r in rows:
+        key = (r["head_dim"], r["causal"])
+        if "tflops" in r and (key not in best or r["tflops"] > best[key]["tflops"]):
+            best[key] = r
+    failed = sum(1 for r in rows if "failed" in r["note"])
+    print(f"{len(rows)} attempts, {failed} failed (reasons in {args.ledger})")
+    for (d, c), r in sorted(best.items()):
+        print(f"best D={d} causal={c}: {r['config']} {r['tflops']:.1f} TFLOP/s err {r['error']:.1e}")
+    return 0
+
+
+def cmd_plot(args) -> int:
+    from fmha.bench import plot
+    for path in plot.plot(args.ledger, args.out, args.run):
+        print(path)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m fmha", description=fmha.__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -96,6 +149,30 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--row", type=int, default=None, help="query row to trace (CPU demo)")
     d.set_defaults(fn=cmd_demo)
+
+    from fmha.bench import ledger
+    b = sub.add_parser("bench", help="time a grid against the peers, append to the ledger, print a table")
+    b.add_argument("--grid", choices=["default", "decode", "quick"], default=None,
+                   help="default on a GPU, quick on the CPU")
+    b.add_argument("--dtype", nargs="+", choices=list(DTYPES), default=["float16", "bfloat16"])
+    b.add_argument("--providers", nargs="+", default=None, help="names as in the table (default: all)")
+    b.add_argument("--ledger", default=str(ledger.DEFAULT_LEDGER))
+    b.add_argument("--device", choices=["cuda", "cpu"], default=None)
+    b.set_defaults(fn=cmd_bench)
+
+    s = sub.add_parser("sweep", help="walk a variant's config space; every attempt goes to the ledger")
+    s.add_argument("--variant", required=True, choices=["singlewave", "pipelined", "tiled"])
+    s.add_argument("--space", default=None, help='e.g. "block_m=64,128 num_warps=4,8 num_stages=2,3"')
+    s.add_argument("--dtype", choices=list(DTYPES), default="bfloat16")
+    s.add_argument("--ledger", default=str(ledger.DEFAULT_LEDGER))
+    s.add_argument("--device", choices=["cuda", "cpu"], default=None)
+    s.set_defaults(fn=cmd_sweep)
+
+    pl = sub.add_parser("plot", help="PNG plots of a ledger run")
+    pl.add_argument("--ledger", default=str(ledger.DEFAULT_LEDGER))
+    pl.add_argument("--out", default="docs/plots")
+    pl.add_argument("--run", default=None, help="run_id (default: the latest benchmark run)")
+    pl.set_defaults(fn=cmd_plot)
     return p
 
 

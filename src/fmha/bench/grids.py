@@ -1,0 +1,38 @@
+"""Benchmark grids: (batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal) cells."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Cell:
+    batch: int
+    heads: int
+    kv_heads: int
+    seqlen_q: int
+    seqlen_k: int
+    head_dim: int
+    causal: bool
+
+    def __str__(self):
+        return (f"B{self.batch} H{self.heads}/{self.kv_heads} Sq{self.seqlen_q} Sk{self.seqlen_k} "
+                f"D{self.head_dim}{' causal' if self.causal else ''}")
+
+
+def default_grid() -> list[Cell]:
+    """BENCH.md's grid: B*S = 16384, H*D = 2048, S 512..16k, D 64/128, causal off/on."""
+    return [Cell(16384 // s, 2048 // d, 2048 // d, s, s, d, c)
+            for d in (64, 128) for c in (False, True) for s in (512, 1024, 2048, 4096, 8192, 16384)]
+
+
+def decode_grid() -> list[Cell]:
+    """seqlen_q 1..16 against long KV (1k..128k), 32 query heads on 8 KV heads, D=128."""
+    return [Cell(4, 32, 8, sq, sk, 128, False) for sq in (1, 4, 16) for sk in (1024, 8192, 32768, 131072)]
+
+
+def quick_grid() -> list[Cell]:
+    """Tiny shapes the CPU interpreter runs in seconds (its times mean nothing)."""
+    return [Cell(1, 2, 2, 33, 33, 32, False), Cell(1, 2, 1, 17, 40, 64, True), Cell(2, 2, 2, 16, 16, 64, True)]
+
+
+GRIDS = {"default": default_grid, "decode": decode_grid, "quick": quick_grid}

@@ -1,0 +1,69 @@
+"""The iteration ledger: one CSV, a fixed schema, rows only ever appended.
+
+Rows of one ``fmha bench`` or ``fmha sweep`` invocation share a ``run_id``; ratios
+compare rows of the same run only.  Ceiling rows (``provider`` ``ceiling:matmul``
+and ``ceiling:copy``) record what the GPU reached that run.
+"""
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import os
+import subprocess
+from pathlib import Path
+
+COLUMNS = [
+    "timestamp", "run_id", "git_sha", "gpu", "torch", "triton", "provider", "config", "dtype",
+    "batch", "heads", "kv_heads", "seqlen_q", "seqlen_k", "head_dim", "causal",
+    "ms", "tflops", "tbps", "pct_peak", "ratio_best_peer", "error", "note",
+]
+DEFAULT_LEDGER = Path("bench/ledger.csv")
+
+
+def git_sha() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             cwd=Path(__file__).resolve().parent, timeout=10)
+        sha = out.stdout.strip()
+        if sha:
+            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                                   capture_output=True, text=True, timeout=10,
+                                   cwd=Path(__file__).resolve().parent).stdout.strip()
+            return sha + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return os.environ.get("FMHA_GIT_SHA", "unknown")
+
+
+def environment(device: str) -> dict:
+    """The columns that say where a row was measured."""
+    import torch
+    import triton
+    gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu (triton interpreter)"
+    now = _dt.datetime.now(_dt.timezone.utc)
+    return {"timestamp": now.isoformat(timespec="seconds"), "run_id": now.strftime("%Y%m%dT%H%M%S"),
+            "git_sha": git_sha(), "gpu": gpu, "torch": torch.__version__, "triton": triton.__version__}
+
+
+def append(path: str | Path, rows: list[dict]) -> None:
+    """Append ``rows`` (missing columns left empty); the header is written once."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = not path.exists() or path.stat().st_size == 0
+    with path.open("a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="raise")
+        if new:
+            w.writeheader()
+        for r in rows:
+            w.writerow({c: _fmt(r.get(c, "")) for c in COLUMNS})
+
+
+def _fmt(x):
+    if isinstance(x, float):
+        return f"{x:.6g}"
+    return x
+
+
+def read(path: str | Path) -> list[dict]:
+    with Path(path).open(newline="") as f:
+        return list(csv.DictReader(f))

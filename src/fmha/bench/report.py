@@ -1,0 +1,44 @@
+"""Turn ledger rows into text tables (the CLI prints them)."""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+
+def _f(x, fmt):
+    try:
+        return format(float(x), fmt)
+    except (TypeError, ValueError):
+        return "-"
+
+
+def grid_table(rows: list[dict], focus: str = "fmha:auto", timing_means_nothing: bool = False) -> str:
+    """One line per (dtype, cell): TFLOP/s per provider, then focus / best SDPA and / best peer."""
+    cells: OrderedDict = OrderedDict()
+    provs: list[str] = []
+    for r in rows:
+        key = (r["dtype"], int(r["batch"]), int(r["heads"]), int(r["kv_heads"]), int(r["seqlen_q"]),
+               int(r["seqlen_k"]), int(r["head_dim"]), int(r["causal"]))
+        cells.setdefault(key, {})[r["provider"]] = r
+        if r["provider"] not in provs:
+            provs.append(r["provider"])
+    short = [p.replace("fmha:", "").replace("sdpa:", "") for p in provs]
+    head = ["dtype", "B", "H/KV", "Sq", "Sk", "D", "causal", *short, f"{focus[5:]}/sdpa", f"{focus[5:]}/peer", "err"]
+    lines = []
+    for key, by in cells.items():
+        dt, b, h, kv, sq, sk, d, c = key
+        vals = [_f(by[p].get("tflops"), ".0f") if p in by else "-" for p in provs]
+        f = by.get(focus, {})
+        sdpa = [float(r["ms"]) for p, r in by.items() if p.startswith("sdpa:") and r.get("ms") not in ("", None)]
+        ratio_sdpa = (min(sdpa) / float(f["ms"])) if sdpa and f.get("ms") not in ("", None) else None
+        lines.append([dt, str(b), f"{h}/{kv}", str(sq), str(sk), str(d), "yes" if c else "no", *vals,
+                      _f(ratio_sdpa, ".2f"), _f(f.get("ratio_best_peer"), ".2f"), _f(f.get("error"), ".1e")])
+    widths = [max(len(x) for x in col) for col in zip(head, *lines)]
+    fmt = lambda row: "  ".join(x.rjust(w) for x, w in zip(row, widths))  # noqa: E731
+    out = [fmt(head), fmt(["-" * w for w in widths]), *map(fmt, lines)]
+    failures = [r for r in rows if str(r.get("note", "")).startswith("failed")]
+    out.append(f"TFLOP/s per provider; {focus}/sdpa = best SDPA backend's ms / {focus}'s ms, "
+               f"/peer = the same against every peer (> 1: faster). {len(failures)} provider-cell(s) failed "
+               f"(see the ledger's note column).")
+    if timing_means_nothing:
+        out.append("CPU interpreter run: the times above mean nothing; only the errors do.")
+    return "\n".join(out)

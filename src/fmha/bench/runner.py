@@ -1,0 +1,148 @@
+"""Run a grid of cells over providers: time, check, and turn results into ledger rows."""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from typing import Callable
+
+import torch
+
+from . import ledger
+from .flops import attention_bytes, attention_flops
+from .grids import Cell
+from .providers import Provider
+from .timing import median_ms, tflops
+
+
+def progress(i: int, n: int, what: str, stream=sys.stderr) -> None:
+    """A one-line progress bar on stderr."""
+    width = 30
+    done = int(width * i / max(n, 1))
+    stream.write(f"\r[{'#' * done}{'.' * (width - done)}] {i}/{n} {what[:60]:<60}")
+    if i == n:
+        stream.write("\n")
+    stream.flush()
+
+
+def time_ms(fn: Callable, device: str) -> float:
+    if device == "cuda":
+        return median_ms(fn)
+    t0 = time.perf_counter()  # the interpreter: one run, a number that means nothing
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def ceilings(device: str) -> list[dict]:
+    """Measured matmul (bf16) and copy ceilings of this run, as ledger rows."""
+    n = 8192 if device == "cuda" else 256
+    dt = torch.bfloat16 if device == "cuda" else torch.float32
+    a, b = (torch.randn(n, n, device=device, dtype=dt) for _ in range(2))
+    ms = time_ms(lambda: a @ b, device)
+    rows = [{"provider": "ceiling:matmul", "config": f"{n}^3 {str(dt)[6:]}", "dtype": str(dt)[6:],
+             "ms": ms, "tflops": tflops(2 * n ** 3, ms), "pct_peak": 100.0, "note": "matmul ceiling"}]
+    x = torch.empty(2 ** 28 if device == "cuda" else 2 ** 20, device=device, dtype=torch.float32)
+    y = torch.empty_like(x)
+    ms = time_ms(lambda: y.copy_(x), device)
+    rows.append({"provider": "ceiling:copy", "config": f"{x.numel() * 4 >> 20} MiB", "dtype": "float32",
+                 "ms": ms, "tbps": 2 * x.numel() * 4 / (ms * 1e-3) / 1e12, "note": "copy ceiling (read+write)"})
+    return rows
+
+
+def _reference(q, k, v, cell: Cell) -> torch.Tensor:
+    """Float32 attention through SDPA's exact backends (no low-precision rounding)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    backends = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH] if q.is_cuda else [SDPBackend.MATH]
+    with sdpa_kernel(backends):
+        return torch.nn.functional.scaled_dot_product_attention(
+            q.float(), k.float(), v.float(), is_causal=cell.causal, enable_gqa=cell.heads != cell.kv_heads)
+
+
+def run_cell(cell: Cell, dtype: torch.dtype, provs: list[Provider], device: str, peak: float,
+             seed: int = 0, tick: Callable[[str], None] = lambda s: None) -> list[dict]:
+    """Every provider on one cell: rows with ms, TFLOP/s, % of peak, error (ratios filled later)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    shape = lambda h, s: (cell.batch, h, s, cell.head_dim)  # noqa: E731
+    q = torch.randn(shape(cell.heads, cell.seqlen_q), generator=g, device=device, dtype=dtype)
+    k = torch.randn(shape(cell.kv_heads, cell.seqlen_k), generator=g, device=device, dtype=dtype)
+    v = torch.randn(shape(cell.kv_heads, cell.seqlen_k), generator=g, device=device, dtype=dtype)
+    ref = _reference(q, k, v, cell)
+    flops = attention_flops(cell.batch, cell.heads, cell.seqlen_q, cell.seqlen_k, cell.head_dim, cell.causal)
+    nbytes = attention_bytes(cell.batch, cell.heads, cell.kv_heads, cell.seqlen_q, cell.seqlen_k,
+                             cell.head_dim, q.element_size())
+    base = {"dtype": str(dtype)[6:], "batch": cell.batch, "heads": cell.heads, "kv_heads": cell.kv_heads,
+            "seqlen_q": cell.seqlen_q, "seqlen_k": cell.seqlen_k, "head_dim": cell.head_dim,
+            "causal": int(cell.causal)}
+    rows = []
+    for p in provs:
+        tick(f"{cell} {base['dtype']} {p.name}")
+        row = dict(base, provider=p.name, config=_config_of(p, cell, q))
+        try:
+            fn = p.make(q, k, v, cell)
+            o = fn()
+            err = ((o.float() - ref).norm() / ref.norm()).item()
+            if not math.isfinite(err) or err > 5e-2:
+                raise RuntimeError(f"wrong result: relative error {err:.2e}")
+            ms = time_ms(fn, device)
+            row.update(ms=ms, tflops=tflops(flops, ms), tbps=nbytes / (ms * 1e-3) / 1e12,
+                       pct_peak=100.0 * tflops(flops, ms) / peak, error=err, note="ok")
+        except Exception as e:  # a failing provider is recorded and the run goes on
+            row.update(note=f"failed: {type(e).__name__}: {' '.join(str(e).split())[:160]}")
+        row["_peer"] = p.peer
+        rows.append(row)
+    _fill_ratios(rows)
+    return rows
+
+
+def _config_of(p: Provider, cell: Cell, q) -> str:
+    if not p.name.startswith("fmha:"):
+        return "library default"
+    from fmha import api, configs
+    arch = api.arch_of(q.device)
+    variant = p.name.split(":", 1)[1]
+    variant = api.select_variant(arch, cell_key(cell)) if variant == "auto" else variant
+    try:
+        return f"{variant} {configs.default_config(variant, arch, cell.head_dim)}"
+    except ValueError:
+        return variant
+
+
+def cell_key(cell: Cell) -> dict:
+    return {"head_dim": cell.head_dim, "seqlen_q": cell.seqlen_q, "seqlen_k": cell.seqlen_k}
+
+
+def _fill_ratios(rows: list[dict]) -> None:
+    """ratio_best_peer = (fastest peer's ms) / (this row's ms): > 1 means faster than every peer."""
+    peer_ms = [r["ms"] for r in rows if r.pop("_peer") and "ms" in r]
+    best = min(peer_ms) if peer_ms else None
+    for r in rows:
+        if best is not None and "ms" in r:
+            r["ratio_best_peer"] = best / r["ms"]
+
+
+def run_grid(cells: list[Cell], dtypes: list[torch.dtype], provs: list[Provider], device: str,
+             ledger_path, show_progress: bool = True) -> tuple[list[dict], list[dict]]:
+    """Measure the ceilings, then every (cell, dtype); append all rows to the ledger."""
+    env = ledger.environment(device)
+    ceil = [dict(env, **r) for r in ceilings(device)]
+    peak = ceil[0]["tflops"]
+    ledger.append(ledger_path, ceil)
+    todo = [(c, d) for d in dtypes for c in cells]
+    n = len(todo) * len(provs)
+    count = [0]
+
+    def tick(what):
+        if show_progress:
+            progress(count[0], n, what)
+        count[0] += 1
+
+    rows = []
+    for cell, dt in todo:
+        cell_rows = [dict(env, **r) for r in run_cell(cell, dt, provs, device, peak, tick=tick)]
+        ledger.append(ledger_path, cell_rows)
+        rows += cell_rows
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    if show_progress:
+        progress(n, n, "done")
+    return ceil, rows

@@ -1,0 +1,83 @@
+"""Walk a variant's config space; every attempt, failures included, goes to the ledger."""
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from fmha.configs import KernelConfig
+
+from . import ledger
+from .flops import attention_flops
+from .grids import Cell
+from .runner import _reference, ceilings, progress, time_ms
+from .timing import tflops
+
+DEFAULT_SPACE = {
+    "singlewave": {"block_m": [16, 32], "block_n": [16, 32], "num_warps": [1, 2], "num_stages": [1, 2]},
+    "pipelined": {"block_m": [16, 32], "block_n": [16, 32], "num_warps": [1, 2], "num_stages": [1, 2]},
+    "tiled": {"block_m": [64, 128], "block_n": [32, 64, 128], "num_warps": [4, 8], "num_stages": [2, 3, 4]},
+}
+DEFAULT_CELLS = {
+    "cuda": [Cell(4, 16, 16, 4096, 4096, 128, c) for c in (False, True)]
+    + [Cell(4, 32, 32, 4096, 4096, 64, c) for c in (False, True)],
+    "cpu": [Cell(1, 2, 2, 40, 40, 64, True)],
+}
+
+
+def parse_space(text: str | None, variant: str) -> dict:
+    """``"block_m=64,128 num_warps=4,8"`` over the variant's default space."""
+    space = {k: list(v) for k, v in DEFAULT_SPACE[variant].items()}
+    for part in (text or "").split():
+        key, _, vals = part.partition("=")
+        if key not in space:
+            raise ValueError(f"unknown config field {key!r}; fields: {sorted(space)}")
+        space[key] = [int(x) for x in vals.split(",") if x]
+    return space
+
+
+def configs_of(space: dict) -> list[KernelConfig]:
+    keys = list(space)
+    return [KernelConfig(**dict(zip(keys, vals))) for vals in itertools.product(*(space[k] for k in keys))]
+
+
+def sweep(variant: str, space: dict, cells: list[Cell], dtype: torch.dtype, device: str, ledger_path,
+          show_progress: bool = True) -> list[dict]:
+    import fmha
+    env = ledger.environment(device)
+    ceil = [dict(env, **r) for r in ceilings(device)]
+    peak = ceil[0]["tflops"]
+    ledger.append(ledger_path, ceil)
+    cfgs = configs_of(space)
+    rows, n, i = [], len(cfgs) * len(cells), 0
+    for cell in cells:
+        g = torch.Generator(device=device).manual_seed(0)
+        mk = lambda h, s: torch.randn(cell.batch, h, s, cell.head_dim, generator=g, device=device,  # noqa: E731
+                                      dtype=dtype)
+        q, k, v = mk(cell.heads, cell.seqlen_q), mk(cell.kv_heads, cell.seqlen_k), mk(cell.kv_heads, cell.seqlen_k)
+        ref = _reference(q, k, v, cell)
+        flops = attention_flops(cell.batch, cell.heads, cell.seqlen_q, cell.seqlen_k, cell.head_dim, cell.causal)
+        for cfg in cfgs:
+            if show_progress:
+                progress(i, n, f"{variant} {cfg} {cell}")
+            i += 1
+            row = dict(env, provider=f"fmha:{variant}", config=str(cfg), dtype=str(dtype)[6:],
+                       batch=cell.batch, heads=cell.heads, kv_heads=cell.kv_heads, seqlen_q=cell.seqlen_q,
+                       seqlen_k=cell.seqlen_k, head_dim=cell.head_dim, causal=int(cell.causal))
+            try:
+                fn = lambda: fmha.attention(q, k, v, causal=cell.causal, variant=variant, config=cfg)  # noqa: E731
+                err = ((fn().float() - ref).norm() / ref.norm()).item()
+                if not err < 5e-2:
+                    raise RuntimeError(f"wrong result: relative error {err:.2e}")
+                ms = time_ms(fn, device)
+                row.update(ms=ms, tflops=tflops(flops, ms), pct_peak=100 * tflops(flops, ms) / peak,
+                           error=err, note="sweep ok")
+            except Exception as e:
+                row.update(note=f"sweep failed: {type(e).__name__}: {' '.join(str(e).split())[:160]}")
+            ledger.append(ledger_path, [row])
+            rows.append(row)
+            if device == "cuda":
+                torch.cuda.empty_cache()
+    if show_progress:
+        progress(n, n, "done")
+    return rows

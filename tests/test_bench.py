@@ -1,0 +1,98 @@
+"""The campaign tools on the CPU: ledger rows, FLOP counts, a failing provider, plots."""
+import itertools
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from fmha import reference
+from fmha.bench import grids, ledger, plot, providers, runner
+from fmha.bench.flops import attention_flops, visible_pairs
+from fmha.bench.providers import Provider
+
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="CPU campaign tests")
+
+
+@pytest.mark.parametrize("align", ["top_left", "bottom_right"])
+def test_causal_flops_match_a_brute_force_count(align):
+    for sq, sk in itertools.product([1, 2, 7, 16, 33, 100], [1, 5, 16, 64, 101]):
+        brute = int(sum(1 for i in range(sq) for j in range(sk) if j <= i + (0 if align == "top_left" else sk - sq)))
+        assert visible_pairs(sq, sk, True, align) == brute == reference.visible(sq, sk, True, align).sum()
+    assert attention_flops(2, 3, 10, 10, 64, True) == 4 * 2 * 3 * 55 * 64
+    assert attention_flops(2, 3, 10, 12, 64, False) == 4 * 2 * 3 * 120 * 64
+
+
+def test_bench_cli_writes_complete_rows(tmp_path):
+    path = tmp_path / "ledger.csv"
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    out = subprocess.run([sys.executable, "-m", "fmha", "bench", "--device", "cpu", "--grid", "quick",
+                          "--dtype", "float16", "--ledger", str(path)], capture_output=True, text=True,
+                         env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "times above mean nothing" in out.stdout
+    rows = ledger.read(path)
+    assert list(rows[0]) == ledger.COLUMNS
+    bench_rows = [r for r in rows if not r["provider"].startswith("ceiling:")]
+    n_prov = len(providers.providers("cpu"))
+    assert len(bench_rows) == len(grids.quick_grid()) * n_prov
+    for r in bench_rows:
+        assert r["note"] == "ok", r
+        assert all(r[c] != "" for c in ledger.COLUMNS), {c: r[c] for c in ledger.COLUMNS if r[c] == ""}
+        flops = attention_flops(int(r["batch"]), int(r["heads"]), int(r["seqlen_q"]), int(r["seqlen_k"]),
+                                int(r["head_dim"]), bool(int(r["causal"])))
+        assert float(r["tflops"]) == pytest.approx(flops / (float(r["ms"]) * 1e-3) / 1e12, rel=1e-3)
+        assert float(r["error"]) < 1e-2
+    # appending never rewrites: a second run adds rows after the first
+    before = path.read_text()
+    ledger.append(path, [{"provider": "x", "note": "appended"}])
+    assert path.read_text().startswith(before)
+
+
+def test_a_failing_provider_does_not_stop_the_run():
+    def broken(q, k, v, cell):
+        raise RuntimeError("out of shared memory (simulated)")
+
+    def wrong(q, k, v, cell):
+        return lambda: torch.zeros_like(q)
+
+    good = providers.providers("cpu")[:1]
+    provs = [Provider("broken", broken, False), Provider("wrong", wrong, False), *good,
+             Provider("sdpa:math", providers.providers("cpu")[-1].make, True)]
+    rows = runner.run_cell(grids.Cell(1, 1, 1, 17, 17, 32, True), torch.float16, provs, "cpu", peak=1.0)
+    notes = {r["provider"]: r["note"] for r in rows}
+    assert notes["broken"].startswith("failed: RuntimeError: out of shared memory")
+    assert notes["wrong"].startswith("failed: RuntimeError: wrong result")
+    assert notes["fmha:auto"] == "ok" and notes["sdpa:math"] == "ok"
+    auto = next(r for r in rows if r["provider"] == "fmha:auto")
+    math_ms = next(r for r in rows if r["provider"] == "sdpa:math")["ms"]
+    assert auto["ratio_best_peer"] == pytest.approx(math_ms / auto["ms"])
+
+
+def test_plot_turns_a_ledger_into_pngs(tmp_path):
+    path = tmp_path / "ledger.csv"
+    env = {"timestamp": "t", "run_id": "r1", "git_sha": "s", "gpu": "fake", "torch": "t", "triton": "t"}
+    rows = [dict(env, provider="ceiling:matmul", tflops=700, ms=1, note="matmul ceiling"),
+            dict(env, provider="ceiling:copy", tbps=4.0, ms=1, note="copy ceiling")]
+    for p, d, c, s in itertools.product(["fmha:auto", "sdpa:cudnn"], [64, 128], [0, 1], [512, 1024, 2048]):
+        rows.append(dict(env, provider=p, dtype="bfloat16", batch=1, heads=16, kv_heads=16, seqlen_q=s,
+                         seqlen_k=s, head_dim=d, causal=c, ms=1.0, tflops=100 + s / 10, tbps=0.5,
+                         ratio_best_peer=1.0, error=1e-3, note="ok"))
+    ledger.append(path, rows)
+    paths = plot.plot(path, tmp_path / "plots")
+    assert {p.name for p in paths} == {"tflops_bfloat16.png", "ratio_best_peer_bfloat16.png", "roofline.png"}
+    for p in paths:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 10_000
+
+
+def test_sweep_records_failures(tmp_path):
+    from fmha.bench import sweep
+    space = sweep.parse_space("block_m=16 block_n=16 num_warps=1 num_stages=1", "singlewave")
+    rows = sweep.sweep("singlewave", space, [grids.Cell(1, 1, 1, 20, 20, 32, False)], torch.float16, "cpu",
+                       tmp_path / "l.csv", show_progress=False)
+    assert [r["note"] for r in rows] == ["sweep ok"]
+    with pytest.raises(ValueError, match="unknown config field"):
+        sweep.parse_space("tile=3", "tiled")
+    np.testing.assert_equal(len(ledger.read(tmp_path / "l.csv")), 3)  # two ceilings + one attempt
