@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -142,6 +144,51 @@ def cmd_plot(args) -> int:
     return 0
 
 
+def _format_report(r) -> str:
+    chip_regs = ", ".join(f"{k}={v}" for k, v in r.registers.items())
+    occ = ", ".join(f"{k}={v}" for k, v in r.occupancy.items())
+    lines = [f"{r.variant} -> {r.target}  (head_dim={r.head_dim}, {r.dtype}, "
+             f"{'causal' if r.causal else 'non-causal'}, config {r.config})",
+             f"  wave size            {r.wave_size}",
+             "  matrix instructions  " + (", ".join(f"{k} x{v}" for k, v in r.matrix_instructions.items()) or "none"),
+             f"  registers            {chip_regs}",
+             f"  shared memory / LDS  {r.shared_bytes} bytes",
+             f"  scratch              {r.scratch_bytes} bytes, spilled registers: "
+             f"{'unknown (no ptxas)' if r.spilled_registers is None else r.spilled_registers}",
+             f"  occupancy estimate   {occ}",
+             "  key loop memory      " + (", ".join(f"{k} x{v}" for k, v in r.loop_memory.items()) or "none"),
+             "  key loop reductions  " + (", ".join(f"{k} x{v}" for k, v in r.loop_reductions.items()) or "none")]
+    if r.sass_matrix_instructions is not None:
+        lines.append("  SASS matrix          " + ", ".join(f"{k} x{v}" for k, v in r.sass_matrix_instructions.items()))
+    if r.files:
+        lines.append(f"  files                {len(r.files)} under {Path(r.files[0]).parent}")
+    return "\n".join(lines)
+
+
+def cmd_compile(args) -> int:
+    from fmha import targets
+    names = list(targets.TARGETS) if args.target == "all" else [args.target]
+    try:
+        for name in names:
+            targets._check_choice("target", name, list(targets.TARGETS))
+        targets._check_choice("variant", args.variant, targets.variants())
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    reports = []
+    for name in names:
+        b = targets.build(args.variant, name, args.head_dim, args.dtype, args.causal)
+        r = targets.report(b)
+        if args.out:
+            targets.write(b, r, Path(args.out))
+        reports.append(r)
+    if args.json:
+        print(json.dumps([r.as_dict() for r in reports] if len(reports) > 1 else reports[0].as_dict(), indent=2))
+    else:
+        print("\n\n".join(_format_report(r) for r in reports))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m fmha", description=fmha.__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -149,6 +196,16 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--row", type=int, default=None, help="query row to trace (CPU demo)")
     d.set_defaults(fn=cmd_demo)
+
+    c = sub.add_parser("compile", help="build a variant ahead of time for a chip (no GPU needed) and report")
+    c.add_argument("--target", required=True, help="gfx1151, gfx1100, gfx942, sm_80, sm_90 or all")
+    c.add_argument("--variant", required=True)
+    c.add_argument("--head-dim", type=int, default=128, choices=[32, 64, 96, 128, 256])
+    c.add_argument("--dtype", choices=list(DTYPES), default="float16")
+    c.add_argument("--causal", action="store_true")
+    c.add_argument("--out", default=None, help="write binary, assembly and report.json here")
+    c.add_argument("--json", action="store_true", help="print the report as JSON")
+    c.set_defaults(fn=cmd_compile)
 
     from fmha.bench import ledger
     b = sub.add_parser("bench", help="time a grid against the peers, append to the ledger, print a table")

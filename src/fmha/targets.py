@@ -1,0 +1,358 @@
+"""Ahead-of-time builds of any variant for any Triton target, with no GPU, and their reports.
+
+``build(variant, target, head_dim, dtype, causal)`` compiles a variant's kernel the
+way a launch on that chip would specialise it (unit head-dim strides, 16-byte
+aligned pointers and strides) and returns a :class:`Build`; :func:`report` reads
+the assembly and the binary's own metadata and returns a :class:`Report`: the
+matrix instructions, registers, shared memory / LDS, scratch, an occupancy
+estimate, and the memory instructions and cross-lane reductions of the key loop.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pickle
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+
+@dataclass(frozen=True)
+class Chip:
+    """Per-chip limits for the occupancy estimate (vendor documentation and LLVM's AMDGPU tables)."""
+    backend: str
+    arch: object
+    warp_size: int
+    regs: int            # AMD: VGPRs per lane per SIMD; NVIDIA: 32-bit registers per SM
+    reg_granule: int     # AMD: VGPRs per allocation block; NVIDIA: registers per warp allocation
+    max_waves: int       # AMD: waves per SIMD; NVIDIA: warps per SM
+    shared_bytes: int    # LDS per workgroup processor / CU, or shared memory per SM
+    max_blocks: int = 0  # NVIDIA: resident CTAs per SM
+    simds: int = 0       # AMD: SIMDs sharing the LDS (a WGP has 4 on gfx11, a CU 4 on gfx9)
+
+
+TARGETS = {
+    # RDNA 3.5 (Strix Halo) and RDNA 3 (Navi 31): wave32, 16x16x16 WMMA; LLVM models both with
+    # the 1536-VGPR file (granule 24 in wave32); 128 KB LDS per WGP of 4 SIMDs
+    "gfx1151": Chip("hip", "gfx1151", 32, 1536, 24, 16, 131072, simds=4),
+    "gfx1100": Chip("hip", "gfx1100", 32, 1536, 24, 16, 131072, simds=4),
+    # CDNA 3 (MI300): wave64, MFMA, 512 unified VGPR/AGPR per lane
+    "gfx942": Chip("hip", "gfx942", 64, 512, 8, 8, 65536, simds=4),
+    "sm_80": Chip("cuda", 80, 32, 65536, 256, 64, 167936, max_blocks=32),
+    "sm_90": Chip("cuda", 90, 32, 65536, 256, 64, 233472, max_blocks=32),
+}
+DTYPES = {"float16": "fp16", "bfloat16": "bf16"}
+
+
+def variants() -> list[str]:
+    from .kernels import VARIANTS
+    return list(VARIANTS)
+
+
+def _build_elsewhere(*args) -> "Build":
+    """Triton fixes interpretation when kernels are defined: under ``TRITON_INTERPRET=1``
+    (the CPU tests) the build runs in a child process with the interpreter off."""
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "build.pickle"
+        code = ("import pickle, sys; from fmha import targets; "
+                f"pickle.dump(targets.build(*{args!r}), open({str(path)!r}, 'wb'))")
+        env = dict(os.environ, TRITON_INTERPRET="0")
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+        if out.returncode != 0:
+            raise RuntimeError(f"ahead-of-time build failed:\n{out.stderr[-3000:]}")
+        return pickle.loads(path.read_bytes())
+
+
+@dataclass
+class Build:
+    variant: str
+    target: str
+    head_dim: int
+    dtype: str
+    causal: bool
+    config: dict
+    asm: dict          # stage name -> text or bytes (ttir, ttgir, llir, ptx/amdgcn, cubin/hsaco)
+    metadata: dict
+
+
+@dataclass
+class Report:
+    variant: str
+    target: str
+    head_dim: int
+    dtype: str
+    causal: bool
+    config: dict
+    wave_size: int
+    matrix_instructions: dict = field(default_factory=dict)
+    registers: dict = field(default_factory=dict)
+    shared_bytes: int = 0
+    scratch_bytes: int = 0
+    spilled_registers: int | None = None
+    occupancy: dict = field(default_factory=dict)
+    loop_memory: dict = field(default_factory=dict)
+    loop_reductions: dict = field(default_factory=dict)
+    sass_matrix_instructions: dict | None = None
+    files: list = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.as_dict(), indent=2)
+
+
+def _check_choice(kind: str, value, valid) -> None:
+    if value not in valid:
+        raise ValueError(f"unsupported {kind} {value!r}; valid: {', '.join(map(str, valid))}")
+
+
+def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16", causal: bool = False,
+          config=None) -> Build:
+    """Compile ``variant`` for ``target`` (a key of :data:`TARGETS`) without a GPU."""
+    from . import configs
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return _build_elsewhere(variant, target, head_dim, dtype, causal, config)
+    _check_choice("target", target, list(TARGETS))
+    _check_choice("variant", variant, variants())
+    _check_choice("dtype", dtype, list(DTYPES))
+    _check_choice("head_dim", head_dim, (32, 64, 96, 128, 256))
+    chip = TARGETS[target]
+    arch_key = "hip" if chip.backend == "hip" else ("sm90" if chip.arch == 90 else "sm80")
+    cfg = config or configs.default_config(variant, arch_key, head_dim)
+    from .kernels import VARIANTS
+    kernel = VARIANTS[variant]
+    const = dict(HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_M=cfg.block_m,
+                 BLOCK_N=cfg.block_n, CAUSAL=causal, STORE_LSE=False)
+    sig, attrs = {}, {}
+    for i, name in enumerate(kernel.arg_names):
+        if name in const:
+            sig[name] = "constexpr"
+        elif name.startswith("stride_") and name.endswith("d"):  # unit stride, as launches specialise it
+            sig[name], const[name] = "constexpr", 1
+        elif name in ("Q", "K", "V", "O"):
+            sig[name], attrs[(i,)] = "*" + DTYPES[dtype], [["tt.divisibility", 16]]
+        elif name == "LSE":
+            sig[name], attrs[(i,)] = "*fp32", [["tt.divisibility", 16]]
+        elif name == "scale_log2":
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+            if name.startswith("stride_"):
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    compiled = triton.compile(ASTSource(kernel, sig, const, attrs),
+                              target=GPUTarget(chip.backend, chip.arch, chip.warp_size),
+                              options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+    md = compiled.metadata
+    metadata = md._asdict() if hasattr(md, "_asdict") else dict(vars(md))
+    metadata = {k: v for k, v in metadata.items() if isinstance(v, (int, float, str, bool))}
+    return Build(variant, target, head_dim, dtype, causal, cfg.as_dict(), dict(compiled.asm), metadata)
+
+
+# --- reading the assembly -------------------------------------------------------------------------
+
+MATRIX = {"hip": r"\b(v_wmma_\w+|v_mfma_\w+|v_smfmac_\w+)", "cuda": r"\b(wgmma\.mma_async[\w.]*|mma\.sync[\w.]*)"}
+MEMORY = {
+    "hip": r"\b(global_load_\w+|global_store_\w+|buffer_load_\w+|buffer_store_\w+|ds_(?:read|load)\w*|"
+           r"ds_(?:write|store)\w*|scratch_load_\w+|scratch_store_\w+)",
+    "cuda": r"\b(ld\.global[\w.]*|st\.global[\w.]*|cp\.async\.bulk\.tensor[\w.:]*|cp\.async\.c[ag][\w.]*|"
+            r"ld\.shared[\w.:]*|st\.shared[\w.:]*|ldmatrix[\w.:]*|stmatrix[\w.:]*|ld\.local[\w.]*|st\.local[\w.]*)",
+}
+REDUCTIONS = {
+    "hip": r"(\bv_permlane\w*|\bds_swizzle\w*|\bds_bpermute\w*|\bv_\w+_dpp\b|row_shr:\d+|row_xmask:\d+|"
+           r"row_ror:\d+|row_share:\d+|quad_perm:\[[\d,]+\]|row_bcast:\d+)",
+    "cuda": r"\b(shfl\.sync\.\w+[\w.]*|redux\.sync[\w.]*)",
+}
+LABEL = {"hip": r"^(\.LBB\d+_\d+):", "cuda": r"^(\$L__BB\d+_\d+):"}
+BRANCH = {"hip": r"\bs_c?branch\w*\s+(\.LBB\d+_\d+)", "cuda": r"\bbra(?:\.uni)?\s+(\$L__BB\d+_\d+);"}
+
+
+def _count(pattern: str, text: str) -> dict:
+    out: dict = {}
+    for m in re.finditer(pattern, text, re.M):
+        name = m.group(1)
+        name = re.sub(r":\d+$", "", re.sub(r":\[[\d,]+\]$", "", name))  # row_shr:1 -> row_shr
+        out[name] = out.get(name, 0) + 1
+    return dict(sorted(out.items()))
+
+
+def key_loop(asm: str, backend: str) -> str:
+    """The loop (label ... backward branch to it) holding the most matrix instructions."""
+    lines = asm.splitlines()
+    labels = {}
+    loops = []
+    for i, line in enumerate(lines):
+        m = re.match(LABEL[backend], line.strip())
+        if m:
+            labels[m.group(1)] = i
+        b = re.search(BRANCH[backend], line)
+        if b and b.group(1) in labels:
+            loops.append("\n".join(lines[labels[b.group(1)]:i + 1]))
+    if not loops:
+        return ""
+    return max(loops, key=lambda body: (len(re.findall(MATRIX[backend], body)), len(body)))
+
+
+def _elf_sections(blob: bytes) -> dict:
+    """Section name -> (sh_info, offset, size) of a little-endian ELF64 image."""
+    shoff, = struct.unpack_from("<Q", blob, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", blob, 0x3A)
+    heads = [struct.unpack_from("<IIQQQQIIQQ", blob, shoff + i * shentsize) for i in range(shnum)]
+    str_off = heads[shstrndx][4]
+    out = {}
+    for h in heads:
+        end = blob.index(b"\0", str_off + h[0])
+        out[blob[str_off + h[0]:end].decode()] = (h[7], h[4], h[5])
+    return out
+
+
+def cubin_attributes(cubin: bytes) -> dict:
+    """The cubin's own record of its kernel: ``.nv.info`` attributes EIATTR_REGCOUNT (0x2f),
+    EIATTR_FRAME_SIZE (0x11) and EIATTR_MIN_STACK_SIZE (0x12), for the one kernel inside."""
+    _, off, size = _elf_sections(cubin)[".nv.info"]
+    names = {0x2F: "registers", 0x11: "frame_bytes", 0x12: "min_stack_bytes"}
+    out, i = {}, off
+    while i < off + size:
+        fmt, attr = cubin[i], cubin[i + 1]
+        if fmt == 0x04:  # EIFMT_SVAL: u16 size, then (u32 symbol, u32 value) for these attributes
+            n, = struct.unpack_from("<H", cubin, i + 2)
+            if attr in names and n == 8:
+                out[names[attr]] = struct.unpack_from("<I", cubin, i + 8)[0]
+            i += 4 + n
+        else:
+            i += 4
+    return out
+
+
+def hsaco_metadata(hsaco: bytes) -> dict:
+    """``.vgpr_count``, ``.sgpr_count``, ``.vgpr_spill_count``, ``.group_segment_fixed_size`` and
+    ``.private_segment_fixed_size`` from the code object's msgpack note."""
+    out = {}
+    for key in (".vgpr_count", ".sgpr_count", ".vgpr_spill_count", ".sgpr_spill_count",
+                ".group_segment_fixed_size", ".private_segment_fixed_size", ".wavefront_size"):
+        i = hsaco.find(bytes([0xA0 | len(key)]) + key.encode())
+        if i < 0:
+            continue
+        j = i + 1 + len(key)
+        tag = hsaco[j]
+        if tag < 0x80:
+            out[key] = tag
+        elif tag == 0xCC:
+            out[key] = hsaco[j + 1]
+        elif tag == 0xCD:
+            out[key] = struct.unpack_from(">H", hsaco, j + 1)[0]
+        elif tag == 0xCE:
+            out[key] = struct.unpack_from(">I", hsaco, j + 1)[0]
+    return out
+
+
+def ptxas_usage(ptx: str, arch: int) -> dict:
+    """Registers, spill bytes and stack frame from ``ptxas -v`` (an independent second reading)."""
+    from triton.backends.nvidia.compiler import get_ptxas
+    exe = get_ptxas(arch).path if hasattr(get_ptxas(arch), "path") else get_ptxas(arch)
+    with tempfile.TemporaryDirectory() as d:
+        src = Path(d) / "k.ptx"
+        src.write_text(ptx)
+        suffix = "a" if arch >= 90 else ""
+        out = subprocess.run([exe, "-v", f"--gpu-name=sm_{arch}{suffix}", str(src), "-o", str(Path(d) / "k.o")],
+                             capture_output=True, text=True, timeout=300)
+    text = out.stdout + out.stderr
+    g = lambda p: int(m.group(1)) if (m := re.search(p, text)) else 0  # noqa: E731
+    return {"registers": g(r"Used (\d+) registers"), "spill_stores": g(r"(\d+) bytes spill stores"),
+            "spill_loads": g(r"(\d+) bytes spill loads"), "stack_frame": g(r"(\d+) bytes stack frame")}
+
+
+def report(b: Build) -> Report:
+    """What the build became: instructions, resources, occupancy, the key loop's traffic."""
+    chip = TARGETS[b.target]
+    r = Report(b.variant, b.target, b.head_dim, b.dtype, b.causal, b.config, chip.warp_size)
+    warps = b.config["num_warps"]
+    r.shared_bytes = int(b.metadata.get("shared", 0))
+    if chip.backend == "hip":
+        asm = b.asm["amdgcn"]
+        meta = hsaco_metadata(b.asm["hsaco"])
+        vgpr, sgpr = meta.get(".vgpr_count", 0), meta.get(".sgpr_count", 0)
+        r.registers = {"vgpr": vgpr, "sgpr": sgpr}
+        r.scratch_bytes = meta.get(".private_segment_fixed_size", 0)
+        r.spilled_registers = meta.get(".vgpr_spill_count", 0) + meta.get(".sgpr_spill_count", 0)
+        r.wave_size = meta.get(".wavefront_size", chip.warp_size)
+        alloc = -(-max(vgpr, 1) // chip.reg_granule) * chip.reg_granule
+        by_regs = min(chip.max_waves, chip.regs // alloc)
+        groups_per_lds = chip.shared_bytes // r.shared_bytes if r.shared_bytes else None
+        # waves of one workgroup spread over the SIMDs; LDS is shared by the WGP/CU
+        by_lds = (groups_per_lds * warps) // chip.simds if groups_per_lds is not None else None
+        waves = min(by_regs, by_lds) if by_lds is not None else by_regs
+        llvm = re.search(r"; Occupancy: (\d+)", asm)
+        r.occupancy = {"waves_per_simd": max(waves, 0), "limited_by_vgprs": by_regs, "limited_by_lds": by_lds,
+                       "llvm_estimate": int(llvm.group(1)) if llvm else None}
+    else:
+        asm = b.asm["ptx"]
+        attrs = cubin_attributes(b.asm["cubin"])
+        regs = attrs.get("registers", 0)
+        r.registers = {"per_thread": regs}
+        r.scratch_bytes = attrs.get("frame_bytes", 0)
+        try:  # spills are not in the cubin's attributes: ask ptxas
+            r.spilled_registers = ptxas_usage(asm, chip.arch)["spill_stores"] // 4
+        except (OSError, subprocess.SubprocessError, ImportError, RuntimeError):
+            r.spilled_registers = None
+        per_warp = -(-regs * 32 // chip.reg_granule) * chip.reg_granule
+        by_regs = chip.regs // (per_warp * warps) if regs else chip.max_blocks
+        by_smem = chip.shared_bytes // (r.shared_bytes + 1024)
+        by_warps = chip.max_waves // warps
+        ctas = min(by_regs, by_smem, by_warps, chip.max_blocks)
+        r.occupancy = {"ctas_per_sm": ctas, "warps_per_sm": ctas * warps, "limited_by_registers": by_regs,
+                       "limited_by_shared": by_smem, "limited_by_warps": by_warps}
+        sass = sass_of(b.asm["cubin"])
+        if sass:
+            r.sass_matrix_instructions = _count(r"\b(HGMMA[\w.]*|HMMA[\w.]*)", sass)
+    r.matrix_instructions = _count(MATRIX[chip.backend], asm)
+    loop = key_loop(asm, chip.backend)
+    r.loop_memory = _count(MEMORY[chip.backend], loop)
+    r.loop_reductions = _count(REDUCTIONS[chip.backend], loop)
+    return r
+
+
+def sass_of(cubin: bytes) -> str | None:
+    """SASS through cuobjdump, where one is installed."""
+    exe = shutil.which("cuobjdump")
+    if not exe:
+        return None
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "k.cubin"
+        path.write_bytes(cubin)
+        out = subprocess.run([exe, "--dump-sass", str(path)], capture_output=True, text=True, timeout=300)
+    return out.stdout if out.returncode == 0 else None
+
+
+def write(b: Build, r: Report, out_dir) -> list[Path]:
+    """Binary, assembly and intermediate IRs of ``b`` under ``out_dir``; records the paths in ``r``."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"{b.variant}_{b.target}_d{b.head_dim}_{b.dtype}{'_causal' if b.causal else ''}"
+    paths = []
+    for stage, data in b.asm.items():
+        path = out_dir / f"{stem}.{stage}"
+        if isinstance(data, bytes):
+            path.write_bytes(data)
+        else:
+            path.write_text(data)
+        paths.append(path)
+    if "cubin" in b.asm:
+        sass = sass_of(b.asm["cubin"])
+        if sass:
+            (out_dir / f"{stem}.sass").write_text(sass)
+            paths.append(out_dir / f"{stem}.sass")
+    (out_dir / f"{stem}.report.json").write_text(r.to_json())
+    paths.append(out_dir / f"{stem}.report.json")
+    r.files = [str(p) for p in paths]
+    return paths

@@ -1,0 +1,92 @@
+"""Ahead-of-time builds with no GPU: the instructions and resources the report claims."""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from fmha import targets
+
+
+@pytest.fixture(scope="module")
+def builds():
+    cache = {}
+
+    def get(variant, target, head_dim=64, dtype="float16", causal=True):
+        key = (variant, target, head_dim, dtype, causal)
+        if key not in cache:
+            b = targets.build(variant, target, head_dim, dtype, causal)
+            cache[key] = (b, targets.report(b))
+        return cache[key]
+    return get
+
+
+@pytest.mark.parametrize("dtype,instr", [("float16", "v_wmma_f32_16x16x16_f16"),
+                                         ("bfloat16", "v_wmma_f32_16x16x16_bf16")])
+@pytest.mark.parametrize("variant", ["singlewave", "pipelined"])
+def test_seed_kernels_on_gfx1151_use_wmma_wave32_without_spills(builds, variant, dtype, instr):
+    b, r = builds(variant, "gfx1151", 64, dtype)
+    assert set(r.matrix_instructions) == {instr}
+    # 64/16 WMMAs for Q K^T and 64/16 for P V per key tile, at least once each in the loop
+    assert r.matrix_instructions[instr] >= 8
+    assert r.wave_size == 32 and b.metadata["warp_size"] == 32 and b.config["num_warps"] == 1
+    assert r.spilled_registers == 0 and r.scratch_bytes == 0
+
+
+def test_nvidia_and_cdna_builds(builds):
+    _, sm90 = builds("tiled", "sm_90", 128, "bfloat16")
+    assert any(k.startswith("wgmma.mma_async") for k in sm90.matrix_instructions)
+    _, sm80 = builds("tiled", "sm_80", 128, "float16")
+    assert any(k.startswith("mma.sync") for k in sm80.matrix_instructions)
+    assert not any(k.startswith("wgmma") for k in sm80.matrix_instructions)
+    _, cdna = builds("singlewave", "gfx942", 64, "float16")
+    assert any(k.startswith("v_mfma") for k in cdna.matrix_instructions) and cdna.wave_size == 64
+
+
+def test_amd_report_agrees_with_the_code_object(builds):
+    b, r = builds("tiled", "gfx1151", 128)
+    meta = targets.hsaco_metadata(b.asm["hsaco"])
+    asm = b.asm["amdgcn"]
+    assert r.registers["vgpr"] == meta[".vgpr_count"] == int(re.search(r"; NumVgprs: (\d+)", asm).group(1))
+    assert r.scratch_bytes == meta[".private_segment_fixed_size"] == int(re.search(r"; ScratchSize: (\d+)", asm).group(1))
+    assert r.shared_bytes == b.metadata["shared"]
+    assert r.occupancy["waves_per_simd"] <= r.occupancy["llvm_estimate"]
+    assert r.occupancy["limited_by_vgprs"] == r.occupancy["llvm_estimate"]  # LLVM's own VGPR-limited figure
+
+
+def test_nvidia_report_agrees_with_ptxas(builds):
+    b, r = builds("tiled", "sm_80", 64)
+    usage = targets.ptxas_usage(b.asm["ptx"], 80)
+    assert r.registers["per_thread"] == usage["registers"] > 0
+    assert r.scratch_bytes == usage["stack_frame"]
+    assert r.shared_bytes == b.metadata["shared"] > 0
+    occ = r.occupancy
+    per_warp = -(-r.registers["per_thread"] * 32 // 256) * 256
+    assert occ["limited_by_registers"] == 65536 // (per_warp * b.config["num_warps"])
+
+
+def test_key_loop_is_found(builds):
+    _, r = builds("singlewave", "gfx1151", 64)
+    assert any(k.startswith("global_load") or k.startswith("buffer_load") for k in r.loop_memory)
+    _, r = builds("tiled", "sm_90", 64)
+    assert any(k.startswith("cp.async") or k.startswith("ld.global") for k in r.loop_memory)
+    assert any(k.startswith("shfl.sync") for k in r.loop_reductions)
+
+
+def test_cli_report_and_errors(tmp_path):
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    run = lambda *a: subprocess.run([sys.executable, "-m", "fmha", "compile", *a], capture_output=True,  # noqa: E731
+                                    text=True, env=env, timeout=600)
+    out = run("--target", "gfx1151", "--variant", "singlewave", "--head-dim", "64", "--json", "--out", str(tmp_path))
+    assert out.returncode == 0, out.stderr[-2000:]
+    rep = json.loads(out.stdout)
+    assert rep["matrix_instructions"] == {"v_wmma_f32_16x16x16_f16": rep["matrix_instructions"]["v_wmma_f32_16x16x16_f16"]}
+    names = {p.suffix for p in tmp_path.iterdir()}
+    assert {".hsaco", ".amdgcn", ".json"} <= names
+    bad = run("--target", "gfx9000", "--variant", "singlewave")
+    assert bad.returncode == 2 and "unsupported target 'gfx9000'; valid: gfx1151" in bad.stderr
+    bad = run("--target", "sm_90", "--variant", "fastest")
+    assert bad.returncode == 2 and "unsupported variant 'fastest'; valid:" in bad.stderr
