@@ -32,7 +32,11 @@ def arch_of(device: torch.device) -> str:
 
 def select_variant(arch: str, shape: dict | None = None) -> str:
     """``variant="auto"``: the fastest correct variant measured on ``arch`` for a
-    problem of ``shape`` (keys ``head_dim``, ``seqlen_q``, ``seqlen_k``)."""
+    problem of ``shape`` (keys ``head_dim``, ``seqlen_q``, ``seqlen_k``).  A call the
+    chosen kernel cannot take (see ``kernels.unsupported``) falls back to ``tiled``."""
+    shape = shape or {}
+    if arch == "sm90" and shape.get("head_dim") in configs.HOPPER:
+        return "hopper"
     return "tiled"
 
 
@@ -45,7 +49,7 @@ def _kernels():
 
 def variants() -> list[str]:
     """Names accepted by ``variant=`` (besides ``"auto"``)."""
-    return list(_kernels().VARIANTS)
+    return list(_kernels().ALL_VARIANTS)
 
 
 def _check(q, k, v, causal_align: str, layout: str, variant: str, scale) -> None:
@@ -138,14 +142,21 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
             lse.fill_(-math.inf)
         return (o, lse) if return_lse else o
 
+    kernels = _kernels()
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
     offset = 0 if causal_align == "top_left" else seqlen_k - seqlen_q
-    kernels = _kernels()
     prob = kernels.Problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, bool(causal),
                    offset if causal else 0, scale * LOG2E)
     arch = arch_of(q.device)
-    name = select_variant(arch) if variant == "auto" else variant
+    name = select_variant(arch, {"head_dim": head_dim, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k}) \
+        if variant == "auto" else variant
     cfg = config or configs.default_config(name, arch, head_dim)
+    reason = kernels.unsupported(name, cfg, prob, q, k, v, o, layout)
+    if reason and variant == "auto":
+        name = "tiled"
+        cfg = configs.default_config(name, arch, head_dim)
+    elif reason:
+        raise ValueError(f"variant {name!r} cannot take this call: {reason}")
     with torch.cuda.device(q.device) if q.device.type == "cuda" else _nullcontext():
         kernels.launch(name, cfg, prob, q, k, v, o, lse, layout)
     return (o, lse) if return_lse else o

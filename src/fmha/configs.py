@@ -45,6 +45,12 @@ TILED = [
 ]
 
 
+# the Gluon sm_90 kernel: block_m is fixed at 128 (two consumer warpgroups), num_stages = ring depth.
+# ../shared/gluon probe, H200 bf16: D=128 BLOCK_N=128 STAGES=2 (3 overflow shared memory); D=64
+# BLOCK_N=128 STAGES=3; BLOCK_N=64 slower everywhere.
+HOPPER = {64: KernelConfig(128, 128, 4, 3), 128: KernelConfig(128, 128, 4, 2)}
+
+
 def tiled_config(arch: str, head_dim: int) -> KernelConfig:
     """The ``tiled`` entry for ``arch`` at ``head_dim`` (padded to a power of two)."""
     for key, max_d, cfg in TILED:
@@ -61,4 +67,6 @@ def default_config(variant: str, arch: str, head_dim: int) -> KernelConfig:
         return SEED
     if variant == "tiled":
         return tiled_config(arch, head_dim)
+    if variant == "hopper":
+        return HOPPER.get(head_dim, HOPPER[128])
     raise ValueError(f"no config table for variant {variant!r}")

@@ -55,8 +55,40 @@ DTYPES = {"float16": "fp16", "bfloat16": "bf16"}
 
 
 def variants() -> list[str]:
-    from .kernels import VARIANTS
-    return list(VARIANTS)
+    from .kernels import ALL_VARIANTS
+    return list(ALL_VARIANTS)
+
+
+def _hopper_source(head_dim: int, dtype: str, causal: bool, cfg):
+    """The Gluon kernel's source with its TMA descriptor types, from stand-in CPU tensors."""
+    import torch
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from .kernels import Problem, hopper
+    tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+    prob = Problem(1, 1, 1, 128, cfg.block_n, head_dim, causal, 0, 1.0)
+    t = torch.empty(1, 1, max(128, cfg.block_n), head_dim, dtype=tdt)
+    q, kv = t[:, :, :128], t[:, :, :cfg.block_n]
+    descs, _ = hopper.descriptors(prob, cfg, q, kv, kv, q, "bhsd")
+    kernel = hopper.KERNEL
+    const = dict(HEAD=head_dim, BLOCK_N=cfg.block_n, STAGES=cfg.num_stages, CONSUMER_REGS=hopper.CONSUMER_REGS,
+                 CAUSAL=causal, STORE_LSE=False)
+    sig = {}
+    for name in kernel.arg_names:
+        if name in const:
+            sig[name] = "constexpr"
+        elif name.endswith("_desc"):
+            d = descs[("q_desc", "k_desc", "v_desc", "o_desc").index(name)]
+            sig[name] = native_specialize_impl(BaseBackend, d, False, True, True)[0]
+        elif name == "LSE":
+            sig[name] = "*fp32"
+        elif name == "scale_log2":
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+    return GluonASTSource(kernel, sig, const)
 
 
 def _build_elsewhere(*args) -> "Build":
@@ -129,7 +161,15 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
     _check_choice("head_dim", head_dim, (32, 64, 96, 128, 256))
     chip = TARGETS[target]
     arch_key = "hip" if chip.backend == "hip" else ("sm90" if chip.arch == 90 else "sm80")
+    if variant == "hopper" and target != "sm_90":
+        raise ValueError(f"unsupported target {target!r} for variant 'hopper'; valid: sm_90")
     cfg = config or configs.default_config(variant, arch_key, head_dim)
+    if variant == "hopper":
+        compiled = triton.compile(_hopper_source(head_dim, dtype, causal, cfg),
+                                  target=GPUTarget(chip.backend, chip.arch, chip.warp_size),
+                                  options={"num_warps": cfg.num_warps})
+        return Build(variant, target, head_dim, dtype, causal, cfg.as_dict(), dict(compiled.asm),
+                     _plain(compiled.metadata))
     from .kernels import VARIANTS
     kernel = VARIANTS[variant]
     const = dict(HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_M=cfg.block_m,
@@ -153,10 +193,13 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
     compiled = triton.compile(ASTSource(kernel, sig, const, attrs),
                               target=GPUTarget(chip.backend, chip.arch, chip.warp_size),
                               options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
-    md = compiled.metadata
+    return Build(variant, target, head_dim, dtype, causal, cfg.as_dict(), dict(compiled.asm),
+                 _plain(compiled.metadata))
+
+
+def _plain(md) -> dict:
     metadata = md._asdict() if hasattr(md, "_asdict") else dict(vars(md))
-    metadata = {k: v for k, v in metadata.items() if isinstance(v, (int, float, str, bool))}
-    return Build(variant, target, head_dim, dtype, causal, cfg.as_dict(), dict(compiled.asm), metadata)
+    return {k: v for k, v in metadata.items() if isinstance(v, (int, float, str, bool))}
 
 
 # --- reading the assembly -------------------------------------------------------------------------

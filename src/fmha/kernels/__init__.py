@@ -14,11 +14,14 @@ import triton
 
 from . import pipelined, singlewave, tiled
 
-VARIANTS = {
+VARIANTS = {  # Triton: every target, and the CPU interpreter
     "singlewave": singlewave.KERNEL,
     "pipelined": pipelined.KERNEL,
     "tiled": tiled.KERNEL,
 }
+# Gluon: one GPU generation each, imported on first use (no interpreter)
+GLUON_VARIANTS = ("hopper",)
+ALL_VARIANTS = (*VARIANTS, *GLUON_VARIANTS)
 
 
 @dataclass(frozen=True)
@@ -45,8 +48,19 @@ def strides_bhsd(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
     return (s[0], s[1], s[2], s[3]) if layout == "bhsd" else (s[0], s[2], s[1], s[3])
 
 
+def unsupported(variant: str, cfg, prob: Problem, q, k, v, o, layout: str) -> str | None:
+    """Why ``variant`` cannot take this call, or None."""
+    if variant == "hopper":
+        from . import hopper
+        return hopper.supports(prob, cfg, q, k, v, o, layout)
+    return None
+
+
 def launch(variant: str, cfg, prob: Problem, q, k, v, o, lse, layout: str) -> None:
     """Run ``variant`` with ``cfg`` on ``prob``: writes ``o`` (and ``lse`` if not None)."""
+    if variant == "hopper":
+        from . import hopper
+        return hopper.launch(prob, cfg, q, k, v, o, lse, layout)
     kernel = VARIANTS[variant]
     grid = (triton.cdiv(prob.seqlen_q, cfg.block_m), prob.batch * prob.heads)
     kernel[grid](

@@ -20,7 +20,7 @@ import triton.language as tl
 # Triton 3.6's interpreter returns garbage for a bfloat16 tl.dot; float32 operands
 # give exact products.  Decided once, at import, as Triton decides interpretation.
 INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
-LN2: tl.constexpr = 0.6931471805599453
+LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit

@@ -1,0 +1,244 @@
+"""``hopper``: the sm_90 fast path, in Gluon (explicit wgmma, TMA, mbarriers, warp specialization).
+
+FlashAttention-3's shape: one program per 128 query rows of one (batch, head);
+a 1-warp producer streams K and V tiles by TMA into ``STAGES``-deep shared
+rings; two consumer warpgroups of 64 rows each run the recurrence.  Inside a
+consumer, the Q K^T of tile j+1 is issued before P V of tile j and waited on
+first, so the softmax of one tile overlaps the matrix unit's work on the other.
+P stays in registers as the A operand of P V.
+
+The math is the seed's (Section 9) in the base-2 domain, with the same guards as
+``kernels/common.py``: a row that has seen no visible key keeps ``m = -inf`` and
+a pivot of 0, and ``1/l := 0`` at the end.  Causal: the key loop stops at the
+block's last visible tile (Section 7) and only tiles that cross the diagonal are
+masked; causal programs run longest-first.
+
+Shapes it takes (:func:`supports`): sm_90, head_dim 64 or 128, seqlen_q a
+multiple of 128 and seqlen_k of ``BLOCK_N``, q/k/v/out contiguous in bhsd or bshd.
+Anything else goes to ``tiled``.  Gluon kernels do not run in the interpreter.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                               warpgroup_mma, warpgroup_mma_wait)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+BLOCK_M = 128          # rows per program: two consumer warpgroups of 64
+CONSUMER_REGS = 240    # setmaxnreg for the consumers; the producer warp keeps 24
+PRODUCER_REGS = gl.constexpr(24)
+LN2 = gl.constexpr(0.6931471805599453)
+
+
+@gluon.jit
+def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
+              q_row, q_col, kv_row, kv_col, n_iters, STAGES: gl.constexpr, BLOCK_N: gl.constexpr):
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [q_row, q_col], q_bar, q_smem)
+    for i in range(n_iters):
+        s = i % STAGES
+        ph = (i // STAGES) & 1
+        mbarrier.wait(k_empty.index(s), ph ^ 1)
+        mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [kv_row + i * BLOCK_N, kv_col], k_ready.index(s), k_bufs.index(s))
+        mbarrier.wait(v_empty.index(s), ph ^ 1)
+        mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [kv_row + i * BLOCK_N, kv_col], v_ready.index(s), v_bufs.index(s))
+
+
+@gluon.jit
+def _mask(qk, i, mask_from, offs_m, offs_n, causal_offset, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """Step 5.2 on the tiles that cross the diagonal: key j > row + causal_offset -> -inf."""
+    if CAUSAL:
+        if i >= mask_from:
+            cols = i * BLOCK_N + offs_n
+            qk = gl.where(cols[None, :] <= offs_m[:, None] + causal_offset, qk, float("-inf"))
+    return qk
+
+
+@gluon.jit
+def _pivot(m, CAUSAL: gl.constexpr):
+    """The exponent pivot: ``m``, or 0 for a row that has seen no visible key (m = -inf)."""
+    if CAUSAL:
+        m = gl.where(m == float("-inf"), 0.0, m)
+    return m
+
+
+@gluon.jit
+def _consumer(o_desc, LSE, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
+              o_row, o_col, row0, lse_off, n_iters, mask_from, causal_offset, scale_log2,
+              STAGES: gl.constexpr, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD: gl.constexpr,
+              CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr):
+    ROWS: gl.constexpr = 64
+    dtype: gl.constexpr = o_desc.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    offs_m = row0 + gl.arange(0, ROWS, layout=row_layout)
+    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    q_half = q_smem.slice(WG * ROWS, ROWS, dim=0)
+    acc = gl.zeros([ROWS, HEAD], gl.float32, o_layout)
+
+    # tile 0: 5.1-5.4 (no rescale yet)
+    mbarrier.wait(q_bar, 0)
+    mbarrier.wait(k_ready.index(0), 0)
+    qk = warpgroup_mma(q_half, k_bufs.index(0).permute((1, 0)), gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout),
+                       use_acc=False, is_async=True)
+    qk, _k0 = warpgroup_mma_wait(0, deps=[qk, k_bufs.index(0)])
+    mbarrier.arrive(k_empty.index(0), count=1)
+    qk = _mask(qk, 0, mask_from, offs_m, offs_n, causal_offset, BLOCK_N, CAUSAL)
+    m = gl.max(qk, axis=1) * scale_log2
+    p = gl.exp2(qk * scale_log2 - _pivot(m, CAUSAL)[:, None])
+    l = gl.sum(p, axis=1)
+    p16 = gl.convert_layout(p.to(dtype), p_layout)
+    for i in range(1, n_iters):
+        s = i % STAGES
+        ph = (i // STAGES) & 1
+        sp = (i - 1) % STAGES
+        php = ((i - 1) // STAGES) & 1
+        # 5.1 of tile i issued, then 5.6 of tile i-1; wait for the scores only
+        mbarrier.wait(k_ready.index(s), ph)
+        qk = warpgroup_mma(q_half, k_bufs.index(s).permute((1, 0)),
+                           gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+        mbarrier.wait(v_ready.index(sp), php)
+        acc = warpgroup_mma(p16, v_bufs.index(sp), acc, is_async=True)
+        qk = warpgroup_mma_wait(1, deps=[qk])
+        mbarrier.arrive(k_empty.index(s), count=1)
+        # 5.2-5.4 of tile i while P V of tile i-1 runs
+        qk = _mask(qk, i, mask_from, offs_m, offs_n, causal_offset, BLOCK_N, CAUSAL)
+        m_new = gl.maximum(m, gl.max(qk, axis=1) * scale_log2)
+        m_safe = _pivot(m_new, CAUSAL)
+        p = gl.exp2(qk * scale_log2 - m_safe[:, None])
+        alpha = gl.exp2(m - m_safe)
+        l = l * alpha + gl.sum(p, axis=1)
+        m = m_new
+        acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
+        mbarrier.arrive(v_empty.index(sp), count=1)
+        # 5.5: rescale the accumulator once P V of tile i-1 has landed
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        p16 = gl.convert_layout(p.to(dtype), p_layout)
+    last = (n_iters - 1) % STAGES
+    mbarrier.wait(v_ready.index(last), ((n_iters - 1) // STAGES) & 1)
+    acc = warpgroup_mma(p16, v_bufs.index(last), acc, is_async=True)
+    acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
+    mbarrier.arrive(v_empty.index(last), count=1)
+
+    # Section 6: o = acc / l with 1/l := 0 on an empty row
+    inv_l = gl.where(l == 0.0, 0.0, 1.0 / l)
+    acc = acc * gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout))[:, None]
+    o_smem = gl.allocate_shared_memory(dtype, [ROWS, HEAD], o_desc.layout)
+    o_smem.store(acc.to(dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(o_desc, [o_row, o_col], o_smem)
+    if STORE_LSE:
+        lse = gl.where(l == 0.0, float("-inf"), (m + gl.log2(l)) * LN2)
+        gl.store(LSE + lse_off + offs_m, lse)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, heads, group, seqlen_q, seqlen_k, causal_offset,
+                  scale_log2, q_rows_b, q_rows_h, q_col_h, kv_rows_b, kv_rows_h, kv_col_h,
+                  HEAD: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                  CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr):
+    pid = gl.program_id(0)
+    if CAUSAL:  # the blocks with the most keys first: a better tail
+        pid = gl.num_programs(0) - 1 - pid
+    bh = gl.program_id(1)
+    b = bh // heads
+    h = bh % heads
+    kvh = h // group
+    start_m = pid * 128
+    q_row = b * q_rows_b + h * q_rows_h + start_m
+    q_col = h * q_col_h
+    kv_row = b * kv_rows_b + kvh * kv_rows_h
+    kv_col = kvh * kv_col_h
+    # Section 7: the loop stops at the block's last visible key (at least one tile, fully masked if need be)
+    stop = seqlen_k
+    if CAUSAL:
+        stop = gl.minimum(seqlen_k, gl.maximum(start_m + 128 + causal_offset, 0))
+    n_iters = gl.maximum((stop + BLOCK_N - 1) // BLOCK_N, 1)
+    # tiles before mask_from_g are visible to every row of warpgroup g: no mask
+    mask_from_0 = gl.maximum(start_m + causal_offset + 1, 0) // BLOCK_N
+    mask_from_1 = gl.maximum(start_m + 64 + causal_offset + 1, 0) // BLOCK_N
+    lse_off = bh.to(gl.int64) * seqlen_q
+
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [128, HEAD], q_desc.layout)
+    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD], k_desc.layout)
+    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD], v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)   # one arrival per consumer warpgroup
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(v_empty.index(i), count=2)
+    gl.warp_specialize([
+        (_consumer, (o_desc, LSE, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
+                     q_row, q_col, start_m, lse_off, n_iters, mask_from_0, causal_offset, scale_log2,
+                     STAGES, 0, BLOCK_N, HEAD, CAUSAL, STORE_LSE)),
+        (_consumer, (o_desc, LSE, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
+                     q_row + 64, q_col, start_m + 64, lse_off, n_iters, mask_from_1, causal_offset, scale_log2,
+                     STAGES, 1, BLOCK_N, HEAD, CAUSAL, STORE_LSE)),
+        (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
+                     q_row, q_col, kv_row, kv_col, n_iters, STAGES, BLOCK_N)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+KERNEL = hopper_kernel
+SMEM_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+
+
+def _view2d(t: torch.Tensor, layout: str):
+    """The 2-D matrix TMA reads, and how (batch, head) map to its rows and columns."""
+    b, d = t.shape[0], t.shape[3]
+    if layout == "bhsd":
+        h, s = t.shape[1], t.shape[2]
+        return t.view(b * h * s, d), h * s, s, 0
+    s, h = t.shape[1], t.shape[2]
+    return t.view(b * s, h * d), s, 0, d
+
+
+def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
+    """None if the hopper kernel takes this call, else the reason it does not."""
+    if not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:
+        return "needs an sm_90 GPU"
+    if prob.head_dim not in (64, 128):
+        return f"head_dim {prob.head_dim} (takes 64 and 128)"
+    if prob.seqlen_q % BLOCK_M or prob.seqlen_k % cfg.block_n:
+        return f"seqlen_q % {BLOCK_M} or seqlen_k % {cfg.block_n} is not 0"
+    for t in (q, k, v, o):
+        if not t.is_contiguous() or t.data_ptr() % 16:
+            return "needs contiguous, 16-byte aligned q, k, v and out"
+    return None
+
+
+def descriptors(prob, cfg, q, k, v, o, layout: str) -> tuple:
+    """The four TMA descriptors and the row/column strides of (batch, head) in their 2-D views."""
+    (q2, qrb, qrh, qch), (k2, krb, krh, kch), (v2, *_), (o2, *_) = (_view2d(t, layout) for t in (q, k, v, o))
+    d = prob.head_dim
+    descs = (TensorDescriptor.from_tensor(q2, [BLOCK_M, d], SMEM_LAYOUT),
+             TensorDescriptor.from_tensor(k2, [cfg.block_n, d], SMEM_LAYOUT),
+             TensorDescriptor.from_tensor(v2, [cfg.block_n, d], SMEM_LAYOUT),
+             TensorDescriptor.from_tensor(o2, [64, d], SMEM_LAYOUT))
+    return descs, (qrb, qrh, qch, krb, krh, kch)
+
+
+def launch(prob, cfg, q, k, v, o, lse, layout: str) -> None:
+    descs, strides = descriptors(prob, cfg, q, k, v, o, layout)
+    grid = (triton.cdiv(prob.seqlen_q, BLOCK_M), prob.batch * prob.heads)
+    hopper_kernel[grid](*descs, lse if lse is not None else o, prob.heads, prob.heads // prob.kv_heads,
+                        prob.seqlen_q, prob.seqlen_k, prob.causal_offset, prob.scale_log2, *strides,
+                        HEAD=prob.head_dim, BLOCK_N=cfg.block_n, STAGES=cfg.num_stages,
+                        CONSUMER_REGS=CONSUMER_REGS, CAUSAL=prob.causal, STORE_LSE=lse is not None,
+                        num_warps=4)
