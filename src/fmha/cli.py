@@ -218,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(fn=cmd_bench)
 
     s = sub.add_parser("sweep", help="walk a variant's config space; every attempt goes to the ledger")
-    s.add_argument("--variant", required=True, choices=["singlewave", "pipelined", "tiled"])
+    s.add_argument("--variant", required=True, choices=["singlewave", "pipelined", "tiled", "hopper"])
     s.add_argument("--space", default=None, help='e.g. "block_m=64,128 num_warps=4,8 num_stages=2,3"')
     s.add_argument("--dtype", choices=list(DTYPES), default="bfloat16")
     s.add_argument("--ledger", default=str(ledger.DEFAULT_LEDGER))

@@ -17,12 +17,14 @@ class KernelConfig:
     block_n: int
     num_warps: int
     num_stages: int = 1
+    maxnreg: int = 0  # registers per consumer thread (hopper's setmaxnreg); 0: the variant's default
 
     def as_dict(self) -> dict:
         return asdict(self)
 
     def __str__(self) -> str:
-        return f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}"
+        regs = f"r{self.maxnreg}" if self.maxnreg else ""
+        return f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}{regs}"
 
 
 SEED = KernelConfig(block_m=16, block_n=16, num_warps=1, num_stages=1)
@@ -45,10 +47,12 @@ TILED = [
 ]
 
 
-# the Gluon sm_90 kernel: block_m is fixed at 128 (two consumer warpgroups), num_stages = ring depth.
+# the Gluon sm_90 kernel: block_m = 64 x consumer warpgroups (128 or 192), num_stages = ring depth.
 # ../shared/gluon probe, H200 bf16: D=128 BLOCK_N=128 STAGES=2 (3 overflow shared memory); D=64
 # BLOCK_N=128 STAGES=3; BLOCK_N=64 slower everywhere.
-HOPPER = {64: KernelConfig(128, 128, 4, 3), 128: KernelConfig(128, 128, 4, 2)}
+# D=64: 192 rows (three consumer warpgroups at 160 registers), FlashAttention-4's SM90 tile;
+# D=128 at 192 rows spills 230 registers (fmha compile), so 128 rows there.
+HOPPER = {64: KernelConfig(192, 128, 4, 3), 128: KernelConfig(128, 128, 4, 2)}
 
 
 def tiled_config(arch: str, head_dim: int) -> KernelConfig:

@@ -69,12 +69,11 @@ def _hopper_source(head_dim: int, dtype: str, causal: bool, cfg):
     from .kernels import Problem, hopper
     tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
     prob = Problem(1, 1, 1, 128, cfg.block_n, head_dim, causal, 0, 1.0)
-    t = torch.empty(1, 1, max(128, cfg.block_n), head_dim, dtype=tdt)
-    q, kv = t[:, :, :128], t[:, :, :cfg.block_n]
+    t = torch.empty(1, 1, max(cfg.block_m, cfg.block_n), head_dim, dtype=tdt)
+    q, kv = t[:, :, :cfg.block_m], t[:, :, :cfg.block_n]
     descs, _ = hopper.descriptors(prob, cfg, q, kv, kv, q, "bhsd")
     kernel = hopper.KERNEL
-    const = dict(HEAD=head_dim, BLOCK_N=cfg.block_n, STAGES=cfg.num_stages, CONSUMER_REGS=hopper.CONSUMER_REGS,
-                 CAUSAL=causal, STORE_LSE=False)
+    const = hopper.constexprs(prob, cfg, store_lse=False)
     sig = {}
     for name in kernel.arg_names:
         if name in const:
@@ -84,6 +83,8 @@ def _hopper_source(head_dim: int, dtype: str, causal: bool, cfg):
             sig[name] = native_specialize_impl(BaseBackend, d, False, True, True)[0]
         elif name == "LSE":
             sig[name] = "*fp32"
+        elif name == "O":
+            sig[name] = "*" + DTYPES[dtype]
         elif name == "scale_log2":
             sig[name] = "fp32"
         else:
@@ -319,7 +320,8 @@ def report(b: Build) -> Report:
     """What the build became: instructions, resources, occupancy, the key loop's traffic."""
     chip = TARGETS[b.target]
     r = Report(b.variant, b.target, b.head_dim, b.dtype, b.causal, b.config, chip.warp_size)
-    warps = b.config["num_warps"]
+    # a warp-specialised kernel runs its consumer warpgroups and the producer warp beside num_warps
+    warps = b.config["num_warps"] + (4 * (b.config["block_m"] // 64 - 1) + 1 if b.variant == "hopper" else 0)
     r.shared_bytes = int(b.metadata.get("shared", 0))
     if chip.backend == "hip":
         asm = b.asm["amdgcn"]

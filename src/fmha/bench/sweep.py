@@ -17,10 +17,12 @@ DEFAULT_SPACE = {
     "singlewave": {"block_m": [16, 32], "block_n": [16, 32], "num_warps": [1, 2], "num_stages": [1, 2]},
     "pipelined": {"block_m": [16, 32], "block_n": [16, 32], "num_warps": [1, 2], "num_stages": [1, 2]},
     "tiled": {"block_m": [64, 128], "block_n": [32, 64, 128], "num_warps": [4, 8], "num_stages": [2, 3, 4]},
+    "hopper": {"block_m": [128, 192], "block_n": [64, 128], "num_warps": [4], "num_stages": [2, 3],
+               "maxnreg": [0]},
 }
 DEFAULT_CELLS = {
-    "cuda": [Cell(4, 16, 16, 4096, 4096, 128, c) for c in (False, True)]
-    + [Cell(4, 32, 32, 4096, 4096, 64, c) for c in (False, True)],
+    "cuda": [Cell(b, 2048 // d, 2048 // d, s, s, d, c) for d in (64, 128) for c in (False, True)
+             for b, s in ((16, 1024), (1, 16384))],
     "cpu": [Cell(1, 2, 2, 40, 40, 64, True)],
 }
 

@@ -1,8 +1,9 @@
 """``hopper``: the sm_90 fast path, in Gluon (explicit wgmma, TMA, mbarriers, warp specialization).
 
-FlashAttention-3's shape: one program per 128 query rows of one (batch, head);
-a 1-warp producer streams K and V tiles by TMA into ``STAGES``-deep shared
-rings; two consumer warpgroups of 64 rows each run the recurrence.  Inside a
+FlashAttention-3's shape: one program per ``BLOCK_M`` query rows of one (batch,
+head); a 1-warp producer streams K and V tiles by TMA into ``STAGES``-deep shared
+rings; ``BLOCK_M / 64`` consumer warpgroups (2 or 3) of 64 rows each run the
+recurrence.  Inside a
 consumer, the Q K^T of tile j+1 is issued before P V of tile j and waited on
 first, so the softmax of one tile overlaps the matrix unit's work on the other.
 P stays in registers as the A operand of P V.
@@ -13,8 +14,10 @@ a pivot of 0, and ``1/l := 0`` at the end.  Causal: the key loop stops at the
 block's last visible tile (Section 7) and only tiles that cross the diagonal are
 masked; causal programs run longest-first.
 
-Shapes it takes (:func:`supports`): sm_90, head_dim 64 or 128, seqlen_q a
-multiple of 128 and seqlen_k of ``BLOCK_N``, q/k/v/out contiguous in bhsd or bshd.
+Shapes it takes (:func:`supports`): sm_90, head_dim 64 or 128, any seqlen_q,
+seqlen_k a multiple of ``BLOCK_N``, q/k/v/out contiguous in bhsd or bshd.  Rows
+of the last query block past seqlen_q are computed on whatever TMA reads there
+and never stored (a warpgroup that straddles the end stores with a row mask).
 Anything else goes to ``tiled``.  Gluon kernels do not run in the interpreter.
 """
 from __future__ import annotations
@@ -27,17 +30,19 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma, warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-BLOCK_M = 128          # rows per program: two consumer warpgroups of 64
-CONSUMER_REGS = 240    # setmaxnreg for the consumers; the producer warp keeps 24
+CONSUMER_REGS = {2: 240, 3: 160}  # setmaxnreg per consumer thread, by warpgroup count
 PRODUCER_REGS = gl.constexpr(24)
 LN2 = gl.constexpr(0.6931471805599453)
 
 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
-              q_row, q_col, kv_row, kv_col, n_iters, STAGES: gl.constexpr, BLOCK_N: gl.constexpr):
-    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [q_row, q_col], q_bar, q_smem)
+              q_row, q_col, kv_row, kv_col, n_iters, NUM_WG: gl.constexpr, STAGES: gl.constexpr,
+              BLOCK_N: gl.constexpr):
+    # Q in 64-row boxes (TMA boxes are powers of two; 192 rows is three)
+    mbarrier.expect(q_bar, NUM_WG * q_desc.block_type.nbytes)
+    for g in gl.static_range(NUM_WG):
+        tma.async_copy_global_to_shared(q_desc, [q_row + 64 * g, q_col], q_bar, q_smem.index(g))
     for i in range(n_iters):
         s = i % STAGES
         ph = (i // STAGES) & 1
@@ -68,8 +73,8 @@ def _pivot(m, CAUSAL: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(o_desc, LSE, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
-              o_row, o_col, row0, lse_off, n_iters, mask_from, causal_offset, scale_log2,
+def _consumer(o_desc, O, LSE, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
+              o_row, o_col, o_stride, row0, seqlen_q, lse_off, n_iters, mask_from, causal_offset, scale_log2,
               STAGES: gl.constexpr, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD: gl.constexpr,
               CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr):
     ROWS: gl.constexpr = 64
@@ -82,7 +87,7 @@ def _consumer(o_desc, LSE, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_re
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     offs_m = row0 + gl.arange(0, ROWS, layout=row_layout)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    q_half = q_smem.slice(WG * ROWS, ROWS, dim=0)
+    q_half = q_smem.index(WG)
     acc = gl.zeros([ROWS, HEAD], gl.float32, o_layout)
 
     # tile 0: 5.1-5.4 (no rescale yet)
@@ -132,21 +137,28 @@ def _consumer(o_desc, LSE, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_re
     # Section 6: o = acc / l with 1/l := 0 on an empty row
     inv_l = gl.where(l == 0.0, 0.0, 1.0 / l)
     acc = acc * gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout))[:, None]
-    o_smem = gl.allocate_shared_memory(dtype, [ROWS, HEAD], o_desc.layout)
-    o_smem.store(acc.to(dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [o_row, o_col], o_smem)
+    if row0 + ROWS <= seqlen_q:
+        o_smem = gl.allocate_shared_memory(dtype, [ROWS, HEAD], o_desc.layout)
+        o_smem.store(acc.to(dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [o_row, o_col], o_smem)
+        tma.store_wait(0)
+    else:  # the warpgroup straddles seqlen_q: store only the rows that exist
+        rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
+        cols = gl.arange(0, HEAD, layout=gl.SliceLayout(0, o_layout))
+        ptrs = O + (o_row + rows).to(gl.int64)[:, None] * o_stride + (o_col + cols)[None, :]
+        gl.store(ptrs, acc.to(dtype), mask=(row0 + rows < seqlen_q)[:, None])
     if STORE_LSE:
         lse = gl.where(l == 0.0, float("-inf"), (m + gl.log2(l)) * LN2)
-        gl.store(LSE + lse_off + offs_m, lse)
-    tma.store_wait(0)
+        gl.store(LSE + lse_off + offs_m, lse, mask=offs_m < seqlen_q)
 
 
 @gluon.jit
-def hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, heads, group, seqlen_q, seqlen_k, causal_offset,
-                  scale_log2, q_rows_b, q_rows_h, q_col_h, kv_rows_b, kv_rows_h, kv_col_h,
-                  HEAD: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                  CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr):
+def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, heads, group, seqlen_q, seqlen_k, causal_offset,
+                  scale_log2, q_rows_b, q_rows_h, q_col_h, kv_rows_b, kv_rows_h, kv_col_h, o_stride,
+                  HEAD: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                  CONSUMER_REGS: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr):
+    NUM_WG: gl.constexpr = BLOCK_M // 64
     pid = gl.program_id(0)
     if CAUSAL:  # the blocks with the most keys first: a better tail
         pid = gl.num_programs(0) - 1 - pid
@@ -154,7 +166,7 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, heads, group, seqlen_q, s
     b = bh // heads
     h = bh % heads
     kvh = h // group
-    start_m = pid * 128
+    start_m = pid * BLOCK_M
     q_row = b * q_rows_b + h * q_rows_h + start_m
     q_col = h * q_col_h
     kv_row = b * kv_rows_b + kvh * kv_rows_h
@@ -162,14 +174,11 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, heads, group, seqlen_q, s
     # Section 7: the loop stops at the block's last visible key (at least one tile, fully masked if need be)
     stop = seqlen_k
     if CAUSAL:
-        stop = gl.minimum(seqlen_k, gl.maximum(start_m + 128 + causal_offset, 0))
+        stop = gl.minimum(seqlen_k, gl.maximum(start_m + BLOCK_M + causal_offset, 0))
     n_iters = gl.maximum((stop + BLOCK_N - 1) // BLOCK_N, 1)
-    # tiles before mask_from_g are visible to every row of warpgroup g: no mask
-    mask_from_0 = gl.maximum(start_m + causal_offset + 1, 0) // BLOCK_N
-    mask_from_1 = gl.maximum(start_m + 64 + causal_offset + 1, 0) // BLOCK_N
     lse_off = bh.to(gl.int64) * seqlen_q
 
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [128, HEAD], q_desc.layout)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG, 64, HEAD], q_desc.layout)  # a 64-row box per warpgroup
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD], k_desc.layout)
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD], v_desc.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -180,19 +189,41 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, heads, group, seqlen_q, s
     mbarrier.init(q_bar, count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=2)   # one arrival per consumer warpgroup
+        mbarrier.init(k_empty.index(i), count=NUM_WG)   # one arrival per consumer warpgroup
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(v_empty.index(i), count=2)
-    gl.warp_specialize([
-        (_consumer, (o_desc, LSE, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
-                     q_row, q_col, start_m, lse_off, n_iters, mask_from_0, causal_offset, scale_log2,
-                     STAGES, 0, BLOCK_N, HEAD, CAUSAL, STORE_LSE)),
-        (_consumer, (o_desc, LSE, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
-                     q_row + 64, q_col, start_m + 64, lse_off, n_iters, mask_from_1, causal_offset, scale_log2,
-                     STAGES, 1, BLOCK_N, HEAD, CAUSAL, STORE_LSE)),
-        (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
-                     q_row, q_col, kv_row, kv_col, n_iters, STAGES, BLOCK_N)),
-    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+        mbarrier.init(v_empty.index(i), count=NUM_WG)
+    # tiles before a warpgroup's mask_from are visible to all its rows: no mask
+    # (the partition arguments are spelled out: a tuple would lose their constexpr-ness)
+    if NUM_WG == 3:
+        gl.warp_specialize([
+            (_consumer, (o_desc, O, LSE, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
+                         q_row, q_col, o_stride, start_m, seqlen_q, lse_off, n_iters,
+                         gl.maximum(start_m + causal_offset + 1, 0) // BLOCK_N, causal_offset, scale_log2,
+                         STAGES, 0, BLOCK_N, HEAD, CAUSAL, STORE_LSE)),
+            (_consumer, (o_desc, O, LSE, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
+                         q_row + 64, q_col, o_stride, start_m + 64, seqlen_q, lse_off, n_iters,
+                         gl.maximum(start_m + 64 + causal_offset + 1, 0) // BLOCK_N, causal_offset, scale_log2,
+                         STAGES, 1, BLOCK_N, HEAD, CAUSAL, STORE_LSE)),
+            (_consumer, (o_desc, O, LSE, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
+                         q_row + 128, q_col, o_stride, start_m + 128, seqlen_q, lse_off, n_iters,
+                         gl.maximum(start_m + 128 + causal_offset + 1, 0) // BLOCK_N, causal_offset,
+                         scale_log2, STAGES, 2, BLOCK_N, HEAD, CAUSAL, STORE_LSE)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready,
+                         v_empty, q_row, q_col, kv_row, kv_col, n_iters, NUM_WG, STAGES, BLOCK_N)),
+        ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer, (o_desc, O, LSE, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
+                         q_row, q_col, o_stride, start_m, seqlen_q, lse_off, n_iters,
+                         gl.maximum(start_m + causal_offset + 1, 0) // BLOCK_N, causal_offset, scale_log2,
+                         STAGES, 0, BLOCK_N, HEAD, CAUSAL, STORE_LSE)),
+            (_consumer, (o_desc, O, LSE, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
+                         q_row + 64, q_col, o_stride, start_m + 64, seqlen_q, lse_off, n_iters,
+                         gl.maximum(start_m + 64 + causal_offset + 1, 0) // BLOCK_N, causal_offset, scale_log2,
+                         STAGES, 1, BLOCK_N, HEAD, CAUSAL, STORE_LSE)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready,
+                         v_empty, q_row, q_col, kv_row, kv_col, n_iters, NUM_WG, STAGES, BLOCK_N)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 KERNEL = hopper_kernel
@@ -215,8 +246,8 @@ def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
         return "needs an sm_90 GPU"
     if prob.head_dim not in (64, 128):
         return f"head_dim {prob.head_dim} (takes 64 and 128)"
-    if prob.seqlen_q % BLOCK_M or prob.seqlen_k % cfg.block_n:
-        return f"seqlen_q % {BLOCK_M} or seqlen_k % {cfg.block_n} is not 0"
+    if prob.seqlen_k % cfg.block_n:
+        return f"seqlen_k % {cfg.block_n} is not 0"
     for t in (q, k, v, o):
         if not t.is_contiguous() or t.data_ptr() % 16:
             return "needs contiguous, 16-byte aligned q, k, v and out"
@@ -227,18 +258,24 @@ def descriptors(prob, cfg, q, k, v, o, layout: str) -> tuple:
     """The four TMA descriptors and the row/column strides of (batch, head) in their 2-D views."""
     (q2, qrb, qrh, qch), (k2, krb, krh, kch), (v2, *_), (o2, *_) = (_view2d(t, layout) for t in (q, k, v, o))
     d = prob.head_dim
-    descs = (TensorDescriptor.from_tensor(q2, [BLOCK_M, d], SMEM_LAYOUT),
+    descs = (TensorDescriptor.from_tensor(q2, [64, d], SMEM_LAYOUT),
              TensorDescriptor.from_tensor(k2, [cfg.block_n, d], SMEM_LAYOUT),
              TensorDescriptor.from_tensor(v2, [cfg.block_n, d], SMEM_LAYOUT),
              TensorDescriptor.from_tensor(o2, [64, d], SMEM_LAYOUT))
-    return descs, (qrb, qrh, qch, krb, krh, kch)
+    return descs, (qrb, qrh, qch, krb, krh, kch, o2.stride(0))
 
 
 def launch(prob, cfg, q, k, v, o, lse, layout: str) -> None:
     descs, strides = descriptors(prob, cfg, q, k, v, o, layout)
-    grid = (triton.cdiv(prob.seqlen_q, BLOCK_M), prob.batch * prob.heads)
-    hopper_kernel[grid](*descs, lse if lse is not None else o, prob.heads, prob.heads // prob.kv_heads,
+    grid = (triton.cdiv(prob.seqlen_q, cfg.block_m), prob.batch * prob.heads)
+    hopper_kernel[grid](*descs, o, lse if lse is not None else o, prob.heads, prob.heads // prob.kv_heads,
                         prob.seqlen_q, prob.seqlen_k, prob.causal_offset, prob.scale_log2, *strides,
-                        HEAD=prob.head_dim, BLOCK_N=cfg.block_n, STAGES=cfg.num_stages,
-                        CONSUMER_REGS=CONSUMER_REGS, CAUSAL=prob.causal, STORE_LSE=lse is not None,
-                        num_warps=4)
+                        **constexprs(prob, cfg, lse is not None), num_warps=4)
+
+
+def constexprs(prob, cfg, store_lse: bool) -> dict:
+    if cfg.block_m not in (128, 192):
+        raise ValueError(f"hopper takes block_m 128 or 192 (2 or 3 consumer warpgroups), got {cfg.block_m}")
+    return dict(HEAD=prob.head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.num_stages,
+                CONSUMER_REGS=cfg.maxnreg or CONSUMER_REGS[cfg.block_m // 64], CAUSAL=prob.causal,
+                STORE_LSE=store_lse)
