@@ -47,9 +47,11 @@ def _kernels():
     return kernels
 
 
-def variants() -> list[str]:
-    """Names accepted by ``variant=`` (besides ``"auto"``)."""
-    return list(_kernels().ALL_VARIANTS)
+def variants(interpreter: bool = False) -> list[str]:
+    """Names accepted by ``variant=`` (besides ``"auto"``); with ``interpreter=True``
+    only those the CPU interpreter runs (the Triton ones, not the Gluon ones)."""
+    k = _kernels()
+    return list(k.VARIANTS if interpreter else k.ALL_VARIANTS)
 
 
 def _check(q, k, v, causal_align: str, layout: str, variant: str, scale) -> None:

@@ -65,7 +65,7 @@ def importable(module: str) -> bool:
 
 def providers(device: str) -> list[Provider]:
     """Every provider that can run on ``device`` (cpu: fmha variants in the interpreter, SDPA math)."""
-    out = [_fmha("auto")] + [_fmha(v) for v in fmha.variants()]
+    out = [_fmha("auto")] + [_fmha(v) for v in fmha.variants(interpreter=device == "cpu")]
     if device == "cpu":
         return out + [_sdpa("MATH")]
     out += [_sdpa("CUDNN_ATTENTION"), _sdpa("FLASH_ATTENTION"), _sdpa("EFFICIENT_ATTENTION"),
