@@ -32,10 +32,14 @@ def arch_of(device: torch.device) -> str:
 
 def select_variant(arch: str, shape: dict | None = None) -> str:
     """``variant="auto"``: the fastest correct variant measured on ``arch`` for a
-    problem of ``shape`` (keys ``head_dim``, ``seqlen_q``, ``seqlen_k``).  A call the
+    problem of ``shape`` (keys ``head_dim``, ``seqlen_q``, ``seqlen_k``, ``causal``).  A call the
     chosen kernel cannot take (see ``kernels.unsupported``) falls back to ``tiled``."""
     shape = shape or {}
-    if arch == "sm90" and shape.get("head_dim") in configs.HOPPER:
+    if arch == "sm90" and (shape.get("head_dim"), False) in configs.HOPPER:
+        # causal at seqlen 512 (1-4 key tiles a block): tiled 191-196 TFLOP/s against hopper
+        # 157-266 (bench/ledger.csv, run 20261129T130629); the Gluon kernel's fixed cost per block shows
+        if shape.get("causal") and shape.get("seqlen_k", 0) <= 512:
+            return "tiled"
         return "hopper"
     return "tiled"
 
@@ -150,13 +154,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     prob = kernels.Problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, bool(causal),
                    offset if causal else 0, scale * LOG2E)
     arch = arch_of(q.device)
-    name = select_variant(arch, {"head_dim": head_dim, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k}) \
+    name = select_variant(arch, {"head_dim": head_dim, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k,
+                                 "causal": bool(causal)}) \
         if variant == "auto" else variant
-    cfg = config or configs.default_config(name, arch, head_dim)
+    cfg = config or configs.default_config(name, arch, head_dim, prob.causal)
     reason = kernels.unsupported(name, cfg, prob, q, k, v, o, layout)
     if reason and variant == "auto":
         name = "tiled"
-        cfg = configs.default_config(name, arch, head_dim)
+        cfg = configs.default_config(name, arch, head_dim, prob.causal)
     elif reason:
         raise ValueError(f"variant {name!r} cannot take this call: {reason}")
     with torch.cuda.device(q.device) if q.device.type == "cuda" else _nullcontext():

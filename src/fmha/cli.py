@@ -209,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from fmha.bench import ledger
     b = sub.add_parser("bench", help="time a grid against the peers, append to the ledger, print a table")
-    b.add_argument("--grid", choices=["default", "decode", "quick"], default=None,
+    b.add_argument("--grid", choices=["default", "decode", "extra", "quick"], default=None,
                    help="default on a GPU, quick on the CPU")
     b.add_argument("--dtype", nargs="+", choices=list(DTYPES), default=["float16", "bfloat16"])
     b.add_argument("--providers", nargs="+", default=None, help="names as in the table (default: all)")

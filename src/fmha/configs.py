@@ -48,11 +48,14 @@ TILED = [
 
 
 # the Gluon sm_90 kernel: block_m = 64 x consumer warpgroups (128 or 192), num_stages = ring depth.
-# ../shared/gluon probe, H200 bf16: D=128 BLOCK_N=128 STAGES=2 (3 overflow shared memory); D=64
-# BLOCK_N=128 STAGES=3; BLOCK_N=64 slower everywhere.
-# D=64: 192 rows (three consumer warpgroups at 160 registers), FlashAttention-4's SM90 tile;
-# D=128 at 192 rows spills 230 registers (fmha compile), so 128 rows there.
-HOPPER = {64: KernelConfig(192, 128, 4, 3), 128: KernelConfig(128, 128, 4, 2)}
+# (head_dim, causal) -> config.  `fmha sweep --variant hopper`, H200 bf16, ledger run 20261129T131415,
+# TFLOP/s at S=1024 / S=16384:
+HOPPER = {
+    (64, False): KernelConfig(192, 128, 4, 2),   # 375/496; m128n128s2 360/438
+    (64, True): KernelConfig(128, 128, 4, 2),    # 266/462; m192n128s2 229/449 (192 rows waste the diagonal)
+    (128, False): KernelConfig(128, 128, 4, 2),  # 523/625; m192n64s2 487/606; m192n128 spills; s3 overflows smem
+    (128, True): KernelConfig(128, 128, 4, 2),   # 389/609; m192n64s3 329/568
+}
 
 
 def tiled_config(arch: str, head_dim: int) -> KernelConfig:
@@ -66,11 +69,11 @@ def tiled_config(arch: str, head_dim: int) -> KernelConfig:
     raise ValueError(f"no tiled config for arch={arch!r}, head_dim={head_dim}")
 
 
-def default_config(variant: str, arch: str, head_dim: int) -> KernelConfig:
+def default_config(variant: str, arch: str, head_dim: int, causal: bool = False) -> KernelConfig:
     if variant in ("singlewave", "pipelined"):
         return SEED
     if variant == "tiled":
         return tiled_config(arch, head_dim)
     if variant == "hopper":
-        return HOPPER.get(head_dim, HOPPER[128])
+        return HOPPER.get((head_dim, causal), HOPPER[(128, causal)])
     raise ValueError(f"no config table for variant {variant!r}")

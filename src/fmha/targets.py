@@ -164,7 +164,7 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
     arch_key = "hip" if chip.backend == "hip" else ("sm90" if chip.arch == 90 else "sm80")
     if variant == "hopper" and target != "sm_90":
         raise ValueError(f"unsupported target {target!r} for variant 'hopper'; valid: sm_90")
-    cfg = config or configs.default_config(variant, arch_key, head_dim)
+    cfg = config or configs.default_config(variant, arch_key, head_dim, causal)
     if variant == "hopper":
         compiled = triton.compile(_hopper_source(head_dim, dtype, causal, cfg),
                                   target=GPUTarget(chip.backend, chip.arch, chip.warp_size),

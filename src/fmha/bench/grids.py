@@ -30,9 +30,18 @@ def decode_grid() -> list[Cell]:
     return [Cell(4, 32, 8, sq, sk, 128, False) for sq in (1, 4, 16) for sk in (1024, 8192, 32768, 131072)]
 
 
+def extra_grid() -> list[Cell]:
+    """Beyond the default grid: GQA (32 query heads on 8 KV heads), seqlen_q != seqlen_k,
+    and one sequence of 128k (memory: no score matrix)."""
+    cells = [Cell(4, 32, 8, 4096, 4096, 128, c) for c in (False, True)]
+    cells += [Cell(2, 16, 16, 2048, 8192, 128, c) for c in (False, True)]
+    cells += [Cell(1, 16, 16, 131072, 131072, 128, c) for c in (False, True)]
+    return cells
+
+
 def quick_grid() -> list[Cell]:
     """Tiny shapes the CPU interpreter runs in seconds (its times mean nothing)."""
     return [Cell(1, 2, 2, 33, 33, 32, False), Cell(1, 2, 1, 17, 40, 64, True), Cell(2, 2, 2, 16, 16, 64, True)]
 
 
-GRIDS = {"default": default_grid, "decode": decode_grid, "quick": quick_grid}
+GRIDS = {"default": default_grid, "decode": decode_grid, "extra": extra_grid, "quick": quick_grid}

@@ -102,13 +102,13 @@ def _config_of(p: Provider, cell: Cell, q) -> str:
     variant = p.name.split(":", 1)[1]
     variant = api.select_variant(arch, cell_key(cell)) if variant == "auto" else variant
     try:
-        return f"{variant} {configs.default_config(variant, arch, cell.head_dim)}"
+        return f"{variant} {configs.default_config(variant, arch, cell.head_dim, cell.causal)}"
     except ValueError:
         return variant
 
 
 def cell_key(cell: Cell) -> dict:
-    return {"head_dim": cell.head_dim, "seqlen_q": cell.seqlen_q, "seqlen_k": cell.seqlen_k}
+    return {"head_dim": cell.head_dim, "seqlen_q": cell.seqlen_q, "seqlen_k": cell.seqlen_k, "causal": cell.causal}
 
 
 def _fill_ratios(rows: list[dict]) -> None:

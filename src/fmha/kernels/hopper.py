@@ -30,6 +30,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma, warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+SMEM_LIMIT = 232448  # bytes of shared memory one sm_90 block may use
 CONSUMER_REGS = {2: 240, 3: 160}  # setmaxnreg per consumer thread, by warpgroup count
 PRODUCER_REGS = gl.constexpr(24)
 LN2 = gl.constexpr(0.6931471805599453)
@@ -248,6 +249,11 @@ def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
         return f"head_dim {prob.head_dim} (takes 64 and 128)"
     if prob.seqlen_k % cfg.block_n:
         return f"seqlen_k % {cfg.block_n} is not 0"
+    if cfg.block_m not in (128, 192):
+        return f"block_m {cfg.block_m} (takes 128 or 192: 2 or 3 consumer warpgroups)"
+    smem = 2 * prob.head_dim * (2 * cfg.block_m + 2 * cfg.num_stages * cfg.block_n)  # Q, O, K/V rings
+    if smem > SMEM_LIMIT:
+        return f"needs {smem >> 10} KB of shared memory, sm_90 has {SMEM_LIMIT >> 10} KB"
     for t in (q, k, v, o):
         if not t.is_contiguous() or t.data_ptr() % 16:
             return "needs contiguous, 16-byte aligned q, k, v and out"
@@ -274,8 +280,6 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str) -> None:
 
 
 def constexprs(prob, cfg, store_lse: bool) -> dict:
-    if cfg.block_m not in (128, 192):
-        raise ValueError(f"hopper takes block_m 128 or 192 (2 or 3 consumer warpgroups), got {cfg.block_m}")
     return dict(HEAD=prob.head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.num_stages,
                 CONSUMER_REGS=cfg.maxnreg or CONSUMER_REGS[cfg.block_m // 64], CAUSAL=prob.causal,
                 STORE_LSE=store_lse)
