@@ -36,9 +36,9 @@ def select_variant(arch: str, shape: dict | None = None) -> str:
     chosen kernel cannot take (see ``kernels.unsupported``) falls back to ``tiled``."""
     shape = shape or {}
     if arch == "sm90" and (shape.get("head_dim"), False) in configs.HOPPER:
-        # causal at seqlen 512 (1-4 key tiles a block): tiled 191-196 TFLOP/s against hopper
-        # 157-266 (bench/ledger.csv, run 20261129T130629); the Gluon kernel's fixed cost per block shows
-        if shape.get("causal") and shape.get("seqlen_k", 0) <= 512:
+        # causal D=64 at seqlen 512 (1-4 key tiles a block): tiled 194-195 TFLOP/s against hopper's
+        # 180-181 (bench/ledger.csv, run 20261129T1321*); at D=128 hopper wins there (267 vs 190)
+        if shape.get("causal") and shape.get("head_dim") == 64 and shape.get("seqlen_k", 0) <= 512:
             return "tiled"
         return "hopper"
     return "tiled"
