@@ -1,7 +1,7 @@
 """The pieces every Triton variant shares, written once (seed Sections 3, 5, 6, 7).
 
 * :func:`mma` -- the one matrix product, with the interpreter switch;
-* :func:`locate` -- which (batch, head, query block) a program owns, base pointers;
+* :func:`program_start`, :func:`initial_state` -- what a program owns, and m, l, acc at t = 0;
 * :func:`load_rows` -- a masked ``[rows, head_dim]`` tile load;
 * :func:`mask_scores` -- the key-boundary and causal masks (5.2);
 * :func:`causal_stop` -- the early exit (Section 7);
@@ -34,10 +34,10 @@ def mma(a, b, acc):
 
 
 @triton.jit
-def locate(Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_kb, stride_kh,
-           stride_vb, stride_vh, stride_ob, stride_oh, stride_os, heads, group,
-           BLOCK_M: tl.constexpr):
-    """Program (query block, batch*head) -> base pointers of its Q/O rows and its K/V head.
+def program_start(Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh,
+                  stride_vb, stride_vh, stride_ob, stride_oh, stride_os, heads, group, seqlen_q,
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Program (query block, batch*head) -> its rows, its Q tile and the bases of its K/V head and O rows.
 
     64-bit offsets up to the row: tensors past 2**31 elements stay addressable.
     ``group`` query heads share one KV head (GQA/MQA).
@@ -53,7 +53,21 @@ def locate(Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_kb, stride_kh,
     o_base = O + b * stride_ob + h * stride_oh + row0 * stride_os
     k_base = K + b * stride_kb + kvh * stride_kh
     v_base = V + b * stride_vb + kvh * stride_vh
-    return start_m, bh, q_base, k_base, v_base, o_base
+    rows = tl.arange(0, BLOCK_M)
+    offs_m = start_m + rows
+    offs_d = tl.arange(0, BLOCK_D)
+    q = load_rows(q_base + rows[:, None] * stride_qs + offs_d[None, :] * stride_qd,
+                  offs_m, seqlen_q, offs_d, HEAD_DIM, BLOCK_D, True)
+    return start_m, bh, offs_m, q, k_base, v_base, o_base
+
+
+@triton.jit
+def initial_state(BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Seed Section 3 at t = 0: ``m = -inf``, ``l = 0``, ``acc = 0``."""
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    return m, l, acc
 
 
 @triton.jit

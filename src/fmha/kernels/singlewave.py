@@ -9,8 +9,8 @@ elementwise (a no-op except on the causal diagonal and the last, ragged tile).
 import triton
 import triton.language as tl
 
-from .common import (causal_stop, load_rows, locate, mask_scores, mma, online_softmax_step,
-                     write_output)
+from .common import (causal_stop, initial_state, load_rows, mask_scores, mma, online_softmax_step,
+                     program_start, write_output)
 
 
 @triton.jit
@@ -23,21 +23,15 @@ def singlewave_kernel(
         heads, group, seqlen_q, seqlen_k, causal_offset, scale_log2,
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr):
-    start_m, bh, q_base, k_base, v_base, o_base = locate(
-        Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_kb, stride_kh,
-        stride_vb, stride_vh, stride_ob, stride_oh, stride_os, heads, group, BLOCK_M)
-    rows = tl.arange(0, BLOCK_M)
-    offs_m = start_m + rows
+    start_m, bh, offs_m, q, k_base, v_base, o_base = program_start(
+        Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_vb, stride_vh,
+        stride_ob, stride_oh, stride_os, heads, group, seqlen_q, HEAD_DIM, BLOCK_D, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    q = load_rows(q_base + rows[:, None] * stride_qs + offs_d[None, :] * stride_qd,
-                  offs_m, seqlen_q, offs_d, HEAD_DIM, BLOCK_D, True)
     k_ptrs = k_base + offs_n[:, None] * stride_ks + offs_d[None, :] * stride_kd
     v_ptrs = v_base + offs_n[:, None] * stride_vs + offs_d[None, :] * stride_vd
 
-    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    m, l, acc = initial_state(BLOCK_M, BLOCK_D)
     stop = causal_stop(start_m, seqlen_k, causal_offset, BLOCK_M, CAUSAL)
     for start_n in range(0, stop, BLOCK_N):
         cols = start_n + offs_n

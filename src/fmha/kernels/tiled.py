@@ -9,8 +9,8 @@ ragged end), masked elementwise.  Tile sizes, warps and stages come from
 import triton
 import triton.language as tl
 
-from .common import (causal_stop, full_stop, load_rows, locate, mask_scores, mma,
-                     online_softmax_step, write_output)
+from .common import (causal_stop, full_stop, initial_state, load_rows, mask_scores, mma, online_softmax_step,
+                     program_start, write_output)
 
 
 @triton.jit
@@ -43,19 +43,13 @@ def tiled_kernel(
         heads, group, seqlen_q, seqlen_k, causal_offset, scale_log2,
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr):
-    start_m, bh, q_base, k_base, v_base, o_base = locate(
-        Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_kb, stride_kh,
-        stride_vb, stride_vh, stride_ob, stride_oh, stride_os, heads, group, BLOCK_M)
-    rows = tl.arange(0, BLOCK_M)
-    offs_m = start_m + rows
+    start_m, bh, offs_m, q, k_base, v_base, o_base = program_start(
+        Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_vb, stride_vh,
+        stride_ob, stride_oh, stride_os, heads, group, seqlen_q, HEAD_DIM, BLOCK_D, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    q = load_rows(q_base + rows[:, None] * stride_qs + offs_d[None, :] * stride_qd,
-                  offs_m, seqlen_q, offs_d, HEAD_DIM, BLOCK_D, True)
 
-    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    m, l, acc = initial_state(BLOCK_M, BLOCK_D)
     lo = full_stop(start_m, seqlen_k, causal_offset, BLOCK_N, CAUSAL)
     hi = causal_stop(start_m, seqlen_k, causal_offset, BLOCK_M, CAUSAL)
     # tiles every row sees: no mask
