@@ -61,3 +61,76 @@ def test_hopper_matches_reference(config, layout, dtype, causal, align, shape):
     _, ref_lse = fmha.attention(q, k, v, causal=causal, causal_align=align, layout=layout, variant="tiled",
                                 return_lse=True)
     torch.testing.assert_close(lse, ref_lse, atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.parametrize("variant", ["auto", "tiled", "hopper"])
+def test_cuda_graph_capture_and_replay(variant):
+    q, k, v = make_qkv(2, 8, 2, 512, 512, 128, torch.bfloat16, seed=1)
+    fmha.attention(q, k, v, causal=True, variant=variant)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fmha.attention(q, k, v, causal=True, variant=variant)
+    for seed in (2, 3):  # new inputs copied into the captured buffers
+        q2, k2, v2 = make_qkv(2, 8, 2, 512, 512, 128, torch.bfloat16, seed=seed)
+        q.copy_(q2), k.copy_(k2), v.copy_(v2)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check_against_reference(out, q2, k2, v2, True)
+
+
+def test_non_default_stream():
+    q, k, v = make_qkv(1, 4, 4, 1024, 1024, 64, torch.float16, seed=4)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        out = fmha.attention(q, k, v)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    check_against_reference(out, q, k, v, False)
+
+
+def test_several_python_threads():
+    from concurrent.futures import ThreadPoolExecutor
+    problems = [make_qkv(1, 4, 2, 256 + 64 * i, 384, 64 if i % 2 else 128, torch.bfloat16, seed=i)
+                for i in range(8)]
+
+    def run(i):
+        q, k, v = problems[i]
+        with torch.cuda.stream(torch.cuda.Stream()):
+            o = fmha.attention(q, k, v, causal=bool(i % 2))
+            torch.cuda.current_stream().synchronize()
+        return o
+
+    with ThreadPoolExecutor(4) as pool:
+        outs = list(pool.map(run, range(8)))
+    for i, o in enumerate(outs):
+        check_against_reference(o, *problems[i], bool(i % 2))
+
+
+def test_torch_compile_inductor():
+    q, k, v = make_qkv(2, 8, 8, 512, 512, 64, torch.bfloat16, seed=5)
+    w = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
+
+    def block(q, k, v):
+        return fmha.attention(q @ w, k, v, causal=True) @ w
+
+    compiled = torch.compile(block, fullgraph=True)
+    torch.testing.assert_close(compiled(q, k, v), block(q, k, v), atol=2e-2, rtol=2e-2)
+
+
+def test_offsets_past_2_to_the_31():
+    # batch 1 of q, k and v starts 2**31 + 2**20 elements into one buffer: 32-bit offsets would wrap
+    n = 2 ** 31 + 2 ** 20
+    buf = torch.randn(n + 4096 * 64, device="cuda", dtype=torch.float16)
+    shape, stride = (2, 2, 1024, 64), (n, 1024 * 64, 64, 1)
+    q = buf.as_strided(shape, stride)
+    k = buf.as_strided(shape, stride, storage_offset=8)
+    v = buf.as_strided(shape, stride, storage_offset=16)
+    for variant in ("tiled", "singlewave"):
+        out = nan_like(q.contiguous())
+        fmha.attention(q, k, v, variant=variant, out=out)
+        torch.cuda.synchronize()
+        check_against_reference(out, q, k, v, False)
+    del buf

@@ -130,8 +130,22 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     :class:`~fmha.configs.KernelConfig` (for sweeps).  ``out``: a tensor of q's
     shape, dtype and device to write into (any strides; it must not overlap an input).
     CPU tensors run only under Triton's interpreter (``TRITON_INTERPRET=1``).
+    Under ``torch.compile`` the call goes through the custom op ``fmha::attention``
+    (:mod:`fmha.library`); ``out`` and ``config`` are not available there.
     """
     _check(q, k, v, causal_align, layout, variant, scale)
+    if torch.compiler.is_compiling() and out is None and config is None:
+        from .library import attention_op
+        o, lse = attention_op(q, k, v, bool(causal), None if scale is None else float(scale), variant,
+                              causal_align, layout, return_lse)
+        return (o, lse) if return_lse else o
+    o, lse = _attention(q, k, v, causal=causal, scale=scale, variant=variant, causal_align=causal_align,
+                        layout=layout, return_lse=return_lse, out=out, config=config)
+    return (o, lse) if return_lse else o
+
+
+def _attention(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse, out, config):
+    """The checked call: allocate, handle the edges, pick a kernel, launch.  Returns (o, lse or None)."""
     if layout == "bhsd":
         batch, heads, seqlen_q, head_dim = q.shape
         kv_heads, seqlen_k = k.shape[1], k.shape[2]
@@ -141,12 +155,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     o = _output(q, k, v, out)
     lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device) if return_lse else None
     if o.numel() == 0:
-        return (o, lse) if return_lse else o
+        return o, lse
     if seqlen_k == 0:
         o.zero_()
         if return_lse:
             lse.fill_(-math.inf)
-        return (o, lse) if return_lse else o
+        return o, lse
 
     kernels = _kernels()
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
@@ -166,7 +180,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         raise ValueError(f"variant {name!r} cannot take this call: {reason}")
     with torch.cuda.device(q.device) if q.device.type == "cuda" else _nullcontext():
         kernels.launch(name, cfg, prob, q, k, v, o, lse, layout)
-    return (o, lse) if return_lse else o
+    return o, lse
 
 
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -1,0 +1,84 @@
+"""Property tests against the float64 reference, NaN locality, and fmha inside torch.compile."""
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import fmha
+from conftest import DEVICE, check_against_reference, make_qkv, nan_like
+from fmha import reference
+from fmha.kernels import VARIANTS
+
+
+@st.composite
+def problems(draw):
+    kv_heads = draw(st.integers(1, 2))
+    return dict(
+        variant=draw(st.sampled_from(list(VARIANTS))),
+        batch=draw(st.integers(1, 2)),
+        kv_heads=kv_heads,
+        heads=kv_heads * draw(st.sampled_from([1, 2, 3])),
+        seqlen_q=draw(st.integers(1, 40)),
+        seqlen_k=draw(st.integers(1, 40)),
+        head_dim=draw(st.sampled_from([32, 64, 96])),
+        dtype=draw(st.sampled_from([torch.float16, torch.bfloat16])),
+        layout=draw(st.sampled_from(["bhsd", "bshd"])),
+        contiguous=draw(st.booleans()),
+        causal=draw(st.booleans()),
+        align=draw(st.sampled_from(["top_left", "bottom_right"])),
+        seed=draw(st.integers(0, 2 ** 16)),
+    )
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(p=problems())
+def test_random_problems_match_reference(p):
+    q, k, v = make_qkv(p["batch"], p["heads"], p["kv_heads"], p["seqlen_q"], p["seqlen_k"], p["head_dim"],
+                       p["dtype"], p["layout"], p["contiguous"], seed=p["seed"])
+    out = nan_like(q)
+    fmha.attention(q, k, v, causal=p["causal"], causal_align=p["align"], layout=p["layout"],
+                   variant=p["variant"], out=out)
+    check_against_reference(out, q, k, v, p["causal"], p["align"], p["layout"])
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_nan_in_a_query_row_stays_in_that_row(variant):
+    q, k, v = make_qkv(1, 2, 1, 37, 45, 64, torch.float16)
+    q[0, 1, 20, 3] = float("nan")
+    o = fmha.attention(q, k, v, variant=variant).cpu().double().numpy()
+    bad = ~np.isfinite(o).all(axis=-1)
+    expected = np.zeros_like(bad)
+    expected[0, 1, 20] = True
+    np.testing.assert_array_equal(bad, expected)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_nan_in_a_key_reaches_only_the_rows_that_see_it(variant):
+    q, k, v = make_qkv(1, 2, 1, 40, 40, 64, torch.float16)
+    k[0, 0, 25, 0] = float("inf")   # inf * q gives +-inf or NaN scores: only in rows that see key 25
+    o = fmha.attention(q, k, v, causal=True, variant=variant).cpu().double().numpy()
+    ref = reference.dense_attention(q, k, v, causal=True)
+    sees = np.arange(40) >= 25
+    assert np.isfinite(o[:, :, ~sees]).all()
+    np.testing.assert_allclose(o[:, :, ~sees], ref[:, :, ~sees], atol=2e-3)
+    # a row that sees the key gets what the float64 reference gets (NaN, or the inf key's value row)
+    np.testing.assert_array_equal(np.isnan(o[:, :, sees]), np.isnan(ref[:, :, sees]))
+
+
+def test_custom_op_registration():
+    q, k, v = make_qkv(1, 2, 1, 17, 20, 32, torch.float16)
+    torch.library.opcheck(torch.ops.fmha.attention.default,
+                          (q, k, v, True, None, "tiled", "bottom_right", "bhsd", True))
+
+
+def test_under_torch_compile():
+    q, k, v = make_qkv(1, 2, 2, 17, 23, 64, torch.bfloat16)
+
+    def block(q, k, v):
+        o, lse = fmha.attention(q * 1.0, k, v, causal=True, return_lse=True)
+        return o.float().sum(-1) + lse
+
+    compiled = torch.compile(block, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(compiled(q, k, v), block(q, k, v), atol=1e-2, rtol=1e-3)
+    assert DEVICE in str(compiled(q, k, v).device)
