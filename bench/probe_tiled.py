@@ -19,7 +19,8 @@ for (b, h, s, d) in [(4, 16, 4096, 128), (4, 32, 4096, 64)]:
         print(f"({b},{h},{s},{d}) causal={causal} cudnn {tflops(fl, median_ms(cud)):.0f}", flush=True)
         for cfg in CFGS:
             try:
-                fn = lambda: fmha.attention(q, k, v, causal=causal, variant="tiled", config=cfg)
+                def fn(cfg=cfg):
+                    return fmha.attention(q, k, v, causal=causal, variant="tiled", config=cfg)
                 err = ((fn().float() - ref).norm() / ref.norm()).item()
                 print(f"   tiled {cfg} {tflops(fl, median_ms(fn)):.0f} err {err:.1e}", flush=True)
             except Exception as e:
