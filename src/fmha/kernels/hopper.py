@@ -139,7 +139,9 @@ def _consumer(o_desc, O, LSE, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v
     inv_l = gl.where(l == 0.0, 0.0, 1.0 / l)
     acc = acc * gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout))[:, None]
     if row0 + ROWS <= seqlen_q:
-        o_smem = gl.allocate_shared_memory(dtype, [ROWS, HEAD], o_desc.layout)
+        # stage O in this warpgroup's own Q slot: its last Q K^T has retired, and no
+        # partition-local allocation can alias a buffer another partition still uses
+        o_smem = q_half
         o_smem.store(acc.to(dtype))
         fence_async_shared()
         tma.async_copy_shared_to_global(o_desc, [o_row, o_col], o_smem)
