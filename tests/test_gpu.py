@@ -50,8 +50,8 @@ def test_hopper_matches_reference(config, layout, dtype, causal, align, shape):
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("sm_90 only")
     b, h, kvh, sq, sk, d = shape
-    if config is not None and d == 128 and (config.block_m == 192 or config.num_stages == 3):
-        pytest.skip("at head_dim 128: 192 rows spill, 3 stages overflow shared memory")
+    if config is not None and d == 128 and config.block_m == 192:
+        pytest.skip("at head_dim 128, 192 rows spill")
     q, k, v = make_qkv(b, h, kvh, sq, sk, d, dtype, layout, seed=sk)
     out = nan_like(q)
     o, lse = fmha.attention(q, k, v, causal=causal, causal_align=align, layout=layout, variant="hopper",

@@ -253,7 +253,7 @@ def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
         return f"seqlen_k % {cfg.block_n} is not 0"
     if cfg.block_m not in (128, 192):
         return f"block_m {cfg.block_m} (takes 128 or 192: 2 or 3 consumer warpgroups)"
-    smem = 2 * prob.head_dim * (2 * cfg.block_m + 2 * cfg.num_stages * cfg.block_n)  # Q, O, K/V rings
+    smem = 2 * prob.head_dim * (cfg.block_m + 2 * cfg.num_stages * cfg.block_n)  # Q (O reuses it), K/V rings
     if smem > SMEM_LIMIT:
         return f"needs {smem >> 10} KB of shared memory, sm_90 has {SMEM_LIMIT >> 10} KB"
     for t in (q, k, v, o):
