@@ -90,3 +90,24 @@ def test_hopper_off_its_chip_is_a_clear_error():
     with pytest.raises(ValueError, match="variant 'hopper' cannot take this call: needs an sm_90 GPU"):
         fmha.attention(q, k, v, variant="hopper")
     assert "hopper" in fmha.variants()
+
+
+def test_more_errors_name_the_argument():
+    q = t(1, 2, 16, 64)
+    with pytest.raises(TypeError, match="k must be a torch.Tensor, got ndarray"):
+        fmha.attention(q, q.cpu().numpy(), q)
+    with pytest.raises(ValueError, match="q, k, v must be on one device"):
+        fmha.attention(q, torch.empty(1, 2, 16, 64, dtype=F16, device="meta"), q)
+    with pytest.raises(ValueError, match="k and v must agree"):
+        fmha.attention(q, t(1, 1, 16, 64), t(1, 2, 16, 64))
+    with pytest.raises(ValueError, match=r"heads \(2\) must be a multiple of kv_heads \(0\)"):
+        fmha.attention(q, t(1, 0, 16, 64), t(1, 0, 16, 64))
+    with pytest.raises(ValueError, match="scale must be a finite positive"):
+        fmha.attention(q, q, q, scale=float("inf"))
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_seqlen_one_both_sides(variant):
+    q, k, v = make_qkv(2, 2, 1, 1, 1, 32, F16)
+    o = fmha.attention(q, k, v, causal=True, variant=variant, out=nan_like(q))
+    torch.testing.assert_close(o, v.repeat_interleave(2, 1))  # one key: the output is its value row
