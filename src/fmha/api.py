@@ -58,6 +58,21 @@ def variants(interpreter: bool = False) -> list[str]:
     return list(k.VARIANTS if interpreter else k.ALL_VARIANTS)
 
 
+def _check_features(q, layout, window, softcap, alibi_slopes) -> None:
+    if (not isinstance(window, (tuple, list)) or len(window) != 2
+            or not all(isinstance(w, int) and w >= -1 for w in window)):
+        raise ValueError(f"window must be (left, right) with ints >= -1 (-1: unbounded), got {window!r}")
+    if not (isinstance(softcap, (int, float)) and math.isfinite(softcap) and softcap >= 0):
+        raise ValueError(f"softcap must be a finite number >= 0 (0: off), got {softcap!r}")
+    if alibi_slopes is not None:
+        heads = q.shape[1] if layout == "bhsd" else q.shape[2]
+        if (not isinstance(alibi_slopes, torch.Tensor) or alibi_slopes.shape != (heads,)
+                or alibi_slopes.dtype != torch.float32 or alibi_slopes.device != q.device):
+            got = (tuple(alibi_slopes.shape), alibi_slopes.dtype, alibi_slopes.device) \
+                if isinstance(alibi_slopes, torch.Tensor) else type(alibi_slopes).__name__
+            raise ValueError(f"alibi_slopes must be a float32 tensor of shape ({heads},) on {q.device}, got {got}")
+
+
 def _check(q, k, v, causal_align: str, layout: str, variant: str, scale) -> None:
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
@@ -105,6 +120,7 @@ def _check(q, k, v, causal_align: str, layout: str, variant: str, scale) -> None
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
               scale: float | None = None, variant: str = "auto", causal_align: str = "top_left",
               layout: str = "bhsd", return_lse: bool = False, out: torch.Tensor | None = None,
+              window: tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None,
               config: configs.KernelConfig | None = None):
     """Exact attention ``softmax(scale * q k^T) v``, computed flash-style (no score matrix).
 
@@ -131,20 +147,31 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     shape, dtype and device to write into (any strides; it must not overlap an input).
     CPU tensors run only under Triton's interpreter (``TRITON_INTERPRET=1``).
     Under ``torch.compile`` the call goes through the custom op ``fmha::attention``
-    (:mod:`fmha.library`); ``out`` and ``config`` are not available there.
+    (:mod:`fmha.library`); ``out``, ``config`` and the modifiers below are not available there.
+
+    Modifiers (Triton variants; ``auto`` picks ``tiled`` for them on sm_90):
+    ``window=(left, right)``: query i sees keys ``i + d - left <= j <= i + d + right``
+    around its diagonal ``d`` (0 top-left, ``seqlen_k - seqlen_q`` bottom-right; -1 leaves
+    a side open; ``causal`` closes the right side at 0); key tiles outside the band
+    are skipped whole.  ``softcap > 0``: scores become ``softcap * tanh(s / softcap)``.
+    ``alibi_slopes`` (float32 ``[heads]``): score ``- slope_h * |i + d - j|``.
     """
     _check(q, k, v, causal_align, layout, variant, scale)
-    if torch.compiler.is_compiling() and out is None and config is None:
+    _check_features(q, layout, window, softcap, alibi_slopes)
+    modifiers = tuple(window) != (-1, -1) or softcap > 0 or alibi_slopes is not None
+    if torch.compiler.is_compiling() and out is None and config is None and not modifiers:
         from .library import attention_op
         o, lse = attention_op(q, k, v, bool(causal), None if scale is None else float(scale), variant,
                               causal_align, layout, return_lse)
         return (o, lse) if return_lse else o
     o, lse = _attention(q, k, v, causal=causal, scale=scale, variant=variant, causal_align=causal_align,
-                        layout=layout, return_lse=return_lse, out=out, config=config)
+                        layout=layout, return_lse=return_lse, out=out, config=config, window=tuple(window),
+                        softcap=float(softcap), alibi_slopes=alibi_slopes)
     return (o, lse) if return_lse else o
 
 
-def _attention(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse, out, config):
+def _attention(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse, out, config,
+               window=(-1, -1), softcap=0.0, alibi_slopes=None):
     """The checked call: allocate, handle the edges, pick a kernel, launch.  Returns (o, lse or None)."""
     if layout == "bhsd":
         batch, heads, seqlen_q, head_dim = q.shape
@@ -164,22 +191,26 @@ def _attention(q, k, v, *, causal, scale, variant, causal_align, layout, return_
 
     kernels = _kernels()
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
-    offset = 0 if causal_align == "top_left" else seqlen_k - seqlen_q
-    prob = kernels.Problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, bool(causal),
-                   offset if causal else 0, scale * LOG2E)
+    align = 0 if causal_align == "top_left" else seqlen_k - seqlen_q
+    left, right = window
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    prob = kernels.Problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, right >= 0,
+                           align + right if right >= 0 else 0, scale * LOG2E,
+                           window_offset=align - left if left >= 0 else None, align_offset=align, softcap=softcap)
     arch = arch_of(q.device)
     name = select_variant(arch, {"head_dim": head_dim, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k,
                                  "causal": bool(causal)}) \
         if variant == "auto" else variant
     cfg = config or configs.default_config(name, arch, head_dim, prob.causal)
-    reason = kernels.unsupported(name, cfg, prob, q, k, v, o, layout)
+    reason = kernels.unsupported(name, cfg, prob, q, k, v, o, layout, alibi_slopes is not None)
     if reason and variant == "auto":
         name = "tiled"
         cfg = configs.default_config(name, arch, head_dim, prob.causal)
     elif reason:
         raise ValueError(f"variant {name!r} cannot take this call: {reason}")
     with torch.cuda.device(q.device) if q.device.type == "cuda" else _nullcontext():
-        kernels.launch(name, cfg, prob, q, k, v, o, lse, layout)
+        kernels.launch(name, cfg, prob, q, k, v, o, lse, layout, alibi_slopes)
     return o, lse
 
 

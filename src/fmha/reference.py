@@ -36,14 +36,39 @@ def causal_offset(seqlen_q: int, seqlen_k: int, causal_align: str) -> int:
     raise ValueError(f"causal_align must be 'top_left' or 'bottom_right', got {causal_align!r}")
 
 
-def visible(seqlen_q: int, seqlen_k: int, causal: bool, causal_align: str = "top_left") -> np.ndarray:
-    """Boolean ``[seqlen_q, seqlen_k]``: True where query i may attend to key j."""
-    if not causal:
-        return np.ones((seqlen_q, seqlen_k), dtype=bool)
+def visible(seqlen_q: int, seqlen_k: int, causal: bool, causal_align: str = "top_left",
+            window: tuple[int, int] = (-1, -1)) -> np.ndarray:
+    """Boolean ``[seqlen_q, seqlen_k]``: True where query i may attend to key j.
+
+    Around the diagonal ``d = i + offset`` (offset from ``causal_align``): causal keeps
+    ``j <= d``; ``window = (left, right)`` keeps ``d - left <= j <= d + right``, -1 leaving
+    that side open.
+    """
     offset = causal_offset(seqlen_q, seqlen_k, causal_align)
     i = np.arange(seqlen_q)[:, None]
     j = np.arange(seqlen_k)[None, :]
-    return j <= i + offset
+    keep = np.ones((seqlen_q, seqlen_k), dtype=bool)
+    left, right = window
+    if causal:
+        keep &= j <= i + offset
+    if right >= 0:
+        keep &= j <= i + offset + right
+    if left >= 0:
+        keep &= j >= i + offset - left
+    return keep
+
+
+def score_mods(s: np.ndarray, seqlen_q: int, seqlen_k: int, causal_align: str, softcap: float = 0.0,
+               alibi_slopes=None) -> np.ndarray:
+    """Scores ``scale * q.k`` ``[B, H, Sq, Sk]`` with soft-capping (``softcap * tanh(s / softcap)``)
+    and ALiBi (``- slope_h * |i + offset - j|``) applied, in that order."""
+    if softcap:
+        s = softcap * np.tanh(s / softcap)
+    if alibi_slopes is not None:
+        offset = causal_offset(seqlen_q, seqlen_k, causal_align)
+        dist = np.abs(np.arange(seqlen_q)[:, None] + offset - np.arange(seqlen_k)[None, :])
+        s = s - _as_f64(alibi_slopes)[None, :, None, None] * dist
+    return s
 
 
 def _as_f64(x) -> np.ndarray:
@@ -61,7 +86,8 @@ def _expand_kv(q: np.ndarray, k: np.ndarray, v: np.ndarray):
 
 
 def dense_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
-                    causal_align: str = "top_left", return_lse: bool = False):
+                    causal_align: str = "top_left", return_lse: bool = False, window=(-1, -1),
+                    softcap: float = 0.0, alibi_slopes=None):
     """(a) ``softmax(scale * Q K^T) V`` in float64, the whole score matrix at once.
 
     Returns ``o`` ``[B, H, Sq, D]`` float64 (and the natural-log LSE ``[B, H, Sq]``
@@ -71,8 +97,8 @@ def dense_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     k, v = _expand_kv(q, k, v)
     seqlen_q, seqlen_k, head_dim = q.shape[2], k.shape[2], q.shape[3]
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
-    s = scale * (q @ k.swapaxes(-1, -2))
-    mask = visible(seqlen_q, seqlen_k, causal, causal_align)
+    s = score_mods(scale * (q @ k.swapaxes(-1, -2)), seqlen_q, seqlen_k, causal_align, softcap, alibi_slopes)
+    mask = visible(seqlen_q, seqlen_k, causal, causal_align, window)
     s = np.where(mask, s, -np.inf)
     row_max = s.max(axis=-1, keepdims=True, initial=-np.inf)
     row_max_safe = np.where(np.isfinite(row_max), row_max, 0.0)

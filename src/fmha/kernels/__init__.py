@@ -33,9 +33,12 @@ class Problem:
     seqlen_q: int
     seqlen_k: int
     head_dim: int
-    causal: bool
+    causal: bool          # the band has an upper edge: key j <= i + causal_offset
     causal_offset: int
     scale_log2: float
+    window_offset: int | None = None  # the band's lower edge: key j >= i + window_offset
+    align_offset: int = 0             # the diagonal ALiBi measures from (0 or seqlen_k - seqlen_q)
+    softcap: float = 0.0
 
     @property
     def block_d(self) -> int:
@@ -48,15 +51,17 @@ def strides_bhsd(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
     return (s[0], s[1], s[2], s[3]) if layout == "bhsd" else (s[0], s[2], s[1], s[3])
 
 
-def unsupported(variant: str, cfg, prob: Problem, q, k, v, o, layout: str) -> str | None:
+def unsupported(variant: str, cfg, prob: Problem, q, k, v, o, layout: str, alibi: bool = False) -> str | None:
     """Why ``variant`` cannot take this call, or None."""
     if variant == "hopper":
+        if prob.window_offset is not None or prob.softcap > 0 or alibi:
+            return "sliding window, softcap and ALiBi run on the Triton variants only"
         from . import hopper
         return hopper.supports(prob, cfg, q, k, v, o, layout)
     return None
 
 
-def launch(variant: str, cfg, prob: Problem, q, k, v, o, lse, layout: str) -> None:
+def launch(variant: str, cfg, prob: Problem, q, k, v, o, lse, layout: str, alibi=None) -> None:
     """Run ``variant`` with ``cfg`` on ``prob``: writes ``o`` (and ``lse`` if not None)."""
     if variant == "hopper":
         from . import hopper
@@ -69,6 +74,8 @@ def launch(variant: str, cfg, prob: Problem, q, k, v, o, lse, layout: str) -> No
         *strides_bhsd(o, layout),
         prob.heads, prob.heads // prob.kv_heads, prob.seqlen_q, prob.seqlen_k,
         prob.causal_offset, prob.scale_log2,
+        prob.window_offset or 0, prob.align_offset, prob.softcap, alibi if alibi is not None else o,
         HEAD_DIM=prob.head_dim, BLOCK_D=prob.block_d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        CAUSAL=prob.causal, STORE_LSE=lse is not None,
+        CAUSAL=prob.causal, STORE_LSE=lse is not None, WINDOW=prob.window_offset is not None,
+        SOFTCAP=prob.softcap > 0, ALIBI=alibi is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)

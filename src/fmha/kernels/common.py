@@ -3,7 +3,8 @@
 * :func:`mma` -- the one matrix product, with the interpreter switch;
 * :func:`program_start`, :func:`initial_state` -- what a program owns, and m, l, acc at t = 0;
 * :func:`load_rows` -- a masked ``[rows, head_dim]`` tile load;
-* :func:`mask_scores` -- the key-boundary and causal masks (5.2);
+* :func:`scores` -- scale, softcap, ALiBi, and the key-boundary, causal and window masks (5.2);
+* :func:`window_start` -- the sliding window's whole-tile skip;
 * :func:`causal_stop` -- the early exit (Section 7);
 * :func:`online_softmax_step` -- one tile of the recurrence (5.3-5.6);
 * :func:`write_output` -- the epilogue with the ``l == 0`` guard (Section 6) and LSE.
@@ -21,6 +22,7 @@ import triton.language as tl
 # give exact products.  Decided once, at import, as Triton decides interpretation.
 INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 LN2 = tl.constexpr(0.6931471805599453)
+LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
@@ -88,17 +90,48 @@ def load_rows(ptrs, rows, n_rows, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.co
 
 
 @triton.jit
-def mask_scores(s, offs_m, offs_n, seqlen_k, causal_offset,
-                MASK_KEYS: tl.constexpr, CAUSAL: tl.constexpr):
-    """Step 5.2: a masked score becomes -inf, so its weight exp2(-inf) is 0.
+def scores(qk, offs_m, offs_n, seqlen_k, scale_log2, softcap, slope, causal_offset, window_offset, align_offset,
+           MASK_KEYS: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+           ALIBI: tl.constexpr):
+    """Step 5.2: raw ``Q K^T`` -> base-2 scores, with the optional modifiers, then masked to -inf.
 
-    Query i sees key j iff ``j < seqlen_k`` and, when causal, ``j <= i + causal_offset``.
+    softcap: ``softcap * tanh(scale qk / softcap)``; ALiBi: ``- slope |i + align_offset - j|``
+    (both in natural units, then times log2(e)).  Query i sees key j iff ``j < seqlen_k``,
+    ``j <= i + causal_offset`` (CAUSAL: the band's upper edge) and ``j >= i + window_offset``
+    (WINDOW: its lower edge).
     """
+    if SOFTCAP:
+        x = qk * (scale_log2 / (LOG2E * softcap))
+        s = (softcap * LOG2E) * (1.0 - 2.0 / (tl.math.exp2((2.0 * LOG2E) * x) + 1.0))  # tanh via exp2
+    else:
+        s = qk * scale_log2
+    if ALIBI:
+        s = s - (slope * LOG2E) * tl.abs((offs_m[:, None] + align_offset - offs_n[None, :]).to(tl.float32))
     if MASK_KEYS:
         s = tl.where(offs_n[None, :] < seqlen_k, s, float("-inf"))
     if CAUSAL:
         s = tl.where(offs_n[None, :] <= offs_m[:, None] + causal_offset, s, float("-inf"))
+    if WINDOW:
+        s = tl.where(offs_n[None, :] >= offs_m[:, None] + window_offset, s, float("-inf"))
     return s
+
+
+@triton.jit
+def window_start(start_m, window_offset, BLOCK_N: tl.constexpr, WINDOW: tl.constexpr):
+    """The first key tile any row of the block sees: keys before the band's lower edge are
+    skipped whole, as the causal early exit skips those after its upper edge."""
+    first = 0
+    if WINDOW:
+        first = (tl.maximum(start_m + window_offset, 0) // BLOCK_N) * BLOCK_N
+    return first
+
+
+@triton.jit
+def head_slope(Alibi, bh, heads, ALIBI: tl.constexpr):
+    slope = 0.0
+    if ALIBI:
+        slope = tl.load(Alibi + bh % heads)
+    return slope
 
 
 @triton.jit

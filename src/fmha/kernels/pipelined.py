@@ -8,8 +8,8 @@ and reductions of tile ``t`` run.
 import triton
 import triton.language as tl
 
-from .common import (causal_stop, initial_state, load_rows, mask_scores, mma, online_softmax_step,
-                     program_start, write_output)
+from .common import (causal_stop, head_slope, initial_state, load_rows, mma, online_softmax_step,
+                     program_start, scores, window_start, write_output)
 
 
 @triton.jit
@@ -20,8 +20,10 @@ def pipelined_kernel(
         stride_vb, stride_vh, stride_vs, stride_vd,
         stride_ob, stride_oh, stride_os, stride_od,
         heads, group, seqlen_q, seqlen_k, causal_offset, scale_log2,
+        window_offset, align_offset, softcap, Alibi,
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr):
+        CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+        ALIBI: tl.constexpr):
     start_m, bh, offs_m, q, k_base, v_base, o_base = program_start(
         Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_vb, stride_vh,
         stride_ob, stride_oh, stride_os, heads, group, seqlen_q, HEAD_DIM, BLOCK_D, BLOCK_M)
@@ -31,18 +33,23 @@ def pipelined_kernel(
     v_ptrs = v_base + offs_n[:, None] * stride_vs + offs_d[None, :] * stride_vd
 
     m, l, acc = initial_state(BLOCK_M, BLOCK_D)
+    slope = head_slope(Alibi, bh, heads, ALIBI)
+    first = window_start(start_m, window_offset, BLOCK_N, WINDOW)
+    k_ptrs += first * stride_ks
+    v_ptrs += first * stride_vs
     stop = causal_stop(start_m, seqlen_k, causal_offset, BLOCK_M, CAUSAL)
     # prologue: QK of tile 0 (keys past `stop` read as 0 and are masked below)
-    k = load_rows(k_ptrs, offs_n, stop, offs_d, HEAD_DIM, BLOCK_D, True)
+    k = load_rows(k_ptrs, first + offs_n, stop, offs_d, HEAD_DIM, BLOCK_D, True)
     qk = mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
-    for start_n in range(0, stop, BLOCK_N):
+    for start_n in range(first, stop, BLOCK_N):
         cols = start_n + offs_n
         # 5.1 for tile t+1, issued before the softmax of tile t
         k_ptrs += BLOCK_N * stride_ks
         k_next = load_rows(k_ptrs, cols + BLOCK_N, stop, offs_d, HEAD_DIM, BLOCK_D, True)
         qk_next = mma(q, tl.trans(k_next), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
         # 5.2-5.6 for tile t
-        s = mask_scores(qk * scale_log2, offs_m, cols, seqlen_k, causal_offset, True, CAUSAL)
+        s = scores(qk, offs_m, cols, seqlen_k, scale_log2, softcap, slope, causal_offset, window_offset,
+                   align_offset, True, CAUSAL, WINDOW, SOFTCAP, ALIBI)
         v = load_rows(v_ptrs, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, True)
         acc, l, m = online_softmax_step(acc, l, m, s, v)
         # 5.7 carry, the next scores included

@@ -9,8 +9,8 @@ elementwise (a no-op except on the causal diagonal and the last, ragged tile).
 import triton
 import triton.language as tl
 
-from .common import (causal_stop, initial_state, load_rows, mask_scores, mma, online_softmax_step,
-                     program_start, write_output)
+from .common import (causal_stop, head_slope, initial_state, load_rows, mma, online_softmax_step,
+                     program_start, scores, window_start, write_output)
 
 
 @triton.jit
@@ -21,8 +21,10 @@ def singlewave_kernel(
         stride_vb, stride_vh, stride_vs, stride_vd,
         stride_ob, stride_oh, stride_os, stride_od,
         heads, group, seqlen_q, seqlen_k, causal_offset, scale_log2,
+        window_offset, align_offset, softcap, Alibi,
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr):
+        CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+        ALIBI: tl.constexpr):
     start_m, bh, offs_m, q, k_base, v_base, o_base = program_start(
         Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_vb, stride_vh,
         stride_ob, stride_oh, stride_os, heads, group, seqlen_q, HEAD_DIM, BLOCK_D, BLOCK_M)
@@ -32,14 +34,19 @@ def singlewave_kernel(
     v_ptrs = v_base + offs_n[:, None] * stride_vs + offs_d[None, :] * stride_vd
 
     m, l, acc = initial_state(BLOCK_M, BLOCK_D)
+    slope = head_slope(Alibi, bh, heads, ALIBI)
+    first = window_start(start_m, window_offset, BLOCK_N, WINDOW)
+    k_ptrs += first * stride_ks
+    v_ptrs += first * stride_vs
     stop = causal_stop(start_m, seqlen_k, causal_offset, BLOCK_M, CAUSAL)
-    for start_n in range(0, stop, BLOCK_N):
+    for start_n in range(first, stop, BLOCK_N):
         cols = start_n + offs_n
         # 5.1 S = Q K^T, contracted over the head dimension
         k = load_rows(k_ptrs, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, True)
         qk = mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
         # 5.2 scale into base 2, mask
-        s = mask_scores(qk * scale_log2, offs_m, cols, seqlen_k, causal_offset, True, CAUSAL)
+        s = scores(qk, offs_m, cols, seqlen_k, scale_log2, softcap, slope, causal_offset, window_offset,
+                   align_offset, True, CAUSAL, WINDOW, SOFTCAP, ALIBI)
         # 5.3-5.6 running max, alpha, p, l, acc += P V
         v = load_rows(v_ptrs, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, True)
         acc, l, m = online_softmax_step(acc, l, m, s, v)

@@ -9,15 +9,17 @@ ragged end), masked elementwise.  Tile sizes, warps and stages come from
 import triton
 import triton.language as tl
 
-from .common import (causal_stop, full_stop, initial_state, load_rows, mask_scores, mma, online_softmax_step,
-                     program_start, write_output)
+from .common import (causal_stop, full_stop, head_slope, initial_state, load_rows, mma, online_softmax_step,
+                     program_start, scores, window_start, write_output)
 
 
 @triton.jit
 def _key_range(acc, l, m, q, k_base, v_base, lo, hi, offs_m, offs_n, offs_d,
                stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, causal_offset, scale_log2,
+               window_offset, align_offset, softcap, slope,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-               BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
+               BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+               SOFTCAP: tl.constexpr, ALIBI: tl.constexpr):
     first = (lo + offs_n).to(tl.int64)
     k_ptrs = k_base + first[:, None] * stride_ks + offs_d[None, :] * stride_kd
     v_ptrs = v_base + first[:, None] * stride_vs + offs_d[None, :] * stride_vd
@@ -25,7 +27,8 @@ def _key_range(acc, l, m, q, k_base, v_base, lo, hi, offs_m, offs_n, offs_d,
         cols = start_n + offs_n
         k = load_rows(k_ptrs, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, MASKED)
         qk = mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
-        s = mask_scores(qk * scale_log2, offs_m, cols, seqlen_k, causal_offset, MASKED, CAUSAL and MASKED)
+        s = scores(qk, offs_m, cols, seqlen_k, scale_log2, softcap, slope, causal_offset, window_offset, align_offset,
+                   MASKED, CAUSAL and MASKED, WINDOW and MASKED, SOFTCAP, ALIBI)
         v = load_rows(v_ptrs, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, MASKED)
         acc, l, m = online_softmax_step(acc, l, m, s, v)
         k_ptrs += BLOCK_N * stride_ks
@@ -41,25 +44,33 @@ def tiled_kernel(
         stride_vb, stride_vh, stride_vs, stride_vd,
         stride_ob, stride_oh, stride_os, stride_od,
         heads, group, seqlen_q, seqlen_k, causal_offset, scale_log2,
+        window_offset, align_offset, softcap, Alibi,
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr):
+        CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+        ALIBI: tl.constexpr):
     start_m, bh, offs_m, q, k_base, v_base, o_base = program_start(
         Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_vb, stride_vh,
         stride_ob, stride_oh, stride_os, heads, group, seqlen_q, HEAD_DIM, BLOCK_D, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-
     m, l, acc = initial_state(BLOCK_M, BLOCK_D)
-    lo = full_stop(start_m, seqlen_k, causal_offset, BLOCK_N, CAUSAL)
+    slope = head_slope(Alibi, bh, heads, ALIBI)
+    first = window_start(start_m, window_offset, BLOCK_N, WINDOW)
+    if WINDOW:  # a band: every visited tile is masked
+        lo = first
+    else:
+        lo = full_stop(start_m, seqlen_k, causal_offset, BLOCK_N, CAUSAL)
     hi = causal_stop(start_m, seqlen_k, causal_offset, BLOCK_M, CAUSAL)
     # tiles every row sees: no mask
-    acc, l, m = _key_range(acc, l, m, q, k_base, v_base, 0, lo, offs_m, offs_n, offs_d,
-                           stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, causal_offset,
-                           scale_log2, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, False, CAUSAL)
-    # the diagonal and the ragged end, up to the early exit: masked
+    acc, l, m = _key_range(acc, l, m, q, k_base, v_base, first, lo, offs_m, offs_n, offs_d,
+                           stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, causal_offset, scale_log2,
+                           window_offset, align_offset, softcap, slope, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
+                           False, CAUSAL, WINDOW, SOFTCAP, ALIBI)
+    # the diagonal, the band's edges and the ragged end, up to the early exit: masked
     acc, l, m = _key_range(acc, l, m, q, k_base, v_base, lo, hi, offs_m, offs_n, offs_d,
-                           stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, causal_offset,
-                           scale_log2, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, True, CAUSAL)
+                           stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, causal_offset, scale_log2,
+                           window_offset, align_offset, softcap, slope, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
+                           True, CAUSAL, WINDOW, SOFTCAP, ALIBI)
     write_output(o_base, LSE, acc, l, m, bh, start_m, offs_m, offs_d, seqlen_q, stride_os, stride_od,
                  HEAD_DIM, BLOCK_D, STORE_LSE)
 
