@@ -1,0 +1,1 @@
+"""Adapters that let other libraries call fmha."""

@@ -1,0 +1,56 @@
+"""A small transformers model built from a config (no download) runs with fmha as with SDPA."""
+import pytest
+import torch
+
+from conftest import DEVICE
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def models():
+    import fmha.integrations.transformers as fmha_hf
+    fmha_hf.register()
+    cfg = transformers.LlamaConfig(vocab_size=101, hidden_size=128, intermediate_size=192, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    torch.manual_seed(0)
+    ref = transformers.LlamaForCausalLM._from_config(cfg, attn_implementation="sdpa", torch_dtype=torch.bfloat16)
+    ours = transformers.LlamaForCausalLM._from_config(cfg, attn_implementation="fmha", torch_dtype=torch.bfloat16)
+    ours.load_state_dict(ref.state_dict())
+    return ref.to(DEVICE).eval(), ours.to(DEVICE).eval()
+
+
+def test_hidden_states_match_sdpa(models, monkeypatch):
+    import fmha.integrations.transformers as fmha_hf
+    calls = []
+    real = fmha_hf.fmha.attention
+    monkeypatch.setattr(fmha_hf.fmha, "attention", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
+    ref, ours = models
+    ids = torch.randint(0, 101, (2, 37), generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    with torch.no_grad():
+        a = ref(ids, output_hidden_states=True).hidden_states
+        b = ours(ids, output_hidden_states=True).hidden_states
+    assert len(calls) == 2 and all(c["causal"] and c["layout"] == "bshd" for c in calls)  # one per layer
+    for x, y in zip(a, b):
+        torch.testing.assert_close(y.float(), x.float(), atol=3e-2, rtol=3e-2)
+    assert not torch.equal(a[-1], a[0])
+
+
+def test_decode_with_cache_matches_sdpa(models):
+    ref, ours = models
+    ids = torch.randint(0, 101, (1, 20), generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    with torch.no_grad():
+        ga = ref.generate(ids, max_new_tokens=5, do_sample=False)
+        gb = ours.generate(ids, max_new_tokens=5, do_sample=False)
+    assert torch.equal(ga, gb)
+
+
+def test_padding_goes_to_sdpa_with_the_mask(models):
+    ref, ours = models
+    ids = torch.randint(0, 101, (2, 16), generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    mask = torch.ones_like(ids)
+    mask[0, :5] = 0
+    with torch.no_grad():
+        a = ref(ids, attention_mask=mask).logits
+        b = ours(ids, attention_mask=mask).logits
+    torch.testing.assert_close(b.float(), a.float(), atol=3e-2, rtol=3e-2)
