@@ -1,4 +1,6 @@
 """A small transformers model built from a config (no download) runs with fmha as with SDPA."""
+import copy
+
 import pytest
 import torch
 
@@ -14,8 +16,11 @@ def models():
     cfg = transformers.LlamaConfig(vocab_size=101, hidden_size=128, intermediate_size=192, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
     torch.manual_seed(0)
-    ref = transformers.LlamaForCausalLM._from_config(cfg, attn_implementation="sdpa", torch_dtype=torch.bfloat16)
-    ours = transformers.LlamaForCausalLM._from_config(cfg, attn_implementation="fmha", torch_dtype=torch.bfloat16)
+    ref = transformers.LlamaForCausalLM._from_config(copy.deepcopy(cfg), attn_implementation="sdpa",
+                                                     torch_dtype=torch.bfloat16)
+    ours = transformers.LlamaForCausalLM._from_config(copy.deepcopy(cfg), attn_implementation="fmha",
+                                                      torch_dtype=torch.bfloat16)
+    assert ref.config._attn_implementation == "sdpa" and ours.config._attn_implementation == "fmha"
     ours.load_state_dict(ref.state_dict())
     return ref.to(DEVICE).eval(), ours.to(DEVICE).eval()
 
