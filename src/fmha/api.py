@@ -121,7 +121,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
               scale: float | None = None, variant: str = "auto", causal_align: str = "top_left",
               layout: str = "bhsd", return_lse: bool = False, out: torch.Tensor | None = None,
               window: tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None,
-              config: configs.KernelConfig | None = None):
+              seqused_k: torch.Tensor | None = None, config: configs.KernelConfig | None = None):
     """Exact attention ``softmax(scale * q k^T) v``, computed flash-style (no score matrix).
 
     Shapes (``layout="bhsd"``): ``q`` ``[batch, heads, seqlen_q, head_dim]``, ``k`` and
@@ -155,10 +155,15 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     a side open; ``causal`` closes the right side at 0); key tiles outside the band
     are skipped whole.  ``softcap > 0``: scores become ``softcap * tanh(s / softcap)``.
     ``alibi_slopes`` (float32 ``[heads]``): score ``- slope_h * |i + d - j|``.
+    ``seqused_k`` (int32 ``[batch]``): batch b uses only its first ``seqused_k[b]`` keys
+    (key padding; values past seqlen_k are clamped); bottom-right alignment then uses
+    that length.  For packed variable-length batches see :func:`attention_varlen`.
     """
     _check(q, k, v, causal_align, layout, variant, scale)
     _check_features(q, layout, window, softcap, alibi_slopes)
-    modifiers = tuple(window) != (-1, -1) or softcap > 0 or alibi_slopes is not None
+    if seqused_k is not None:
+        _check_index(seqused_k, "seqused_k", (q.shape[0],), q.device)
+    modifiers = tuple(window) != (-1, -1) or softcap > 0 or alibi_slopes is not None or seqused_k is not None
     if torch.compiler.is_compiling() and out is None and config is None and not modifiers:
         from .library import attention_op
         o, lse = attention_op(q, k, v, bool(causal), None if scale is None else float(scale), variant,
@@ -166,12 +171,86 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         return (o, lse) if return_lse else o
     o, lse = _attention(q, k, v, causal=causal, scale=scale, variant=variant, causal_align=causal_align,
                         layout=layout, return_lse=return_lse, out=out, config=config, window=tuple(window),
-                        softcap=float(softcap), alibi_slopes=alibi_slopes)
+                        softcap=float(softcap), alibi_slopes=alibi_slopes, seqused_k=seqused_k)
+    return (o, lse) if return_lse else o
+
+
+def _check_index(t, name: str, shape: tuple, device) -> None:
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or tuple(t.shape) != shape or t.device != device:
+        got = (tuple(t.shape), t.dtype, t.device) if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ValueError(f"{name} must be an int32 tensor of shape {shape} on {device}, got {got}")
+
+
+def _band(causal: bool, window, align: int):
+    """(upper edge on?, upper offset, lower offset or None) of the visible band around ``i + align``."""
+    left, right = window
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    return right >= 0, (align + right if right >= 0 else 0), (align - left if left >= 0 else None)
+
+
+def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                     cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, *, causal: bool = False,
+                     scale: float | None = None, variant: str = "auto", causal_align: str = "top_left",
+                     return_lse: bool = False, window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                     alibi_slopes: torch.Tensor | None = None):
+    """Attention over packed sequences of different lengths (``flash_attn_varlen_func``'s shape).
+
+    ``q`` ``[total_q, heads, head_dim]``, ``k``/``v`` ``[total_k, kv_heads, head_dim]``;
+    sequence b is rows ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` of q and
+    ``cu_seqlens_k[b]:cu_seqlens_k[b+1]`` of k/v (int32, ``[batch + 1]``, starting at 0,
+    non-decreasing, ending at the totals).  ``max_seqlen_q/k`` must be at least the
+    longest sequence.  Masks and modifiers act per sequence (bottom-right aligns to each
+    sequence's own lengths).  Returns ``o`` ``[total_q, heads, head_dim]`` (and LSE
+    ``[heads, total_q]``).  Programs past a sequence's end exit at once: no padded work
+    beyond the last tile of each sequence.  Runs on the Triton variants (``auto``: tiled).
+    The cu_seqlens are checked on the host (one device-to-host copy).
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 3:
+            raise ValueError(f"{name} must be a 3-dimensional tensor [total, heads, head_dim], got "
+                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+    if variant == "hopper":
+        raise ValueError("variant 'hopper' cannot take this call: varlen runs on the Triton variants only")
+    _check(q[None], k[None], v[None], causal_align, "bshd", variant, scale)
+    _check_features(q[None], "bshd", window, softcap, alibi_slopes)
+    if cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape != cu_seqlens_k.shape:
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must be 1-D of one length (batch + 1), got "
+                         f"{tuple(cu_seqlens_q.shape)} and {tuple(cu_seqlens_k.shape)}")
+    batch = cu_seqlens_q.shape[0] - 1
+    for name, cu, total, longest in (("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q),
+                                     ("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k)):
+        _check_index(cu, name, (batch + 1,), q.device)
+        host = cu.cpu()
+        lengths = host[1:] - host[:-1]
+        if batch < 0 or host[0] != 0 or host[-1] != total or (lengths < 0).any():
+            raise ValueError(f"{name} must start at 0, never decrease and end at {total} (the packed length), "
+                             f"got {host.tolist()}")
+        if batch and int(lengths.max()) > longest:
+            raise ValueError(f"max_seqlen for {name} is {longest}, but a sequence has {int(lengths.max())} rows")
+    if v.shape[0] != k.shape[0]:
+        raise ValueError(f"k and v must have the same packed length, got {k.shape[0]} and {v.shape[0]}")
+    heads, kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
+    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((heads, q.shape[0]), dtype=torch.float32, device=q.device) if return_lse else None
+    if batch == 0 or q.shape[0] == 0 or heads == 0:
+        return (o, lse) if return_lse else o
+    kernels = _kernels()
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    upper, causal_offset, window_offset = _band(causal, tuple(window), 0)
+    prob = kernels.Problem(batch, heads, kv_heads, q.shape[0], k.shape[0], head_dim, upper, causal_offset,
+                           scale * LOG2E, window_offset=window_offset, align_offset=0, softcap=float(softcap),
+                           align_br=causal_align == "bottom_right", varlen=True)
+    name = "tiled" if variant == "auto" else variant
+    cfg = configs.default_config(name, arch_of(q.device), head_dim, upper)
+    with torch.cuda.device(q.device) if q.device.type == "cuda" else _nullcontext():
+        kernels.launch(name, cfg, prob, q[None], k[None], v[None], o[None], lse, "bshd", alibi_slopes,
+                       (cu_seqlens_q, cu_seqlens_k, None), grid_m=max(int(max_seqlen_q), 1))
     return (o, lse) if return_lse else o
 
 
 def _attention(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse, out, config,
-               window=(-1, -1), softcap=0.0, alibi_slopes=None):
+               window=(-1, -1), softcap=0.0, alibi_slopes=None, seqused_k=None):
     """The checked call: allocate, handle the edges, pick a kernel, launch.  Returns (o, lse or None)."""
     if layout == "bhsd":
         batch, heads, seqlen_q, head_dim = q.shape
@@ -192,12 +271,10 @@ def _attention(q, k, v, *, causal, scale, variant, causal_align, layout, return_
     kernels = _kernels()
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
     align = 0 if causal_align == "top_left" else seqlen_k - seqlen_q
-    left, right = window
-    if causal:
-        right = 0 if right < 0 else min(right, 0)
-    prob = kernels.Problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, right >= 0,
-                           align + right if right >= 0 else 0, scale * LOG2E,
-                           window_offset=align - left if left >= 0 else None, align_offset=align, softcap=softcap)
+    upper, causal_offset, window_offset = _band(causal, window, align)
+    prob = kernels.Problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, upper, causal_offset,
+                           scale * LOG2E, window_offset=window_offset, align_offset=align, softcap=softcap,
+                           align_br=causal_align == "bottom_right", seqused=seqused_k is not None)
     arch = arch_of(q.device)
     name = select_variant(arch, {"head_dim": head_dim, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k,
                                  "causal": bool(causal)}) \
@@ -210,7 +287,7 @@ def _attention(q, k, v, *, causal, scale, variant, causal_align, layout, return_
     elif reason:
         raise ValueError(f"variant {name!r} cannot take this call: {reason}")
     with torch.cuda.device(q.device) if q.device.type == "cuda" else _nullcontext():
-        kernels.launch(name, cfg, prob, q, k, v, o, lse, layout, alibi_slopes)
+        kernels.launch(name, cfg, prob, q, k, v, o, lse, layout, alibi_slopes, (None, None, seqused_k))
     return o, lse
 
 

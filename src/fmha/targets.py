@@ -174,7 +174,8 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
     from .kernels import VARIANTS
     kernel = VARIANTS[variant]
     const = dict(HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_M=cfg.block_m,
-                 BLOCK_N=cfg.block_n, CAUSAL=causal, STORE_LSE=False, WINDOW=False, SOFTCAP=False, ALIBI=False)
+                 BLOCK_N=cfg.block_n, CAUSAL=causal, STORE_LSE=False, WINDOW=False, SOFTCAP=False, ALIBI=False,
+                 VARLEN=False, SEQUSED=False, ALIGN_BR=False)
     sig, attrs = {}, {}
     for i, name in enumerate(kernel.arg_names):
         if name in const:
@@ -183,6 +184,8 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
             sig[name], const[name] = "constexpr", 1
         elif name in ("Q", "K", "V", "O"):
             sig[name], attrs[(i,)] = "*" + DTYPES[dtype], [["tt.divisibility", 16]]
+        elif name in ("CuQ", "CuK", "SeqK"):
+            sig[name] = "*i32"
         elif name in ("LSE", "Alibi"):
             sig[name], attrs[(i,)] = "*fp32", [["tt.divisibility", 16]]
         elif name in ("scale_log2", "softcap"):

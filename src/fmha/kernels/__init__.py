@@ -37,8 +37,11 @@ class Problem:
     causal_offset: int
     scale_log2: float
     window_offset: int | None = None  # the band's lower edge: key j >= i + window_offset
-    align_offset: int = 0             # the diagonal ALiBi measures from (0 or seqlen_k - seqlen_q)
+    align_offset: int = 0             # the diagonal (0, or seqlen_k - seqlen_q bottom-right)
     softcap: float = 0.0
+    align_br: bool = False            # bottom-right: per sequence under varlen / seqused_k
+    varlen: bool = False              # packed sequences (cu_seqlens); seqlen_q/k are the packed totals
+    seqused: bool = False             # per-batch key lengths
 
     @property
     def block_d(self) -> int:
@@ -54,28 +57,36 @@ def strides_bhsd(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
 def unsupported(variant: str, cfg, prob: Problem, q, k, v, o, layout: str, alibi: bool = False) -> str | None:
     """Why ``variant`` cannot take this call, or None."""
     if variant == "hopper":
-        if prob.window_offset is not None or prob.softcap > 0 or alibi:
-            return "sliding window, softcap and ALiBi run on the Triton variants only"
+        if prob.window_offset is not None or prob.softcap > 0 or alibi or prob.varlen or prob.seqused:
+            return "sliding window, softcap, ALiBi, varlen and seqused_k run on the Triton variants only"
         from . import hopper
         return hopper.supports(prob, cfg, q, k, v, o, layout)
     return None
 
 
-def launch(variant: str, cfg, prob: Problem, q, k, v, o, lse, layout: str, alibi=None) -> None:
-    """Run ``variant`` with ``cfg`` on ``prob``: writes ``o`` (and ``lse`` if not None)."""
+def launch(variant: str, cfg, prob: Problem, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None, None),
+           grid_m: int | None = None) -> None:
+    """Run ``variant`` with ``cfg`` on ``prob``: writes ``o`` (and ``lse`` if not None).
+    ``seqs = (cu_seqlens_q, cu_seqlens_k, seqused_k)``; ``grid_m`` rows cover the longest sequence."""
     if variant == "hopper":
         from . import hopper
         return hopper.launch(prob, cfg, q, k, v, o, lse, layout)
     kernel = VARIANTS[variant]
-    grid = (triton.cdiv(prob.seqlen_q, cfg.block_m), prob.batch * prob.heads)
+    grid = (triton.cdiv(grid_m or prob.seqlen_q, cfg.block_m), prob.batch * prob.heads)
+    cu_q, cu_k, seqused = seqs
+    strides = [list(strides_bhsd(t, layout)) for t in (q, k, v, o)]
+    if prob.varlen:  # packed: the batch index picks a sequence through cu_seqlens, not a stride
+        for st in strides:
+            st[0] = 0
+    a = prob.align_offset  # the kernel adds each sequence's own diagonal back
     kernel[grid](
-        q, k, v, o, lse if lse is not None else o,
-        *strides_bhsd(q, layout), *strides_bhsd(k, layout), *strides_bhsd(v, layout),
-        *strides_bhsd(o, layout),
+        q, k, v, o, lse if lse is not None else o, *strides[0], *strides[1], *strides[2], *strides[3],
         prob.heads, prob.heads // prob.kv_heads, prob.seqlen_q, prob.seqlen_k,
-        prob.causal_offset, prob.scale_log2,
-        prob.window_offset or 0, prob.align_offset, prob.softcap, alibi if alibi is not None else o,
+        prob.causal_offset - a, prob.scale_log2,
+        (prob.window_offset or 0) - a, 0, prob.softcap, alibi if alibi is not None else o,
+        cu_q if cu_q is not None else o, cu_k if cu_k is not None else o, seqused if seqused is not None else o,
         HEAD_DIM=prob.head_dim, BLOCK_D=prob.block_d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         CAUSAL=prob.causal, STORE_LSE=lse is not None, WINDOW=prob.window_offset is not None,
-        SOFTCAP=prob.softcap > 0, ALIBI=alibi is not None,
+        SOFTCAP=prob.softcap > 0, ALIBI=alibi is not None, VARLEN=prob.varlen, SEQUSED=prob.seqused,
+        ALIGN_BR=prob.align_br,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)

@@ -36,31 +36,56 @@ def mma(a, b, acc):
 
 
 @triton.jit
-def program_start(Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh,
-                  stride_vb, stride_vh, stride_ob, stride_oh, stride_os, heads, group, seqlen_q,
-                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Program (query block, batch*head) -> its rows, its Q tile and the bases of its K/V head and O rows.
+def program_start(Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks,
+                  stride_vb, stride_vh, stride_vs, stride_ob, stride_oh, stride_os, heads, group, seqlen_q, seqlen_k,
+                  CuQ, CuK, SeqK, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                  VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr):
+    """Program (query block, batch*head) -> its rows, its Q tile, the bases of its K/V head and
+    O rows, its sequence's lengths, the diagonal's offset and where its LSE row starts.
 
+    VARLEN: sequence b occupies rows ``cu_q[b]..cu_q[b+1]`` of packed q/o and
+    ``cu_k[b]..cu_k[b+1]`` of packed k/v (LSE is ``[heads, total_q]``).  SEQUSED: batch b
+    uses only its first ``seqused_k[b]`` keys.  ALIGN_BR: the diagonal is
+    ``i + seqlen_k - seqlen_q`` of this sequence (bottom-right), else ``i``.
     64-bit offsets up to the row: tensors past 2**31 elements stay addressable.
     ``group`` query heads share one KV head (GQA/MQA).
     """
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
-    b = (bh // heads).to(tl.int64)
+    b = bh // heads
     h = bh % heads
     kvh = (h // group).to(tl.int64)
+    if VARLEN:
+        q0 = tl.load(CuQ + b)
+        k0 = tl.load(CuK + b)
+        sq = tl.load(CuQ + b + 1) - q0
+        sk = tl.load(CuK + b + 1) - k0
+        lse_off = h.to(tl.int64) * seqlen_q + q0  # seqlen_q is the packed total here
+        krow0 = k0.to(tl.int64)
+    else:
+        q0 = 0
+        krow0 = 0
+        sq = seqlen_q
+        sk = seqlen_k
+        if SEQUSED:
+            sk = tl.minimum(tl.load(SeqK + b), seqlen_k)
+        lse_off = bh.to(tl.int64) * seqlen_q
+    align = 0
+    if ALIGN_BR:
+        align = sk - sq
+    b = b.to(tl.int64)
     h = h.to(tl.int64)
-    row0 = start_m.to(tl.int64)
+    row0 = (q0 + start_m).to(tl.int64)
     q_base = Q + b * stride_qb + h * stride_qh + row0 * stride_qs
     o_base = O + b * stride_ob + h * stride_oh + row0 * stride_os
-    k_base = K + b * stride_kb + kvh * stride_kh
-    v_base = V + b * stride_vb + kvh * stride_vh
+    k_base = K + b * stride_kb + kvh * stride_kh + krow0 * stride_ks
+    v_base = V + b * stride_vb + kvh * stride_vh + krow0 * stride_vs
     rows = tl.arange(0, BLOCK_M)
     offs_m = start_m + rows
     offs_d = tl.arange(0, BLOCK_D)
     q = load_rows(q_base + rows[:, None] * stride_qs + offs_d[None, :] * stride_qd,
-                  offs_m, seqlen_q, offs_d, HEAD_DIM, BLOCK_D, True)
-    return start_m, bh, offs_m, q, k_base, v_base, o_base
+                  offs_m, sq, offs_d, HEAD_DIM, BLOCK_D, True)
+    return start_m, offs_m, q, k_base, v_base, o_base, sq, sk, align, lse_off
 
 
 @triton.jit
@@ -174,7 +199,7 @@ def online_softmax_step(acc, l, m, s, v):
 
 
 @triton.jit
-def write_output(o_base, LSE, acc, l, m, bh, start_m, offs_m, offs_d, seqlen_q, stride_os, stride_od,
+def write_output(o_base, LSE, acc, l, m, lse_off, start_m, offs_m, offs_d, seqlen_q, stride_os, stride_od,
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, STORE_LSE: tl.constexpr):
     """Section 6: ``o = acc / l`` with ``1/l := 0`` on an empty row (never NaN);
     LSE (natural log, float32, ``-inf`` on an empty row) when asked."""
@@ -189,4 +214,4 @@ def write_output(o_base, LSE, acc, l, m, bh, start_m, offs_m, offs_d, seqlen_q, 
     tl.store(o_ptrs, o.to(o_base.dtype.element_ty), mask=o_mask)
     if STORE_LSE:
         lse = tl.where(l == 0.0, float("-inf"), (m + tl.math.log2(l)) * LN2)
-        tl.store(LSE + bh.to(tl.int64) * seqlen_q + offs_m, lse, mask=offs_m < seqlen_q)
+        tl.store(LSE + lse_off + offs_m, lse, mask=offs_m < seqlen_q)

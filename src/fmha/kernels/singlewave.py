@@ -21,20 +21,27 @@ def singlewave_kernel(
         stride_vb, stride_vh, stride_vs, stride_vd,
         stride_ob, stride_oh, stride_os, stride_od,
         heads, group, seqlen_q, seqlen_k, causal_offset, scale_log2,
-        window_offset, align_offset, softcap, Alibi,
+        window_offset, align_offset, softcap, Alibi, CuQ, CuK, SeqK,
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-        ALIBI: tl.constexpr):
-    start_m, bh, offs_m, q, k_base, v_base, o_base = program_start(
-        Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_vb, stride_vh,
-        stride_ob, stride_oh, stride_os, heads, group, seqlen_q, HEAD_DIM, BLOCK_D, BLOCK_M)
+        ALIBI: tl.constexpr, VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr):
+    start_m, offs_m, q, k_base, v_base, o_base, seqlen_q, seqlen_k, align, lse_off = program_start(
+        Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh,
+        stride_vs, stride_ob, stride_oh, stride_os, heads, group, seqlen_q, seqlen_k, CuQ, CuK, SeqK,
+        HEAD_DIM, BLOCK_D, BLOCK_M, VARLEN, SEQUSED, ALIGN_BR)
+    if start_m >= seqlen_q:  # past this sequence's end (packed batches): nothing to do
+        return
+    # the band's edges and ALiBi's diagonal, relative to this sequence's diagonal
+    causal_offset += align
+    window_offset += align
+    align_offset += align
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     k_ptrs = k_base + offs_n[:, None] * stride_ks + offs_d[None, :] * stride_kd
     v_ptrs = v_base + offs_n[:, None] * stride_vs + offs_d[None, :] * stride_vd
 
     m, l, acc = initial_state(BLOCK_M, BLOCK_D)
-    slope = head_slope(Alibi, bh, heads, ALIBI)
+    slope = head_slope(Alibi, tl.program_id(1), heads, ALIBI)
     first = window_start(start_m, window_offset, BLOCK_N, WINDOW)
     k_ptrs += first * stride_ks
     v_ptrs += first * stride_vs
@@ -53,7 +60,7 @@ def singlewave_kernel(
         # 5.7 next tile
         k_ptrs += BLOCK_N * stride_ks
         v_ptrs += BLOCK_N * stride_vs
-    write_output(o_base, LSE, acc, l, m, bh, start_m, offs_m, offs_d, seqlen_q, stride_os, stride_od,
+    write_output(o_base, LSE, acc, l, m, lse_off, start_m, offs_m, offs_d, seqlen_q, stride_os, stride_od,
                  HEAD_DIM, BLOCK_D, STORE_LSE)
 
 

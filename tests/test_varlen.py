@@ -1,0 +1,74 @@
+"""Packed variable-length batches and per-batch key lengths against the float64 reference."""
+import numpy as np
+import pytest
+import torch
+
+import fmha
+from conftest import DEVICE, max_err
+from fmha import reference
+from fmha.kernels import VARIANTS
+
+F16, BF16 = torch.float16, torch.bfloat16
+
+
+def packed(lens, heads, d, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(sum(lens), heads, d, generator=g).to(dtype).to(DEVICE)
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32, device=DEVICE)
+    return x, cu
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("causal,align,window", [(False, "top_left", (-1, -1)), (True, "top_left", (-1, -1)),
+                                                 (True, "bottom_right", (-1, -1)), (True, "bottom_right", (6, -1))])
+def test_varlen_matches_per_sequence_reference(variant, causal, align, window):
+    lens_q, lens_k = [5, 1, 37, 0, 20], [9, 30, 37, 4, 16]
+    q, cu_q = packed(lens_q, 4, 64, BF16, 1)
+    k, cu_k = packed(lens_k, 2, 64, BF16, 2)
+    v, _ = packed(lens_k, 2, 64, BF16, 3)
+    o = torch.full_like(q, float("nan"))
+    o, lse = fmha.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
+                                   causal_align=align, variant=variant, window=window, return_lse=True)
+    assert lse.shape == (4, sum(lens_q))
+    for b in range(len(lens_q)):
+        qs, ks = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+        if lens_q[b] == 0:
+            continue
+        ref, ref_lse = reference.dense_attention(q[qs].transpose(0, 1)[None], k[ks].transpose(0, 1)[None],
+                                                 v[ks].transpose(0, 1)[None], causal=causal, causal_align=align,
+                                                 window=window, return_lse=True)
+        got = o[qs].transpose(0, 1)[None].cpu().double().numpy()
+        assert np.isfinite(got).all()
+        assert max_err(got, ref) < 2e-2, b
+        got_lse = lse[:, qs].cpu().double().numpy()[None]
+        np.testing.assert_array_equal(np.isneginf(got_lse), np.isneginf(ref_lse))
+        fin = np.isfinite(ref_lse)
+        np.testing.assert_allclose(got_lse[fin], ref_lse[fin], atol=2e-2)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("causal,align", [(False, "top_left"), (True, "bottom_right")])
+def test_seqused_k_is_key_padding(variant, causal, align):
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(3, 2, n, 32, generator=g).half().to(DEVICE) for n in (19, 40, 40))
+    used = torch.tensor([40, 7, 23], dtype=torch.int32, device=DEVICE)
+    k[1, :, 7:] = float("nan")  # padding is never read into the result
+    o = fmha.attention(q, k, v, causal=causal, causal_align=align, variant=variant, seqused_k=used)
+    for b, n in enumerate(used.tolist()):
+        ref = reference.dense_attention(q[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n], causal=causal,
+                                        causal_align=align)
+        assert max_err(o[b:b + 1].cpu().double().numpy(), ref) < 4e-3
+
+
+def test_varlen_errors():
+    q, cu = packed([3, 4], 2, 32, F16, 0)
+    with pytest.raises(ValueError, match="must start at 0, never decrease and end at 7"):
+        fmha.attention_varlen(q, q, q, cu.flip(0), cu, 4, 4)
+    with pytest.raises(ValueError, match="max_seqlen for cu_seqlens_q is 3, but a sequence has 4 rows"):
+        fmha.attention_varlen(q, q, q, cu, cu, 3, 4)
+    with pytest.raises(ValueError, match="int32 tensor"):
+        fmha.attention_varlen(q, q, q, cu.long(), cu.long(), 4, 4)
+    with pytest.raises(ValueError, match="3-dimensional"):
+        fmha.attention_varlen(q[None], q, q, cu, cu, 4, 4)
+    with pytest.raises(ValueError, match="seqused_k must be an int32 tensor of shape"):
+        fmha.attention(q[None], q[None], q[None], seqused_k=torch.ones(2, dtype=torch.int32, device=DEVICE))
