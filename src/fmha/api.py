@@ -7,6 +7,7 @@ import os
 import torch
 
 from . import configs
+from .merge import merge_stack
 
 LOG2E = math.log2(math.e)
 HEAD_DIMS = (32, 64, 96, 128, 256)
@@ -121,7 +122,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
               scale: float | None = None, variant: str = "auto", causal_align: str = "top_left",
               layout: str = "bhsd", return_lse: bool = False, out: torch.Tensor | None = None,
               window: tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None,
-              seqused_k: torch.Tensor | None = None, config: configs.KernelConfig | None = None):
+              seqused_k: torch.Tensor | None = None, num_splits: int = 0,
+              config: configs.KernelConfig | None = None):
     """Exact attention ``softmax(scale * q k^T) v``, computed flash-style (no score matrix).
 
     Shapes (``layout="bhsd"``): ``q`` ``[batch, heads, seqlen_q, head_dim]``, ``k`` and
@@ -158,12 +160,19 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     ``seqused_k`` (int32 ``[batch]``): batch b uses only its first ``seqused_k[b]`` keys
     (key padding; values past seqlen_k are clamped); bottom-right alignment then uses
     that length.  For packed variable-length batches see :func:`attention_varlen`.
+
+    ``num_splits``: split the keys over that many programs per query block and merge
+    the partials by their LSE (flash-decoding); 0 (default) decides: on a GPU, short
+    queries (seqlen_q <= 16) against long keys are split to fill the chip; 1 never splits.
     """
     _check(q, k, v, causal_align, layout, variant, scale)
     _check_features(q, layout, window, softcap, alibi_slopes)
     if seqused_k is not None:
         _check_index(seqused_k, "seqused_k", (q.shape[0],), q.device)
-    modifiers = tuple(window) != (-1, -1) or softcap > 0 or alibi_slopes is not None or seqused_k is not None
+    if not isinstance(num_splits, int) or num_splits < 0:
+        raise ValueError(f"num_splits must be an int >= 0 (0: decide), got {num_splits!r}")
+    modifiers = (tuple(window) != (-1, -1) or softcap > 0 or alibi_slopes is not None or seqused_k is not None
+                 or num_splits > 1)
     if torch.compiler.is_compiling() and out is None and config is None and not modifiers:
         from .library import attention_op
         o, lse = attention_op(q, k, v, bool(causal), None if scale is None else float(scale), variant,
@@ -171,8 +180,22 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         return (o, lse) if return_lse else o
     o, lse = _attention(q, k, v, causal=causal, scale=scale, variant=variant, causal_align=causal_align,
                         layout=layout, return_lse=return_lse, out=out, config=config, window=tuple(window),
-                        softcap=float(softcap), alibi_slopes=alibi_slopes, seqused_k=seqused_k)
+                        softcap=float(softcap), alibi_slopes=alibi_slopes, seqused_k=seqused_k,
+                        num_splits=num_splits)
     return (o, lse) if return_lse else o
+
+
+def _split_len(num_splits: int, arch: str, prob, block_m: int, block_n: int, device) -> int:
+    """Keys per split (a multiple of block_n), or 0 for no split."""
+    if num_splits == 0:  # decide: split short queries over long keys until the chip is about twice full
+        if arch == "interpreter" or prob.seqlen_q > 16 or prob.seqlen_k < 4 * block_n:
+            return 0
+        programs = prob.batch * prob.heads * -(-prob.seqlen_q // block_m)
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        num_splits = min(-(-2 * sms // programs), prob.seqlen_k // (4 * block_n))
+    if num_splits <= 1:
+        return 0
+    return -(-(-(-prob.seqlen_k // num_splits)) // block_n) * block_n
 
 
 def _check_index(t, name: str, shape: tuple, device) -> None:
@@ -250,7 +273,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
 
 
 def _attention(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse, out, config,
-               window=(-1, -1), softcap=0.0, alibi_slopes=None, seqused_k=None):
+               window=(-1, -1), softcap=0.0, alibi_slopes=None, seqused_k=None, num_splits=0):
     """The checked call: allocate, handle the edges, pick a kernel, launch.  Returns (o, lse or None)."""
     if layout == "bhsd":
         batch, heads, seqlen_q, head_dim = q.shape
@@ -286,8 +309,26 @@ def _attention(q, k, v, *, causal, scale, variant, causal_align, layout, return_
         cfg = configs.default_config(name, arch, head_dim, prob.causal)
     elif reason:
         raise ValueError(f"variant {name!r} cannot take this call: {reason}")
+    if name == "hopper":
+        split_len = 0
+    else:
+        split_len = _split_len(num_splits, arch, prob, cfg.block_m, cfg.block_n, q.device)
+        if split_len and config is None and arch != "interpreter":
+            cfg = configs.DECODE  # a few query rows: small blocks, the keys spread over programs
+            split_len = _split_len(num_splits, arch, prob, cfg.block_m, cfg.block_n, q.device)
     with torch.cuda.device(q.device) if q.device.type == "cuda" else _nullcontext():
-        kernels.launch(name, cfg, prob, q, k, v, o, lse, layout, alibi_slopes, (None, None, seqused_k))
+        if not split_len:
+            kernels.launch(name, cfg, prob, q, k, v, o, lse, layout, alibi_slopes, (None, None, seqused_k))
+            return o, lse
+        splits = -(-seqlen_k // split_len)
+        o_parts = torch.empty((splits, batch, heads, seqlen_q, head_dim), dtype=torch.float32, device=q.device)
+        lse_parts = torch.empty((splits, batch, heads, seqlen_q), dtype=torch.float32, device=q.device)
+        kernels.launch(name, cfg, prob, q, k, v, o_parts, lse_parts, layout, alibi_slopes, (None, None, seqused_k),
+                       split_len=split_len)
+        merged, merged_lse = merge_stack(o_parts, lse_parts)
+        o.copy_(merged if layout == "bhsd" else merged.transpose(1, 2))
+        if return_lse:
+            lse.copy_(merged_lse)
     return o, lse
 
 

@@ -58,6 +58,11 @@ HOPPER = {
 }
 
 
+# decode (seqlen_q <= 16, keys split over programs): 16-row blocks waste nothing on the
+# queries; memory-bound, so mma.sync tiles suffice.  Not yet timed on a GPU.
+DECODE = KernelConfig(16, 64, 4, 3)
+
+
 def tiled_config(arch: str, head_dim: int) -> KernelConfig:
     """The ``tiled`` entry for ``arch`` at ``head_dim`` (padded to a power of two)."""
     for key, max_d, cfg in TILED:

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from .api import attention
+from .merge import merge_pair as _merge
 
 
 def _seq_dim(layout: str) -> int:
@@ -46,17 +47,6 @@ def zigzag_unshard(shards: list[torch.Tensor], layout: str = "bhsd") -> torch.Te
         a, b = s.chunk(2, dim)
         chunks[r], chunks[2 * world - 1 - r] = a, b
     return torch.cat(chunks, dim)
-
-
-def _merge(o, lse, o_part, lse_part):
-    """Merge two partial attentions of the same queries (float32 o, natural-log lse [B, H, S])."""
-    if o is None:
-        return o_part.float(), lse_part
-    new = torch.logaddexp(lse, lse_part)
-    safe = torch.where(torch.isneginf(new), torch.zeros_like(new), new)  # rows no key has reached yet
-    w_old = torch.exp(lse - safe)
-    w_new = torch.exp(lse_part - safe)
-    return o * w_old[..., None] + o_part.float() * w_new[..., None], new
 
 
 def _to_bhsd(t, layout):

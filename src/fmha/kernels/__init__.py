@@ -65,16 +65,20 @@ def unsupported(variant: str, cfg, prob: Problem, q, k, v, o, layout: str, alibi
 
 
 def launch(variant: str, cfg, prob: Problem, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None, None),
-           grid_m: int | None = None) -> None:
+           grid_m: int | None = None, split_len: int = 0) -> None:
     """Run ``variant`` with ``cfg`` on ``prob``: writes ``o`` (and ``lse`` if not None).
-    ``seqs = (cu_seqlens_q, cu_seqlens_k, seqused_k)``; ``grid_m`` rows cover the longest sequence."""
+    ``seqs = (cu_seqlens_q, cu_seqlens_k, seqused_k)``; ``grid_m`` rows cover the longest sequence.
+    ``split_len > 0``: keys split in chunks of that many (flash-decoding); ``o`` is then a float32
+    ``[splits, batch, heads, seqlen_q, D]`` workspace and ``lse`` ``[splits, batch, heads, seqlen_q]``."""
     if variant == "hopper":
         from . import hopper
         return hopper.launch(prob, cfg, q, k, v, o, lse, layout)
     kernel = VARIANTS[variant]
-    grid = (triton.cdiv(grid_m or prob.seqlen_q, cfg.block_m), prob.batch * prob.heads)
+    splits = triton.cdiv(prob.seqlen_k, split_len) if split_len else 1
+    grid = (triton.cdiv(grid_m or prob.seqlen_q, cfg.block_m), prob.batch * prob.heads, splits)
     cu_q, cu_k, seqused = seqs
-    strides = [list(strides_bhsd(t, layout)) for t in (q, k, v, o)]
+    strides = [list(strides_bhsd(t, layout)) for t in (q, k, v)]
+    strides.append(list(o.stride()[1:]) if split_len else list(strides_bhsd(o, layout)))
     if prob.varlen:  # packed: the batch index picks a sequence through cu_seqlens, not a stride
         for st in strides:
             st[0] = 0
@@ -85,8 +89,9 @@ def launch(variant: str, cfg, prob: Problem, q, k, v, o, lse, layout: str, alibi
         prob.causal_offset - a, prob.scale_log2,
         (prob.window_offset or 0) - a, 0, prob.softcap, alibi if alibi is not None else o,
         cu_q if cu_q is not None else o, cu_k if cu_k is not None else o, seqused if seqused is not None else o,
+        split_len, o.stride(0) if split_len else 0, lse[0].numel() if split_len and lse is not None else 0,
         HEAD_DIM=prob.head_dim, BLOCK_D=prob.block_d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         CAUSAL=prob.causal, STORE_LSE=lse is not None, WINDOW=prob.window_offset is not None,
         SOFTCAP=prob.softcap > 0, ALIBI=alibi is not None, VARLEN=prob.varlen, SEQUSED=prob.seqused,
-        ALIGN_BR=prob.align_br,
+        ALIGN_BR=prob.align_br, SPLIT=bool(split_len),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)

@@ -38,15 +38,18 @@ def mma(a, b, acc):
 @triton.jit
 def program_start(Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks,
                   stride_vb, stride_vh, stride_vs, stride_ob, stride_oh, stride_os, heads, group, seqlen_q, seqlen_k,
-                  CuQ, CuK, SeqK, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                  VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr):
+                  CuQ, CuK, SeqK, stride_osplit, lse_split, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                  BLOCK_M: tl.constexpr, VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr,
+                  SPLIT: tl.constexpr):
     """Program (query block, batch*head) -> its rows, its Q tile, the bases of its K/V head and
     O rows, its sequence's lengths, the diagonal's offset and where its LSE row starts.
 
     VARLEN: sequence b occupies rows ``cu_q[b]..cu_q[b+1]`` of packed q/o and
     ``cu_k[b]..cu_k[b+1]`` of packed k/v (LSE is ``[heads, total_q]``).  SEQUSED: batch b
     uses only its first ``seqused_k[b]`` keys.  ALIGN_BR: the diagonal is
-    ``i + seqlen_k - seqlen_q`` of this sequence (bottom-right), else ``i``.
+    ``i + seqlen_k - seqlen_q`` of this sequence (bottom-right), else ``i``.  SPLIT:
+    grid axis 2 splits the keys (flash-decoding); split s writes its partial O and LSE
+    ``s * stride_osplit`` and ``s * lse_split`` further on.
     64-bit offsets up to the row: tensors past 2**31 elements stay addressable.
     ``group`` query heads share one KV head (GQA/MQA).
     """
@@ -78,6 +81,9 @@ def program_start(Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride
     row0 = (q0 + start_m).to(tl.int64)
     q_base = Q + b * stride_qb + h * stride_qh + row0 * stride_qs
     o_base = O + b * stride_ob + h * stride_oh + row0 * stride_os
+    if SPLIT:
+        o_base += tl.program_id(2).to(tl.int64) * stride_osplit
+        lse_off += tl.program_id(2).to(tl.int64) * lse_split
     k_base = K + b * stride_kb + kvh * stride_kh + krow0 * stride_ks
     v_base = V + b * stride_vb + kvh * stride_vh + krow0 * stride_vs
     rows = tl.arange(0, BLOCK_M)
@@ -149,6 +155,16 @@ def window_start(start_m, window_offset, BLOCK_N: tl.constexpr, WINDOW: tl.const
     if WINDOW:
         first = (tl.maximum(start_m + window_offset, 0) // BLOCK_N) * BLOCK_N
     return first
+
+
+@triton.jit
+def split_keys(lo, hi, split_len, SPLIT: tl.constexpr):
+    """The part of the key range ``[lo, hi)`` that this program's split owns."""
+    if SPLIT:
+        s0 = tl.program_id(2) * split_len
+        lo = tl.maximum(lo, s0)
+        hi = tl.minimum(hi, s0 + split_len)
+    return lo, hi
 
 
 @triton.jit

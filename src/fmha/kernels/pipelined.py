@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from .common import (causal_stop, head_slope, initial_state, load_rows, mma, online_softmax_step,
-                     program_start, scores, window_start, write_output)
+                     program_start, scores, split_keys, window_start, write_output)
 
 
 @triton.jit
@@ -20,14 +20,15 @@ def pipelined_kernel(
         stride_vb, stride_vh, stride_vs, stride_vd,
         stride_ob, stride_oh, stride_os, stride_od,
         heads, group, seqlen_q, seqlen_k, causal_offset, scale_log2,
-        window_offset, align_offset, softcap, Alibi, CuQ, CuK, SeqK,
+        window_offset, align_offset, softcap, Alibi, CuQ, CuK, SeqK, split_len, stride_osplit, lse_split,
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-        ALIBI: tl.constexpr, VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr):
+        ALIBI: tl.constexpr, VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr,
+        SPLIT: tl.constexpr):
     start_m, offs_m, q, k_base, v_base, o_base, seqlen_q, seqlen_k, align, lse_off = program_start(
         Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh,
         stride_vs, stride_ob, stride_oh, stride_os, heads, group, seqlen_q, seqlen_k, CuQ, CuK, SeqK,
-        HEAD_DIM, BLOCK_D, BLOCK_M, VARLEN, SEQUSED, ALIGN_BR)
+        stride_osplit, lse_split, HEAD_DIM, BLOCK_D, BLOCK_M, VARLEN, SEQUSED, ALIGN_BR, SPLIT)
     if start_m >= seqlen_q:  # past this sequence's end (packed batches): nothing to do
         return
     # the band's edges and ALiBi's diagonal, relative to this sequence's diagonal
@@ -42,9 +43,10 @@ def pipelined_kernel(
     m, l, acc = initial_state(BLOCK_M, BLOCK_D)
     slope = head_slope(Alibi, tl.program_id(1), heads, ALIBI)
     first = window_start(start_m, window_offset, BLOCK_N, WINDOW)
+    stop = causal_stop(start_m, seqlen_k, causal_offset, BLOCK_M, CAUSAL)
+    first, stop = split_keys(first, stop, split_len, SPLIT)
     k_ptrs += first * stride_ks
     v_ptrs += first * stride_vs
-    stop = causal_stop(start_m, seqlen_k, causal_offset, BLOCK_M, CAUSAL)
     # prologue: QK of tile 0 (keys past `stop` read as 0 and are masked below)
     k = load_rows(k_ptrs, first + offs_n, stop, offs_d, HEAD_DIM, BLOCK_D, True)
     qk = mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from .common import (causal_stop, head_slope, initial_state, load_rows, mma, online_softmax_step,
-                     program_start, scores, window_start, write_output)
+                     program_start, scores, split_keys, window_start, write_output)
 
 
 @triton.jit
@@ -21,14 +21,15 @@ def singlewave_kernel(
         stride_vb, stride_vh, stride_vs, stride_vd,
         stride_ob, stride_oh, stride_os, stride_od,
         heads, group, seqlen_q, seqlen_k, causal_offset, scale_log2,
-        window_offset, align_offset, softcap, Alibi, CuQ, CuK, SeqK,
+        window_offset, align_offset, softcap, Alibi, CuQ, CuK, SeqK, split_len, stride_osplit, lse_split,
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-        ALIBI: tl.constexpr, VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr):
+        ALIBI: tl.constexpr, VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr,
+        SPLIT: tl.constexpr):
     start_m, offs_m, q, k_base, v_base, o_base, seqlen_q, seqlen_k, align, lse_off = program_start(
         Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh,
         stride_vs, stride_ob, stride_oh, stride_os, heads, group, seqlen_q, seqlen_k, CuQ, CuK, SeqK,
-        HEAD_DIM, BLOCK_D, BLOCK_M, VARLEN, SEQUSED, ALIGN_BR)
+        stride_osplit, lse_split, HEAD_DIM, BLOCK_D, BLOCK_M, VARLEN, SEQUSED, ALIGN_BR, SPLIT)
     if start_m >= seqlen_q:  # past this sequence's end (packed batches): nothing to do
         return
     # the band's edges and ALiBi's diagonal, relative to this sequence's diagonal
@@ -43,9 +44,10 @@ def singlewave_kernel(
     m, l, acc = initial_state(BLOCK_M, BLOCK_D)
     slope = head_slope(Alibi, tl.program_id(1), heads, ALIBI)
     first = window_start(start_m, window_offset, BLOCK_N, WINDOW)
+    stop = causal_stop(start_m, seqlen_k, causal_offset, BLOCK_M, CAUSAL)
+    first, stop = split_keys(first, stop, split_len, SPLIT)
     k_ptrs += first * stride_ks
     v_ptrs += first * stride_vs
-    stop = causal_stop(start_m, seqlen_k, causal_offset, BLOCK_M, CAUSAL)
     for start_n in range(first, stop, BLOCK_N):
         cols = start_n + offs_n
         # 5.1 S = Q K^T, contracted over the head dimension

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from .common import (causal_stop, full_stop, head_slope, initial_state, load_rows, mma, online_softmax_step,
-                     program_start, scores, window_start, write_output)
+                     program_start, scores, split_keys, window_start, write_output)
 
 
 @triton.jit
@@ -44,14 +44,15 @@ def tiled_kernel(
         stride_vb, stride_vh, stride_vs, stride_vd,
         stride_ob, stride_oh, stride_os, stride_od,
         heads, group, seqlen_q, seqlen_k, causal_offset, scale_log2,
-        window_offset, align_offset, softcap, Alibi, CuQ, CuK, SeqK,
+        window_offset, align_offset, softcap, Alibi, CuQ, CuK, SeqK, split_len, stride_osplit, lse_split,
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-        ALIBI: tl.constexpr, VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr):
+        ALIBI: tl.constexpr, VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr,
+        SPLIT: tl.constexpr):
     start_m, offs_m, q, k_base, v_base, o_base, seqlen_q, seqlen_k, align, lse_off = program_start(
         Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh,
         stride_vs, stride_ob, stride_oh, stride_os, heads, group, seqlen_q, seqlen_k, CuQ, CuK, SeqK,
-        HEAD_DIM, BLOCK_D, BLOCK_M, VARLEN, SEQUSED, ALIGN_BR)
+        stride_osplit, lse_split, HEAD_DIM, BLOCK_D, BLOCK_M, VARLEN, SEQUSED, ALIGN_BR, SPLIT)
     if start_m >= seqlen_q:  # past this sequence's end (packed batches): nothing to do
         return
     # the band's edges and ALiBi's diagonal, relative to this sequence's diagonal
@@ -68,8 +69,10 @@ def tiled_kernel(
     else:
         lo = full_stop(start_m, seqlen_k, causal_offset, BLOCK_N, CAUSAL)
     hi = causal_stop(start_m, seqlen_k, causal_offset, BLOCK_M, CAUSAL)
+    u0, u1 = split_keys(first, lo, split_len, SPLIT)
+    lo, hi = split_keys(lo, hi, split_len, SPLIT)
     # tiles every row sees: no mask
-    acc, l, m = _key_range(acc, l, m, q, k_base, v_base, first, lo, offs_m, offs_n, offs_d,
+    acc, l, m = _key_range(acc, l, m, q, k_base, v_base, u0, u1, offs_m, offs_n, offs_d,
                            stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, causal_offset, scale_log2,
                            window_offset, align_offset, softcap, slope, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
                            False, CAUSAL, WINDOW, SOFTCAP, ALIBI)
