@@ -1,7 +1,7 @@
 """fmha: exact flash-attention forward kernels in Triton, from the math up."""
 from . import library  # noqa: F401  registers torch.ops.fmha.attention for torch.compile
-from .api import attention, attention_varlen, select_variant, variants
+from .api import attention, attention_paged, attention_varlen, select_variant, variants
 from .configs import KernelConfig
 
-__all__ = ["attention", "attention_varlen", "select_variant", "variants", "KernelConfig"]
+__all__ = ["attention", "attention_paged", "attention_varlen", "select_variant", "variants", "KernelConfig"]
 __version__ = "0.1.0"

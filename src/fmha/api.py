@@ -1,6 +1,7 @@
 """The public entry point: check the inputs once, pick a variant and its config, launch."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
@@ -316,20 +317,95 @@ def _attention(q, k, v, *, causal, scale, variant, causal_align, layout, return_
         if split_len and config is None and arch != "interpreter":
             cfg = configs.DECODE  # a few query rows: small blocks, the keys spread over programs
             split_len = _split_len(num_splits, arch, prob, cfg.block_m, cfg.block_n, q.device)
+    _run(name, cfg, prob, q, k, v, o, lse, layout, alibi_slopes, (None, None, seqused_k), split_len)
+    return o, lse
+
+
+def _run(name, cfg, prob, q, k, v, o, lse, layout, alibi, seqs, split_len, block_table=None) -> None:
+    """Launch, directly or split over the keys with the partials merged by their LSE."""
     with torch.cuda.device(q.device) if q.device.type == "cuda" else _nullcontext():
         if not split_len:
-            kernels.launch(name, cfg, prob, q, k, v, o, lse, layout, alibi_slopes, (None, None, seqused_k))
-            return o, lse
-        splits = -(-seqlen_k // split_len)
-        o_parts = torch.empty((splits, batch, heads, seqlen_q, head_dim), dtype=torch.float32, device=q.device)
-        lse_parts = torch.empty((splits, batch, heads, seqlen_q), dtype=torch.float32, device=q.device)
-        kernels.launch(name, cfg, prob, q, k, v, o_parts, lse_parts, layout, alibi_slopes, (None, None, seqused_k),
-                       split_len=split_len)
+            kernels = _kernels()
+            kernels.launch(name, cfg, prob, q, k, v, o, lse, layout, alibi, seqs, block_table=block_table)
+            return
+        shape = (-(-prob.seqlen_k // split_len), prob.batch, prob.heads, prob.seqlen_q)
+        o_parts = torch.empty((*shape, prob.head_dim), dtype=torch.float32, device=q.device)
+        lse_parts = torch.empty(shape, dtype=torch.float32, device=q.device)
+        _kernels().launch(name, cfg, prob, q, k, v, o_parts, lse_parts, layout, alibi, seqs, split_len=split_len,
+                          block_table=block_table)
         merged, merged_lse = merge_stack(o_parts, lse_parts)
         o.copy_(merged if layout == "bhsd" else merged.transpose(1, 2))
-        if return_lse:
+        if lse is not None:
             lse.copy_(merged_lse)
-    return o, lse
+
+
+def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                    cache_seqlens: torch.Tensor, *, causal: bool = False, scale: float | None = None,
+                    causal_align: str = "bottom_right", layout: str = "bhsd", return_lse: bool = False,
+                    window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                    alibi_slopes: torch.Tensor | None = None, num_splits: int = 0):
+    """Attention against a paged KV cache (vLLM's and ``flash_attn_with_kvcache``'s layout).
+
+    ``q``: ``[batch, heads, seqlen_q, head_dim]`` (or ``bshd``); ``k_cache``/``v_cache``:
+    ``[num_pages, page_size, kv_heads, head_dim]``; ``block_table``: int32
+    ``[batch, pages_per_seq]``, page ``block_table[b, n // page_size]`` holding keys
+    ``n``; ``cache_seqlens``: int32 ``[batch]``, the keys in use.  ``page_size`` must be
+    a multiple of 16.  Causal defaults to bottom-right: the new queries are the last
+    positions of the cache (decode, or prefill with a cached prefix).  Runs on ``tiled``;
+    short queries split the keys as :func:`attention` does.
+    """
+    _check(q, q, q, causal_align, layout, "tiled", scale)
+    _check_features(q, layout, window, softcap, alibi_slopes)
+    batch, heads = q.shape[0], (q.shape[1] if layout == "bhsd" else q.shape[2])
+    seqlen_q, head_dim = (q.shape[2] if layout == "bhsd" else q.shape[1]), q.shape[3]
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if (not isinstance(t, torch.Tensor) or t.dim() != 4 or t.shape[3] != head_dim or t.dtype != q.dtype
+                or t.device != q.device):
+            raise ValueError(f"{name} must be [num_pages, page_size, kv_heads, {head_dim}] {q.dtype} on {q.device}, "
+                             f"got {tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache and v_cache must have one shape, got {tuple(k_cache.shape)} and "
+                         f"{tuple(v_cache.shape)}")
+    page, kv_heads = k_cache.shape[1], k_cache.shape[2]
+    if page % 16 or page == 0:
+        raise ValueError(f"page_size must be a multiple of 16, got {page}")
+    if kv_heads == 0 or heads % kv_heads:
+        raise ValueError(f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
+    if block_table.dim() != 2 or block_table.shape[0] != batch:
+        raise ValueError(f"block_table must be [batch={batch}, pages_per_seq], got {tuple(block_table.shape)}")
+    _check_index(block_table, "block_table", tuple(block_table.shape), q.device)
+    _check_index(cache_seqlens, "cache_seqlens", (batch,), q.device)
+    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device) if return_lse else None
+    if o.numel() == 0 or block_table.shape[1] == 0:
+        o.zero_()
+        if lse is not None:
+            lse.fill_(-math.inf)
+        return (o, lse) if return_lse else o
+    kernels = _kernels()
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    seqlen_k = block_table.shape[1] * page
+    align = 0 if causal_align == "top_left" else seqlen_k - seqlen_q
+    upper, causal_offset, window_offset = _band(causal, tuple(window), align)
+    prob = kernels.Problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, upper, causal_offset,
+                           scale * LOG2E, window_offset=window_offset, align_offset=align, softcap=float(softcap),
+                           align_br=causal_align == "bottom_right", seqused=True, page=page)
+    arch = arch_of(q.device)
+    cfg = configs.default_config("tiled", arch, head_dim, upper)
+    split_len = _split_len(num_splits, arch, prob, cfg.block_m, cfg.block_n, q.device)
+    if split_len and arch != "interpreter":
+        cfg = configs.DECODE
+        split_len = _split_len(num_splits, arch, prob, cfg.block_m, cfg.block_n, q.device)
+    block_n = cfg.block_n
+    while page % block_n:  # a key tile must not straddle two pages
+        block_n //= 2
+    cfg = dataclasses.replace(cfg, block_n=block_n)
+    if split_len:
+        split_len = -(-split_len // page) * page
+    kv = (k_cache, v_cache) if layout == "bshd" else (k_cache.permute(0, 2, 1, 3), v_cache.permute(0, 2, 1, 3))
+    _run("tiled", cfg, prob, q, *kv, o, lse, layout, alibi_slopes, (None, None, cache_seqlens), split_len,
+         block_table)
+    return (o, lse) if return_lse else o
 
 
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -175,7 +175,7 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
     kernel = VARIANTS[variant]
     const = dict(HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_M=cfg.block_m,
                  BLOCK_N=cfg.block_n, CAUSAL=causal, STORE_LSE=False, WINDOW=False, SOFTCAP=False, ALIBI=False,
-                 VARLEN=False, SEQUSED=False, ALIGN_BR=False)
+                 VARLEN=False, SEQUSED=False, ALIGN_BR=False, SPLIT=False, PAGED=False, PAGE=1)
     sig, attrs = {}, {}
     for i, name in enumerate(kernel.arg_names):
         if name in const:
@@ -184,7 +184,7 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
             sig[name], const[name] = "constexpr", 1
         elif name in ("Q", "K", "V", "O"):
             sig[name], attrs[(i,)] = "*" + DTYPES[dtype], [["tt.divisibility", 16]]
-        elif name in ("CuQ", "CuK", "SeqK"):
+        elif name in ("CuQ", "CuK", "SeqK", "BlockTable"):
             sig[name] = "*i32"
         elif name in ("LSE", "Alibi"):
             sig[name], attrs[(i,)] = "*fp32", [["tt.divisibility", 16]]

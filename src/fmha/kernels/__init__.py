@@ -42,6 +42,7 @@ class Problem:
     align_br: bool = False            # bottom-right: per sequence under varlen / seqused_k
     varlen: bool = False              # packed sequences (cu_seqlens); seqlen_q/k are the packed totals
     seqused: bool = False             # per-batch key lengths
+    page: int = 0                     # paged K/V: keys per page (0: contiguous K/V)
 
     @property
     def block_d(self) -> int:
@@ -57,7 +58,7 @@ def strides_bhsd(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
 def unsupported(variant: str, cfg, prob: Problem, q, k, v, o, layout: str, alibi: bool = False) -> str | None:
     """Why ``variant`` cannot take this call, or None."""
     if variant == "hopper":
-        if prob.window_offset is not None or prob.softcap > 0 or alibi or prob.varlen or prob.seqused:
+        if prob.window_offset is not None or prob.softcap > 0 or alibi or prob.varlen or prob.seqused or prob.page:
             return "sliding window, softcap, ALiBi, varlen and seqused_k run on the Triton variants only"
         from . import hopper
         return hopper.supports(prob, cfg, q, k, v, o, layout)
@@ -65,7 +66,7 @@ def unsupported(variant: str, cfg, prob: Problem, q, k, v, o, layout: str, alibi
 
 
 def launch(variant: str, cfg, prob: Problem, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None, None),
-           grid_m: int | None = None, split_len: int = 0) -> None:
+           grid_m: int | None = None, split_len: int = 0, block_table=None) -> None:
     """Run ``variant`` with ``cfg`` on ``prob``: writes ``o`` (and ``lse`` if not None).
     ``seqs = (cu_seqlens_q, cu_seqlens_k, seqused_k)``; ``grid_m`` rows cover the longest sequence.
     ``split_len > 0``: keys split in chunks of that many (flash-decoding); ``o`` is then a float32
@@ -90,8 +91,10 @@ def launch(variant: str, cfg, prob: Problem, q, k, v, o, lse, layout: str, alibi
         (prob.window_offset or 0) - a, 0, prob.softcap, alibi if alibi is not None else o,
         cu_q if cu_q is not None else o, cu_k if cu_k is not None else o, seqused if seqused is not None else o,
         split_len, o.stride(0) if split_len else 0, lse[0].numel() if split_len and lse is not None else 0,
+        block_table if block_table is not None else o, block_table.stride(0) if block_table is not None else 0,
+        block_table.shape[1] if block_table is not None else 0,
         HEAD_DIM=prob.head_dim, BLOCK_D=prob.block_d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         CAUSAL=prob.causal, STORE_LSE=lse is not None, WINDOW=prob.window_offset is not None,
         SOFTCAP=prob.softcap > 0, ALIBI=alibi is not None, VARLEN=prob.varlen, SEQUSED=prob.seqused,
-        ALIGN_BR=prob.align_br, SPLIT=bool(split_len),
+        ALIGN_BR=prob.align_br, SPLIT=bool(split_len), PAGED=bool(prob.page), PAGE=max(prob.page, 1),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)

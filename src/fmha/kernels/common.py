@@ -40,7 +40,7 @@ def program_start(Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride
                   stride_vb, stride_vh, stride_vs, stride_ob, stride_oh, stride_os, heads, group, seqlen_q, seqlen_k,
                   CuQ, CuK, SeqK, stride_osplit, lse_split, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                   BLOCK_M: tl.constexpr, VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr,
-                  SPLIT: tl.constexpr):
+                  SPLIT: tl.constexpr, PAGED: tl.constexpr):
     """Program (query block, batch*head) -> its rows, its Q tile, the bases of its K/V head and
     O rows, its sequence's lengths, the diagonal's offset and where its LSE row starts.
 
@@ -49,7 +49,8 @@ def program_start(Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride
     uses only its first ``seqused_k[b]`` keys.  ALIGN_BR: the diagonal is
     ``i + seqlen_k - seqlen_q`` of this sequence (bottom-right), else ``i``.  SPLIT:
     grid axis 2 splits the keys (flash-decoding); split s writes its partial O and LSE
-    ``s * stride_osplit`` and ``s * lse_split`` further on.
+    ``s * stride_osplit`` and ``s * lse_split`` further on.  PAGED: K/V are page pools
+    (the batch stride is the page stride); the K/V bases hold only the head offset.
     64-bit offsets up to the row: tensors past 2**31 elements stay addressable.
     ``group`` query heads share one KV head (GQA/MQA).
     """
@@ -84,8 +85,12 @@ def program_start(Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride
     if SPLIT:
         o_base += tl.program_id(2).to(tl.int64) * stride_osplit
         lse_off += tl.program_id(2).to(tl.int64) * lse_split
-    k_base = K + b * stride_kb + kvh * stride_kh + krow0 * stride_ks
-    v_base = V + b * stride_vb + kvh * stride_vh + krow0 * stride_vs
+    if PAGED:
+        k_base = K + kvh * stride_kh
+        v_base = V + kvh * stride_vh
+    else:
+        k_base = K + b * stride_kb + kvh * stride_kh + krow0 * stride_ks
+        v_base = V + b * stride_vb + kvh * stride_vh + krow0 * stride_vs
     rows = tl.arange(0, BLOCK_M)
     offs_m = start_m + rows
     offs_d = tl.arange(0, BLOCK_D)
@@ -165,6 +170,17 @@ def split_keys(lo, hi, split_len, SPLIT: tl.constexpr):
         lo = tl.maximum(lo, s0)
         hi = tl.minimum(hi, s0 + split_len)
     return lo, hi
+
+
+@triton.jit
+def paged_rows(base, BlockTable, b, start_n, offs_n, offs_d, stride_bt, max_pages, stride_page, stride_row,
+               stride_d, PAGE: tl.constexpr):
+    """Pointers to key tile ``start_n`` of batch b in a paged cache: its page from the block
+    table (``PAGE`` a multiple of the tile, so a tile never straddles pages)."""
+    idx = start_n // PAGE
+    page = tl.load(BlockTable + b.to(tl.int64) * stride_bt + idx, mask=idx < max_pages, other=0)
+    rows = (start_n % PAGE) + offs_n
+    return base + page.to(tl.int64) * stride_page + rows[:, None] * stride_row + offs_d[None, :] * stride_d
 
 
 @triton.jit

@@ -22,14 +22,16 @@ def singlewave_kernel(
         stride_ob, stride_oh, stride_os, stride_od,
         heads, group, seqlen_q, seqlen_k, causal_offset, scale_log2,
         window_offset, align_offset, softcap, Alibi, CuQ, CuK, SeqK, split_len, stride_osplit, lse_split,
+        BlockTable, stride_bt, max_pages,
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
         ALIBI: tl.constexpr, VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr,
-        SPLIT: tl.constexpr):
+        SPLIT: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr):
     start_m, offs_m, q, k_base, v_base, o_base, seqlen_q, seqlen_k, align, lse_off = program_start(
         Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh,
         stride_vs, stride_ob, stride_oh, stride_os, heads, group, seqlen_q, seqlen_k, CuQ, CuK, SeqK,
-        stride_osplit, lse_split, HEAD_DIM, BLOCK_D, BLOCK_M, VARLEN, SEQUSED, ALIGN_BR, SPLIT)
+        stride_osplit, lse_split, HEAD_DIM, BLOCK_D, BLOCK_M, VARLEN, SEQUSED, ALIGN_BR, SPLIT, PAGED)
+    tl.static_assert(not PAGED, "paged KV runs on the tiled variant")
     if start_m >= seqlen_q:  # past this sequence's end (packed batches): nothing to do
         return
     # the band's edges and ALiBi's diagonal, relative to this sequence's diagonal

@@ -9,22 +9,27 @@ ragged end), masked elementwise.  Tile sizes, warps and stages come from
 import triton
 import triton.language as tl
 
-from .common import (causal_stop, full_stop, head_slope, initial_state, load_rows, mma, online_softmax_step,
+from .common import (causal_stop, full_stop, head_slope, initial_state, load_rows, mma, online_softmax_step, paged_rows,
                      program_start, scores, split_keys, window_start, write_output)
 
 
 @triton.jit
 def _key_range(acc, l, m, q, k_base, v_base, lo, hi, offs_m, offs_n, offs_d,
                stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, causal_offset, scale_log2,
-               window_offset, align_offset, softcap, slope,
+               window_offset, align_offset, softcap, slope, BlockTable, b, stride_bt, max_pages, stride_kb, stride_vb,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
-               SOFTCAP: tl.constexpr, ALIBI: tl.constexpr):
+               SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr):
     first = (lo + offs_n).to(tl.int64)
     k_ptrs = k_base + first[:, None] * stride_ks + offs_d[None, :] * stride_kd
     v_ptrs = v_base + first[:, None] * stride_vs + offs_d[None, :] * stride_vd
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
+        if PAGED:  # each tile through the block table
+            k_ptrs = paged_rows(k_base, BlockTable, b, start_n, offs_n, offs_d, stride_bt, max_pages, stride_kb,
+                                stride_ks, stride_kd, PAGE)
+            v_ptrs = paged_rows(v_base, BlockTable, b, start_n, offs_n, offs_d, stride_bt, max_pages, stride_vb,
+                                stride_vs, stride_vd, PAGE)
         k = load_rows(k_ptrs, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, MASKED)
         qk = mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
         s = scores(qk, offs_m, cols, seqlen_k, scale_log2, softcap, slope, causal_offset, window_offset, align_offset,
@@ -45,14 +50,15 @@ def tiled_kernel(
         stride_ob, stride_oh, stride_os, stride_od,
         heads, group, seqlen_q, seqlen_k, causal_offset, scale_log2,
         window_offset, align_offset, softcap, Alibi, CuQ, CuK, SeqK, split_len, stride_osplit, lse_split,
+        BlockTable, stride_bt, max_pages,
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
         ALIBI: tl.constexpr, VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr,
-        SPLIT: tl.constexpr):
+        SPLIT: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr):
     start_m, offs_m, q, k_base, v_base, o_base, seqlen_q, seqlen_k, align, lse_off = program_start(
         Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh,
         stride_vs, stride_ob, stride_oh, stride_os, heads, group, seqlen_q, seqlen_k, CuQ, CuK, SeqK,
-        stride_osplit, lse_split, HEAD_DIM, BLOCK_D, BLOCK_M, VARLEN, SEQUSED, ALIGN_BR, SPLIT)
+        stride_osplit, lse_split, HEAD_DIM, BLOCK_D, BLOCK_M, VARLEN, SEQUSED, ALIGN_BR, SPLIT, PAGED)
     if start_m >= seqlen_q:  # past this sequence's end (packed batches): nothing to do
         return
     # the band's edges and ALiBi's diagonal, relative to this sequence's diagonal
@@ -63,6 +69,7 @@ def tiled_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     m, l, acc = initial_state(BLOCK_M, BLOCK_D)
     slope = head_slope(Alibi, tl.program_id(1), heads, ALIBI)
+    b = tl.program_id(1) // heads
     first = window_start(start_m, window_offset, BLOCK_N, WINDOW)
     if WINDOW:  # a band: every visited tile is masked
         lo = first
@@ -74,13 +81,15 @@ def tiled_kernel(
     # tiles every row sees: no mask
     acc, l, m = _key_range(acc, l, m, q, k_base, v_base, u0, u1, offs_m, offs_n, offs_d,
                            stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, causal_offset, scale_log2,
-                           window_offset, align_offset, softcap, slope, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
-                           False, CAUSAL, WINDOW, SOFTCAP, ALIBI)
+                           window_offset, align_offset, softcap, slope, BlockTable, b, stride_bt, max_pages,
+                           stride_kb, stride_vb, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
+                           False, CAUSAL, WINDOW, SOFTCAP, ALIBI, PAGED, PAGE)
     # the diagonal, the band's edges and the ragged end, up to the early exit: masked
     acc, l, m = _key_range(acc, l, m, q, k_base, v_base, lo, hi, offs_m, offs_n, offs_d,
                            stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, causal_offset, scale_log2,
-                           window_offset, align_offset, softcap, slope, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
-                           True, CAUSAL, WINDOW, SOFTCAP, ALIBI)
+                           window_offset, align_offset, softcap, slope, BlockTable, b, stride_bt, max_pages,
+                           stride_kb, stride_vb, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
+                           True, CAUSAL, WINDOW, SOFTCAP, ALIBI, PAGED, PAGE)
     write_output(o_base, LSE, acc, l, m, lse_off, start_m, offs_m, offs_d, seqlen_q, stride_os, stride_od,
                  HEAD_DIM, BLOCK_D, STORE_LSE)
 

@@ -1,0 +1,55 @@
+"""A paged KV cache gives the same attention as the contiguous cache it was cut from."""
+import numpy as np
+import pytest
+import torch
+
+import fmha
+from conftest import DEVICE, make_qkv, max_err
+from fmha import reference
+
+
+def paginate(k, page, pages_per_seq, seed):
+    """[B, KVH, S, D] -> a shuffled page pool [num_pages, page, KVH, D] and its block table."""
+    b, kvh, s, d = k.shape
+    pad = pages_per_seq * page - s
+    k = torch.nn.functional.pad(k, (0, 0, 0, pad))
+    pages = k.view(b, kvh, pages_per_seq, page, d).permute(0, 2, 3, 1, 4).reshape(b * pages_per_seq, page, kvh, d)
+    perm = torch.randperm(b * pages_per_seq, generator=torch.Generator().manual_seed(seed))
+    pool = torch.empty_like(pages)
+    pool[perm] = pages
+    table = perm.view(b, pages_per_seq).to(torch.int32).to(DEVICE)
+    return pool.contiguous(), table
+
+
+@pytest.mark.parametrize("sq,page,causal,splits,layout", [(1, 16, True, 0, "bhsd"), (5, 32, True, 3, "bshd"),
+                                                          (24, 16, False, 0, "bhsd"), (3, 48, True, 1, "bhsd")])
+def test_paged_matches_contiguous(sq, page, causal, splits, layout):
+    b, h, kvh, d, sk = 2, 4, 2, 64, 100
+    q, k, v = make_qkv(b, h, kvh, sq, sk, d, torch.bfloat16, seed=page)
+    lens = torch.tensor([100, 37], dtype=torch.int32, device=DEVICE)
+    pages_per_seq = -(-sk // page) + 1  # one spare page: the table is longer than any sequence
+    k_pool, table = paginate(k, page, pages_per_seq, seed=1)
+    v_pool, _ = paginate(v, page, pages_per_seq, seed=1)
+    qq = q if layout == "bhsd" else q.transpose(1, 2).contiguous()
+    o, lse = fmha.attention_paged(qq, k_pool, v_pool, table, lens, causal=causal, layout=layout,
+                                  num_splits=splits, return_lse=True)
+    o = o if layout == "bhsd" else o.transpose(1, 2)
+    for i, n in enumerate(lens.tolist()):
+        ref, ref_lse = reference.dense_attention(q[i:i + 1], k[i:i + 1, :, :n], v[i:i + 1, :, :n], causal=causal,
+                                                 causal_align="bottom_right", return_lse=True)
+        assert max_err(o[i:i + 1].cpu().double().numpy(), ref) < 2e-2
+        np.testing.assert_allclose(lse[i:i + 1].cpu().double().numpy(), ref_lse, atol=2e-2)
+
+
+def test_paged_errors():
+    q, k, v = make_qkv(1, 2, 2, 1, 32, 32, torch.float16)
+    pool = torch.zeros(4, 24, 2, 32, dtype=torch.float16, device=DEVICE)
+    table = torch.zeros(1, 2, dtype=torch.int32, device=DEVICE)
+    lens = torch.tensor([20], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="page_size must be a multiple of 16, got 24"):
+        fmha.attention_paged(q, pool, pool, table, lens)
+    pool = torch.zeros(4, 16, 2, 32, dtype=torch.float16, device=DEVICE)
+    with pytest.raises(ValueError, match="block_table must be an int32 tensor"):
+        fmha.attention_paged(q, pool, pool, table.long(), lens)
+    with pytest.raises(ValueError, match=r"k_cache must be \[num_pages, page_size, kv_heads, 32\]"):
+        fmha.attention_paged(q, pool[..., :16], pool, table, lens)
