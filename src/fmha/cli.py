@@ -112,7 +112,7 @@ def cmd_bench(args) -> int:
     dtypes = [DTYPES[d] for d in args.dtype]
     print(f"fmha bench: grid={grid} ({len(cells)} cells x {len(dtypes)} dtypes), device={device}, "
           f"providers={[p.name for p in provs]}, ledger={args.ledger}", flush=True)
-    ceil, rows = runner.run_grid(cells, dtypes, provs, device, args.ledger)
+    ceil, rows = runner.run_grid(cells, dtypes, provs, device, args.ledger, graphs=args.cuda_graphs)
     print(f"ceilings this run: matmul {ceil[0]['tflops']:.0f} TFLOP/s ({ceil[0]['config']}), "
           f"copy {ceil[1]['tbps']:.2f} TB/s")
     print(report.grid_table(rows, timing_means_nothing=device == "cpu"))
@@ -215,6 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--providers", nargs="+", default=None, help="names as in the table (default: all)")
     b.add_argument("--ledger", default=str(ledger.DEFAULT_LEDGER))
     b.add_argument("--device", choices=["cuda", "cpu"], default=None)
+    b.add_argument("--cuda-graphs", action="store_true",
+                   help="time CUDA-graph replays (GPU time without the host's launch cost; every provider alike)")
     b.set_defaults(fn=cmd_bench)
 
     s = sub.add_parser("sweep", help="walk a variant's config space; every attempt goes to the ledger")

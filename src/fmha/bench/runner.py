@@ -12,7 +12,7 @@ from . import ledger
 from .flops import attention_bytes, attention_flops
 from .grids import Cell
 from .providers import Provider
-from .timing import median_ms, tflops
+from .timing import graph_median_ms, median_ms, tflops
 
 
 def progress(i: int, n: int, what: str, stream=sys.stderr) -> None:
@@ -25,9 +25,9 @@ def progress(i: int, n: int, what: str, stream=sys.stderr) -> None:
     stream.flush()
 
 
-def time_ms(fn: Callable, device: str) -> float:
+def time_ms(fn: Callable, device: str, graphs: bool = False) -> float:
     if device == "cuda":
-        return median_ms(fn)
+        return graph_median_ms(fn) if graphs else median_ms(fn)
     t0 = time.perf_counter()  # the interpreter: one run, a number that means nothing
     fn()
     return (time.perf_counter() - t0) * 1e3
@@ -59,7 +59,7 @@ def _reference(q, k, v, cell: Cell) -> torch.Tensor:
 
 
 def run_cell(cell: Cell, dtype: torch.dtype, provs: list[Provider], device: str, peak: float,
-             seed: int = 0, tick: Callable[[str], None] = lambda s: None) -> list[dict]:
+             seed: int = 0, tick: Callable[[str], None] = lambda s: None, graphs: bool = False) -> list[dict]:
     """Every provider on one cell: rows with ms, TFLOP/s, % of peak, error (ratios filled later)."""
     g = torch.Generator(device=device).manual_seed(seed)
     shape = lambda h, s: (cell.batch, h, s, cell.head_dim)  # noqa: E731
@@ -89,9 +89,16 @@ def run_cell(cell: Cell, dtype: torch.dtype, provs: list[Provider], device: str,
         rows.append(row)
     for row, fn in ready:  # then the timings, each the better of two medians (clock and cache states drift)
         tick(f"{cell} {base['dtype']} {row['provider']}")
-        ms = min(time_ms(fn, device), time_ms(fn, device)) if device == "cuda" else time_ms(fn, device)
+        try:
+            if device == "cuda":
+                ms = min(time_ms(fn, device, graphs), time_ms(fn, device, graphs))
+            else:
+                ms = time_ms(fn, device)
+        except Exception as e:  # e.g. a provider that cannot be captured in a CUDA graph
+            row.update(note=f"failed: {type(e).__name__}: {' '.join(str(e).split())[:160]}")
+            continue
         row.update(ms=ms, tflops=tflops(flops, ms), tbps=nbytes / (ms * 1e-3) / 1e12,
-                   pct_peak=100.0 * tflops(flops, ms) / peak, note="ok")
+                   pct_peak=100.0 * tflops(flops, ms) / peak, note="ok, cuda graph" if graphs else "ok")
     _fill_ratios(rows)
     return rows
 
@@ -123,7 +130,7 @@ def _fill_ratios(rows: list[dict]) -> None:
 
 
 def run_grid(cells: list[Cell], dtypes: list[torch.dtype], provs: list[Provider], device: str,
-             ledger_path, show_progress: bool = True) -> tuple[list[dict], list[dict]]:
+             ledger_path, show_progress: bool = True, graphs: bool = False) -> tuple[list[dict], list[dict]]:
     """Measure the ceilings, then every (cell, dtype); append all rows to the ledger."""
     env = ledger.environment(device)
     ceil = [dict(env, **r) for r in ceilings(device)]
@@ -140,7 +147,7 @@ def run_grid(cells: list[Cell], dtypes: list[torch.dtype], provs: list[Provider]
 
     rows = []
     for cell, dt in todo:
-        cell_rows = [dict(env, **r) for r in run_cell(cell, dt, provs, device, peak, tick=tick)]
+        cell_rows = [dict(env, **r) for r in run_cell(cell, dt, provs, device, peak, tick=tick, graphs=graphs)]
         ledger.append(ledger_path, cell_rows)
         rows += cell_rows
         if device == "cuda":
