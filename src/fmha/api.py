@@ -1,6 +1,7 @@
 """The public entry point: check the inputs once, pick a variant and its config, launch."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -37,6 +38,8 @@ def select_variant(arch: str, shape: dict | None = None) -> str:
     problem of ``shape`` (keys ``head_dim``, ``seqlen_q``, ``seqlen_k``, ``causal``).  A call the
     chosen kernel cannot take (see ``kernels.unsupported``) falls back to ``tiled``."""
     shape = shape or {}
+    if shape.get("seqlen_q", 1 << 30) <= 16:
+        return "tiled"  # decoding: the keys split over programs (flash-decoding), 16-row blocks
     if arch == "sm90" and (shape.get("head_dim"), False) in configs.HOPPER:
         # causal D=64 at seqlen 512 (1-4 key tiles a block): tiled 194-195 TFLOP/s against hopper's
         # 180-181 (bench/ledger.csv, run 20261129T1321*); at D=128 hopper wins there (267 vs 190)
@@ -267,7 +270,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                            align_br=causal_align == "bottom_right", varlen=True)
     name = "tiled" if variant == "auto" else variant
     cfg = configs.default_config(name, arch_of(q.device), head_dim, upper)
-    with torch.cuda.device(q.device) if q.device.type == "cuda" else _nullcontext():
+    with torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext():
         kernels.launch(name, cfg, prob, q[None], k[None], v[None], o[None], lse, "bshd", alibi_slopes,
                        (cu_seqlens_q, cu_seqlens_k, None), grid_m=max(int(max_seqlen_q), 1))
     return (o, lse) if return_lse else o
@@ -323,7 +326,7 @@ def _attention(q, k, v, *, causal, scale, variant, causal_align, layout, return_
 
 def _run(name, cfg, prob, q, k, v, o, lse, layout, alibi, seqs, split_len, block_table=None) -> None:
     """Launch, directly or split over the keys with the partials merged by their LSE."""
-    with torch.cuda.device(q.device) if q.device.type == "cuda" else _nullcontext():
+    with torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext():
         if not split_len:
             kernels = _kernels()
             kernels.launch(name, cfg, prob, q, k, v, o, lse, layout, alibi, seqs, block_table=block_table)
@@ -433,11 +436,3 @@ def _output(q, k, v, out):
         if _overlaps(out, t):
             raise ValueError(f"out overlaps {name}: the kernel reads {name} while writing out")
     return out
-
-
-class _nullcontext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
