@@ -59,7 +59,7 @@ def unsupported(variant: str, cfg, prob: Problem, q, k, v, o, layout: str, alibi
     """Why ``variant`` cannot take this call, or None."""
     if variant == "hopper":
         if prob.window_offset is not None or prob.softcap > 0 or alibi or prob.varlen or prob.seqused or prob.page:
-            return "sliding window, softcap, ALiBi, varlen and seqused_k run on the Triton variants only"
+            return "sliding window, softcap, ALiBi, varlen, seqused_k and paged KV run on the Triton variants only"
         from . import hopper
         return hopper.supports(prob, cfg, q, k, v, o, layout)
     return None
