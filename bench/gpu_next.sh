@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# For the next H200 session: what this session built but could not run on a GPU.
+set -o pipefail
+export PYTHONPATH=src PYTHONUNBUFFERED=1
+timeout 240 python3 -m pytest -q -n 12 -p no:benchmark tests 2>&1 | tail -6 | tee $OUT/gpu_tests.txt
+timeout 200 python3 -m fmha bench --grid decode --dtype bfloat16 --ledger $OUT/ledger.csv 2>&1 | tr '\r' '\n' | grep -v '^\[' | tee $OUT/bench_decode.txt
+timeout 150 python3 -m fmha bench --cuda-graphs --providers fmha:auto fmha:hopper sdpa:cudnn sdpa:flash --ledger $OUT/ledger.csv 2>&1 | tr '\r' '\n' | grep -v '^\[' | tee $OUT/bench_graphs.txt
+# on nvidia-h200-x2 (issue 8): torchrun --nproc-per-node 2 examples/ring_attention.py --causal --seqlen 131072
