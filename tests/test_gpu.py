@@ -1,8 +1,10 @@
 """The compiled kernels on a CUDA GPU, at sizes past the interpreter's reach."""
+import numpy as np
 import pytest
 import torch
 
 import fmha
+from fmha import reference
 from conftest import check_against_reference, make_qkv, nan_like
 
 pytestmark = pytest.mark.gpu
@@ -141,8 +143,6 @@ def test_features_at_gpu_sizes():
     q, k, v = make_qkv(2, 8, 2, 700, 1100, 128, torch.bfloat16, seed=11)
     slopes = torch.tensor([2 ** -(i + 1) for i in range(8)], device="cuda")
     used = torch.tensor([1100, 513], dtype=torch.int32, device="cuda")
-    from fmha import reference
-    import numpy as np
     o = fmha.attention(q, k, v, causal=True, causal_align="bottom_right", window=(300, -1), softcap=20.0,
                        alibi_slopes=slopes, seqused_k=used)
     for b, n in enumerate(used.tolist()):
