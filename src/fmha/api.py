@@ -202,6 +202,16 @@ def _split_len(num_splits: int, arch: str, prob, block_m: int, block_n: int, dev
     return -(-(-(-prob.seqlen_k // num_splits)) // block_n) * block_n
 
 
+def _split_plan(num_splits: int, arch: str, prob, cfg, device, fixed: bool = False):
+    """(config, keys per split): a split launch on a GPU runs the decode config (a few query
+    rows: small blocks, the keys spread over programs) unless the caller fixed one."""
+    split_len = _split_len(num_splits, arch, prob, cfg.block_m, cfg.block_n, device)
+    if split_len and not fixed and arch != "interpreter":
+        cfg = configs.DECODE
+        split_len = _split_len(num_splits, arch, prob, cfg.block_m, cfg.block_n, device)
+    return cfg, split_len
+
+
 def _check_index(t, name: str, shape: tuple, device) -> None:
     if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or tuple(t.shape) != shape or t.device != device:
         got = (tuple(t.shape), t.dtype, t.device) if isinstance(t, torch.Tensor) else type(t).__name__
@@ -313,13 +323,9 @@ def _attention(q, k, v, *, causal, scale, variant, causal_align, layout, return_
         cfg = configs.default_config(name, arch, head_dim, prob.causal)
     elif reason:
         raise ValueError(f"variant {name!r} cannot take this call: {reason}")
-    if name == "hopper":
-        split_len = 0
-    else:
-        split_len = _split_len(num_splits, arch, prob, cfg.block_m, cfg.block_n, q.device)
-        if split_len and config is None and arch != "interpreter":
-            cfg = configs.DECODE  # a few query rows: small blocks, the keys spread over programs
-            split_len = _split_len(num_splits, arch, prob, cfg.block_m, cfg.block_n, q.device)
+    split_len = 0
+    if name != "hopper":
+        cfg, split_len = _split_plan(num_splits, arch, prob, cfg, q.device, fixed=config is not None)
     _run(name, cfg, prob, q, k, v, o, lse, layout, alibi_slopes, (None, None, seqused_k), split_len)
     return o, lse
 
@@ -395,10 +401,7 @@ def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                            align_br=causal_align == "bottom_right", seqused=True, page=page)
     arch = arch_of(q.device)
     cfg = configs.default_config("tiled", arch, head_dim, upper)
-    split_len = _split_len(num_splits, arch, prob, cfg.block_m, cfg.block_n, q.device)
-    if split_len and arch != "interpreter":
-        cfg = configs.DECODE
-        split_len = _split_len(num_splits, arch, prob, cfg.block_m, cfg.block_n, q.device)
+    cfg, split_len = _split_plan(num_splits, arch, prob, cfg, q.device)
     block_n = cfg.block_n
     while page % block_n:  # a key tile must not straddle two pages
         block_n //= 2

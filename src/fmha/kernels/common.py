@@ -38,11 +38,13 @@ def mma(a, b, acc):
 @triton.jit
 def program_start(Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks,
                   stride_vb, stride_vh, stride_vs, stride_ob, stride_oh, stride_os, heads, group, seqlen_q, seqlen_k,
-                  CuQ, CuK, SeqK, stride_osplit, lse_split, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                  causal_offset, window_offset, align_offset, CuQ, CuK, SeqK, stride_osplit, lse_split,
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                   BLOCK_M: tl.constexpr, VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr,
                   SPLIT: tl.constexpr, PAGED: tl.constexpr):
     """Program (query block, batch*head) -> its rows, its Q tile, the bases of its K/V head and
-    O rows, its sequence's lengths, the diagonal's offset and where its LSE row starts.
+    O rows, its sequence's lengths, the band's offsets moved onto its sequence's diagonal
+    (the host passes them relative to it) and where its LSE row starts.
 
     VARLEN: sequence b occupies rows ``cu_q[b]..cu_q[b+1]`` of packed q/o and
     ``cu_k[b]..cu_k[b+1]`` of packed k/v (LSE is ``[heads, total_q]``).  SEQUSED: batch b
@@ -96,7 +98,8 @@ def program_start(Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride
     offs_d = tl.arange(0, BLOCK_D)
     q = load_rows(q_base + rows[:, None] * stride_qs + offs_d[None, :] * stride_qd,
                   offs_m, sq, offs_d, HEAD_DIM, BLOCK_D, True)
-    return start_m, offs_m, q, k_base, v_base, o_base, sq, sk, align, lse_off
+    return (start_m, offs_m, q, k_base, v_base, o_base, sq, sk, causal_offset + align, window_offset + align,
+            align_offset + align, lse_off)
 
 
 @triton.jit

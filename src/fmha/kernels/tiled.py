@@ -55,16 +55,14 @@ def tiled_kernel(
         CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
         ALIBI: tl.constexpr, VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr,
         SPLIT: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr):
-    start_m, offs_m, q, k_base, v_base, o_base, seqlen_q, seqlen_k, align, lse_off = program_start(
+    (start_m, offs_m, q, k_base, v_base, o_base, seqlen_q, seqlen_k, causal_offset, window_offset, align_offset,
+     lse_off) = program_start(
         Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh,
-        stride_vs, stride_ob, stride_oh, stride_os, heads, group, seqlen_q, seqlen_k, CuQ, CuK, SeqK,
-        stride_osplit, lse_split, HEAD_DIM, BLOCK_D, BLOCK_M, VARLEN, SEQUSED, ALIGN_BR, SPLIT, PAGED)
+        stride_vs, stride_ob, stride_oh, stride_os, heads, group, seqlen_q, seqlen_k, causal_offset, window_offset,
+        align_offset, CuQ, CuK, SeqK, stride_osplit, lse_split, HEAD_DIM, BLOCK_D, BLOCK_M, VARLEN, SEQUSED,
+        ALIGN_BR, SPLIT, PAGED)
     if start_m >= seqlen_q:  # past this sequence's end (packed batches): nothing to do
         return
-    # the band's edges and ALiBi's diagonal, relative to this sequence's diagonal
-    causal_offset += align
-    window_offset += align
-    align_offset += align
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     m, l, acc = initial_state(BLOCK_M, BLOCK_D)
