@@ -1,6 +1,7 @@
 """Ring attention across processes: `torchrun --nproc-per-node N examples/ring_attention.py [--causal]`.
 
-NCCL on GPUs (one per process), gloo on CPUs (set TRITON_INTERPRET=1 there). Every
+NCCL on GPUs (one per process), gloo on CPUs (set TRITON_INTERPRET=1 there); `--backend gloo`
+on GPUs puts several ranks on one GPU (rank r on GPU r % device count). Every
 rank builds the same random sequence, keeps its shard, runs fmha.distributed.ring_attention
 and compares its output shard with single-device attention on the whole sequence.
 """
@@ -18,11 +19,13 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--causal", action="store_true")
     p.add_argument("--seqlen", type=int, default=4096)
+    p.add_argument("--backend", choices=["nccl", "gloo"], default=None, help="default: nccl on GPUs, else gloo")
     args = p.parse_args()
     cuda = torch.cuda.is_available()
-    dist.init_process_group("nccl" if cuda else "gloo")
+    dist.init_process_group(args.backend or ("nccl" if cuda else "gloo"))
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu")
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    device = torch.device(f"cuda:{local % torch.cuda.device_count()}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
     g = torch.Generator().manual_seed(0)
