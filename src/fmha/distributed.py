@@ -76,8 +76,11 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group=N
     n = q.shape[dim]
     if k.shape[dim] != n:
         raise ValueError(f"ring_attention needs q, k and v shards of one length, got {n} and {k.shape[dim]}")
-    lengths = [torch.zeros(1, dtype=torch.int64, device=q.device) for _ in range(world)]
-    dist.all_gather(lengths, torch.tensor([n], dtype=torch.int64, device=q.device), group=group)
+    # gloo moves CPU tensors only: with CUDA shards (several ranks sharing a GPU) the K/V blocks
+    # travel through host copies; NCCL sends device memory directly
+    wire = torch.device("cpu") if dist.get_backend(group) == "gloo" else q.device
+    lengths = [torch.zeros(1, dtype=torch.int64, device=wire) for _ in range(world)]
+    dist.all_gather(lengths, torch.tensor([n], dtype=torch.int64, device=wire), group=group)
     lengths = [int(x.item()) for x in lengths]
     if len(set(lengths)) != 1:
         raise ValueError(f"ring_attention needs the same shard length on every rank, got {lengths}")
@@ -87,14 +90,15 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group=N
     nxt = dist.get_global_rank(group, (rank + 1) % world) if group is not None else (rank + 1) % world
     prv = dist.get_global_rank(group, (rank - 1) % world) if group is not None else (rank - 1) % world
     k_cur, v_cur = k.contiguous(), v.contiguous()
+    k_wire, v_wire = k_cur.to(wire), v_cur.to(wire)  # what this rank sends on (the same tensors under NCCL)
     o = lse = None
     for step in range(world):
         src = (rank - step) % world
         pending = None
         if step < world - 1:  # post the next exchange first: it runs while this block computes
-            k_next, v_next = torch.empty_like(k_cur), torch.empty_like(v_cur)
-            ops = [dist.P2POp(dist.isend, k_cur, nxt, group), dist.P2POp(dist.irecv, k_next, prv, group),
-                   dist.P2POp(dist.isend, v_cur, nxt, group), dist.P2POp(dist.irecv, v_next, prv, group)]
+            k_next, v_next = torch.empty_like(k_wire), torch.empty_like(v_wire)
+            ops = [dist.P2POp(dist.isend, k_wire, nxt, group), dist.P2POp(dist.irecv, k_next, prv, group),
+                   dist.P2POp(dist.isend, v_wire, nxt, group), dist.P2POp(dist.irecv, v_next, prv, group)]
             pending = dist.batch_isend_irecv(ops)
         if not causal:
             o, lse = _merge(o, lse, *_partial(q, k_cur, v_cur, False, scale, variant, layout))
@@ -103,7 +107,8 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group=N
         if pending is not None:
             for w in pending:
                 w.wait()
-            k_cur, v_cur = k_next, v_next
+            k_wire, v_wire = k_next, v_next
+            k_cur, v_cur = k_wire.to(q.device), v_wire.to(q.device)
     if o is None:  # causal with nothing visible cannot happen (chunk r sees itself); kept for clarity
         raise RuntimeError("no key block reached this rank")
     out = o.to(q.dtype)
