@@ -39,3 +39,38 @@ def test_split_bshd_and_seqused():
     torch.testing.assert_close(a, b, atol=2e-3, rtol=2e-3)
     with pytest.raises(ValueError, match="num_splits must be an int >= 0"):
         fmha.attention(q, k, v, layout="bshd", num_splits=-1)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("sq,heads,kv_heads,layout", [(16, 8, 1, "bhsd"), (5, 6, 2, "bshd"), (1, 12, 4, "bhsd")])
+def test_packed_gqa_rows(variant, sq, heads, kv_heads, layout):
+    # decoding with GQA packs each KV head's query heads into one block of rows (several
+    # blocks when sq * group passes BLOCK_M); window and softcap see each row's own position
+    q, k, v = make_qkv(2, heads, kv_heads, sq, 90, 32, torch.float16, layout=layout, seed=sq)
+    assert "packed-gqa" in fmha.api.describe(*(t if layout == "bhsd" else t.transpose(1, 2) for t in (q, k, v)))
+    for kw in ({"causal": True}, {"causal": True, "window": (20, 0), "softcap": 3.0}):
+        out = nan_like(q)
+        o, lse = fmha.attention(q, k, v, causal_align="bottom_right", variant=variant, layout=layout,
+                                return_lse=True, out=out, **kw)
+        ref, ref_lse = reference.dense_attention(*(t if layout == "bhsd" else t.transpose(1, 2) for t in (q, k, v)),
+                                                 causal_align="bottom_right", return_lse=True, **kw)
+        got = (out if layout == "bhsd" else out.transpose(1, 2)).cpu().double().numpy()
+        np.testing.assert_allclose(got, ref, atol=4e-3)
+        np.testing.assert_allclose(lse.cpu().double().numpy(), ref_lse, atol=2e-3)
+
+
+def test_merge_matches_float64():
+    # partials over disjoint keys, some rows reached by no partial at all
+    from fmha.merge import merge_stack
+    g = torch.Generator().manual_seed(3)
+    o = torch.randn(21, 3, 5, 24, generator=g)
+    lse = 4 * torch.randn(21, 3, 5, generator=g)
+    lse[5:9, 1] = float("-inf")
+    lse[:, 2, 3] = float("-inf")
+    out, total = merge_stack(o.to(DEVICE), lse.to(DEVICE))
+    ref_total = torch.logsumexp(lse.double(), 0)
+    w = torch.exp(lse.double() - torch.where(torch.isneginf(ref_total), 0, ref_total))
+    ref = (w[..., None] * o.double()).sum(0)
+    torch.testing.assert_close(out.cpu().double(), ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(total.cpu().double(), ref_total, atol=1e-5, rtol=1e-5)
+    assert (out[2, 3] == 0).all() and torch.isneginf(total[2, 3])

@@ -9,7 +9,6 @@ import os
 import torch
 
 from . import configs
-from .merge import merge_stack
 
 LOG2E = math.log2(math.e)
 HEAD_DIMS = (32, 64, 96, 128, 256)
@@ -194,7 +193,7 @@ def _split_len(num_splits: int, arch: str, prob, block_m: int, block_n: int, dev
     if num_splits == 0:  # decide: split short queries over long keys until the chip is about twice full
         if arch == "interpreter" or prob.seqlen_q > 16 or prob.seqlen_k < 4 * block_n:
             return 0
-        programs = prob.batch * prob.heads * -(-prob.seqlen_q // block_m)
+        programs = math.prod(prob.grid(block_m))
         sms = torch.cuda.get_device_properties(device).multi_processor_count
         num_splits = min(-(-2 * sms // programs), prob.seqlen_k // (4 * block_n))
     if num_splits <= 1:
@@ -202,12 +201,22 @@ def _split_len(num_splits: int, arch: str, prob, block_m: int, block_n: int, dev
     return -(-(-(-prob.seqlen_k // num_splits)) // block_n) * block_n
 
 
+def _pack_plan(prob, alibi_slopes):
+    """Decoding with GQA (seqlen_q <= 16, several query heads per KV head): one program takes
+    the whole group's rows, so each K/V tile is read once per group (not with ALiBi, whose
+    slope is per head)."""
+    if prob.seqlen_q <= 16 and prob.heads > prob.kv_heads and alibi_slopes is None:
+        return dataclasses.replace(prob, pack_gqa=True)
+    return prob
+
+
 def _split_plan(num_splits: int, arch: str, prob, cfg, device, fixed: bool = False):
     """(config, keys per split): a split launch on a GPU runs the decode config (a few query
     rows: small blocks, the keys spread over programs) unless the caller fixed one."""
     split_len = _split_len(num_splits, arch, prob, cfg.block_m, cfg.block_n, device)
     if split_len and not fixed and arch != "interpreter":
-        cfg = configs.DECODE
+        rows = prob.seqlen_q * (prob.heads // prob.kv_heads if prob.pack_gqa else 1)
+        cfg = configs.decode_config(rows)
         split_len = _split_len(num_splits, arch, prob, cfg.block_m, cfg.block_n, device)
     return cfg, split_len
 
@@ -305,29 +314,49 @@ def _attention(q, k, v, *, causal, scale, variant, causal_align, layout, return_
             lse.fill_(-math.inf)
         return o, lse
 
-    kernels = _kernels()
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
     align = 0 if causal_align == "top_left" else seqlen_k - seqlen_q
     upper, causal_offset, window_offset = _band(causal, window, align)
-    prob = kernels.Problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, upper, causal_offset,
-                           scale * LOG2E, window_offset=window_offset, align_offset=align, softcap=softcap,
-                           align_br=causal_align == "bottom_right", seqused=seqused_k is not None)
+    prob = _kernels().Problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, upper, causal_offset,
+                              scale * LOG2E, window_offset=window_offset, align_offset=align, softcap=softcap,
+                              align_br=causal_align == "bottom_right", seqused=seqused_k is not None)
+    name, cfg, prob, split_len = _plan(prob, q, k, v, o, layout, variant, config, alibi_slopes, num_splits)
+    _run(name, cfg, prob, q, k, v, o, lse, layout, alibi_slopes, (None, None, seqused_k), split_len)
+    return o, lse
+
+
+def _plan(prob, q, k, v, o, layout, variant, config, alibi_slopes, num_splits):
+    """(variant, config, problem, keys per split) for a checked call: the variant (``auto``
+    picks, falling back to ``tiled`` when the pick cannot take the call), its config, GQA
+    packing for decoding and the key split."""
+    kernels = _kernels()
     arch = arch_of(q.device)
-    name = select_variant(arch, {"head_dim": head_dim, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k,
-                                 "causal": bool(causal)}) \
-        if variant == "auto" else variant
-    cfg = config or configs.default_config(name, arch, head_dim, prob.causal)
+    shape = {"head_dim": prob.head_dim, "seqlen_q": prob.seqlen_q, "seqlen_k": prob.seqlen_k,
+             "causal": bool(prob.causal)}
+    name = select_variant(arch, shape) if variant == "auto" else variant
+    cfg = config or configs.default_config(name, arch, prob.head_dim, prob.causal)
     reason = kernels.unsupported(name, cfg, prob, q, k, v, o, layout, alibi_slopes is not None)
     if reason and variant == "auto":
         name = "tiled"
-        cfg = configs.default_config(name, arch, head_dim, prob.causal)
+        cfg = configs.default_config(name, arch, prob.head_dim, prob.causal)
     elif reason:
         raise ValueError(f"variant {name!r} cannot take this call: {reason}")
     split_len = 0
     if name != "hopper":
+        prob = _pack_plan(prob, alibi_slopes)
         cfg, split_len = _split_plan(num_splits, arch, prob, cfg, q.device, fixed=config is not None)
-    _run(name, cfg, prob, q, k, v, o, lse, layout, alibi_slopes, (None, None, seqused_k), split_len)
-    return o, lse
+    return name, cfg, prob, split_len
+
+
+def describe(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+             variant: str = "auto") -> str:
+    """What :func:`attention` runs for this call (bhsd, no modifiers): variant, config, and
+    GQA packing / key split when used.  For benchmark ledgers."""
+    batch, heads, seqlen_q, head_dim = q.shape
+    prob = _kernels().Problem(batch, heads, k.shape[1], seqlen_q, k.shape[2], head_dim, causal, 0, 1.0)
+    name, cfg, prob, split_len = _plan(prob, q, k, v, q, "bhsd", variant, None, None, 0)
+    extra = (" packed-gqa" if prob.pack_gqa else "") + (f" split {split_len}" if split_len else "")
+    return f"{name} {cfg}{extra}"
 
 
 def _run(name, cfg, prob, q, k, v, o, lse, layout, alibi, seqs, split_len, block_table=None) -> None:
@@ -337,15 +366,14 @@ def _run(name, cfg, prob, q, k, v, o, lse, layout, alibi, seqs, split_len, block
             kernels = _kernels()
             kernels.launch(name, cfg, prob, q, k, v, o, lse, layout, alibi, seqs, block_table=block_table)
             return
+        kernels = _kernels()
+        from .kernels import merge
         shape = (-(-prob.seqlen_k // split_len), prob.batch, prob.heads, prob.seqlen_q)
         o_parts = torch.empty((*shape, prob.head_dim), dtype=torch.float32, device=q.device)
         lse_parts = torch.empty(shape, dtype=torch.float32, device=q.device)
-        _kernels().launch(name, cfg, prob, q, k, v, o_parts, lse_parts, layout, alibi, seqs, split_len=split_len,
-                          block_table=block_table)
-        merged, merged_lse = merge_stack(o_parts, lse_parts)
-        o.copy_(merged if layout == "bhsd" else merged.transpose(1, 2))
-        if lse is not None:
-            lse.copy_(merged_lse)
+        kernels.launch(name, cfg, prob, q, k, v, o_parts, lse_parts, layout, alibi, seqs, split_len=split_len,
+                       block_table=block_table)
+        merge.launch(o_parts, lse_parts, o, lse, kernels.strides_bhsd(o, layout), prob.heads, prob.seqlen_q)
 
 
 def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
@@ -401,6 +429,7 @@ def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                            align_br=causal_align == "bottom_right", seqused=True, page=page)
     arch = arch_of(q.device)
     cfg = configs.default_config("tiled", arch, head_dim, upper)
+    prob = _pack_plan(prob, alibi_slopes)
     cfg, split_len = _split_plan(num_splits, arch, prob, cfg, q.device)
     block_n = cfg.block_n
     while page % block_n:  # a key tile must not straddle two pages

@@ -58,9 +58,11 @@ HOPPER = {
 }
 
 
-# decode (seqlen_q <= 16, keys split over programs): 16-row blocks waste nothing on the
-# queries; memory-bound, so mma.sync tiles suffice.  Not yet timed on a GPU.
-DECODE = KernelConfig(16, 64, 4, 3)
+def decode_config(rows: int) -> KernelConfig:
+    """Decoding (keys split over programs): a block just big enough for the program's query
+    rows (seqlen_q, times the GQA group when packed), 16 to 64; memory-bound, so mma.sync
+    tiles suffice."""
+    return KernelConfig(min(64, max(16, 1 << (rows - 1).bit_length())), 64, 4, 3)
 
 
 def tiled_config(arch: str, head_dim: int) -> KernelConfig:

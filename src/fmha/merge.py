@@ -5,8 +5,8 @@ Two results over disjoint key sets, ``(o_a, lse_a)`` and ``(o_b, lse_b)``, combi
     lse = logaddexp(lse_a, lse_b),   o = exp(lse_a - lse) o_a + exp(lse_b - lse) o_b
 
 (seed Section 3's rescale, applied to whole key blocks).  A row that no key has
-reached keeps ``lse = -inf`` and ``o = 0``.  Used by split-key decoding and by
-ring attention.
+reached keeps ``lse = -inf`` and ``o = 0``.  Used by ring attention; split-key decoding
+calls the same kernel, writing straight into the output.
 """
 from __future__ import annotations
 
@@ -14,11 +14,14 @@ import torch
 
 
 def merge_stack(o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Merge ``n`` partials stacked on dim 0: ``o`` ``[n, ..., D]`` (float32), ``lse`` ``[n, ...]``."""
-    total = torch.logsumexp(lse, dim=0)
-    safe = torch.where(torch.isneginf(total), torch.zeros_like(total), total)
-    w = torch.exp(lse - safe)
-    return (w[..., None] * o).sum(0), total
+    """Merge ``n`` partials stacked on dim 0: ``o`` ``[n, ..., D]`` (float32), ``lse`` ``[n, ...]``.
+    One Triton pass (:mod:`fmha.kernels.merge`); returns float32 ``(o, lse)``."""
+    from .kernels import merge
+    o, lse = o.float().contiguous(), lse.float().contiguous()
+    out = torch.empty(o.shape[1:], dtype=torch.float32, device=o.device)
+    total = torch.empty(lse.shape[1:], dtype=torch.float32, device=o.device)
+    merge.launch(o, lse, out, total, (0, 0, out.shape[-1], 1))
+    return out, total
 
 
 def merge_pair(o, lse, o_part, lse_part):

@@ -75,7 +75,7 @@ def run_cell(cell: Cell, dtype: torch.dtype, provs: list[Provider], device: str,
             "causal": int(cell.causal)}
     rows, ready = [], []
     for p in provs:  # first every provider once: compile, check; a failure is recorded, the run goes on
-        row = dict(base, provider=p.name, config=_config_of(p, cell, q), _peer=p.peer)
+        row = dict(base, provider=p.name, config=_config_of(p, cell, q, k, v), _peer=p.peer)
         try:
             fn = p.make(q, k, v, cell)
             o = fn()
@@ -103,21 +103,14 @@ def run_cell(cell: Cell, dtype: torch.dtype, provs: list[Provider], device: str,
     return rows
 
 
-def _config_of(p: Provider, cell: Cell, q) -> str:
+def _config_of(p: Provider, cell: Cell, q, k, v) -> str:
     if not p.name.startswith("fmha:"):
         return "library default"
-    from fmha import api, configs
-    arch = api.arch_of(q.device)
-    variant = p.name.split(":", 1)[1]
-    variant = api.select_variant(arch, cell_key(cell)) if variant == "auto" else variant
+    from fmha import api
     try:
-        return f"{variant} {configs.default_config(variant, arch, cell.head_dim, cell.causal)}"
-    except ValueError:
-        return variant
-
-
-def cell_key(cell: Cell) -> dict:
-    return {"head_dim": cell.head_dim, "seqlen_q": cell.seqlen_q, "seqlen_k": cell.seqlen_k, "causal": cell.causal}
+        return api.describe(q, k, v, causal=cell.causal, variant=p.name.split(":", 1)[1])
+    except ValueError as e:
+        return f"{p.name.split(':', 1)[1]} ({e})"
 
 
 def _fill_ratios(rows: list[dict]) -> None:

@@ -43,6 +43,14 @@ class Problem:
     varlen: bool = False              # packed sequences (cu_seqlens); seqlen_q/k are the packed totals
     seqused: bool = False             # per-batch key lengths
     page: int = 0                     # paged K/V: keys per page (0: contiguous K/V)
+    pack_gqa: bool = False            # a program's rows: the query heads of one KV head, interleaved
+
+    def grid(self, block_m: int, rows: int | None = None) -> tuple[int, int]:
+        """(row blocks, batch * heads per program axis) covering ``rows`` queries (default seqlen_q)."""
+        rows = self.seqlen_q if rows is None else rows
+        if self.pack_gqa:
+            return triton.cdiv(rows * (self.heads // self.kv_heads), block_m), self.batch * self.kv_heads
+        return triton.cdiv(rows, block_m), self.batch * self.heads
 
     @property
     def block_d(self) -> int:
@@ -76,7 +84,7 @@ def launch(variant: str, cfg, prob: Problem, q, k, v, o, lse, layout: str, alibi
         return hopper.launch(prob, cfg, q, k, v, o, lse, layout)
     kernel = VARIANTS[variant]
     splits = triton.cdiv(prob.seqlen_k, split_len) if split_len else 1
-    grid = (triton.cdiv(grid_m or prob.seqlen_q, cfg.block_m), prob.batch * prob.heads, splits)
+    grid = (*prob.grid(cfg.block_m, grid_m), splits)
     cu_q, cu_k, seqused = seqs
     strides = [list(strides_bhsd(t, layout)) for t in (q, k, v)]
     strides.append(list(o.stride()[1:]) if split_len else list(strides_bhsd(o, layout)))
@@ -97,4 +105,5 @@ def launch(variant: str, cfg, prob: Problem, q, k, v, o, lse, layout: str, alibi
         CAUSAL=prob.causal, STORE_LSE=lse is not None, WINDOW=prob.window_offset is not None,
         SOFTCAP=prob.softcap > 0, ALIBI=alibi is not None, VARLEN=prob.varlen, SEQUSED=prob.seqused,
         ALIGN_BR=prob.align_br, SPLIT=bool(split_len), PAGED=bool(prob.page), PAGE=max(prob.page, 1),
+        PACK_GQA=prob.pack_gqa,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)

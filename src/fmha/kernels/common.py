@@ -41,32 +41,49 @@ def program_start(Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride
                   causal_offset, window_offset, align_offset, CuQ, CuK, SeqK, stride_osplit, lse_split,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                   BLOCK_M: tl.constexpr, VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr,
-                  SPLIT: tl.constexpr, PAGED: tl.constexpr):
-    """Program (query block, batch*head) -> its rows, its Q tile, the bases of its K/V head and
-    O rows, its sequence's lengths, the band's offsets moved onto its sequence's diagonal
-    (the host passes them relative to it) and where its LSE row starts.
+                  SPLIT: tl.constexpr, PAGED: tl.constexpr, PACK_GQA: tl.constexpr):
+    """Program (row block, batch*head) -> its query rows, its Q tile, the bases of its K/V head,
+    a pointer to each row's output and the offset of each row's LSE, its sequence's lengths,
+    and the band's offsets moved onto its sequence's diagonal (the host passes them relative
+    to it).  Returns ``(row_lo, row_hi, offs_m, q, k_base, v_base, o_rows, lse_rows, seqlen_q,
+    seqlen_k, causal_offset, window_offset, align_offset)``: ``offs_m`` holds each row's query
+    position, all of them within ``[row_lo, row_hi)``.
 
-    VARLEN: sequence b occupies rows ``cu_q[b]..cu_q[b+1]`` of packed q/o and
-    ``cu_k[b]..cu_k[b+1]`` of packed k/v (LSE is ``[heads, total_q]``).  SEQUSED: batch b
-    uses only its first ``seqused_k[b]`` keys.  ALIGN_BR: the diagonal is
-    ``i + seqlen_k - seqlen_q`` of this sequence (bottom-right), else ``i``.  SPLIT:
-    grid axis 2 splits the keys (flash-decoding); split s writes its partial O and LSE
-    ``s * stride_osplit`` and ``s * lse_split`` further on.  PAGED: K/V are page pools
-    (the batch stride is the page stride); the K/V bases hold only the head offset.
-    64-bit offsets up to the row: tensors past 2**31 elements stay addressable.
-    ``group`` query heads share one KV head (GQA/MQA).
+    PACK_GQA: grid axis 1 is batch*kv_heads and the block's rows are the ``group`` query
+    heads of one KV head interleaved (row r: query ``r // group`` of head ``r % group``), so
+    each K/V tile is read once for the whole group (decoding).  VARLEN: sequence b occupies
+    rows ``cu_q[b]..cu_q[b+1]`` of packed q/o and ``cu_k[b]..cu_k[b+1]`` of packed k/v (LSE
+    is ``[heads, total_q]``).  SEQUSED: batch b uses only its first ``seqused_k[b]`` keys.
+    ALIGN_BR: the diagonal is ``i + seqlen_k - seqlen_q`` of this sequence (bottom-right),
+    else ``i``.  SPLIT: grid axis 2 splits the keys (flash-decoding); split s writes its
+    partial O and LSE ``s * stride_osplit`` and ``s * lse_split`` further on.  PAGED: K/V are
+    page pools (the batch stride is the page stride); the K/V bases hold only the head
+    offset.  64-bit offsets: tensors past 2**31 elements stay addressable.
     """
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
-    b = bh // heads
-    h = bh % heads
-    kvh = (h // group).to(tl.int64)
+    rows = start_m + tl.arange(0, BLOCK_M)
+    if PACK_GQA:
+        kv_heads = heads // group
+        b = bh // kv_heads
+        kvh = (bh % kv_heads).to(tl.int64)
+        h = kvh * group + rows % group
+        offs_m = rows // group
+        row_lo = start_m // group
+        row_hi = (start_m + BLOCK_M - 1) // group + 1
+    else:
+        b = bh // heads
+        h = bh % heads
+        kvh = (h // group).to(tl.int64)
+        offs_m = rows
+        row_lo = start_m
+        row_hi = start_m + BLOCK_M
     if VARLEN:
         q0 = tl.load(CuQ + b)
         k0 = tl.load(CuK + b)
         sq = tl.load(CuQ + b + 1) - q0
         sk = tl.load(CuK + b + 1) - k0
-        lse_off = h.to(tl.int64) * seqlen_q + q0  # seqlen_q is the packed total here
+        lse_rows = h.to(tl.int64) * seqlen_q + q0 + offs_m  # seqlen_q is the packed total here
         krow0 = k0.to(tl.int64)
     else:
         q0 = 0
@@ -75,31 +92,28 @@ def program_start(Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride
         sk = seqlen_k
         if SEQUSED:
             sk = tl.minimum(tl.load(SeqK + b), seqlen_k)
-        lse_off = bh.to(tl.int64) * seqlen_q
+        lse_rows = (b * heads + h).to(tl.int64) * seqlen_q + offs_m
     align = 0
     if ALIGN_BR:
         align = sk - sq
     b = b.to(tl.int64)
     h = h.to(tl.int64)
-    row0 = (q0 + start_m).to(tl.int64)
-    q_base = Q + b * stride_qb + h * stride_qh + row0 * stride_qs
-    o_base = O + b * stride_ob + h * stride_oh + row0 * stride_os
+    seq = (q0 + offs_m).to(tl.int64)
+    q_rows = Q + b * stride_qb + h * stride_qh + seq * stride_qs
+    o_rows = O + b * stride_ob + h * stride_oh + seq * stride_os
     if SPLIT:
-        o_base += tl.program_id(2).to(tl.int64) * stride_osplit
-        lse_off += tl.program_id(2).to(tl.int64) * lse_split
+        o_rows += tl.program_id(2).to(tl.int64) * stride_osplit
+        lse_rows += tl.program_id(2).to(tl.int64) * lse_split
     if PAGED:
         k_base = K + kvh * stride_kh
         v_base = V + kvh * stride_vh
     else:
         k_base = K + b * stride_kb + kvh * stride_kh + krow0 * stride_ks
         v_base = V + b * stride_vb + kvh * stride_vh + krow0 * stride_vs
-    rows = tl.arange(0, BLOCK_M)
-    offs_m = start_m + rows
     offs_d = tl.arange(0, BLOCK_D)
-    q = load_rows(q_base + rows[:, None] * stride_qs + offs_d[None, :] * stride_qd,
-                  offs_m, sq, offs_d, HEAD_DIM, BLOCK_D, True)
-    return (start_m, offs_m, q, k_base, v_base, o_base, sq, sk, causal_offset + align, window_offset + align,
-            align_offset + align, lse_off)
+    q = load_rows(q_rows[:, None] + offs_d[None, :] * stride_qd, offs_m, sq, offs_d, HEAD_DIM, BLOCK_D, True)
+    return (row_lo, row_hi, offs_m, q, k_base, v_base, o_rows, lse_rows, sq, sk, causal_offset + align,
+            window_offset + align, align_offset + align)
 
 
 @triton.jit
@@ -156,12 +170,12 @@ def scores(qk, offs_m, offs_n, seqlen_k, scale_log2, softcap, slope, causal_offs
 
 
 @triton.jit
-def window_start(start_m, window_offset, BLOCK_N: tl.constexpr, WINDOW: tl.constexpr):
-    """The first key tile any row of the block sees: keys before the band's lower edge are
-    skipped whole, as the causal early exit skips those after its upper edge."""
+def window_start(row_lo, window_offset, BLOCK_N: tl.constexpr, WINDOW: tl.constexpr):
+    """The first key tile any row of the block (first query ``row_lo``) sees: keys before the
+    band's lower edge are skipped whole, as the causal early exit skips those after its upper edge."""
     first = 0
     if WINDOW:
-        first = (tl.maximum(start_m + window_offset, 0) // BLOCK_N) * BLOCK_N
+        first = (tl.maximum(row_lo + window_offset, 0) // BLOCK_N) * BLOCK_N
     return first
 
 
@@ -195,22 +209,22 @@ def head_slope(Alibi, bh, heads, ALIBI: tl.constexpr):
 
 
 @triton.jit
-def causal_stop(start_m, seqlen_k, causal_offset, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
+def causal_stop(row_hi, seqlen_k, causal_offset, CAUSAL: tl.constexpr):
     """Section 7: keys at or past the returned position are invisible to every row
-    of the block ``[start_m, start_m + BLOCK_M)``, so the key loop stops there."""
+    of the block (queries before ``row_hi``), so the key loop stops there."""
     stop = seqlen_k
     if CAUSAL:
-        stop = tl.minimum(seqlen_k, tl.maximum(start_m + BLOCK_M + causal_offset, 0))
+        stop = tl.minimum(seqlen_k, tl.maximum(row_hi + causal_offset, 0))
     return stop
 
 
 @triton.jit
-def full_stop(start_m, seqlen_k, causal_offset, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
-    """Keys ``[0, full_stop)`` exist and are visible to every row of the block, in
-    whole ``BLOCK_N`` tiles: the loop over them needs no mask."""
+def full_stop(row_lo, seqlen_k, causal_offset, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """Keys ``[0, full_stop)`` exist and are visible to every row of the block (queries from
+    ``row_lo`` on), in whole ``BLOCK_N`` tiles: the loop over them needs no mask."""
     stop = seqlen_k
     if CAUSAL:
-        stop = tl.minimum(seqlen_k, tl.maximum(start_m + causal_offset + 1, 0))
+        stop = tl.minimum(seqlen_k, tl.maximum(row_lo + causal_offset + 1, 0))
     return (stop // BLOCK_N) * BLOCK_N
 
 
@@ -234,19 +248,18 @@ def online_softmax_step(acc, l, m, s, v):
 
 
 @triton.jit
-def write_output(o_base, LSE, acc, l, m, lse_off, start_m, offs_m, offs_d, seqlen_q, stride_os, stride_od,
+def write_output(o_rows, LSE, lse_rows, acc, l, m, offs_m, seqlen_q, offs_d, stride_od,
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, STORE_LSE: tl.constexpr):
-    """Section 6: ``o = acc / l`` with ``1/l := 0`` on an empty row (never NaN);
-    LSE (natural log, float32, ``-inf`` on an empty row) when asked."""
+    """Section 6: ``o = acc / l`` with ``1/l := 0`` on an empty row (never NaN), stored through
+    each row's pointer; LSE (natural log, float32, ``-inf`` on an empty row) when asked."""
     inv_l = tl.where(l == 0.0, 0.0, 1.0 / l)
     o = acc * inv_l[:, None]
-    rows = offs_m - start_m
-    o_ptrs = o_base + rows[:, None] * stride_os + offs_d[None, :] * stride_od
+    o_ptrs = o_rows[:, None] + offs_d[None, :] * stride_od
     if BLOCK_D == HEAD_DIM:
         o_mask = offs_m[:, None] < seqlen_q
     else:
         o_mask = (offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM)
-    tl.store(o_ptrs, o.to(o_base.dtype.element_ty), mask=o_mask)
+    tl.store(o_ptrs, o.to(o_rows.dtype.element_ty), mask=o_mask)
     if STORE_LSE:
         lse = tl.where(l == 0.0, float("-inf"), (m + tl.math.log2(l)) * LN2)
-        tl.store(LSE + lse_off + offs_m, lse, mask=offs_m < seqlen_q)
+        tl.store(LSE + lse_rows, lse, mask=offs_m < seqlen_q)

@@ -25,15 +25,16 @@ def pipelined_kernel(
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
         ALIBI: tl.constexpr, VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr,
-        SPLIT: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr):
-    (start_m, offs_m, q, k_base, v_base, o_base, seqlen_q, seqlen_k, causal_offset, window_offset, align_offset,
-     lse_off) = program_start(
+        SPLIT: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr, PACK_GQA: tl.constexpr):
+    (row_lo, row_hi, offs_m, q, k_base, v_base, o_rows, lse_rows, seqlen_q, seqlen_k, causal_offset, window_offset,
+     align_offset) = program_start(
         Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh,
         stride_vs, stride_ob, stride_oh, stride_os, heads, group, seqlen_q, seqlen_k, causal_offset, window_offset,
         align_offset, CuQ, CuK, SeqK, stride_osplit, lse_split, HEAD_DIM, BLOCK_D, BLOCK_M, VARLEN, SEQUSED,
-        ALIGN_BR, SPLIT, PAGED)
+        ALIGN_BR, SPLIT, PAGED, PACK_GQA)
     tl.static_assert(not PAGED, "paged KV runs on the tiled variant")
-    if start_m >= seqlen_q:  # past this sequence's end (packed batches): nothing to do
+    tl.static_assert(not (PACK_GQA and ALIBI), "ALiBi slopes are per head: not with packed GQA rows")
+    if row_lo >= seqlen_q:  # past this sequence's end (packed batches): nothing to do
         return
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -42,8 +43,8 @@ def pipelined_kernel(
 
     m, l, acc = initial_state(BLOCK_M, BLOCK_D)
     slope = head_slope(Alibi, tl.program_id(1), heads, ALIBI)
-    first = window_start(start_m, window_offset, BLOCK_N, WINDOW)
-    stop = causal_stop(start_m, seqlen_k, causal_offset, BLOCK_M, CAUSAL)
+    first = window_start(row_lo, window_offset, BLOCK_N, WINDOW)
+    stop = causal_stop(row_hi, seqlen_k, causal_offset, CAUSAL)
     first, stop = split_keys(first, stop, split_len, SPLIT)
     k_ptrs += first * stride_ks
     v_ptrs += first * stride_vs
@@ -64,7 +65,7 @@ def pipelined_kernel(
         # 5.7 carry, the next scores included
         v_ptrs += BLOCK_N * stride_vs
         qk = qk_next
-    write_output(o_base, LSE, acc, l, m, lse_off, start_m, offs_m, offs_d, seqlen_q, stride_os, stride_od,
+    write_output(o_rows, LSE, lse_rows, acc, l, m, offs_m, seqlen_q, offs_d, stride_od,
                  HEAD_DIM, BLOCK_D, STORE_LSE)
 
 
