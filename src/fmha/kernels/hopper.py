@@ -1,9 +1,11 @@
 """``hopper``: the sm_90 fast path, in Gluon (explicit wgmma, TMA, mbarriers, warp specialization).
 
-FlashAttention-3's shape: one program per ``BLOCK_M`` query rows of one (batch,
-head); a 1-warp producer streams K and V tiles by TMA into ``STAGES``-deep shared
-rings; ``BLOCK_M / 64`` consumer warpgroups (2 or 3) of 64 rows each run the
-recurrence.  Inside a
+FlashAttention-3's shape, persistent: one program per SM walks work items of
+``BLOCK_M`` query rows of one (batch, head); a 1-warp producer streams Q and the
+K and V tiles by TMA into ``STAGES``-deep shared rings that carry on from one
+item to the next (the next item's first K tile and Q load overlap this item's
+last P V and epilogue); ``BLOCK_M / 64`` consumer warpgroups (2 or 3) of 64 rows
+each run the recurrence and stage O in their own shared buffer.  Inside a
 consumer, the Q K^T of tile j+1 is issued before P V of tile j and waited on
 first, so the softmax of one tile overlaps the matrix unit's work on the other.
 P stays in registers as the A operand of P V.
@@ -12,7 +14,7 @@ The math is the seed's (Section 9) in the base-2 domain, with the same guards as
 ``kernels/common.py``: a row that has seen no visible key keeps ``m = -inf`` and
 a pivot of 0, and ``1/l := 0`` at the end.  Causal: the key loop stops at the
 block's last visible tile (Section 7) and only tiles that cross the diagonal are
-masked; causal programs run longest-first.
+masked; causal work items run longest-first, snaking over the programs.
 
 Shapes it takes (:func:`supports`): sm_90, head_dim 64 or 128, any seqlen_q,
 seqlen_k a multiple of ``BLOCK_N``, q/k/v/out contiguous in bhsd or bshd.  Rows
@@ -21,6 +23,8 @@ and never stored (a warpgroup that straddles the end stores with a row mask).
 Anything else goes to ``tiled``.  Gluon kernels do not run in the interpreter.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -37,22 +41,82 @@ LN2 = gl.constexpr(0.6931471805599453)
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
-              q_row, q_col, kv_row, kv_col, n_iters, NUM_WG: gl.constexpr, STAGES: gl.constexpr,
-              BLOCK_N: gl.constexpr):
-    # Q in 64-row boxes (TMA boxes are powers of two; 192 rows is three)
-    mbarrier.expect(q_bar, NUM_WG * q_desc.block_type.nbytes)
-    for g in gl.static_range(NUM_WG):
-        tma.async_copy_global_to_shared(q_desc, [q_row + 64 * g, q_col], q_bar, q_smem.index(g))
-    for i in range(n_iters):
-        s = i % STAGES
-        ph = (i // STAGES) & 1
-        mbarrier.wait(k_empty.index(s), ph ^ 1)
+def _tile(t_idx, n_tiles, n_m, CAUSAL: gl.constexpr):
+    """Work item ``t_idx`` of a program -> (query block, batch*head).  Causal: blocks with the
+    most keys first, across every head, so the tail of the schedule is short work."""
+    t = _tile_order(t_idx, n_tiles, CAUSAL)
+    if CAUSAL:
+        pid_m = n_m - 1 - t // (n_tiles // n_m)
+        bh = t % (n_tiles // n_m)
+    else:
+        pid_m = t % n_m
+        bh = t // n_m
+    return pid_m, bh
+
+
+@gluon.jit
+def _tile_order(t_idx, n_tiles, CAUSAL: gl.constexpr):
+    """Persistent schedule: program p takes items p, p + P, ...; causal rounds alternate their
+    direction (a snake over longest-first work) where a round is complete, to even out the load."""
+    if CAUSAL:
+        nprog = gl.num_programs(0)
+        r = t_idx // nprog
+        p = t_idx % nprog
+        flip = (r % 2 == 1) & ((r + 1) * nprog <= n_tiles)
+        t_idx = gl.where(flip, r * nprog + nprog - 1 - p, t_idx)
+    return t_idx
+
+
+@gluon.jit
+def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
+              heads, group, seqlen_k, causal_offset, n_tiles, n_m, q_rows_b, q_rows_h, q_col_h, kv_rows_b, kv_rows_h,
+              kv_col_h, NUM_WG: gl.constexpr, STAGES: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              CAUSAL: gl.constexpr):
+    it = 0  # position in the K/V rings, continued across work items
+    tc = 0
+    for t_idx in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+        pid_m, bh = _tile(t_idx, n_tiles, n_m, CAUSAL)
+        b = bh // heads
+        h = bh % heads
+        kvh = h // group
+        start_m = pid_m * BLOCK_M
+        kv_row = b * kv_rows_b + kvh * kv_rows_h
+        n_iters = _n_iters(start_m, seqlen_k, causal_offset, BLOCK_M, BLOCK_N, CAUSAL)
+        # the first K tile goes out before Q: it may overlap the consumers' previous epilogue
+        s = it % STAGES
+        mbarrier.wait(k_empty.index(s), ((it // STAGES) & 1) ^ 1)
         mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [kv_row + i * BLOCK_N, kv_col], k_ready.index(s), k_bufs.index(s))
-        mbarrier.wait(v_empty.index(s), ph ^ 1)
-        mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [kv_row + i * BLOCK_N, kv_col], v_ready.index(s), v_bufs.index(s))
+        tma.async_copy_global_to_shared(k_desc, [kv_row, kvh * kv_col_h], k_ready.index(s), k_bufs.index(s))
+        # Q in 64-row boxes (TMA boxes are powers of two; 192 rows is three), once every
+        # consumer has issued its last Q K^T of the previous item
+        mbarrier.wait(q_empty, (tc & 1) ^ 1)
+        mbarrier.expect(q_bar, NUM_WG * q_desc.block_type.nbytes)
+        for g in gl.static_range(NUM_WG):
+            tma.async_copy_global_to_shared(q_desc, [b * q_rows_b + h * q_rows_h + start_m + 64 * g, h * q_col_h],
+                                            q_bar, q_smem.index(g))
+        for i in range(n_iters):
+            s = it % STAGES
+            ph = (it // STAGES) & 1
+            if i > 0:
+                mbarrier.wait(k_empty.index(s), ph ^ 1)
+                mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(k_desc, [kv_row + i * BLOCK_N, kvh * kv_col_h], k_ready.index(s),
+                                                k_bufs.index(s))
+            mbarrier.wait(v_empty.index(s), ph ^ 1)
+            mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(v_desc, [kv_row + i * BLOCK_N, kvh * kv_col_h], v_ready.index(s),
+                                            v_bufs.index(s))
+            it += 1
+        tc += 1
+
+
+@gluon.jit
+def _n_iters(start_m, seqlen_k, causal_offset, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """Section 7: key tiles up to the block's last visible key (at least one, fully masked if need be)."""
+    stop = seqlen_k
+    if CAUSAL:
+        stop = gl.minimum(seqlen_k, gl.maximum(start_m + BLOCK_M + causal_offset, 0))
+    return gl.maximum((stop + BLOCK_N - 1) // BLOCK_N, 1)
 
 
 @gluon.jit
@@ -74,10 +138,10 @@ def _pivot(m, CAUSAL: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(o_desc, O, LSE, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
-              o_row, o_col, o_stride, row0, seqlen_q, lse_off, n_iters, mask_from, causal_offset, scale_log2,
-              STAGES: gl.constexpr, WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD: gl.constexpr,
-              CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr):
+def _consumer(o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
+              heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m, q_rows_b, q_rows_h, q_col_h,
+              o_stride, STAGES: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              HEAD: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr):
     ROWS: gl.constexpr = 64
     dtype: gl.constexpr = o_desc.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -86,146 +150,145 @@ def _consumer(o_desc, O, LSE, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v
                                                        instr_shape=[16, HEAD, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-    offs_m = row0 + gl.arange(0, ROWS, layout=row_layout)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     q_half = q_smem.index(WG)
-    acc = gl.zeros([ROWS, HEAD], gl.float32, o_layout)
+    o_half = o_smem.index(WG)
+    it0 = 0  # position in the K/V rings, continued across work items
+    tc = 0
+    for t_idx in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+        pid_m, bh = _tile(t_idx, n_tiles, n_m, CAUSAL)
+        b = bh // heads
+        h = bh % heads
+        start_m = pid_m * BLOCK_M
+        row0 = start_m + WG * ROWS
+        n_iters = _n_iters(start_m, seqlen_k, causal_offset, BLOCK_M, BLOCK_N, CAUSAL)
+        # tiles before mask_from are visible to every row of this warpgroup: no mask
+        mask_from = gl.maximum(row0 + causal_offset + 1, 0) // BLOCK_N
+        offs_m = row0 + gl.arange(0, ROWS, layout=row_layout)
+        acc = gl.zeros([ROWS, HEAD], gl.float32, o_layout)
 
-    # tile 0: 5.1-5.4 (no rescale yet)
-    mbarrier.wait(q_bar, 0)
-    mbarrier.wait(k_ready.index(0), 0)
-    qk = warpgroup_mma(q_half, k_bufs.index(0).permute((1, 0)), gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout),
-                       use_acc=False, is_async=True)
-    qk, _k0 = warpgroup_mma_wait(0, deps=[qk, k_bufs.index(0)])
-    mbarrier.arrive(k_empty.index(0), count=1)
-    qk = _mask(qk, 0, mask_from, offs_m, offs_n, causal_offset, BLOCK_N, CAUSAL)
-    m = gl.max(qk, axis=1) * scale_log2
-    p = gl.exp2(qk * scale_log2 - _pivot(m, CAUSAL)[:, None])
-    l = gl.sum(p, axis=1)
-    p16 = gl.convert_layout(p.to(dtype), p_layout)
-    for i in range(1, n_iters):
-        s = i % STAGES
-        ph = (i // STAGES) & 1
-        sp = (i - 1) % STAGES
-        php = ((i - 1) // STAGES) & 1
-        # 5.1 of tile i issued, then 5.6 of tile i-1; wait for the scores only
-        mbarrier.wait(k_ready.index(s), ph)
+        # tile 0: 5.1-5.4 (no rescale yet)
+        s = it0 % STAGES
+        mbarrier.wait(q_bar, tc & 1)
+        mbarrier.wait(k_ready.index(s), (it0 // STAGES) & 1)
         qk = warpgroup_mma(q_half, k_bufs.index(s).permute((1, 0)),
                            gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
-        mbarrier.wait(v_ready.index(sp), php)
-        acc = warpgroup_mma(p16, v_bufs.index(sp), acc, is_async=True)
-        qk = warpgroup_mma_wait(1, deps=[qk])
+        qk, _k0 = warpgroup_mma_wait(0, deps=[qk, k_bufs.index(s)])
         mbarrier.arrive(k_empty.index(s), count=1)
-        # 5.2-5.4 of tile i while P V of tile i-1 runs
-        qk = _mask(qk, i, mask_from, offs_m, offs_n, causal_offset, BLOCK_N, CAUSAL)
-        m_new = gl.maximum(m, gl.max(qk, axis=1) * scale_log2)
-        m_safe = _pivot(m_new, CAUSAL)
-        p = gl.exp2(qk * scale_log2 - m_safe[:, None])
-        alpha = gl.exp2(m - m_safe)
-        l = l * alpha + gl.sum(p, axis=1)
-        m = m_new
-        acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
-        mbarrier.arrive(v_empty.index(sp), count=1)
-        # 5.5: rescale the accumulator once P V of tile i-1 has landed
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        qk = _mask(qk, 0, mask_from, offs_m, offs_n, causal_offset, BLOCK_N, CAUSAL)
+        m = gl.max(qk, axis=1) * scale_log2
+        p = gl.exp2(qk * scale_log2 - _pivot(m, CAUSAL)[:, None])
+        l = gl.sum(p, axis=1)
         p16 = gl.convert_layout(p.to(dtype), p_layout)
-    last = (n_iters - 1) % STAGES
-    mbarrier.wait(v_ready.index(last), ((n_iters - 1) // STAGES) & 1)
-    acc = warpgroup_mma(p16, v_bufs.index(last), acc, is_async=True)
-    acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
-    mbarrier.arrive(v_empty.index(last), count=1)
+        for i in range(1, n_iters):
+            s = (it0 + i) % STAGES
+            ph = ((it0 + i) // STAGES) & 1
+            sp = (it0 + i - 1) % STAGES
+            php = ((it0 + i - 1) // STAGES) & 1
+            # 5.1 of tile i issued, then 5.6 of tile i-1; wait for the scores only
+            mbarrier.wait(k_ready.index(s), ph)
+            qk = warpgroup_mma(q_half, k_bufs.index(s).permute((1, 0)),
+                               gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+            mbarrier.wait(v_ready.index(sp), php)
+            acc = warpgroup_mma(p16, v_bufs.index(sp), acc, is_async=True)
+            qk = warpgroup_mma_wait(1, deps=[qk])
+            mbarrier.arrive(k_empty.index(s), count=1)
+            # 5.2-5.4 of tile i while P V of tile i-1 runs
+            qk = _mask(qk, i, mask_from, offs_m, offs_n, causal_offset, BLOCK_N, CAUSAL)
+            m_new = gl.maximum(m, gl.max(qk, axis=1) * scale_log2)
+            m_safe = _pivot(m_new, CAUSAL)
+            p = gl.exp2(qk * scale_log2 - m_safe[:, None])
+            alpha = gl.exp2(m - m_safe)
+            l = l * alpha + gl.sum(p, axis=1)
+            m = m_new
+            acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
+            mbarrier.arrive(v_empty.index(sp), count=1)
+            # 5.5: rescale the accumulator once P V of tile i-1 has landed
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            p16 = gl.convert_layout(p.to(dtype), p_layout)
+        # every Q K^T of this item has retired: the producer may load the next item's Q
+        mbarrier.arrive(q_empty, count=1)
+        last = (it0 + n_iters - 1) % STAGES
+        mbarrier.wait(v_ready.index(last), ((it0 + n_iters - 1) // STAGES) & 1)
+        acc = warpgroup_mma(p16, v_bufs.index(last), acc, is_async=True)
+        acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
+        mbarrier.arrive(v_empty.index(last), count=1)
 
-    # Section 6: o = acc / l with 1/l := 0 on an empty row
-    inv_l = gl.where(l == 0.0, 0.0, 1.0 / l)
-    acc = acc * gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout))[:, None]
-    if row0 + ROWS <= seqlen_q:
-        # stage O in this warpgroup's own Q slot: its last Q K^T has retired, and no
-        # partition-local allocation can alias a buffer another partition still uses
-        o_smem = q_half
-        o_smem.store(acc.to(dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [o_row, o_col], o_smem)
-        tma.store_wait(0)
-    else:  # the warpgroup straddles seqlen_q: store only the rows that exist
-        rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
-        cols = gl.arange(0, HEAD, layout=gl.SliceLayout(0, o_layout))
-        ptrs = O + (o_row + rows).to(gl.int64)[:, None] * o_stride + (o_col + cols)[None, :]
-        gl.store(ptrs, acc.to(dtype), mask=(row0 + rows < seqlen_q)[:, None])
-    if STORE_LSE:
-        lse = gl.where(l == 0.0, float("-inf"), (m + gl.log2(l)) * LN2)
-        gl.store(LSE + lse_off + offs_m, lse, mask=offs_m < seqlen_q)
+        # Section 6: o = acc / l with 1/l := 0 on an empty row
+        inv_l = gl.where(l == 0.0, 0.0, 1.0 / l)
+        acc = acc * gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout))[:, None]
+        o_row = b * q_rows_b + h * q_rows_h + row0
+        o_col = h * q_col_h
+        if row0 + ROWS <= seqlen_q:
+            o_half.store(acc.to(dtype))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(o_desc, [o_row, o_col], o_half)
+            tma.store_wait(0)  # o_half is read out before the next item writes it
+        else:  # the warpgroup straddles seqlen_q: store only the rows that exist
+            rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
+            cols = gl.arange(0, HEAD, layout=gl.SliceLayout(0, o_layout))
+            ptrs = O + (o_row + rows).to(gl.int64)[:, None] * o_stride + (o_col + cols)[None, :]
+            gl.store(ptrs, acc.to(dtype), mask=(row0 + rows < seqlen_q)[:, None])
+        if STORE_LSE:
+            lse = gl.where(l == 0.0, float("-inf"), (m + gl.log2(l)) * LN2)
+            gl.store(LSE + bh.to(gl.int64) * seqlen_q + offs_m, lse, mask=offs_m < seqlen_q)
+        it0 += n_iters
+        tc += 1
 
 
 @gluon.jit
 def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, heads, group, seqlen_q, seqlen_k, causal_offset,
-                  scale_log2, q_rows_b, q_rows_h, q_col_h, kv_rows_b, kv_rows_h, kv_col_h, o_stride,
+                  scale_log2, n_tiles, n_m, q_rows_b, q_rows_h, q_col_h, kv_rows_b, kv_rows_h, kv_col_h, o_stride,
                   HEAD: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                   CONSUMER_REGS: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr):
+    """Persistent: each program runs work items (query block, batch*head) ``program_id, +
+    num_programs, ...`` (:func:`_tile_order`); the K/V rings and the barrier phases carry on
+    from one item to the next, so the next item's first loads overlap this one's epilogue."""
     NUM_WG: gl.constexpr = BLOCK_M // 64
-    pid = gl.program_id(0)
-    if CAUSAL:  # the blocks with the most keys first: a better tail
-        pid = gl.num_programs(0) - 1 - pid
-    bh = gl.program_id(1)
-    b = bh // heads
-    h = bh % heads
-    kvh = h // group
-    start_m = pid * BLOCK_M
-    q_row = b * q_rows_b + h * q_rows_h + start_m
-    q_col = h * q_col_h
-    kv_row = b * kv_rows_b + kvh * kv_rows_h
-    kv_col = kvh * kv_col_h
-    # Section 7: the loop stops at the block's last visible key (at least one tile, fully masked if need be)
-    stop = seqlen_k
-    if CAUSAL:
-        stop = gl.minimum(seqlen_k, gl.maximum(start_m + BLOCK_M + causal_offset, 0))
-    n_iters = gl.maximum((stop + BLOCK_N - 1) // BLOCK_N, 1)
-    lse_off = bh.to(gl.int64) * seqlen_q
-
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG, 64, HEAD], q_desc.layout)  # a 64-row box per warpgroup
+    o_smem = gl.allocate_shared_memory(o_desc.dtype, [NUM_WG, 64, HEAD], o_desc.layout)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD], k_desc.layout)
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD], v_desc.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
+    mbarrier.init(q_empty, count=NUM_WG)  # one arrival per consumer warpgroup
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=NUM_WG)   # one arrival per consumer warpgroup
+        mbarrier.init(k_empty.index(i), count=NUM_WG)
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(v_empty.index(i), count=NUM_WG)
-    # tiles before a warpgroup's mask_from are visible to all its rows: no mask
     # (the partition arguments are spelled out: a tuple would lose their constexpr-ness)
     if NUM_WG == 3:
         gl.warp_specialize([
-            (_consumer, (o_desc, O, LSE, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
-                         q_row, q_col, o_stride, start_m, seqlen_q, lse_off, n_iters,
-                         gl.maximum(start_m + causal_offset + 1, 0) // BLOCK_N, causal_offset, scale_log2,
-                         STAGES, 0, BLOCK_N, HEAD, CAUSAL, STORE_LSE)),
-            (_consumer, (o_desc, O, LSE, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
-                         q_row + 64, q_col, o_stride, start_m + 64, seqlen_q, lse_off, n_iters,
-                         gl.maximum(start_m + 64 + causal_offset + 1, 0) // BLOCK_N, causal_offset, scale_log2,
-                         STAGES, 1, BLOCK_N, HEAD, CAUSAL, STORE_LSE)),
-            (_consumer, (o_desc, O, LSE, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
-                         q_row + 128, q_col, o_stride, start_m + 128, seqlen_q, lse_off, n_iters,
-                         gl.maximum(start_m + 128 + causal_offset + 1, 0) // BLOCK_N, causal_offset,
-                         scale_log2, STAGES, 2, BLOCK_N, HEAD, CAUSAL, STORE_LSE)),
-            (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready,
-                         v_empty, q_row, q_col, kv_row, kv_col, n_iters, NUM_WG, STAGES, BLOCK_N)),
+            (_consumer, (o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
+                         v_empty, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m, q_rows_b,
+                         q_rows_h, q_col_h, o_stride, STAGES, 0, BLOCK_M, BLOCK_N, HEAD, CAUSAL, STORE_LSE)),
+            (_consumer, (o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
+                         v_empty, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m, q_rows_b,
+                         q_rows_h, q_col_h, o_stride, STAGES, 1, BLOCK_M, BLOCK_N, HEAD, CAUSAL, STORE_LSE)),
+            (_consumer, (o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
+                         v_empty, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m, q_rows_b,
+                         q_rows_h, q_col_h, o_stride, STAGES, 2, BLOCK_M, BLOCK_N, HEAD, CAUSAL, STORE_LSE)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
+                         v_empty, heads, group, seqlen_k, causal_offset, n_tiles, n_m, q_rows_b, q_rows_h, q_col_h,
+                         kv_rows_b, kv_rows_h, kv_col_h, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
-            (_consumer, (o_desc, O, LSE, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
-                         q_row, q_col, o_stride, start_m, seqlen_q, lse_off, n_iters,
-                         gl.maximum(start_m + causal_offset + 1, 0) // BLOCK_N, causal_offset, scale_log2,
-                         STAGES, 0, BLOCK_N, HEAD, CAUSAL, STORE_LSE)),
-            (_consumer, (o_desc, O, LSE, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
-                         q_row + 64, q_col, o_stride, start_m + 64, seqlen_q, lse_off, n_iters,
-                         gl.maximum(start_m + 64 + causal_offset + 1, 0) // BLOCK_N, causal_offset, scale_log2,
-                         STAGES, 1, BLOCK_N, HEAD, CAUSAL, STORE_LSE)),
-            (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready,
-                         v_empty, q_row, q_col, kv_row, kv_col, n_iters, NUM_WG, STAGES, BLOCK_N)),
+            (_consumer, (o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
+                         v_empty, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m, q_rows_b,
+                         q_rows_h, q_col_h, o_stride, STAGES, 0, BLOCK_M, BLOCK_N, HEAD, CAUSAL, STORE_LSE)),
+            (_consumer, (o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
+                         v_empty, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m, q_rows_b,
+                         q_rows_h, q_col_h, o_stride, STAGES, 1, BLOCK_M, BLOCK_N, HEAD, CAUSAL, STORE_LSE)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
+                         v_empty, heads, group, seqlen_k, causal_offset, n_tiles, n_m, q_rows_b, q_rows_h, q_col_h,
+                         kv_rows_b, kv_rows_h, kv_col_h, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -253,7 +316,7 @@ def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
         return f"seqlen_k % {cfg.block_n} is not 0"
     if cfg.block_m not in (128, 192):
         return f"block_m {cfg.block_m} (takes 128 or 192: 2 or 3 consumer warpgroups)"
-    smem = 2 * prob.head_dim * (cfg.block_m + 2 * cfg.num_stages * cfg.block_n)  # Q (O reuses it), K/V rings
+    smem = 2 * prob.head_dim * (2 * cfg.block_m + 2 * cfg.num_stages * cfg.block_n)  # Q, O, the K/V rings
     if smem > SMEM_LIMIT:
         return f"needs {smem >> 10} KB of shared memory, sm_90 has {SMEM_LIMIT >> 10} KB"
     for t in (q, k, v, o):
@@ -273,11 +336,18 @@ def descriptors(prob, cfg, q, k, v, o, layout: str) -> tuple:
     return descs, (qrb, qrh, qch, krb, krh, kch, o2.stride(0))
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
 def launch(prob, cfg, q, k, v, o, lse, layout: str) -> None:
     descs, strides = descriptors(prob, cfg, q, k, v, o, layout)
-    grid = (triton.cdiv(prob.seqlen_q, cfg.block_m), prob.batch * prob.heads)
+    n_m = triton.cdiv(prob.seqlen_q, cfg.block_m)
+    n_tiles = n_m * prob.batch * prob.heads
+    grid = (min(n_tiles, _sm_count(q.device.index)),)  # persistent: one program per SM
     hopper_kernel[grid](*descs, o, lse if lse is not None else o, prob.heads, prob.heads // prob.kv_heads,
-                        prob.seqlen_q, prob.seqlen_k, prob.causal_offset, prob.scale_log2, *strides,
+                        prob.seqlen_q, prob.seqlen_k, prob.causal_offset, prob.scale_log2, n_tiles, n_m, *strides,
                         **constexprs(prob, cfg, lse is not None), num_warps=4)
 
 
