@@ -190,12 +190,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
 
 def _split_len(num_splits: int, arch: str, prob, block_m: int, block_n: int, device) -> int:
     """Keys per split (a multiple of block_n), or 0 for no split."""
-    if num_splits == 0:  # decide: split short queries over long keys until the chip is about twice full
+    if num_splits == 0:  # decide: split short queries over long keys until each SM has about 4 programs
         if arch == "interpreter" or prob.seqlen_q > 16 or prob.seqlen_k < 4 * block_n:
             return 0
         programs = math.prod(prob.grid(block_m))
         sms = torch.cuda.get_device_properties(device).multi_processor_count
-        num_splits = min(-(-2 * sms // programs), prob.seqlen_k // (4 * block_n))
+        # a memory-bound loop: more programs keep more loads in flight (the split at 2x SMs read
+        # 2.0 TB/s of K/V at seqlen_k 128k, run 20261129T15*: bench/ledger.csv)
+        num_splits = min(-(-4 * sms // programs), prob.seqlen_k // (4 * block_n))
     if num_splits <= 1:
         return 0
     return -(-(-(-prob.seqlen_k // num_splits)) // block_n) * block_n
