@@ -195,8 +195,9 @@ def _split_len(num_splits: int, arch: str, prob, block_m: int, block_n: int, dev
             return 0
         programs = math.prod(prob.grid(block_m))
         sms = torch.cuda.get_device_properties(device).multi_processor_count
-        # a memory-bound loop: more programs keep more loads in flight (the split at 2x SMs read
-        # 2.0 TB/s of K/V at seqlen_k 128k, run 20261129T15*: bench/ledger.csv)
+        # a memory-bound loop: more programs keep more loads in flight.  2x SMs (run 20261129T151048)
+        # against 4x (T151856), seqlen_k 128k: seqlen_q 16 went 209 -> 231 TFLOP/s, seqlen_q 1 stayed
+        # at 16 (2.0 TB/s of K/V, half the copy ceiling)
         num_splits = min(-(-4 * sms // programs), prob.seqlen_k // (4 * block_n))
     if num_splits <= 1:
         return 0

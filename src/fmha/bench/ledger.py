@@ -21,6 +21,10 @@ DEFAULT_LEDGER = Path("bench/ledger.csv")
 
 
 def git_sha() -> str:
+    """The commit measured: ``FMHA_GIT_SHA`` when set (a copied work tree can carry a stale
+    .git), else git's HEAD, ``+dirty`` with uncommitted changes."""
+    if os.environ.get("FMHA_GIT_SHA"):
+        return os.environ["FMHA_GIT_SHA"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                              cwd=Path(__file__).resolve().parent, timeout=10)
@@ -32,7 +36,7 @@ def git_sha() -> str:
             return sha + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         pass
-    return os.environ.get("FMHA_GIT_SHA", "unknown")
+    return "unknown"
 
 
 def environment(device: str) -> dict:

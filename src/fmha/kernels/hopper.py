@@ -1,7 +1,7 @@
 """``hopper``: the sm_90 fast path, in Gluon (explicit wgmma, TMA, mbarriers, warp specialization).
 
-FlashAttention-3's shape, persistent: one program per SM walks work items of
-``BLOCK_M`` query rows of one (batch, head); a 1-warp producer streams Q and the
+FlashAttention-3's shape, persistent: one program per SM (per work item when
+causal) walks work items of ``BLOCK_M`` query rows of one (batch, head); a 1-warp producer streams Q and the
 K and V tiles by TMA into ``STAGES``-deep shared rings that carry on from one
 item to the next (the next item's first K tile and Q load overlap this item's
 last P V and epilogue); ``BLOCK_M / 64`` consumer warpgroups (2 or 3) of 64 rows
@@ -14,7 +14,7 @@ The math is the seed's (Section 9) in the base-2 domain, with the same guards as
 ``kernels/common.py``: a row that has seen no visible key keeps ``m = -inf`` and
 a pivot of 0, and ``1/l := 0`` at the end.  Causal: the key loop stops at the
 block's last visible tile (Section 7) and only tiles that cross the diagonal are
-masked; causal work items run longest-first, snaking over the programs.
+masked; causal work items run longest-first within each head.
 
 Shapes it takes (:func:`supports`): sm_90, head_dim 64 or 128, any seqlen_q,
 seqlen_k a multiple of ``BLOCK_N``, q/k/v/out contiguous in bhsd or bshd.  Rows
@@ -41,30 +41,14 @@ LN2 = gl.constexpr(0.6931471805599453)
 
 
 @gluon.jit
-def _tile(t_idx, n_tiles, n_m, CAUSAL: gl.constexpr):
-    """Work item ``t_idx`` of a program -> (query block, batch*head).  Causal: blocks with the
-    most keys first, across every head, so the tail of the schedule is short work."""
-    t = _tile_order(t_idx, n_tiles, CAUSAL)
+def _tile(t, n_m, CAUSAL: gl.constexpr):
+    """Work item ``t`` -> (query block, batch*head): the blocks of one head in a row, so the
+    items running together share that head's K/V in L2; causal takes each head's blocks with
+    the most keys first."""
+    pid_m = t % n_m
     if CAUSAL:
-        pid_m = n_m - 1 - t // (n_tiles // n_m)
-        bh = t % (n_tiles // n_m)
-    else:
-        pid_m = t % n_m
-        bh = t // n_m
-    return pid_m, bh
-
-
-@gluon.jit
-def _tile_order(t_idx, n_tiles, CAUSAL: gl.constexpr):
-    """Persistent schedule: program p takes items p, p + P, ...; causal rounds alternate their
-    direction (a snake over longest-first work) where a round is complete, to even out the load."""
-    if CAUSAL:
-        nprog = gl.num_programs(0)
-        r = t_idx // nprog
-        p = t_idx % nprog
-        flip = (r % 2 == 1) & ((r + 1) * nprog <= n_tiles)
-        t_idx = gl.where(flip, r * nprog + nprog - 1 - p, t_idx)
-    return t_idx
+        pid_m = n_m - 1 - pid_m
+    return pid_m, t // n_m
 
 
 @gluon.jit
@@ -75,7 +59,7 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_
     it = 0  # position in the K/V rings, continued across work items
     tc = 0
     for t_idx in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-        pid_m, bh = _tile(t_idx, n_tiles, n_m, CAUSAL)
+        pid_m, bh = _tile(t_idx, n_m, CAUSAL)
         b = bh // heads
         h = bh % heads
         kvh = h // group
@@ -156,7 +140,7 @@ def _consumer(o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_
     it0 = 0  # position in the K/V rings, continued across work items
     tc = 0
     for t_idx in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-        pid_m, bh = _tile(t_idx, n_tiles, n_m, CAUSAL)
+        pid_m, bh = _tile(t_idx, n_m, CAUSAL)
         b = bh // heads
         h = bh % heads
         start_m = pid_m * BLOCK_M
@@ -241,9 +225,9 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, heads, group, seqlen_q
                   scale_log2, n_tiles, n_m, q_rows_b, q_rows_h, q_col_h, kv_rows_b, kv_rows_h, kv_col_h, o_stride,
                   HEAD: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                   CONSUMER_REGS: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr):
-    """Persistent: each program runs work items (query block, batch*head) ``program_id, +
-    num_programs, ...`` (:func:`_tile_order`); the K/V rings and the barrier phases carry on
-    from one item to the next, so the next item's first loads overlap this one's epilogue."""
+    """Each program runs work items (query block, batch*head) ``program_id, + num_programs,
+    ...`` (:func:`_tile`); the K/V rings and the barrier phases carry on from one item to the
+    next, so the next item's first loads overlap this one's epilogue."""
     NUM_WG: gl.constexpr = BLOCK_M // 64
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG, 64, HEAD], q_desc.layout)  # a 64-row box per warpgroup
     o_smem = gl.allocate_shared_memory(o_desc.dtype, [NUM_WG, 64, HEAD], o_desc.layout)
@@ -345,7 +329,12 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str) -> None:
     descs, strides = descriptors(prob, cfg, q, k, v, o, layout)
     n_m = triton.cdiv(prob.seqlen_q, cfg.block_m)
     n_tiles = n_m * prob.batch * prob.heads
-    grid = (min(n_tiles, _sm_count(q.device.index)),)  # persistent: one program per SM
+    # persistent (one program per SM) where items are equal; causal items differ in length, and
+    # one program per item lets the hardware's block scheduler balance them: a static
+    # round-robin over causal items, ordered longest-first across heads, lost 5-10% at
+    # seqlen >= 2k (runs 20261129T152011 and T152249 against T134130, bench/ledger.csv: the
+    # items running together spanned every head, so their K/V no longer shared L2)
+    grid = (n_tiles if prob.causal else min(n_tiles, _sm_count(q.device.index)),)
     hopper_kernel[grid](*descs, o, lse if lse is not None else o, prob.heads, prob.heads // prob.kv_heads,
                         prob.seqlen_q, prob.seqlen_k, prob.causal_offset, prob.scale_log2, n_tiles, n_m, *strides,
                         **constexprs(prob, cfg, lse is not None), num_warps=4)
