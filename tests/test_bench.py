@@ -45,6 +45,10 @@ def test_bench_cli_writes_complete_rows(tmp_path):
                                 int(r["head_dim"]), bool(int(r["causal"])))
         assert float(r["tflops"]) == pytest.approx(flops / (float(r["ms"]) * 1e-3) / 1e12, rel=1e-3)
         assert float(r["error"]) < 1e-2
+        if r["provider"].startswith("fmha:"):  # what ran: the variant (auto: the one it picked) and its tiles
+            variant, tiles = r["config"].split()[:2]
+            assert variant == (r["provider"][5:] if r["provider"] != "fmha:auto" else "tiled"), r["config"]
+            assert tiles.startswith("m") and "n" in tiles, r["config"]
     # appending never rewrites: a second run adds rows after the first
     before = path.read_text()
     ledger.append(path, [{"provider": "x", "note": "appended"}])
