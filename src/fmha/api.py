@@ -28,8 +28,19 @@ def arch_of(device: torch.device) -> str:
         return "interpreter"
     if torch.version.hip:
         return "hip"
-    major, _ = torch.cuda.get_device_capability(device)
+    major, _ = _kernels().device_facts(_index(device))
     return "sm90" if major == 9 else "sm80"
+
+
+def _index(device: torch.device) -> int:
+    return torch.cuda.current_device() if device.index is None else device.index
+
+
+def _on(device: torch.device):
+    """Make ``device`` current for the launch (a no-op, and cheap, when it already is)."""
+    if device.type != "cuda" or _index(device) == torch.cuda.current_device():
+        return contextlib.nullcontext()
+    return torch.cuda.device(device)
 
 
 def select_variant(arch: str, shape: dict | None = None) -> str:
@@ -194,7 +205,7 @@ def _split_len(num_splits: int, arch: str, prob, block_m: int, block_n: int, dev
         if arch == "interpreter" or prob.seqlen_q > 16 or prob.seqlen_k < 4 * block_n:
             return 0
         programs = math.prod(prob.grid(block_m))
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        sms = _kernels().device_facts(_index(device))[1]
         # a memory-bound loop: more programs keep more loads in flight.  2x SMs (run 20261129T151048)
         # against 4x (T151856), seqlen_k 128k: seqlen_q 16 went 209 -> 231 TFLOP/s, seqlen_q 1 stayed
         # at 16 (2.0 TB/s of K/V, half the copy ceiling)
@@ -292,7 +303,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                            align_br=causal_align == "bottom_right", varlen=True)
     name = "tiled" if variant == "auto" else variant
     cfg = configs.default_config(name, arch_of(q.device), head_dim, upper)
-    with torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext():
+    with _on(q.device):
         kernels.launch(name, cfg, prob, q[None], k[None], v[None], o[None], lse, "bshd", alibi_slopes,
                        (cu_seqlens_q, cu_seqlens_k, None), grid_m=max(int(max_seqlen_q), 1))
     return (o, lse) if return_lse else o
@@ -364,7 +375,7 @@ def describe(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
 
 def _run(name, cfg, prob, q, k, v, o, lse, layout, alibi, seqs, split_len, block_table=None) -> None:
     """Launch, directly or split over the keys with the partials merged by their LSE."""
-    with torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext():
+    with _on(q.device):
         if not split_len:
             kernels = _kernels()
             kernels.launch(name, cfg, prob, q, k, v, o, lse, layout, alibi, seqs, block_table=block_table)

@@ -7,6 +7,7 @@ line in :data:`VARIANTS`.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -55,6 +56,13 @@ class Problem:
     @property
     def block_d(self) -> int:
         return max(16, triton.next_power_of_2(self.head_dim))
+
+
+@functools.lru_cache(maxsize=None)
+def device_facts(index: int) -> tuple[int, int]:
+    """(compute capability major, SM count) of CUDA device ``index``, asked once (not per call)."""
+    props = torch.cuda.get_device_properties(index)
+    return props.major, props.multi_processor_count
 
 
 def strides_bhsd(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:

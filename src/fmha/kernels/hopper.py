@@ -24,8 +24,6 @@ Anything else goes to ``tiled``.  Gluon kernels do not run in the interpreter.
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 from triton.experimental import gluon
@@ -33,6 +31,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                                warpgroup_mma, warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from . import device_facts
 
 SMEM_LIMIT = 232448  # bytes of shared memory one sm_90 block may use
 CONSUMER_REGS = {2: 240, 3: 160}  # setmaxnreg per consumer thread, by warpgroup count
@@ -292,7 +292,7 @@ def _view2d(t: torch.Tensor, layout: str):
 
 def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
     """None if the hopper kernel takes this call, else the reason it does not."""
-    if not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:
+    if not q.is_cuda or device_facts(q.device.index)[0] != 9:
         return "needs an sm_90 GPU"
     if prob.head_dim not in (64, 128):
         return f"head_dim {prob.head_dim} (takes 64 and 128)"
@@ -320,11 +320,6 @@ def descriptors(prob, cfg, q, k, v, o, layout: str) -> tuple:
     return descs, (qrb, qrh, qch, krb, krh, kch, o2.stride(0))
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def launch(prob, cfg, q, k, v, o, lse, layout: str) -> None:
     descs, strides = descriptors(prob, cfg, q, k, v, o, layout)
     n_m = triton.cdiv(prob.seqlen_q, cfg.block_m)
@@ -334,7 +329,7 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str) -> None:
     # round-robin over causal items, ordered longest-first across heads, lost 5-10% at
     # seqlen >= 2k (runs 20261129T152011 and T152249 against T134130, bench/ledger.csv: the
     # items running together spanned every head, so their K/V no longer shared L2)
-    grid = (n_tiles if prob.causal else min(n_tiles, _sm_count(q.device.index)),)
+    grid = (n_tiles if prob.causal else min(n_tiles, device_facts(q.device.index)[1]),)
     hopper_kernel[grid](*descs, o, lse if lse is not None else o, prob.heads, prob.heads // prob.kv_heads,
                         prob.seqlen_q, prob.seqlen_k, prob.causal_offset, prob.scale_log2, n_tiles, n_m, *strides,
                         **constexprs(prob, cfg, lse is not None), num_warps=4)
