@@ -11,5 +11,7 @@ else
   timeout 250 python3 -m fmha bench --cuda-graphs --dtype float16 --providers fmha:auto sdpa:cudnn sdpa:flash --ledger $OUT/ledger.csv 2>&1 | tr '\r' '\n' | grep -v '^\[' | tee $OUT/bench_fp16.txt
   timeout 120 python3 -m fmha bench --cuda-graphs --grid extra --dtype bfloat16 --providers fmha:auto sdpa:cudnn sdpa:flash --ledger $OUT/ledger.csv 2>&1 | tr '\r' '\n' | grep -v '^\[' | tee $OUT/bench_extra.txt
 fi
-# on nvidia-h200-x2 (issue 8), when lent:
+# on nvidia-h200-x2 (issue 8), when lent: the NCCL check, then tokens/s per GPU against one GPU
 #   torchrun --nproc-per-node 2 examples/ring_attention.py --causal --seqlen 131072
+#   for n in 1 2; do for s in 131072 524288 1048576; do
+#     torchrun --nproc-per-node $n examples/ring_attention.py --causal --seqlen $s --no-check --time 3; done; done

@@ -1,5 +1,8 @@
 """Ring attention across processes: `torchrun --nproc-per-node N examples/ring_attention.py [--causal]`.
 
+`--time K` then times K calls and prints tokens per second per GPU (the scaling figure: run it
+with N=1 for the one-GPU baseline); `--no-check` skips the one-device reference (long sequences).
+
 NCCL on GPUs (one per process), gloo on CPUs (set TRITON_INTERPRET=1 there); `--backend gloo`
 on GPUs puts several ranks on one GPU (rank r on GPU r % device count). Every
 rank builds the same random sequence, keeps its shard, runs fmha.distributed.ring_attention
@@ -7,6 +10,7 @@ and compares its output shard with single-device attention on the whole sequence
 """
 import argparse
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -19,7 +23,10 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--causal", action="store_true")
     p.add_argument("--seqlen", type=int, default=4096)
+    p.add_argument("--heads", type=int, default=8)
     p.add_argument("--backend", choices=["nccl", "gloo"], default=None, help="default: nccl on GPUs, else gloo")
+    p.add_argument("--time", type=int, default=0, metavar="K", help="time K calls after the check")
+    p.add_argument("--no-check", action="store_true", help="skip the one-device reference")
     args = p.parse_args()
     cuda = torch.cuda.is_available()
     dist.init_process_group(args.backend or ("nccl" if cuda else "gloo"))
@@ -29,12 +36,28 @@ def main():
     if cuda:
         torch.cuda.set_device(device)
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, 8, args.seqlen, 128, generator=g).to(device, torch.bfloat16) for _ in range(3))
+    q, k, v = (torch.randn(1, args.heads, args.seqlen, 128, generator=g).to(device, torch.bfloat16)
+               for _ in range(3))
     shard = (lambda t: zigzag_shard(t, rank, world)) if args.causal else (lambda t: t.chunk(world, 2)[rank])
-    out = ring_attention(shard(q), shard(k), shard(v), causal=args.causal)
-    ref = shard(fmha.attention(q, k, v, causal=args.causal))
-    err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
-    print(f"rank {rank}/{world}: shard {tuple(out.shape)}, relative difference to one device {err:.1e}")
+    qs, ks, vs = shard(q), shard(k), shard(v)
+    out = ring_attention(qs, ks, vs, causal=args.causal)
+    if not args.no_check:
+        ref = shard(fmha.attention(q, k, v, causal=args.causal))
+        err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+        print(f"rank {rank}/{world}: shard {tuple(out.shape)}, relative difference to one device {err:.1e}")
+    if args.time:
+        dist.barrier()
+        sync = torch.cuda.synchronize if cuda else (lambda: None)
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(args.time):
+            ring_attention(qs, ks, vs, causal=args.causal)
+        sync()
+        dist.barrier()
+        seconds = (time.perf_counter() - t0) / args.time
+        if rank == 0:
+            print(f"{world} rank(s), {args.seqlen} tokens x {args.heads} heads, causal={args.causal}: "
+                  f"{seconds * 1e3:.1f} ms a call, {args.seqlen / seconds / world:.0f} tokens/s per rank")
     dist.destroy_process_group()
 
 
