@@ -100,3 +100,14 @@ def test_sweep_records_failures(tmp_path):
     with pytest.raises(ValueError, match="unknown config field"):
         sweep.parse_space("tile=3", "tiled")
     np.testing.assert_equal(len(ledger.read(tmp_path / "l.csv")), 3)  # two ceilings + one attempt
+
+
+def test_grid_table_counts_the_cells_at_or_above_sdpa():
+    from fmha.bench import report
+    base = {"dtype": "float16", "batch": 1, "heads": 2, "kv_heads": 2, "seqlen_k": 64, "head_dim": 64, "causal": 0}
+    rows = []
+    for sq, ours, theirs in ((64, 1.0, 1.2), (128, 2.0, 1.0)):
+        rows.append(dict(base, seqlen_q=sq, provider="fmha:auto", ms=ours, tflops=1.0, error=1e-3))
+        rows.append(dict(base, seqlen_q=sq, provider="sdpa:cudnn", ms=theirs, tflops=1.0))
+    last = report.grid_table(rows).splitlines()[-1]
+    assert last == "fmha:auto >= 1.0x the best SDPA backend in 1 of 2 cells (ratios 0.50-1.20)."

@@ -23,13 +23,15 @@ def grid_table(rows: list[dict], focus: str = "fmha:auto", timing_means_nothing:
             provs.append(r["provider"])
     short = [p.replace("fmha:", "").replace("sdpa:", "") for p in provs]
     head = ["dtype", "B", "H/KV", "Sq", "Sk", "D", "causal", *short, f"{focus[5:]}/sdpa", f"{focus[5:]}/peer", "err"]
-    lines = []
+    lines, ratios = [], []
     for key, by in cells.items():
         dt, b, h, kv, sq, sk, d, c = key
         vals = [_f(by[p].get("tflops"), ".0f") if p in by else "-" for p in provs]
         f = by.get(focus, {})
         sdpa = [float(r["ms"]) for p, r in by.items() if p.startswith("sdpa:") and r.get("ms") not in ("", None)]
         ratio_sdpa = (min(sdpa) / float(f["ms"])) if sdpa and f.get("ms") not in ("", None) else None
+        if ratio_sdpa is not None:
+            ratios.append(ratio_sdpa)
         lines.append([dt, str(b), f"{h}/{kv}", str(sq), str(sk), str(d), "yes" if c else "no", *vals,
                       _f(ratio_sdpa, ".2f"), _f(f.get("ratio_best_peer"), ".2f"), _f(f.get("error"), ".1e")])
     widths = [max(len(x) for x in col) for col in zip(head, *lines)]
@@ -39,6 +41,9 @@ def grid_table(rows: list[dict], focus: str = "fmha:auto", timing_means_nothing:
     out.append(f"TFLOP/s per provider; {focus}/sdpa = best SDPA backend's ms / {focus}'s ms, "
                f"/peer = the same against every peer (> 1: faster). {len(failures)} provider-cell(s) failed "
                f"(see the ledger's note column).")
+    if ratios and not timing_means_nothing:
+        out.append(f"{focus} >= 1.0x the best SDPA backend in {sum(r >= 1.0 for r in ratios)} of {len(ratios)} "
+                   f"cells (ratios {min(ratios):.2f}-{max(ratios):.2f}).")
     if timing_means_nothing:
         out.append("CPU interpreter run: the times above mean nothing; only the errors do.")
     return "\n".join(out)
