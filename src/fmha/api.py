@@ -49,7 +49,7 @@ def select_variant(arch: str, shape: dict | None = None) -> str:
     chosen kernel cannot take (see ``kernels.unsupported``) falls back to ``tiled``."""
     shape = shape or {}
     if shape.get("seqlen_q", 1 << 30) <= 16:
-        return "tiled"  # decoding: the keys split over programs (flash-decoding), 16-row blocks
+        return "tiled"  # decoding: the keys split over programs (flash-decoding), GQA rows packed
     if arch == "sm90" and (shape.get("head_dim"), False) in configs.HOPPER:
         # causal D=64 at seqlen 512 (1-4 key tiles a block): tiled 194-195 TFLOP/s against hopper's
         # 180-181 (bench/ledger.csv, run 20261129T1321*); at D=128 hopper wins there (267 vs 190)
@@ -208,7 +208,7 @@ def _split_len(num_splits: int, arch: str, prob, block_m: int, block_n: int, dev
         sms = _kernels().device_facts(_index(device))[1]
         # a memory-bound loop: more programs keep more loads in flight.  2x SMs (run 20261129T151048)
         # against 4x (T151856), seqlen_k 128k: seqlen_q 16 went 209 -> 231 TFLOP/s, seqlen_q 1 stayed
-        # at 16 (2.0 TB/s of K/V, half the copy ceiling)
+        # at 16 (4.0 TB/s of K/V, 94-97% of the copy ceiling)
         num_splits = min(-(-4 * sms // programs), prob.seqlen_k // (4 * block_n))
     if num_splits <= 1:
         return 0
