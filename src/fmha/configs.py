@@ -49,7 +49,9 @@ TILED = [
 
 # the Gluon sm_90 kernel: block_m = 64 x consumer warpgroups (128 or 192), num_stages = ring depth.
 # (head_dim, causal) -> config.  `fmha sweep --variant hopper`, H200 bf16, TFLOP/s at S=1024 / S=16384,
-# runs 20261129T131415 and (after O moved into the Q slot, freeing 32 KB) the newest sweep in the ledger:
+# runs 20261129T131415 and 20261129T133824 (session 1: one program a block, O staged in the Q slot).
+# Since session 2 O has its own buffer (Q is released early for the next work item), so 3 stages
+# no longer fit at D=128; the persistent kernel's grid runs are T152011 / T152249:
 HOPPER = {
     (64, False): KernelConfig(192, 128, 4, 2),   # 376/510; m128n128s3 365/446
     (64, True): KernelConfig(128, 128, 4, 2),    # 267/459; m192n128s2 232/477 (192 rows waste the diagonal)
