@@ -111,3 +111,14 @@ def test_grid_table_counts_the_cells_at_or_above_sdpa():
         rows.append(dict(base, seqlen_q=sq, provider="sdpa:cudnn", ms=theirs, tflops=1.0))
     last = report.grid_table(rows).splitlines()[-1]
     assert last == "fmha:auto >= 1.0x the best SDPA backend in 1 of 2 cells (ratios 0.50-1.20)."
+
+
+def test_sweep_cli_over_a_grid(tmp_path):
+    path = tmp_path / "ledger.csv"
+    out = subprocess.run([sys.executable, "-m", "fmha", "sweep", "--variant", "tiled", "--grid", "quick",
+                          "--space", "block_m=16 block_n=16 num_warps=4 num_stages=1", "--ledger", str(path)],
+                         capture_output=True, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"), timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [r for r in ledger.read(path) if r["provider"] == "fmha:tiled"]
+    assert len(rows) == len(grids.quick_grid()) and all(r["note"] == "sweep ok" for r in rows)
+    assert out.stdout.count("best B=") == len(grids.quick_grid())

@@ -120,20 +120,22 @@ def cmd_bench(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from fmha.bench import sweep
+    from fmha.bench import grids, sweep
     device = _bench_device(args.device or ("cpu" if interpreting() else "cuda"))
     space = sweep.parse_space(args.space, args.variant)
-    cells = sweep.DEFAULT_CELLS[device]
-    rows = sweep.sweep(args.variant, space, cells, DTYPES[args.dtype], device, args.ledger)
+    cells = grids.GRIDS[args.grid]() if args.grid else sweep.DEFAULT_CELLS[device]
+    rows = sweep.sweep(args.variant, space, cells, DTYPES[args.dtype], device, args.ledger,
+                       graphs=args.cuda_graphs)
     best = {}
     for r in rows:
-        key = (r["head_dim"], r["causal"])
+        key = tuple(r[c] for c in ("batch", "heads", "kv_heads", "seqlen_q", "seqlen_k", "head_dim", "causal"))
         if "tflops" in r and (key not in best or r["tflops"] > best[key]["tflops"]):
             best[key] = r
     failed = sum(1 for r in rows if "failed" in r["note"])
     print(f"{len(rows)} attempts, {failed} failed (reasons in {args.ledger})")
-    for (d, c), r in sorted(best.items()):
-        print(f"best D={d} causal={c}: {r['config']} {r['tflops']:.1f} TFLOP/s err {r['error']:.1e}")
+    for (b, h, kv, sq, sk, d, c), r in sorted(best.items()):
+        print(f"best B={b} H/KV={h}/{kv} Sq={sq} Sk={sk} D={d} causal={c}: {r['config']} {r['tflops']:.1f} "
+              f"TFLOP/s err {r['error']:.1e}")
     return 0
 
 
@@ -225,6 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dtype", choices=list(DTYPES), default="bfloat16")
     s.add_argument("--ledger", default=str(ledger.DEFAULT_LEDGER))
     s.add_argument("--device", choices=["cuda", "cpu"], default=None)
+    s.add_argument("--grid", choices=["default", "decode", "extra", "quick"], default=None,
+                   help="the cells to sweep (default: 1k and 16k tokens, D 64/128, causal off/on)")
+    s.add_argument("--cuda-graphs", action="store_true", help="time CUDA-graph replays")
     s.set_defaults(fn=cmd_sweep)
 
     pl = sub.add_parser("plot", help="PNG plots of a ledger run")

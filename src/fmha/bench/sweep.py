@@ -44,7 +44,7 @@ def configs_of(space: dict) -> list[KernelConfig]:
 
 
 def sweep(variant: str, space: dict, cells: list[Cell], dtype: torch.dtype, device: str, ledger_path,
-          show_progress: bool = True) -> list[dict]:
+          show_progress: bool = True, graphs: bool = False) -> list[dict]:
     import fmha
     env = ledger.environment(device)
     ceil = [dict(env, **r) for r in ceilings(device)]
@@ -71,9 +71,9 @@ def sweep(variant: str, space: dict, cells: list[Cell], dtype: torch.dtype, devi
                 err = ((fn().float() - ref).norm() / ref.norm()).item()
                 if not err < 5e-2:
                     raise RuntimeError(f"wrong result: relative error {err:.2e}")
-                ms = time_ms(fn, device)
+                ms = time_ms(fn, device, graphs)
                 row.update(ms=ms, tflops=tflops(flops, ms), pct_peak=100 * tflops(flops, ms) / peak,
-                           error=err, note="sweep ok")
+                           error=err, note="sweep ok, cuda graph" if graphs else "sweep ok")
             except Exception as e:
                 row.update(note=f"sweep failed: {type(e).__name__}: {' '.join(str(e).split())[:160]}")
             ledger.append(ledger_path, [row])
