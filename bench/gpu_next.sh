@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # For the next H200 session (written at the end of session 2; nothing below has run yet).
-# Call A: `bash bench/gpu_next.sh a` (about 450 s); call B right after: `bash bench/gpu_next.sh b`.
+# Call A: `bash bench/gpu_next.sh a` (about 450 s); call B right after: `bash bench/gpu_next.sh b` (about 500 s).
 set -o pipefail
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 if [ "$1" = a ]; then
@@ -9,7 +9,8 @@ if [ "$1" = a ]; then
   timeout 300 python3 -m fmha bench --cuda-graphs --dtype bfloat16 --providers fmha:auto fmha:hopper fmha:tiled sdpa:cudnn sdpa:flash --ledger $OUT/ledger.csv 2>&1 | tr '\r' '\n' | grep -v '^\[' | tee $OUT/bench_bf16.txt
 else
   timeout 250 python3 -m fmha bench --cuda-graphs --dtype float16 --providers fmha:auto sdpa:cudnn sdpa:flash --ledger $OUT/ledger.csv 2>&1 | tr '\r' '\n' | grep -v '^\[' | tee $OUT/bench_fp16.txt
-  timeout 120 python3 -m fmha bench --cuda-graphs --grid extra --dtype bfloat16 --providers fmha:auto sdpa:cudnn sdpa:flash --ledger $OUT/ledger.csv 2>&1 | tr '\r' '\n' | grep -v '^\[' | tee $OUT/bench_extra.txt
+  # causal: one program per item (the default) against the persistent head-major snake
+  timeout 90 python3 -m fmha sweep --variant hopper --cuda-graphs --space "block_m=128 block_n=128 num_stages=2 persistent=0,1" --ledger $OUT/ledger.csv 2>&1 | tr '\r' '\n' | grep -v '^\[' | tail -10 | tee $OUT/sweep_hopper.txt
   # decoding at seqlen_q=1 trails cuDNN (0.85-0.98x): which tiles feed the memory system best
   timeout 150 python3 -m fmha sweep --variant tiled --grid decode --cuda-graphs --space "block_m=16 block_n=64,128 num_warps=4 num_stages=3,4" --ledger $OUT/ledger.csv 2>&1 | tr '\r' '\n' | grep -v '^\[' | tail -14 | tee $OUT/sweep_decode.txt
 fi

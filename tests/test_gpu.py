@@ -41,7 +41,8 @@ HOPPER_SHAPES = [  # seqlen_k a multiple of the key tile: what the Gluon kernel 
     (1, 3, 3, 77, 256, 128),      # seqlen_q below one block
     (4, 16, 4, 1000, 1024, 64),   # more work items than SMs: each persistent program runs several
 ]
-HOPPER_CONFIGS = [None, fmha.KernelConfig(128, 128, 4, 3), fmha.KernelConfig(192, 128, 4, 2)]
+HOPPER_CONFIGS = [None, fmha.KernelConfig(128, 128, 4, 3), fmha.KernelConfig(192, 128, 4, 2),
+                  fmha.KernelConfig(128, 128, 4, 2, persistent=1), fmha.KernelConfig(128, 128, 4, 2, persistent=0)]
 
 
 @pytest.mark.parametrize("shape", HOPPER_SHAPES, ids=lambda s: "b{}h{}kv{}-q{}k{}-d{}".format(*s))

@@ -18,13 +18,15 @@ class KernelConfig:
     num_warps: int
     num_stages: int = 1
     maxnreg: int = 0  # registers per consumer thread (hopper's setmaxnreg); 0: the variant's default
+    persistent: int = -1  # hopper: 1 one program per SM, 0 one per work item, -1 the variant's default
 
     def as_dict(self) -> dict:
         return asdict(self)
 
     def __str__(self) -> str:
         regs = f"r{self.maxnreg}" if self.maxnreg else ""
-        return f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}{regs}"
+        sched = f"p{self.persistent}" if self.persistent >= 0 else ""
+        return f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}{regs}{sched}"
 
 
 SEED = KernelConfig(block_m=16, block_n=16, num_warps=1, num_stages=1)

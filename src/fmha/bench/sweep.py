@@ -18,7 +18,7 @@ DEFAULT_SPACE = {
     "pipelined": {"block_m": [16, 32], "block_n": [16, 32], "num_warps": [1, 2], "num_stages": [1, 2]},
     "tiled": {"block_m": [64, 128], "block_n": [32, 64, 128], "num_warps": [4, 8], "num_stages": [2, 3, 4]},
     "hopper": {"block_m": [128, 192], "block_n": [64, 128], "num_warps": [4], "num_stages": [2, 3],
-               "maxnreg": [0]},
+               "maxnreg": [0], "persistent": [-1]},
 }
 DEFAULT_CELLS = {
     "cuda": [Cell(b, 2048 // d, 2048 // d, s, s, d, c) for d in (64, 128) for c in (False, True)

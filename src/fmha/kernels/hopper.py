@@ -14,7 +14,8 @@ The math is the seed's (Section 9) in the base-2 domain, with the same guards as
 ``kernels/common.py``: a row that has seen no visible key keeps ``m = -inf`` and
 a pivot of 0, and ``1/l := 0`` at the end.  Causal: the key loop stops at the
 block's last visible tile (Section 7) and only tiles that cross the diagonal are
-masked; causal work items run longest-first within each head.
+masked; causal work items run longest-first within each head (snaking over the
+programs when persistent).
 
 Shapes it takes (:func:`supports`): sm_90, head_dim 64 or 128, any seqlen_q,
 seqlen_k a multiple of ``BLOCK_N``, q/k/v/out contiguous in bhsd or bshd.  Rows
@@ -41,10 +42,18 @@ LN2 = gl.constexpr(0.6931471805599453)
 
 
 @gluon.jit
-def _tile(t, n_m, CAUSAL: gl.constexpr):
-    """Work item ``t`` -> (query block, batch*head): the blocks of one head in a row, so the
-    items running together share that head's K/V in L2; causal takes each head's blocks with
-    the most keys first."""
+def _tile(t_idx, n_tiles, n_m, CAUSAL: gl.constexpr):
+    """A program's ``t_idx`` -> (query block, batch*head).  The blocks of one head come in a
+    row, so the items running together share that head's K/V in L2; causal takes each head's
+    blocks with the most keys first, and when programs loop over several items (persistent),
+    every other complete round runs backwards over the programs (a snake), so the long and
+    short items even out."""
+    t = t_idx
+    if CAUSAL:
+        nprog = gl.num_programs(0)
+        r = t_idx // nprog
+        flip = (r % 2 == 1) & ((r + 1) * nprog <= n_tiles)
+        t = gl.where(flip, r * nprog + nprog - 1 - t_idx % nprog, t_idx)
     pid_m = t % n_m
     if CAUSAL:
         pid_m = n_m - 1 - pid_m
@@ -59,7 +68,7 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_
     it = 0  # position in the K/V rings, continued across work items
     tc = 0
     for t_idx in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-        pid_m, bh = _tile(t_idx, n_m, CAUSAL)
+        pid_m, bh = _tile(t_idx, n_tiles, n_m, CAUSAL)
         b = bh // heads
         h = bh % heads
         kvh = h // group
@@ -140,7 +149,7 @@ def _consumer(o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_
     it0 = 0  # position in the K/V rings, continued across work items
     tc = 0
     for t_idx in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-        pid_m, bh = _tile(t_idx, n_m, CAUSAL)
+        pid_m, bh = _tile(t_idx, n_tiles, n_m, CAUSAL)
         b = bh // heads
         h = bh % heads
         start_m = pid_m * BLOCK_M
@@ -324,12 +333,14 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str) -> None:
     descs, strides = descriptors(prob, cfg, q, k, v, o, layout)
     n_m = triton.cdiv(prob.seqlen_q, cfg.block_m)
     n_tiles = n_m * prob.batch * prob.heads
-    # persistent (one program per SM) where items are equal; causal items differ in length, and
-    # one program per item lets the hardware's block scheduler balance them: a static
-    # round-robin over causal items, ordered longest-first across heads, lost 5-10% at
+    # default: persistent (one program per SM) where items are equal; causal items differ in
+    # length, and one program per item lets the hardware's block scheduler balance them.  A
+    # static round-robin over causal items ordered longest-first across heads lost 5-10% at
     # seqlen >= 2k (runs 20261129T152011 and T152249 against T134130, bench/ledger.csv: the
-    # items running together spanned every head, so their K/V no longer shared L2)
-    grid = (n_tiles if prob.causal else min(n_tiles, device_facts(q.device.index)[1]),)
+    # items running together spanned every head, so their K/V no longer shared L2); the
+    # head-major snake that `persistent=1` now runs for causal is not measured yet.
+    persistent = cfg.persistent if cfg.persistent >= 0 else not prob.causal
+    grid = (min(n_tiles, device_facts(q.device.index)[1]) if persistent else n_tiles,)
     hopper_kernel[grid](*descs, o, lse if lse is not None else o, prob.heads, prob.heads // prob.kv_heads,
                         prob.seqlen_q, prob.seqlen_k, prob.causal_offset, prob.scale_log2, n_tiles, n_m, *strides,
                         **constexprs(prob, cfg, lse is not None), num_warps=4)
