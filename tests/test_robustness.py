@@ -27,6 +27,7 @@ def problems(draw):
         contiguous=draw(st.booleans()),
         causal=draw(st.booleans()),
         align=draw(st.sampled_from(["top_left", "bottom_right"])),
+        num_splits=draw(st.sampled_from([0, 0, 1, 3])),  # 3: split keys merged by LSE
         seed=draw(st.integers(0, 2 ** 16)),
     )
 
@@ -38,7 +39,7 @@ def test_random_problems_match_reference(p):
                        p["dtype"], p["layout"], p["contiguous"], seed=p["seed"])
     out = nan_like(q)
     fmha.attention(q, k, v, causal=p["causal"], causal_align=p["align"], layout=p["layout"],
-                   variant=p["variant"], out=out)
+                   variant=p["variant"], out=out, num_splits=p["num_splits"])
     check_against_reference(out, q, k, v, p["causal"], p["align"], p["layout"])
 
 
