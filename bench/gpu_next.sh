@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # For the next H200 session (written at the end of session 2; nothing below has run yet).
-# Call A: `bash bench/gpu_next.sh a` (about 450 s); call B right after: `bash bench/gpu_next.sh b` (about 500 s).
+# Call A: `bash bench/gpu_next.sh a` (about 520 s); call B right after: `bash bench/gpu_next.sh b` (about 500 s).
 set -o pipefail
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 if [ "$1" = a ]; then
   # the causal hopper launch changed after the last run (one program per item again): check, then time
-  timeout 120 python3 -m pytest -q -n 14 -p no:benchmark -rfE tests/test_gpu.py -k "hopper or graph" > $OUT/gpu_tests.txt 2>&1; tail -8 $OUT/gpu_tests.txt
+  timeout 200 python3 -m pytest -q -n 16 -p no:benchmark -rfE tests/test_gpu.py -k "hopper or graph" > $OUT/gpu_tests.txt 2>&1; tail -8 $OUT/gpu_tests.txt
   timeout 300 python3 -m fmha bench --cuda-graphs --dtype bfloat16 --providers fmha:auto fmha:hopper fmha:tiled sdpa:cudnn sdpa:flash --ledger $OUT/ledger.csv 2>&1 | tr '\r' '\n' | grep -v '^\[' | tee $OUT/bench_bf16.txt
 else
   timeout 250 python3 -m fmha bench --cuda-graphs --dtype float16 --providers fmha:auto sdpa:cudnn sdpa:flash --ledger $OUT/ledger.csv 2>&1 | tr '\r' '\n' | grep -v '^\[' | tee $OUT/bench_fp16.txt
