@@ -299,6 +299,11 @@ def _view2d(t: torch.Tensor, layout: str):
     return t.view(b * s, h * d), s, 0, d
 
 
+def smem_bytes(head_dim: int, cfg) -> int:
+    """Shared memory one program allocates (16-bit elements): Q, O and the K/V rings."""
+    return 2 * head_dim * (2 * cfg.block_m + 2 * cfg.num_stages * cfg.block_n)
+
+
 def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
     """None if the hopper kernel takes this call, else the reason it does not."""
     if not q.is_cuda or device_facts(q.device.index)[0] != 9:
@@ -309,7 +314,7 @@ def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
         return f"seqlen_k % {cfg.block_n} is not 0"
     if cfg.block_m not in (128, 192):
         return f"block_m {cfg.block_m} (takes 128 or 192: 2 or 3 consumer warpgroups)"
-    smem = 2 * prob.head_dim * (2 * cfg.block_m + 2 * cfg.num_stages * cfg.block_n)  # Q, O, the K/V rings
+    smem = smem_bytes(prob.head_dim, cfg)
     if smem > SMEM_LIMIT:
         return f"needs {smem >> 10} KB of shared memory, sm_90 has {SMEM_LIMIT >> 10} KB"
     for t in (q, k, v, o):
