@@ -107,10 +107,11 @@ def _config_of(p: Provider, cell: Cell, q, k, v) -> str:
     if not p.name.startswith("fmha:"):
         return "library default"
     from fmha import api
+    variant = p.name.split(":", 1)[1]
     try:
-        return api.describe(q, k, v, causal=cell.causal, variant=p.name.split(":", 1)[1])
+        return api.describe(q, k, v, causal=cell.causal, variant=variant)
     except ValueError as e:
-        return f"{p.name.split(':', 1)[1]} ({e})"
+        return f"{variant} ({e})"
 
 
 def _fill_ratios(rows: list[dict]) -> None:
