@@ -99,6 +99,7 @@ def test_sweep_records_failures(tmp_path):
     assert [r["note"] for r in rows] == ["sweep ok"]
     with pytest.raises(ValueError, match="unknown config field"):
         sweep.parse_space("tile=3", "tiled")
+    assert sweep.parse_space("split_per_sm=2,8", "tiled")["split_per_sm"] == [2, 8]
     np.testing.assert_equal(len(ledger.read(tmp_path / "l.csv")), 3)  # two ceilings + one attempt
 
 
@@ -111,6 +112,16 @@ def test_grid_table_counts_the_cells_at_or_above_sdpa():
         rows.append(dict(base, seqlen_q=sq, provider="sdpa:cudnn", ms=theirs, tflops=1.0))
     last = report.grid_table(rows).splitlines()[-1]
     assert last == "fmha:auto >= 1.0x the best SDPA backend in 1 of 2 cells (ratios 0.50-1.20)."
+
+
+def test_where_keeps_the_named_cells():
+    cells = grids.decode_grid() + grids.default_grid()
+    kept = grids.where(cells, "seqlen_q=1,4 causal=0")
+    assert kept and all(c.seqlen_q in (1, 4) and not c.causal for c in kept)
+    assert len(kept) == sum(1 for c in cells if c.seqlen_q in (1, 4) and not c.causal)
+    assert grids.where(cells, None) == cells
+    with pytest.raises(ValueError, match="unknown cell field"):
+        grids.where(cells, "dim=3")
 
 
 def test_sweep_cli_over_a_grid(tmp_path):

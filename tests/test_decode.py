@@ -74,3 +74,13 @@ def test_merge_matches_float64():
     torch.testing.assert_close(out.cpu().double(), ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(total.cpu().double(), ref_total, atol=1e-5, rtol=1e-5)
     assert (out[2, 3] == 0).all() and torch.isneginf(total[2, 3])
+
+
+def test_split_count_follows_programs_per_sm(monkeypatch):
+    from fmha import api, configs, kernels
+    monkeypatch.setattr(kernels, "device_facts", lambda index: (9, 100))
+    prob = kernels.Problem(2, 8, 8, 1, 1 << 16, 128, False, 0, 1.0)  # 16 programs before the split
+    for per_sm, splits in ((0, 25), (2, 13), (8, 50)):
+        cfg = configs.KernelConfig(16, 64, 4, 3, split_per_sm=per_sm)
+        split_len = api._split_len(0, "sm90", prob, cfg, torch.device("cuda", 0))
+        assert split_len % 64 == 0 and -(-prob.seqlen_k // split_len) == splits, (per_sm, split_len)

@@ -199,17 +199,19 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     return (o, lse) if return_lse else o
 
 
-def _split_len(num_splits: int, arch: str, prob, block_m: int, block_n: int, device) -> int:
-    """Keys per split (a multiple of block_n), or 0 for no split."""
-    if num_splits == 0:  # decide: split short queries over long keys until each SM has about 4 programs
+def _split_len(num_splits: int, arch: str, prob, cfg, device) -> int:
+    """Keys per split (a multiple of cfg.block_n), or 0 for no split."""
+    block_n = cfg.block_n
+    if num_splits == 0:  # decide: split short queries over long keys until each SM has its share of programs
         if arch == "interpreter" or prob.seqlen_q > 16 or prob.seqlen_k < 4 * block_n:
             return 0
-        programs = math.prod(prob.grid(block_m))
+        programs = math.prod(prob.grid(cfg.block_m))
         sms = _kernels().device_facts(_index(device))[1]
         # a memory-bound loop: more programs keep more loads in flight.  2x SMs (run 20261129T151048)
         # against 4x (T151856), seqlen_k 128k: seqlen_q 16 went 209 -> 231 TFLOP/s, seqlen_q 1 stayed
         # at 16 (4.0 TB/s of K/V, 94-97% of the copy ceiling)
-        num_splits = min(-(-4 * sms // programs), prob.seqlen_k // (4 * block_n))
+        per_sm = cfg.split_per_sm or 4
+        num_splits = min(-(-per_sm * sms // programs), prob.seqlen_k // (4 * block_n))
     if num_splits <= 1:
         return 0
     return -(-(-(-prob.seqlen_k // num_splits)) // block_n) * block_n
@@ -227,11 +229,11 @@ def _pack_plan(prob, alibi_slopes):
 def _split_plan(num_splits: int, arch: str, prob, cfg, device, fixed: bool = False):
     """(config, keys per split): a split launch on a GPU runs the decode config (a few query
     rows: small blocks, the keys spread over programs) unless the caller fixed one."""
-    split_len = _split_len(num_splits, arch, prob, cfg.block_m, cfg.block_n, device)
+    split_len = _split_len(num_splits, arch, prob, cfg, device)
     if split_len and not fixed and arch != "interpreter":
         rows = prob.seqlen_q * (prob.heads // prob.kv_heads if prob.pack_gqa else 1)
         cfg = configs.decode_config(rows)
-        split_len = _split_len(num_splits, arch, prob, cfg.block_m, cfg.block_n, device)
+        split_len = _split_len(num_splits, arch, prob, cfg, device)
     return cfg, split_len
 
 

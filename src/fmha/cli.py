@@ -124,6 +124,7 @@ def cmd_sweep(args) -> int:
     device = _bench_device(args.device or ("cpu" if interpreting() else "cuda"))
     space = sweep.parse_space(args.space, args.variant)
     cells = grids.GRIDS[args.grid]() if args.grid else sweep.DEFAULT_CELLS[device]
+    cells = grids.where(cells, args.where)
     rows = sweep.sweep(args.variant, space, cells, DTYPES[args.dtype], device, args.ledger,
                        graphs=args.cuda_graphs)
     best = {}
@@ -230,6 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--grid", choices=["default", "decode", "extra", "quick"], default=None,
                    help="the cells to sweep (default: 1k and 16k tokens, D 64/128, causal off/on)")
     s.add_argument("--cuda-graphs", action="store_true", help="time CUDA-graph replays")
+    s.add_argument("--where", default=None, help='only the cells with these values, e.g. "seqlen_q=1 causal=1"')
     s.set_defaults(fn=cmd_sweep)
 
     pl = sub.add_parser("plot", help="PNG plots of a ledger run")

@@ -19,6 +19,7 @@ class KernelConfig:
     num_stages: int = 1
     maxnreg: int = 0  # registers per consumer thread (hopper's setmaxnreg); 0: the variant's default
     persistent: int = -1  # hopper: 1 one program per SM, 0 one per work item, -1 the variant's default
+    split_per_sm: int = 0  # key-split launches: programs per SM the split aims for; 0: the default (4)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -26,7 +27,8 @@ class KernelConfig:
     def __str__(self) -> str:
         regs = f"r{self.maxnreg}" if self.maxnreg else ""
         sched = f"p{self.persistent}" if self.persistent >= 0 else ""
-        return f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}{regs}{sched}"
+        fill = f"f{self.split_per_sm}" if self.split_per_sm else ""
+        return f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}{regs}{sched}{fill}"
 
 
 SEED = KernelConfig(block_m=16, block_n=16, num_warps=1, num_stages=1)

@@ -1,6 +1,7 @@
 """Walk a variant's config space; every attempt, failures included, goes to the ledger."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import torch
@@ -28,12 +29,14 @@ DEFAULT_CELLS = {
 
 
 def parse_space(text: str | None, variant: str) -> dict:
-    """``"block_m=64,128 num_warps=4,8"`` over the variant's default space."""
+    """``"block_m=64,128 num_warps=4,8"`` over the variant's default space (any
+    :class:`KernelConfig` field may be named)."""
     space = {k: list(v) for k, v in DEFAULT_SPACE[variant].items()}
+    fields = {f.name for f in dataclasses.fields(KernelConfig)}
     for part in (text or "").split():
         key, _, vals = part.partition("=")
-        if key not in space:
-            raise ValueError(f"unknown config field {key!r}; fields: {sorted(space)}")
+        if key not in fields:
+            raise ValueError(f"unknown config field {key!r}; fields: {sorted(fields)}")
         space[key] = [int(x) for x in vals.split(",") if x]
     return space
 
