@@ -73,7 +73,7 @@ def _hopper_source(head_dim: int, dtype: str, causal: bool, cfg):
     q, kv = t[:, :, :cfg.block_m], t[:, :, :cfg.block_n]
     descs, _ = hopper.descriptors(prob, cfg, q, kv, kv, q, "bhsd")
     kernel = hopper.KERNEL
-    const = hopper.constexprs(prob, cfg, store_lse=False)
+    const = hopper.constexprs(prob, cfg, store_lse=False, paired=causal)  # causal: the paired schedule
     sig = {}
     for name in kernel.arg_names:
         if name in const:

@@ -42,33 +42,52 @@ LN2 = gl.constexpr(0.6931471805599453)
 
 
 @gluon.jit
-def _tile(t_idx, n_tiles, n_m, CAUSAL: gl.constexpr):
-    """A program's ``t_idx`` -> (query block, batch*head).  The blocks of one head come in a
-    row, so the items running together share that head's K/V in L2; causal takes each head's
-    blocks with the most keys first, and when programs loop over several items (persistent),
-    every other complete round runs backwards over the programs (a snake), so the long and
-    short items even out."""
-    t = t_idx
-    if CAUSAL:
-        nprog = gl.num_programs(0)
-        r = t_idx // nprog
-        flip = (r % 2 == 1) & ((r + 1) * nprog <= n_tiles)
-        t = gl.where(flip, r * nprog + nprog - 1 - t_idx % nprog, t_idx)
-    pid_m = t % n_m
-    if CAUSAL:
-        pid_m = n_m - 1 - pid_m
-    return pid_m, t // n_m
+def _n_items(n_tiles, PAIRED: gl.constexpr):
+    """How many work items this program runs: items ``pid, pid + num_programs, ...``, or,
+    PAIRED, pairs ``pid, pid + num_programs, ...`` of two items each (the last item alone
+    when ``n_tiles`` is odd)."""
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    if PAIRED:
+        n_pairs = (n_tiles + 1) // 2
+        mine = (n_pairs - pid + nprog - 1) // nprog
+        n = 2 * mine - ((n_tiles % 2 == 1) & (pid + (mine - 1) * nprog == n_pairs - 1)).to(gl.int32)
+    else:
+        n = (n_tiles - pid + nprog - 1) // nprog
+    return n
+
+
+@gluon.jit
+def _tile(k, n_m, CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
+    """This program's ``k``-th work item -> (query block, batch*head).  Items are numbered
+    head-major, so the items running together share their heads' K/V in L2.  Causal items
+    differ in length: one program per item takes each head's longest first; PAIRED
+    (persistent causal), a head's items are numbered longest, shortest, second longest, ...
+    and a program runs them two by two, so every pair costs the same (``n_m + 1`` key
+    tiles, or ``n_m`` across a head boundary) and the programs stay balanced."""
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    if PAIRED:
+        g = 2 * (pid + (k // 2) * nprog) + k % 2
+        w = g % n_m
+        pid_m = gl.where(w % 2 == 0, n_m - 1 - w // 2, w // 2)
+    else:
+        g = pid + k * nprog
+        pid_m = g % n_m
+        if CAUSAL:
+            pid_m = n_m - 1 - pid_m
+    return pid_m, g // n_m
 
 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
               heads, group, seqlen_k, causal_offset, n_tiles, n_m, q_rows_b, q_rows_h, q_col_h, kv_rows_b, kv_rows_h,
               kv_col_h, NUM_WG: gl.constexpr, STAGES: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              CAUSAL: gl.constexpr):
+              CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
     it = 0  # position in the K/V rings, continued across work items
     tc = 0
-    for t_idx in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-        pid_m, bh = _tile(t_idx, n_tiles, n_m, CAUSAL)
+    for t_idx in range(_n_items(n_tiles, PAIRED)):
+        pid_m, bh = _tile(t_idx, n_m, CAUSAL, PAIRED)
         b = bh // heads
         h = bh % heads
         kvh = h // group
@@ -134,7 +153,7 @@ def _pivot(m, CAUSAL: gl.constexpr):
 def _consumer(o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
               heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m, q_rows_b, q_rows_h, q_col_h,
               o_stride, STAGES: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              HEAD: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr):
+              HEAD: gl.constexpr, CAUSAL: gl.constexpr, PAIRED: gl.constexpr, STORE_LSE: gl.constexpr):
     ROWS: gl.constexpr = 64
     dtype: gl.constexpr = o_desc.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -148,8 +167,8 @@ def _consumer(o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_
     o_half = o_smem.index(WG)
     it0 = 0  # position in the K/V rings, continued across work items
     tc = 0
-    for t_idx in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-        pid_m, bh = _tile(t_idx, n_tiles, n_m, CAUSAL)
+    for t_idx in range(_n_items(n_tiles, PAIRED)):
+        pid_m, bh = _tile(t_idx, n_m, CAUSAL, PAIRED)
         b = bh // heads
         h = bh % heads
         start_m = pid_m * BLOCK_M
@@ -233,9 +252,10 @@ def _consumer(o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_
 def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, heads, group, seqlen_q, seqlen_k, causal_offset,
                   scale_log2, n_tiles, n_m, q_rows_b, q_rows_h, q_col_h, kv_rows_b, kv_rows_h, kv_col_h, o_stride,
                   HEAD: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                  CONSUMER_REGS: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr):
-    """Each program runs work items (query block, batch*head) ``program_id, + num_programs,
-    ...`` (:func:`_tile`); the K/V rings and the barrier phases carry on from one item to the
+                  CONSUMER_REGS: gl.constexpr, CAUSAL: gl.constexpr, PAIRED: gl.constexpr,
+                  STORE_LSE: gl.constexpr):
+    """Each program runs its work items (query block, batch*head), :func:`_n_items` and
+    :func:`_tile`; the K/V rings and the barrier phases carry on from one item to the
     next, so the next item's first loads overlap this one's epilogue."""
     NUM_WG: gl.constexpr = BLOCK_M // 64
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG, 64, HEAD], q_desc.layout)  # a 64-row box per warpgroup
@@ -260,28 +280,33 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, heads, group, seqlen_q
         gl.warp_specialize([
             (_consumer, (o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m, q_rows_b,
-                         q_rows_h, q_col_h, o_stride, STAGES, 0, BLOCK_M, BLOCK_N, HEAD, CAUSAL, STORE_LSE)),
+                         q_rows_h, q_col_h, o_stride, STAGES, 0, BLOCK_M, BLOCK_N, HEAD, CAUSAL, PAIRED,
+                         STORE_LSE)),
             (_consumer, (o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m, q_rows_b,
-                         q_rows_h, q_col_h, o_stride, STAGES, 1, BLOCK_M, BLOCK_N, HEAD, CAUSAL, STORE_LSE)),
+                         q_rows_h, q_col_h, o_stride, STAGES, 1, BLOCK_M, BLOCK_N, HEAD, CAUSAL, PAIRED,
+                         STORE_LSE)),
             (_consumer, (o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m, q_rows_b,
-                         q_rows_h, q_col_h, o_stride, STAGES, 2, BLOCK_M, BLOCK_N, HEAD, CAUSAL, STORE_LSE)),
+                         q_rows_h, q_col_h, o_stride, STAGES, 2, BLOCK_M, BLOCK_N, HEAD, CAUSAL, PAIRED,
+                         STORE_LSE)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, heads, group, seqlen_k, causal_offset, n_tiles, n_m, q_rows_b, q_rows_h, q_col_h,
-                         kv_rows_b, kv_rows_h, kv_col_h, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL)),
+                         kv_rows_b, kv_rows_h, kv_col_h, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, PAIRED)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m, q_rows_b,
-                         q_rows_h, q_col_h, o_stride, STAGES, 0, BLOCK_M, BLOCK_N, HEAD, CAUSAL, STORE_LSE)),
+                         q_rows_h, q_col_h, o_stride, STAGES, 0, BLOCK_M, BLOCK_N, HEAD, CAUSAL, PAIRED,
+                         STORE_LSE)),
             (_consumer, (o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m, q_rows_b,
-                         q_rows_h, q_col_h, o_stride, STAGES, 1, BLOCK_M, BLOCK_N, HEAD, CAUSAL, STORE_LSE)),
+                         q_rows_h, q_col_h, o_stride, STAGES, 1, BLOCK_M, BLOCK_N, HEAD, CAUSAL, PAIRED,
+                         STORE_LSE)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, heads, group, seqlen_k, causal_offset, n_tiles, n_m, q_rows_b, q_rows_h, q_col_h,
-                         kv_rows_b, kv_rows_h, kv_col_h, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL)),
+                         kv_rows_b, kv_rows_h, kv_col_h, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, PAIRED)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -338,20 +363,17 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str) -> None:
     descs, strides = descriptors(prob, cfg, q, k, v, o, layout)
     n_m = triton.cdiv(prob.seqlen_q, cfg.block_m)
     n_tiles = n_m * prob.batch * prob.heads
-    # default: persistent (one program per SM) where items are equal; causal items differ in
-    # length, and one program per item lets the hardware's block scheduler balance them.  A
-    # static round-robin over causal items ordered longest-first across heads lost 5-10% at
-    # seqlen >= 2k (runs 20261129T152011 and T152249 against T134130, bench/ledger.csv: the
-    # items running together spanned every head, so their K/V no longer shared L2); the
-    # head-major snake that `persistent=1` now runs for causal is not measured yet.
+    sms = device_facts(q.device.index)[1]
     persistent = cfg.persistent if cfg.persistent >= 0 else not prob.causal
-    grid = (min(n_tiles, device_facts(q.device.index)[1]) if persistent else n_tiles,)
+    # persistent causal with more items than SMs runs them in pairs of equal cost (:func:`_tile`)
+    paired = bool(prob.causal and persistent and n_tiles > sms)
+    grid = (min(triton.cdiv(n_tiles, 2) if paired else n_tiles, sms) if persistent else n_tiles,)
     hopper_kernel[grid](*descs, o, lse if lse is not None else o, prob.heads, prob.heads // prob.kv_heads,
                         prob.seqlen_q, prob.seqlen_k, prob.causal_offset, prob.scale_log2, n_tiles, n_m, *strides,
-                        **constexprs(prob, cfg, lse is not None), num_warps=4)
+                        **constexprs(prob, cfg, lse is not None, paired), num_warps=4)
 
 
-def constexprs(prob, cfg, store_lse: bool) -> dict:
+def constexprs(prob, cfg, store_lse: bool, paired: bool = False) -> dict:
     return dict(HEAD=prob.head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.num_stages,
                 CONSUMER_REGS=cfg.maxnreg or CONSUMER_REGS[cfg.block_m // 64], CAUSAL=prob.causal,
-                STORE_LSE=store_lse)
+                PAIRED=paired, STORE_LSE=store_lse)
