@@ -40,6 +40,7 @@ HOPPER_SHAPES = [  # seqlen_k a multiple of the key tile: what the Gluon kernel 
     (2, 4, 2, 1000, 512, 64),     # ragged seqlen_q: the last warpgroups straddle the end
     (1, 3, 3, 77, 256, 128),      # seqlen_q below one block
     (4, 16, 4, 1000, 1024, 64),   # more work items than SMs: each persistent program runs several
+    (3, 23, 23, 640, 640, 64),    # an odd number of items (345) over the SMs: persistent causal pairs, one alone
 ]
 HOPPER_CONFIGS = [None, fmha.KernelConfig(128, 128, 4, 3), fmha.KernelConfig(192, 128, 4, 2),
                   fmha.KernelConfig(128, 128, 4, 2, persistent=1), fmha.KernelConfig(128, 128, 4, 2, persistent=0)]

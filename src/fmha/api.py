@@ -50,11 +50,9 @@ def select_variant(arch: str, shape: dict | None = None) -> str:
     shape = shape or {}
     if shape.get("seqlen_q", 1 << 30) <= 16:
         return "tiled"  # decoding: the keys split over programs (flash-decoding), GQA rows packed
-    if arch == "sm90" and (shape.get("head_dim"), False) in configs.HOPPER:
-        # causal D=64 at seqlen 512 (1-4 key tiles a block): tiled 194-195 TFLOP/s against hopper's
-        # 180-181 (bench/ledger.csv, run 20261129T1321*); at D=128 hopper wins there (267 vs 190)
-        if shape.get("causal") and shape.get("head_dim") == 64 and shape.get("seqlen_k", 0) <= 512:
-            return "tiled"
+    if arch == "sm90" and shape.get("head_dim") in (64, 128):
+        # causal D=64 at seqlen 512 went to tiled until session 3 (195 TFLOP/s against hopper's 180,
+        # run 20261129T1321*); persistent hopper runs it at 234 (T161833)
         return "hopper"
     return "tiled"
 
@@ -232,7 +230,7 @@ def _split_plan(num_splits: int, arch: str, prob, cfg, device, fixed: bool = Fal
     split_len = _split_len(num_splits, arch, prob, cfg, device)
     if split_len and not fixed and arch != "interpreter":
         rows = prob.seqlen_q * (prob.heads // prob.kv_heads if prob.pack_gqa else 1)
-        cfg = configs.decode_config(rows)
+        cfg = configs.decode_config(rows, prob.seqlen_k)
         split_len = _split_len(num_splits, arch, prob, cfg, device)
     return cfg, split_len
 
@@ -350,7 +348,7 @@ def _plan(prob, q, k, v, o, layout, variant, config, alibi_slopes, num_splits):
     shape = {"head_dim": prob.head_dim, "seqlen_q": prob.seqlen_q, "seqlen_k": prob.seqlen_k,
              "causal": bool(prob.causal)}
     name = select_variant(arch, shape) if variant == "auto" else variant
-    cfg = config or configs.default_config(name, arch, prob.head_dim, prob.causal)
+    cfg = config or configs.default_config(name, arch, prob.head_dim, prob.causal, prob.seqlen_k)
     reason = kernels.unsupported(name, cfg, prob, q, k, v, o, layout, alibi_slopes is not None)
     if reason and variant == "auto":
         name = "tiled"
@@ -376,20 +374,10 @@ def describe(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
 
 
 def _run(name, cfg, prob, q, k, v, o, lse, layout, alibi, seqs, split_len, block_table=None) -> None:
-    """Launch, directly or split over the keys with the partials merged by their LSE."""
+    """Launch on q's device (split over the keys when ``split_len``, merged in the same launch)."""
     with _on(q.device):
-        if not split_len:
-            kernels = _kernels()
-            kernels.launch(name, cfg, prob, q, k, v, o, lse, layout, alibi, seqs, block_table=block_table)
-            return
-        kernels = _kernels()
-        from .kernels import merge
-        shape = (-(-prob.seqlen_k // split_len), prob.batch, prob.heads, prob.seqlen_q)
-        o_parts = torch.empty((*shape, prob.head_dim), dtype=torch.float32, device=q.device)
-        lse_parts = torch.empty(shape, dtype=torch.float32, device=q.device)
-        kernels.launch(name, cfg, prob, q, k, v, o_parts, lse_parts, layout, alibi, seqs, split_len=split_len,
-                       block_table=block_table)
-        merge.launch(o_parts, lse_parts, o, lse, kernels.strides_bhsd(o, layout), prob.heads, prob.seqlen_q)
+        _kernels().launch(name, cfg, prob, q, k, v, o, lse, layout, alibi, seqs, split_len=split_len,
+                          block_table=block_table)
 
 
 def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,

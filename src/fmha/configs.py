@@ -52,24 +52,45 @@ TILED = [
 
 
 # the Gluon sm_90 kernel: block_m = 64 x consumer warpgroups (128 or 192), num_stages = ring depth.
-# (head_dim, causal) -> config.  `fmha sweep --variant hopper`, H200 bf16, TFLOP/s at S=1024 / S=16384,
-# runs 20261129T131415 and 20261129T133824 (session 1: one program a block, O staged in the Q slot).
-# Since session 2 O has its own buffer (Q is released early for the next work item), so 3 stages
-# no longer fit at D=128; the persistent kernel's grid runs are T152011 / T152249:
-HOPPER = {
-    (64, False): KernelConfig(192, 128, 4, 2),   # 376/510; m128n128s3 365/446
-    (64, True): KernelConfig(128, 128, 4, 2),    # 267/459; m192n128s2 232/477 (192 rows waste the diagonal)
-    (128, False): KernelConfig(128, 128, 4, 2),  # s3 541/651, s2 536/638 (one program a block); s3 no longer
-                                                 # fits beside O's own buffer; m192 spills (230 registers)
-    (128, True): KernelConfig(128, 128, 4, 2),   # 314/624; s3 326/618
-}
+# (head_dim, causal, longest seqlen_k) -> config, first match wins.  `fmha sweep --variant hopper`,
+# H200 bf16, TFLOP/s at S=1024 / S=16384, runs 20261129T131415 and 20261129T133824 (session 1: one
+# program a block, O staged in the Q slot).  Since session 2 O has its own buffer (Q is released
+# early for the next work item), so 3 stages no longer fit at D=128.  Causal, one program per item
+# (p0) against persistent (p1), `--grid default --where causal=1`, run 20261129T161833 (p1 then
+# walked a snake; the pairs of equal cost replaced it), TFLOP/s at S=512/1k/2k/4k/8k/16k:
+#   D=64   p0 176/259/339/394/427/454   p1 234/317/377/420/440/447
+#   D=128  p0 266/369/457/523/568/618   p1 330/403/504/522/551/471
+HOPPER = [
+    (64, False, None, KernelConfig(192, 128, 4, 2)),    # 376/510; m128n128s3 365/446
+    (64, True, 8192, KernelConfig(128, 128, 4, 2, persistent=1)),
+    (64, True, None, KernelConfig(128, 128, 4, 2, persistent=0)),   # m192n128s2 232/477 (192 rows waste the diagonal)
+    (128, False, None, KernelConfig(128, 128, 4, 2)),   # s3 541/651, s2 536/638 (one program a block); s3 no
+                                                        # longer fits beside O's own buffer; m192 spills
+    (128, True, 4096, KernelConfig(128, 128, 4, 2, persistent=1)),
+    (128, True, None, KernelConfig(128, 128, 4, 2, persistent=0)),
+]
 
 
-def decode_config(rows: int) -> KernelConfig:
+def hopper_config(head_dim: int, causal: bool, seqlen_k: int) -> KernelConfig:
+    """The ``hopper`` entry for this shape (head dims other than 64 take the 128 rows)."""
+    d = 64 if head_dim == 64 else 128
+    for key_d, key_causal, longest, cfg in HOPPER:
+        if key_d == d and key_causal == bool(causal) and (longest is None or seqlen_k <= longest):
+            return cfg
+    raise AssertionError("the HOPPER table ends with an open row for every (head_dim, causal)")
+
+
+def decode_config(rows: int, seqlen_k: int) -> KernelConfig:
     """Decoding (keys split over programs): a block just big enough for the program's query
     rows (seqlen_q, times the GQA group when packed), 16 to 64; memory-bound, so mma.sync
-    tiles suffice."""
-    return KernelConfig(min(64, max(16, 1 << (rows - 1).bit_length())), 64, 4, 3)
+    tiles suffice.  `fmha sweep --variant tiled --grid decode --where seqlen_q=1` (run
+    20261129T161938, 4 query rows, TFLOP/s at 1k / 8k / 32k / 128k keys): m16n64w4s3 (the
+    session-2 choice) 7.3/12.3/15.1/16.1, m16n64w4s4 7.1/12.5/16.2/17.2, m16n128w4s4
+    5.8/11.0/16.1/18.0 (128-key tiles leave too few splits on short caches)."""
+    block_m = min(64, max(16, 1 << (rows - 1).bit_length()))
+    if block_m > 16:
+        return KernelConfig(block_m, 64, 4, 3)
+    return KernelConfig(16, 128 if seqlen_k >= 65536 else 64, 4, 4)
 
 
 def tiled_config(arch: str, head_dim: int) -> KernelConfig:
@@ -83,11 +104,11 @@ def tiled_config(arch: str, head_dim: int) -> KernelConfig:
     raise ValueError(f"no tiled config for arch={arch!r}, head_dim={head_dim}")
 
 
-def default_config(variant: str, arch: str, head_dim: int, causal: bool = False) -> KernelConfig:
+def default_config(variant: str, arch: str, head_dim: int, causal: bool = False, seqlen_k: int = 0) -> KernelConfig:
     if variant in ("singlewave", "pipelined"):
         return SEED
     if variant == "tiled":
         return tiled_config(arch, head_dim)
     if variant == "hopper":
-        return HOPPER.get((head_dim, causal), HOPPER[(128, causal)])
+        return hopper_config(head_dim, causal, seqlen_k)
     raise ValueError(f"no config table for variant {variant!r}")

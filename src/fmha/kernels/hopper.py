@@ -1,7 +1,8 @@
 """``hopper``: the sm_90 fast path, in Gluon (explicit wgmma, TMA, mbarriers, warp specialization).
 
-FlashAttention-3's shape, persistent: one program per SM (per work item when
-causal) walks work items of ``BLOCK_M`` query rows of one (batch, head); a 1-warp producer streams Q and the
+FlashAttention-3's shape, persistent: one program per SM (or per work item:
+``KernelConfig.persistent``) walks work items of ``BLOCK_M`` query rows of one
+(batch, head); a 1-warp producer streams Q and the
 K and V tiles by TMA into ``STAGES``-deep shared rings that carry on from one
 item to the next (the next item's first K tile and Q load overlap this item's
 last P V and epilogue); ``BLOCK_M / 64`` consumer warpgroups (2 or 3) of 64 rows
@@ -14,8 +15,8 @@ The math is the seed's (Section 9) in the base-2 domain, with the same guards as
 ``kernels/common.py``: a row that has seen no visible key keeps ``m = -inf`` and
 a pivot of 0, and ``1/l := 0`` at the end.  Causal: the key loop stops at the
 block's last visible tile (Section 7) and only tiles that cross the diagonal are
-masked; causal work items run longest-first within each head (snaking over the
-programs when persistent).
+masked; causal work items run longest-first within each head, or, persistent, in
+pairs of equal cost (longest with shortest).
 
 Shapes it takes (:func:`supports`): sm_90, head_dim 64 or 128, any seqlen_q,
 seqlen_k a multiple of ``BLOCK_N``, q/k/v/out contiguous in bhsd or bshd.  Rows
