@@ -374,10 +374,21 @@ def describe(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
 
 
 def _run(name, cfg, prob, q, k, v, o, lse, layout, alibi, seqs, split_len, block_table=None) -> None:
-    """Launch on q's device (split over the keys when ``split_len``, merged in the same launch)."""
+    """Launch, directly or split over the keys with the partials merged by their LSE (a second
+    kernel: merging inside the split launch, by the split that finished last, was slower,
+    bench/ledger.csv runs 20261129T164118 and T163732)."""
     with _on(q.device):
-        _kernels().launch(name, cfg, prob, q, k, v, o, lse, layout, alibi, seqs, split_len=split_len,
-                          block_table=block_table)
+        kernels = _kernels()
+        if not split_len:
+            kernels.launch(name, cfg, prob, q, k, v, o, lse, layout, alibi, seqs, block_table=block_table)
+            return
+        from .kernels import merge
+        shape = (-(-prob.seqlen_k // split_len), prob.batch, prob.heads, prob.seqlen_q)
+        o_parts = torch.empty((*shape, prob.head_dim), dtype=torch.float32, device=q.device)
+        lse_parts = torch.empty(shape, dtype=torch.float32, device=q.device)
+        kernels.launch(name, cfg, prob, q, k, v, o_parts, lse_parts, layout, alibi, seqs, split_len=split_len,
+                       block_table=block_table)
+        merge.launch(o_parts, lse_parts, o, lse, kernels.strides_bhsd(o, layout), prob.heads, prob.seqlen_q)
 
 
 def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,

@@ -60,14 +60,16 @@ TILED = [
 # walked a snake; the pairs of equal cost replaced it), TFLOP/s at S=512/1k/2k/4k/8k/16k:
 #   D=64   p0 176/259/339/394/427/454   p1 234/317/377/420/440/447
 #   D=128  p0 266/369/457/523/568/618   p1 330/403/504/522/551/471
+# and with the pairs, run 20261129T163549:
+#   D=64   p0 175/257/338/394/431/461   p1 235/315/381/421/451/455
+#   D=128  p0 265/370/504/526/576/620   p1 324/428/514/619/605/621
 HOPPER = [
     (64, False, None, KernelConfig(192, 128, 4, 2)),    # 376/510; m128n128s3 365/446
     (64, True, 8192, KernelConfig(128, 128, 4, 2, persistent=1)),
     (64, True, None, KernelConfig(128, 128, 4, 2, persistent=0)),   # m192n128s2 232/477 (192 rows waste the diagonal)
     (128, False, None, KernelConfig(128, 128, 4, 2)),   # s3 541/651, s2 536/638 (one program a block); s3 no
                                                         # longer fits beside O's own buffer; m192 spills
-    (128, True, 4096, KernelConfig(128, 128, 4, 2, persistent=1)),
-    (128, True, None, KernelConfig(128, 128, 4, 2, persistent=0)),
+    (128, True, None, KernelConfig(128, 128, 4, 2, persistent=1)),
 ]
 
 

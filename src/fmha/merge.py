@@ -6,7 +6,7 @@ Two results over disjoint key sets, ``(o_a, lse_a)`` and ``(o_b, lse_b)``, combi
 
 (seed Section 3's rescale, applied to whole key blocks).  A row that no key has
 reached keeps ``lse = -inf`` and ``o = 0``.  Used by ring attention; split-key decoding
-runs the same step (:func:`fmha.kernels.common.merge_step`) inside its own launch.
+calls the same kernel, writing straight into the output.
 """
 from __future__ import annotations
 

@@ -185,9 +185,9 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
             sig[name], const[name] = "constexpr", 1
         elif name in ("Q", "K", "V", "O"):
             sig[name], attrs[(i,)] = "*" + DTYPES[dtype], [["tt.divisibility", 16]]
-        elif name in ("CuQ", "CuK", "SeqK", "BlockTable", "Tickets"):
+        elif name in ("CuQ", "CuK", "SeqK", "BlockTable"):
             sig[name] = "*i32"
-        elif name in ("LSE", "Alibi", "OP", "LP"):
+        elif name in ("LSE", "Alibi"):
             sig[name], attrs[(i,)] = "*fp32", [["tt.divisibility", 16]]
         elif name in ("scale_log2", "softcap"):
             sig[name] = "fp32"

@@ -85,23 +85,17 @@ def launch(variant: str, cfg, prob: Problem, q, k, v, o, lse, layout: str, alibi
            grid_m: int | None = None, split_len: int = 0, block_table=None) -> None:
     """Run ``variant`` with ``cfg`` on ``prob``: writes ``o`` (and ``lse`` if not None).
     ``seqs = (cu_seqlens_q, cu_seqlens_k, seqused_k)``; ``grid_m`` rows cover the longest sequence.
-    ``split_len > 0``: keys split in chunks of that many (flash-decoding), the partials merged
-    in the same launch (:func:`~fmha.kernels.common.finish`) through float32 workspaces."""
+    ``split_len > 0``: keys split in chunks of that many (flash-decoding); ``o`` is then a float32
+    ``[splits, batch, heads, seqlen_q, D]`` workspace and ``lse`` ``[splits, batch, heads, seqlen_q]``."""
     if variant == "hopper":
         from . import hopper
         return hopper.launch(prob, cfg, q, k, v, o, lse, layout)
     kernel = VARIANTS[variant]
     splits = triton.cdiv(prob.seqlen_k, split_len) if split_len else 1
     grid = (*prob.grid(cfg.block_m, grid_m), splits)
-    if split_len:  # partial O and LSE of every split, one ticket per row block (zero before the launch)
-        rows = prob.batch * prob.heads * prob.seqlen_q
-        o_parts = torch.empty((splits, rows, prob.head_dim), dtype=torch.float32, device=q.device)
-        lse_parts = torch.empty((splits, rows), dtype=torch.float32, device=q.device)
-        tickets = torch.zeros(grid[0] * grid[1], dtype=torch.int32, device=q.device)
-    else:
-        o_parts = lse_parts = tickets = o
     cu_q, cu_k, seqused = seqs
-    strides = [list(strides_bhsd(t, layout)) for t in (q, k, v, o)]
+    strides = [list(strides_bhsd(t, layout)) for t in (q, k, v)]
+    strides.append(list(o.stride()[1:]) if split_len else list(strides_bhsd(o, layout)))
     if prob.varlen:  # packed: the batch index picks a sequence through cu_seqlens, not a stride
         for st in strides:
             st[0] = 0
@@ -112,8 +106,7 @@ def launch(variant: str, cfg, prob: Problem, q, k, v, o, lse, layout: str, alibi
         prob.causal_offset - a, prob.scale_log2,
         (prob.window_offset or 0) - a, 0, prob.softcap, alibi if alibi is not None else o,
         cu_q if cu_q is not None else o, cu_k if cu_k is not None else o, seqused if seqused is not None else o,
-        split_len, o_parts, lse_parts, tickets, o_parts[0].numel() if split_len else 0,
-        lse_parts[0].numel() if split_len else 0,
+        split_len, o.stride(0) if split_len else 0, lse[0].numel() if split_len and lse is not None else 0,
         block_table if block_table is not None else o, block_table.stride(0) if block_table is not None else 0,
         block_table.shape[1] if block_table is not None else 0,
         HEAD_DIM=prob.head_dim, BLOCK_D=prob.block_d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,

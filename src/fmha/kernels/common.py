@@ -7,10 +7,7 @@
 * :func:`window_start` -- the sliding window's whole-tile skip;
 * :func:`causal_stop` -- the early exit (Section 7);
 * :func:`online_softmax_step` -- one tile of the recurrence (5.3-5.6);
-* :func:`write_output` -- the epilogue with the ``l == 0`` guard (Section 6) and LSE;
-* :func:`merge_step` -- one partial of the log-sum-exp merge (the recurrence again);
-* :func:`finish` -- the epilogue of every Triton variant: the output, or, split over the
-  keys, the partial and (by the split that finishes last) the merge.
+* :func:`write_output` -- the epilogue with the ``l == 0`` guard (Section 6) and LSE.
 
 Scores live in the base-2 domain: ``s = scale_log2 * q.k`` with
 ``scale_log2 = scale * log2(e)`` folded on the host (8.1), so every exponential is
@@ -41,10 +38,10 @@ def mma(a, b, acc):
 @triton.jit
 def program_start(Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks,
                   stride_vb, stride_vh, stride_vs, stride_ob, stride_oh, stride_os, heads, group, seqlen_q, seqlen_k,
-                  causal_offset, window_offset, align_offset, CuQ, CuK, SeqK,
+                  causal_offset, window_offset, align_offset, CuQ, CuK, SeqK, stride_osplit, lse_split,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                   BLOCK_M: tl.constexpr, VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr,
-                  PAGED: tl.constexpr, PACK_GQA: tl.constexpr):
+                  SPLIT: tl.constexpr, PAGED: tl.constexpr, PACK_GQA: tl.constexpr):
     """Program (row block, batch*head) -> its query rows, its Q tile, the bases of its K/V head,
     a pointer to each row's output and the offset of each row's LSE, its sequence's lengths,
     and the band's offsets moved onto its sequence's diagonal (the host passes them relative
@@ -104,6 +101,9 @@ def program_start(Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride
     seq = (q0 + offs_m).to(tl.int64)
     q_rows = Q + b * stride_qb + h * stride_qh + seq * stride_qs
     o_rows = O + b * stride_ob + h * stride_oh + seq * stride_os
+    if SPLIT:
+        o_rows += tl.program_id(2).to(tl.int64) * stride_osplit
+        lse_rows += tl.program_id(2).to(tl.int64) * lse_split
     if PAGED:
         k_base = K + kvh * stride_kh
         v_base = V + kvh * stride_vh
@@ -263,51 +263,3 @@ def write_output(o_rows, LSE, lse_rows, acc, l, m, offs_m, seqlen_q, offs_d, str
     if STORE_LSE:
         lse = tl.where(l == 0.0, float("-inf"), (m + tl.math.log2(l)) * LN2)
         tl.store(LSE + lse_rows, lse, mask=offs_m < seqlen_q)
-
-
-@triton.jit
-def merge_step(acc, l, m, x, o):
-    """One partial of the log-sum-exp merge: per row its base-2 LSE ``x`` (``-inf``: it saw no
-    key) and its normalised output ``o``.  It is :func:`online_softmax_step` with one "key" of
-    score ``x`` and value ``o``, and the same ``-inf`` pivot guard."""
-    m_new = tl.maximum(m, x)
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.math.exp2(m - m_safe)
-    w = tl.math.exp2(x - m_safe)
-    l = l * alpha + w
-    acc = acc * alpha[:, None] + w[:, None] * o
-    return acc, l, m_new
-
-
-@triton.jit
-def finish(o_rows, LSE, lse_rows, acc, l, m, offs_m, seqlen_q, offs_d, stride_od, OP, LP, Tickets, stride_osplit,
-           lse_split, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, STORE_LSE: tl.constexpr, SPLIT: tl.constexpr):
-    """Write this program's rows.  SPLIT (grid axis 2 splits the keys, flash-decoding): split s
-    writes its partial O and LSE to the float32 workspaces ``OP`` / ``LP`` (row r of the
-    bhsd-flattened query rows at ``s * stride_osplit + r * HEAD_DIM`` and ``s * lse_split + r``),
-    then takes a ticket for its row block; the split that takes the last ticket merges every
-    split's partial into the output and sets the ticket back to 0.  (The ticket's acquire-release
-    makes the other splits' partials visible; they are read past L1.)"""
-    if SPLIT:
-        BLOCK_M: tl.constexpr = acc.shape[0]
-        m0, l0, acc0 = initial_state(BLOCK_M, BLOCK_D)
-        part_rows = OP + lse_rows * HEAD_DIM
-        split = tl.program_id(2).to(tl.int64)
-        write_output(part_rows + split * stride_osplit, LP, lse_rows + split * lse_split, acc, l, m, offs_m,
-                     seqlen_q, offs_d, 1, HEAD_DIM, BLOCK_D, True)
-        tl.debug_barrier()  # every thread's partial is written before the ticket is taken
-        ticket = Tickets + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
-        if tl.atomic_add(ticket, 1, sem="acq_rel") == tl.num_programs(2) - 1:
-            acc, l, m = acc0, l0, m0
-            live = offs_m < seqlen_q
-            for s in range(tl.num_programs(2)):
-                x = tl.load(LP + lse_rows + s * lse_split, mask=live, other=float("-inf"), cache_modifier=".cg")
-                o = tl.load(part_rows[:, None] + s * stride_osplit + offs_d[None, :],
-                            mask=live[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0, cache_modifier=".cg")
-                acc, l, m = merge_step(acc, l, m, x * LOG2E, o)
-            write_output(o_rows, LSE, lse_rows, acc, l, m, offs_m, seqlen_q, offs_d, stride_od,
-                         HEAD_DIM, BLOCK_D, STORE_LSE)
-            tl.atomic_xchg(ticket, 0)
-    else:
-        write_output(o_rows, LSE, lse_rows, acc, l, m, offs_m, seqlen_q, offs_d, stride_od,
-                     HEAD_DIM, BLOCK_D, STORE_LSE)

@@ -1,38 +1,51 @@
-"""Merging stacked partial attentions by their log-sum-exp, in one pass (ring attention's merge).
+"""Merging partial attentions by their log-sum-exp, in one pass (flash-decoding's second kernel).
 
 Partial ``s`` of a query row holds ``o_s`` (already normalised over its keys) and
 ``lse_s``; the whole row is ``o = sum_s exp(lse_s - lse) o_s`` with
-``lse = log sum_s exp(lse_s)``: the seed's recurrence (Section 3), one partial at a
-time (:func:`~fmha.kernels.common.merge_step`, which split-key decoding runs inside
-its own launch).  A row no partial has reached (every ``lse_s = -inf``) gives
-``o = 0`` and ``lse = -inf``.
+``lse = log sum_s exp(lse_s)``.  The sum runs over the partials in chunks with the
+seed's recurrence (Section 3): a running maximum, its rescale ``alpha`` and the
+running sum, here in base 2.  A row no partial has reached (every ``lse_s = -inf``)
+gives ``o = 0`` and ``lse = -inf``.
 """
 import triton
 import triton.language as tl
 
-from .common import LOG2E, initial_state, merge_step, write_output
+from .common import LN2, LOG2E
 
 
 @triton.jit
-def merge_kernel(OP, LP, O, LSE, n_parts, n_rows, heads, seqlen_q, stride_op, lse_part,
+def merge_kernel(OP, LP, O, LSE, n_parts, heads, seqlen_q, stride_op, lse_part,
                  stride_ob, stride_oh, stride_os, stride_od,
-                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, STORE_LSE: tl.constexpr):
-    """``BLOCK_R`` query rows a program: ``OP`` float32 ``[n_parts, n_rows, HEAD_DIM]`` (part stride
-    ``stride_op``), ``LP`` float32 ``[n_parts, n_rows]`` (part stride ``lse_part``); row r is
-    ``(b, h, i)`` with ``i = r % seqlen_q``, ``h = r // seqlen_q % heads``; ``O`` through its
-    strides, ``LSE`` ``[n_rows]``."""
-    rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, STORE_LSE: tl.constexpr):
+    """One program per query row ``(b, h, i)``: ``OP`` float32 ``[n_parts, batch*heads*seqlen_q,
+    HEAD_DIM]`` (part stride ``stride_op``), ``LP`` float32 ``[n_parts, batch*heads*seqlen_q]``
+    (part stride ``lse_part``); ``O`` through its strides, ``LSE`` ``[batch*heads*seqlen_q]``."""
+    row = tl.program_id(0).to(tl.int64)
+    offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    live = rows < n_rows
-    m, l, acc = initial_state(BLOCK_R, BLOCK_D)
-    for s in range(n_parts):
-        x = tl.load(LP + s * lse_part + rows, mask=live, other=float("-inf"))
-        o = tl.load(OP + s * stride_op + rows[:, None] * HEAD_DIM + offs_d[None, :],
-                    mask=live[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-        acc, l, m = merge_step(acc, l, m, x * LOG2E, o)
-    bh = rows // seqlen_q
-    o_rows = O + (bh // heads) * stride_ob + (bh % heads) * stride_oh + (rows % seqlen_q) * stride_os
-    write_output(o_rows, LSE, rows, acc, l, m, rows, n_rows, offs_d, stride_od, HEAD_DIM, BLOCK_D, STORE_LSE)
+    m = tl.full([1], float("-inf"), tl.float32)
+    l = tl.zeros([1], tl.float32)
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    for s0 in range(0, n_parts, BLOCK_S):
+        parts = (s0 + offs_s).to(tl.int64)
+        lse = tl.load(LP + parts * lse_part + row, mask=parts < n_parts, other=float("-inf")) * LOG2E
+        m_new = tl.maximum(m, tl.max(lse, 0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m - m_safe)
+        w = tl.math.exp2(lse[None, :] - m_safe[:, None])  # [1, BLOCK_S]
+        o = tl.load(OP + parts[:, None] * stride_op + row * HEAD_DIM + offs_d[None, :],
+                    mask=(parts[:, None] < n_parts) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        acc = acc * alpha + tl.sum(tl.trans(w) * o, 0)
+        l = l * alpha + tl.sum(w, 1)
+        m = m_new
+    inv_l = tl.where(l == 0.0, 0.0, 1.0 / l)
+    i = row % seqlen_q
+    bh = row // seqlen_q
+    o_ptrs = O + (bh // heads) * stride_ob + (bh % heads) * stride_oh + i * stride_os + offs_d * stride_od
+    tl.store(o_ptrs, (acc * inv_l).to(O.dtype.element_ty), mask=offs_d < HEAD_DIM)
+    if STORE_LSE:
+        total = tl.where(l == 0.0, float("-inf"), (m + tl.math.log2(l)) * LN2)
+        tl.store(LSE + row + tl.arange(0, 1), total)
 
 
 def launch(o_parts, lse_parts, o, lse, o_strides, heads: int = 1, seqlen_q: int | None = None) -> None:
@@ -44,8 +57,7 @@ def launch(o_parts, lse_parts, o, lse, o_strides, heads: int = 1, seqlen_q: int 
     rows = lse_parts[0].numel()
     if rows == 0 or n == 0:
         return
-    block_r = 16
-    merge_kernel[(triton.cdiv(rows, block_r),)](
-        o_parts, lse_parts, o, lse if lse is not None else lse_parts, n, rows, heads, seqlen_q or rows,
-        o_parts.stride(0), lse_parts.stride(0), *o_strides, HEAD_DIM=d, BLOCK_D=max(16, triton.next_power_of_2(d)),
-        BLOCK_R=block_r, STORE_LSE=lse is not None, num_warps=4)
+    merge_kernel[(rows,)](o_parts, lse_parts, o, lse if lse is not None else lse_parts, n, heads,
+                          seqlen_q or rows, o_parts.stride(0), lse_parts.stride(0), *o_strides,
+                          HEAD_DIM=d, BLOCK_D=max(16, triton.next_power_of_2(d)),
+                          BLOCK_S=min(16, triton.next_power_of_2(n)), STORE_LSE=lse is not None, num_warps=4)

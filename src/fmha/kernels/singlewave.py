@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from .common import (causal_stop, head_slope, initial_state, load_rows, mma, online_softmax_step,
-                     program_start, scores, split_keys, window_start, finish)
+                     program_start, scores, split_keys, window_start, write_output)
 
 
 @triton.jit
@@ -21,8 +21,7 @@ def singlewave_kernel(
         stride_vb, stride_vh, stride_vs, stride_vd,
         stride_ob, stride_oh, stride_os, stride_od,
         heads, group, seqlen_q, seqlen_k, causal_offset, scale_log2,
-        window_offset, align_offset, softcap, Alibi, CuQ, CuK, SeqK,
-        split_len, OP, LP, Tickets, stride_osplit, lse_split,
+        window_offset, align_offset, softcap, Alibi, CuQ, CuK, SeqK, split_len, stride_osplit, lse_split,
         BlockTable, stride_bt, max_pages,
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
@@ -32,7 +31,8 @@ def singlewave_kernel(
      align_offset) = program_start(
         Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh,
         stride_vs, stride_ob, stride_oh, stride_os, heads, group, seqlen_q, seqlen_k, causal_offset, window_offset,
-        align_offset, CuQ, CuK, SeqK, HEAD_DIM, BLOCK_D, BLOCK_M, VARLEN, SEQUSED, ALIGN_BR, PAGED, PACK_GQA)
+        align_offset, CuQ, CuK, SeqK, stride_osplit, lse_split, HEAD_DIM, BLOCK_D, BLOCK_M, VARLEN, SEQUSED,
+        ALIGN_BR, SPLIT, PAGED, PACK_GQA)
     tl.static_assert(not PAGED, "paged KV runs on the tiled variant")
     tl.static_assert(not (PACK_GQA and ALIBI), "ALiBi slopes are per head: not with packed GQA rows")
     if row_lo >= seqlen_q:  # past this sequence's end (packed batches): nothing to do
@@ -63,8 +63,8 @@ def singlewave_kernel(
         # 5.7 next tile
         k_ptrs += BLOCK_N * stride_ks
         v_ptrs += BLOCK_N * stride_vs
-    finish(o_rows, LSE, lse_rows, acc, l, m, offs_m, seqlen_q, offs_d, stride_od, OP, LP, Tickets, stride_osplit,
-           lse_split, HEAD_DIM, BLOCK_D, STORE_LSE, SPLIT)
+    write_output(o_rows, LSE, lse_rows, acc, l, m, offs_m, seqlen_q, offs_d, stride_od,
+                 HEAD_DIM, BLOCK_D, STORE_LSE)
 
 
 KERNEL = singlewave_kernel
