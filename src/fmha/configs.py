@@ -87,12 +87,17 @@ def decode_config(rows: int, seqlen_k: int) -> KernelConfig:
     rows (seqlen_q, times the GQA group when packed), 16 to 64; memory-bound, so mma.sync
     tiles suffice.  `fmha sweep --variant tiled --grid decode --where seqlen_q=1` (run
     20261129T161938, 4 query rows, TFLOP/s at 1k / 8k / 32k / 128k keys): m16n64w4s3 (the
-    session-2 choice) 7.3/12.3/15.1/16.1, m16n64w4s4 7.1/12.5/16.2/17.2, m16n128w4s4
-    5.8/11.0/16.1/18.0 (128-key tiles leave too few splits on short caches)."""
+    session-2 choice) 7.3/12.3/15.1/16.1, m16n64w4s3f2 7.5/13.4/15.7/16.3, m16n64w4s4
+    7.1/12.5/16.2/17.2, m16n128w4s4 5.8/11.0/16.1/18.0 (128-key tiles leave too few splits
+    on short caches); f2: 2 programs per SM, not 4."""
     block_m = min(64, max(16, 1 << (rows - 1).bit_length()))
     if block_m > 16:
         return KernelConfig(block_m, 64, 4, 3)
-    return KernelConfig(16, 128 if seqlen_k >= 65536 else 64, 4, 4)
+    if seqlen_k >= 65536:
+        return KernelConfig(16, 128, 4, 4)
+    if seqlen_k >= 32768:
+        return KernelConfig(16, 64, 4, 4)
+    return KernelConfig(16, 64, 4, 3, split_per_sm=2)
 
 
 def tiled_config(arch: str, head_dim: int) -> KernelConfig:
