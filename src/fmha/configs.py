@@ -64,7 +64,10 @@ TILED = [
 #   D=64   p0 175/257/338/394/431/461   p1 235/315/381/421/451/455
 #   D=128  p0 265/370/504/526/576/620   p1 324/428/514/619/605/621
 HOPPER = [
-    (64, False, None, KernelConfig(192, 128, 4, 2)),    # 376/510; m128n128s3 365/446
+    # D=64 non-causal, persistent, run 20261129T165522 (bf16, S=512/1k/2k): m128 357/405/433, m192 339/376/434
+    # (192 rows pad a 512- or 1024-row sequence by 11%)
+    (64, False, 1024, KernelConfig(128, 128, 4, 2)),
+    (64, False, None, KernelConfig(192, 128, 4, 2)),    # 376/510; m128n128s3 365/446 (one program a block)
     (64, True, 8192, KernelConfig(128, 128, 4, 2, persistent=1)),
     (64, True, None, KernelConfig(128, 128, 4, 2, persistent=0)),   # m192n128s2 232/477 (192 rows waste the diagonal)
     (128, False, None, KernelConfig(128, 128, 4, 2)),   # s3 541/651, s2 536/638 (one program a block); s3 no
