@@ -1,7 +1,8 @@
 """Ring attention across processes: `torchrun --nproc-per-node N examples/ring_attention.py [--causal]`.
 
 `--time K` then times K calls and prints tokens per second per GPU (the scaling figure: run it
-with N=1 for the one-GPU baseline); `--no-check` skips the one-device reference (long sequences).
+with N=1 for the one-GPU baseline; `--ledger PATH` appends it to the iteration ledger);
+`--no-check` skips the one-device reference (long sequences).
 
 NCCL on GPUs (one per process), gloo on CPUs (set TRITON_INTERPRET=1 there); `--backend gloo`
 on GPUs puts several ranks on one GPU (rank r on GPU r % device count). Every
@@ -27,6 +28,7 @@ def main():
     p.add_argument("--backend", choices=["nccl", "gloo"], default=None, help="default: nccl on GPUs, else gloo")
     p.add_argument("--time", type=int, default=0, metavar="K", help="time K calls after the check")
     p.add_argument("--no-check", action="store_true", help="skip the one-device reference")
+    p.add_argument("--ledger", default=None, help="with --time: append the timing to this ledger (rank 0)")
     args = p.parse_args()
     cuda = torch.cuda.is_available()
     dist.init_process_group(args.backend or ("nccl" if cuda else "gloo"))
@@ -56,9 +58,25 @@ def main():
         dist.barrier()
         seconds = (time.perf_counter() - t0) / args.time
         if rank == 0:
+            per_rank = args.seqlen / seconds / world
             print(f"{world} rank(s), {args.seqlen} tokens x {args.heads} heads, causal={args.causal}: "
-                  f"{seconds * 1e3:.1f} ms a call, {args.seqlen / seconds / world:.0f} tokens/s per rank")
+                  f"{seconds * 1e3:.1f} ms a call, {per_rank:.0f} tokens/s per rank")
+            if args.ledger:
+                record(args, world, seconds, per_rank, dist.get_backend(), "cuda" if cuda else "cpu")
     dist.destroy_process_group()
+
+
+def record(args, world: int, seconds: float, per_rank: float, backend: str, device: str) -> None:
+    from fmha.bench import ledger
+    from fmha.bench.flops import attention_flops
+    env = ledger.environment(device)
+    flops = attention_flops(1, args.heads, args.seqlen, args.seqlen, 128, args.causal)
+    ledger.append(args.ledger, [dict(
+        env, gpu=f"{world}x {env['gpu']}", provider="fmha:ring_attention",
+        config=f"{backend} {world} rank(s){', zigzag causal' if args.causal else ''}", dtype="bfloat16", batch=1,
+        heads=args.heads, kv_heads=args.heads, seqlen_q=args.seqlen, seqlen_k=args.seqlen, head_dim=128,
+        causal=int(args.causal), ms=seconds * 1e3, tflops=flops / seconds / 1e12,
+        note=f"{per_rank:.0f} tokens/s per rank; eager, {args.time} calls")])
 
 
 if __name__ == "__main__":
