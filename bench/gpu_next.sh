@@ -4,12 +4,7 @@
 # GPU 0: the whole GPU suite (no full run completed in session 3); GPU 1: the grids with the final tables
 # (D=64 non-causal up to 1k keys now takes 128-row blocks: measured by sweep only).
 set -o pipefail
-export PYTHONPATH=src PYTHONUNBUFFERED=1
-clean() { tr '\r' '\n' | grep -v '^\['; }
-bench() {  # bench SECONDS ARGS...
-  local limit=$1; shift
-  timeout "$limit" python3 -m fmha bench --cuda-graphs --providers fmha:auto sdpa:cudnn sdpa:flash "$@" 2>&1 | clean
-}
+source "$(dirname "$0")/gpu_common.sh"
 gpu0() {
   export CUDA_VISIBLE_DEVICES=0
   timeout 540 python3 -m pytest -q -n 16 -p no:benchmark -rfE tests 2>&1 | tail -25

@@ -1,0 +1,8 @@
+# Helpers for the device scripts (sourced): unbuffered Python on the work tree, progress lines dropped,
+# `bench SECONDS ARGS...` = fmha bench under CUDA graphs against cuDNN and SDPA's flash, with a time limit.
+export PYTHONPATH=src PYTHONUNBUFFERED=1
+clean() { tr '\r' '\n' | grep -v '^\['; }
+bench() {
+  local limit=$1; shift
+  timeout "$limit" python3 -m fmha bench --cuda-graphs --providers fmha:auto sdpa:cudnn sdpa:flash "$@" 2>&1 | clean
+}
