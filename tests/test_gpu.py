@@ -43,7 +43,8 @@ HOPPER_SHAPES = [  # seqlen_k a multiple of the key tile: what the Gluon kernel 
     (3, 23, 23, 640, 640, 64),    # an odd number of items (345) over the SMs: persistent causal pairs, one alone
 ]
 HOPPER_CONFIGS = [None, fmha.KernelConfig(128, 128, 4, 3), fmha.KernelConfig(192, 128, 4, 2),
-                  fmha.KernelConfig(128, 128, 4, 2, persistent=1), fmha.KernelConfig(128, 128, 4, 2, persistent=0)]
+                  fmha.KernelConfig(128, 128, 4, 2, persistent=1), fmha.KernelConfig(128, 128, 4, 2, persistent=0),
+                  fmha.KernelConfig(128, 128, 4, 2, pingpong=1), fmha.KernelConfig(192, 128, 4, 2, pingpong=1)]
 
 
 @pytest.mark.parametrize("shape", HOPPER_SHAPES, ids=lambda s: "b{}h{}kv{}-q{}k{}-d{}".format(*s))

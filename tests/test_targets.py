@@ -45,6 +45,20 @@ def test_nvidia_and_cdna_builds(builds):
     assert any(k.startswith("v_mfma") for k in cdna.matrix_instructions) and cdna.wave_size == 64
 
 
+def test_hopper_builds_for_sm90_with_wgmma_and_tma():
+    from fmha import configs
+    b = targets.build("hopper", "sm_90", 128, "bfloat16", True)  # causal: the persistent pairs' schedule
+    r = targets.report(b)
+    ptx = b.asm["ptx"]
+    assert any(k.startswith("wgmma.mma_async") for k in r.matrix_instructions)
+    assert "cp.async.bulk.tensor.2d.shared::cluster.global" in ptx  # TMA loads of Q, K, V
+    assert "cp.async.bulk.tensor.2d.global.shared::cta" in ptx      # the TMA store of O
+    assert r.spilled_registers == 0 and r.scratch_bytes == 0
+    # ping-pong: every consumer warpgroup waits for its turn before each of its 3 issue points
+    turns = targets.build("hopper", "sm_90", 128, "bfloat16", True, configs.KernelConfig(128, 128, 4, 2, pingpong=1))
+    assert turns.asm["ptx"].count("mbarrier.try_wait") == ptx.count("mbarrier.try_wait") + 2 * 3
+
+
 def test_amd_report_agrees_with_the_code_object(builds):
     b, r = builds("tiled", "gfx1151", 128)
     meta = targets.hsaco_metadata(b.asm["hsaco"])

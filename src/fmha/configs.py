@@ -20,6 +20,7 @@ class KernelConfig:
     maxnreg: int = 0  # registers per consumer thread (hopper's setmaxnreg); 0: the variant's default
     persistent: int = -1  # hopper: 1 one program per SM, 0 one per work item, -1 the variant's default
     split_per_sm: int = 0  # key-split launches: programs per SM the split aims for; 0: the default (4)
+    pingpong: int = 0  # hopper: 1 the consumer warpgroups take turns issuing their matrix products
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -28,7 +29,8 @@ class KernelConfig:
         regs = f"r{self.maxnreg}" if self.maxnreg else ""
         sched = f"p{self.persistent}" if self.persistent >= 0 else ""
         fill = f"f{self.split_per_sm}" if self.split_per_sm else ""
-        return f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}{regs}{sched}{fill}"
+        turns = "pp" if self.pingpong else ""
+        return f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}{regs}{sched}{fill}{turns}"
 
 
 SEED = KernelConfig(block_m=16, block_n=16, num_warps=1, num_stages=1)

@@ -97,7 +97,7 @@ def _build_elsewhere(*args) -> "Build":
     (the CPU tests) the build runs in a child process with the interpreter off."""
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "build.pickle"
-        code = ("import pickle, sys; from fmha import targets; "
+        code = ("import pickle, sys; from fmha import targets; from fmha.configs import KernelConfig; "
                 f"pickle.dump(targets.build(*{args!r}), open({str(path)!r}, 'wb'))")
         env = dict(os.environ, TRITON_INTERPRET="0")
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)

@@ -9,7 +9,10 @@ last P V and epilogue); ``BLOCK_M / 64`` consumer warpgroups (2 or 3) of 64 rows
 each run the recurrence and stage O in their own shared buffer.  Inside a
 consumer, the Q K^T of tile j+1 is issued before P V of tile j and waited on
 first, so the softmax of one tile overlaps the matrix unit's work on the other.
-P stays in registers as the A operand of P V.
+P stays in registers as the A operand of P V.  ``KernelConfig.pingpong=1`` adds
+FlashAttention-3's ping-pong: the consumer warpgroups take turns issuing their
+products (an mbarrier per warpgroup), so one's softmax runs under another's
+products (built and counted for sm_90; not yet timed, off by default).
 
 The math is the seed's (Section 9) in the base-2 domain, with the same guards as
 ``kernels/common.py``: a row that has seen no visible key keeps ``m = -inf`` and
@@ -151,11 +154,29 @@ def _pivot(m, CAUSAL: gl.constexpr):
 
 
 @gluon.jit
+def _take_turn(turns, n_turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """Ping-pong (FlashAttention-3): wait until the previous consumer warpgroup has issued its
+    matrix products of this step, so the warpgroups' products alternate on the tensor cores
+    and one warpgroup's softmax runs under the other's products."""
+    if PINGPONG:
+        mbarrier.wait(turns.index(WG), n_turn & 1)
+
+
+@gluon.jit
+def _pass_turn(turns, WG: gl.constexpr, NUM_WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """Ping-pong: this warpgroup has issued its products; the next one may issue."""
+    if PINGPONG:
+        mbarrier.arrive(turns.index((WG + 1) % NUM_WG), count=1)
+
+
+@gluon.jit
 def _consumer(o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
-              heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m, q_rows_b, q_rows_h, q_col_h,
+              turns, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m, q_rows_b, q_rows_h, q_col_h,
               o_stride, STAGES: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              HEAD: gl.constexpr, CAUSAL: gl.constexpr, PAIRED: gl.constexpr, STORE_LSE: gl.constexpr):
+              HEAD: gl.constexpr, CAUSAL: gl.constexpr, PAIRED: gl.constexpr, PINGPONG: gl.constexpr,
+              STORE_LSE: gl.constexpr):
     ROWS: gl.constexpr = 64
+    NUM_WG: gl.constexpr = BLOCK_M // ROWS
     dtype: gl.constexpr = o_desc.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -168,6 +189,9 @@ def _consumer(o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_
     o_half = o_smem.index(WG)
     it0 = 0  # position in the K/V rings, continued across work items
     tc = 0
+    n_turn = 0  # ping-pong: the steps this warpgroup has taken its turn for
+    if PINGPONG and WG == NUM_WG - 1:
+        mbarrier.arrive(turns.index(0), count=1)  # warpgroup 0 goes first
     for t_idx in range(_n_items(n_tiles, PAIRED)):
         pid_m, bh = _tile(t_idx, n_m, CAUSAL, PAIRED)
         b = bh // heads
@@ -184,8 +208,11 @@ def _consumer(o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_
         s = it0 % STAGES
         mbarrier.wait(q_bar, tc & 1)
         mbarrier.wait(k_ready.index(s), (it0 // STAGES) & 1)
+        _take_turn(turns, n_turn, WG, PINGPONG)
         qk = warpgroup_mma(q_half, k_bufs.index(s).permute((1, 0)),
                            gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+        _pass_turn(turns, WG, NUM_WG, PINGPONG)
+        n_turn += 1
         qk, _k0 = warpgroup_mma_wait(0, deps=[qk, k_bufs.index(s)])
         mbarrier.arrive(k_empty.index(s), count=1)
         qk = _mask(qk, 0, mask_from, offs_m, offs_n, causal_offset, BLOCK_N, CAUSAL)
@@ -200,10 +227,16 @@ def _consumer(o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_
             php = ((it0 + i - 1) // STAGES) & 1
             # 5.1 of tile i issued, then 5.6 of tile i-1; wait for the scores only
             mbarrier.wait(k_ready.index(s), ph)
+            if PINGPONG:  # both operands in place before the turn is taken
+                mbarrier.wait(v_ready.index(sp), php)
+                _take_turn(turns, n_turn, WG, PINGPONG)
             qk = warpgroup_mma(q_half, k_bufs.index(s).permute((1, 0)),
                                gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
-            mbarrier.wait(v_ready.index(sp), php)
+            if not PINGPONG:
+                mbarrier.wait(v_ready.index(sp), php)
             acc = warpgroup_mma(p16, v_bufs.index(sp), acc, is_async=True)
+            _pass_turn(turns, WG, NUM_WG, PINGPONG)
+            n_turn += 1
             qk = warpgroup_mma_wait(1, deps=[qk])
             mbarrier.arrive(k_empty.index(s), count=1)
             # 5.2-5.4 of tile i while P V of tile i-1 runs
@@ -223,7 +256,10 @@ def _consumer(o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_
         mbarrier.arrive(q_empty, count=1)
         last = (it0 + n_iters - 1) % STAGES
         mbarrier.wait(v_ready.index(last), ((it0 + n_iters - 1) // STAGES) & 1)
+        _take_turn(turns, n_turn, WG, PINGPONG)
         acc = warpgroup_mma(p16, v_bufs.index(last), acc, is_async=True)
+        _pass_turn(turns, WG, NUM_WG, PINGPONG)
+        n_turn += 1
         acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
         mbarrier.arrive(v_empty.index(last), count=1)
 
@@ -257,7 +293,7 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, heads, group, seqlen_q
                   scale_log2, n_tiles, n_m, q_rows_b, q_rows_h, q_col_h, kv_rows_b, kv_rows_h, kv_col_h, o_stride,
                   HEAD: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                   CONSUMER_REGS: gl.constexpr, CAUSAL: gl.constexpr, PAIRED: gl.constexpr,
-                  STORE_LSE: gl.constexpr):
+                  PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr):
     """Each program runs its work items (query block, batch*head), :func:`_n_items` and
     :func:`_tile`; the K/V rings and the barrier phases carry on from one item to the
     next, so the next item's first loads overlap this one's epilogue."""
@@ -272,6 +308,7 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, heads, group, seqlen_q
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turns = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())  # ping-pong
     mbarrier.init(q_bar, count=1)
     mbarrier.init(q_empty, count=NUM_WG)  # one arrival per consumer warpgroup
     for i in gl.static_range(STAGES):
@@ -279,21 +316,23 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, heads, group, seqlen_q
         mbarrier.init(k_empty.index(i), count=NUM_WG)
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(v_empty.index(i), count=NUM_WG)
+    for i in gl.static_range(NUM_WG):
+        mbarrier.init(turns.index(i), count=1)
     # (the partition arguments are spelled out: a tuple would lose their constexpr-ness)
     if NUM_WG == 3:
         gl.warp_specialize([
             (_consumer, (o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
-                         v_empty, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m, q_rows_b,
+                         v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m, q_rows_b,
                          q_rows_h, q_col_h, o_stride, STAGES, 0, BLOCK_M, BLOCK_N, HEAD, CAUSAL, PAIRED,
-                         STORE_LSE)),
+                         PINGPONG, STORE_LSE)),
             (_consumer, (o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
-                         v_empty, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m, q_rows_b,
+                         v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m, q_rows_b,
                          q_rows_h, q_col_h, o_stride, STAGES, 1, BLOCK_M, BLOCK_N, HEAD, CAUSAL, PAIRED,
-                         STORE_LSE)),
+                         PINGPONG, STORE_LSE)),
             (_consumer, (o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
-                         v_empty, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m, q_rows_b,
+                         v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m, q_rows_b,
                          q_rows_h, q_col_h, o_stride, STAGES, 2, BLOCK_M, BLOCK_N, HEAD, CAUSAL, PAIRED,
-                         STORE_LSE)),
+                         PINGPONG, STORE_LSE)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, heads, group, seqlen_k, causal_offset, n_tiles, n_m, q_rows_b, q_rows_h, q_col_h,
                          kv_rows_b, kv_rows_h, kv_col_h, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, PAIRED)),
@@ -301,13 +340,13 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, heads, group, seqlen_q
     else:
         gl.warp_specialize([
             (_consumer, (o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
-                         v_empty, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m, q_rows_b,
+                         v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m, q_rows_b,
                          q_rows_h, q_col_h, o_stride, STAGES, 0, BLOCK_M, BLOCK_N, HEAD, CAUSAL, PAIRED,
-                         STORE_LSE)),
+                         PINGPONG, STORE_LSE)),
             (_consumer, (o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
-                         v_empty, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m, q_rows_b,
+                         v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m, q_rows_b,
                          q_rows_h, q_col_h, o_stride, STAGES, 1, BLOCK_M, BLOCK_N, HEAD, CAUSAL, PAIRED,
-                         STORE_LSE)),
+                         PINGPONG, STORE_LSE)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, heads, group, seqlen_k, causal_offset, n_tiles, n_m, q_rows_b, q_rows_h, q_col_h,
                          kv_rows_b, kv_rows_h, kv_col_h, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, PAIRED)),
@@ -380,4 +419,4 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str) -> None:
 def constexprs(prob, cfg, store_lse: bool, paired: bool = False) -> dict:
     return dict(HEAD=prob.head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.num_stages,
                 CONSUMER_REGS=cfg.maxnreg or CONSUMER_REGS[cfg.block_m // 64], CAUSAL=prob.causal,
-                PAIRED=paired, STORE_LSE=store_lse)
+                PAIRED=paired, PINGPONG=bool(cfg.pingpong), STORE_LSE=store_lse)
