@@ -18,7 +18,7 @@ class KernelConfig:
     num_warps: int
     num_stages: int = 1
     maxnreg: int = 0  # registers per consumer thread (hopper's setmaxnreg); 0: the variant's default
-    persistent: int = -1  # hopper: 1 one program per SM, 0 one per work item, -1 the variant's default
+    persistent: int = -1  # hopper: 1 one program per SM, 0 one per work item, -1 the variant's default (1)
     split_per_sm: int = 0  # key-split launches: programs per SM the split aims for; 0: the default (4)
     pingpong: int = 0  # hopper: 1 the consumer warpgroups take turns issuing their matrix products
 
@@ -70,11 +70,11 @@ HOPPER = [
     # (192 rows pad a 512- or 1024-row sequence by 11%)
     (64, False, 1024, KernelConfig(128, 128, 4, 2)),
     (64, False, None, KernelConfig(192, 128, 4, 2)),    # 376/510; m128n128s3 365/446 (one program a block)
-    (64, True, 8192, KernelConfig(128, 128, 4, 2, persistent=1)),
+    (64, True, 8192, KernelConfig(128, 128, 4, 2)),
     (64, True, None, KernelConfig(128, 128, 4, 2, persistent=0)),   # m192n128s2 232/477 (192 rows waste the diagonal)
     (128, False, None, KernelConfig(128, 128, 4, 2)),   # s3 541/651, s2 536/638 (one program a block); s3 no
                                                         # longer fits beside O's own buffer; m192 spills
-    (128, True, None, KernelConfig(128, 128, 4, 2, persistent=1)),
+    (128, True, None, KernelConfig(128, 128, 4, 2)),
 ]
 
 

@@ -1,7 +1,7 @@
 """``hopper``: the sm_90 fast path, in Gluon (explicit wgmma, TMA, mbarriers, warp specialization).
 
-FlashAttention-3's shape, persistent: one program per SM (or per work item:
-``KernelConfig.persistent``) walks work items of ``BLOCK_M`` query rows of one
+FlashAttention-3's shape, persistent: one program per SM (or per work item with
+``KernelConfig.persistent=0``) walks work items of ``BLOCK_M`` query rows of one
 (batch, head); a 1-warp producer streams Q and the
 K and V tiles by TMA into ``STAGES``-deep shared rings that carry on from one
 item to the next (the next item's first K tile and Q load overlap this item's
@@ -407,7 +407,7 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str) -> None:
     n_m = triton.cdiv(prob.seqlen_q, cfg.block_m)
     n_tiles = n_m * prob.batch * prob.heads
     sms = device_facts(q.device.index)[1]
-    persistent = cfg.persistent if cfg.persistent >= 0 else not prob.causal
+    persistent = cfg.persistent != 0  # the default since the causal pairs (configs.HOPPER)
     # persistent causal with more items than SMs runs them in pairs of equal cost (:func:`_tile`)
     paired = bool(prob.causal and persistent and n_tiles > sms)
     grid = (min(triton.cdiv(n_tiles, 2) if paired else n_tiles, sms) if persistent else n_tiles,)
