@@ -114,6 +114,22 @@ def test_grid_table_counts_the_cells_at_or_above_sdpa():
     assert last == "fmha:auto >= 1.0x the best SDPA backend in 1 of 2 cells (ratios 0.50-1.20)."
 
 
+def test_fa4_goal_line_is_the_geometric_mean_over_its_shapes():
+    from fmha.bench import published, report
+
+    def row(dtype, b, h, s, d, causal, tflops, provider="fmha:auto", kv=None):
+        return dict(provider=provider, dtype=dtype, batch=b, heads=h, kv_heads=kv or h, seqlen_q=s, seqlen_k=s,
+                    head_dim=d, causal=int(causal), ms=1.0, tflops=tflops, error=1e-3)
+    rows = [row("bfloat16", 1, 16, 16384, 128, False, 2 * 668), row("float16", 4, 32, 4096, 64, True, 4 * 401),
+            row("bfloat16", 4, 16, 4096, 128, True, 0.25 * 566),
+            row("bfloat16", 4, 32, 4096, 128, False, 999, kv=8),        # GQA: not a BENCH.md shape
+            row("bfloat16", 1, 16, 16384, 128, True, 1.0, provider="sdpa:cudnn")]
+    geo, n = published.fa4_geomean(rows)
+    assert n == 2 and abs(geo - (2 * 0.25) ** 0.5) < 1e-9  # the fp16 D=64 causal shape is not in BENCH.md
+    assert published.fa4_geomean(rows[3:]) is None
+    assert report.grid_table(rows).splitlines()[-1].endswith("(another run, 2 shapes): geometric mean 0.707x.")
+
+
 def test_where_keeps_the_named_cells():
     cells = grids.decode_grid() + grids.default_grid()
     kept = grids.where(cells, "seqlen_q=1,4 causal=0")

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from . import published
+
 
 def _f(x, fmt):
     try:
@@ -44,6 +46,10 @@ def grid_table(rows: list[dict], focus: str = "fmha:auto", timing_means_nothing:
     if ratios and not timing_means_nothing:
         out.append(f"{focus} >= 1.0x the best SDPA backend in {sum(r >= 1.0 for r in ratios)} of {len(ratios)} "
                    f"cells (ratios {min(ratios):.2f}-{max(ratios):.2f}).")
+    fa4 = None if timing_means_nothing else published.fa4_geomean(rows, focus)
+    if fa4 is not None:
+        out.append(f"{focus} against FlashAttention-4's figures in BENCH.md (another run, {fa4[1]} shapes): "
+                   f"geometric mean {fa4[0]:.3f}x.")
     if timing_means_nothing:
         out.append("CPU interpreter run: the times above mean nothing; only the errors do.")
     return "\n".join(out)
