@@ -44,14 +44,20 @@ def quick_grid() -> list[Cell]:
     return [Cell(1, 2, 2, 33, 33, 32, False), Cell(1, 2, 1, 17, 40, 64, True), Cell(2, 2, 2, 16, 16, 64, True)]
 
 
-def where(cells: list[Cell], text: str | None) -> list[Cell]:
-    """The cells whose fields take the listed values: ``"seqlen_q=1,4 causal=1"``."""
-    keep = {}
+def parse_fields(text: str | None, fields, kind: str) -> dict[str, list[int]]:
+    """``"name=1,2 other=3"`` -> ``{"name": [1, 2], "other": [3]}``; every name must be in ``fields``."""
+    out = {}
     for part in (text or "").split():
         key, _, vals = part.partition("=")
-        if key not in Cell.__dataclass_fields__:
-            raise ValueError(f"unknown cell field {key!r}; fields: {sorted(Cell.__dataclass_fields__)}")
-        keep[key] = {int(x) for x in vals.split(",") if x}
+        if key not in fields:
+            raise ValueError(f"unknown {kind} field {key!r}; fields: {sorted(fields)}")
+        out[key] = [int(x) for x in vals.split(",") if x]
+    return out
+
+
+def where(cells: list[Cell], text: str | None) -> list[Cell]:
+    """The cells whose fields take the listed values: ``"seqlen_q=1,4 causal=1"``."""
+    keep = parse_fields(text, Cell.__dataclass_fields__, "cell")
     return [c for c in cells if all(int(getattr(c, key)) in vals for key, vals in keep.items())]
 
 

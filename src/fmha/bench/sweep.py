@@ -10,7 +10,7 @@ from fmha.configs import KernelConfig
 
 from . import ledger
 from .flops import attention_flops
-from .grids import Cell
+from .grids import Cell, parse_fields
 from .runner import _reference, ceilings, progress, time_ms
 from .timing import tflops
 
@@ -32,12 +32,7 @@ def parse_space(text: str | None, variant: str) -> dict:
     """``"block_m=64,128 num_warps=4,8"`` over the variant's default space (any
     :class:`KernelConfig` field may be named)."""
     space = {k: list(v) for k, v in DEFAULT_SPACE[variant].items()}
-    fields = {f.name for f in dataclasses.fields(KernelConfig)}
-    for part in (text or "").split():
-        key, _, vals = part.partition("=")
-        if key not in fields:
-            raise ValueError(f"unknown config field {key!r}; fields: {sorted(fields)}")
-        space[key] = [int(x) for x in vals.split(",") if x]
+    space.update(parse_fields(text, {f.name for f in dataclasses.fields(KernelConfig)}, "config"))
     return space
 
 
