@@ -42,16 +42,20 @@ HOPPER_SHAPES = [  # seqlen_k a multiple of the key tile: what the Gluon kernel 
     (4, 16, 4, 1000, 1024, 64),   # more work items than SMs: each persistent program runs several
     (3, 23, 23, 640, 640, 64),    # an odd number of items (345) over the SMs: persistent causal pairs, one alone
 ]
-HOPPER_CONFIGS = [None, fmha.KernelConfig(128, 128, 4, 3), fmha.KernelConfig(192, 128, 4, 2),
+HOPPER_CONFIGS = [fmha.KernelConfig(128, 128, 4, 3), fmha.KernelConfig(192, 128, 4, 2),
                   fmha.KernelConfig(128, 128, 4, 2, persistent=1), fmha.KernelConfig(128, 128, 4, 2, persistent=0),
-                  fmha.KernelConfig(128, 128, 4, 2, pingpong=1), fmha.KernelConfig(192, 128, 4, 2, pingpong=1)]
+                  fmha.KernelConfig(128, 128, 4, 2, pingpong=1), fmha.KernelConfig(192, 128, 4, 2, pingpong=1),
+                  fmha.KernelConfig(128, 128, 4, 2, head_group=3), fmha.KernelConfig(192, 128, 4, 2, head_group=8)]
+DTYPE_LAYOUTS = [(dt, lay) for dt in (torch.float16, torch.bfloat16) for lay in ("bhsd", "bshd")]
+# the table's configs in every dtype and layout; each other config in one of them (the descriptors
+# and the output's dtype do not depend on the schedule)
+HOPPER_RUNS = ([(None, dt, lay) for dt, lay in DTYPE_LAYOUTS]
+               + [(cfg, *DTYPE_LAYOUTS[i % len(DTYPE_LAYOUTS)]) for i, cfg in enumerate(HOPPER_CONFIGS)])
 
 
 @pytest.mark.parametrize("shape", HOPPER_SHAPES, ids=lambda s: "b{}h{}kv{}-q{}k{}-d{}".format(*s))
 @pytest.mark.parametrize("causal,align", [(False, "top_left"), (True, "top_left"), (True, "bottom_right")])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
-@pytest.mark.parametrize("config", HOPPER_CONFIGS, ids=str)
+@pytest.mark.parametrize("config,dtype,layout", HOPPER_RUNS, ids=str)
 def test_hopper_matches_reference(config, layout, dtype, causal, align, shape):
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("sm_90 only")
@@ -162,3 +166,7 @@ def test_features_at_gpu_sizes():
     qd, kd, vd = make_qkv(4, 32, 8, 1, 16384, 128, torch.bfloat16, seed=12)
     split = fmha.attention(qd, kd, vd)  # auto splits the keys for a single query row
     check_against_reference(split, qd, kd, vd, False)
+    out = nan_like(qd)  # the merge by programmatic dependent launch
+    fmha.attention(qd, kd, vd, out=out, config=fmha.KernelConfig(16, 64, 4, 3, pdl=1))
+    torch.cuda.synchronize()
+    check_against_reference(out, qd, kd, vd, False)

@@ -21,6 +21,8 @@ class KernelConfig:
     persistent: int = -1  # hopper: 1 one program per SM, 0 one per work item, -1 the variant's default (1)
     split_per_sm: int = 0  # key-split launches: programs per SM the split aims for; 0: the default (4)
     pingpong: int = 0  # hopper: 1 the consumer warpgroups take turns issuing their matrix products
+    pdl: int = 0  # key-split launches: 1 the merge goes out with programmatic dependent launch (sm_90+)
+    head_group: int = 0  # hopper: work items numbered across this many heads at once; 0: head-major (1)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -30,7 +32,10 @@ class KernelConfig:
         sched = f"p{self.persistent}" if self.persistent >= 0 else ""
         fill = f"f{self.split_per_sm}" if self.split_per_sm else ""
         turns = "pp" if self.pingpong else ""
-        return f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}{regs}{sched}{fill}{turns}"
+        heads = f"h{self.head_group}" if self.head_group else ""
+        pdl = "g" if self.pdl else ""
+        return (f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}{regs}{sched}{fill}{turns}{heads}"
+                f"{pdl}")
 
 
 SEED = KernelConfig(block_m=16, block_n=16, num_warps=1, num_stages=1)

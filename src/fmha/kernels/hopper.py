@@ -62,36 +62,43 @@ def _n_items(n_tiles, PAIRED: gl.constexpr):
 
 
 @gluon.jit
-def _tile(k, n_m, CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
+def _tile(k, n_m, n_bh, head_group, CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
     """This program's ``k``-th work item -> (query block, batch*head).  Items are numbered
-    head-major, so the items running together share their heads' K/V in L2.  Causal items
-    differ in length: one program per item takes each head's longest first; PAIRED
-    (persistent causal), a head's items are numbered longest, shortest, second longest, ...
-    and a program runs them two by two, so every pair costs the same (``n_m + 1`` key
-    tiles, or ``n_m`` across a head boundary) and the programs stay balanced."""
+    in groups of ``head_group`` heads, query block by query block within a group (head-major
+    when 1), so the items running together share a few heads' K/V in L2 without every
+    program reading the same tile at once.  Causal items differ in length: one program per
+    item takes each block's longest first; PAIRED (persistent causal, head-major), a head's
+    items are numbered longest, shortest, second longest, ... and a program runs them two by
+    two, so every pair costs the same (``n_m + 1`` key tiles, or ``n_m`` across a head
+    boundary) and the programs stay balanced."""
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
     if PAIRED:
         g = 2 * (pid + (k // 2) * nprog) + k % 2
         w = g % n_m
         pid_m = gl.where(w % 2 == 0, n_m - 1 - w // 2, w // 2)
+        bh = g // n_m
     else:
         g = pid + k * nprog
-        pid_m = g % n_m
+        first = g // (n_m * head_group) * head_group  # the group's first head
+        r = g - first * n_m
+        width = gl.minimum(head_group, n_bh - first)  # the last group may be narrower
+        pid_m = r // width
+        bh = first + r % width
         if CAUSAL:
             pid_m = n_m - 1 - pid_m
-    return pid_m, g // n_m
+    return pid_m, bh
 
 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
-              heads, group, seqlen_k, causal_offset, n_tiles, n_m, q_rows_b, q_rows_h, q_col_h, kv_rows_b, kv_rows_h,
-              kv_col_h, NUM_WG: gl.constexpr, STAGES: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
+              heads, group, seqlen_k, causal_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_rows_b,
+              kv_rows_h, kv_col_h, NUM_WG: gl.constexpr, STAGES: gl.constexpr, BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
     it = 0  # position in the K/V rings, continued across work items
     tc = 0
     for t_idx in range(_n_items(n_tiles, PAIRED)):
-        pid_m, bh = _tile(t_idx, n_m, CAUSAL, PAIRED)
+        pid_m, bh = _tile(t_idx, n_m, n_tiles // n_m, head_group, CAUSAL, PAIRED)
         b = bh // heads
         h = bh % heads
         kvh = h // group
@@ -171,8 +178,8 @@ def _pass_turn(turns, WG: gl.constexpr, NUM_WG: gl.constexpr, PINGPONG: gl.const
 
 @gluon.jit
 def _consumer(o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
-              turns, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m, q_rows_b, q_rows_h, q_col_h,
-              o_stride, STAGES: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              turns, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m, head_group, q_rows_b, q_rows_h,
+              q_col_h, o_stride, STAGES: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               HEAD: gl.constexpr, CAUSAL: gl.constexpr, PAIRED: gl.constexpr, PINGPONG: gl.constexpr,
               STORE_LSE: gl.constexpr):
     ROWS: gl.constexpr = 64
@@ -193,7 +200,7 @@ def _consumer(o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_
     if PINGPONG and WG == NUM_WG - 1:
         mbarrier.arrive(turns.index(0), count=1)  # warpgroup 0 goes first
     for t_idx in range(_n_items(n_tiles, PAIRED)):
-        pid_m, bh = _tile(t_idx, n_m, CAUSAL, PAIRED)
+        pid_m, bh = _tile(t_idx, n_m, n_tiles // n_m, head_group, CAUSAL, PAIRED)
         b = bh // heads
         h = bh % heads
         start_m = pid_m * BLOCK_M
@@ -290,8 +297,8 @@ def _consumer(o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_
 
 @gluon.jit
 def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, heads, group, seqlen_q, seqlen_k, causal_offset,
-                  scale_log2, n_tiles, n_m, q_rows_b, q_rows_h, q_col_h, kv_rows_b, kv_rows_h, kv_col_h, o_stride,
-                  HEAD: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                  scale_log2, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_rows_b, kv_rows_h, kv_col_h,
+                  o_stride, HEAD: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                   CONSUMER_REGS: gl.constexpr, CAUSAL: gl.constexpr, PAIRED: gl.constexpr,
                   PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr):
     """Each program runs its work items (query block, batch*head), :func:`_n_items` and
@@ -322,34 +329,34 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, heads, group, seqlen_q
     if NUM_WG == 3:
         gl.warp_specialize([
             (_consumer, (o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
-                         v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m, q_rows_b,
-                         q_rows_h, q_col_h, o_stride, STAGES, 0, BLOCK_M, BLOCK_N, HEAD, CAUSAL, PAIRED,
-                         PINGPONG, STORE_LSE)),
+                         v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m,
+                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 0, BLOCK_M, BLOCK_N, HEAD,
+                         CAUSAL, PAIRED, PINGPONG, STORE_LSE)),
             (_consumer, (o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
-                         v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m, q_rows_b,
-                         q_rows_h, q_col_h, o_stride, STAGES, 1, BLOCK_M, BLOCK_N, HEAD, CAUSAL, PAIRED,
-                         PINGPONG, STORE_LSE)),
+                         v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m,
+                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 1, BLOCK_M, BLOCK_N, HEAD,
+                         CAUSAL, PAIRED, PINGPONG, STORE_LSE)),
             (_consumer, (o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
-                         v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m, q_rows_b,
-                         q_rows_h, q_col_h, o_stride, STAGES, 2, BLOCK_M, BLOCK_N, HEAD, CAUSAL, PAIRED,
-                         PINGPONG, STORE_LSE)),
+                         v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m,
+                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 2, BLOCK_M, BLOCK_N, HEAD,
+                         CAUSAL, PAIRED, PINGPONG, STORE_LSE)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
-                         v_empty, heads, group, seqlen_k, causal_offset, n_tiles, n_m, q_rows_b, q_rows_h, q_col_h,
-                         kv_rows_b, kv_rows_h, kv_col_h, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, PAIRED)),
+                         v_empty, heads, group, seqlen_k, causal_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h,
+                         q_col_h, kv_rows_b, kv_rows_h, kv_col_h, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, PAIRED)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
-                         v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m, q_rows_b,
-                         q_rows_h, q_col_h, o_stride, STAGES, 0, BLOCK_M, BLOCK_N, HEAD, CAUSAL, PAIRED,
-                         PINGPONG, STORE_LSE)),
+                         v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m,
+                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 0, BLOCK_M, BLOCK_N, HEAD,
+                         CAUSAL, PAIRED, PINGPONG, STORE_LSE)),
             (_consumer, (o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
-                         v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m, q_rows_b,
-                         q_rows_h, q_col_h, o_stride, STAGES, 1, BLOCK_M, BLOCK_N, HEAD, CAUSAL, PAIRED,
-                         PINGPONG, STORE_LSE)),
+                         v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m,
+                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 1, BLOCK_M, BLOCK_N, HEAD,
+                         CAUSAL, PAIRED, PINGPONG, STORE_LSE)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
-                         v_empty, heads, group, seqlen_k, causal_offset, n_tiles, n_m, q_rows_b, q_rows_h, q_col_h,
-                         kv_rows_b, kv_rows_h, kv_col_h, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, PAIRED)),
+                         v_empty, heads, group, seqlen_k, causal_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h,
+                         q_col_h, kv_rows_b, kv_rows_h, kv_col_h, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, PAIRED)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -412,7 +419,8 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str) -> None:
     paired = bool(prob.causal and persistent and n_tiles > sms)
     grid = (min(triton.cdiv(n_tiles, 2) if paired else n_tiles, sms) if persistent else n_tiles,)
     hopper_kernel[grid](*descs, o, lse if lse is not None else o, prob.heads, prob.heads // prob.kv_heads,
-                        prob.seqlen_q, prob.seqlen_k, prob.causal_offset, prob.scale_log2, n_tiles, n_m, *strides,
+                        prob.seqlen_q, prob.seqlen_k, prob.causal_offset, prob.scale_log2, n_tiles, n_m,
+                        max(cfg.head_group, 1), *strides,
                         **constexprs(prob, cfg, lse is not None, paired), num_warps=4)
 
 
