@@ -376,7 +376,8 @@ def describe(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
 def _run(name, cfg, prob, q, k, v, o, lse, layout, alibi, seqs, split_len, block_table=None) -> None:
     """Launch, directly or split over the keys with the partials merged by their LSE (a second
     kernel: merging inside the split launch, by the split that finished last, was slower,
-    bench/ledger.csv runs 20261129T164118 and T163732)."""
+    bench/ledger.csv runs 20261129T164118 and T163732; so was launching the merge by programmatic
+    dependent launch, by about 0.3 us a call, run 20261129T180206)."""
     with _on(q.device):
         kernels = _kernels()
         if not split_len:
@@ -388,8 +389,7 @@ def _run(name, cfg, prob, q, k, v, o, lse, layout, alibi, seqs, split_len, block
         lse_parts = torch.empty(shape, dtype=torch.float32, device=q.device)
         kernels.launch(name, cfg, prob, q, k, v, o_parts, lse_parts, layout, alibi, seqs, split_len=split_len,
                        block_table=block_table)
-        pdl = bool(cfg.pdl) and q.is_cuda and kernels.device_facts(q.device.index)[0] >= 9
-        merge.launch(o_parts, lse_parts, o, lse, kernels.strides_bhsd(o, layout), prob.heads, prob.seqlen_q, pdl)
+        merge.launch(o_parts, lse_parts, o, lse, kernels.strides_bhsd(o, layout), prob.heads, prob.seqlen_q)
 
 
 def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,

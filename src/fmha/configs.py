@@ -21,7 +21,6 @@ class KernelConfig:
     persistent: int = -1  # hopper: 1 one program per SM, 0 one per work item, -1 the variant's default (1)
     split_per_sm: int = 0  # key-split launches: programs per SM the split aims for; 0: the default (4)
     pingpong: int = 0  # hopper: 1 the consumer warpgroups take turns issuing their matrix products
-    pdl: int = 0  # key-split launches: 1 the merge goes out with programmatic dependent launch (sm_90+)
     head_group: int = 0  # hopper: work items numbered across this many heads at once; 0: head-major (1)
 
     def as_dict(self) -> dict:
@@ -33,9 +32,7 @@ class KernelConfig:
         fill = f"f{self.split_per_sm}" if self.split_per_sm else ""
         turns = "pp" if self.pingpong else ""
         heads = f"h{self.head_group}" if self.head_group else ""
-        pdl = "g" if self.pdl else ""
-        return (f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}{regs}{sched}{fill}{turns}{heads}"
-                f"{pdl}")
+        return f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}{regs}{sched}{fill}{turns}{heads}"
 
 
 SEED = KernelConfig(block_m=16, block_n=16, num_warps=1, num_stages=1)
@@ -77,6 +74,10 @@ HOPPER = [
     (64, False, None, KernelConfig(192, 128, 4, 2)),    # 376/510; m128n128s3 365/446 (one program a block)
     (64, True, 8192, KernelConfig(128, 128, 4, 2)),
     (64, True, None, KernelConfig(128, 128, 4, 2, persistent=0)),   # m192n128s2 232/477 (192 rows waste the diagonal)
+    # D=128 non-causal up to 512 keys: FA3's ping-pong, items across 4 heads at a time.  bf16 S=512:
+    # pp 544 vs 482 (run 20261129T174216); pph4 530, pp 486, h4 465, plain 455 (T175528).  At S=1k pp
+    # lost once (565 vs 617, T174216), pph4 won once (613 vs 527, T175528): not taken there yet.
+    (128, False, 512, KernelConfig(128, 128, 4, 2, pingpong=1, head_group=4)),
     (128, False, None, KernelConfig(128, 128, 4, 2)),   # s3 541/651, s2 536/638 (one program a block); s3 no
                                                         # longer fits beside O's own buffer; m192 spills
     (128, True, None, KernelConfig(128, 128, 4, 2)),
