@@ -22,8 +22,6 @@ class KernelConfig:
     split_per_sm: int = 0  # key-split launches: programs per SM the split aims for; 0: the default (4)
     pingpong: int = 0  # hopper: 1 the consumer warpgroups take turns issuing their matrix products
     head_group: int = 0  # hopper: work items numbered across this many heads at once; 0: head-major (1)
-    trim: int = 0  # hopper, causal: 1 a warpgroup whose rows end in the first half of the last key tile
-                   # computes that half only
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -34,9 +32,7 @@ class KernelConfig:
         fill = f"f{self.split_per_sm}" if self.split_per_sm else ""
         turns = "pp" if self.pingpong else ""
         heads = f"h{self.head_group}" if self.head_group else ""
-        trim = "t" if self.trim else ""
-        return (f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}{regs}{sched}{fill}{turns}{heads}"
-                f"{trim}")
+        return f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}{regs}{sched}{fill}{turns}{heads}"
 
 
 SEED = KernelConfig(block_m=16, block_n=16, num_warps=1, num_stages=1)
@@ -76,6 +72,11 @@ HOPPER = [
     # (192 rows pad a 512- or 1024-row sequence by 11%)
     (64, False, 1024, KernelConfig(128, 128, 4, 2)),
     (64, False, None, KernelConfig(192, 128, 4, 2)),    # 376/510; m128n128s3 365/446 (one program a block)
+    # causal, tried and not taken (run 20261129T181530, bf16, S=512..16k): a warpgroup whose rows end in
+    # the first half of the diagonal tile multiplying that half only (commit 140967c, reverted): D=64
+    # 228/318/387/411/431/440 against 231/315/390/416/436/445; its partner warpgroup still runs the
+    # whole tile and both wait on the same K/V ring, so the saving became idle time.  Ping-pong at D=64
+    # S=512..2k: 226/320/- against 231/316/376 (T175746).
     (64, True, 8192, KernelConfig(128, 128, 4, 2)),
     (64, True, None, KernelConfig(128, 128, 4, 2, persistent=0)),   # m192n128s2 232/477 (192 rows waste the diagonal)
     # D=128 non-causal up to 512 keys: FA3's ping-pong, items across 4 heads at a time.  bf16 S=512:

@@ -161,19 +161,6 @@ def _pivot(m, CAUSAL: gl.constexpr):
 
 
 @gluon.jit
-def _softmax_step(qk, m, l, i, mask_from, offs_m, offs_n, causal_offset, scale_log2, BLOCK_N: gl.constexpr,
-                  CAUSAL: gl.constexpr):
-    """5.2-5.4 on the scores of key tile ``i``: the mask, the new maximum, p, the rescale
-    ``alpha`` of what came before, and the new row sum."""
-    qk = _mask(qk, i, mask_from, offs_m, offs_n, causal_offset, BLOCK_N, CAUSAL)
-    m_new = gl.maximum(m, gl.max(qk, axis=1) * scale_log2)
-    m_safe = _pivot(m_new, CAUSAL)
-    p = gl.exp2(qk * scale_log2 - m_safe[:, None])
-    alpha = gl.exp2(m - m_safe)
-    return p, alpha, m_new, l * alpha + gl.sum(p, axis=1)
-
-
-@gluon.jit
 def _take_turn(turns, n_turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
     """Ping-pong (FlashAttention-3): wait until the previous consumer warpgroup has issued its
     matrix products of this step, so the warpgroups' products alternate on the tensor cores
@@ -194,7 +181,7 @@ def _consumer(o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_
               turns, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m, head_group, q_rows_b, q_rows_h,
               q_col_h, o_stride, STAGES: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               HEAD: gl.constexpr, CAUSAL: gl.constexpr, PAIRED: gl.constexpr, PINGPONG: gl.constexpr,
-              TRIM: gl.constexpr, STORE_LSE: gl.constexpr):
+              STORE_LSE: gl.constexpr):
     ROWS: gl.constexpr = 64
     NUM_WG: gl.constexpr = BLOCK_M // ROWS
     dtype: gl.constexpr = o_desc.dtype
@@ -205,11 +192,6 @@ def _consumer(o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    HALF_N: gl.constexpr = BLOCK_N // 2  # TRIM's half tile
-    h_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HALF_N, 16])
-    h_rows: gl.constexpr = gl.SliceLayout(1, h_layout)
-    offs_h = gl.arange(0, HALF_N, layout=gl.SliceLayout(0, h_layout))
     q_half = q_smem.index(WG)
     o_half = o_smem.index(WG)
     it0 = 0  # position in the K/V rings, continued across work items
@@ -228,9 +210,6 @@ def _consumer(o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_
         mask_from = gl.maximum(row0 + causal_offset + 1, 0) // BLOCK_N
         offs_m = row0 + gl.arange(0, ROWS, layout=row_layout)
         acc = gl.zeros([ROWS, HEAD], gl.float32, o_layout)
-        half = 0  # TRIM: this warpgroup's rows end in the first half of the block's last key tile
-        if TRIM:
-            half = ((n_iters > 1) & (row0 + ROWS - 1 + causal_offset < (n_iters - 1) * BLOCK_N + HALF_N)).to(gl.int32)
 
         # tile 0: 5.1-5.4 (no rescale yet)
         s = it0 % STAGES
@@ -248,7 +227,7 @@ def _consumer(o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_
         p = gl.exp2(qk * scale_log2 - _pivot(m, CAUSAL)[:, None])
         l = gl.sum(p, axis=1)
         p16 = gl.convert_layout(p.to(dtype), p_layout)
-        for i in range(1, n_iters - half):
+        for i in range(1, n_iters):
             s = (it0 + i) % STAGES
             ph = ((it0 + i) // STAGES) & 1
             sp = (it0 + i - 1) % STAGES
@@ -268,61 +247,28 @@ def _consumer(o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_
             qk = warpgroup_mma_wait(1, deps=[qk])
             mbarrier.arrive(k_empty.index(s), count=1)
             # 5.2-5.4 of tile i while P V of tile i-1 runs
-            p, alpha, m, l = _softmax_step(qk, m, l, i, mask_from, offs_m, offs_n, causal_offset, scale_log2,
-                                           BLOCK_N, CAUSAL)
+            qk = _mask(qk, i, mask_from, offs_m, offs_n, causal_offset, BLOCK_N, CAUSAL)
+            m_new = gl.maximum(m, gl.max(qk, axis=1) * scale_log2)
+            m_safe = _pivot(m_new, CAUSAL)
+            p = gl.exp2(qk * scale_log2 - m_safe[:, None])
+            alpha = gl.exp2(m - m_safe)
+            l = l * alpha + gl.sum(p, axis=1)
+            m = m_new
             acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
             mbarrier.arrive(v_empty.index(sp), count=1)
             # 5.5: rescale the accumulator once P V of tile i-1 has landed
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
             p16 = gl.convert_layout(p.to(dtype), p_layout)
-        if half:
-            # the last tile's second half is past every row of this warpgroup: its Q K^T and
-            # P V run on the first BLOCK_N / 2 keys of the K and V buffers
-            i = n_iters - 1
-            s = (it0 + i) % STAGES
-            sp = (it0 + i - 1) % STAGES
-            php = ((it0 + i - 1) // STAGES) & 1
-            mbarrier.wait(k_ready.index(s), ((it0 + i) // STAGES) & 1)
-            if PINGPONG:
-                mbarrier.wait(v_ready.index(sp), php)
-                _take_turn(turns, n_turn, WG, PINGPONG)
-            qk_h = warpgroup_mma(q_half, k_bufs.index(s).slice(0, HALF_N).permute((1, 0)),
-                                 gl.zeros([ROWS, HALF_N], gl.float32, h_layout), use_acc=False, is_async=True)
-            if not PINGPONG:
-                mbarrier.wait(v_ready.index(sp), php)
-            acc = warpgroup_mma(p16, v_bufs.index(sp), acc, is_async=True)
-            _pass_turn(turns, WG, NUM_WG, PINGPONG)
-            n_turn += 1
-            qk_h = warpgroup_mma_wait(1, deps=[qk_h])
-            mbarrier.arrive(k_empty.index(s), count=1)
-            p_h, alpha, m_h, l_h = _softmax_step(qk_h, gl.convert_layout(m, h_rows), gl.convert_layout(l, h_rows),
-                                                 i, mask_from, gl.convert_layout(offs_m, h_rows), offs_h,
-                                                 causal_offset, scale_log2, BLOCK_N, CAUSAL)
-            acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
-            mbarrier.arrive(v_empty.index(sp), count=1)
-            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-            p16_h = gl.convert_layout(p_h.to(dtype), p_layout)
-            mbarrier.arrive(q_empty, count=1)  # every Q K^T of this item has retired
-            mbarrier.wait(v_ready.index(s), ((it0 + i) // STAGES) & 1)
-            _take_turn(turns, n_turn, WG, PINGPONG)
-            acc = warpgroup_mma(p16_h, v_bufs.index(s).slice(0, HALF_N), acc, is_async=True)
-            _pass_turn(turns, WG, NUM_WG, PINGPONG)
-            n_turn += 1
-            acc, _h = warpgroup_mma_wait(0, deps=[acc, p16_h])
-            mbarrier.arrive(v_empty.index(s), count=1)
-            m = gl.convert_layout(m_h, row_layout)
-            l = gl.convert_layout(l_h, row_layout)
-        else:
-            # every Q K^T of this item has retired: the producer may load the next item's Q
-            mbarrier.arrive(q_empty, count=1)
-            last = (it0 + n_iters - 1) % STAGES
-            mbarrier.wait(v_ready.index(last), ((it0 + n_iters - 1) // STAGES) & 1)
-            _take_turn(turns, n_turn, WG, PINGPONG)
-            acc = warpgroup_mma(p16, v_bufs.index(last), acc, is_async=True)
-            _pass_turn(turns, WG, NUM_WG, PINGPONG)
-            n_turn += 1
-            acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
-            mbarrier.arrive(v_empty.index(last), count=1)
+        # every Q K^T of this item has retired: the producer may load the next item's Q
+        mbarrier.arrive(q_empty, count=1)
+        last = (it0 + n_iters - 1) % STAGES
+        mbarrier.wait(v_ready.index(last), ((it0 + n_iters - 1) // STAGES) & 1)
+        _take_turn(turns, n_turn, WG, PINGPONG)
+        acc = warpgroup_mma(p16, v_bufs.index(last), acc, is_async=True)
+        _pass_turn(turns, WG, NUM_WG, PINGPONG)
+        n_turn += 1
+        acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
+        mbarrier.arrive(v_empty.index(last), count=1)
 
         # Section 6: o = acc / l with 1/l := 0 on an empty row
         inv_l = gl.where(l == 0.0, 0.0, 1.0 / l)
@@ -354,7 +300,7 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, heads, group, seqlen_q
                   scale_log2, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_rows_b, kv_rows_h, kv_col_h,
                   o_stride, HEAD: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                   CONSUMER_REGS: gl.constexpr, CAUSAL: gl.constexpr, PAIRED: gl.constexpr,
-                  PINGPONG: gl.constexpr, TRIM: gl.constexpr, STORE_LSE: gl.constexpr):
+                  PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr):
     """Each program runs its work items (query block, batch*head), :func:`_n_items` and
     :func:`_tile`; the K/V rings and the barrier phases carry on from one item to the
     next, so the next item's first loads overlap this one's epilogue."""
@@ -385,15 +331,15 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, heads, group, seqlen_q
             (_consumer, (o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 0, BLOCK_M, BLOCK_N, HEAD,
-                         CAUSAL, PAIRED, PINGPONG, TRIM, STORE_LSE)),
+                         CAUSAL, PAIRED, PINGPONG, STORE_LSE)),
             (_consumer, (o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 1, BLOCK_M, BLOCK_N, HEAD,
-                         CAUSAL, PAIRED, PINGPONG, TRIM, STORE_LSE)),
+                         CAUSAL, PAIRED, PINGPONG, STORE_LSE)),
             (_consumer, (o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 2, BLOCK_M, BLOCK_N, HEAD,
-                         CAUSAL, PAIRED, PINGPONG, TRIM, STORE_LSE)),
+                         CAUSAL, PAIRED, PINGPONG, STORE_LSE)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, heads, group, seqlen_k, causal_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h,
                          q_col_h, kv_rows_b, kv_rows_h, kv_col_h, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, PAIRED)),
@@ -403,11 +349,11 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, heads, group, seqlen_q
             (_consumer, (o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 0, BLOCK_M, BLOCK_N, HEAD,
-                         CAUSAL, PAIRED, PINGPONG, TRIM, STORE_LSE)),
+                         CAUSAL, PAIRED, PINGPONG, STORE_LSE)),
             (_consumer, (o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 1, BLOCK_M, BLOCK_N, HEAD,
-                         CAUSAL, PAIRED, PINGPONG, TRIM, STORE_LSE)),
+                         CAUSAL, PAIRED, PINGPONG, STORE_LSE)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, heads, group, seqlen_k, causal_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h,
                          q_col_h, kv_rows_b, kv_rows_h, kv_col_h, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, PAIRED)),
@@ -481,4 +427,4 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str) -> None:
 def constexprs(prob, cfg, store_lse: bool, paired: bool = False) -> dict:
     return dict(HEAD=prob.head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.num_stages,
                 CONSUMER_REGS=cfg.maxnreg or CONSUMER_REGS[cfg.block_m // 64], CAUSAL=prob.causal,
-                PAIRED=paired, PINGPONG=bool(cfg.pingpong), TRIM=bool(cfg.trim) and prob.causal, STORE_LSE=store_lse)
+                PAIRED=paired, PINGPONG=bool(cfg.pingpong), STORE_LSE=store_lse)
