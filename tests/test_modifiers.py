@@ -79,7 +79,10 @@ def test_modifiers_errors():
     with pytest.raises(ValueError, match=r"alibi_slopes must be a float32 tensor of shape \(2,\)"):
         fmha.attention(q, k, v, alibi_slopes=torch.ones(3))
     if DEVICE == "cpu":
+        used = torch.full((1,), 8, dtype=torch.int32)
         with pytest.raises(ValueError, match="Triton variants only"):
+            fmha.attention(q, k, v, variant="hopper", window=(4, 0), seqused_k=used)
+        with pytest.raises(ValueError, match="sm_90"):  # the Gluon kernel takes the window, on its GPU
             fmha.attention(q, k, v, variant="hopper", window=(4, 0))
 
 

@@ -348,7 +348,8 @@ def _plan(prob, q, k, v, o, layout, variant, config, alibi_slopes, num_splits):
     shape = {"head_dim": prob.head_dim, "seqlen_q": prob.seqlen_q, "seqlen_k": prob.seqlen_k,
              "causal": bool(prob.causal)}
     name = select_variant(arch, shape) if variant == "auto" else variant
-    cfg = config or configs.default_config(name, arch, prob.head_dim, prob.causal, prob.seqlen_k)
+    modifiers = prob.window_offset is not None or prob.softcap > 0 or alibi_slopes is not None
+    cfg = config or configs.default_config(name, arch, prob.head_dim, prob.causal, prob.seqlen_k, modifiers)
     reason = kernels.unsupported(name, cfg, prob, q, k, v, o, layout, alibi_slopes is not None)
     if reason and variant == "auto":
         name = "tiled"

@@ -8,7 +8,7 @@ is no autotuning on the default path: ``fmha sweep`` explores, this table decide
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -89,12 +89,14 @@ HOPPER = [
 ]
 
 
-def hopper_config(head_dim: int, causal: bool, seqlen_k: int) -> KernelConfig:
-    """The ``hopper`` entry for this shape (head dims other than 64 take the 128 rows)."""
+def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = False) -> KernelConfig:
+    """The ``hopper`` entry for this shape (head dims other than 64 take the 128 rows).  With a
+    window, softcap or ALiBi, 192 rows become 128: three consumer warpgroups at 160 registers
+    spill on the modifiers' extra live values (up to 117 registers, sm_90 build), two at 240 do not."""
     d = 64 if head_dim == 64 else 128
     for key_d, key_causal, longest, cfg in HOPPER:
         if key_d == d and key_causal == bool(causal) and (longest is None or seqlen_k <= longest):
-            return cfg
+            return replace(cfg, block_m=128) if modifiers and cfg.block_m == 192 else cfg
     raise AssertionError("the HOPPER table ends with an open row for every (head_dim, causal)")
 
 
@@ -127,11 +129,12 @@ def tiled_config(arch: str, head_dim: int) -> KernelConfig:
     raise ValueError(f"no tiled config for arch={arch!r}, head_dim={head_dim}")
 
 
-def default_config(variant: str, arch: str, head_dim: int, causal: bool = False, seqlen_k: int = 0) -> KernelConfig:
+def default_config(variant: str, arch: str, head_dim: int, causal: bool = False, seqlen_k: int = 0,
+                   modifiers: bool = False) -> KernelConfig:
     if variant in ("singlewave", "pipelined"):
         return SEED
     if variant == "tiled":
         return tiled_config(arch, head_dim)
     if variant == "hopper":
-        return hopper_config(head_dim, causal, seqlen_k)
+        return hopper_config(head_dim, causal, seqlen_k, modifiers)
     raise ValueError(f"no config table for variant {variant!r}")

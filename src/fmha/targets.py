@@ -81,11 +81,11 @@ def _hopper_source(head_dim: int, dtype: str, causal: bool, cfg):
         elif name.endswith("_desc"):
             d = descs[("q_desc", "k_desc", "v_desc", "o_desc").index(name)]
             sig[name] = native_specialize_impl(BaseBackend, d, False, True, True)[0]
-        elif name == "LSE":
+        elif name in ("LSE", "Alibi"):
             sig[name] = "*fp32"
         elif name == "O":
             sig[name] = "*" + DTYPES[dtype]
-        elif name == "scale_log2":
+        elif name in ("scale_log2", "cap_in", "cap_out", "alibi_scale"):
             sig[name] = "fp32"
         else:
             sig[name] = "i32"

@@ -19,10 +19,14 @@ The math is the seed's (Section 9) in the base-2 domain, with the same guards as
 a pivot of 0, and ``1/l := 0`` at the end.  Causal: the key loop stops at the
 block's last visible tile (Section 7) and only tiles that cross the diagonal are
 masked; causal work items run longest-first within each head, or, persistent, in
-pairs of equal cost (longest with shortest).
+pairs of equal cost (longest with shortest).  A sliding window also starts the
+loop at the block's first visible tile and masks the band's lower edge; softcap
+and ALiBi act on the raw scores ``q.k`` (:func:`_scores`, the same values as
+``common.scores`` before its scale).
 
 Shapes it takes (:func:`supports`): sm_90, head_dim 64 or 128, any seqlen_q,
-seqlen_k a multiple of ``BLOCK_N``, q/k/v/out contiguous in bhsd or bshd.  Rows
+seqlen_k a multiple of ``BLOCK_N``, q/k/v/out contiguous in bhsd or bshd; not
+varlen, per-batch key lengths or paged K/V (``kernels.unsupported``).  Rows
 of the last query block past seqlen_q are computed on whatever TMA reads there
 and never stored (a warpgroup that straddles the end stores with a row mask).
 Anything else goes to ``tiled``.  Gluon kernels do not run in the interpreter.
@@ -43,6 +47,7 @@ SMEM_LIMIT = 232448  # bytes of shared memory one sm_90 block may use
 CONSUMER_REGS = {2: 240, 3: 160}  # setmaxnreg per consumer thread, by warpgroup count
 PRODUCER_REGS = gl.constexpr(24)
 LN2 = gl.constexpr(0.6931471805599453)
+LOG2E = 1.4426950408889634
 
 
 @gluon.jit
@@ -92,9 +97,10 @@ def _tile(k, n_m, n_bh, head_group, CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
-              heads, group, seqlen_k, causal_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_rows_b,
-              kv_rows_h, kv_col_h, NUM_WG: gl.constexpr, STAGES: gl.constexpr, BLOCK_M: gl.constexpr,
-              BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
+              heads, group, seqlen_k, causal_offset, window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h,
+              q_col_h, kv_rows_b, kv_rows_h, kv_col_h, NUM_WG: gl.constexpr, STAGES: gl.constexpr,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
+              PAIRED: gl.constexpr):
     it = 0  # position in the K/V rings, continued across work items
     tc = 0
     for t_idx in range(_n_items(n_tiles, PAIRED)):
@@ -103,8 +109,8 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_
         h = bh % heads
         kvh = h // group
         start_m = pid_m * BLOCK_M
-        kv_row = b * kv_rows_b + kvh * kv_rows_h
-        n_iters = _n_iters(start_m, seqlen_k, causal_offset, BLOCK_M, BLOCK_N, CAUSAL)
+        first, n_iters = _key_tiles(start_m, seqlen_k, causal_offset, window_offset, BLOCK_M, BLOCK_N, CAUSAL, WINDOW)
+        kv_row = b * kv_rows_b + kvh * kv_rows_h + first * BLOCK_N
         # the first K tile goes out before Q: it may overlap the consumers' previous epilogue
         s = it % STAGES
         mbarrier.wait(k_empty.index(s), ((it // STAGES) & 1) ^ 1)
@@ -134,28 +140,47 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_
 
 
 @gluon.jit
-def _n_iters(start_m, seqlen_k, causal_offset, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """Section 7: key tiles up to the block's last visible key (at least one, fully masked if need be)."""
+def _key_tiles(start_m, seqlen_k, causal_offset, window_offset, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+               CAUSAL: gl.constexpr, WINDOW: gl.constexpr):
+    """(first key tile, number of key tiles) of the block at ``start_m``: Section 7's early exit
+    after its last visible key and, WINDOW, the whole-tile skip before its first (at least
+    one tile, fully masked if need be)."""
     stop = seqlen_k
     if CAUSAL:
         stop = gl.minimum(seqlen_k, gl.maximum(start_m + BLOCK_M + causal_offset, 0))
-    return gl.maximum((stop + BLOCK_N - 1) // BLOCK_N, 1)
+    end = gl.maximum((stop + BLOCK_N - 1) // BLOCK_N, 1)
+    first = end * 0
+    if WINDOW:
+        first = gl.minimum(gl.maximum(start_m + window_offset, 0) // BLOCK_N, end - 1)
+    return first, end - first
 
 
 @gluon.jit
-def _mask(qk, i, mask_from, offs_m, offs_n, causal_offset, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """Step 5.2 on the tiles that cross the diagonal: key j > row + causal_offset -> -inf."""
+def _scores(qk, i, mask_from, offs_m, offs_n, causal_offset, window_offset, align_offset, cap_in, cap_out, slope,
+            BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
+            ALIBI: gl.constexpr):
+    """Step 5.2 on key tile ``i``, in raw ``q.k`` units (the caller scales by ``scale_log2``):
+    softcap ``cap_out * tanh(cap_in * qk)`` (``cap_in = scale / softcap``, ``cap_out = softcap /
+    scale``), ALiBi ``- slope |row + align_offset - key|`` (``slope`` already over ``scale``),
+    then -inf past the upper edge (tiles from ``mask_from``: those crossing it) and before the
+    window's lower edge (every tile)."""
+    cols = i * BLOCK_N + offs_n
+    if SOFTCAP:
+        qk = cap_out * (1.0 - 2.0 / (gl.exp2((2.0 / LN2) * cap_in * qk) + 1.0))  # tanh via exp2
+    if ALIBI:
+        qk = qk - slope * gl.abs((offs_m[:, None] + align_offset - cols[None, :]).to(gl.float32))
     if CAUSAL:
         if i >= mask_from:
-            cols = i * BLOCK_N + offs_n
             qk = gl.where(cols[None, :] <= offs_m[:, None] + causal_offset, qk, float("-inf"))
+    if WINDOW:
+        qk = gl.where(cols[None, :] >= offs_m[:, None] + window_offset, qk, float("-inf"))
     return qk
 
 
 @gluon.jit
-def _pivot(m, CAUSAL: gl.constexpr):
+def _pivot(m, MASKED: gl.constexpr):
     """The exponent pivot: ``m``, or 0 for a row that has seen no visible key (m = -inf)."""
-    if CAUSAL:
+    if MASKED:
         m = gl.where(m == float("-inf"), 0.0, m)
     return m
 
@@ -177,11 +202,12 @@ def _pass_turn(turns, WG: gl.constexpr, NUM_WG: gl.constexpr, PINGPONG: gl.const
 
 
 @gluon.jit
-def _consumer(o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
-              turns, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m, head_group, q_rows_b, q_rows_h,
-              q_col_h, o_stride, STAGES: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              HEAD: gl.constexpr, CAUSAL: gl.constexpr, PAIRED: gl.constexpr, PINGPONG: gl.constexpr,
-              STORE_LSE: gl.constexpr):
+def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
+              v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out,
+              alibi_scale, scale_log2, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, o_stride,
+              STAGES: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              HEAD: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
+              ALIBI: gl.constexpr, PAIRED: gl.constexpr, PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr):
     ROWS: gl.constexpr = 64
     NUM_WG: gl.constexpr = BLOCK_M // ROWS
     dtype: gl.constexpr = o_desc.dtype
@@ -205,7 +231,10 @@ def _consumer(o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_
         h = bh % heads
         start_m = pid_m * BLOCK_M
         row0 = start_m + WG * ROWS
-        n_iters = _n_iters(start_m, seqlen_k, causal_offset, BLOCK_M, BLOCK_N, CAUSAL)
+        first, n_iters = _key_tiles(start_m, seqlen_k, causal_offset, window_offset, BLOCK_M, BLOCK_N, CAUSAL, WINDOW)
+        slope = 0.0
+        if ALIBI:
+            slope = gl.load(Alibi + h) * alibi_scale
         # tiles before mask_from are visible to every row of this warpgroup: no mask
         mask_from = gl.maximum(row0 + causal_offset + 1, 0) // BLOCK_N
         offs_m = row0 + gl.arange(0, ROWS, layout=row_layout)
@@ -222,9 +251,10 @@ def _consumer(o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_
         n_turn += 1
         qk, _k0 = warpgroup_mma_wait(0, deps=[qk, k_bufs.index(s)])
         mbarrier.arrive(k_empty.index(s), count=1)
-        qk = _mask(qk, 0, mask_from, offs_m, offs_n, causal_offset, BLOCK_N, CAUSAL)
+        qk = _scores(qk, first, mask_from, offs_m, offs_n, causal_offset, window_offset, align_offset, cap_in, cap_out,
+                     slope, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI)
         m = gl.max(qk, axis=1) * scale_log2
-        p = gl.exp2(qk * scale_log2 - _pivot(m, CAUSAL)[:, None])
+        p = gl.exp2(qk * scale_log2 - _pivot(m, CAUSAL or WINDOW)[:, None])
         l = gl.sum(p, axis=1)
         p16 = gl.convert_layout(p.to(dtype), p_layout)
         for i in range(1, n_iters):
@@ -247,9 +277,10 @@ def _consumer(o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_
             qk = warpgroup_mma_wait(1, deps=[qk])
             mbarrier.arrive(k_empty.index(s), count=1)
             # 5.2-5.4 of tile i while P V of tile i-1 runs
-            qk = _mask(qk, i, mask_from, offs_m, offs_n, causal_offset, BLOCK_N, CAUSAL)
+            qk = _scores(qk, first + i, mask_from, offs_m, offs_n, causal_offset, window_offset, align_offset, cap_in,
+                         cap_out, slope, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI)
             m_new = gl.maximum(m, gl.max(qk, axis=1) * scale_log2)
-            m_safe = _pivot(m_new, CAUSAL)
+            m_safe = _pivot(m_new, CAUSAL or WINDOW)
             p = gl.exp2(qk * scale_log2 - m_safe[:, None])
             alpha = gl.exp2(m - m_safe)
             l = l * alpha + gl.sum(p, axis=1)
@@ -296,11 +327,12 @@ def _consumer(o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_
 
 
 @gluon.jit
-def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, heads, group, seqlen_q, seqlen_k, causal_offset,
-                  scale_log2, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_rows_b, kv_rows_h, kv_col_h,
-                  o_stride, HEAD: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                  CONSUMER_REGS: gl.constexpr, CAUSAL: gl.constexpr, PAIRED: gl.constexpr,
-                  PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr):
+def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, heads, group, seqlen_q, seqlen_k, causal_offset,
+                  window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m, head_group,
+                  q_rows_b, q_rows_h, q_col_h, kv_rows_b, kv_rows_h, kv_col_h, o_stride, HEAD: gl.constexpr,
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                  CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
+                  PAIRED: gl.constexpr, PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr):
     """Each program runs its work items (query block, batch*head), :func:`_n_items` and
     :func:`_tile`; the K/V rings and the barrier phases carry on from one item to the
     next, so the next item's first loads overlap this one's epilogue."""
@@ -328,35 +360,42 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, heads, group, seqlen_q
     # (the partition arguments are spelled out: a tuple would lose their constexpr-ness)
     if NUM_WG == 3:
         gl.warp_specialize([
-            (_consumer, (o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
-                         v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m,
-                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 0, BLOCK_M, BLOCK_N, HEAD,
-                         CAUSAL, PAIRED, PINGPONG, STORE_LSE)),
-            (_consumer, (o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
-                         v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m,
-                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 1, BLOCK_M, BLOCK_N, HEAD,
-                         CAUSAL, PAIRED, PINGPONG, STORE_LSE)),
-            (_consumer, (o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
-                         v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m,
-                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 2, BLOCK_M, BLOCK_N, HEAD,
-                         CAUSAL, PAIRED, PINGPONG, STORE_LSE)),
+            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
+                         v_ready, v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, window_offset,
+                         align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m, head_group, q_rows_b,
+                         q_rows_h, q_col_h, o_stride, STAGES, 0, BLOCK_M, BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP,
+                         ALIBI, PAIRED, PINGPONG, STORE_LSE)),
+            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
+                         v_ready, v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, window_offset,
+                         align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m, head_group, q_rows_b,
+                         q_rows_h, q_col_h, o_stride, STAGES, 1, BLOCK_M, BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP,
+                         ALIBI, PAIRED, PINGPONG, STORE_LSE)),
+            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
+                         v_ready, v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, window_offset,
+                         align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m, head_group, q_rows_b,
+                         q_rows_h, q_col_h, o_stride, STAGES, 2, BLOCK_M, BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP,
+                         ALIBI, PAIRED, PINGPONG, STORE_LSE)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
-                         v_empty, heads, group, seqlen_k, causal_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h,
-                         q_col_h, kv_rows_b, kv_rows_h, kv_col_h, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, PAIRED)),
+                         v_empty, heads, group, seqlen_k, causal_offset, window_offset, n_tiles, n_m, head_group,
+                         q_rows_b, q_rows_h, q_col_h, kv_rows_b, kv_rows_h, kv_col_h, NUM_WG, STAGES, BLOCK_M,
+                         BLOCK_N, CAUSAL, WINDOW, PAIRED)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
-            (_consumer, (o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
-                         v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m,
-                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 0, BLOCK_M, BLOCK_N, HEAD,
-                         CAUSAL, PAIRED, PINGPONG, STORE_LSE)),
-            (_consumer, (o_desc, O, LSE, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
-                         v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, scale_log2, n_tiles, n_m,
-                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 1, BLOCK_M, BLOCK_N, HEAD,
-                         CAUSAL, PAIRED, PINGPONG, STORE_LSE)),
+            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
+                         v_ready, v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, window_offset,
+                         align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m, head_group, q_rows_b,
+                         q_rows_h, q_col_h, o_stride, STAGES, 0, BLOCK_M, BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP,
+                         ALIBI, PAIRED, PINGPONG, STORE_LSE)),
+            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
+                         v_ready, v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, window_offset,
+                         align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m, head_group, q_rows_b,
+                         q_rows_h, q_col_h, o_stride, STAGES, 1, BLOCK_M, BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP,
+                         ALIBI, PAIRED, PINGPONG, STORE_LSE)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
-                         v_empty, heads, group, seqlen_k, causal_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h,
-                         q_col_h, kv_rows_b, kv_rows_h, kv_col_h, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, PAIRED)),
+                         v_empty, heads, group, seqlen_k, causal_offset, window_offset, n_tiles, n_m, head_group,
+                         q_rows_b, q_rows_h, q_col_h, kv_rows_b, kv_rows_h, kv_col_h, NUM_WG, STAGES, BLOCK_M,
+                         BLOCK_N, CAUSAL, WINDOW, PAIRED)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -409,22 +448,27 @@ def descriptors(prob, cfg, q, k, v, o, layout: str) -> tuple:
     return descs, (qrb, qrh, qch, krb, krh, kch, o2.stride(0))
 
 
-def launch(prob, cfg, q, k, v, o, lse, layout: str) -> None:
+def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None) -> None:
     descs, strides = descriptors(prob, cfg, q, k, v, o, layout)
     n_m = triton.cdiv(prob.seqlen_q, cfg.block_m)
     n_tiles = n_m * prob.batch * prob.heads
     sms = device_facts(q.device.index)[1]
     persistent = cfg.persistent != 0  # the default since the causal pairs (configs.HOPPER)
-    # persistent causal with more items than SMs runs them in pairs of equal cost (:func:`_tile`)
-    paired = bool(prob.causal and persistent and n_tiles > sms)
+    # persistent causal with more items than SMs runs them in pairs of equal cost (:func:`_tile`);
+    # a window's items cost about the same anyway
+    paired = bool(prob.causal and prob.window_offset is None and persistent and n_tiles > sms)
     grid = (min(triton.cdiv(n_tiles, 2) if paired else n_tiles, sms) if persistent else n_tiles,)
-    hopper_kernel[grid](*descs, o, lse if lse is not None else o, prob.heads, prob.heads // prob.kv_heads,
-                        prob.seqlen_q, prob.seqlen_k, prob.causal_offset, prob.scale_log2, n_tiles, n_m,
-                        max(cfg.head_group, 1), *strides,
-                        **constexprs(prob, cfg, lse is not None, paired), num_warps=4)
+    scale = prob.scale_log2 / LOG2E
+    cap = prob.softcap or 1.0
+    hopper_kernel[grid](*descs, o, lse if lse is not None else o, alibi.contiguous() if alibi is not None else o,
+                        prob.heads, prob.heads // prob.kv_heads, prob.seqlen_q, prob.seqlen_k, prob.causal_offset,
+                        prob.window_offset or 0, prob.align_offset, scale / cap, cap / scale, 1.0 / scale,
+                        prob.scale_log2, n_tiles, n_m, max(cfg.head_group, 1), *strides,
+                        **constexprs(prob, cfg, lse is not None, paired, alibi is not None), num_warps=4)
 
 
-def constexprs(prob, cfg, store_lse: bool, paired: bool = False) -> dict:
+def constexprs(prob, cfg, store_lse: bool, paired: bool = False, alibi: bool = False) -> dict:
     return dict(HEAD=prob.head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.num_stages,
                 CONSUMER_REGS=cfg.maxnreg or CONSUMER_REGS[cfg.block_m // 64], CAUSAL=prob.causal,
-                PAIRED=paired, PINGPONG=bool(cfg.pingpong), STORE_LSE=store_lse)
+                WINDOW=prob.window_offset is not None, SOFTCAP=prob.softcap > 0, ALIBI=alibi, PAIRED=paired,
+                PINGPONG=bool(cfg.pingpong), STORE_LSE=store_lse)
