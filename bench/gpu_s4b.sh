@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Session 4, call 3 (nvidia-h200-x2, about 440 s): the grids with the final tables, one dtype per GPU
-# (ratios within a GPU), the decode grid and the hopper table's tests; then, for the next session,
-# D=64 non-causal at long sequences (where FlashAttention-4 leads) and a repeat of the head-group /
-# ping-pong comparison at D=128 non-causal 1k-4k.
+# Session 4, call 2 (nvidia-h200-x2, about 520 s). GPU 0: the GPU suite (the hopper tests now run each
+# non-table config in one dtype and layout), then the decode merge by programmatic dependent launch
+# (pdl=1) against the plain launch. GPU 1: the item order across heads (head_group) and ping-pong at
+# D=128 non-causal, then the D=64 cells still below cuDNN.
 set -o pipefail
 source "$(dirname "$0")/gpu_common.sh"
 sweep() {
@@ -11,22 +11,20 @@ sweep() {
 }
 gpu0() {
   export CUDA_VISIBLE_DEVICES=0
-  bench 230 --dtype bfloat16 --ledger $OUT/ledger0.csv
-  bench 80 --grid decode --dtype bfloat16 --ledger $OUT/ledger0.csv
-  timeout 100 python3 -m pytest -q -n 16 -m gpu -p no:benchmark -rfE tests/test_gpu.py \
-    -k "test_hopper_matches_reference and None" 2>&1 | tail -5
+  timeout 400 python3 -m pytest -q -n 16 -m gpu -p no:benchmark -rfE tests 2>&1 | tail -25
+  sweep 110 --variant tiled --grid decode --where "seqlen_q=1" --ledger $OUT/ledger0.csv \
+    --space "block_m=16 block_n=64,128 num_warps=4 num_stages=3,4 split_per_sm=2 pdl=0,1"
 }
 gpu1() {
   export CUDA_VISIBLE_DEVICES=1
-  bench 230 --dtype float16 --ledger $OUT/ledger1.csv
-  sweep 80 --variant hopper --grid default --where "head_dim=64 causal=0 seqlen_q=4096,16384" \
-    --ledger $OUT/ledger1.csv --space "block_m=192 block_n=128 num_stages=2,3,4 pingpong=0,1"
-  sweep 50 --variant hopper --grid default --where "head_dim=64 causal=0 seqlen_q=4096,16384" \
-    --ledger $OUT/ledger1.csv --space "block_m=128 block_n=256 num_stages=2 pingpong=0,1"
-  sweep 80 --variant hopper --grid default --where "head_dim=128 causal=0 seqlen_q=1024,2048,4096" \
-    --ledger $OUT/ledger1.csv --space "block_m=128 block_n=128 num_stages=2 pingpong=0,1 head_group=0,4"
+  sweep 190 --variant hopper --grid default --where "head_dim=128 causal=0" --ledger $OUT/ledger1.csv \
+    --space "block_m=128 block_n=128 num_stages=2 pingpong=0,1 head_group=0,4,16"
+  sweep 110 --variant hopper --grid default --where "head_dim=64 causal=1 seqlen_q=512,1024,2048" \
+    --ledger $OUT/ledger1.csv --space "block_m=128 block_n=128 num_stages=2,3,4 pingpong=0,1"
+  sweep 90 --variant hopper --grid default --where "head_dim=64 causal=0 seqlen_q=512,1024,2048" \
+    --ledger $OUT/ledger1.csv --space "block_m=128 block_n=128 num_stages=2,3 pingpong=0,1"
 }
 gpu0 > $OUT/gpu0.txt 2>&1 &
 gpu1 > $OUT/gpu1.txt 2>&1 &
 wait
-tail -45 $OUT/gpu0.txt; tail -45 $OUT/gpu1.txt
+tail -30 $OUT/gpu0.txt; tail -40 $OUT/gpu1.txt

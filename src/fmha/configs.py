@@ -83,6 +83,10 @@ HOPPER = [
     # pp 544 vs 482 (run 20261129T174216); pph4 530, pp 486, h4 465, plain 455 (T175528).  At S=1k pp
     # lost once (565 vs 617, T174216), pph4 won once (613 vs 527, T175528): not taken there yet.
     (128, False, 512, KernelConfig(128, 128, 4, 2, pingpong=1, head_group=4)),
+    # D=128 non-causal 1k-4k keys: items across 4 heads at a time, TFLOP/s at S=1k/2k/4k bf16, h4 against
+    # head-major: 545/662/634 vs 527/651/609 (run 20261129T175528), 536/583/614 vs 530/578/608 (T180941);
+    # at 8k 635 vs 634, at 16k 622 vs 637 (T175528): head-major stays there
+    (128, False, 4096, KernelConfig(128, 128, 4, 2, head_group=4)),
     (128, False, None, KernelConfig(128, 128, 4, 2)),   # s3 541/651, s2 536/638 (one program a block); s3 no
                                                         # longer fits beside O's own buffer; m192 spills
     (128, True, None, KernelConfig(128, 128, 4, 2)),
