@@ -1,0 +1,31 @@
+"""The config tables: every row reachable, every answer one its kernel takes."""
+import pytest
+
+from fmha import configs
+from fmha.kernels import hopper
+
+
+def test_every_hopper_row_is_reachable():
+    """First match wins: a row shadowed by the rows above it would be dead data."""
+    for d, causal, longest, cfg in configs.HOPPER:
+        assert configs.hopper_config(d, causal, longest if longest is not None else 1 << 20) == cfg
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seqlen_k", [128, 512, 1024, 4096, 8192, 16384, 131072])
+@pytest.mark.parametrize("modifiers", [False, True])
+def test_hopper_answers_fit_the_kernel(head_dim, causal, seqlen_k, modifiers):
+    cfg = configs.hopper_config(head_dim, causal, seqlen_k, modifiers)
+    assert cfg.block_m in (128, 192) and cfg.block_n == 128
+    assert hopper.smem_bytes(head_dim, cfg) <= hopper.SMEM_LIMIT
+    if modifiers:  # three consumer warpgroups spill on the window/softcap/ALiBi values
+        assert cfg.block_m == 128
+    assert configs.default_config("hopper", "sm90", head_dim, causal, seqlen_k, modifiers) == cfg
+
+
+@pytest.mark.parametrize("rows", [1, 4, 16, 17, 64])
+@pytest.mark.parametrize("seqlen_k", [1024, 32768, 131072])
+def test_decode_block_holds_its_rows(rows, seqlen_k):
+    cfg = configs.decode_config(rows, seqlen_k)
+    assert 16 <= cfg.block_m <= 64 and cfg.block_m >= min(rows, 64)
