@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fmha import reference
-from fmha.bench import grids, ledger, plot, providers, runner
+from fmha.bench import grids, ledger, plot, providers, report, runner
 from fmha.bench.flops import attention_flops, visible_pairs
 from fmha.bench.providers import Provider
 
@@ -40,7 +40,8 @@ def test_bench_cli_writes_complete_rows(tmp_path):
     assert len(bench_rows) == len(grids.quick_grid()) * n_prov
     for r in bench_rows:
         assert r["note"] == "ok", r
-        assert all(r[c] != "" for c in ledger.COLUMNS), {c: r[c] for c in ledger.COLUMNS if r[c] == ""}
+        filled = [c for c in ledger.COLUMNS if c != "features"]  # "": a cell without modifiers
+        assert all(r[c] != "" for c in filled), {c: r[c] for c in filled if r[c] == ""}
         flops = attention_flops(int(r["batch"]), int(r["heads"]), int(r["seqlen_q"]), int(r["seqlen_k"]),
                                 int(r["head_dim"]), bool(int(r["causal"])))
         assert float(r["tflops"]) == pytest.approx(flops / (float(r["ms"]) * 1e-3) / 1e12, rel=1e-3)
@@ -53,6 +54,41 @@ def test_bench_cli_writes_complete_rows(tmp_path):
     before = path.read_text()
     ledger.append(path, [{"provider": "x", "note": "appended"}])
     assert path.read_text().startswith(before)
+
+
+@pytest.mark.parametrize("causal,align", [(True, "top_left"), (True, "bottom_right"), (False, "top_left")])
+def test_window_flops_match_the_reference_band(causal, align):
+    for sq, sk, w in itertools.product([1, 7, 33], [5, 33, 64], [0, 3, 40]):
+        band = reference.visible(sq, sk, causal, align, (w, -1)).sum()
+        assert visible_pairs(sq, sk, causal, align, window=w) == band
+
+
+def test_modifier_cells_are_checked_and_named():
+    """A features cell: fmha and SDPA (an explicit mask) against the float64 reference, the
+    ``features`` column filled, SDPA skipped where it has no softcap, a table column for them."""
+    provs = [p for p in providers.providers("cpu") if p.name in ("fmha:tiled", "sdpa:math")]
+    rows = []
+    for cell in (grids.Cell(1, 2, 1, 24, 40, 32, True, window=6, alibi=1),
+                 grids.Cell(1, 2, 2, 24, 24, 32, True, window=6, softcap=5)):
+        rows += runner.run_cell(cell, torch.float16, provs, "cpu", peak=1.0)
+    notes = {(r["provider"], r["features"]): r["note"] for r in rows}
+    assert notes[("fmha:tiled", "window=6 alibi")] == "ok" and notes[("sdpa:math", "window=6 alibi")] == "ok"
+    assert notes[("fmha:tiled", "window=6 softcap=5")] == "ok"
+    assert "no softcap" in notes[("sdpa:math", "window=6 softcap=5")]
+    assert all(r["error"] < 1e-2 for r in rows if r["note"] == "ok")
+    table = report.grid_table(rows, focus="fmha:tiled")
+    assert "features" in table.splitlines()[0] and "window=6 alibi" in table
+
+
+def test_a_ledger_from_before_a_new_column_takes_the_longer_header(tmp_path):
+    path = tmp_path / "ledger.csv"
+    old = ledger.COLUMNS[:-1]
+    path.write_text(",".join(old) + "\r\n" + ",".join("x" for _ in old) + "\r\n")
+    ledger.append(path, [{"provider": "new", "features": "window=8"}])
+    rows = ledger.read(path)
+    assert list(rows[0]) == ledger.COLUMNS
+    assert rows[0]["note"] == "x" and not rows[0]["features"]
+    assert rows[1]["provider"] == "new" and rows[1]["features"] == "window=8"
 
 
 def test_a_failing_provider_does_not_stop_the_run():

@@ -210,9 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true", help="print the report as JSON")
     c.set_defaults(fn=cmd_compile)
 
-    from fmha.bench import ledger
+    from fmha.bench import grids, ledger
     b = sub.add_parser("bench", help="time a grid against the peers, append to the ledger, print a table")
-    b.add_argument("--grid", choices=["default", "decode", "extra", "quick"], default=None,
+    b.add_argument("--grid", choices=list(grids.GRIDS), default=None,
                    help="default on a GPU, quick on the CPU")
     b.add_argument("--dtype", nargs="+", choices=list(DTYPES), default=["float16", "bfloat16"])
     b.add_argument("--providers", nargs="+", default=None, help="names as in the table (default: all)")
@@ -228,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dtype", choices=list(DTYPES), default="bfloat16")
     s.add_argument("--ledger", default=str(ledger.DEFAULT_LEDGER))
     s.add_argument("--device", choices=["cuda", "cpu"], default=None)
-    s.add_argument("--grid", choices=["default", "decode", "extra", "quick"], default=None,
+    s.add_argument("--grid", choices=list(grids.GRIDS), default=None,
                    help="the cells to sweep (default: 1k and 16k tokens, D 64/128, causal off/on)")
     s.add_argument("--cuda-graphs", action="store_true", help="time CUDA-graph replays")
     s.add_argument("--where", default=None, help='only the cells with these values, e.g. "seqlen_q=1 causal=1"')

@@ -2,9 +2,17 @@
 from __future__ import annotations
 
 
-def visible_pairs(seqlen_q: int, seqlen_k: int, causal: bool, causal_align: str = "top_left") -> int:
+def visible_pairs(seqlen_q: int, seqlen_k: int, causal: bool, causal_align: str = "top_left",
+                  window: int = -1) -> int:
     """Number of (query, key) pairs the mask lets through: row i sees keys
-    ``0 .. min(seqlen_k, i + offset + 1) - 1`` under causal masking."""
+    ``0 .. min(seqlen_k, i + offset + 1) - 1`` under causal masking, and with a window only
+    those from ``i + offset - window`` on."""
+    if window >= 0:
+        import numpy as np
+        offset = 0 if causal_align == "top_left" else seqlen_k - seqlen_q
+        diag = np.arange(seqlen_q, dtype=np.int64) + offset
+        hi = np.minimum(diag, seqlen_k - 1) if causal else np.full_like(diag, seqlen_k - 1)
+        return int(np.maximum(hi - np.maximum(diag - window, 0) + 1, 0).sum())
     if not causal:
         return seqlen_q * seqlen_k
     offset = 0 if causal_align == "top_left" else seqlen_k - seqlen_q
@@ -21,9 +29,9 @@ def visible_pairs(seqlen_q: int, seqlen_k: int, causal: bool, causal_align: str 
 
 
 def attention_flops(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int,
-                    causal: bool, causal_align: str = "top_left") -> int:
+                    causal: bool, causal_align: str = "top_left", window: int = -1) -> int:
     """4 * B * H * (visible pairs) * D: two matmuls (QK^T and PV) of 2 FLOPs per multiply-add."""
-    return 4 * batch * heads * visible_pairs(seqlen_q, seqlen_k, causal, causal_align) * head_dim
+    return 4 * batch * heads * visible_pairs(seqlen_q, seqlen_k, causal, causal_align, window) * head_dim
 
 
 def attention_bytes(batch: int, heads: int, kv_heads: int, seqlen_q: int, seqlen_k: int,

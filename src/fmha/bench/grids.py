@@ -1,4 +1,5 @@
-"""Benchmark grids: (batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal) cells."""
+"""Benchmark grids: (batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal) cells, and the
+score modifiers a cell may carry (sliding window, softcap, ALiBi)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,10 +14,20 @@ class Cell:
     seqlen_k: int
     head_dim: int
     causal: bool
+    window: int = -1   # keys this far back from the diagonal and no further (-1: no window)
+    softcap: int = 0   # softcap * tanh(s / softcap) on the scores (0: off)
+    alibi: int = 0     # 1: ALiBi slopes 2^(-8 (h + 1) / heads)
+
+    @property
+    def features(self) -> str:
+        """The modifiers, as the ledger's ``features`` column writes them ("" for none)."""
+        parts = [f"window={self.window}"] if self.window >= 0 else []
+        parts += [f"softcap={self.softcap}"] if self.softcap else []
+        return " ".join(parts + (["alibi"] if self.alibi else []))
 
     def __str__(self):
         return (f"B{self.batch} H{self.heads}/{self.kv_heads} Sq{self.seqlen_q} Sk{self.seqlen_k} "
-                f"D{self.head_dim}{' causal' if self.causal else ''}")
+                f"D{self.head_dim}{' causal' if self.causal else ''}{' ' + self.features if self.features else ''}")
 
 
 def default_grid() -> list[Cell]:
@@ -37,6 +48,14 @@ def extra_grid() -> list[Cell]:
     cells += [Cell(2, 16, 16, 2048, 8192, 128, c) for c in (False, True)]
     cells += [Cell(1, 16, 16, 131072, 131072, 128, c) for c in (False, True)]
     return cells
+
+
+def features_grid() -> list[Cell]:
+    """Causal prefill with each modifier (Mistral-style windows, Gemma-style softcap, ALiBi), D=128:
+    the SDPA backends take the window and ALiBi as an explicit mask, and no softcap."""
+    return [Cell(1, 16, 16, 4096, 4096, 128, True, window=512), Cell(1, 16, 16, 4096, 4096, 128, True, window=2048),
+            Cell(1, 32, 8, 4096, 4096, 128, True, window=1024), Cell(1, 16, 16, 4096, 4096, 128, True, softcap=30),
+            Cell(1, 16, 16, 4096, 4096, 128, True, alibi=1)]
 
 
 def quick_grid() -> list[Cell]:
@@ -61,4 +80,5 @@ def where(cells: list[Cell], text: str | None) -> list[Cell]:
     return [c for c in cells if all(int(getattr(c, key)) in vals for key, vals in keep.items())]
 
 
-GRIDS = {"default": default_grid, "decode": decode_grid, "extra": extra_grid, "quick": quick_grid}
+GRIDS = {"default": default_grid, "decode": decode_grid, "extra": extra_grid, "features": features_grid,
+         "quick": quick_grid}

@@ -15,7 +15,7 @@ from pathlib import Path
 COLUMNS = [
     "timestamp", "run_id", "git_sha", "gpu", "torch", "triton", "provider", "config", "dtype",
     "batch", "heads", "kv_heads", "seqlen_q", "seqlen_k", "head_dim", "causal",
-    "ms", "tflops", "tbps", "pct_peak", "ratio_best_peer", "error", "note",
+    "ms", "tflops", "tbps", "pct_peak", "ratio_best_peer", "error", "note", "features",
 ]
 DEFAULT_LEDGER = Path("bench/ledger.csv")
 
@@ -50,16 +50,33 @@ def environment(device: str) -> dict:
 
 
 def append(path: str | Path, rows: list[dict]) -> None:
-    """Append ``rows`` (missing columns left empty); the header is written once."""
+    """Append ``rows`` (missing columns left empty); the header is written once, and a ledger
+    written before a column was added gets the longer header (its rows read the new column empty)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     new = not path.exists() or path.stat().st_size == 0
+    if not new:
+        _upgrade_header(path)
     with path.open("a", newline="") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="raise")
         if new:
             w.writeheader()
         for r in rows:
             w.writerow({c: _fmt(r.get(c, "")) for c in COLUMNS})
+
+
+def _upgrade_header(path: Path) -> None:
+    with path.open(newline="") as f:
+        header = next(csv.reader(f))
+    if header == COLUMNS:
+        return
+    if header != COLUMNS[:len(header)]:
+        raise ValueError(f"{path}: its columns {header} are not a prefix of the ledger's {COLUMNS}")
+    with path.open(newline="") as f:
+        text = f.read()
+    end = text.index("\n")
+    eol = "\r\n" if text[end - 1] == "\r" else "\n"
+    path.write_text(",".join(COLUMNS) + eol + text[end + 1:], newline="")
 
 
 def _fmt(x):

@@ -20,9 +20,38 @@ class Provider:
     peer: bool      # True for what we compare against
 
 
+def alibi_slopes(heads: int, device) -> torch.Tensor:
+    """ALiBi's geometric slopes, ``2^(-8 (h + 1) / heads)``."""
+    return torch.tensor([2.0 ** (-8.0 * (h + 1) / heads) for h in range(heads)], device=device)
+
+
+def modifiers(cell, device) -> dict:
+    """:func:`fmha.attention`'s keyword arguments for the cell's window, softcap and ALiBi."""
+    kw = {"window": (cell.window, -1)} if cell.window >= 0 else {}
+    if cell.softcap:
+        kw["softcap"] = float(cell.softcap)
+    if cell.alibi:
+        kw["alibi_slopes"] = alibi_slopes(cell.heads, device)
+    return kw
+
+
+def _sdpa_mask(q, cell) -> torch.Tensor:
+    """The cell's causal band and ALiBi as SDPA's additive mask (what an SDPA user writes)."""
+    i = torch.arange(cell.seqlen_q, device=q.device)[:, None]
+    j = torch.arange(cell.seqlen_k, device=q.device)[None, :]
+    seen = (j <= i) if cell.causal else torch.ones_like(i - j, dtype=torch.bool)
+    if cell.window >= 0:
+        seen = seen & (j >= i - cell.window)
+    mask = torch.zeros(seen.shape, device=q.device, dtype=q.dtype).masked_fill(~seen, float("-inf"))
+    if cell.alibi:
+        mask = mask - alibi_slopes(cell.heads, q.device)[:, None, None].to(q.dtype) * (i - j).abs().to(q.dtype)
+    return mask
+
+
 def _fmha(variant: str) -> Provider:
     def make(q, k, v, cell):
-        return lambda: fmha.attention(q, k, v, causal=cell.causal, variant=variant)
+        kw = modifiers(cell, q.device)
+        return lambda: fmha.attention(q, k, v, causal=cell.causal, variant=variant, **kw)
     return Provider(f"fmha:{variant}", make, peer=False)
 
 
@@ -33,11 +62,14 @@ def _sdpa(backend_name: str, max_score_bytes: float | None = None) -> Provider:
         if max_score_bytes and 4.0 * cell.batch * cell.heads * cell.seqlen_q * cell.seqlen_k > max_score_bytes:
             raise RuntimeError("skipped: the math backend would materialise a score matrix this large")
         gqa = cell.heads != cell.kv_heads
+        if cell.softcap:
+            raise RuntimeError("skipped: SDPA has no softcap")
+        mask = _sdpa_mask(q, cell) if cell.features else None
 
         def run():
             with sdpa_kernel(backend):
-                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=cell.causal,
-                                                                        enable_gqa=gqa)
+                return torch.nn.functional.scaled_dot_product_attention(
+                    q, k, v, attn_mask=mask, is_causal=cell.causal and mask is None, enable_gqa=gqa)
         return run
     return Provider(f"sdpa:{backend_name.lower().replace('_attention', '')}", make, peer=True)
 
@@ -47,9 +79,11 @@ def _flash_attn(module: str) -> Provider:
         import importlib
         fn = importlib.import_module(module).flash_attn_func
         qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))  # bshd, outside the timing
+        kw = modifiers(cell, q.device)  # FlashAttention's own names for them
+        kw = {**kw, "window_size": kw.pop("window")} if "window" in kw else kw
 
         def run():
-            o = fn(qt, kt, vt, causal=cell.causal)
+            o = fn(qt, kt, vt, causal=cell.causal, **kw)
             return (o[0] if isinstance(o, tuple) else o).transpose(1, 2)
         return run
     return Provider(module, make, peer=True)

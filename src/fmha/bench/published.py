@@ -28,7 +28,7 @@ def fa4_geomean(rows: list[dict], provider: str = "fmha:auto") -> tuple[float, i
     for r in rows:
         if r.get("provider") != provider or r.get("tflops") in ("", None):
             continue
-        if int(r["seqlen_q"]) != int(r["seqlen_k"]) or int(r["heads"]) != int(r["kv_heads"]):
+        if int(r["seqlen_q"]) != int(r["seqlen_k"]) or int(r["heads"]) != int(r["kv_heads"]) or r.get("features"):
             continue
         key = (r["dtype"], int(r["batch"]), int(r["heads"]), int(r["seqlen_q"]), int(r["head_dim"]),
                bool(int(r["causal"])))

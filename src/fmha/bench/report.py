@@ -19,22 +19,25 @@ def grid_table(rows: list[dict], focus: str = "fmha:auto", timing_means_nothing:
     provs: list[str] = []
     for r in rows:
         key = (r["dtype"], int(r["batch"]), int(r["heads"]), int(r["kv_heads"]), int(r["seqlen_q"]),
-               int(r["seqlen_k"]), int(r["head_dim"]), int(r["causal"]))
+               int(r["seqlen_k"]), int(r["head_dim"]), int(r["causal"]), r.get("features") or "")
         cells.setdefault(key, {})[r["provider"]] = r
         if r["provider"] not in provs:
             provs.append(r["provider"])
     short = [p.replace("fmha:", "").replace("sdpa:", "") for p in provs]
-    head = ["dtype", "B", "H/KV", "Sq", "Sk", "D", "causal", *short, f"{focus[5:]}/sdpa", f"{focus[5:]}/peer", "err"]
+    feats = any(key[-1] for key in cells)  # a column for the modifiers when some cell has them
+    head = ["dtype", "B", "H/KV", "Sq", "Sk", "D", "causal", *(["features"] if feats else []), *short,
+            f"{focus[5:]}/sdpa", f"{focus[5:]}/peer", "err"]
     lines, ratios = [], []
     for key, by in cells.items():
-        dt, b, h, kv, sq, sk, d, c = key
+        dt, b, h, kv, sq, sk, d, c, feat = key
         vals = [_f(by[p].get("tflops"), ".0f") if p in by else "-" for p in provs]
         f = by.get(focus, {})
         sdpa = [float(r["ms"]) for p, r in by.items() if p.startswith("sdpa:") and r.get("ms") not in ("", None)]
         ratio_sdpa = (min(sdpa) / float(f["ms"])) if sdpa and f.get("ms") not in ("", None) else None
         if ratio_sdpa is not None:
             ratios.append(ratio_sdpa)
-        lines.append([dt, str(b), f"{h}/{kv}", str(sq), str(sk), str(d), "yes" if c else "no", *vals,
+        lines.append([dt, str(b), f"{h}/{kv}", str(sq), str(sk), str(d), "yes" if c else "no",
+                      *([feat or "-"] if feats else []), *vals,
                       _f(ratio_sdpa, ".2f"), _f(f.get("ratio_best_peer"), ".2f"), _f(f.get("error"), ".1e")])
     widths = [max(len(x) for x in col) for col in zip(head, *lines)]
     fmt = lambda row: "  ".join(x.rjust(w) for x, w in zip(row, widths))  # noqa: E731

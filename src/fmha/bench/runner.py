@@ -11,7 +11,7 @@ import torch
 from . import ledger
 from .flops import attention_bytes, attention_flops
 from .grids import Cell
-from .providers import Provider
+from .providers import Provider, modifiers
 from .timing import graph_median_ms, median_ms, tflops
 
 
@@ -50,7 +50,14 @@ def ceilings(device: str) -> list[dict]:
 
 
 def _reference(q, k, v, cell: Cell) -> torch.Tensor:
-    """Float32 attention through SDPA's exact backends (no low-precision rounding)."""
+    """Float32 attention through SDPA's exact backends (no low-precision rounding); a cell with
+    modifiers through :func:`fmha.reference.dense_attention` (float64, host), a batch at a time."""
+    if cell.features:
+        from fmha import reference
+        kw = modifiers(cell, "cpu")
+        out = [torch.from_numpy(reference.dense_attention(*(t[b:b + 1].cpu() for t in (q, k, v)), causal=cell.causal,
+                                                         **kw)) for b in range(cell.batch)]
+        return torch.cat(out).to(q.device, torch.float32)
     from torch.nn.attention import SDPBackend, sdpa_kernel
     backends = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH] if q.is_cuda else [SDPBackend.MATH]
     with sdpa_kernel(backends):
@@ -58,21 +65,32 @@ def _reference(q, k, v, cell: Cell) -> torch.Tensor:
             q.float(), k.float(), v.float(), is_causal=cell.causal, enable_gqa=cell.heads != cell.kv_heads)
 
 
-def run_cell(cell: Cell, dtype: torch.dtype, provs: list[Provider], device: str, peak: float,
-             seed: int = 0, tick: Callable[[str], None] = lambda s: None, graphs: bool = False) -> list[dict]:
-    """Every provider on one cell: rows with ms, TFLOP/s, % of peak, error (ratios filled later)."""
+def cell_inputs(cell: Cell, dtype: torch.dtype, device: str, seed: int = 0):
+    """Random normal q, k, v (bhsd) for ``cell``, its float32 reference output, and its FLOPs."""
     g = torch.Generator(device=device).manual_seed(seed)
     shape = lambda h, s: (cell.batch, h, s, cell.head_dim)  # noqa: E731
     q = torch.randn(shape(cell.heads, cell.seqlen_q), generator=g, device=device, dtype=dtype)
     k = torch.randn(shape(cell.kv_heads, cell.seqlen_k), generator=g, device=device, dtype=dtype)
     v = torch.randn(shape(cell.kv_heads, cell.seqlen_k), generator=g, device=device, dtype=dtype)
-    ref = _reference(q, k, v, cell)
-    flops = attention_flops(cell.batch, cell.heads, cell.seqlen_q, cell.seqlen_k, cell.head_dim, cell.causal)
+    flops = attention_flops(cell.batch, cell.heads, cell.seqlen_q, cell.seqlen_k, cell.head_dim, cell.causal,
+                            window=cell.window)
+    return q, k, v, _reference(q, k, v, cell), flops
+
+
+def cell_columns(cell: Cell, dtype: torch.dtype) -> dict:
+    """The ledger columns that name the cell."""
+    return {"dtype": str(dtype)[6:], "batch": cell.batch, "heads": cell.heads, "kv_heads": cell.kv_heads,
+            "seqlen_q": cell.seqlen_q, "seqlen_k": cell.seqlen_k, "head_dim": cell.head_dim,
+            "causal": int(cell.causal), "features": cell.features}
+
+
+def run_cell(cell: Cell, dtype: torch.dtype, provs: list[Provider], device: str, peak: float,
+             seed: int = 0, tick: Callable[[str], None] = lambda s: None, graphs: bool = False) -> list[dict]:
+    """Every provider on one cell: rows with ms, TFLOP/s, % of peak, error (ratios filled later)."""
+    q, k, v, ref, flops = cell_inputs(cell, dtype, device, seed)
     nbytes = attention_bytes(cell.batch, cell.heads, cell.kv_heads, cell.seqlen_q, cell.seqlen_k,
                              cell.head_dim, q.element_size())
-    base = {"dtype": str(dtype)[6:], "batch": cell.batch, "heads": cell.heads, "kv_heads": cell.kv_heads,
-            "seqlen_q": cell.seqlen_q, "seqlen_k": cell.seqlen_k, "head_dim": cell.head_dim,
-            "causal": int(cell.causal)}
+    base = cell_columns(cell, dtype)
     rows, ready = [], []
     for p in provs:  # first every provider once: compile, check; a failure is recorded, the run goes on
         row = dict(base, provider=p.name, config=_config_of(p, cell, q, k, v), _peer=p.peer)

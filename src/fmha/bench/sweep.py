@@ -9,9 +9,9 @@ import torch
 from fmha.configs import KernelConfig
 
 from . import ledger
-from .flops import attention_flops
 from .grids import Cell, parse_fields
-from .runner import _reference, ceilings, progress, time_ms
+from .providers import modifiers
+from .runner import ceilings, cell_columns, cell_inputs, progress, time_ms
 from .timing import tflops
 
 DEFAULT_SPACE = {
@@ -51,21 +51,15 @@ def sweep(variant: str, space: dict, cells: list[Cell], dtype: torch.dtype, devi
     cfgs = configs_of(space)
     rows, n, i = [], len(cfgs) * len(cells), 0
     for cell in cells:
-        g = torch.Generator(device=device).manual_seed(0)
-        mk = lambda h, s: torch.randn(cell.batch, h, s, cell.head_dim, generator=g, device=device,  # noqa: E731
-                                      dtype=dtype)
-        q, k, v = mk(cell.heads, cell.seqlen_q), mk(cell.kv_heads, cell.seqlen_k), mk(cell.kv_heads, cell.seqlen_k)
-        ref = _reference(q, k, v, cell)
-        flops = attention_flops(cell.batch, cell.heads, cell.seqlen_q, cell.seqlen_k, cell.head_dim, cell.causal)
+        q, k, v, ref, flops = cell_inputs(cell, dtype, device)
+        kw = modifiers(cell, device)
         for cfg in cfgs:
             if show_progress:
                 progress(i, n, f"{variant} {cfg} {cell}")
             i += 1
-            row = dict(env, provider=f"fmha:{variant}", config=str(cfg), dtype=str(dtype)[6:],
-                       batch=cell.batch, heads=cell.heads, kv_heads=cell.kv_heads, seqlen_q=cell.seqlen_q,
-                       seqlen_k=cell.seqlen_k, head_dim=cell.head_dim, causal=int(cell.causal))
+            row = dict(env, provider=f"fmha:{variant}", config=str(cfg), **cell_columns(cell, dtype))
             try:
-                fn = lambda: fmha.attention(q, k, v, causal=cell.causal, variant=variant, config=cfg)  # noqa: E731
+                fn = lambda: fmha.attention(q, k, v, causal=cell.causal, variant=variant, config=cfg, **kw)  # noqa: E731
                 err = ((fn().float() - ref).norm() / ref.norm()).item()
                 if not err < 5e-2:
                     raise RuntimeError(f"wrong result: relative error {err:.2e}")
