@@ -76,6 +76,7 @@ def test_modifier_cells_are_checked_and_named():
     assert notes[("fmha:tiled", "window=6 softcap=5")] == "ok"
     assert "no softcap" in notes[("sdpa:math", "window=6 softcap=5")]
     assert all(r["error"] < 1e-2 for r in rows if r["note"] == "ok")
+    assert all(r["config"].startswith("tiled m") for r in rows if r["provider"] == "fmha:tiled")  # what ran
     table = report.grid_table(rows, focus="fmha:tiled")
     assert "features" in table.splitlines()[0] and "window=6 alibi" in table
 

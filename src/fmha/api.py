@@ -364,12 +364,15 @@ def _plan(prob, q, k, v, o, layout, variant, config, alibi_slopes, num_splits):
 
 
 def describe(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-             variant: str = "auto") -> str:
-    """What :func:`attention` runs for this call (bhsd, no modifiers): variant, config, and
+             variant: str = "auto", window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+             alibi_slopes: torch.Tensor | None = None) -> str:
+    """What :func:`attention` runs for this call (bhsd, top-left): variant, config, and
     GQA packing / key split when used.  For benchmark ledgers."""
     batch, heads, seqlen_q, head_dim = q.shape
-    prob = _kernels().Problem(batch, heads, k.shape[1], seqlen_q, k.shape[2], head_dim, causal, 0, 1.0)
-    name, cfg, prob, split_len = _plan(prob, q, k, v, q, "bhsd", variant, None, None, 0)
+    upper, causal_offset, window_offset = _band(causal, tuple(window), 0)
+    prob = _kernels().Problem(batch, heads, k.shape[1], seqlen_q, k.shape[2], head_dim, upper, causal_offset, 1.0,
+                              window_offset=window_offset, softcap=float(softcap))
+    name, cfg, prob, split_len = _plan(prob, q, k, v, q, "bhsd", variant, None, alibi_slopes, 0)
     extra = (" packed-gqa" if prob.pack_gqa else "") + (f" split {split_len}" if split_len else "")
     return f"{name} {cfg}{extra}"
 

@@ -127,7 +127,7 @@ def _config_of(p: Provider, cell: Cell, q, k, v) -> str:
     from fmha import api
     variant = p.name.split(":", 1)[1]
     try:
-        return api.describe(q, k, v, causal=cell.causal, variant=variant)
+        return api.describe(q, k, v, causal=cell.causal, variant=variant, **modifiers(cell, q.device))
     except ValueError as e:
         return f"{variant} ({e})"
 
