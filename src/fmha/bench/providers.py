@@ -36,14 +36,15 @@ def modifiers(cell, device) -> dict:
 
 
 def _sdpa_mask(q, cell) -> torch.Tensor:
-    """The cell's causal band and ALiBi as SDPA's additive mask (what an SDPA user writes)."""
-    i = torch.arange(cell.seqlen_q, device=q.device)[:, None]
-    j = torch.arange(cell.seqlen_k, device=q.device)[None, :]
-    seen = (j <= i) if cell.causal else torch.ones_like(i - j, dtype=torch.bool)
-    if cell.window >= 0:
-        seen = seen & (j >= i - cell.window)
+    """The cell's band (:func:`fmha.reference.visible`) and ALiBi as SDPA's additive mask (what an
+    SDPA user writes)."""
+    from fmha import reference
+    seen = torch.from_numpy(reference.visible(cell.seqlen_q, cell.seqlen_k, cell.causal, "top_left",
+                                              (cell.window, -1))).to(q.device)
     mask = torch.zeros(seen.shape, device=q.device, dtype=q.dtype).masked_fill(~seen, float("-inf"))
     if cell.alibi:
+        i = torch.arange(cell.seqlen_q, device=q.device)[:, None]
+        j = torch.arange(cell.seqlen_k, device=q.device)[None, :]
         mask = mask - alibi_slopes(cell.heads, q.device)[:, None, None].to(q.dtype) * (i - j).abs().to(q.dtype)
     return mask
 

@@ -44,13 +44,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma, warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from ..reference import LOG2E
 from . import device_facts
 
 SMEM_LIMIT = 232448  # bytes of shared memory one sm_90 block may use
 CONSUMER_REGS = {2: 240, 3: 160}  # setmaxnreg per consumer thread, by warpgroup count
 PRODUCER_REGS = gl.constexpr(24)
 LN2 = gl.constexpr(0.6931471805599453)
-LOG2E = 1.4426950408889634
 
 
 @gluon.jit
@@ -152,7 +152,7 @@ def _key_tiles(start_m, seqlen_k, causal_offset, window_offset, BLOCK_M: gl.cons
     if CAUSAL:
         stop = gl.minimum(seqlen_k, gl.maximum(start_m + BLOCK_M + causal_offset, 0))
     end = gl.maximum((stop + BLOCK_N - 1) // BLOCK_N, 1)
-    first = end * 0
+    first = 0
     if WINDOW:
         first = gl.minimum(gl.maximum(start_m + window_offset, 0) // BLOCK_N, end - 1)
     return first, end - first
