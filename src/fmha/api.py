@@ -207,9 +207,10 @@ def _split_len(num_splits: int, arch: str, prob, cfg, device) -> int:
         sms = _kernels().device_facts(_index(device))[1]
         # a memory-bound loop: more programs keep more loads in flight.  2x SMs (run 20261129T151048)
         # against 4x (T151856), seqlen_k 128k: seqlen_q 16 went 209 -> 231 TFLOP/s, seqlen_q 1 stayed
-        # at 16 (4.0 TB/s of K/V, 94-97% of the copy ceiling)
+        # at 16 (4.0 TB/s of K/V, 94-97% of the copy ceiling).  Rounded down, so the programs never
+        # spill past per_sm * SMs into a last, nearly empty wave
         per_sm = cfg.split_per_sm or 4
-        num_splits = min(-(-per_sm * sms // programs), prob.seqlen_k // (4 * block_n))
+        num_splits = min(per_sm * sms // programs, prob.seqlen_k // (4 * block_n))
     if num_splits <= 1:
         return 0
     return -(-(-(-prob.seqlen_k // num_splits)) // block_n) * block_n
