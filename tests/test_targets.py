@@ -57,11 +57,6 @@ def test_hopper_builds_for_sm90_with_wgmma_and_tma():
     # ping-pong: every consumer warpgroup waits for its turn before each of its 3 issue points
     turns = targets.build("hopper", "sm_90", 128, "bfloat16", True, configs.KernelConfig(128, 128, 4, 2, pingpong=1))
     assert turns.asm["ptx"].count("mbarrier.try_wait") == ptx.count("mbarrier.try_wait") + 2 * 3
-    # overlap: the first Q K^T is issued in two places (before the first item, after each last P V)
-    ahead = targets.build("hopper", "sm_90", 64, "bfloat16", True, configs.KernelConfig(128, 128, 4, 2, overlap=1))
-    plain = targets.build("hopper", "sm_90", 64, "bfloat16", True, configs.KernelConfig(128, 128, 4, 2))
-    assert ahead.asm["ptx"].count("wgmma.mma_async") > plain.asm["ptx"].count("wgmma.mma_async")
-    assert targets.report(ahead).spilled_registers == 0
 
 
 def test_amd_report_agrees_with_the_code_object(builds):

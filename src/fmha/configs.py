@@ -22,7 +22,6 @@ class KernelConfig:
     split_per_sm: int = 0  # key-split launches: programs per SM the split aims for; 0: the default (4)
     pingpong: int = 0  # hopper: 1 the consumer warpgroups take turns issuing their matrix products
     head_group: int = 0  # hopper: work items numbered across this many heads at once; 0: head-major (1)
-    overlap: int = 0  # hopper: 1 the next item's first Q K^T is issued before this item's epilogue
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -33,9 +32,7 @@ class KernelConfig:
         fill = f"f{self.split_per_sm}" if self.split_per_sm else ""
         turns = "pp" if self.pingpong else ""
         heads = f"h{self.head_group}" if self.head_group else ""
-        ahead = "o" if self.overlap else ""
-        return (f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}{regs}{sched}{fill}{turns}{heads}"
-                f"{ahead}")
+        return f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}{regs}{sched}{fill}{turns}{heads}"
 
 
 SEED = KernelConfig(block_m=16, block_n=16, num_warps=1, num_stages=1)
@@ -73,6 +70,10 @@ TILED = [
 HOPPER = [
     # D=64 non-causal, persistent, run 20261129T165522 (bf16, S=512/1k/2k): m128 357/405/433, m192 339/376/434
     # (192 rows pad a 512- or 1024-row sequence by 11%)
+    # Tried and not taken (run 20261129T193402, bf16, S=512..16k, non-causal): the next item's first
+    # Q K^T issued behind this item's last P V, under its epilogue (commit 051427c, reverted): 342/391/
+    # 421/441/444/445 against 379/412/440/452/460/459 (2-10% slower); the early product holds 64 more fp32
+    # registers per thread through the epilogue.
     (64, False, 1024, KernelConfig(128, 128, 4, 2)),
     (64, False, None, KernelConfig(192, 128, 4, 2)),    # 376/510; m128n128s3 365/446 (one program a block)
     # causal, tried and not taken (run 20261129T181530, bf16, S=512..16k): a warpgroup whose rows end in
@@ -110,19 +111,17 @@ def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = 
 def decode_config(rows: int, seqlen_k: int) -> KernelConfig:
     """Decoding (keys split over programs): a block just big enough for the program's query
     rows (seqlen_q, times the GQA group when packed), 16 to 64; memory-bound, so mma.sync
-    tiles suffice.  `fmha sweep --variant tiled --grid decode --where seqlen_q=1` (run
-    20261129T161938, 4 query rows, TFLOP/s at 1k / 8k / 32k / 128k keys): m16n64w4s3 (the
-    session-2 choice) 7.3/12.3/15.1/16.1, m16n64w4s3f2 7.5/13.4/15.7/16.3, m16n64w4s4
-    7.1/12.5/16.2/17.2, m16n128w4s4 5.8/11.0/16.1/18.0 (128-key tiles leave too few splits
-    on short caches); f2: 2 programs per SM, not 4."""
+    tiles suffice.  One query block: as many splits as fill each SM once (f1).  `fmha sweep
+    --variant tiled --grid decode --where seqlen_q=1` (run 20261129T193149, 4 query rows,
+    TFLOP/s at 1k / 8k / 32k / 128k keys; cuDNN 7.8/14.4/17.1/18.0 in run T193249):
+    m16n64w4s4f1 7.3/14.2/17.0/17.9, m16n64w4s3f1 7.5/13.7/16.3/17.1, m16n128w4s4f1
+    5.9/13.9/16.8/18.0, the session-4 choices (f2, or 4 programs per SM at 32k and 128k) 1-7%
+    behind from 8k.  bench/decode_splits.py in the same call: 4 splits (1 per SM here) best at
+    32k and 128k, 8 at 8k by 1%; more programs per SM only share the same bandwidth."""
     block_m = min(64, max(16, 1 << (rows - 1).bit_length()))
     if block_m > 16:
         return KernelConfig(block_m, 64, 4, 3)
-    if seqlen_k >= 65536:
-        return KernelConfig(16, 128, 4, 4)
-    if seqlen_k >= 32768:
-        return KernelConfig(16, 64, 4, 4)
-    return KernelConfig(16, 64, 4, 3, split_per_sm=2)
+    return KernelConfig(16, 64, 4, 4 if seqlen_k >= 8192 else 3, split_per_sm=1)
 
 
 def tiled_config(arch: str, head_dim: int) -> KernelConfig:

@@ -13,9 +13,7 @@ P stays in registers as the A operand of P V.  ``KernelConfig.pingpong=1`` adds
 FlashAttention-3's ping-pong: the consumer warpgroups take turns issuing their
 products (an mbarrier per warpgroup), so one's softmax runs under another's
 products (``configs.HOPPER`` takes it where it measured faster: D=128 non-causal
-up to 512 keys).  ``KernelConfig.overlap=1`` issues the next item's first Q K^T
-behind this item's last P V, so it runs under this item's epilogue (built for
-sm_90, D=64 at 128 rows without spills; not yet run on a GPU, off by default).
+up to 512 keys).
 
 The math is the seed's (Section 9) in the base-2 domain, with the same guards as
 ``kernels/common.py``: a row that has seen no visible key keeps ``m = -inf`` and
@@ -205,28 +203,12 @@ def _pass_turn(turns, WG: gl.constexpr, NUM_WG: gl.constexpr, PINGPONG: gl.const
 
 
 @gluon.jit
-def _issue_first_scores(q_half, k_bufs, q_bar, k_ready, turns, pos, tc, n_turn, WG: gl.constexpr,
-                        NUM_WG: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, ROWS: gl.constexpr,
-                        BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
-    """5.1 of an item's first key tile (ring position ``pos``, the program's ``tc``-th item),
-    issued once its Q and K have landed and not waited on: (the scores in flight, n_turn + 1)."""
-    mbarrier.wait(q_bar, tc & 1)
-    mbarrier.wait(k_ready.index(pos % STAGES), (pos // STAGES) & 1)
-    _take_turn(turns, n_turn, WG, PINGPONG)
-    qk = warpgroup_mma(q_half, k_bufs.index(pos % STAGES).permute((1, 0)),
-                       gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
-    _pass_turn(turns, WG, NUM_WG, PINGPONG)
-    return qk, n_turn + 1
-
-
-@gluon.jit
 def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
               v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out,
               alibi_scale, scale_log2, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, o_stride,
               STAGES: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               HEAD: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
-              ALIBI: gl.constexpr, PAIRED: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr,
-              STORE_LSE: gl.constexpr):
+              ALIBI: gl.constexpr, PAIRED: gl.constexpr, PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr):
     ROWS: gl.constexpr = 64
     NUM_WG: gl.constexpr = BLOCK_M // ROWS
     dtype: gl.constexpr = o_desc.dtype
@@ -244,14 +226,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
     n_turn = 0  # ping-pong: the steps this warpgroup has taken its turn for
     if PINGPONG and WG == NUM_WG - 1:
         mbarrier.arrive(turns.index(0), count=1)  # warpgroup 0 goes first
-    n_items = _n_items(n_tiles, PAIRED)
-    qk_next = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)  # OVERLAP: the next item's first scores
-    if OVERLAP:
-        if n_items > 0:
-            qk_next, n_turn = _issue_first_scores(q_half, k_bufs, q_bar, k_ready, turns, 0, 0, n_turn, WG, NUM_WG,
-                                                  STAGES, PINGPONG, ROWS, BLOCK_N, s_layout)
-            qk_next = warpgroup_mma_wait(1, deps=[qk_next])  # still in flight: the item waits for it
-    for t_idx in range(n_items):
+    for t_idx in range(_n_items(n_tiles, PAIRED)):
         pid_m, bh = _tile(t_idx, n_m, n_tiles // n_m, head_group, CAUSAL, PAIRED)
         b = bh // heads
         h = bh % heads
@@ -266,13 +241,15 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
         offs_m = row0 + gl.arange(0, ROWS, layout=row_layout)
         acc = gl.zeros([ROWS, HEAD], gl.float32, o_layout)
 
-        # tile 0: 5.1-5.4 (no rescale yet); OVERLAP issued its 5.1 under the previous item's epilogue
+        # tile 0: 5.1-5.4 (no rescale yet)
         s = it0 % STAGES
-        if OVERLAP:
-            qk = qk_next
-        else:
-            qk, n_turn = _issue_first_scores(q_half, k_bufs, q_bar, k_ready, turns, it0, tc, n_turn, WG, NUM_WG,
-                                             STAGES, PINGPONG, ROWS, BLOCK_N, s_layout)
+        mbarrier.wait(q_bar, tc & 1)
+        mbarrier.wait(k_ready.index(s), (it0 // STAGES) & 1)
+        _take_turn(turns, n_turn, WG, PINGPONG)
+        qk = warpgroup_mma(q_half, k_bufs.index(s).permute((1, 0)),
+                           gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+        _pass_turn(turns, WG, NUM_WG, PINGPONG)
+        n_turn += 1
         qk, _k0 = warpgroup_mma_wait(0, deps=[qk, k_bufs.index(s)])
         mbarrier.arrive(k_empty.index(s), count=1)
         qk = _scores(qk, first, mask_from, offs_m, offs_n, causal_offset, window_offset, align_offset, cap_in, cap_out,
@@ -322,18 +299,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
         acc = warpgroup_mma(p16, v_bufs.index(last), acc, is_async=True)
         _pass_turn(turns, WG, NUM_WG, PINGPONG)
         n_turn += 1
-        if OVERLAP:
-            acc, p16 = warpgroup_mma_wait(1, deps=[acc, p16])  # nothing else outstanding: P V still in flight
-            if t_idx + 1 < n_items:
-                # the next item's first Q K^T goes in behind this P V and runs under this epilogue
-                qk_next, n_turn = _issue_first_scores(q_half, k_bufs, q_bar, k_ready, turns, it0 + n_iters, tc + 1,
-                                                      n_turn, WG, NUM_WG, STAGES, PINGPONG, ROWS, BLOCK_N, s_layout)
-                # in order: P V is done, the scores may still be in flight (the next item waits for them)
-                acc, qk_next = warpgroup_mma_wait(1, deps=[acc, qk_next])
-            else:
-                acc = warpgroup_mma_wait(0, deps=[acc])
-        else:
-            acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
+        acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
         mbarrier.arrive(v_empty.index(last), count=1)
 
         # Section 6: o = acc / l with 1/l := 0 on an empty row
@@ -367,7 +333,7 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, heads, group, s
                   q_rows_b, q_rows_h, q_col_h, kv_rows_b, kv_rows_h, kv_col_h, o_stride, HEAD: gl.constexpr,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                   CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                  PAIRED: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr, STORE_LSE: gl.constexpr):
+                  PAIRED: gl.constexpr, PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr):
     """Each program runs its work items (query block, batch*head), :func:`_n_items` and
     :func:`_tile`; the K/V rings and the barrier phases carry on from one item to the
     next, so the next item's first loads overlap this one's epilogue."""
@@ -399,17 +365,17 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, heads, group, s
                          v_ready, v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, window_offset,
                          align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m, head_group, q_rows_b,
                          q_rows_h, q_col_h, o_stride, STAGES, 0, BLOCK_M, BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP,
-                         ALIBI, PAIRED, PINGPONG, OVERLAP, STORE_LSE)),
+                         ALIBI, PAIRED, PINGPONG, STORE_LSE)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, window_offset,
                          align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m, head_group, q_rows_b,
                          q_rows_h, q_col_h, o_stride, STAGES, 1, BLOCK_M, BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP,
-                         ALIBI, PAIRED, PINGPONG, OVERLAP, STORE_LSE)),
+                         ALIBI, PAIRED, PINGPONG, STORE_LSE)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, window_offset,
                          align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m, head_group, q_rows_b,
                          q_rows_h, q_col_h, o_stride, STAGES, 2, BLOCK_M, BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP,
-                         ALIBI, PAIRED, PINGPONG, OVERLAP, STORE_LSE)),
+                         ALIBI, PAIRED, PINGPONG, STORE_LSE)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, heads, group, seqlen_k, causal_offset, window_offset, n_tiles, n_m, head_group,
                          q_rows_b, q_rows_h, q_col_h, kv_rows_b, kv_rows_h, kv_col_h, NUM_WG, STAGES, BLOCK_M,
@@ -421,12 +387,12 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, heads, group, s
                          v_ready, v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, window_offset,
                          align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m, head_group, q_rows_b,
                          q_rows_h, q_col_h, o_stride, STAGES, 0, BLOCK_M, BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP,
-                         ALIBI, PAIRED, PINGPONG, OVERLAP, STORE_LSE)),
+                         ALIBI, PAIRED, PINGPONG, STORE_LSE)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, window_offset,
                          align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m, head_group, q_rows_b,
                          q_rows_h, q_col_h, o_stride, STAGES, 1, BLOCK_M, BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP,
-                         ALIBI, PAIRED, PINGPONG, OVERLAP, STORE_LSE)),
+                         ALIBI, PAIRED, PINGPONG, STORE_LSE)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, heads, group, seqlen_k, causal_offset, window_offset, n_tiles, n_m, head_group,
                          q_rows_b, q_rows_h, q_col_h, kv_rows_b, kv_rows_h, kv_col_h, NUM_WG, STAGES, BLOCK_M,
@@ -506,4 +472,4 @@ def constexprs(prob, cfg, store_lse: bool, paired: bool = False, alibi: bool = F
     return dict(HEAD=prob.head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.num_stages,
                 CONSUMER_REGS=cfg.maxnreg or CONSUMER_REGS[cfg.block_m // 64], CAUSAL=prob.causal,
                 WINDOW=prob.window_offset is not None, SOFTCAP=prob.softcap > 0, ALIBI=alibi, PAIRED=paired,
-                PINGPONG=bool(cfg.pingpong), OVERLAP=bool(cfg.overlap), STORE_LSE=store_lse)
+                PINGPONG=bool(cfg.pingpong), STORE_LSE=store_lse)
