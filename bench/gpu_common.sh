@@ -6,3 +6,8 @@ bench() {
   local limit=$1; shift
   timeout "$limit" python3 -m fmha bench --cuda-graphs --providers fmha:auto sdpa:cudnn sdpa:flash "$@" 2>&1 | clean
 }
+# `sweep SECONDS ARGS...` = fmha sweep under CUDA graphs, with a time limit.
+sweep() {
+  local limit=$1; shift
+  timeout "$limit" python3 -m fmha sweep --cuda-graphs "$@" 2>&1 | clean | grep -v "^$"
+}
