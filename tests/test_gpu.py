@@ -32,7 +32,7 @@ def test_gpu_matches_reference(variant, dtype, causal, align, shape):
         check_against_reference(out, q, k, v, causal, align, layout)
 
 
-HOPPER_SHAPES = [  # seqlen_k a multiple of the key tile: what the Gluon kernel takes
+HOPPER_SHAPES = [
     (2, 8, 8, 1024, 1024, 128),
     (1, 8, 2, 512, 1536, 64),     # GQA, sq < sk
     (1, 4, 1, 1024, 384, 128),    # MQA, sq > sk: bottom-right leaves rows with no key
@@ -41,6 +41,8 @@ HOPPER_SHAPES = [  # seqlen_k a multiple of the key tile: what the Gluon kernel 
     (1, 3, 3, 77, 256, 128),      # seqlen_q below one block
     (4, 16, 4, 1000, 1024, 64),   # more work items than SMs: each persistent program runs several
     (3, 23, 23, 640, 640, 64),    # an odd number of items (345) over the SMs: persistent causal pairs, one alone
+    (2, 4, 2, 1000, 1537, 64),    # ragged seqlen_k: the last key tile part past the end
+    (1, 4, 4, 300, 77, 128),      # seqlen_k below one key tile; bottom-right leaves rows with no key
 ]
 HOPPER_CONFIGS = [fmha.KernelConfig(128, 128, 4, 3), fmha.KernelConfig(192, 128, 4, 2),
                   fmha.KernelConfig(128, 128, 4, 2, persistent=1), fmha.KernelConfig(128, 128, 4, 2, persistent=0),
@@ -88,7 +90,8 @@ HOPPER_FEATURES = [  # (causal, align, window, softcap, ALiBi)
 ]
 
 
-@pytest.mark.parametrize("shape", [(2, 4, 2, 1000, 1024, 64), (1, 4, 4, 384, 1536, 128), (1, 2, 1, 2048, 640, 128)],
+@pytest.mark.parametrize("shape", [(2, 4, 2, 1000, 1024, 64), (1, 4, 4, 384, 1536, 128), (1, 2, 1, 2048, 640, 128),
+                                   (1, 4, 2, 700, 1111, 64)],
                          ids=lambda s: "b{}h{}kv{}-q{}k{}-d{}".format(*s))
 @pytest.mark.parametrize("causal,align,window,softcap,alibi", HOPPER_FEATURES, ids=str)
 def test_hopper_features_match_reference(causal, align, window, softcap, alibi, shape):
@@ -109,6 +112,22 @@ def test_hopper_features_match_reference(causal, align, window, softcap, alibi, 
     assert np.array_equal(np.isneginf(got_lse), np.isneginf(ref_lse))  # the rows that see no key
     live = np.isfinite(ref_lse)
     assert np.abs(got_lse[live] - ref_lse[live]).max() < 2e-2
+
+
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_hopper_ragged_keys_stop_at_the_end(layout):
+    """A ragged last key tile reads zeros past seqlen_k, never the neighbour's keys: the head (bhsd)
+    or batch (bshd) stored after this one holds NaN, and this one's output stays exact."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("sm_90 only")
+    q, k, v = make_qkv(2, 2, 2, 256, 1000, 128, torch.bfloat16, layout, seed=5)
+    nxt = (slice(None), 1) if layout == "bhsd" else (1,)  # what follows (batch 0, head 0)'s keys in memory
+    k[nxt], v[nxt] = float("nan"), float("nan")
+    out = nan_like(q)
+    fmha.attention(q, k, v, layout=layout, variant="hopper", out=out)
+    torch.cuda.synchronize()
+    own = (slice(None), slice(0, 1)) if layout == "bhsd" else (slice(0, 1),)
+    check_against_reference(out[own], q[own], k[own], v[own], False, layout=layout)
 
 
 @pytest.mark.parametrize("variant", ["auto", "tiled", "hopper"])

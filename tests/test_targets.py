@@ -51,7 +51,8 @@ def test_hopper_builds_for_sm90_with_wgmma_and_tma():
     r = targets.report(b)
     ptx = b.asm["ptx"]
     assert any(k.startswith("wgmma.mma_async") for k in r.matrix_instructions)
-    assert "cp.async.bulk.tensor.2d.shared::cluster.global" in ptx  # TMA loads of Q, K, V
+    assert "cp.async.bulk.tensor.2d.shared::cluster.global" in ptx  # TMA loads of Q
+    assert "cp.async.bulk.tensor.3d.shared::cluster.global" in ptx  # and of K, V: boxes of a (b, h) past seqlen_k are 0
     assert "cp.async.bulk.tensor.2d.global.shared::cta" in ptx      # the TMA store of O
     assert r.spilled_registers == 0 and r.scratch_bytes == 0
     # ping-pong: every consumer warpgroup waits for its turn before each of its 3 issue points

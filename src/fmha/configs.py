@@ -99,12 +99,14 @@ HOPPER = [
 
 def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = False) -> KernelConfig:
     """The ``hopper`` entry for this shape (head dims other than 64 take the 128 rows).  With a
-    window, softcap or ALiBi, 192 rows become 128: three consumer warpgroups at 160 registers
-    spill on the modifiers' extra live values (up to 117 registers, sm_90 build), two at 240 do not."""
+    window, softcap or ALiBi, or a seqlen_k off the key tile, 192 rows become 128: three consumer
+    warpgroups at 160 registers spill on the extra live values (up to 117 registers with the
+    modifiers, 36 stores with the ragged key mask, sm_90 build), two at 240 do not."""
     d = 64 if head_dim == 64 else 128
     for key_d, key_causal, longest, cfg in HOPPER:
         if key_d == d and key_causal == bool(causal) and (longest is None or seqlen_k <= longest):
-            return replace(cfg, block_m=128) if modifiers and cfg.block_m == 192 else cfg
+            narrow = modifiers or seqlen_k % cfg.block_n
+            return replace(cfg, block_m=128) if narrow and cfg.block_m == 192 else cfg
     raise AssertionError("the HOPPER table ends with an open row for every (head_dim, causal)")
 
 

@@ -58,6 +58,13 @@ def features_grid() -> list[Cell]:
             Cell(1, 16, 16, 4096, 4096, 128, True, alibi=1)]
 
 
+def ragged_grid() -> list[Cell]:
+    """Sequence lengths off the 128-key tile (1000, 3000, 9000), B*S about 16k, H*D = 2048:
+    the last key tile of every sequence is part past its end."""
+    return [Cell(16000 // s, 2048 // d, 2048 // d, s, s, d, c)
+            for d in (64, 128) for c in (False, True) for s in (1000, 3000, 9000)]
+
+
 def quick_grid() -> list[Cell]:
     """Tiny shapes the CPU interpreter runs in seconds (its times mean nothing)."""
     return [Cell(1, 2, 2, 33, 33, 32, False), Cell(1, 2, 1, 17, 40, 64, True), Cell(2, 2, 2, 16, 16, 64, True)]
@@ -81,4 +88,4 @@ def where(cells: list[Cell], text: str | None) -> list[Cell]:
 
 
 GRIDS = {"default": default_grid, "decode": decode_grid, "extra": extra_grid, "features": features_grid,
-         "quick": quick_grid}
+         "ragged": ragged_grid, "quick": quick_grid}

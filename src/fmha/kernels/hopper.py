@@ -25,11 +25,14 @@ loop at the block's first visible tile and masks the band's lower edge; softcap
 and ALiBi act on the raw scores ``q.k`` (:func:`_scores`, the same values as
 ``common.scores`` before its scale).
 
-Shapes it takes (:func:`supports`): sm_90, head_dim 64 or 128, any seqlen_q,
-seqlen_k a multiple of ``BLOCK_N``, q/k/v/out contiguous in bhsd or bshd; not
-varlen, per-batch key lengths or paged K/V (``kernels.unsupported``).  Rows
-of the last query block past seqlen_q are computed on whatever TMA reads there
-and never stored (a warpgroup that straddles the end stores with a row mask).
+Shapes it takes (:func:`supports`): sm_90, head_dim 64 or 128, any seqlen_q and
+seqlen_k, q/k/v/out contiguous in bhsd or bshd; not varlen, per-batch key lengths
+or paged K/V (``kernels.unsupported``).  Rows of the last query block past
+seqlen_q are computed on whatever TMA reads there and never stored (a warpgroup
+that straddles the end stores with a row mask).  K and V are read through 3-D
+descriptors, one sequence per (batch, head), so a last key tile past seqlen_k
+holds zeros (never the next head's keys, which could hold anything, NaN
+included: a masked score times a NaN value is NaN) and is masked (``RAGGED``).
 Anything else goes to ``tiled``.  Gluon kernels do not run in the interpreter.
 """
 from __future__ import annotations
@@ -99,7 +102,7 @@ def _tile(k, n_m, n_bh, head_group, CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
               heads, group, seqlen_k, causal_offset, window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h,
-              q_col_h, kv_rows_b, kv_rows_h, kv_col_h, NUM_WG: gl.constexpr, STAGES: gl.constexpr,
+              q_col_h, kv_seq_b, kv_seq_h, kv_col_h, NUM_WG: gl.constexpr, STAGES: gl.constexpr,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
               PAIRED: gl.constexpr):
     it = 0  # position in the K/V rings, continued across work items
@@ -111,12 +114,16 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_
         kvh = h // group
         start_m = pid_m * BLOCK_M
         first, n_iters = _key_tiles(start_m, seqlen_k, causal_offset, window_offset, BLOCK_M, BLOCK_N, CAUSAL, WINDOW)
-        kv_row = b * kv_rows_b + kvh * kv_rows_h + first * BLOCK_N
+        # K/V boxes [1, BLOCK_N, HEAD] of the 3-D view [batch*kv_heads or batch, seqlen_k, *]: keys past
+        # seqlen_k are outside the view, and TMA fills them with zeros
+        kv_seq = b * kv_seq_b + kvh * kv_seq_h
+        kv_col = kvh * kv_col_h
         # the first K tile goes out before Q: it may overlap the consumers' previous epilogue
         s = it % STAGES
         mbarrier.wait(k_empty.index(s), ((it // STAGES) & 1) ^ 1)
         mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [kv_row, kvh * kv_col_h], k_ready.index(s), k_bufs.index(s))
+        tma.async_copy_global_to_shared(k_desc, [kv_seq, first * BLOCK_N, kv_col], k_ready.index(s),
+                                        _box(k_bufs.index(s)))
         # Q in 64-row boxes (TMA boxes are powers of two; 192 rows is three), once every
         # consumer has issued its last Q K^T of the previous item
         mbarrier.wait(q_empty, (tc & 1) ^ 1)
@@ -130,14 +137,20 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_
             if i > 0:
                 mbarrier.wait(k_empty.index(s), ph ^ 1)
                 mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(k_desc, [kv_row + i * BLOCK_N, kvh * kv_col_h], k_ready.index(s),
-                                                k_bufs.index(s))
+                tma.async_copy_global_to_shared(k_desc, [kv_seq, (first + i) * BLOCK_N, kv_col], k_ready.index(s),
+                                                _box(k_bufs.index(s)))
             mbarrier.wait(v_empty.index(s), ph ^ 1)
             mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(v_desc, [kv_row + i * BLOCK_N, kvh * kv_col_h], v_ready.index(s),
-                                            v_bufs.index(s))
+            tma.async_copy_global_to_shared(v_desc, [kv_seq, (first + i) * BLOCK_N, kv_col], v_ready.index(s),
+                                            _box(v_bufs.index(s)))
             it += 1
         tc += 1
+
+
+@gluon.jit
+def _box(buf):
+    """A [BLOCK_N, HEAD] ring slot as the [1, BLOCK_N, HEAD] box of the 3-D K/V descriptors."""
+    return buf.reshape([1, buf.shape[0], buf.shape[1]])
 
 
 @gluon.jit
@@ -157,14 +170,15 @@ def _key_tiles(start_m, seqlen_k, causal_offset, window_offset, BLOCK_M: gl.cons
 
 
 @gluon.jit
-def _scores(qk, i, mask_from, offs_m, offs_n, causal_offset, window_offset, align_offset, cap_in, cap_out, slope,
-            BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
-            ALIBI: gl.constexpr):
+def _scores(qk, i, mask_from, offs_m, offs_n, seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out,
+            slope, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
+            ALIBI: gl.constexpr, RAGGED: gl.constexpr):
     """Step 5.2 on key tile ``i``, in raw ``q.k`` units (the caller scales by ``scale_log2``):
     softcap ``cap_out * tanh(cap_in * qk)`` (``cap_in = scale / softcap``, ``cap_out = softcap /
     scale``), ALiBi ``- slope |row + align_offset - key|`` (``slope`` already over ``scale``),
-    then -inf past the upper edge (tiles from ``mask_from``: those crossing it) and before the
-    window's lower edge (every tile)."""
+    then -inf past the upper edge (tiles from ``mask_from``: those crossing it), before the
+    window's lower edge (every tile) and, RAGGED, past seqlen_k (the last tile, whose keys
+    there TMA read as zeros)."""
     cols = i * BLOCK_N + offs_n
     if SOFTCAP:
         qk = cap_out * (1.0 - 2.0 / (gl.exp2((2.0 / LN2) * cap_in * qk) + 1.0))  # tanh via exp2
@@ -175,6 +189,8 @@ def _scores(qk, i, mask_from, offs_m, offs_n, causal_offset, window_offset, alig
             qk = gl.where(cols[None, :] <= offs_m[:, None] + causal_offset, qk, float("-inf"))
     if WINDOW:
         qk = gl.where(cols[None, :] >= offs_m[:, None] + window_offset, qk, float("-inf"))
+    if RAGGED:  # on every tile: a branch to the last one alone holds both versions of qk (spills)
+        qk = gl.where(cols[None, :] < seqlen_k, qk, float("-inf"))
     return qk
 
 
@@ -208,7 +224,8 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
               alibi_scale, scale_log2, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, o_stride,
               STAGES: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               HEAD: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
-              ALIBI: gl.constexpr, PAIRED: gl.constexpr, PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr):
+              ALIBI: gl.constexpr, RAGGED: gl.constexpr, PAIRED: gl.constexpr, PINGPONG: gl.constexpr,
+              STORE_LSE: gl.constexpr):
     ROWS: gl.constexpr = 64
     NUM_WG: gl.constexpr = BLOCK_M // ROWS
     dtype: gl.constexpr = o_desc.dtype
@@ -252,10 +269,10 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
         n_turn += 1
         qk, _k0 = warpgroup_mma_wait(0, deps=[qk, k_bufs.index(s)])
         mbarrier.arrive(k_empty.index(s), count=1)
-        qk = _scores(qk, first, mask_from, offs_m, offs_n, causal_offset, window_offset, align_offset, cap_in, cap_out,
-                     slope, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI)
+        qk = _scores(qk, first, mask_from, offs_m, offs_n, seqlen_k, causal_offset, window_offset, align_offset, cap_in,
+                     cap_out, slope, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
         m = gl.max(qk, axis=1) * scale_log2
-        p = gl.exp2(qk * scale_log2 - _pivot(m, CAUSAL or WINDOW)[:, None])
+        p = gl.exp2(qk * scale_log2 - _pivot(m, CAUSAL or WINDOW or RAGGED)[:, None])
         l = gl.sum(p, axis=1)
         p16 = gl.convert_layout(p.to(dtype), p_layout)
         for i in range(1, n_iters):
@@ -278,10 +295,10 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
             qk = warpgroup_mma_wait(1, deps=[qk])
             mbarrier.arrive(k_empty.index(s), count=1)
             # 5.2-5.4 of tile i while P V of tile i-1 runs
-            qk = _scores(qk, first + i, mask_from, offs_m, offs_n, causal_offset, window_offset, align_offset, cap_in,
-                         cap_out, slope, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI)
+            qk = _scores(qk, first + i, mask_from, offs_m, offs_n, seqlen_k, causal_offset, window_offset,
+                         align_offset, cap_in, cap_out, slope, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
             m_new = gl.maximum(m, gl.max(qk, axis=1) * scale_log2)
-            m_safe = _pivot(m_new, CAUSAL or WINDOW)
+            m_safe = _pivot(m_new, CAUSAL or WINDOW or RAGGED)
             p = gl.exp2(qk * scale_log2 - m_safe[:, None])
             alpha = gl.exp2(m - m_safe)
             l = l * alpha + gl.sum(p, axis=1)
@@ -330,18 +347,18 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
 @gluon.jit
 def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, heads, group, seqlen_q, seqlen_k, causal_offset,
                   window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m, head_group,
-                  q_rows_b, q_rows_h, q_col_h, kv_rows_b, kv_rows_h, kv_col_h, o_stride, HEAD: gl.constexpr,
+                  q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h, kv_col_h, o_stride, HEAD: gl.constexpr,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                   CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                  PAIRED: gl.constexpr, PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr):
+                  RAGGED: gl.constexpr, PAIRED: gl.constexpr, PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr):
     """Each program runs its work items (query block, batch*head), :func:`_n_items` and
     :func:`_tile`; the K/V rings and the barrier phases carry on from one item to the
     next, so the next item's first loads overlap this one's epilogue."""
     NUM_WG: gl.constexpr = BLOCK_M // 64
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG, 64, HEAD], q_desc.layout)  # a 64-row box per warpgroup
     o_smem = gl.allocate_shared_memory(o_desc.dtype, [NUM_WG, 64, HEAD], o_desc.layout)
-    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD], k_desc.layout)
-    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD], v_desc.layout)
+    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD], q_desc.layout)  # 2-D slots
+    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD], q_desc.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -365,20 +382,20 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, heads, group, s
                          v_ready, v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, window_offset,
                          align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m, head_group, q_rows_b,
                          q_rows_h, q_col_h, o_stride, STAGES, 0, BLOCK_M, BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP,
-                         ALIBI, PAIRED, PINGPONG, STORE_LSE)),
+                         ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, window_offset,
                          align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m, head_group, q_rows_b,
                          q_rows_h, q_col_h, o_stride, STAGES, 1, BLOCK_M, BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP,
-                         ALIBI, PAIRED, PINGPONG, STORE_LSE)),
+                         ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, window_offset,
                          align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m, head_group, q_rows_b,
                          q_rows_h, q_col_h, o_stride, STAGES, 2, BLOCK_M, BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP,
-                         ALIBI, PAIRED, PINGPONG, STORE_LSE)),
+                         ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, heads, group, seqlen_k, causal_offset, window_offset, n_tiles, n_m, head_group,
-                         q_rows_b, q_rows_h, q_col_h, kv_rows_b, kv_rows_h, kv_col_h, NUM_WG, STAGES, BLOCK_M,
+                         q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h, kv_col_h, NUM_WG, STAGES, BLOCK_M,
                          BLOCK_N, CAUSAL, WINDOW, PAIRED)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     else:
@@ -387,21 +404,22 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, heads, group, s
                          v_ready, v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, window_offset,
                          align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m, head_group, q_rows_b,
                          q_rows_h, q_col_h, o_stride, STAGES, 0, BLOCK_M, BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP,
-                         ALIBI, PAIRED, PINGPONG, STORE_LSE)),
+                         ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, window_offset,
                          align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m, head_group, q_rows_b,
                          q_rows_h, q_col_h, o_stride, STAGES, 1, BLOCK_M, BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP,
-                         ALIBI, PAIRED, PINGPONG, STORE_LSE)),
+                         ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, heads, group, seqlen_k, causal_offset, window_offset, n_tiles, n_m, head_group,
-                         q_rows_b, q_rows_h, q_col_h, kv_rows_b, kv_rows_h, kv_col_h, NUM_WG, STAGES, BLOCK_M,
+                         q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h, kv_col_h, NUM_WG, STAGES, BLOCK_M,
                          BLOCK_N, CAUSAL, WINDOW, PAIRED)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 KERNEL = hopper_kernel
 SMEM_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+KV_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
 
 
 def _view2d(t: torch.Tensor, layout: str):
@@ -412,6 +430,18 @@ def _view2d(t: torch.Tensor, layout: str):
         return t.view(b * h * s, d), h * s, s, 0
     s, h = t.shape[1], t.shape[2]
     return t.view(b * s, h * d), s, 0, d
+
+
+def _view3d(t: torch.Tensor, layout: str):
+    """K or V as the 3-D tensor TMA reads, [batch*heads or batch, seqlen, *] (so a box past
+    seqlen is zero-filled, never the next head's keys), and how (batch, head) map to its first
+    coordinate and its last."""
+    b, d = t.shape[0], t.shape[3]
+    if layout == "bhsd":
+        h, s = t.shape[1], t.shape[2]
+        return t.view(b * h, s, d), h, 1, 0
+    s, h = t.shape[1], t.shape[2]
+    return t.view(b, s, h * d), 1, 0, d
 
 
 def smem_bytes(head_dim: int, cfg) -> int:
@@ -425,8 +455,6 @@ def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
         return "needs an sm_90 GPU"
     if prob.head_dim not in (64, 128):
         return f"head_dim {prob.head_dim} (takes 64 and 128)"
-    if prob.seqlen_k % cfg.block_n:
-        return f"seqlen_k % {cfg.block_n} is not 0"
     if cfg.block_m not in (128, 192):
         return f"block_m {cfg.block_m} (takes 128 or 192: 2 or 3 consumer warpgroups)"
     smem = smem_bytes(prob.head_dim, cfg)
@@ -440,11 +468,12 @@ def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
 
 def descriptors(prob, cfg, q, k, v, o, layout: str) -> tuple:
     """The four TMA descriptors and the row/column strides of (batch, head) in their 2-D views."""
-    (q2, qrb, qrh, qch), (k2, krb, krh, kch), (v2, *_), (o2, *_) = (_view2d(t, layout) for t in (q, k, v, o))
+    (q2, qrb, qrh, qch), (o2, *_) = (_view2d(t, layout) for t in (q, o))
+    (k3, krb, krh, kch), (v3, *_) = (_view3d(t, layout) for t in (k, v))
     d = prob.head_dim
     descs = (TensorDescriptor.from_tensor(q2, [64, d], SMEM_LAYOUT),
-             TensorDescriptor.from_tensor(k2, [cfg.block_n, d], SMEM_LAYOUT),
-             TensorDescriptor.from_tensor(v2, [cfg.block_n, d], SMEM_LAYOUT),
+             TensorDescriptor.from_tensor(k3, [1, cfg.block_n, d], KV_LAYOUT),
+             TensorDescriptor.from_tensor(v3, [1, cfg.block_n, d], KV_LAYOUT),
              TensorDescriptor.from_tensor(o2, [64, d], SMEM_LAYOUT))
     return descs, (qrb, qrh, qch, krb, krh, kch, o2.stride(0))
 
@@ -471,5 +500,6 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None) -> None:
 def constexprs(prob, cfg, store_lse: bool, paired: bool = False, alibi: bool = False) -> dict:
     return dict(HEAD=prob.head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.num_stages,
                 CONSUMER_REGS=cfg.maxnreg or CONSUMER_REGS[cfg.block_m // 64], CAUSAL=prob.causal,
-                WINDOW=prob.window_offset is not None, SOFTCAP=prob.softcap > 0, ALIBI=alibi, PAIRED=paired,
+                WINDOW=prob.window_offset is not None, SOFTCAP=prob.softcap > 0, ALIBI=alibi,
+                RAGGED=prob.seqlen_k % cfg.block_n != 0, PAIRED=paired,
                 PINGPONG=bool(cfg.pingpong), STORE_LSE=store_lse)
