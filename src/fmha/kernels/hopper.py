@@ -176,22 +176,39 @@ def _scores(qk, i, mask_from, offs_m, offs_n, seqlen_k, causal_offset, window_of
     """Step 5.2 on key tile ``i``, in raw ``q.k`` units (the caller scales by ``scale_log2``):
     softcap ``cap_out * tanh(cap_in * qk)`` (``cap_in = scale / softcap``, ``cap_out = softcap /
     scale``), ALiBi ``- slope |row + align_offset - key|`` (``slope`` already over ``scale``),
-    then -inf past the upper edge (tiles from ``mask_from``: those crossing it), before the
-    window's lower edge (every tile) and, RAGGED, past seqlen_k (the last tile, whose keys
-    there TMA read as zeros)."""
+    then -inf past the upper edge (tiles from ``mask_from``: those crossing it), which is the
+    causal diagonal and, RAGGED, the last key (TMA reads zeros past seqlen_k), and before the
+    window's lower edge (every tile)."""
     cols = i * BLOCK_N + offs_n
     if SOFTCAP:
         qk = cap_out * (1.0 - 2.0 / (gl.exp2((2.0 / LN2) * cap_in * qk) + 1.0))  # tanh via exp2
     if ALIBI:
         qk = qk - slope * gl.abs((offs_m[:, None] + align_offset - cols[None, :]).to(gl.float32))
-    if CAUSAL:
-        if i >= mask_from:
-            qk = gl.where(cols[None, :] <= offs_m[:, None] + causal_offset, qk, float("-inf"))
+    if CAUSAL or RAGGED:
+        if i >= mask_from:  # one select per score for both edges (at D=64 the softmax is the bound)
+            if CAUSAL and RAGGED:
+                edge = gl.minimum(offs_m + causal_offset, seqlen_k - 1)[:, None]
+            elif CAUSAL:
+                edge = offs_m[:, None] + causal_offset
+            else:
+                edge = seqlen_k - 1
+            qk = gl.where(cols[None, :] <= edge, qk, float("-inf"))
     if WINDOW:
         qk = gl.where(cols[None, :] >= offs_m[:, None] + window_offset, qk, float("-inf"))
-    if RAGGED:  # on every tile: a branch to the last one alone holds both versions of qk (spills)
-        qk = gl.where(cols[None, :] < seqlen_k, qk, float("-inf"))
     return qk
+
+
+@gluon.jit
+def _mask_from(row0, seqlen_k, causal_offset, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, RAGGED: gl.constexpr):
+    """The first key tile :func:`_scores` masks for rows from ``row0``: the first that crosses
+    the causal diagonal and, RAGGED, at the latest the one that holds seqlen_k; tiles before it
+    are visible to every row (a large number when nothing is masked)."""
+    first = 1 << 30
+    if CAUSAL:
+        first = gl.maximum(row0 + causal_offset + 1, 0) // BLOCK_N
+    if RAGGED:
+        first = gl.minimum(first, seqlen_k // BLOCK_N)
+    return first
 
 
 @gluon.jit
@@ -254,7 +271,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
         if ALIBI:
             slope = gl.load(Alibi + h) * alibi_scale
         # tiles before mask_from are visible to every row of this warpgroup: no mask
-        mask_from = gl.maximum(row0 + causal_offset + 1, 0) // BLOCK_N
+        mask_from = _mask_from(row0, seqlen_k, causal_offset, BLOCK_N, CAUSAL, RAGGED)
         offs_m = row0 + gl.arange(0, ROWS, layout=row_layout)
         acc = gl.zeros([ROWS, HEAD], gl.float32, o_layout)
 
