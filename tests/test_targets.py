@@ -55,6 +55,10 @@ def test_hopper_builds_for_sm90_with_wgmma_and_tma():
     assert "cp.async.bulk.tensor.3d.shared::cluster.global" in ptx  # and of K, V: boxes of a (b, h) past seqlen_k are 0
     assert "cp.async.bulk.tensor.2d.global.shared::cta" in ptx      # the TMA store of O
     assert r.spilled_registers == 0 and r.scratch_bytes == 0
+    # a seqlen_k off the key tile (the table's config for it): the ragged key mask, still no spills
+    ragged = targets.build("hopper", "sm_90", 128, "bfloat16", True, configs.hopper_config(128, True, 1000),
+                           seqlen_k=1000)
+    assert ragged.asm["ptx"] != ptx and targets.report(ragged).spilled_registers == 0
     # ping-pong: every consumer warpgroup waits for its turn before each of its 3 issue points
     turns = targets.build("hopper", "sm_90", 128, "bfloat16", True, configs.KernelConfig(128, 128, 4, 2, pingpong=1))
     assert turns.asm["ptx"].count("mbarrier.try_wait") == ptx.count("mbarrier.try_wait") + 2 * 3

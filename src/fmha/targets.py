@@ -59,8 +59,9 @@ def variants() -> list[str]:
     return list(ALL_VARIANTS)
 
 
-def _hopper_source(head_dim: int, dtype: str, causal: bool, cfg):
-    """The Gluon kernel's source with its TMA descriptor types, from stand-in CPU tensors."""
+def _hopper_source(head_dim: int, dtype: str, causal: bool, cfg, seqlen_k: int = 0):
+    """The Gluon kernel's source with its TMA descriptor types, from stand-in CPU tensors
+    (``seqlen_k`` 0: one whole key tile; off the tile: the ragged key mask's build)."""
     import torch
     from triton._C.libtriton import native_specialize_impl
     from triton.backends.compiler import BaseBackend
@@ -68,9 +69,10 @@ def _hopper_source(head_dim: int, dtype: str, causal: bool, cfg):
 
     from .kernels import Problem, hopper
     tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
-    prob = Problem(1, 1, 1, 128, cfg.block_n, head_dim, causal, 0, 1.0)
-    t = torch.empty(1, 1, max(cfg.block_m, cfg.block_n), head_dim, dtype=tdt)
-    q, kv = t[:, :, :cfg.block_m], t[:, :, :cfg.block_n]
+    seqlen_k = seqlen_k or cfg.block_n
+    prob = Problem(1, 1, 1, 128, seqlen_k, head_dim, causal, 0, 1.0)
+    t = torch.empty(1, 1, max(cfg.block_m, seqlen_k), head_dim, dtype=tdt)
+    q, kv = t[:, :, :cfg.block_m], t[:, :, :seqlen_k]
     descs, _ = hopper.descriptors(prob, cfg, q, kv, kv, q, "bhsd")
     kernel = hopper.KERNEL
     const = hopper.constexprs(prob, cfg, store_lse=False, paired=causal)  # causal: the paired schedule
@@ -151,11 +153,12 @@ def _check_choice(kind: str, value, valid) -> None:
 
 
 def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16", causal: bool = False,
-          config=None) -> Build:
-    """Compile ``variant`` for ``target`` (a key of :data:`TARGETS`) without a GPU."""
+          config=None, seqlen_k: int = 0) -> Build:
+    """Compile ``variant`` for ``target`` (a key of :data:`TARGETS`) without a GPU.  ``seqlen_k``
+    matters to ``hopper`` only (a length off its key tile builds the ragged key mask)."""
     from . import configs
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
-        return _build_elsewhere(variant, target, head_dim, dtype, causal, config)
+        return _build_elsewhere(variant, target, head_dim, dtype, causal, config, seqlen_k)
     _check_choice("target", target, list(TARGETS))
     _check_choice("variant", variant, variants())
     _check_choice("dtype", dtype, list(DTYPES))
@@ -166,7 +169,7 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
         raise ValueError(f"unsupported target {target!r} for variant 'hopper'; valid: sm_90")
     cfg = config or configs.default_config(variant, arch_key, head_dim, causal)
     if variant == "hopper":
-        compiled = triton.compile(_hopper_source(head_dim, dtype, causal, cfg),
+        compiled = triton.compile(_hopper_source(head_dim, dtype, causal, cfg, seqlen_k),
                                   target=GPUTarget(chip.backend, chip.arch, chip.warp_size),
                                   options={"num_warps": cfg.num_warps})
         return Build(variant, target, head_dim, dtype, causal, cfg.as_dict(), dict(compiled.asm),
