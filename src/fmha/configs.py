@@ -101,7 +101,7 @@ def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = 
     """The ``hopper`` entry for this shape (head dims other than 64 take the 128 rows).  With a
     window, softcap or ALiBi, or a seqlen_k off the key tile, 192 rows become 128: three consumer
     warpgroups at 160 registers spill on the extra live values (up to 117 registers with the
-    modifiers, 36 stores with the ragged key mask, sm_90 build), two at 240 do not."""
+    modifiers, 48 stores with the ragged key mask, sm_90 build), two at 240 do not."""
     d = 64 if head_dim == 64 else 128
     for key_d, key_causal, longest, cfg in HOPPER:
         if key_d == d and key_causal == bool(causal) and (longest is None or seqlen_k <= longest):
