@@ -90,3 +90,32 @@ def check_against_reference(o, q, k, v, causal, causal_align="top_left", layout=
 
 def nan_like(q):
     return torch.full_like(q, float("nan"))
+
+
+def packed(lens, heads, d, dtype, seed):
+    """Random normal rows of packed sequences of ``lens`` rows, ``[total, heads, d]``, and their
+    int32 ``cu_seqlens``."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(sum(lens), heads, d, generator=g).to(dtype).to(DEVICE)
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32, device=DEVICE)
+    return x, cu
+
+
+def check_varlen(o, lse, q, k, v, cu_q, cu_k, skip=(), tol=2e-2, **kw):
+    """Each packed sequence of ``o`` (and of ``lse``, ``[heads, total_q]``) against the float64
+    reference of that sequence alone (``kw``: its masks and modifiers); sequences in ``skip``
+    are not checked."""
+    assert lse.shape == (q.shape[1], q.shape[0])
+    for b in range(len(cu_q) - 1):
+        qs, ks = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+        if qs.start == qs.stop or b in skip:
+            continue
+        ref, ref_lse = reference.dense_attention(*(t[s].transpose(0, 1)[None] for t, s in ((q, qs), (k, ks), (v, ks))),
+                                                 return_lse=True, **kw)
+        got = o[qs].transpose(0, 1)[None].cpu().double().numpy()
+        assert np.isfinite(got).all(), f"sequence {b}: NaN/inf"
+        assert max_err(got, ref) < tol, f"sequence {b}: error {max_err(got, ref):.3g}"
+        got_lse = lse[:, qs].cpu().double().numpy()[None]
+        np.testing.assert_array_equal(np.isneginf(got_lse), np.isneginf(ref_lse))
+        fin = np.isfinite(ref_lse)
+        np.testing.assert_allclose(got_lse[fin], ref_lse[fin], atol=tol)

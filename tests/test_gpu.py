@@ -5,7 +5,7 @@ import torch
 
 import fmha
 from fmha import reference
-from conftest import check_against_reference, make_qkv, nan_like
+from conftest import check_against_reference, check_varlen, make_qkv, nan_like, packed
 
 pytestmark = pytest.mark.gpu
 
@@ -128,6 +128,107 @@ def test_hopper_ragged_keys_stop_at_the_end(layout):
     torch.cuda.synchronize()
     own = (slice(None), slice(0, 1)) if layout == "bhsd" else (slice(0, 1),)
     check_against_reference(out[own], q[own], k[own], v[own], False, layout=layout)
+
+
+HOPPER_VARLEN = [  # (query lengths, key lengths) of the packed sequences
+    # empty, one-row and sub-tile sequences beside multi-tile ones; a query run with no keys
+    ([1000, 1, 0, 128, 300, 77, 2049], [1000, 300, 5, 128, 1, 0, 1537]),
+    ([256, 513, 64, 190], [256, 513, 2048, 190]),  # ends on the tile, sq < sk, one at 190 rows (3 warpgroups' worth)
+]
+
+
+@pytest.mark.parametrize("lens", HOPPER_VARLEN, ids=lambda x: f"{len(x[0])}seqs")
+@pytest.mark.parametrize("causal,align,window", [(False, "top_left", (-1, -1)), (True, "top_left", (-1, -1)),
+                                                 (True, "bottom_right", (-1, -1)), (True, "bottom_right", (300, -1)),
+                                                 (False, "top_left", (200, 100))])
+@pytest.mark.parametrize("d,dtype", [(64, torch.bfloat16), (128, torch.float16)], ids=str)
+def test_hopper_varlen_matches_reference(d, dtype, causal, align, window, lens):
+    """Packed sequences on the Gluon kernel: every sequence (output and LSE) against its own
+    float64 reference, the output's memory poisoned with NaN beforehand."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("sm_90 only")
+    lens_q, lens_k = lens
+    q, cu_q = packed(lens_q, 4, d, dtype, 1)
+    k, cu_k = packed(lens_k, 2, d, dtype, 2)
+    v, _ = packed(lens_k, 2, d, dtype, 3)
+    del_me = nan_like(q)  # the caching allocator hands this NaN block to the output
+    del del_me
+    kw = dict(causal=causal, causal_align=align, window=window)
+    o, lse = fmha.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), variant="hopper",
+                                   return_lse=True, **kw)
+    torch.cuda.synchronize()
+    check_varlen(o, lse, q, k, v, cu_q, cu_k, **kw)
+
+
+def test_hopper_varlen_keys_stop_at_the_sequence_end():
+    """A sequence's last key tile runs into the next sequence's keys: those are masked and their
+    values zeroed, so a next sequence of NaN leaves this one exact (only the NaN one is NaN)."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("sm_90 only")
+    lens_q, lens_k = [300, 200, 130], [1000, 700, 250]
+    q, cu_q = packed(lens_q, 4, 128, torch.bfloat16, 4)
+    k, cu_k = packed(lens_k, 4, 128, torch.bfloat16, 5)
+    v, _ = packed(lens_k, 4, 128, torch.bfloat16, 6)
+    k[1000:1700], v[1000:1700] = float("nan"), float("nan")  # sequence 1
+    for causal in (False, True):
+        o, lse = fmha.attention_varlen(q, k, v, cu_q, cu_k, 300, 1000, causal=causal, causal_align="bottom_right",
+                                       variant="hopper", return_lse=True)
+        torch.cuda.synchronize()
+        check_varlen(o, lse, q, k, v, cu_q, cu_k, skip=(1,), causal=causal, causal_align="bottom_right")
+
+
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("causal,align", [(False, "top_left"), (True, "top_left"), (True, "bottom_right")])
+@pytest.mark.parametrize("d", [64, 128])
+def test_hopper_seqused_k_is_key_padding(d, causal, align, layout):
+    """Per-batch key lengths on the Gluon kernel; the padding past them holds NaN (keys and
+    values) and never reaches the result; a batch with no keys gives 0 and LSE -inf."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("sm_90 only")
+    q, k, v = make_qkv(4, 4, 2, 300, 1100, d, torch.bfloat16, layout, seed=d)
+    used = [1100, 0, 129, 640]
+    for b, n in enumerate(used):
+        pad = (b, slice(None), slice(n, None)) if layout == "bhsd" else (b, slice(n, None))
+        k[pad], v[pad] = float("nan"), float("nan")
+    out = nan_like(q)
+    o, lse = fmha.attention(q, k, v, causal=causal, causal_align=align, layout=layout, variant="hopper", out=out,
+                            return_lse=True, seqused_k=torch.tensor(used, dtype=torch.int32, device="cuda"))
+    torch.cuda.synchronize()
+    for b, n in enumerate(used):
+        own = (slice(b, b + 1),)
+        keys = (slice(b, b + 1), slice(None), slice(0, n)) if layout == "bhsd" else (slice(b, b + 1), slice(0, n))
+        if n == 0:
+            assert (out[own] == 0).all() and torch.isneginf(lse[own]).all()
+            continue
+        check_against_reference(out[own], q[own], k[keys], v[keys], causal, align, layout)
+        _, ref_lse = fmha.attention(q[own], k[keys], v[keys], causal=causal, causal_align=align, layout=layout,
+                                    variant="tiled", return_lse=True)
+        torch.testing.assert_close(lse[own], ref_lse, atol=1e-3, rtol=1e-4)
+
+
+def test_auto_takes_hopper_for_lengths_per_sequence():
+    """On sm_90, ``auto`` runs varlen and seqused_k prefill on the Gluon kernel (and agrees with tiled)."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("sm_90 only")
+    from fmha.kernels import hopper
+    calls = []
+    launch = hopper.launch
+    hopper.launch = lambda *a, **kw: calls.append(1) or launch(*a, **kw)
+    try:
+        q, cu_q = packed([700, 300], 4, 128, torch.bfloat16, 7)
+        k, cu_k = packed([900, 300], 4, 128, torch.bfloat16, 8)
+        v, _ = packed([900, 300], 4, 128, torch.bfloat16, 9)
+        o = fmha.attention_varlen(q, k, v, cu_q, cu_k, 700, 900, causal=True, causal_align="bottom_right")
+        qd, kd, vd = make_qkv(2, 4, 4, 256, 512, 128, torch.bfloat16, seed=3)
+        used = torch.tensor([512, 100], dtype=torch.int32, device="cuda")
+        od = fmha.attention(qd, kd, vd, seqused_k=used)
+    finally:
+        hopper.launch = launch
+    assert len(calls) == 2
+    torch.testing.assert_close(o, fmha.attention_varlen(q, k, v, cu_q, cu_k, 700, 900, causal=True,
+                                                        causal_align="bottom_right", variant="tiled"),
+                               atol=2e-2, rtol=0)
+    torch.testing.assert_close(od, fmha.attention(qd, kd, vd, seqused_k=used, variant="tiled"), atol=2e-2, rtol=0)
 
 
 @pytest.mark.parametrize("variant", ["auto", "tiled", "hopper"])

@@ -163,7 +163,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     Under ``torch.compile`` the call goes through the custom op ``fmha::attention``
     (:mod:`fmha.library`); ``out``, ``config`` and the modifiers below are not available there.
 
-    Modifiers (Triton variants; ``auto`` picks ``tiled`` for them on sm_90):
+    Modifiers (every variant takes them):
     ``window=(left, right)``: query i sees keys ``i + d - left <= j <= i + d + right``
     around its diagonal ``d`` (0 top-left, ``seqlen_k - seqlen_q`` bottom-right; -1 leaves
     a side open; ``causal`` closes the right side at 0); key tiles outside the band
@@ -263,16 +263,15 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     non-decreasing, ending at the totals).  ``max_seqlen_q/k`` must be at least the
     longest sequence.  Masks and modifiers act per sequence (bottom-right aligns to each
     sequence's own lengths).  Returns ``o`` ``[total_q, heads, head_dim]`` (and LSE
-    ``[heads, total_q]``).  Programs past a sequence's end exit at once: no padded work
-    beyond the last tile of each sequence.  Runs on the Triton variants (``auto``: tiled).
-    The cu_seqlens are checked on the host (one device-to-host copy).
+    ``[heads, total_q]``).  Programs (or ``hopper``'s work items) past a sequence's end exit at
+    once: no padded work beyond the last tile of each sequence.  ``auto`` picks the variant as
+    :func:`attention` would for the longest sequences (``hopper`` on sm_90 at head_dim 64 and
+    128).  The cu_seqlens are checked on the host (one device-to-host copy).
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 3:
             raise ValueError(f"{name} must be a 3-dimensional tensor [total, heads, head_dim], got "
                              f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
-    if variant == "hopper":
-        raise ValueError("variant 'hopper' cannot take this call: varlen runs on the Triton variants only")
     _check(q[None], k[None], v[None], causal_align, "bshd", variant, scale)
     _check_features(q[None], "bshd", window, softcap, alibi_slopes)
     if cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape != cu_seqlens_k.shape:
@@ -302,10 +301,11 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     prob = kernels.Problem(batch, heads, kv_heads, q.shape[0], k.shape[0], head_dim, upper, causal_offset,
                            scale * LOG2E, window_offset=window_offset, align_offset=0, softcap=float(softcap),
                            align_br=causal_align == "bottom_right", varlen=True)
-    name = "tiled" if variant == "auto" else variant
-    cfg = configs.default_config(name, arch_of(q.device), head_dim, upper)
+    q4, k4, v4, o4 = q[None], k[None], v[None], o[None]
+    name, cfg, prob, _ = _plan(prob, q4, k4, v4, o4, "bshd", variant, None, alibi_slopes, 1,
+                               longest=(int(max_seqlen_q), int(max_seqlen_k)))
     with _on(q.device):
-        kernels.launch(name, cfg, prob, q[None], k[None], v[None], o[None], lse, "bshd", alibi_slopes,
+        kernels.launch(name, cfg, prob, q4, k4, v4, o4, lse, "bshd", alibi_slopes,
                        (cu_seqlens_q, cu_seqlens_k, None), grid_m=max(int(max_seqlen_q), 1))
     return (o, lse) if return_lse else o
 
@@ -340,17 +340,19 @@ def _attention(q, k, v, *, causal, scale, variant, causal_align, layout, return_
     return o, lse
 
 
-def _plan(prob, q, k, v, o, layout, variant, config, alibi_slopes, num_splits):
+def _plan(prob, q, k, v, o, layout, variant, config, alibi_slopes, num_splits, longest=None):
     """(variant, config, problem, keys per split) for a checked call: the variant (``auto``
     picks, falling back to ``tiled`` when the pick cannot take the call), its config, GQA
-    packing for decoding and the key split."""
+    packing for decoding and the key split (not for packed sequences, whose ``longest``
+    query and key lengths stand for the shape)."""
     kernels = _kernels()
     arch = arch_of(q.device)
-    shape = {"head_dim": prob.head_dim, "seqlen_q": prob.seqlen_q, "seqlen_k": prob.seqlen_k,
-             "causal": bool(prob.causal)}
+    seqlen_q, seqlen_k = longest or (prob.seqlen_q, prob.seqlen_k)
+    shape = {"head_dim": prob.head_dim, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k, "causal": bool(prob.causal)}
     name = select_variant(arch, shape) if variant == "auto" else variant
     modifiers = prob.window_offset is not None or prob.softcap > 0 or alibi_slopes is not None
-    cfg = config or configs.default_config(name, arch, prob.head_dim, prob.causal, prob.seqlen_k, modifiers)
+    cfg = config or configs.default_config(name, arch, prob.head_dim, prob.causal, seqlen_k, modifiers,
+                                           per_sequence=prob.varlen or prob.seqused)
     reason = kernels.unsupported(name, cfg, prob, q, k, v, o, layout, alibi_slopes is not None)
     if reason and variant == "auto":
         name = "tiled"
@@ -358,7 +360,7 @@ def _plan(prob, q, k, v, o, layout, variant, config, alibi_slopes, num_splits):
     elif reason:
         raise ValueError(f"variant {name!r} cannot take this call: {reason}")
     split_len = 0
-    if name != "hopper":
+    if name != "hopper" and not prob.varlen:
         prob = _pack_plan(prob, alibi_slopes)
         cfg, split_len = _split_plan(num_splits, arch, prob, cfg, q.device, fixed=config is not None)
     return name, cfg, prob, split_len

@@ -97,15 +97,18 @@ HOPPER = [
 ]
 
 
-def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = False) -> KernelConfig:
-    """The ``hopper`` entry for this shape (head dims other than 64 take the 128 rows).  With a
-    window, softcap or ALiBi, or a seqlen_k off the key tile, 192 rows become 128: three consumer
-    warpgroups at 160 registers spill on the extra live values (up to 117 registers with the
-    modifiers, 48 stores with the ragged key mask, sm_90 build), two at 240 do not."""
+def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = False,
+                  per_sequence: bool = False) -> KernelConfig:
+    """The ``hopper`` entry for this shape (head dims other than 64 take the 128 rows; with
+    ``per_sequence`` lengths, varlen or seqused_k, ``seqlen_k`` is the longest).  With a window,
+    softcap or ALiBi, or key lengths off the key tile (per sequence: any), 192 rows become 128:
+    three consumer warpgroups at 160 registers spill on the extra live values (up to 117
+    registers with the modifiers, 48 stores with the ragged key mask, sm_90 build), two at 240
+    do not."""
     d = 64 if head_dim == 64 else 128
     for key_d, key_causal, longest, cfg in HOPPER:
         if key_d == d and key_causal == bool(causal) and (longest is None or seqlen_k <= longest):
-            narrow = modifiers or seqlen_k % cfg.block_n
+            narrow = modifiers or per_sequence or seqlen_k % cfg.block_n
             return replace(cfg, block_m=128) if narrow and cfg.block_m == 192 else cfg
     raise AssertionError("the HOPPER table ends with an open row for every (head_dim, causal)")
 
@@ -138,11 +141,11 @@ def tiled_config(arch: str, head_dim: int) -> KernelConfig:
 
 
 def default_config(variant: str, arch: str, head_dim: int, causal: bool = False, seqlen_k: int = 0,
-                   modifiers: bool = False) -> KernelConfig:
+                   modifiers: bool = False, per_sequence: bool = False) -> KernelConfig:
     if variant in ("singlewave", "pipelined"):
         return SEED
     if variant == "tiled":
         return tiled_config(arch, head_dim)
     if variant == "hopper":
-        return hopper_config(head_dim, causal, seqlen_k, modifiers)
+        return hopper_config(head_dim, causal, seqlen_k, modifiers, per_sequence)
     raise ValueError(f"no config table for variant {variant!r}")

@@ -59,9 +59,10 @@ def variants() -> list[str]:
     return list(ALL_VARIANTS)
 
 
-def _hopper_source(head_dim: int, dtype: str, causal: bool, cfg, seqlen_k: int = 0):
+def _hopper_source(head_dim: int, dtype: str, causal: bool, cfg, seqlen_k: int = 0, lengths: str = "dense"):
     """The Gluon kernel's source with its TMA descriptor types, from stand-in CPU tensors
-    (``seqlen_k`` 0: one whole key tile; off the tile: the ragged key mask's build)."""
+    (``seqlen_k`` 0: one whole key tile; off the tile: the ragged key mask's build; ``lengths``
+    "varlen" or "seqused": lengths per sequence, bottom-right)."""
     import torch
     from triton._C.libtriton import native_specialize_impl
     from triton.backends.compiler import BaseBackend
@@ -70,7 +71,8 @@ def _hopper_source(head_dim: int, dtype: str, causal: bool, cfg, seqlen_k: int =
     from .kernels import Problem, hopper
     tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
     seqlen_k = seqlen_k or cfg.block_n
-    prob = Problem(1, 1, 1, 128, seqlen_k, head_dim, causal, 0, 1.0)
+    prob = Problem(1, 1, 1, 128, seqlen_k, head_dim, causal, 0, 1.0, align_br=lengths != "dense",
+                   varlen=lengths == "varlen", seqused=lengths == "seqused")
     t = torch.empty(1, 1, max(cfg.block_m, seqlen_k), head_dim, dtype=tdt)
     q, kv = t[:, :, :cfg.block_m], t[:, :, :seqlen_k]
     descs, _ = hopper.descriptors(prob, cfg, q, kv, kv, q, "bhsd")
@@ -85,6 +87,8 @@ def _hopper_source(head_dim: int, dtype: str, causal: bool, cfg, seqlen_k: int =
             sig[name] = native_specialize_impl(BaseBackend, d, False, True, True)[0]
         elif name in ("LSE", "Alibi"):
             sig[name] = "*fp32"
+        elif name in ("CuQ", "CuK", "SeqK"):
+            sig[name] = "*i32"
         elif name == "O":
             sig[name] = "*" + DTYPES[dtype]
         elif name in ("scale_log2", "cap_in", "cap_out", "alibi_scale"):
@@ -153,23 +157,25 @@ def _check_choice(kind: str, value, valid) -> None:
 
 
 def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16", causal: bool = False,
-          config=None, seqlen_k: int = 0) -> Build:
+          config=None, seqlen_k: int = 0, lengths: str = "dense") -> Build:
     """Compile ``variant`` for ``target`` (a key of :data:`TARGETS`) without a GPU.  ``seqlen_k``
-    matters to ``hopper`` only (a length off its key tile builds the ragged key mask)."""
+    and ``lengths`` matter to ``hopper`` only (a length off its key tile builds the ragged key
+    mask; "varlen" or "seqused" the lengths per sequence)."""
     from . import configs
-    if os.environ.get("TRITON_INTERPRET", "0") == "1":
-        return _build_elsewhere(variant, target, head_dim, dtype, causal, config, seqlen_k)
     _check_choice("target", target, list(TARGETS))
     _check_choice("variant", variant, variants())
     _check_choice("dtype", dtype, list(DTYPES))
     _check_choice("head_dim", head_dim, (32, 64, 96, 128, 256))
+    _check_choice("lengths", lengths, ("dense", "varlen", "seqused"))
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return _build_elsewhere(variant, target, head_dim, dtype, causal, config, seqlen_k, lengths)
     chip = TARGETS[target]
     arch_key = "hip" if chip.backend == "hip" else ("sm90" if chip.arch == 90 else "sm80")
     if variant == "hopper" and target != "sm_90":
         raise ValueError(f"unsupported target {target!r} for variant 'hopper'; valid: sm_90")
     cfg = config or configs.default_config(variant, arch_key, head_dim, causal)
     if variant == "hopper":
-        compiled = triton.compile(_hopper_source(head_dim, dtype, causal, cfg, seqlen_k),
+        compiled = triton.compile(_hopper_source(head_dim, dtype, causal, cfg, seqlen_k, lengths),
                                   target=GPUTarget(chip.backend, chip.arch, chip.warp_size),
                                   options={"num_warps": cfg.num_warps})
         return Build(variant, target, head_dim, dtype, causal, cfg.as_dict(), dict(compiled.asm),

@@ -26,14 +26,20 @@ and ALiBi act on the raw scores ``q.k`` (:func:`_scores`, the same values as
 ``common.scores`` before its scale).
 
 Shapes it takes (:func:`supports`): sm_90, head_dim 64 or 128, any seqlen_q and
-seqlen_k, q/k/v/out contiguous in bhsd or bshd; not varlen, per-batch key lengths
-or paged K/V (``kernels.unsupported``).  Rows of the last query block past
-seqlen_q are computed on whatever TMA reads there and never stored (a warpgroup
-that straddles the end stores with a row mask).  K and V are read through 3-D
-descriptors, one sequence per (batch, head), so a last key tile past seqlen_k
-holds zeros (never the next head's keys, which could hold anything, NaN
+seqlen_k, q/k/v/out contiguous in bhsd or bshd, packed sequences (``VARLEN``,
+one packed bshd tensor; work items cover the longest sequence and those past a
+shorter one's end do nothing) and per-batch key lengths (``SEQUSED``); not a
+paged K/V cache (``kernels.unsupported``).  Rows of the last query block past
+the sequence's end are computed on whatever TMA reads there and never stored (a
+warpgroup that straddles the end stores with a row mask).  K and V are read
+through 3-D descriptors, one sequence per (batch, head), so a last key tile past
+seqlen_k holds zeros (never the next head's keys, which could hold anything, NaN
 included: a masked score times a NaN value is NaN) and is masked (``RAGGED``).
-Anything else goes to ``tiled``.  Gluon kernels do not run in the interpreter.
+Past a packed sequence's end or a seqused_k length the tile holds real memory
+(the next sequence's keys, or the cache's unused part): the scores are masked
+and the producer zeroes those rows of V in shared memory before the consumers
+see it (:func:`_load_zeroed_past`).  Anything else goes to ``tiled``.  Gluon
+kernels do not run in the interpreter.
 """
 from __future__ import annotations
 
@@ -101,56 +107,132 @@ def _tile(k, n_m, n_bh, head_group, CAUSAL: gl.constexpr, PAIRED: gl.constexpr):
 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
-              heads, group, seqlen_k, causal_offset, window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h,
-              q_col_h, kv_seq_b, kv_seq_h, kv_col_h, NUM_WG: gl.constexpr, STAGES: gl.constexpr,
-              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
-              PAIRED: gl.constexpr):
+              v_tail, CuQ, CuK, SeqK, heads, group, seqlen_q, seqlen_k, causal_offset, window_offset, n_tiles, n_m,
+              head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h, kv_col_h, NUM_WG: gl.constexpr,
+              STAGES: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+              WINDOW: gl.constexpr, PAIRED: gl.constexpr, VARLEN: gl.constexpr, SEQUSED: gl.constexpr,
+              ALIGN_BR: gl.constexpr):
     it = 0  # position in the K/V rings, continued across work items
     tc = 0
+    n_tail = 0  # V tiles zeroed past the sequence's end so far (the phase of v_tail)
     for t_idx in range(_n_items(n_tiles, PAIRED)):
         pid_m, bh = _tile(t_idx, n_m, n_tiles // n_m, head_group, CAUSAL, PAIRED)
         b = bh // heads
         h = bh % heads
         kvh = h // group
         start_m = pid_m * BLOCK_M
-        first, n_iters = _key_tiles(start_m, seqlen_k, causal_offset, window_offset, BLOCK_M, BLOCK_N, CAUSAL, WINDOW)
-        # K/V boxes [1, BLOCK_N, HEAD] of the 3-D view [batch*kv_heads or batch, seqlen_k, *]: keys past
-        # seqlen_k are outside the view, and TMA fills them with zeros
-        kv_seq = b * kv_seq_b + kvh * kv_seq_h
-        kv_col = kvh * kv_col_h
-        # the first K tile goes out before Q: it may overlap the consumers' previous epilogue
-        s = it % STAGES
-        mbarrier.wait(k_empty.index(s), ((it // STAGES) & 1) ^ 1)
-        mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [kv_seq, first * BLOCK_N, kv_col], k_ready.index(s),
-                                        _box(k_bufs.index(s)))
-        # Q in 64-row boxes (TMA boxes are powers of two; 192 rows is three), once every
-        # consumer has issued its last Q K^T of the previous item
-        mbarrier.wait(q_empty, (tc & 1) ^ 1)
-        mbarrier.expect(q_bar, NUM_WG * q_desc.block_type.nbytes)
-        for g in gl.static_range(NUM_WG):
-            tma.async_copy_global_to_shared(q_desc, [b * q_rows_b + h * q_rows_h + start_m + 64 * g, h * q_col_h],
-                                            q_bar, q_smem.index(g))
-        for i in range(n_iters):
+        q0, sq, k0, sk, shift = _sequence(b, seqlen_q, seqlen_k, CuQ, CuK, SeqK, VARLEN, SEQUSED, ALIGN_BR)
+        if _live(start_m, sq, VARLEN):
+            first, n_iters = _key_tiles(start_m, sk, causal_offset + shift, window_offset + shift, BLOCK_M, BLOCK_N,
+                                        CAUSAL, WINDOW)
+            # K/V boxes [1, BLOCK_N, HEAD] of the 3-D view [batch*kv_heads or batch, seqlen_k, *]: keys past
+            # seqlen_k are outside the view, and TMA fills them with zeros
+            kv_seq = b * kv_seq_b + kvh * kv_seq_h
+            kv_col = kvh * kv_col_h
+            # the first K tile goes out before Q: it may overlap the consumers' previous epilogue
             s = it % STAGES
-            ph = (it // STAGES) & 1
-            if i > 0:
-                mbarrier.wait(k_empty.index(s), ph ^ 1)
-                mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(k_desc, [kv_seq, (first + i) * BLOCK_N, kv_col], k_ready.index(s),
-                                                _box(k_bufs.index(s)))
-            mbarrier.wait(v_empty.index(s), ph ^ 1)
-            mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(v_desc, [kv_seq, (first + i) * BLOCK_N, kv_col], v_ready.index(s),
-                                            _box(v_bufs.index(s)))
-            it += 1
-        tc += 1
+            mbarrier.wait(k_empty.index(s), ((it // STAGES) & 1) ^ 1)
+            _load(k_desc, [kv_seq, k0 + first * BLOCK_N, kv_col], k_ready.index(s), k_bufs.index(s))
+            # Q in 64-row boxes (TMA boxes are powers of two; 192 rows is three), once every
+            # consumer has issued its last Q K^T of the previous item
+            mbarrier.wait(q_empty, (tc & 1) ^ 1)
+            mbarrier.expect(q_bar, NUM_WG * q_desc.block_type.nbytes)
+            for g in gl.static_range(NUM_WG):
+                tma.async_copy_global_to_shared(q_desc, [b * q_rows_b + h * q_rows_h + q0 + start_m + 64 * g,
+                                                         h * q_col_h], q_bar, q_smem.index(g))
+            for i in range(n_iters):
+                s = it % STAGES
+                ph = (it // STAGES) & 1
+                row = k0 + (first + i) * BLOCK_N
+                if i > 0:
+                    mbarrier.wait(k_empty.index(s), ph ^ 1)
+                    _load(k_desc, [kv_seq, row, kv_col], k_ready.index(s), k_bufs.index(s))
+                mbarrier.wait(v_empty.index(s), ph ^ 1)
+                if VARLEN or SEQUSED:
+                    # keys past this sequence's end are another sequence's or unused cache (NaN, maybe):
+                    # a masked score times a NaN value is NaN, so those rows of V are zeroed
+                    valid = sk - (first + i) * BLOCK_N
+                    if valid < BLOCK_N:
+                        _load_zeroed_past(v_desc, [kv_seq, row, kv_col], v_ready.index(s), v_bufs.index(s), v_tail,
+                                          n_tail, valid)
+                        n_tail += 1
+                    else:
+                        _load(v_desc, [kv_seq, row, kv_col], v_ready.index(s), v_bufs.index(s))
+                else:
+                    _load(v_desc, [kv_seq, row, kv_col], v_ready.index(s), v_bufs.index(s))
+                it += 1
+            tc += 1
+
+
+@gluon.jit
+def _load(desc, coord, ready, buf):
+    """One TMA box (``buf``, a 2-D ring slot, as the box of the 3-D descriptor) onto ``ready``."""
+    mbarrier.expect(ready, desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(desc, coord, ready, _box(buf))
+
+
+@gluon.jit
+def _load_zeroed_past(desc, coord, ready, buf, landed, n_landed, valid):
+    """Load a V tile, set its rows from ``valid`` on to zero, then signal ``ready``: the
+    producer waits for the box itself (on ``landed``), writes the zeros, and makes them
+    visible to the consumers' wgmma (the async proxy) before it arrives."""
+    mbarrier.expect(landed, desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(desc, coord, landed, _box(buf))
+    mbarrier.wait(landed, n_landed & 1)
+    ROWS: gl.constexpr = 8  # the 128-byte swizzle repeats every 8 rows: slices start on its pattern
+    COLS: gl.constexpr = 64  # and every 64 16-bit columns (TMA writes a 128-column tile as two)
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [1, 1], [1, 0])  # one warp, 16 values a thread
+    for c in gl.static_range(buf.shape[0] // ROWS):
+        if (c + 1) * ROWS > valid:
+            rows = c * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+            for d in gl.static_range(buf.shape[1] // COLS):
+                chunk = buf.slice(c * ROWS, ROWS, dim=0).slice(d * COLS, COLS, dim=1)
+                x = chunk.load(layout)
+                chunk.store(gl.where(rows[:, None] < valid, x, gl.zeros_like(x)))
+    fence_async_shared()
+    gl.thread_barrier()
+    mbarrier.arrive(ready, count=1)
 
 
 @gluon.jit
 def _box(buf):
     """A [BLOCK_N, HEAD] ring slot as the [1, BLOCK_N, HEAD] box of the 3-D K/V descriptors."""
     return buf.reshape([1, buf.shape[0], buf.shape[1]])
+
+
+@gluon.jit
+def _sequence(b, seqlen_q, seqlen_k, CuQ, CuK, SeqK, VARLEN: gl.constexpr, SEQUSED: gl.constexpr,
+              ALIGN_BR: gl.constexpr):
+    """Batch ``b``'s sequence: (first query row, query rows, first key, keys, diagonal shift).
+    VARLEN: packed sequence b, from ``cu_seqlens``; SEQUSED: the first ``seqused_k[b]`` keys.
+    ALIGN_BR (with either): the band's offsets come relative to the diagonal and move by this
+    sequence's ``keys - query rows`` (bottom-right); otherwise they are final (shift 0)."""
+    q0 = 0
+    k0 = 0
+    sq = seqlen_q
+    sk = seqlen_k
+    if VARLEN:
+        q0 = gl.load(CuQ + b)
+        k0 = gl.load(CuK + b)
+        sq = gl.load(CuQ + b + 1) - q0
+        sk = gl.load(CuK + b + 1) - k0
+    elif SEQUSED:
+        sk = gl.minimum(gl.load(SeqK + b), seqlen_k)
+    shift = 0
+    if ALIGN_BR:
+        shift = sk - sq
+    return q0, sq, k0, sk, shift
+
+
+@gluon.jit
+def _live(start_m, sq, VARLEN: gl.constexpr):
+    """Whether the work item at ``start_m`` has query rows: items cover the longest packed
+    sequence (VARLEN), so a shorter one's last items are empty; otherwise always."""
+    if VARLEN:
+        live = start_m < sq
+    else:
+        live = True
+    return live
 
 
 @gluon.jit
@@ -237,12 +319,12 @@ def _pass_turn(turns, WG: gl.constexpr, NUM_WG: gl.constexpr, PINGPONG: gl.const
 
 @gluon.jit
 def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
-              v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out,
-              alibi_scale, scale_log2, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, o_stride,
-              STAGES: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              v_empty, turns, CuQ, CuK, SeqK, heads, seqlen_q, seqlen_k, causal_offset, window_offset, align_offset,
+              cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h,
+              o_stride, STAGES: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               HEAD: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
               ALIBI: gl.constexpr, RAGGED: gl.constexpr, PAIRED: gl.constexpr, PINGPONG: gl.constexpr,
-              STORE_LSE: gl.constexpr):
+              STORE_LSE: gl.constexpr, VARLEN: gl.constexpr, SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr):
     ROWS: gl.constexpr = 64
     NUM_WG: gl.constexpr = BLOCK_M // ROWS
     dtype: gl.constexpr = o_desc.dtype
@@ -265,109 +347,119 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
         b = bh // heads
         h = bh % heads
         start_m = pid_m * BLOCK_M
-        row0 = start_m + WG * ROWS
-        first, n_iters = _key_tiles(start_m, seqlen_k, causal_offset, window_offset, BLOCK_M, BLOCK_N, CAUSAL, WINDOW)
-        slope = 0.0
-        if ALIBI:
-            slope = gl.load(Alibi + h) * alibi_scale
-        # tiles before mask_from are visible to every row of this warpgroup: no mask
-        mask_from = _mask_from(row0, seqlen_k, causal_offset, BLOCK_N, CAUSAL, RAGGED)
-        offs_m = row0 + gl.arange(0, ROWS, layout=row_layout)
-        acc = gl.zeros([ROWS, HEAD], gl.float32, o_layout)
+        q0, sq, k0, sk, shift = _sequence(b, seqlen_q, seqlen_k, CuQ, CuK, SeqK, VARLEN, SEQUSED, ALIGN_BR)
+        if _live(start_m, sq, VARLEN):
+            row0 = start_m + WG * ROWS
+            co = causal_offset + shift  # the band's offsets on this sequence's diagonal
+            wo = window_offset + shift
+            ao = align_offset + shift
+            first, n_iters = _key_tiles(start_m, sk, co, wo, BLOCK_M, BLOCK_N, CAUSAL, WINDOW)
+            slope = 0.0
+            if ALIBI:
+                slope = gl.load(Alibi + h) * alibi_scale
+            # tiles before mask_from are visible to every row of this warpgroup: no mask
+            mask_from = _mask_from(row0, sk, co, BLOCK_N, CAUSAL, RAGGED)
+            offs_m = row0 + gl.arange(0, ROWS, layout=row_layout)
+            acc = gl.zeros([ROWS, HEAD], gl.float32, o_layout)
 
-        # tile 0: 5.1-5.4 (no rescale yet)
-        s = it0 % STAGES
-        mbarrier.wait(q_bar, tc & 1)
-        mbarrier.wait(k_ready.index(s), (it0 // STAGES) & 1)
-        _take_turn(turns, n_turn, WG, PINGPONG)
-        qk = warpgroup_mma(q_half, k_bufs.index(s).permute((1, 0)),
-                           gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
-        _pass_turn(turns, WG, NUM_WG, PINGPONG)
-        n_turn += 1
-        qk, _k0 = warpgroup_mma_wait(0, deps=[qk, k_bufs.index(s)])
-        mbarrier.arrive(k_empty.index(s), count=1)
-        qk = _scores(qk, first, mask_from, offs_m, offs_n, seqlen_k, causal_offset, window_offset, align_offset, cap_in,
-                     cap_out, slope, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
-        m = gl.max(qk, axis=1) * scale_log2
-        p = gl.exp2(qk * scale_log2 - _pivot(m, CAUSAL or WINDOW or RAGGED)[:, None])
-        l = gl.sum(p, axis=1)
-        p16 = gl.convert_layout(p.to(dtype), p_layout)
-        for i in range(1, n_iters):
-            s = (it0 + i) % STAGES
-            ph = ((it0 + i) // STAGES) & 1
-            sp = (it0 + i - 1) % STAGES
-            php = ((it0 + i - 1) // STAGES) & 1
-            # 5.1 of tile i issued, then 5.6 of tile i-1; wait for the scores only
-            mbarrier.wait(k_ready.index(s), ph)
-            if PINGPONG:  # both operands in place before the turn is taken
-                mbarrier.wait(v_ready.index(sp), php)
-                _take_turn(turns, n_turn, WG, PINGPONG)
+            # tile 0: 5.1-5.4 (no rescale yet)
+            s = it0 % STAGES
+            mbarrier.wait(q_bar, tc & 1)
+            mbarrier.wait(k_ready.index(s), (it0 // STAGES) & 1)
+            _take_turn(turns, n_turn, WG, PINGPONG)
             qk = warpgroup_mma(q_half, k_bufs.index(s).permute((1, 0)),
                                gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
-            if not PINGPONG:
-                mbarrier.wait(v_ready.index(sp), php)
-            acc = warpgroup_mma(p16, v_bufs.index(sp), acc, is_async=True)
             _pass_turn(turns, WG, NUM_WG, PINGPONG)
             n_turn += 1
-            qk = warpgroup_mma_wait(1, deps=[qk])
+            qk, _k0 = warpgroup_mma_wait(0, deps=[qk, k_bufs.index(s)])
             mbarrier.arrive(k_empty.index(s), count=1)
-            # 5.2-5.4 of tile i while P V of tile i-1 runs
-            qk = _scores(qk, first + i, mask_from, offs_m, offs_n, seqlen_k, causal_offset, window_offset,
-                         align_offset, cap_in, cap_out, slope, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
-            m_new = gl.maximum(m, gl.max(qk, axis=1) * scale_log2)
-            m_safe = _pivot(m_new, CAUSAL or WINDOW or RAGGED)
-            p = gl.exp2(qk * scale_log2 - m_safe[:, None])
-            alpha = gl.exp2(m - m_safe)
-            l = l * alpha + gl.sum(p, axis=1)
-            m = m_new
-            acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
-            mbarrier.arrive(v_empty.index(sp), count=1)
-            # 5.5: rescale the accumulator once P V of tile i-1 has landed
-            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            qk = _scores(qk, first, mask_from, offs_m, offs_n, sk, co, wo, ao, cap_in, cap_out, slope, BLOCK_N, CAUSAL,
+                         WINDOW, SOFTCAP, ALIBI, RAGGED)
+            m = gl.max(qk, axis=1) * scale_log2
+            p = gl.exp2(qk * scale_log2 - _pivot(m, CAUSAL or WINDOW or RAGGED)[:, None])
+            l = gl.sum(p, axis=1)
             p16 = gl.convert_layout(p.to(dtype), p_layout)
-        # every Q K^T of this item has retired: the producer may load the next item's Q
-        mbarrier.arrive(q_empty, count=1)
-        last = (it0 + n_iters - 1) % STAGES
-        mbarrier.wait(v_ready.index(last), ((it0 + n_iters - 1) // STAGES) & 1)
-        _take_turn(turns, n_turn, WG, PINGPONG)
-        acc = warpgroup_mma(p16, v_bufs.index(last), acc, is_async=True)
-        _pass_turn(turns, WG, NUM_WG, PINGPONG)
-        n_turn += 1
-        acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
-        mbarrier.arrive(v_empty.index(last), count=1)
+            for i in range(1, n_iters):
+                s = (it0 + i) % STAGES
+                ph = ((it0 + i) // STAGES) & 1
+                sp = (it0 + i - 1) % STAGES
+                php = ((it0 + i - 1) // STAGES) & 1
+                # 5.1 of tile i issued, then 5.6 of tile i-1; wait for the scores only
+                mbarrier.wait(k_ready.index(s), ph)
+                if PINGPONG:  # both operands in place before the turn is taken
+                    mbarrier.wait(v_ready.index(sp), php)
+                    _take_turn(turns, n_turn, WG, PINGPONG)
+                qk = warpgroup_mma(q_half, k_bufs.index(s).permute((1, 0)),
+                                   gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+                if not PINGPONG:
+                    mbarrier.wait(v_ready.index(sp), php)
+                acc = warpgroup_mma(p16, v_bufs.index(sp), acc, is_async=True)
+                _pass_turn(turns, WG, NUM_WG, PINGPONG)
+                n_turn += 1
+                qk = warpgroup_mma_wait(1, deps=[qk])
+                mbarrier.arrive(k_empty.index(s), count=1)
+                # 5.2-5.4 of tile i while P V of tile i-1 runs
+                qk = _scores(qk, first + i, mask_from, offs_m, offs_n, sk, co, wo, ao, cap_in, cap_out, slope, BLOCK_N,
+                             CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
+                m_new = gl.maximum(m, gl.max(qk, axis=1) * scale_log2)
+                m_safe = _pivot(m_new, CAUSAL or WINDOW or RAGGED)
+                p = gl.exp2(qk * scale_log2 - m_safe[:, None])
+                alpha = gl.exp2(m - m_safe)
+                l = l * alpha + gl.sum(p, axis=1)
+                m = m_new
+                acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
+                mbarrier.arrive(v_empty.index(sp), count=1)
+                # 5.5: rescale the accumulator once P V of tile i-1 has landed
+                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+                p16 = gl.convert_layout(p.to(dtype), p_layout)
+            # every Q K^T of this item has retired: the producer may load the next item's Q
+            mbarrier.arrive(q_empty, count=1)
+            last = (it0 + n_iters - 1) % STAGES
+            mbarrier.wait(v_ready.index(last), ((it0 + n_iters - 1) // STAGES) & 1)
+            _take_turn(turns, n_turn, WG, PINGPONG)
+            acc = warpgroup_mma(p16, v_bufs.index(last), acc, is_async=True)
+            _pass_turn(turns, WG, NUM_WG, PINGPONG)
+            n_turn += 1
+            acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
+            mbarrier.arrive(v_empty.index(last), count=1)
 
-        # Section 6: o = acc / l with 1/l := 0 on an empty row
-        inv_l = gl.where(l == 0.0, 0.0, 1.0 / l)
-        acc = acc * gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout))[:, None]
-        o_row = b * q_rows_b + h * q_rows_h + row0
-        o_col = h * q_col_h
-        if row0 + ROWS <= seqlen_q:
-            o_half.store(acc.to(dtype))
-            fence_async_shared()
-            tma.async_copy_shared_to_global(o_desc, [o_row, o_col], o_half)
-            # o_half is read out before the next item writes it.  Waiting only before that next
-            # write (the store running under the next key loop) measured 1-4% slower on the short
-            # cells (run 20261129T165232, bf16 and fp16, against T164630 and T164454)
-            tma.store_wait(0)
-        else:  # the warpgroup straddles seqlen_q: store only the rows that exist
-            rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
-            cols = gl.arange(0, HEAD, layout=gl.SliceLayout(0, o_layout))
-            ptrs = O + (o_row + rows).to(gl.int64)[:, None] * o_stride + (o_col + cols)[None, :]
-            gl.store(ptrs, acc.to(dtype), mask=(row0 + rows < seqlen_q)[:, None])
-        if STORE_LSE:
-            lse = gl.where(l == 0.0, float("-inf"), (m + gl.log2(l)) * LN2)
-            gl.store(LSE + bh.to(gl.int64) * seqlen_q + offs_m, lse, mask=offs_m < seqlen_q)
-        it0 += n_iters
-        tc += 1
+            # Section 6: o = acc / l with 1/l := 0 on an empty row
+            inv_l = gl.where(l == 0.0, 0.0, 1.0 / l)
+            acc = acc * gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout))[:, None]
+            o_row = b * q_rows_b + h * q_rows_h + q0 + row0
+            o_col = h * q_col_h
+            if row0 + ROWS <= sq:
+                o_half.store(acc.to(dtype))
+                fence_async_shared()
+                tma.async_copy_shared_to_global(o_desc, [o_row, o_col], o_half)
+                # o_half is read out before the next item writes it.  Waiting only before that next
+                # write (the store running under the next key loop) measured 1-4% slower on the short
+                # cells (run 20261129T165232, bf16 and fp16, against T164630 and T164454)
+                tma.store_wait(0)
+            else:  # the warpgroup straddles the sequence's end: store only the rows that exist
+                rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
+                cols = gl.arange(0, HEAD, layout=gl.SliceLayout(0, o_layout))
+                ptrs = O + (o_row + rows).to(gl.int64)[:, None] * o_stride + (o_col + cols)[None, :]
+                gl.store(ptrs, acc.to(dtype), mask=(row0 + rows < sq)[:, None])
+            if STORE_LSE:
+                lse = gl.where(l == 0.0, float("-inf"), (m + gl.log2(l)) * LN2)
+                if VARLEN:  # [heads, total_q]
+                    lse_row0 = h.to(gl.int64) * seqlen_q + q0
+                else:  # [batch, heads, seqlen_q]
+                    lse_row0 = bh.to(gl.int64) * seqlen_q
+                gl.store(LSE + lse_row0 + offs_m, lse, mask=offs_m < sq)
+            it0 += n_iters
+            tc += 1
 
 
 @gluon.jit
-def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, heads, group, seqlen_q, seqlen_k, causal_offset,
-                  window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m, head_group,
-                  q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h, kv_col_h, o_stride, HEAD: gl.constexpr,
+def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK, heads, group, seqlen_q, seqlen_k,
+                  causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
+                  head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h, kv_col_h, o_stride, HEAD: gl.constexpr,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                   CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                  RAGGED: gl.constexpr, PAIRED: gl.constexpr, PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr):
+                  RAGGED: gl.constexpr, PAIRED: gl.constexpr, PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr,
+                  VARLEN: gl.constexpr, SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr):
     """Each program runs its work items (query block, batch*head), :func:`_n_items` and
     :func:`_tile`; the K/V rings and the barrier phases carry on from one item to the
     next, so the next item's first loads overlap this one's epilogue."""
@@ -383,6 +475,7 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, heads, group, s
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turns = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())  # ping-pong
+    v_tail = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())  # a V tile to zero past the end
     mbarrier.init(q_bar, count=1)
     mbarrier.init(q_empty, count=NUM_WG)  # one arrival per consumer warpgroup
     for i in gl.static_range(STAGES):
@@ -392,45 +485,53 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, heads, group, s
         mbarrier.init(v_empty.index(i), count=NUM_WG)
     for i in gl.static_range(NUM_WG):
         mbarrier.init(turns.index(i), count=1)
+    mbarrier.init(v_tail, count=1)
     # (the partition arguments are spelled out: a tuple would lose their constexpr-ness)
     if NUM_WG == 3:
         gl.warp_specialize([
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
-                         v_ready, v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, window_offset,
-                         align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m, head_group, q_rows_b,
-                         q_rows_h, q_col_h, o_stride, STAGES, 0, BLOCK_M, BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP,
-                         ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE)),
+                         v_ready, v_empty, turns, CuQ, CuK, SeqK, heads, seqlen_q, seqlen_k, causal_offset,
+                         window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
+                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 0, BLOCK_M, BLOCK_N, HEAD,
+                         CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED,
+                         ALIGN_BR)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
-                         v_ready, v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, window_offset,
-                         align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m, head_group, q_rows_b,
-                         q_rows_h, q_col_h, o_stride, STAGES, 1, BLOCK_M, BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP,
-                         ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE)),
+                         v_ready, v_empty, turns, CuQ, CuK, SeqK, heads, seqlen_q, seqlen_k, causal_offset,
+                         window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
+                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 1, BLOCK_M, BLOCK_N, HEAD,
+                         CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED,
+                         ALIGN_BR)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
-                         v_ready, v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, window_offset,
-                         align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m, head_group, q_rows_b,
-                         q_rows_h, q_col_h, o_stride, STAGES, 2, BLOCK_M, BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP,
-                         ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE)),
+                         v_ready, v_empty, turns, CuQ, CuK, SeqK, heads, seqlen_q, seqlen_k, causal_offset,
+                         window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
+                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 2, BLOCK_M, BLOCK_N, HEAD,
+                         CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED,
+                         ALIGN_BR)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
-                         v_empty, heads, group, seqlen_k, causal_offset, window_offset, n_tiles, n_m, head_group,
-                         q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h, kv_col_h, NUM_WG, STAGES, BLOCK_M,
-                         BLOCK_N, CAUSAL, WINDOW, PAIRED)),
+                         v_empty, v_tail, CuQ, CuK, SeqK, heads, group, seqlen_q, seqlen_k, causal_offset,
+                         window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
+                         kv_col_h, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, PAIRED, VARLEN, SEQUSED,
+                         ALIGN_BR)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
-                         v_ready, v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, window_offset,
-                         align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m, head_group, q_rows_b,
-                         q_rows_h, q_col_h, o_stride, STAGES, 0, BLOCK_M, BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP,
-                         ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE)),
+                         v_ready, v_empty, turns, CuQ, CuK, SeqK, heads, seqlen_q, seqlen_k, causal_offset,
+                         window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
+                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 0, BLOCK_M, BLOCK_N, HEAD,
+                         CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED,
+                         ALIGN_BR)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
-                         v_ready, v_empty, turns, heads, seqlen_q, seqlen_k, causal_offset, window_offset,
-                         align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m, head_group, q_rows_b,
-                         q_rows_h, q_col_h, o_stride, STAGES, 1, BLOCK_M, BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP,
-                         ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE)),
+                         v_ready, v_empty, turns, CuQ, CuK, SeqK, heads, seqlen_q, seqlen_k, causal_offset,
+                         window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
+                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 1, BLOCK_M, BLOCK_N, HEAD,
+                         CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED,
+                         ALIGN_BR)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
-                         v_empty, heads, group, seqlen_k, causal_offset, window_offset, n_tiles, n_m, head_group,
-                         q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h, kv_col_h, NUM_WG, STAGES, BLOCK_M,
-                         BLOCK_N, CAUSAL, WINDOW, PAIRED)),
+                         v_empty, v_tail, CuQ, CuK, SeqK, heads, group, seqlen_q, seqlen_k, causal_offset,
+                         window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
+                         kv_col_h, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, PAIRED, VARLEN, SEQUSED,
+                         ALIGN_BR)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -495,28 +596,43 @@ def descriptors(prob, cfg, q, k, v, o, layout: str) -> tuple:
     return descs, (qrb, qrh, qch, krb, krh, kch, o2.stride(0))
 
 
-def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None) -> None:
+def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None, None),
+           grid_m: int | None = None) -> None:
+    """Run the kernel on ``prob``.  ``seqs = (cu_seqlens_q, cu_seqlens_k, seqused_k)`` as in
+    ``kernels.launch``; varlen work items cover ``grid_m`` (the longest sequence's) query rows."""
     descs, strides = descriptors(prob, cfg, q, k, v, o, layout)
-    n_m = triton.cdiv(prob.seqlen_q, cfg.block_m)
+    if prob.varlen:  # one packed sequence: the batch index picks rows through cu_seqlens, not a stride
+        qrb, qrh, qch, _, krh, kch, o_stride = strides
+        strides = (0, qrh, qch, 0, krh, kch, o_stride)
+    n_m = triton.cdiv(grid_m if prob.varlen else prob.seqlen_q, cfg.block_m)
     n_tiles = n_m * prob.batch * prob.heads
     sms = device_facts(q.device.index)[1]
     persistent = cfg.persistent != 0  # the default since the causal pairs (configs.HOPPER)
     # persistent causal with more items than SMs runs them in pairs of equal cost (:func:`_tile`);
-    # a window's items cost about the same anyway
-    paired = bool(prob.causal and prob.window_offset is None and persistent and n_tiles > sms)
+    # a window's items cost about the same anyway; packed sequences differ in length
+    paired = bool(prob.causal and prob.window_offset is None and persistent and n_tiles > sms and not prob.varlen)
     grid = (min(triton.cdiv(n_tiles, 2) if paired else n_tiles, sms) if persistent else n_tiles,)
     scale = prob.scale_log2 / LOG2E
     cap = prob.softcap or 1.0
+    # per-sequence lengths: the band's offsets go relative to the diagonal, each sequence adds its own
+    a = prob.align_offset if per_sequence(prob) else 0
+    cu_q, cu_k, seqused = (t if t is not None else o for t in seqs)
     hopper_kernel[grid](*descs, o, lse if lse is not None else o, alibi.contiguous() if alibi is not None else o,
-                        prob.heads, prob.heads // prob.kv_heads, prob.seqlen_q, prob.seqlen_k, prob.causal_offset,
-                        prob.window_offset or 0, prob.align_offset, scale / cap, cap / scale, 1.0 / scale,
-                        prob.scale_log2, n_tiles, n_m, max(cfg.head_group, 1), *strides,
+                        cu_q, cu_k, seqused, prob.heads, prob.heads // prob.kv_heads, prob.seqlen_q, prob.seqlen_k,
+                        prob.causal_offset - a, (prob.window_offset or 0) - a, prob.align_offset - a, scale / cap,
+                        cap / scale, 1.0 / scale, prob.scale_log2, n_tiles, n_m, max(cfg.head_group, 1), *strides,
                         **constexprs(prob, cfg, lse is not None, paired, alibi is not None), num_warps=4)
+
+
+def per_sequence(prob) -> bool:
+    """Whether the lengths differ by sequence (packed sequences, or per-batch key lengths)."""
+    return prob.varlen or prob.seqused
 
 
 def constexprs(prob, cfg, store_lse: bool, paired: bool = False, alibi: bool = False) -> dict:
     return dict(HEAD=prob.head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.num_stages,
                 CONSUMER_REGS=cfg.maxnreg or CONSUMER_REGS[cfg.block_m // 64], CAUSAL=prob.causal,
                 WINDOW=prob.window_offset is not None, SOFTCAP=prob.softcap > 0, ALIBI=alibi,
-                RAGGED=prob.seqlen_k % cfg.block_n != 0, PAIRED=paired,
-                PINGPONG=bool(cfg.pingpong), STORE_LSE=store_lse)
+                RAGGED=per_sequence(prob) or prob.seqlen_k % cfg.block_n != 0, PAIRED=paired,
+                PINGPONG=bool(cfg.pingpong), STORE_LSE=store_lse, VARLEN=prob.varlen, SEQUSED=prob.seqused,
+                ALIGN_BR=per_sequence(prob) and prob.align_br)

@@ -1,0 +1,107 @@
+"""Time packed variable-length batches (`fmha.attention_varlen`) against the peers that take them.
+
+`PYTHONPATH=src python3 bench/varlen_speed.py [--json FILE]`: bf16, 32 sequences of 128 to 4096
+rows (seed 0, about 64k tokens), self-attention (each sequence's keys are its queries), causal
+off and on, at (heads 16, D=128), (32, D=64) and GQA (32 on 8, D=128).  Providers: fmha `auto`
+(the Gluon kernel on sm_90) and `tiled`; FlashAttention's `flash_attn_varlen_func` (`flash_attn`,
+`flash_attn.cute`) when importable; torch SDPA on jagged nested tensors (each backend that takes
+them).  TFLOP/s count the visible (query, key) pairs, 4 * D flops each.  No CUDA graphs:
+`attention_varlen` checks the cu_seqlens on the host, so every fmha call includes one
+device-to-host copy (the peers' calls do not).
+"""
+import argparse
+import json
+
+import numpy as np
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import fmha
+from fmha.bench.timing import median_ms
+
+CELLS = [(16, 16, 128), (32, 32, 64), (32, 8, 128)]  # (heads, kv_heads, head_dim)
+
+
+def lengths(n: int = 32, lo: int = 128, hi: int = 4096, seed: int = 0) -> list[int]:
+    return [int(x) for x in np.random.default_rng(seed).integers(lo, hi + 1, n)]
+
+
+def visible_pairs(lens: list[int], causal: bool) -> int:
+    return sum(s * (s + 1) // 2 if causal else s * s for s in lens)
+
+
+def providers(q, k, v, cu, longest, causal):
+    """name -> zero-argument callable, or the reason it cannot run."""
+    out = {}
+    for variant in ("auto", "tiled"):
+        out[f"fmha:{variant}"] = lambda variant=variant: fmha.attention_varlen(
+            q, k, v, cu, cu, longest, longest, causal=causal, variant=variant)
+    for module in ("flash_attn", "flash_attn.cute"):
+        try:
+            import importlib
+            fn = importlib.import_module(module).flash_attn_varlen_func
+            out[module] = lambda fn=fn: fn(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest,
+                                           max_seqlen_k=longest, causal=causal)
+        except Exception as e:  # noqa: BLE001 -- a missing peer is reported, not fatal
+            out[module] = f"{type(e).__name__}: {e}"[:100]
+    offsets = cu.long()
+    qn, kn, vn = (torch.nested.nested_tensor_from_jagged(t, offsets).transpose(1, 2) for t in (q, k, v))
+    for backend in ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION"):
+        def run(backend=backend):
+            with sdpa_kernel(getattr(SDPBackend, backend)):
+                return torch.nn.functional.scaled_dot_product_attention(qn, kn, vn, is_causal=causal,
+                                                                        enable_gqa=q.shape[1] != k.shape[1])
+        out[f"sdpa-jagged:{backend.lower().replace('_attention', '')}"] = run
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", help="also write the rows to this file")
+    args = ap.parse_args()
+    lens = lengths()
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32, device="cuda")
+    total, longest = sum(lens), max(lens)
+    rows = []
+    print(f"{len(lens)} sequences, {total} tokens, longest {longest}, {torch.cuda.get_device_name()}")
+    print(f"{'H/KV':>6} {'D':>4} {'causal':>6} {'provider':<28} {'ms':>8} {'TFLOP/s':>8} {'x best peer':>11} "
+          f"{'err':>8}")
+    for heads, kv_heads, d in CELLS:
+        g = torch.Generator(device="cuda").manual_seed(heads + d)
+        q = torch.randn(total, heads, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        k, v = (torch.randn(total, kv_heads, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+        for causal in (False, True):
+            flops = 4 * d * heads * visible_pairs(lens, causal)
+            ref = fmha.attention_varlen(q, k, v, cu, cu, longest, longest, causal=causal, variant="tiled").float()
+            results = {}
+            for name, fn in providers(q, k, v, cu, longest, causal).items():
+                if isinstance(fn, str):
+                    results[name] = (None, fn)
+                    continue
+                try:
+                    o = fn()
+                    o = o[0] if isinstance(o, tuple) else o
+                    if o.is_nested:
+                        o = o.transpose(1, 2).values()
+                    err = float((o.float() - ref).abs().max())
+                    results[name] = (median_ms(fn), err)
+                except Exception as e:  # noqa: BLE001 -- a backend that refuses the call is reported
+                    results[name] = (None, f"{type(e).__name__}: {e}"[:100])
+            peers = [ms for name, (ms, _) in results.items() if ms is not None and not name.startswith("fmha")]
+            best = min(peers) if peers else None
+            for name, (ms, err) in results.items():
+                if ms is None:
+                    print(f"{heads}/{kv_heads:<3} {d:>4} {causal:>6} {name:<28} skipped: {err}")
+                    continue
+                ratio = best / ms if best else float("nan")
+                print(f"{heads}/{kv_heads:<3} {d:>4} {causal:>6} {name:<28} {ms:>8.3f} {flops / ms / 1e9:>8.1f} "
+                      f"{ratio:>11.3f} {err:>8.1e}", flush=True)
+                rows.append(dict(heads=heads, kv_heads=kv_heads, head_dim=d, causal=causal, provider=name, ms=ms,
+                                 tflops=flops / ms / 1e9, ratio_best_peer=ratio, error=err, tokens=total))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(lengths=lens, gpu=torch.cuda.get_device_name(), rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
