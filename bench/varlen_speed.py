@@ -1,22 +1,23 @@
 """Time packed variable-length batches (`fmha.attention_varlen`) against the peers that take them.
 
-`PYTHONPATH=src python3 bench/varlen_speed.py [--json FILE]`: bf16, 32 sequences of 128 to 4096
+`PYTHONPATH=src python3 bench/varlen_speed.py [--ledger FILE]`: bf16, 32 sequences of 128 to 4096
 rows (seed 0, about 64k tokens), self-attention (each sequence's keys are its queries), causal
 off and on, at (heads 16, D=128), (32, D=64) and GQA (32 on 8, D=128).  Providers: fmha `auto`
 (the Gluon kernel on sm_90) and `tiled`; FlashAttention's `flash_attn_varlen_func` (`flash_attn`,
 `flash_attn.cute`) when importable; torch SDPA on jagged nested tensors (each backend that takes
 them).  TFLOP/s count the visible (query, key) pairs, 4 * D flops each.  No CUDA graphs:
 `attention_varlen` checks the cu_seqlens on the host, so every fmha call includes one
-device-to-host copy (the peers' calls do not).
+device-to-host copy (the peers' calls do not).  Rows go to the ledger with features "varlen"
+(seqlen_q and seqlen_k are the longest sequence's, batch the number of sequences).
 """
 import argparse
-import json
 
 import numpy as np
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fmha
+from fmha.bench import ledger
 from fmha.bench.timing import median_ms
 
 CELLS = [(16, 16, 128), (32, 32, 64), (32, 8, 128)]  # (heads, kv_heads, head_dim)
@@ -57,8 +58,9 @@ def providers(q, k, v, cu, longest, causal):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--json", help="also write the rows to this file")
+    ap.add_argument("--ledger", default=str(ledger.DEFAULT_LEDGER))
     args = ap.parse_args()
+    env = ledger.environment("cuda")
     lens = lengths()
     cu = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32, device="cuda")
     total, longest = sum(lens), max(lens)
@@ -96,11 +98,12 @@ def main():
                 ratio = best / ms if best else float("nan")
                 print(f"{heads}/{kv_heads:<3} {d:>4} {causal:>6} {name:<28} {ms:>8.3f} {flops / ms / 1e9:>8.1f} "
                       f"{ratio:>11.3f} {err:>8.1e}", flush=True)
-                rows.append(dict(heads=heads, kv_heads=kv_heads, head_dim=d, causal=causal, provider=name, ms=ms,
-                                 tflops=flops / ms / 1e9, ratio_best_peer=ratio, error=err, tokens=total))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(lengths=lens, gpu=torch.cuda.get_device_name(), rows=rows), f, indent=1)
+                rows.append(dict(env, provider=name, config="library default", dtype="bfloat16", batch=len(lens),
+                                 heads=heads, kv_heads=kv_heads, seqlen_q=longest, seqlen_k=longest, head_dim=d,
+                                 causal=int(causal), ms=ms, tflops=flops / ms / 1e9, ratio_best_peer=ratio,
+                                 error=err, features="varlen",
+                                 note=f"{len(lens)} packed sequences of 128-4096 rows (seed 0), {total} tokens"))
+    ledger.append(args.ledger, rows)
 
 
 if __name__ == "__main__":

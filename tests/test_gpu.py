@@ -232,20 +232,24 @@ def test_auto_takes_hopper_for_lengths_per_sequence():
 
 
 @pytest.mark.parametrize("variant", ["auto", "tiled", "hopper"])
-def test_cuda_graph_capture_and_replay(variant):
-    q, k, v = make_qkv(2, 8, 2, 512, 512, 128, torch.bfloat16, seed=1)
-    fmha.attention(q, k, v, causal=True, variant=variant)  # compile outside the capture
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(512, 512), (1, 8192)], ids=["prefill", "decode"])
+def test_cuda_graph_capture_and_replay(variant, seqlen_q, seqlen_k):
+    """Captured once, replayed on new inputs; decoding captures the split launch and the merge
+    that follows it (by programmatic dependent launch on sm_90)."""
+    shape = (2, 8, 2, seqlen_q, seqlen_k, 128, torch.bfloat16)
+    q, k, v = make_qkv(*shape, seed=1)
+    fmha.attention(q, k, v, causal=True, causal_align="bottom_right", variant=variant)  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = fmha.attention(q, k, v, causal=True, variant=variant)
+        out = fmha.attention(q, k, v, causal=True, causal_align="bottom_right", variant=variant)
     for seed in (2, 3):  # new inputs copied into the captured buffers
-        q2, k2, v2 = make_qkv(2, 8, 2, 512, 512, 128, torch.bfloat16, seed=seed)
+        q2, k2, v2 = make_qkv(*shape, seed=seed)
         q.copy_(q2), k.copy_(k2), v.copy_(v2)
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        check_against_reference(out, q2, k2, v2, True)
+        check_against_reference(out, q2, k2, v2, True, "bottom_right")
 
 
 def test_non_default_stream():

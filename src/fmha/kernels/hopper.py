@@ -115,6 +115,9 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_
     it = 0  # position in the K/V rings, continued across work items
     tc = 0
     n_tail = 0  # V tiles zeroed past the sequence's end so far (the phase of v_tail)
+    tail = 0  # 1: V tile ``tail_slot`` holds rows past its sequence's end (from ``tail_valid``), not yet zeroed
+    tail_slot = 0
+    tail_valid = 0
     for t_idx in range(_n_items(n_tiles, PAIRED)):
         pid_m, bh = _tile(t_idx, n_m, n_tiles // n_m, head_group, CAUSAL, PAIRED)
         b = bh // heads
@@ -140,6 +143,13 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_
             for g in gl.static_range(NUM_WG):
                 tma.async_copy_global_to_shared(q_desc, [b * q_rows_b + h * q_rows_h + q0 + start_m + 64 * g,
                                                          h * q_col_h], q_bar, q_smem.index(g))
+            if VARLEN or SEQUSED:
+                # the previous item's last V tile, zeroed past its end only now: its load had time to
+                # land while this item's first K and Q went out (waiting for it at once held them back)
+                if tail:
+                    _zero_past(v_bufs.index(tail_slot), tail_valid, v_tail, n_tail, v_ready.index(tail_slot))
+                    n_tail += 1
+                    tail = 0
             for i in range(n_iters):
                 s = it % STAGES
                 ph = (it // STAGES) & 1
@@ -150,18 +160,23 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_
                 mbarrier.wait(v_empty.index(s), ph ^ 1)
                 if VARLEN or SEQUSED:
                     # keys past this sequence's end are another sequence's or unused cache (NaN, maybe):
-                    # a masked score times a NaN value is NaN, so those rows of V are zeroed
+                    # a masked score times a NaN value is NaN, so those rows of V get zeroed (the
+                    # last tile only; it lands on v_tail, and v_ready waits for the zeros)
                     valid = sk - (first + i) * BLOCK_N
                     if valid < BLOCK_N:
-                        _load_zeroed_past(v_desc, [kv_seq, row, kv_col], v_ready.index(s), v_bufs.index(s), v_tail,
-                                          n_tail, valid)
-                        n_tail += 1
+                        _load(v_desc, [kv_seq, row, kv_col], v_tail, v_bufs.index(s))
+                        tail = 1
+                        tail_slot = s
+                        tail_valid = valid
                     else:
                         _load(v_desc, [kv_seq, row, kv_col], v_ready.index(s), v_bufs.index(s))
                 else:
                     _load(v_desc, [kv_seq, row, kv_col], v_ready.index(s), v_bufs.index(s))
                 it += 1
             tc += 1
+    if VARLEN or SEQUSED:
+        if tail:
+            _zero_past(v_bufs.index(tail_slot), tail_valid, v_tail, n_tail, v_ready.index(tail_slot))
 
 
 @gluon.jit
@@ -172,12 +187,10 @@ def _load(desc, coord, ready, buf):
 
 
 @gluon.jit
-def _load_zeroed_past(desc, coord, ready, buf, landed, n_landed, valid):
-    """Load a V tile, set its rows from ``valid`` on to zero, then signal ``ready``: the
-    producer waits for the box itself (on ``landed``), writes the zeros, and makes them
-    visible to the consumers' wgmma (the async proxy) before it arrives."""
-    mbarrier.expect(landed, desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(desc, coord, landed, _box(buf))
+def _zero_past(buf, valid, landed, n_landed, ready):
+    """Once the tile loaded into ``buf`` has landed (the ``n_landed``-th phase of ``landed``), set
+    its rows from ``valid`` on to zero, make the zeros visible to the consumers' wgmma (the
+    async proxy), then signal ``ready``."""
     mbarrier.wait(landed, n_landed & 1)
     ROWS: gl.constexpr = 8  # the 128-byte swizzle repeats every 8 rows: slices start on its pattern
     COLS: gl.constexpr = 64  # and every 64 16-bit columns (TMA writes a 128-column tile as two)
