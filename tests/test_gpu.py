@@ -235,7 +235,7 @@ def test_auto_takes_hopper_for_lengths_per_sequence():
 @pytest.mark.parametrize("seqlen_q,seqlen_k", [(512, 512), (1, 8192)], ids=["prefill", "decode"])
 def test_cuda_graph_capture_and_replay(variant, seqlen_q, seqlen_k):
     """Captured once, replayed on new inputs; decoding captures the split launch and the merge
-    that follows it (by programmatic dependent launch on sm_90)."""
+    that follows it."""
     shape = (2, 8, 2, seqlen_q, seqlen_k, 128, torch.bfloat16)
     q, k, v = make_qkv(*shape, seed=1)
     fmha.attention(q, k, v, causal=True, causal_align="bottom_right", variant=variant)  # compile outside the capture

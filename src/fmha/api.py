@@ -383,10 +383,10 @@ def describe(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
 def _run(name, cfg, prob, q, k, v, o, lse, layout, alibi, seqs, split_len, block_table=None) -> None:
     """Launch, directly or split over the keys with the partials merged by their LSE (a second
     kernel: merging inside the split launch, by the split that finished last, was slower,
-    bench/ledger.csv runs 20261129T164118 and T163732).  On sm_90 the merge goes out by
-    programmatic dependent launch, released by the split launch as soon as all its programs have
-    started (session 4's version, released only as the split launch ended, was 0.3 us slower a
-    call, run 20261129T180206)."""
+    bench/ledger.csv runs 20261129T164118 and T163732; so was launching the merge by programmatic
+    dependent launch: by about 0.3 us a call released as the split launch ended (run
+    20261129T180206), by 1.4 us at 1k keys and 0.3-0.6% from 8k released as the split programs
+    started, the merge's programs then waiting resident beside them (run T205822))."""
     with _on(q.device):
         kernels = _kernels()
         if not split_len:
@@ -396,16 +396,9 @@ def _run(name, cfg, prob, q, k, v, o, lse, layout, alibi, seqs, split_len, block
         shape = (-(-prob.seqlen_k // split_len), prob.batch, prob.heads, prob.seqlen_q)
         o_parts = torch.empty((*shape, prob.head_dim), dtype=torch.float32, device=q.device)
         lse_parts = torch.empty(shape, dtype=torch.float32, device=q.device)
-        pdl = cfg.pdl != 0 and _pdl_capable(q.device)
         kernels.launch(name, cfg, prob, q, k, v, o_parts, lse_parts, layout, alibi, seqs, split_len=split_len,
-                       block_table=block_table, pdl=pdl)
-        merge.launch(o_parts, lse_parts, o, lse, kernels.strides_bhsd(o, layout), prob.heads, prob.seqlen_q, pdl)
-
-
-def _pdl_capable(device: torch.device) -> bool:
-    """Programmatic dependent launch: CUDA (not ROCm, not the interpreter) on sm_90 or later."""
-    return (device.type == "cuda" and not torch.version.hip and not interpreting()
-            and _kernels().device_facts(_index(device))[0] >= 9)
+                       block_table=block_table)
+        merge.launch(o_parts, lse_parts, o, lse, kernels.strides_bhsd(o, layout), prob.heads, prob.seqlen_q)
 
 
 def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,

@@ -82,12 +82,11 @@ def unsupported(variant: str, cfg, prob: Problem, q, k, v, o, layout: str, alibi
 
 
 def launch(variant: str, cfg, prob: Problem, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None, None),
-           grid_m: int | None = None, split_len: int = 0, block_table=None, pdl: bool = False) -> None:
+           grid_m: int | None = None, split_len: int = 0, block_table=None) -> None:
     """Run ``variant`` with ``cfg`` on ``prob``: writes ``o`` (and ``lse`` if not None).
     ``seqs = (cu_seqlens_q, cu_seqlens_k, seqused_k)``; ``grid_m`` rows cover the longest sequence.
     ``split_len > 0``: keys split in chunks of that many (flash-decoding); ``o`` is then a float32
-    ``[splits, batch, heads, seqlen_q, D]`` workspace and ``lse`` ``[splits, batch, heads, seqlen_q]``;
-    ``pdl``: the merge that follows goes out by programmatic dependent launch."""
+    ``[splits, batch, heads, seqlen_q, D]`` workspace and ``lse`` ``[splits, batch, heads, seqlen_q]``."""
     if variant == "hopper":
         from . import hopper
         return hopper.launch(prob, cfg, q, k, v, o, lse, layout, alibi, seqs, grid_m)
@@ -113,6 +112,6 @@ def launch(variant: str, cfg, prob: Problem, q, k, v, o, lse, layout: str, alibi
         HEAD_DIM=prob.head_dim, BLOCK_D=prob.block_d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         CAUSAL=prob.causal, STORE_LSE=lse is not None, WINDOW=prob.window_offset is not None,
         SOFTCAP=prob.softcap > 0, ALIBI=alibi is not None, VARLEN=prob.varlen, SEQUSED=prob.seqused,
-        ALIGN_BR=prob.align_br, SPLIT=(2 if pdl else 1) if split_len else 0, PAGED=bool(prob.page),
-        PAGE=max(prob.page, 1), PACK_GQA=prob.pack_gqa,
+        ALIGN_BR=prob.align_br, SPLIT=bool(split_len), PAGED=bool(prob.page), PAGE=max(prob.page, 1),
+        PACK_GQA=prob.pack_gqa,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)

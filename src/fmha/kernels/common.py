@@ -17,7 +17,6 @@ import os
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents
 
 # Triton 3.6's interpreter returns garbage for a bfloat16 tl.dot; float32 operands
 # give exact products.  Decided once, at import, as Triton decides interpretation.
@@ -56,9 +55,7 @@ def program_start(Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride
     rows ``cu_q[b]..cu_q[b+1]`` of packed q/o and ``cu_k[b]..cu_k[b+1]`` of packed k/v (LSE
     is ``[heads, total_q]``).  SEQUSED: batch b uses only its first ``seqused_k[b]`` keys.
     ALIGN_BR: the diagonal is ``i + seqlen_k - seqlen_q`` of this sequence (bottom-right),
-    else ``i``.  SPLIT (1, or 2 to release the merge launched after it by programmatic
-    dependent launch as soon as every program has started; sm_90 and later): grid axis 2
-    splits the keys (flash-decoding); split s writes its
+    else ``i``.  SPLIT: grid axis 2 splits the keys (flash-decoding); split s writes its
     partial O and LSE ``s * stride_osplit`` and ``s * lse_split`` further on.  PAGED: K/V are
     page pools (the batch stride is the page stride); the K/V bases hold only the head
     offset.  64-bit offsets: tensors past 2**31 elements stay addressable.
@@ -104,8 +101,6 @@ def program_start(Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride
     seq = (q0 + offs_m).to(tl.int64)
     q_rows = Q + b * stride_qb + h * stride_qh + seq * stride_qs
     o_rows = O + b * stride_ob + h * stride_oh + seq * stride_os
-    if SPLIT == 2:
-        gdc_launch_dependents()
     if SPLIT:
         o_rows += tl.program_id(2).to(tl.int64) * stride_osplit
         lse_rows += tl.program_id(2).to(tl.int64) * lse_split

@@ -6,14 +6,9 @@ Partial ``s`` of a query row holds ``o_s`` (already normalised over its keys) an
 seed's recurrence (Section 3): a running maximum, its rescale ``alpha`` and the
 running sum, here in base 2.  A row no partial has reached (every ``lse_s = -inf``)
 gives ``o = 0`` and ``lse = -inf``.
-
-On sm_90 the merge goes out by programmatic dependent launch (``pdl``): the split launch
-releases it as soon as all its programs have started, its programs wait resident for the
-split launch's writes (``griddepcontrol.wait``), and no launch gap separates the two.
 """
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
 
 from .common import LN2, LOG2E
 
@@ -21,13 +16,10 @@ from .common import LN2, LOG2E
 @triton.jit
 def merge_kernel(OP, LP, O, LSE, n_parts, heads, seqlen_q, stride_op, lse_part,
                  stride_ob, stride_oh, stride_os, stride_od,
-                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, STORE_LSE: tl.constexpr,
-                 PDL: tl.constexpr):
+                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, STORE_LSE: tl.constexpr):
     """One program per query row ``(b, h, i)``: ``OP`` float32 ``[n_parts, batch*heads*seqlen_q,
     HEAD_DIM]`` (part stride ``stride_op``), ``LP`` float32 ``[n_parts, batch*heads*seqlen_q]``
     (part stride ``lse_part``); ``O`` through its strides, ``LSE`` ``[batch*heads*seqlen_q]``."""
-    if PDL:  # launched while the split launch runs: wait for its partials
-        gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
@@ -56,13 +48,11 @@ def merge_kernel(OP, LP, O, LSE, n_parts, heads, seqlen_q, stride_op, lse_part,
         tl.store(LSE + row + tl.arange(0, 1), total)
 
 
-def launch(o_parts, lse_parts, o, lse, o_strides, heads: int = 1, seqlen_q: int | None = None,
-           pdl: bool = False) -> None:
+def launch(o_parts, lse_parts, o, lse, o_strides, heads: int = 1, seqlen_q: int | None = None) -> None:
     """Merge ``o_parts`` ``[n, rows..., D]`` / ``lse_parts`` ``[n, rows...]`` (float32, contiguous)
     into ``o`` and, when not None, ``lse`` (contiguous, ``rows...``).  Row r of the flattened rows
     is ``(b, h, i)`` with ``i = r % seqlen_q``, ``h = r // seqlen_q % heads``; ``o_strides`` are
-    ``o``'s strides in (b, h, i, d) order.  ``pdl``: programmatic dependent launch (sm_90 and later;
-    the split launch must have been told, ``kernels.launch(..., pdl=True)``)."""
+    ``o``'s strides in (b, h, i, d) order."""
     n, d = o_parts.shape[0], o_parts.shape[-1]
     rows = lse_parts[0].numel()
     if rows == 0 or n == 0:
@@ -70,5 +60,4 @@ def launch(o_parts, lse_parts, o, lse, o_strides, heads: int = 1, seqlen_q: int 
     merge_kernel[(rows,)](o_parts, lse_parts, o, lse if lse is not None else lse_parts, n, heads,
                           seqlen_q or rows, o_parts.stride(0), lse_parts.stride(0), *o_strides,
                           HEAD_DIM=d, BLOCK_D=max(16, triton.next_power_of_2(d)),
-                          BLOCK_S=min(16, triton.next_power_of_2(n)), STORE_LSE=lse is not None, PDL=pdl,
-                          num_warps=4, **({"launch_pdl": True} if pdl else {}))
+                          BLOCK_S=min(16, triton.next_power_of_2(n)), STORE_LSE=lse is not None, num_warps=4)
