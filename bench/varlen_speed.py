@@ -1,16 +1,20 @@
 """Time packed variable-length batches (`fmha.attention_varlen`) against the peers that take them.
 
-`PYTHONPATH=src python3 bench/varlen_speed.py [--ledger FILE]`: bf16, 32 sequences of 128 to 4096
-rows (seed 0, about 64k tokens), self-attention (each sequence's keys are its queries), causal
-off and on, at (heads 16, D=128), (32, D=64) and GQA (32 on 8, D=128).  Providers: fmha `auto`
-(the Gluon kernel on sm_90) and `tiled`; FlashAttention's `flash_attn_varlen_func` (`flash_attn`,
-`flash_attn.cute`) when importable; torch SDPA on jagged nested tensors (each backend that takes
-them).  TFLOP/s count the visible (query, key) pairs, 4 * D flops each.  No CUDA graphs:
-`attention_varlen` checks the cu_seqlens on the host, so every fmha call includes one
-device-to-host copy (the peers' calls do not).  Rows go to the ledger with features "varlen"
+`PYTHONPATH=src python3 bench/varlen_speed.py [--lengths 2048x32] [--ledger FILE]`: bf16, 32
+sequences of 128 to 4096 rows (seed 0, about 71k tokens; `LxN`: N sequences of L rows),
+self-attention (each sequence's keys are its queries), causal off and on, at (heads 16, D=128),
+(32, D=64) and GQA (32 on 8, D=128).  Providers: fmha `auto` (the Gluon kernel on sm_90), the
+Gluon kernel with one program per work item (`hopper-p0`; the default is persistent) and
+`tiled`; with equal lengths also fmha on the same batch as a dense bshd tensor (`fmha:dense`:
+what the varlen path costs over it); FlashAttention's `flash_attn_varlen_func` (`flash_attn`,
+`flash_attn.cute`) when importable; torch SDPA on jagged nested tensors (each backend that
+takes them).  TFLOP/s count the visible (query, key) pairs, 4 * D flops each.  No CUDA graphs:
+`attention_varlen` checks the cu_seqlens on the host, so every fmha varlen call includes two
+device-to-host copies (the peers' calls do not).  Rows go to the ledger with features "varlen"
 (seqlen_q and seqlen_k are the longest sequence's, batch the number of sequences).
 """
 import argparse
+import dataclasses
 
 import numpy as np
 import torch
@@ -23,7 +27,10 @@ from fmha.bench.timing import median_ms
 CELLS = [(16, 16, 128), (32, 32, 64), (32, 8, 128)]  # (heads, kv_heads, head_dim)
 
 
-def lengths(n: int = 32, lo: int = 128, hi: int = 4096, seed: int = 0) -> list[int]:
+def lengths(spec: str, n: int = 32, lo: int = 128, hi: int = 4096, seed: int = 0) -> list[int]:
+    if spec != "random":
+        rows, count = (int(x) for x in spec.split("x"))
+        return [rows] * count
     return [int(x) for x in np.random.default_rng(seed).integers(lo, hi + 1, n)]
 
 
@@ -37,6 +44,14 @@ def providers(q, k, v, cu, longest, causal):
     for variant in ("auto", "tiled"):
         out[f"fmha:{variant}"] = lambda variant=variant: fmha.attention_varlen(
             q, k, v, cu, cu, longest, longest, causal=causal, variant=variant)
+    if torch.cuda.get_device_capability()[0] == 9:
+        cfg = fmha.configs.hopper_config(q.shape[2], causal, longest, per_sequence=True)
+        out["fmha:hopper-p0"] = lambda cfg=dataclasses.replace(cfg, persistent=0): fmha.attention_varlen(
+            q, k, v, cu, cu, longest, longest, causal=causal, variant="hopper", config=cfg)
+    n = len(cu) - 1
+    if q.shape[0] == n * longest:  # equal lengths: the same batch, dense
+        out["fmha:dense"] = lambda: fmha.attention(*(t.view(n, longest, *t.shape[1:]) for t in (q, k, v)),
+                                                   causal=causal, layout="bshd")
     for module in ("flash_attn", "flash_attn.cute"):
         try:
             import importlib
@@ -58,10 +73,11 @@ def providers(q, k, v, cu, longest, causal):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lengths", default="random", help='"random" (default) or "LxN": N sequences of L rows')
     ap.add_argument("--ledger", default=str(ledger.DEFAULT_LEDGER))
     args = ap.parse_args()
     env = ledger.environment("cuda")
-    lens = lengths()
+    lens = lengths(args.lengths)
     cu = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32, device="cuda")
     total, longest = sum(lens), max(lens)
     rows = []
@@ -85,6 +101,7 @@ def main():
                     o = o[0] if isinstance(o, tuple) else o
                     if o.is_nested:
                         o = o.transpose(1, 2).values()
+                    o = o.reshape(ref.shape)
                     err = float((o.float() - ref).abs().max())
                     results[name] = (median_ms(fn), err)
                 except Exception as e:  # noqa: BLE001 -- a backend that refuses the call is reported
@@ -101,8 +118,9 @@ def main():
                 rows.append(dict(env, provider=name, config="library default", dtype="bfloat16", batch=len(lens),
                                  heads=heads, kv_heads=kv_heads, seqlen_q=longest, seqlen_k=longest, head_dim=d,
                                  causal=int(causal), ms=ms, tflops=flops / ms / 1e9, ratio_best_peer=ratio,
-                                 error=err, features="varlen",
-                                 note=f"{len(lens)} packed sequences of 128-4096 rows (seed 0), {total} tokens"))
+                                 error=err, features="varlen", note=f"{len(lens)} packed sequences of "
+                                 + (f"{lens[0]} rows" if args.lengths != "random" else "128-4096 rows (seed 0)")
+                                 + f", {total} tokens"))
     ledger.append(args.ledger, rows)
 
 

@@ -254,7 +254,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                      cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, *, causal: bool = False,
                      scale: float | None = None, variant: str = "auto", causal_align: str = "top_left",
                      return_lse: bool = False, window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
-                     alibi_slopes: torch.Tensor | None = None):
+                     alibi_slopes: torch.Tensor | None = None, config: configs.KernelConfig | None = None):
     """Attention over packed sequences of different lengths (``flash_attn_varlen_func``'s shape).
 
     ``q`` ``[total_q, heads, head_dim]``, ``k``/``v`` ``[total_k, kv_heads, head_dim]``;
@@ -266,7 +266,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     ``[heads, total_q]``).  Programs (or ``hopper``'s work items) past a sequence's end exit at
     once: no padded work beyond the last tile of each sequence.  ``auto`` picks the variant as
     :func:`attention` would for the longest sequences (``hopper`` on sm_90 at head_dim 64 and
-    128).  The cu_seqlens are checked on the host (one device-to-host copy).
+    128); ``config`` overrides its config, as in :func:`attention`.  The cu_seqlens are checked on
+    the host (a device-to-host copy of each).
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 3:
@@ -302,7 +303,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                            scale * LOG2E, window_offset=window_offset, align_offset=0, softcap=float(softcap),
                            align_br=causal_align == "bottom_right", varlen=True)
     q4, k4, v4, o4 = q[None], k[None], v[None], o[None]
-    name, cfg, prob, _ = _plan(prob, q4, k4, v4, o4, "bshd", variant, None, alibi_slopes, 1,
+    name, cfg, prob, _ = _plan(prob, q4, k4, v4, o4, "bshd", variant, config, alibi_slopes, 1,
                                longest=(int(max_seqlen_q), int(max_seqlen_k)))
     with _on(q.device):
         kernels.launch(name, cfg, prob, q4, k4, v4, o4, lse, "bshd", alibi_slopes,
