@@ -1,4 +1,5 @@
 """Packed variable-length batches and per-batch key lengths against the float64 reference."""
+import numpy as np
 import pytest
 import torch
 
@@ -49,3 +50,37 @@ def test_varlen_errors():
         fmha.attention_varlen(q[None], q, q, cu, cu, 4, 4)
     with pytest.raises(ValueError, match="seqused_k must be an int32 tensor of shape"):
         fmha.attention(q[None], q[None], q[None], seqused_k=torch.ones(2, dtype=torch.int32, device=DEVICE))
+
+
+@pytest.mark.parametrize("causal,align,window", [(False, "top_left", (-1, -1)), (True, "top_left", (-1, -1)),
+                                                 (True, "bottom_right", (-1, -1)), (True, "bottom_right", (300, -1))])
+def test_hopper_work_list_covers_every_block_longest_first(causal, align, window):
+    """The Gluon kernel's packed-sequence work list (built on the host): every block of query rows
+    of every sequence exactly once, none past a sequence's end, costlier blocks first; and the
+    programs' snake-wise deal (the kernel's ``_n_items``/``_tile``) hands out each item once."""
+    from fmha import configs
+    from fmha.api import _band
+    from fmha.kernels import Problem, hopper
+    lens_q, lens_k = np.array([1000, 1, 0, 128, 300, 77, 2049]), np.array([1000, 300, 5, 128, 1, 0, 1537])
+    upper, causal_offset, window_offset = _band(causal, window, 0)
+    prob = Problem(len(lens_q), 4, 2, int(lens_q.sum()), int(lens_k.sum()), 128, upper, causal_offset, 1.0,
+                   window_offset=window_offset, align_br=align == "bottom_right", varlen=True)
+    cfg = configs.hopper_config(128, causal, int(lens_k.max()), per_sequence=True)
+    items = hopper.varlen_items(lens_q, lens_k, prob, cfg, causal_offset, window_offset or 0)
+    seq, block = items >> 16, items & 0xFFFF
+    expected = sorted((b, m) for b, n in enumerate(lens_q) for m in range(-(-n // cfg.block_m)))
+    assert sorted(zip(seq.tolist(), block.tolist())) == expected
+    # cost: key tiles from the first with a visible key to the last, on the sequence's own diagonal
+    def tiles(b, m):
+        rows = np.arange(m * cfg.block_m, min((m + 1) * cfg.block_m, lens_q[b]))
+        seen = np.flatnonzero(reference.visible(int(lens_q[b]), int(lens_k[b]), causal, align, window)[rows].any(0))
+        return 1 if seen.size == 0 else seen[-1] // cfg.block_n - seen[0] // cfg.block_n + 1
+    costs = [tiles(b, m) for b, m in zip(seq, block)]
+    assert costs == sorted(costs, reverse=True)
+    n_tiles, nprog = len(items) * prob.heads, 5
+    dealt = []
+    for pid in range(nprog):
+        rounds, rest = divmod(n_tiles, nprog)
+        mine = rounds + ((pid < rest) if rounds % 2 == 0 else (pid >= nprog - rest))
+        dealt += [k * nprog + (pid if k % 2 == 0 else nprog - 1 - pid) for k in range(mine)]
+    assert sorted(dealt) == list(range(n_tiles))

@@ -279,16 +279,17 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must be 1-D of one length (batch + 1), got "
                          f"{tuple(cu_seqlens_q.shape)} and {tuple(cu_seqlens_k.shape)}")
     batch = cu_seqlens_q.shape[0] - 1
+    lengths = []  # (query rows, keys) per sequence, on the host
     for name, cu, total, longest in (("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q),
                                      ("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k)):
         _check_index(cu, name, (batch + 1,), q.device)
-        host = cu.cpu()
-        lengths = host[1:] - host[:-1]
-        if batch < 0 or host[0] != 0 or host[-1] != total or (lengths < 0).any():
+        host = cu.cpu().numpy()
+        lengths.append(host[1:] - host[:-1])
+        if batch < 0 or host[0] != 0 or host[-1] != total or (lengths[-1] < 0).any():
             raise ValueError(f"{name} must start at 0, never decrease and end at {total} (the packed length), "
                              f"got {host.tolist()}")
-        if batch and int(lengths.max()) > longest:
-            raise ValueError(f"max_seqlen for {name} is {longest}, but a sequence has {int(lengths.max())} rows")
+        if batch and int(lengths[-1].max()) > longest:
+            raise ValueError(f"max_seqlen for {name} is {longest}, but a sequence has {int(lengths[-1].max())} rows")
     if v.shape[0] != k.shape[0]:
         raise ValueError(f"k and v must have the same packed length, got {k.shape[0]} and {v.shape[0]}")
     heads, kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
@@ -307,7 +308,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                                longest=(int(max_seqlen_q), int(max_seqlen_k)))
     with _on(q.device):
         kernels.launch(name, cfg, prob, q4, k4, v4, o4, lse, "bshd", alibi_slopes,
-                       (cu_seqlens_q, cu_seqlens_k, None), grid_m=max(int(max_seqlen_q), 1))
+                       (cu_seqlens_q, cu_seqlens_k, None), grid_m=max(int(max_seqlen_q), 1), lengths=lengths)
     return (o, lse) if return_lse else o
 
 

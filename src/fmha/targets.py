@@ -87,7 +87,7 @@ def _hopper_source(head_dim: int, dtype: str, causal: bool, cfg, seqlen_k: int =
             sig[name] = native_specialize_impl(BaseBackend, d, False, True, True)[0]
         elif name in ("LSE", "Alibi"):
             sig[name] = "*fp32"
-        elif name in ("CuQ", "CuK", "SeqK"):
+        elif name in ("CuQ", "CuK", "SeqK", "Items"):
             sig[name] = "*i32"
         elif name == "O":
             sig[name] = "*" + DTYPES[dtype]

@@ -82,14 +82,15 @@ def unsupported(variant: str, cfg, prob: Problem, q, k, v, o, layout: str, alibi
 
 
 def launch(variant: str, cfg, prob: Problem, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None, None),
-           grid_m: int | None = None, split_len: int = 0, block_table=None) -> None:
+           grid_m: int | None = None, split_len: int = 0, block_table=None, lengths=None) -> None:
     """Run ``variant`` with ``cfg`` on ``prob``: writes ``o`` (and ``lse`` if not None).
-    ``seqs = (cu_seqlens_q, cu_seqlens_k, seqused_k)``; ``grid_m`` rows cover the longest sequence.
+    ``seqs = (cu_seqlens_q, cu_seqlens_k, seqused_k)``; ``grid_m`` rows cover the longest sequence;
+    ``lengths``: packed sequences' (query rows, keys) on the host (``hopper``'s work list).
     ``split_len > 0``: keys split in chunks of that many (flash-decoding); ``o`` is then a float32
     ``[splits, batch, heads, seqlen_q, D]`` workspace and ``lse`` ``[splits, batch, heads, seqlen_q]``."""
     if variant == "hopper":
         from . import hopper
-        return hopper.launch(prob, cfg, q, k, v, o, lse, layout, alibi, seqs, grid_m)
+        return hopper.launch(prob, cfg, q, k, v, o, lse, layout, alibi, seqs, lengths)
     kernel = VARIANTS[variant]
     splits = triton.cdiv(prob.seqlen_k, split_len) if split_len else 1
     grid = (*prob.grid(cfg.block_m, grid_m), splits)
