@@ -54,47 +54,33 @@ def test_varlen_errors():
 
 @pytest.mark.parametrize("causal,align,window", [(False, "top_left", (-1, -1)), (True, "top_left", (-1, -1)),
                                                  (True, "bottom_right", (-1, -1)), (True, "bottom_right", (300, -1))])
-def test_hopper_work_list_pairs_every_block_once(causal, align, window):
+def test_hopper_work_list_covers_every_block_longest_first(causal, align, window):
     """The Gluon kernel's packed-sequence work list (built on the host): every block of query rows
-    of every sequence exactly once, none past a sequence's end; in pairs that cost about the same
-    within a sequence (costliest with cheapest), sequences in non-increasing order of pair cost,
-    the odd blocks left over paired at the end; and the paired deal (the kernel's ``_n_items`` and
-    ``_tile``) hands out every (pair slot, head) once."""
+    of every sequence exactly once, none past a sequence's end, costlier blocks first; and the
+    programs' snake-wise deal (the kernel's ``_n_items``/``_tile``) hands out each item once."""
     from fmha import configs
     from fmha.api import _band
     from fmha.kernels import Problem, hopper
     lens_q, lens_k = np.array([1000, 1, 0, 128, 300, 77, 2049]), np.array([1000, 300, 5, 128, 1, 0, 1537])
-    heads = 3
     upper, causal_offset, window_offset = _band(causal, window, 0)
-    prob = Problem(len(lens_q), heads, 1, int(lens_q.sum()), int(lens_k.sum()), 128, upper, causal_offset, 1.0,
+    prob = Problem(len(lens_q), 4, 2, int(lens_q.sum()), int(lens_k.sum()), 128, upper, causal_offset, 1.0,
                    window_offset=window_offset, align_br=align == "bottom_right", varlen=True)
     cfg = configs.hopper_config(128, causal, int(lens_k.max()), per_sequence=True)
-    units = hopper.varlen_items(lens_q, lens_k, prob, cfg, causal_offset, window_offset or 0)
-    flat = units.reshape(-1).tolist()
-    assert flat.count(-1) <= 1 and (flat[-1] == -1) == (-1 in flat)
-    blocks = [(e >> 16, e & 0xFFFF) for e in flat if e >= 0]
-    assert sorted(blocks) == [(b, m) for b, n in enumerate(lens_q) for m in range(-(-n // cfg.block_m))]
-
-    def tiles(b, m):  # key tiles from the first with a visible key to the last, on the sequence's diagonal
+    items = hopper.varlen_items(lens_q, lens_k, prob, cfg, causal_offset, window_offset or 0)
+    seq, block = items >> 16, items & 0xFFFF
+    expected = sorted((b, m) for b, n in enumerate(lens_q) for m in range(-(-n // cfg.block_m)))
+    assert sorted(zip(seq.tolist(), block.tolist())) == expected
+    # cost: key tiles from the first with a visible key to the last, on the sequence's own diagonal
+    def tiles(b, m):
         rows = np.arange(m * cfg.block_m, min((m + 1) * cfg.block_m, lens_q[b]))
         seen = np.flatnonzero(reference.visible(int(lens_q[b]), int(lens_k[b]), causal, align, window)[rows].any(0))
         return 1 if seen.size == 0 else seen[-1] // cfg.block_n - seen[0] // cfg.block_n + 1
-    own = [(blocks[2 * u], blocks[2 * u + 1]) for u in range(len(blocks) // 2)
-           if blocks[2 * u][0] == blocks[2 * u + 1][0]]
-    assert len(own) == sum(-(-n // cfg.block_m) // 2 for n in lens_q)  # the pairs within a sequence come first
-    firsts = []
-    for (b, m1), (_, m2) in own:
-        assert tiles(b, m1) >= tiles(b, m2)
-        if not firsts or firsts[-1][0] != b:
-            firsts.append((b, tiles(b, m1) + tiles(b, m2)))
-    assert [c for _, c in firsts] == sorted((c for _, c in firsts), reverse=True)
-    n_tiles, nprog = units.size * heads, 5
+    costs = [tiles(b, m) for b, m in zip(seq, block)]
+    assert costs == sorted(costs, reverse=True)
+    n_tiles, nprog = len(items) * prob.heads, 5
     dealt = []
     for pid in range(nprog):
-        n_pairs = (n_tiles + 1) // 2
-        mine = (n_pairs - pid + nprog - 1) // nprog
-        n = 2 * mine - int(n_tiles % 2 == 1 and pid + (mine - 1) * nprog == n_pairs - 1)
-        for k in range(n):
-            g = 2 * (pid + (k // 2) * nprog) + k % 2
-            dealt.append((g // 2 // heads, g % 2, g // 2 % heads))  # (unit, slot, head)
-    assert sorted(dealt) == [(u, slot, h) for u in range(len(units)) for slot in (0, 1) for h in range(heads)]
+        rounds, rest = divmod(n_tiles, nprog)
+        mine = rounds + ((pid < rest) if rounds % 2 == 0 else (pid >= nprog - rest))
+        dealt += [k * nprog + (pid if k % 2 == 0 else nprog - 1 - pid) for k in range(mine)]
+    assert sorted(dealt) == list(range(n_tiles))

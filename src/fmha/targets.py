@@ -77,8 +77,7 @@ def _hopper_source(head_dim: int, dtype: str, causal: bool, cfg, seqlen_k: int =
     q, kv = t[:, :, :cfg.block_m], t[:, :, :seqlen_k]
     descs, _ = hopper.descriptors(prob, cfg, q, kv, kv, q, "bhsd")
     kernel = hopper.KERNEL
-    # causal and packed sequences: the paired schedule
-    const = hopper.constexprs(prob, cfg, store_lse=False, paired=causal or lengths == "varlen")
+    const = hopper.constexprs(prob, cfg, store_lse=False, paired=causal)  # causal: the paired schedule
     sig = {}
     for name in kernel.arg_names:
         if name in const:

@@ -62,13 +62,19 @@ LN2 = gl.constexpr(0.6931471805599453)
 
 
 @gluon.jit
-def _n_items(n_tiles, PAIRED: gl.constexpr):
+def _n_items(n_tiles, PAIRED: gl.constexpr, VARLEN: gl.constexpr):
     """How many work items this program runs: items ``pid, pid + num_programs, ...``, or,
     PAIRED, pairs ``pid, pid + num_programs, ...`` of two items each (the last item alone
-    when ``n_tiles`` is odd)."""
+    when ``n_tiles`` is odd), or, VARLEN, one item of each round of ``num_programs`` (the
+    last round may be short: its first items in an even round, its last in an odd one)."""
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
-    if PAIRED:
+    if VARLEN:
+        rounds = n_tiles // nprog
+        rest = n_tiles % nprog
+        mine = gl.where(rounds % 2 == 0, pid < rest, pid >= nprog - rest)
+        n = rounds + mine.to(gl.int32)
+    elif PAIRED:
         n_pairs = (n_tiles + 1) // 2
         mine = (n_pairs - pid + nprog - 1) // nprog
         n = 2 * mine - ((n_tiles % 2 == 1) & (pid + (mine - 1) * nprog == n_pairs - 1)).to(gl.int32)
@@ -87,26 +93,23 @@ def _tile(k, n_m, n_bh, head_group, Items, heads, CAUSAL: gl.constexpr, PAIRED: 
     item takes each block's longest first; PAIRED (persistent causal, head-major), a head's
     items are numbered longest, shortest, second longest, ... and a program runs them two by
     two, so every pair costs the same (``n_m + 1`` key tiles, or ``n_m`` across a head
-    boundary) and the programs stay balanced.  VARLEN (always PAIRED): packed sequences differ
-    in length, so the host lists the pairs, ``(sequence << 16) | block``, costliest first
-    (:func:`varlen_items`); pair ``u // heads`` runs for head ``u % heads``, so no item lies
-    past a sequence's end and the items running together are one sequence's.  Returns (query
-    block, batch*head, whether the item exists: only a pair's second slot may be empty)."""
+    boundary) and the programs stay balanced.  VARLEN: packed sequences differ in length, so the
+    host lists every query block that has rows, longest first (:func:`varlen_items`, ``(b << 16)
+    | block``, the heads of each block numbered in turn) and the programs deal the items out
+    snake-wise, round by round (forward, then backward), so each program's rounds add up to
+    about the same work and none is spent on blocks past a sequence's end."""
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
-    live = True
-    if PAIRED:
+    if VARLEN:
+        g = k * nprog + gl.where(k % 2 == 0, pid, nprog - 1 - pid)
+        entry = gl.load(Items + g // heads)
+        pid_m = entry & 0xFFFF
+        bh = (entry >> 16) * heads + g % heads
+    elif PAIRED:
         g = 2 * (pid + (k // 2) * nprog) + k % 2
-        if VARLEN:
-            unit = g // 2
-            entry = gl.load(Items + 2 * (unit // heads) + g % 2)
-            live = entry >= 0
-            pid_m = entry & 0xFFFF
-            bh = (entry >> 16) * heads + unit % heads
-        else:
-            w = g % n_m
-            pid_m = gl.where(w % 2 == 0, n_m - 1 - w // 2, w // 2)
-            bh = g // n_m
+        w = g % n_m
+        pid_m = gl.where(w % 2 == 0, n_m - 1 - w // 2, w // 2)
+        bh = g // n_m
     else:
         g = pid + k * nprog
         first = g // (n_m * head_group) * head_group  # the group's first head
@@ -116,7 +119,20 @@ def _tile(k, n_m, n_bh, head_group, Items, heads, CAUSAL: gl.constexpr, PAIRED: 
         bh = first + r % width
         if CAUSAL:
             pid_m = n_m - 1 - pid_m
-    return pid_m, bh, live
+    return pid_m, bh
+
+
+@gluon.jit
+def _item(k, n_mine, n_m, n_tiles, head_group, Items, heads, seqlen_q, seqlen_k, CuQ, CuK, SeqK,
+          CAUSAL: gl.constexpr, PAIRED: gl.constexpr, VARLEN: gl.constexpr, SEQUSED: gl.constexpr,
+          ALIGN_BR: gl.constexpr):
+    """This program's ``k``-th work item (the last one past ``n_mine``, so that loading one item
+    ahead stays inside the work list): (query block, batch*head) and its sequence
+    (:func:`_tile`, :func:`_sequence`)."""
+    pid_m, bh = _tile(gl.minimum(k, n_mine - 1), n_m, n_tiles // n_m, head_group, Items, heads, CAUSAL, PAIRED,
+                      VARLEN)
+    q0, sq, k0, sk, shift = _sequence(bh // heads, seqlen_q, seqlen_k, CuQ, CuK, SeqK, VARLEN, SEQUSED, ALIGN_BR)
+    return pid_m, bh, q0, sq, k0, sk, shift
 
 
 @gluon.jit
@@ -132,63 +148,74 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_
     tail = 0  # 1: V tile ``tail_slot`` holds rows past its sequence's end (from ``tail_valid``), not yet zeroed
     tail_slot = 0
     tail_valid = 0
-    for t_idx in range(_n_items(n_tiles, PAIRED)):
-        pid_m, bh, live = _tile(t_idx, n_m, n_tiles // n_m, head_group, Items, heads, CAUSAL, PAIRED, VARLEN)
-        if live:  # (always, but for the empty second slot of a varlen pair)
-            b = bh // heads
-            h = bh % heads
-            kvh = h // group
-            start_m = pid_m * BLOCK_M
-            q0, sq, k0, sk, shift = _sequence(b, seqlen_q, seqlen_k, CuQ, CuK, SeqK, VARLEN, SEQUSED, ALIGN_BR)
-            first, n_iters = _key_tiles(start_m, sk, causal_offset + shift, window_offset + shift, BLOCK_M, BLOCK_N,
-                                        CAUSAL, WINDOW)
-            # K/V boxes [1, BLOCK_N, HEAD] of the 3-D view [batch*kv_heads or batch, seqlen_k, *]: keys past
-            # seqlen_k are outside the view, and TMA fills them with zeros
-            kv_seq = b * kv_seq_b + kvh * kv_seq_h
-            kv_col = kvh * kv_col_h
-            # the first K tile goes out before Q: it may overlap the consumers' previous epilogue
+    n_mine = _n_items(n_tiles, PAIRED, VARLEN)
+    if VARLEN or SEQUSED:
+        m_n, bh_n, q0_n, sq_n, k0_n, sk_n, shift_n = _item(0, n_mine, n_m, n_tiles, head_group, Items, heads, seqlen_q,
+                                                           seqlen_k, CuQ, CuK, SeqK, CAUSAL, PAIRED, VARLEN, SEQUSED,
+                                                           ALIGN_BR)
+    for t_idx in range(n_mine):
+        if VARLEN or SEQUSED:  # loaded during the previous item; the next item's loads go out now
+            pid_m, bh, q0, sq, k0, sk, shift = m_n, bh_n, q0_n, sq_n, k0_n, sk_n, shift_n
+            m_n, bh_n, q0_n, sq_n, k0_n, sk_n, shift_n = _item(t_idx + 1, n_mine, n_m, n_tiles, head_group, Items,
+                                                               heads, seqlen_q, seqlen_k, CuQ, CuK, SeqK, CAUSAL,
+                                                               PAIRED, VARLEN, SEQUSED, ALIGN_BR)
+        else:
+            pid_m, bh, q0, sq, k0, sk, shift = _item(t_idx, n_mine, n_m, n_tiles, head_group, Items, heads, seqlen_q,
+                                                     seqlen_k, CuQ, CuK, SeqK, CAUSAL, PAIRED, VARLEN, SEQUSED,
+                                                     ALIGN_BR)
+        b = bh // heads
+        h = bh % heads
+        kvh = h // group
+        start_m = pid_m * BLOCK_M
+        first, n_iters = _key_tiles(start_m, sk, causal_offset + shift, window_offset + shift, BLOCK_M, BLOCK_N,
+                                    CAUSAL, WINDOW)
+        # K/V boxes [1, BLOCK_N, HEAD] of the 3-D view [batch*kv_heads or batch, seqlen_k, *]: keys past
+        # seqlen_k are outside the view, and TMA fills them with zeros
+        kv_seq = b * kv_seq_b + kvh * kv_seq_h
+        kv_col = kvh * kv_col_h
+        # the first K tile goes out before Q: it may overlap the consumers' previous epilogue
+        s = it % STAGES
+        mbarrier.wait(k_empty.index(s), ((it // STAGES) & 1) ^ 1)
+        _load(k_desc, [kv_seq, k0 + first * BLOCK_N, kv_col], k_ready.index(s), k_bufs.index(s))
+        # Q in 64-row boxes (TMA boxes are powers of two; 192 rows is three), once every
+        # consumer has issued its last Q K^T of the previous item
+        mbarrier.wait(q_empty, (tc & 1) ^ 1)
+        mbarrier.expect(q_bar, NUM_WG * q_desc.block_type.nbytes)
+        for g in gl.static_range(NUM_WG):
+            tma.async_copy_global_to_shared(q_desc, [b * q_rows_b + h * q_rows_h + q0 + start_m + 64 * g,
+                                                     h * q_col_h], q_bar, q_smem.index(g))
+        if VARLEN or SEQUSED:
+            # the previous item's last V tile, zeroed past its end only now, once this item's first
+            # K and Q are on their way (waiting for it at once measured the same: varlen rows of
+            # bench/logs/2026-11-29-s6run1-* against s6run2-*)
+            if tail:
+                _zero_past(v_bufs.index(tail_slot), tail_valid, v_tail, n_tail, v_ready.index(tail_slot))
+                n_tail += 1
+                tail = 0
+        for i in range(n_iters):
             s = it % STAGES
-            mbarrier.wait(k_empty.index(s), ((it // STAGES) & 1) ^ 1)
-            _load(k_desc, [kv_seq, k0 + first * BLOCK_N, kv_col], k_ready.index(s), k_bufs.index(s))
-            # Q in 64-row boxes (TMA boxes are powers of two; 192 rows is three), once every
-            # consumer has issued its last Q K^T of the previous item
-            mbarrier.wait(q_empty, (tc & 1) ^ 1)
-            mbarrier.expect(q_bar, NUM_WG * q_desc.block_type.nbytes)
-            for g in gl.static_range(NUM_WG):
-                tma.async_copy_global_to_shared(q_desc, [b * q_rows_b + h * q_rows_h + q0 + start_m + 64 * g,
-                                                         h * q_col_h], q_bar, q_smem.index(g))
+            ph = (it // STAGES) & 1
+            row = k0 + (first + i) * BLOCK_N
+            if i > 0:
+                mbarrier.wait(k_empty.index(s), ph ^ 1)
+                _load(k_desc, [kv_seq, row, kv_col], k_ready.index(s), k_bufs.index(s))
+            mbarrier.wait(v_empty.index(s), ph ^ 1)
             if VARLEN or SEQUSED:
-                # the previous item's last V tile, zeroed past its end only now, once this item's first
-                # K and Q are on their way (waiting for it at once measured the same: varlen rows of
-                # bench/logs/2026-11-29-s6run1-* against s6run2-*)
-                if tail:
-                    _zero_past(v_bufs.index(tail_slot), tail_valid, v_tail, n_tail, v_ready.index(tail_slot))
-                    n_tail += 1
-                    tail = 0
-            for i in range(n_iters):
-                s = it % STAGES
-                ph = (it // STAGES) & 1
-                row = k0 + (first + i) * BLOCK_N
-                if i > 0:
-                    mbarrier.wait(k_empty.index(s), ph ^ 1)
-                    _load(k_desc, [kv_seq, row, kv_col], k_ready.index(s), k_bufs.index(s))
-                mbarrier.wait(v_empty.index(s), ph ^ 1)
-                if VARLEN or SEQUSED:
-                    # keys past this sequence's end are another sequence's or unused cache (NaN, maybe):
-                    # a masked score times a NaN value is NaN, so those rows of V get zeroed (the
-                    # last tile only; it lands on v_tail, and v_ready waits for the zeros)
-                    valid = sk - (first + i) * BLOCK_N
-                    if valid < BLOCK_N:
-                        _load(v_desc, [kv_seq, row, kv_col], v_tail, v_bufs.index(s))
-                        tail = 1
-                        tail_slot = s
-                        tail_valid = valid
-                    else:
-                        _load(v_desc, [kv_seq, row, kv_col], v_ready.index(s), v_bufs.index(s))
+                # keys past this sequence's end are another sequence's or unused cache (NaN, maybe):
+                # a masked score times a NaN value is NaN, so those rows of V get zeroed (the
+                # last tile only; it lands on v_tail, and v_ready waits for the zeros)
+                valid = sk - (first + i) * BLOCK_N
+                if valid < BLOCK_N:
+                    _load(v_desc, [kv_seq, row, kv_col], v_tail, v_bufs.index(s))
+                    tail = 1
+                    tail_slot = s
+                    tail_valid = valid
                 else:
                     _load(v_desc, [kv_seq, row, kv_col], v_ready.index(s), v_bufs.index(s))
-                it += 1
-            tc += 1
+            else:
+                _load(v_desc, [kv_seq, row, kv_col], v_ready.index(s), v_bufs.index(s))
+            it += 1
+        tc += 1
     if VARLEN or SEQUSED:
         if tail:
             _zero_past(v_bufs.index(tail_slot), tail_valid, v_tail, n_tail, v_ready.index(tail_slot))
@@ -359,114 +386,125 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
     n_turn = 0  # ping-pong: the steps this warpgroup has taken its turn for
     if PINGPONG and WG == NUM_WG - 1:
         mbarrier.arrive(turns.index(0), count=1)  # warpgroup 0 goes first
-    for t_idx in range(_n_items(n_tiles, PAIRED)):
-        pid_m, bh, live = _tile(t_idx, n_m, n_tiles // n_m, head_group, Items, heads, CAUSAL, PAIRED, VARLEN)
-        if live:  # (always, but for the empty second slot of a varlen pair)
-            b = bh // heads
-            h = bh % heads
-            start_m = pid_m * BLOCK_M
-            q0, sq, k0, sk, shift = _sequence(b, seqlen_q, seqlen_k, CuQ, CuK, SeqK, VARLEN, SEQUSED, ALIGN_BR)
-            row0 = start_m + WG * ROWS
-            co = causal_offset + shift  # the band's offsets on this sequence's diagonal
-            wo = window_offset + shift
-            ao = align_offset + shift
-            first, n_iters = _key_tiles(start_m, sk, co, wo, BLOCK_M, BLOCK_N, CAUSAL, WINDOW)
-            slope = 0.0
-            if ALIBI:
-                slope = gl.load(Alibi + h) * alibi_scale
-            # tiles before mask_from are visible to every row of this warpgroup: no mask
-            mask_from = _mask_from(row0, sk, co, BLOCK_N, CAUSAL, RAGGED)
-            offs_m = row0 + gl.arange(0, ROWS, layout=row_layout)
-            acc = gl.zeros([ROWS, HEAD], gl.float32, o_layout)
+    n_mine = _n_items(n_tiles, PAIRED, VARLEN)
+    if VARLEN or SEQUSED:
+        m_n, bh_n, q0_n, sq_n, k0_n, sk_n, shift_n = _item(0, n_mine, n_m, n_tiles, head_group, Items, heads, seqlen_q,
+                                                           seqlen_k, CuQ, CuK, SeqK, CAUSAL, PAIRED, VARLEN, SEQUSED,
+                                                           ALIGN_BR)
+    for t_idx in range(n_mine):
+        if VARLEN or SEQUSED:  # loaded during the previous item; the next item's loads go out now
+            pid_m, bh, q0, sq, k0, sk, shift = m_n, bh_n, q0_n, sq_n, k0_n, sk_n, shift_n
+            m_n, bh_n, q0_n, sq_n, k0_n, sk_n, shift_n = _item(t_idx + 1, n_mine, n_m, n_tiles, head_group, Items,
+                                                               heads, seqlen_q, seqlen_k, CuQ, CuK, SeqK, CAUSAL,
+                                                               PAIRED, VARLEN, SEQUSED, ALIGN_BR)
+        else:
+            pid_m, bh, q0, sq, k0, sk, shift = _item(t_idx, n_mine, n_m, n_tiles, head_group, Items, heads, seqlen_q,
+                                                     seqlen_k, CuQ, CuK, SeqK, CAUSAL, PAIRED, VARLEN, SEQUSED,
+                                                     ALIGN_BR)
+        b = bh // heads
+        h = bh % heads
+        start_m = pid_m * BLOCK_M
+        row0 = start_m + WG * ROWS
+        co = causal_offset + shift  # the band's offsets on this sequence's diagonal
+        wo = window_offset + shift
+        ao = align_offset + shift
+        first, n_iters = _key_tiles(start_m, sk, co, wo, BLOCK_M, BLOCK_N, CAUSAL, WINDOW)
+        slope = 0.0
+        if ALIBI:
+            slope = gl.load(Alibi + h) * alibi_scale
+        # tiles before mask_from are visible to every row of this warpgroup: no mask
+        mask_from = _mask_from(row0, sk, co, BLOCK_N, CAUSAL, RAGGED)
+        offs_m = row0 + gl.arange(0, ROWS, layout=row_layout)
+        acc = gl.zeros([ROWS, HEAD], gl.float32, o_layout)
 
-            # tile 0: 5.1-5.4 (no rescale yet)
-            s = it0 % STAGES
-            mbarrier.wait(q_bar, tc & 1)
-            mbarrier.wait(k_ready.index(s), (it0 // STAGES) & 1)
-            _take_turn(turns, n_turn, WG, PINGPONG)
+        # tile 0: 5.1-5.4 (no rescale yet)
+        s = it0 % STAGES
+        mbarrier.wait(q_bar, tc & 1)
+        mbarrier.wait(k_ready.index(s), (it0 // STAGES) & 1)
+        _take_turn(turns, n_turn, WG, PINGPONG)
+        qk = warpgroup_mma(q_half, k_bufs.index(s).permute((1, 0)),
+                           gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+        _pass_turn(turns, WG, NUM_WG, PINGPONG)
+        n_turn += 1
+        qk, _k0 = warpgroup_mma_wait(0, deps=[qk, k_bufs.index(s)])
+        mbarrier.arrive(k_empty.index(s), count=1)
+        qk = _scores(qk, first, mask_from, offs_m, offs_n, sk, co, wo, ao, cap_in, cap_out, slope, BLOCK_N, CAUSAL,
+                     WINDOW, SOFTCAP, ALIBI, RAGGED)
+        m = gl.max(qk, axis=1) * scale_log2
+        p = gl.exp2(qk * scale_log2 - _pivot(m, CAUSAL or WINDOW or RAGGED)[:, None])
+        l = gl.sum(p, axis=1)
+        p16 = gl.convert_layout(p.to(dtype), p_layout)
+        for i in range(1, n_iters):
+            s = (it0 + i) % STAGES
+            ph = ((it0 + i) // STAGES) & 1
+            sp = (it0 + i - 1) % STAGES
+            php = ((it0 + i - 1) // STAGES) & 1
+            # 5.1 of tile i issued, then 5.6 of tile i-1; wait for the scores only
+            mbarrier.wait(k_ready.index(s), ph)
+            if PINGPONG:  # both operands in place before the turn is taken
+                mbarrier.wait(v_ready.index(sp), php)
+                _take_turn(turns, n_turn, WG, PINGPONG)
             qk = warpgroup_mma(q_half, k_bufs.index(s).permute((1, 0)),
                                gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+            if not PINGPONG:
+                mbarrier.wait(v_ready.index(sp), php)
+            acc = warpgroup_mma(p16, v_bufs.index(sp), acc, is_async=True)
             _pass_turn(turns, WG, NUM_WG, PINGPONG)
             n_turn += 1
-            qk, _k0 = warpgroup_mma_wait(0, deps=[qk, k_bufs.index(s)])
+            qk = warpgroup_mma_wait(1, deps=[qk])
             mbarrier.arrive(k_empty.index(s), count=1)
-            qk = _scores(qk, first, mask_from, offs_m, offs_n, sk, co, wo, ao, cap_in, cap_out, slope, BLOCK_N, CAUSAL,
-                         WINDOW, SOFTCAP, ALIBI, RAGGED)
-            m = gl.max(qk, axis=1) * scale_log2
-            p = gl.exp2(qk * scale_log2 - _pivot(m, CAUSAL or WINDOW or RAGGED)[:, None])
-            l = gl.sum(p, axis=1)
-            p16 = gl.convert_layout(p.to(dtype), p_layout)
-            for i in range(1, n_iters):
-                s = (it0 + i) % STAGES
-                ph = ((it0 + i) // STAGES) & 1
-                sp = (it0 + i - 1) % STAGES
-                php = ((it0 + i - 1) // STAGES) & 1
-                # 5.1 of tile i issued, then 5.6 of tile i-1; wait for the scores only
-                mbarrier.wait(k_ready.index(s), ph)
-                if PINGPONG:  # both operands in place before the turn is taken
-                    mbarrier.wait(v_ready.index(sp), php)
-                    _take_turn(turns, n_turn, WG, PINGPONG)
-                qk = warpgroup_mma(q_half, k_bufs.index(s).permute((1, 0)),
-                                   gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
-                if not PINGPONG:
-                    mbarrier.wait(v_ready.index(sp), php)
-                acc = warpgroup_mma(p16, v_bufs.index(sp), acc, is_async=True)
-                _pass_turn(turns, WG, NUM_WG, PINGPONG)
-                n_turn += 1
-                qk = warpgroup_mma_wait(1, deps=[qk])
-                mbarrier.arrive(k_empty.index(s), count=1)
-                # 5.2-5.4 of tile i while P V of tile i-1 runs
-                qk = _scores(qk, first + i, mask_from, offs_m, offs_n, sk, co, wo, ao, cap_in, cap_out, slope, BLOCK_N,
-                             CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
-                m_new = gl.maximum(m, gl.max(qk, axis=1) * scale_log2)
-                m_safe = _pivot(m_new, CAUSAL or WINDOW or RAGGED)
-                p = gl.exp2(qk * scale_log2 - m_safe[:, None])
-                alpha = gl.exp2(m - m_safe)
-                l = l * alpha + gl.sum(p, axis=1)
-                m = m_new
-                acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
-                mbarrier.arrive(v_empty.index(sp), count=1)
-                # 5.5: rescale the accumulator once P V of tile i-1 has landed
-                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-                p16 = gl.convert_layout(p.to(dtype), p_layout)
-            # every Q K^T of this item has retired: the producer may load the next item's Q
-            mbarrier.arrive(q_empty, count=1)
-            last = (it0 + n_iters - 1) % STAGES
-            mbarrier.wait(v_ready.index(last), ((it0 + n_iters - 1) // STAGES) & 1)
-            _take_turn(turns, n_turn, WG, PINGPONG)
-            acc = warpgroup_mma(p16, v_bufs.index(last), acc, is_async=True)
-            _pass_turn(turns, WG, NUM_WG, PINGPONG)
-            n_turn += 1
+            # 5.2-5.4 of tile i while P V of tile i-1 runs
+            qk = _scores(qk, first + i, mask_from, offs_m, offs_n, sk, co, wo, ao, cap_in, cap_out, slope, BLOCK_N,
+                         CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
+            m_new = gl.maximum(m, gl.max(qk, axis=1) * scale_log2)
+            m_safe = _pivot(m_new, CAUSAL or WINDOW or RAGGED)
+            p = gl.exp2(qk * scale_log2 - m_safe[:, None])
+            alpha = gl.exp2(m - m_safe)
+            l = l * alpha + gl.sum(p, axis=1)
+            m = m_new
             acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
-            mbarrier.arrive(v_empty.index(last), count=1)
+            mbarrier.arrive(v_empty.index(sp), count=1)
+            # 5.5: rescale the accumulator once P V of tile i-1 has landed
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            p16 = gl.convert_layout(p.to(dtype), p_layout)
+        # every Q K^T of this item has retired: the producer may load the next item's Q
+        mbarrier.arrive(q_empty, count=1)
+        last = (it0 + n_iters - 1) % STAGES
+        mbarrier.wait(v_ready.index(last), ((it0 + n_iters - 1) // STAGES) & 1)
+        _take_turn(turns, n_turn, WG, PINGPONG)
+        acc = warpgroup_mma(p16, v_bufs.index(last), acc, is_async=True)
+        _pass_turn(turns, WG, NUM_WG, PINGPONG)
+        n_turn += 1
+        acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
+        mbarrier.arrive(v_empty.index(last), count=1)
 
-            # Section 6: o = acc / l with 1/l := 0 on an empty row
-            inv_l = gl.where(l == 0.0, 0.0, 1.0 / l)
-            acc = acc * gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout))[:, None]
-            o_row = b * q_rows_b + h * q_rows_h + q0 + row0
-            o_col = h * q_col_h
-            if row0 + ROWS <= sq:
-                o_half.store(acc.to(dtype))
-                fence_async_shared()
-                tma.async_copy_shared_to_global(o_desc, [o_row, o_col], o_half)
-                # o_half is read out before the next item writes it.  Waiting only before that next
-                # write (the store running under the next key loop) measured 1-4% slower on the short
-                # cells (run 20261129T165232, bf16 and fp16, against T164630 and T164454)
-                tma.store_wait(0)
-            else:  # the warpgroup straddles the sequence's end: store only the rows that exist
-                rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
-                cols = gl.arange(0, HEAD, layout=gl.SliceLayout(0, o_layout))
-                ptrs = O + (o_row + rows).to(gl.int64)[:, None] * o_stride + (o_col + cols)[None, :]
-                gl.store(ptrs, acc.to(dtype), mask=(row0 + rows < sq)[:, None])
-            if STORE_LSE:
-                lse = gl.where(l == 0.0, float("-inf"), (m + gl.log2(l)) * LN2)
-                if VARLEN:  # [heads, total_q]
-                    lse_row0 = h.to(gl.int64) * seqlen_q + q0
-                else:  # [batch, heads, seqlen_q]
-                    lse_row0 = bh.to(gl.int64) * seqlen_q
-                gl.store(LSE + lse_row0 + offs_m, lse, mask=offs_m < sq)
-            it0 += n_iters
-            tc += 1
+        # Section 6: o = acc / l with 1/l := 0 on an empty row
+        inv_l = gl.where(l == 0.0, 0.0, 1.0 / l)
+        acc = acc * gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout))[:, None]
+        o_row = b * q_rows_b + h * q_rows_h + q0 + row0
+        o_col = h * q_col_h
+        if row0 + ROWS <= sq:
+            o_half.store(acc.to(dtype))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(o_desc, [o_row, o_col], o_half)
+            # o_half is read out before the next item writes it.  Waiting only before that next
+            # write (the store running under the next key loop) measured 1-4% slower on the short
+            # cells (run 20261129T165232, bf16 and fp16, against T164630 and T164454)
+            tma.store_wait(0)
+        else:  # the warpgroup straddles the sequence's end: store only the rows that exist
+            rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
+            cols = gl.arange(0, HEAD, layout=gl.SliceLayout(0, o_layout))
+            ptrs = O + (o_row + rows).to(gl.int64)[:, None] * o_stride + (o_col + cols)[None, :]
+            gl.store(ptrs, acc.to(dtype), mask=(row0 + rows < sq)[:, None])
+        if STORE_LSE:
+            lse = gl.where(l == 0.0, float("-inf"), (m + gl.log2(l)) * LN2)
+            if VARLEN:  # [heads, total_q]
+                lse_row0 = h.to(gl.int64) * seqlen_q + q0
+            else:  # [batch, heads, seqlen_q]
+                lse_row0 = bh.to(gl.int64) * seqlen_q
+            gl.store(LSE + lse_row0 + offs_m, lse, mask=offs_m < sq)
+        it0 += n_iters
+        tc += 1
 
 
 @gluon.jit
@@ -629,7 +667,7 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
         qrb, qrh, qch, _, krh, kch, o_stride = strides
         strides = (0, qrh, qch, 0, krh, kch, o_stride)
         items = torch.from_numpy(varlen_items(*lengths, prob, cfg, causal_offset, window_offset)).to(q.device)
-        n_m, n_tiles = 1, items.numel() * prob.heads  # two slots a unit, every unit for every head
+        n_m, n_tiles = 1, items.numel() * prob.heads
         if n_tiles == 0:  # every sequence is empty
             return
     else:
@@ -637,10 +675,9 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
         n_m = triton.cdiv(prob.seqlen_q, cfg.block_m)
         n_tiles = n_m * prob.batch * prob.heads
     # persistent causal with more items than SMs runs them in pairs of equal cost (:func:`_tile`);
-    # a window's items cost about the same anyway; packed sequences always run in pairs
-    paired = prob.varlen or bool(prob.causal and prob.window_offset is None and persistent and n_tiles > sms)
-    units = triton.cdiv(n_tiles, 2) if paired else n_tiles
-    grid = (min(units, sms) if persistent else units,)
+    # a window's items cost about the same anyway; packed sequences come longest first instead
+    paired = bool(prob.causal and prob.window_offset is None and persistent and n_tiles > sms and not prob.varlen)
+    grid = (min(triton.cdiv(n_tiles, 2) if paired else n_tiles, sms) if persistent else n_tiles,)
     scale = prob.scale_log2 / LOG2E
     cap = prob.softcap or 1.0
     cu_q, cu_k, seqused = (t if t is not None else o for t in seqs)
@@ -652,49 +689,29 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
 
 
 def varlen_items(len_q, len_k, prob, cfg, causal_offset: int, window_offset: int) -> np.ndarray:
-    """Packed sequences' work list for the paired schedule (:func:`_tile`): int32 ``[units, 2]``,
-    each unit two blocks of ``cfg.block_m`` query rows as ``(sequence << 16) | block`` (-1: none),
-    which one program runs back to back for each head in turn.  Each sequence's blocks pair up
-    costliest with cheapest (the key tiles :func:`_key_tiles` gives a block on its sequence's own
-    diagonal), so its units cost about the same; sequences come costliest unit first; the
-    blocks an odd count leaves over pair with each other at the end (the very last may be
-    alone).  ``len_q``, ``len_k``: rows per sequence; the offsets as the kernel gets them
-    (relative to the diagonal).  Numpy, no loop over sequences."""
+    """Packed sequences' work list: every block of ``cfg.block_m`` query rows that has rows, as
+    int32 ``(sequence << 16) | block``, longest first (the key tiles :func:`_key_tiles` gives it,
+    on the sequence's own diagonal); the kernel numbers each block's heads in turn.  ``len_q``,
+    ``len_k``: rows per sequence; the offsets as the kernel gets them (relative to the diagonal)."""
     len_q, len_k = np.asarray(len_q, dtype=np.int64), np.asarray(len_k, dtype=np.int64)
     if len(len_q) >= 1 << 15 or len_q.max(initial=0) > cfg.block_m << 16:
-        raise ValueError(f"the hopper kernel takes fewer than 32768 packed sequences of fewer than "
+        raise ValueError("the hopper kernel's work list takes fewer than 32768 sequences of fewer than "
                          f"{cfg.block_m << 16} rows")
-    bm, bn = cfg.block_m, cfg.block_n
-    nb = -(-len_q // bm)  # blocks per sequence
-    seq = np.repeat(np.arange(len(len_q)), nb)
-    block = np.arange(nb.sum()) - np.repeat(np.cumsum(nb) - nb, nb)
-    start, sk = block * bm, len_k[seq]
+    blocks = -(-len_q // cfg.block_m)
+    seq = np.repeat(np.arange(len(len_q)), blocks)
+    block = np.arange(blocks.sum()) - np.repeat(np.cumsum(blocks) - blocks, blocks)
+    sk = len_k[seq]
     shift = sk - len_q[seq] if prob.align_br else 0
-    stop = np.minimum(sk, np.maximum(start + bm + causal_offset + shift, 0)) if prob.causal else sk
-    end = np.maximum(-(-stop // bn), 1)
-    first = np.minimum(np.maximum(start + window_offset + shift, 0) // bn, end - 1) \
-        if prob.window_offset is not None else 0
-    cost = end - first
-    # rank of each block within its sequence, costliest first; pair p = (rank p, rank n-1-p)
-    by_cost = np.argsort((seq << 32) - cost, kind="stable")  # one int64 key: faster than lexsort
-    rank = np.empty_like(block)
-    rank[by_cost] = np.arange(block.size) - np.repeat(np.cumsum(nb) - nb, nb)
-    n, half = nb[seq], nb[seq] // 2
-    pair = np.where(rank < half, rank, n - 1 - rank)
-    slot = (rank >= half).astype(np.int64)
-    single = (n % 2 == 1) & (rank == half)
-    starts = np.cumsum(nb) - nb
-    live = nb > 0
-    pair_cost = np.zeros(len(len_q), dtype=np.int64)
-    pair_cost[live] = np.maximum.reduceat(cost, starts[live]) + np.minimum.reduceat(cost, starts[live])
-    seq_rank = np.empty(len(len_q), dtype=np.int64)
-    seq_rank[np.argsort(-pair_cost, kind="stable")] = np.arange(len(len_q))
-    entry = (seq << 16) | block
-    paired = ~single
-    order = np.argsort((seq_rank[seq[paired]] << 40) | (pair[paired] << 1) | slot[paired])  # sequence, pair, slot
-    odd = entry[single][np.argsort(-cost[single], kind="stable")]  # left over: paired with each other
-    units = np.concatenate([entry[paired][order], odd, [-1] * (odd.size % 2)]).astype(np.int32)
-    return units.reshape(-1, 2)
+    start = block * cfg.block_m
+    stop = sk
+    if prob.causal:
+        stop = np.minimum(sk, np.maximum(start + cfg.block_m + causal_offset + shift, 0))
+    end = np.maximum(-(-stop // cfg.block_n), 1)
+    first = 0
+    if prob.window_offset is not None:
+        first = np.minimum(np.maximum(start + window_offset + shift, 0) // cfg.block_n, end - 1)
+    order = np.argsort(-(end - first), kind="stable")
+    return ((seq << 16) | block)[order].astype(np.int32)
 
 
 def per_sequence(prob) -> bool:
