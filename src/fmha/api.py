@@ -388,7 +388,7 @@ def _run(name, cfg, prob, q, k, v, o, lse, layout, alibi, seqs, split_len, block
     bench/ledger.csv runs 20261129T164118 and T163732; so was launching the merge by programmatic
     dependent launch: by about 0.3 us a call released as the split launch ended (run
     20261129T180206), by 1.4 us at 1k keys and 0.3-0.6% from 8k released as the split programs
-    started, the merge's programs then waiting resident beside them (run T205822))."""
+    started, the merge's programs then waiting resident beside them (sweep 20261129T205759))."""
     with _on(q.device):
         kernels = _kernels()
         if not split_len:

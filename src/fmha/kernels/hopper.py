@@ -123,19 +123,6 @@ def _tile(k, n_m, n_bh, head_group, Items, heads, CAUSAL: gl.constexpr, PAIRED: 
 
 
 @gluon.jit
-def _item(k, n_mine, n_m, n_tiles, head_group, Items, heads, seqlen_q, seqlen_k, CuQ, CuK, SeqK,
-          CAUSAL: gl.constexpr, PAIRED: gl.constexpr, VARLEN: gl.constexpr, SEQUSED: gl.constexpr,
-          ALIGN_BR: gl.constexpr):
-    """This program's ``k``-th work item (the last one past ``n_mine``, so that loading one item
-    ahead stays inside the work list): (query block, batch*head) and its sequence
-    (:func:`_tile`, :func:`_sequence`)."""
-    pid_m, bh = _tile(gl.minimum(k, n_mine - 1), n_m, n_tiles // n_m, head_group, Items, heads, CAUSAL, PAIRED,
-                      VARLEN)
-    q0, sq, k0, sk, shift = _sequence(bh // heads, seqlen_q, seqlen_k, CuQ, CuK, SeqK, VARLEN, SEQUSED, ALIGN_BR)
-    return pid_m, bh, q0, sq, k0, sk, shift
-
-
-@gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
               v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset, window_offset, n_tiles,
               n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h, kv_col_h, NUM_WG: gl.constexpr,
@@ -148,25 +135,13 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_
     tail = 0  # 1: V tile ``tail_slot`` holds rows past its sequence's end (from ``tail_valid``), not yet zeroed
     tail_slot = 0
     tail_valid = 0
-    n_mine = _n_items(n_tiles, PAIRED, VARLEN)
-    if VARLEN or SEQUSED:
-        m_n, bh_n, q0_n, sq_n, k0_n, sk_n, shift_n = _item(0, n_mine, n_m, n_tiles, head_group, Items, heads, seqlen_q,
-                                                           seqlen_k, CuQ, CuK, SeqK, CAUSAL, PAIRED, VARLEN, SEQUSED,
-                                                           ALIGN_BR)
-    for t_idx in range(n_mine):
-        if VARLEN or SEQUSED:  # loaded during the previous item; the next item's loads go out now
-            pid_m, bh, q0, sq, k0, sk, shift = m_n, bh_n, q0_n, sq_n, k0_n, sk_n, shift_n
-            m_n, bh_n, q0_n, sq_n, k0_n, sk_n, shift_n = _item(t_idx + 1, n_mine, n_m, n_tiles, head_group, Items,
-                                                               heads, seqlen_q, seqlen_k, CuQ, CuK, SeqK, CAUSAL,
-                                                               PAIRED, VARLEN, SEQUSED, ALIGN_BR)
-        else:
-            pid_m, bh, q0, sq, k0, sk, shift = _item(t_idx, n_mine, n_m, n_tiles, head_group, Items, heads, seqlen_q,
-                                                     seqlen_k, CuQ, CuK, SeqK, CAUSAL, PAIRED, VARLEN, SEQUSED,
-                                                     ALIGN_BR)
+    for t_idx in range(_n_items(n_tiles, PAIRED, VARLEN)):
+        pid_m, bh = _tile(t_idx, n_m, n_tiles // n_m, head_group, Items, heads, CAUSAL, PAIRED, VARLEN)
         b = bh // heads
         h = bh % heads
         kvh = h // group
         start_m = pid_m * BLOCK_M
+        q0, sq, k0, sk, shift = _sequence(b, seqlen_q, seqlen_k, CuQ, CuK, SeqK, VARLEN, SEQUSED, ALIGN_BR)
         first, n_iters = _key_tiles(start_m, sk, causal_offset + shift, window_offset + shift, BLOCK_M, BLOCK_N,
                                     CAUSAL, WINDOW)
         # K/V boxes [1, BLOCK_N, HEAD] of the 3-D view [batch*kv_heads or batch, seqlen_k, *]: keys past
@@ -386,24 +361,12 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
     n_turn = 0  # ping-pong: the steps this warpgroup has taken its turn for
     if PINGPONG and WG == NUM_WG - 1:
         mbarrier.arrive(turns.index(0), count=1)  # warpgroup 0 goes first
-    n_mine = _n_items(n_tiles, PAIRED, VARLEN)
-    if VARLEN or SEQUSED:
-        m_n, bh_n, q0_n, sq_n, k0_n, sk_n, shift_n = _item(0, n_mine, n_m, n_tiles, head_group, Items, heads, seqlen_q,
-                                                           seqlen_k, CuQ, CuK, SeqK, CAUSAL, PAIRED, VARLEN, SEQUSED,
-                                                           ALIGN_BR)
-    for t_idx in range(n_mine):
-        if VARLEN or SEQUSED:  # loaded during the previous item; the next item's loads go out now
-            pid_m, bh, q0, sq, k0, sk, shift = m_n, bh_n, q0_n, sq_n, k0_n, sk_n, shift_n
-            m_n, bh_n, q0_n, sq_n, k0_n, sk_n, shift_n = _item(t_idx + 1, n_mine, n_m, n_tiles, head_group, Items,
-                                                               heads, seqlen_q, seqlen_k, CuQ, CuK, SeqK, CAUSAL,
-                                                               PAIRED, VARLEN, SEQUSED, ALIGN_BR)
-        else:
-            pid_m, bh, q0, sq, k0, sk, shift = _item(t_idx, n_mine, n_m, n_tiles, head_group, Items, heads, seqlen_q,
-                                                     seqlen_k, CuQ, CuK, SeqK, CAUSAL, PAIRED, VARLEN, SEQUSED,
-                                                     ALIGN_BR)
+    for t_idx in range(_n_items(n_tiles, PAIRED, VARLEN)):
+        pid_m, bh = _tile(t_idx, n_m, n_tiles // n_m, head_group, Items, heads, CAUSAL, PAIRED, VARLEN)
         b = bh // heads
         h = bh % heads
         start_m = pid_m * BLOCK_M
+        q0, sq, k0, sk, shift = _sequence(b, seqlen_q, seqlen_k, CuQ, CuK, SeqK, VARLEN, SEQUSED, ALIGN_BR)
         row0 = start_m + WG * ROWS
         co = causal_offset + shift  # the band's offsets on this sequence's diagonal
         wo = window_offset + shift
