@@ -111,3 +111,17 @@ def test_seqlen_one_both_sides(variant):
     q, k, v = make_qkv(2, 2, 1, 1, 1, 32, F16)
     o = fmha.attention(q, k, v, causal=True, variant=variant, out=nan_like(q))
     torch.testing.assert_close(o, v.repeat_interleave(2, 1))  # one key: the output is its value row
+
+
+def test_auto_picks_by_shape_on_sm90():
+    """The measured choices (``select_variant``): decoding and packed causal D=64 on ``tiled``,
+    other D=64/128 prefill on the Gluon kernel, other head dims on ``tiled``."""
+    pick = fmha.select_variant
+    prefill = {"head_dim": 128, "seqlen_q": 4096, "seqlen_k": 4096, "causal": True}
+    assert pick("sm90", prefill) == "hopper"
+    assert pick("sm90", dict(prefill, seqlen_q=1)) == "tiled"
+    assert pick("sm90", dict(prefill, head_dim=96)) == "tiled"
+    assert pick("sm90", dict(prefill, varlen=True)) == "hopper"
+    assert pick("sm90", dict(prefill, varlen=True, head_dim=64)) == "tiled"
+    assert pick("sm90", dict(prefill, varlen=True, head_dim=64, causal=False)) == "hopper"
+    assert pick("sm80", prefill) == "tiled"

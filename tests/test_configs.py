@@ -15,13 +15,15 @@ def test_every_hopper_row_is_reachable():
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("seqlen_k", [128, 512, 1000, 1024, 4096, 8192, 9000, 16384, 131072])
 @pytest.mark.parametrize("modifiers", [False, True])
-def test_hopper_answers_fit_the_kernel(head_dim, causal, seqlen_k, modifiers):
-    cfg = configs.hopper_config(head_dim, causal, seqlen_k, modifiers)
+@pytest.mark.parametrize("per_sequence", [False, True])
+def test_hopper_answers_fit_the_kernel(head_dim, causal, seqlen_k, modifiers, per_sequence):
+    cfg = configs.hopper_config(head_dim, causal, seqlen_k, modifiers, per_sequence)
     assert cfg.block_m in (128, 192) and cfg.block_n == 128
     assert hopper.smem_bytes(head_dim, cfg) <= hopper.SMEM_LIMIT
-    if modifiers or seqlen_k % 128:  # three consumer warpgroups spill on the modifiers' values or the key mask
+    # three consumer warpgroups spill on the modifiers' values or the key mask (any length per sequence)
+    if modifiers or per_sequence or seqlen_k % 128:
         assert cfg.block_m == 128
-    assert configs.default_config("hopper", "sm90", head_dim, causal, seqlen_k, modifiers) == cfg
+    assert configs.default_config("hopper", "sm90", head_dim, causal, seqlen_k, modifiers, per_sequence) == cfg
 
 
 @pytest.mark.parametrize("rows", [1, 4, 16, 17, 64])

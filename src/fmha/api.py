@@ -45,11 +45,16 @@ def _on(device: torch.device):
 
 def select_variant(arch: str, shape: dict | None = None) -> str:
     """``variant="auto"``: the fastest correct variant measured on ``arch`` for a
-    problem of ``shape`` (keys ``head_dim``, ``seqlen_q``, ``seqlen_k``, ``causal``).  A call the
-    chosen kernel cannot take (see ``kernels.unsupported``) falls back to ``tiled``."""
+    problem of ``shape`` (keys ``head_dim``, ``seqlen_q``, ``seqlen_k``, ``causal``, and
+    ``varlen``: packed sequences, the lengths then the longest).  A call the chosen kernel cannot
+    take (see ``kernels.unsupported``) falls back to ``tiled``."""
     shape = shape or {}
     if shape.get("seqlen_q", 1 << 30) <= 16:
         return "tiled"  # decoding: the keys split over programs (flash-decoding), GQA rows packed
+    if arch == "sm90" and shape.get("varlen") and shape.get("causal") and shape.get("head_dim") == 64:
+        # packed causal D=64: hopper 1.00x, 1.00x and 0.85x tiled at random lengths, 32x2048 and 32x2000
+        # (runs 20261129T211149, T211231, T211328); at D=128 and non-causal it wins (0.97-1.29x)
+        return "tiled"
     if arch == "sm90" and shape.get("head_dim") in (64, 128):
         # causal D=64 at seqlen 512 went to tiled until session 3 (195 TFLOP/s against hopper's 180,
         # run 20261129T1321*); persistent hopper runs it at 234 (T161833)
@@ -350,7 +355,8 @@ def _plan(prob, q, k, v, o, layout, variant, config, alibi_slopes, num_splits, l
     kernels = _kernels()
     arch = arch_of(q.device)
     seqlen_q, seqlen_k = longest or (prob.seqlen_q, prob.seqlen_k)
-    shape = {"head_dim": prob.head_dim, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k, "causal": bool(prob.causal)}
+    shape = {"head_dim": prob.head_dim, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k, "causal": bool(prob.causal),
+             "varlen": prob.varlen}
     name = select_variant(arch, shape) if variant == "auto" else variant
     modifiers = prob.window_offset is not None or prob.softcap > 0 or alibi_slopes is not None
     cfg = config or configs.default_config(name, arch, prob.head_dim, prob.causal, seqlen_k, modifiers,
