@@ -272,7 +272,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     once: no padded work beyond the last tile of each sequence.  ``auto`` picks the variant as
     :func:`attention` would for the longest sequences (``hopper`` on sm_90 at head_dim 64 and
     128); ``config`` overrides its config, as in :func:`attention`.  The cu_seqlens are checked on
-    the host (a device-to-host copy of each).
+    the host (one device-to-host copy of both).
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 3:
@@ -284,11 +284,12 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must be 1-D of one length (batch + 1), got "
                          f"{tuple(cu_seqlens_q.shape)} and {tuple(cu_seqlens_k.shape)}")
     batch = cu_seqlens_q.shape[0] - 1
+    _check_index(cu_seqlens_q, "cu_seqlens_q", (batch + 1,), q.device)
+    _check_index(cu_seqlens_k, "cu_seqlens_k", (batch + 1,), q.device)
+    both = torch.stack([cu_seqlens_q, cu_seqlens_k]).cpu().numpy()  # one device-to-host copy
     lengths = []  # (query rows, keys) per sequence, on the host
-    for name, cu, total, longest in (("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q),
-                                     ("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k)):
-        _check_index(cu, name, (batch + 1,), q.device)
-        host = cu.cpu().numpy()
+    for name, host, total, longest in (("cu_seqlens_q", both[0], q.shape[0], max_seqlen_q),
+                                       ("cu_seqlens_k", both[1], k.shape[0], max_seqlen_k)):
         lengths.append(host[1:] - host[:-1])
         if batch < 0 or host[0] != 0 or host[-1] != total or (lengths[-1] < 0).any():
             raise ValueError(f"{name} must start at 0, never decrease and end at {total} (the packed length), "

@@ -27,9 +27,9 @@ and ALiBi act on the raw scores ``q.k`` (:func:`_scores`, the same values as
 
 Shapes it takes (:func:`supports`): sm_90, head_dim 64 or 128, any seqlen_q and
 seqlen_k, q/k/v/out contiguous in bhsd or bshd, packed sequences (``VARLEN``,
-one packed bshd tensor; work items cover the longest sequence and those past a
-shorter one's end do nothing) and per-batch key lengths (``SEQUSED``); not a
-paged K/V cache (``kernels.unsupported``).  Rows of the last query block past
+one packed bshd tensor; the work items come from a list the host builds from the
+lengths, :func:`varlen_items`, so none lies past a sequence's end) and per-batch
+key lengths (``SEQUSED``); not a paged K/V cache (``kernels.unsupported``).  Rows of the last query block past
 the sequence's end are computed on whatever TMA reads there and never stored (a
 warpgroup that straddles the end stores with a row mask).  K and V are read
 through 3-D descriptors, one sequence per (batch, head), so a last key tile past
@@ -474,8 +474,8 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
 def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK, Items, heads, group, seqlen_q,
                   seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2,
                   n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h, kv_col_h, o_stride,
-                  HEAD: gl.constexpr,
-                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                  HEAD: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                  CONSUMER_REGS: gl.constexpr,
                   CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                   RAGGED: gl.constexpr, PAIRED: gl.constexpr, PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr,
                   VARLEN: gl.constexpr, SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr):
