@@ -15,6 +15,7 @@ device-to-host copy (the peers' calls do not; session 6's runs made two).  Rows 
 """
 import argparse
 import dataclasses
+import importlib
 
 import numpy as np
 import torch
@@ -22,6 +23,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fmha
 from fmha.bench import ledger
+from fmha.bench.providers import importable
 from fmha.bench.timing import median_ms
 
 CELLS = [(16, 16, 128), (32, 32, 64), (32, 8, 128)]  # (heads, kv_heads, head_dim)
@@ -53,13 +55,12 @@ def providers(q, k, v, cu, longest, causal):
         out["fmha:dense"] = lambda: fmha.attention(*(t.view(n, longest, *t.shape[1:]) for t in (q, k, v)),
                                                    causal=causal, layout="bshd")
     for module in ("flash_attn", "flash_attn.cute"):
-        try:
-            import importlib
-            fn = importlib.import_module(module).flash_attn_varlen_func
-            out[module] = lambda fn=fn: fn(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest,
-                                           max_seqlen_k=longest, causal=causal)
-        except Exception as e:  # noqa: BLE001 -- a missing peer is reported, not fatal
-            out[module] = f"{type(e).__name__}: {e}"[:100]
+        if not importable(module):
+            out[module] = "not installed"
+            continue
+        fn = importlib.import_module(module).flash_attn_varlen_func
+        out[module] = lambda fn=fn: fn(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest,
+                                       max_seqlen_k=longest, causal=causal)
     offsets = cu.long()
     qn, kn, vn = (torch.nested.nested_tensor_from_jagged(t, offsets).transpose(1, 2) for t in (q, k, v))
     for backend in ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION"):
