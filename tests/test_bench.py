@@ -187,3 +187,21 @@ def test_sweep_cli_over_a_grid(tmp_path):
     rows = [r for r in ledger.read(path) if r["provider"] == "fmha:tiled"]
     assert len(rows) == len(grids.quick_grid()) and all(r["note"] == "sweep ok" for r in rows)
     assert out.stdout.count("best B=") == len(grids.quick_grid())
+
+
+def test_hopper_provider_with_changed_fields():
+    """``fmha:hopper[field=value,...]`` runs each cell's own HOPPER table entry with those fields
+    replaced (and says so in the ledger's config column); unknown fields and values are refused,
+    and it is offered only where the hopper variant is."""
+    from fmha import configs
+    fake_hopper = [Provider("fmha:hopper", lambda *a: None, peer=False)]
+    (p,) = providers.select(fake_hopper, ["fmha:hopper[exp_poly=4,pingpong=1]"])
+    for cell in (grids.Cell(16, 32, 32, 1024, 1024, 64, False), grids.Cell(1, 16, 16, 16384, 16384, 128, True)):
+        table = configs.hopper_config(cell.head_dim, cell.causal, cell.seqlen_k)
+        assert p.config(cell) == configs.KernelConfig(**{**table.as_dict(), "exp_poly": 4, "pingpong": 1})
+        assert runner._config_of(p, cell, None, None, None) == str(p.config(cell))
+    for bad in ("fmha:hopper[exp_poly=x]", "fmha:hopper[nope=1]"):
+        with pytest.raises(ValueError, match="field=integer"):
+            providers.select(fake_hopper, [bad])
+    with pytest.raises(ValueError, match="unknown provider"):
+        providers.select(providers.providers("cpu"), ["fmha:hopper[exp_poly=4]"])

@@ -128,3 +128,59 @@ def test_cli_report_and_errors(tmp_path):
     assert bad.returncode == 2 and "unsupported target 'gfx9000'; valid: gfx1151" in bad.stderr
     bad = run("--target", "sm_90", "--variant", "fastest")
     assert bad.returncode == 2 and "unsupported variant 'fastest'; valid:" in bad.stderr
+
+
+def _run_ptx(asm: str, inputs: list) -> list:
+    """Execute the straight-line PTX of an inline-asm block on numpy arrays (float32 registers,
+    32-bit integer views), the instructions the exp2 split uses; ``ex2.approx`` is exact here."""
+    import numpy as np
+    regs = {f"${len(inputs) + i}": np.asarray(x, dtype=np.float32) for i, x in enumerate(inputs)}
+
+    def val(tok):
+        if tok.startswith("0f"):
+            return np.uint32(int(tok[2:], 16)).view(np.float32)
+        return regs[tok] if tok in regs else np.uint32(int(tok))
+
+    def f32(x):
+        return np.asarray(x).view(np.float32) if np.asarray(x).dtype == np.uint32 else np.asarray(x, np.float32)
+
+    def u32(x):
+        return np.asarray(x).view(np.uint32) if np.asarray(x).dtype == np.float32 else np.asarray(x, np.uint32)
+
+    body = asm.strip()[1:-1].split(";")
+    for ins in (i.strip() for i in body if i.strip() and not i.strip().startswith(".reg")):
+        op, args = ins.split(None, 1)
+        d, *src = [a.strip() for a in args.split(",")]
+        a = [val(s) for s in src]
+        with np.errstate(over="ignore", invalid="ignore"):
+            out = {"ex2.approx.ftz.f32": lambda: np.exp2(f32(a[0])),
+                   "max.f32": lambda: np.maximum(f32(a[0]), f32(a[1])),
+                   "add.rn.f32": lambda: f32(a[0]) + f32(a[1]),
+                   "sub.rn.f32": lambda: f32(a[0]) - f32(a[1]),
+                   "fma.rn.f32": lambda: (f32(a[0]).astype(np.float64) * f32(a[1]) + f32(a[2])).astype(np.float32),
+                   "mov.b32": lambda: a[0],
+                   "shl.b32": lambda: (u32(a[0]) << np.uint32(a[1])).astype(np.uint32),
+                   "add.s32": lambda: (u32(a[0]) + u32(a[1])).astype(np.uint32)}[op]()
+        regs[d] = out
+    return [f32(regs[f"${i}"]) for i in range(len(inputs))]
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_exp2_split_between_sfu_and_polynomial(n):
+    """The hopper kernel's exponentials, one of every n by a polynomial on the FMA units: within
+    4e-6 of 2**x over the range probabilities take, exactly 0 for a masked score (-inf) and far
+    below 2**-126, never negative or NaN."""
+    import numpy as np
+    from fmha.kernels import hopper
+    x = np.concatenate([np.linspace(-126, 0, 200001), -np.logspace(-8, 0, 1001), [1e-7, 2e-6],
+                        [-np.inf, -127.0, -130.0, -1e30]]).astype(np.float32)
+    outs = _run_ptx(hopper._exp2_asm(n), [x] * n)
+    want = np.exp2(x.astype(np.float64))
+    sfu, poly = outs[:-1], outs[-1]
+    for y in sfu:
+        np.testing.assert_array_equal(y, np.exp2(x))
+    normal = x >= -125
+    rel = np.abs(poly[normal] / want[normal] - 1)
+    assert rel.max() < 4e-6
+    assert np.all(poly[x <= -127] == 0) and np.all(poly >= 0) and np.all(np.isfinite(poly))
+    assert np.all(poly[~normal] <= 2.0 ** -124)

@@ -108,7 +108,7 @@ def cmd_bench(args) -> int:
     device = _bench_device(args.device or ("cpu" if interpreting() else "cuda"))
     grid = args.grid or ("quick" if device == "cpu" else "default")
     provs = providers.select(providers.providers(device), args.providers)
-    cells = grids.GRIDS[grid]()
+    cells = grids.where(grids.GRIDS[grid](), args.where)
     dtypes = [DTYPES[d] for d in args.dtype]
     print(f"fmha bench: grid={grid} ({len(cells)} cells x {len(dtypes)} dtypes), device={device}, "
           f"providers={[p.name for p in provs]}, ledger={args.ledger}", flush=True)
@@ -215,11 +215,14 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--grid", choices=list(grids.GRIDS), default=None,
                    help="default on a GPU, quick on the CPU")
     b.add_argument("--dtype", nargs="+", choices=list(DTYPES), default=["float16", "bfloat16"])
-    b.add_argument("--providers", nargs="+", default=None, help="names as in the table (default: all)")
+    b.add_argument("--providers", nargs="+", default=None,
+                   help="names as in the table (default: all); on sm_90 also 'fmha:hopper[exp_poly=4,...]': "
+                        "each cell's HOPPER table config with those fields replaced")
     b.add_argument("--ledger", default=str(ledger.DEFAULT_LEDGER))
     b.add_argument("--device", choices=["cuda", "cpu"], default=None)
     b.add_argument("--cuda-graphs", action="store_true",
                    help="time CUDA-graph replays (GPU time without the host's launch cost; every provider alike)")
+    b.add_argument("--where", default=None, help='only the cells with these values, e.g. "head_dim=64 causal=1"')
     b.set_defaults(fn=cmd_bench)
 
     s = sub.add_parser("sweep", help="walk a variant's config space; every attempt goes to the ledger")

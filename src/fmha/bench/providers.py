@@ -5,6 +5,8 @@ returning the output in bhsd, or raises to say why it cannot run that cell.
 """
 from __future__ import annotations
 
+import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -18,6 +20,7 @@ class Provider:
     name: str
     make: Callable  # (q, k, v, cell) -> callable
     peer: bool      # True for what we compare against
+    config: Callable | None = None  # cell -> the KernelConfig it runs, when the provider fixes one
 
 
 def alibi_slopes(heads: int, device) -> torch.Tensor:
@@ -54,6 +57,30 @@ def _fmha(variant: str) -> Provider:
         kw = modifiers(cell, q.device)
         return lambda: fmha.attention(q, k, v, causal=cell.causal, variant=variant, **kw)
     return Provider(f"fmha:{variant}", make, peer=False)
+
+
+def _hopper_with(name: str) -> Provider:
+    """``fmha:hopper[field=value,...]``: the Gluon kernel on each cell's own entry of the HOPPER
+    table with those :class:`~fmha.configs.KernelConfig` fields replaced, so one change is timed
+    against the table (``fmha:auto``) and the peers in the same run."""
+    from fmha import configs
+    inner = re.fullmatch(r"fmha:hopper\[(.+)\]", name).group(1)
+    fields = {f.name for f in dataclasses.fields(configs.KernelConfig)}
+    changes = {}
+    for part in inner.split(","):
+        key, _, val = part.partition("=")
+        if key not in fields or not val.lstrip("-").isdigit():
+            raise ValueError(f"{name}: expected field=integer pairs of KernelConfig fields {sorted(fields)}")
+        changes[key] = int(val)
+
+    def config(cell):
+        cfg = configs.hopper_config(cell.head_dim, cell.causal, cell.seqlen_k, modifiers=bool(cell.features))
+        return dataclasses.replace(cfg, **changes)
+
+    def make(q, k, v, cell):
+        kw = modifiers(cell, q.device)
+        return lambda: fmha.attention(q, k, v, causal=cell.causal, variant="hopper", config=config(cell), **kw)
+    return Provider(name, make, peer=False, config=config)
 
 
 def _sdpa(backend_name: str, max_score_bytes: float | None = None) -> Provider:
@@ -113,6 +140,7 @@ def select(all_providers: list[Provider], names: list[str] | None) -> list[Provi
     if not names:
         return all_providers
     known = {p.name: p for p in all_providers}
+    known.update({n: _hopper_with(n) for n in names if n.startswith("fmha:hopper[") and "fmha:hopper" in known})
     unknown = [n for n in names if n not in known]
     if unknown:
         raise ValueError(f"unknown provider(s) {unknown}; available here: {sorted(known)}")

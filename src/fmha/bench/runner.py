@@ -122,6 +122,8 @@ def run_cell(cell: Cell, dtype: torch.dtype, provs: list[Provider], device: str,
 
 
 def _config_of(p: Provider, cell: Cell, q, k, v) -> str:
+    if p.config is not None:
+        return str(p.config(cell))
     if not p.name.startswith("fmha:"):
         return "library default"
     from fmha import api
