@@ -195,13 +195,24 @@ def test_hopper_provider_with_changed_fields():
     and it is offered only where the hopper variant is."""
     from fmha import configs
     fake_hopper = [Provider("fmha:hopper", lambda *a: None, peer=False)]
-    (p,) = providers.select(fake_hopper, ["fmha:hopper[exp_poly=4,pingpong=1]"])
+    (p,) = providers.select(fake_hopper, ["fmha:hopper[persistent=0,pingpong=1]"])
     for cell in (grids.Cell(16, 32, 32, 1024, 1024, 64, False), grids.Cell(1, 16, 16, 16384, 16384, 128, True)):
         table = configs.hopper_config(cell.head_dim, cell.causal, cell.seqlen_k)
-        assert p.config(cell) == configs.KernelConfig(**{**table.as_dict(), "exp_poly": 4, "pingpong": 1})
+        assert p.config(cell) == configs.KernelConfig(**{**table.as_dict(), "persistent": 0, "pingpong": 1})
         assert runner._config_of(p, cell, None, None, None) == str(p.config(cell))
-    for bad in ("fmha:hopper[exp_poly=x]", "fmha:hopper[nope=1]"):
+    for bad in ("fmha:hopper[pingpong=x]", "fmha:hopper[nope=1]"):
         with pytest.raises(ValueError, match="field=integer"):
             providers.select(fake_hopper, [bad])
     with pytest.raises(ValueError, match="unknown provider"):
-        providers.select(providers.providers("cpu"), ["fmha:hopper[exp_poly=4]"])
+        providers.select(providers.providers("cpu"), ["fmha:hopper[pingpong=1]"])
+
+
+def test_run_tag_keeps_streams_of_one_second_apart(monkeypatch):
+    monkeypatch.setenv("FMHA_GIT_SHA", "abc1234")
+    monkeypatch.delenv("FMHA_RUN_TAG", raising=False)
+    plain = ledger.environment("cpu")
+    monkeypatch.setenv("FMHA_RUN_TAG", "gpu1")
+    tagged = ledger.environment("cpu")
+    assert plain["git_sha"] == tagged["git_sha"] == "abc1234"
+    assert tagged["run_id"].endswith("-gpu1") and tagged["run_id"][:15].isascii()
+    assert plain["run_id"] == plain["timestamp"][:19].replace("-", "").replace(":", "").replace("+", "")[:15]

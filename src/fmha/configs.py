@@ -22,7 +22,6 @@ class KernelConfig:
     split_per_sm: int = 0  # key-split launches: programs per SM the split aims for; 0: the default (4)
     pingpong: int = 0  # hopper: 1 the consumer warpgroups take turns issuing their matrix products
     head_group: int = 0  # hopper: work items numbered across this many heads at once; 0: head-major (1)
-    exp_poly: int = 0  # hopper: 1 of every 2, 4 or 8 probabilities' exp2 by a polynomial on the FMA units; 0: none
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -33,9 +32,7 @@ class KernelConfig:
         fill = f"f{self.split_per_sm}" if self.split_per_sm else ""
         turns = "pp" if self.pingpong else ""
         heads = f"h{self.head_group}" if self.head_group else ""
-        poly = f"e{self.exp_poly}" if self.exp_poly else ""
-        return (f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}{regs}{sched}{fill}{turns}{heads}"
-                f"{poly}")
+        return f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}{regs}{sched}{fill}{turns}{heads}"
 
 
 SEED = KernelConfig(block_m=16, block_n=16, num_warps=1, num_stages=1)

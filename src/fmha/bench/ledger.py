@@ -40,12 +40,15 @@ def git_sha() -> str:
 
 
 def environment(device: str) -> dict:
-    """The columns that say where a row was measured."""
+    """The columns that say where a row was measured; ``FMHA_RUN_TAG`` suffixes the run_id."""
     import torch
     import triton
     gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu (triton interpreter)"
     now = _dt.datetime.now(_dt.timezone.utc)
-    return {"timestamp": now.isoformat(timespec="seconds"), "run_id": now.strftime("%Y%m%dT%H%M%S"),
+    run_id = now.strftime("%Y%m%dT%H%M%S")
+    if os.environ.get("FMHA_RUN_TAG"):  # streams started in the same second (one per GPU) keep apart
+        run_id += "-" + os.environ["FMHA_RUN_TAG"]
+    return {"timestamp": now.isoformat(timespec="seconds"), "run_id": run_id,
             "git_sha": git_sha(), "gpu": gpu, "torch": torch.__version__, "triton": triton.__version__}
 
 

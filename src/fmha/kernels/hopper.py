@@ -43,8 +43,6 @@ kernels do not run in the interpreter.
 """
 from __future__ import annotations
 
-import struct
-
 import numpy as np
 import torch
 import triton
@@ -61,56 +59,6 @@ SMEM_LIMIT = 232448  # bytes of shared memory one sm_90 block may use
 CONSUMER_REGS = {2: 240, 3: 160}  # setmaxnreg per consumer thread, by warpgroup count
 PRODUCER_REGS = gl.constexpr(24)
 LN2 = gl.constexpr(0.6931471805599453)
-
-
-EXP2_POLY = (1.0, 0.6931241750717163, 0.24024099111557007, 0.05590637028217316, 0.009582818485796452)
-
-
-def _f32(v: float) -> str:
-    """A float32 literal in PTX's hexadecimal spelling."""
-    return "0f%08X" % struct.unpack("<I", struct.pack("<f", v))[0]
-
-
-def _exp2_asm(n: int) -> str:
-    """PTX for ``n`` exponentials ``2**x`` (x <= 0, or a rounding error above it): the first
-    ``n - 1`` on the SFU (``ex2.approx``, as ``gl.exp2``), the last on the FMA units, so both
-    pipes share the work (FlashAttention-4's split).  The last: ``x = j + f`` with ``j`` the
-    nearest integer (the 1.5 * 2**23 trick: no conversion instruction) and ``f`` in [-1/2, 1/2],
-    ``2**f`` by the degree-4 polynomial :data:`EXP2_POLY` (relative error 2.9e-6 in float32
-    Horner; fitted on [-1/2, 1/2] with ``2**0 = 1`` exact), then ``j`` added to the exponent
-    bits.  ``x`` is clamped at -127 first: -inf (a masked score) becomes j = -127, f = 0, ``1.0 *
-    2**-127`` with exponent bits 0, i.e. exactly 0.0, as ``ex2`` gives; a result below 2**-126
-    comes out denormal or 0."""
-    magic = _f32(1.5 * 2 ** 23)
-    horner = [f"fma.rn.f32 p, {'f' if i == 0 else 'p'}, f, {_f32(c)};"
-              for i, c in enumerate(reversed(EXP2_POLY[:-1]))]
-    horner[0] = f"fma.rn.f32 p, f, {_f32(EXP2_POLY[-1])}, {_f32(EXP2_POLY[-2])};"
-    sfu = [f"ex2.approx.ftz.f32 ${i}, ${n + i};" for i in range(n - 1)]
-    poly = [f"max.f32 x, ${2 * n - 1}, {_f32(-127.0)};", f"add.rn.f32 t, x, {magic};", f"sub.rn.f32 j, t, {magic};",
-            "sub.rn.f32 f, x, j;", *horner, "mov.b32 e, t;", "shl.b32 e, e, 23;", "mov.b32 b, p;",
-            "add.s32 b, b, e;", f"mov.b32 ${n - 1}, b;"]
-    return "{ .reg .f32 x, t, j, f, p; .reg .b32 e, b; " + " ".join(sfu + poly) + " }"
-
-
-EXP2_ASM = {n: gl.constexpr(_exp2_asm(n)) for n in (2, 4, 8)}
-EXP2_ASM_2, EXP2_ASM_4, EXP2_ASM_8 = EXP2_ASM[2], EXP2_ASM[4], EXP2_ASM[8]
-EXP2_CONSTRAINTS = {n: gl.constexpr(",".join(["=f"] * n + ["f"] * n)) for n in (2, 4, 8)}
-EXP2_CONSTRAINTS_2, EXP2_CONSTRAINTS_4, EXP2_CONSTRAINTS_8 = (EXP2_CONSTRAINTS[n] for n in (2, 4, 8))
-
-
-@gluon.jit
-def _exp2(x, EXP_POLY: gl.constexpr):
-    """``2**x`` elementwise for the probabilities: on the SFU (EXP_POLY 0), or one of every
-    EXP_POLY (2, 4 or 8) elements of a thread by the polynomial of :func:`_exp2_asm`."""
-    if EXP_POLY == 2:
-        y = gl.inline_asm_elementwise(EXP2_ASM_2, EXP2_CONSTRAINTS_2, [x], gl.float32, True, 2)
-    elif EXP_POLY == 4:
-        y = gl.inline_asm_elementwise(EXP2_ASM_4, EXP2_CONSTRAINTS_4, [x], gl.float32, True, 4)
-    elif EXP_POLY == 8:
-        y = gl.inline_asm_elementwise(EXP2_ASM_8, EXP2_CONSTRAINTS_8, [x], gl.float32, True, 8)
-    else:
-        y = gl.exp2(x)
-    return y
 
 
 @gluon.jit
@@ -395,8 +343,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
               q_col_h, o_stride, STAGES: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               HEAD: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
               ALIBI: gl.constexpr, RAGGED: gl.constexpr, PAIRED: gl.constexpr, PINGPONG: gl.constexpr,
-              STORE_LSE: gl.constexpr, VARLEN: gl.constexpr, SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr,
-              EXP_POLY: gl.constexpr):
+              STORE_LSE: gl.constexpr, VARLEN: gl.constexpr, SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr):
     ROWS: gl.constexpr = 64
     NUM_WG: gl.constexpr = BLOCK_M // ROWS
     dtype: gl.constexpr = o_desc.dtype
@@ -447,7 +394,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
         qk = _scores(qk, first, mask_from, offs_m, offs_n, sk, co, wo, ao, cap_in, cap_out, slope, BLOCK_N, CAUSAL,
                      WINDOW, SOFTCAP, ALIBI, RAGGED)
         m = gl.max(qk, axis=1) * scale_log2
-        p = _exp2(qk * scale_log2 - _pivot(m, CAUSAL or WINDOW or RAGGED)[:, None], EXP_POLY)
+        p = gl.exp2(qk * scale_log2 - _pivot(m, CAUSAL or WINDOW or RAGGED)[:, None])
         l = gl.sum(p, axis=1)
         p16 = gl.convert_layout(p.to(dtype), p_layout)
         for i in range(1, n_iters):
@@ -474,7 +421,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
                          CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
             m_new = gl.maximum(m, gl.max(qk, axis=1) * scale_log2)
             m_safe = _pivot(m_new, CAUSAL or WINDOW or RAGGED)
-            p = _exp2(qk * scale_log2 - m_safe[:, None], EXP_POLY)
+            p = gl.exp2(qk * scale_log2 - m_safe[:, None])
             alpha = gl.exp2(m - m_safe)
             l = l * alpha + gl.sum(p, axis=1)
             m = m_new
@@ -531,7 +478,7 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                   CONSUMER_REGS: gl.constexpr,
                   CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                   RAGGED: gl.constexpr, PAIRED: gl.constexpr, PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr,
-                  VARLEN: gl.constexpr, SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, EXP_POLY: gl.constexpr):
+                  VARLEN: gl.constexpr, SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr):
     """Each program runs its work items (query block, batch*head), :func:`_n_items` and
     :func:`_tile`; the K/V rings and the barrier phases carry on from one item to the
     next, so the next item's first loads overlap this one's epilogue."""
@@ -566,19 +513,19 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 0, BLOCK_M, BLOCK_N, HEAD,
                          CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED,
-                         ALIGN_BR, EXP_POLY)),
+                         ALIGN_BR)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 1, BLOCK_M, BLOCK_N, HEAD,
                          CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED,
-                         ALIGN_BR, EXP_POLY)),
+                         ALIGN_BR)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 2, BLOCK_M, BLOCK_N, HEAD,
                          CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED,
-                         ALIGN_BR, EXP_POLY)),
+                         ALIGN_BR)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
                          window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
@@ -592,13 +539,13 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 0, BLOCK_M, BLOCK_N, HEAD,
                          CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED,
-                         ALIGN_BR, EXP_POLY)),
+                         ALIGN_BR)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 1, BLOCK_M, BLOCK_N, HEAD,
                          CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED,
-                         ALIGN_BR, EXP_POLY)),
+                         ALIGN_BR)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
                          window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
@@ -741,4 +688,4 @@ def constexprs(prob, cfg, store_lse: bool, paired: bool = False, alibi: bool = F
                 WINDOW=prob.window_offset is not None, SOFTCAP=prob.softcap > 0, ALIBI=alibi,
                 RAGGED=per_sequence(prob) or prob.seqlen_k % cfg.block_n != 0, PAIRED=paired,
                 PINGPONG=bool(cfg.pingpong), STORE_LSE=store_lse, VARLEN=prob.varlen, SEQUSED=prob.seqused,
-                ALIGN_BR=per_sequence(prob) and prob.align_br, EXP_POLY=cfg.exp_poly)
+                ALIGN_BR=per_sequence(prob) and prob.align_br)
