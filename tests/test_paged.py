@@ -8,11 +8,12 @@ from conftest import DEVICE, make_qkv, max_err
 from fmha import reference
 
 
-def paginate(k, page, pages_per_seq, seed):
-    """[B, KVH, S, D] -> a shuffled page pool [num_pages, page, KVH, D] and its block table."""
+def paginate(k, page, pages_per_seq, seed, fill=0.0):
+    """[B, KVH, S, D] -> a shuffled page pool [num_pages, page, KVH, D] and its block table (the
+    rows past S hold ``fill``)."""
     b, kvh, s, d = k.shape
     pad = pages_per_seq * page - s
-    k = torch.nn.functional.pad(k, (0, 0, 0, pad))
+    k = torch.nn.functional.pad(k, (0, 0, 0, pad), value=fill)
     pages = k.view(b, kvh, pages_per_seq, page, d).permute(0, 2, 3, 1, 4).reshape(b * pages_per_seq, page, kvh, d)
     perm = torch.randperm(b * pages_per_seq, generator=torch.Generator().manual_seed(seed))
     pool = torch.empty_like(pages)
@@ -53,3 +54,66 @@ def test_paged_errors():
         fmha.attention_paged(q, pool, pool, table.long(), lens)
     with pytest.raises(ValueError, match=r"k_cache must be \[num_pages, page_size, kv_heads, 32\]"):
         fmha.attention_paged(q, pool[..., :16], pool, table, lens)
+
+
+def test_paged_variant_choice_errors():
+    q, k, v = make_qkv(1, 2, 2, 1, 32, 32, torch.float16)
+    pool = torch.zeros(4, 16, 2, 32, dtype=torch.float16, device=DEVICE)
+    table = torch.zeros(1, 2, dtype=torch.int32, device=DEVICE)
+    lens = torch.tensor([20], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="attention_paged runs variant 'auto', 'tiled' or 'hopper', got 'singlewave'"):
+        fmha.attention_paged(q, pool, pool, table, lens, variant="singlewave")
+    if DEVICE == "cpu":
+        with pytest.raises(ValueError, match="variant 'hopper' cannot take this call: needs an sm_90 GPU"):
+            fmha.attention_paged(q, pool, pool, table, lens, variant="hopper")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page", [128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d,dtype,layout", [(128, torch.bfloat16, "bhsd"), (64, torch.float16, "bshd")])
+def test_hopper_paged_prefill(d, dtype, layout, causal, page):
+    """Prefill against a cached prefix on the Gluon kernel: shuffled pages, a spare page per
+    sequence, lengths off the tile and one shorter than the queries (bottom-right: its first rows
+    see no key); NaN in every unused row of the pool must not reach the output."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("sm_90 only")
+    b, h, kvh, sq, sk = 3, 8, 2, 300, 1000
+    q, k, v = make_qkv(b, h, kvh, sq, sk, d, dtype, seed=page + d)
+    lens = torch.tensor([1000, 517, 200], dtype=torch.int32, device=DEVICE)
+    pages_per_seq = -(-sk // page) + 1
+    pools = []
+    for t in (k, v):
+        t = t.clone()
+        for i, n in enumerate(lens.tolist()):
+            t[i, :, n:] = float("nan")  # the cache's unused part
+        pool, table = paginate(t, page, pages_per_seq, seed=3, fill=float("nan"))  # and the spare pages
+        pools.append(pool)
+    qq = q if layout == "bhsd" else q.transpose(1, 2).contiguous()
+    out = {}
+    for variant in ("hopper", "auto", "tiled"):
+        o, lse = fmha.attention_paged(qq, *pools, table, lens, causal=causal, layout=layout, return_lse=True,
+                                      variant=variant)
+        out[variant] = (o if layout == "bhsd" else o.transpose(1, 2), lse)
+    torch.testing.assert_close(out["auto"][0], out["hopper"][0], atol=0, rtol=0)  # auto takes the Gluon kernel
+    o, lse = out["hopper"]
+    assert torch.isfinite(o).all()
+    for i, n in enumerate(lens.tolist()):
+        ref, ref_lse = reference.dense_attention(q[i:i + 1], k[i:i + 1, :, :n], v[i:i + 1, :, :n], causal=causal,
+                                                 causal_align="bottom_right", return_lse=True)
+        assert max_err(o[i:i + 1].cpu().double().numpy(), ref) < 2e-2
+        np.testing.assert_allclose(lse[i:i + 1].cpu().double().numpy(), ref_lse, atol=2e-2)
+    torch.testing.assert_close(lse, out["tiled"][1], atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.gpu
+def test_hopper_paged_refuses_pages_off_its_tile():
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("sm_90 only")
+    q, k, v = make_qkv(1, 4, 4, 256, 256, 128, torch.bfloat16)
+    pool, table = paginate(k, 64, 4, seed=0)
+    lens = torch.tensor([256], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="page_size 64 .takes multiples of its 128-key tile"):
+        fmha.attention_paged(q, pool, pool, table, lens, variant="hopper")
+    o = fmha.attention_paged(q, pool, pool, table, lens)  # auto: tiled
+    torch.testing.assert_close(o, fmha.attention_paged(q, pool, pool, table, lens, variant="tiled"), atol=0, rtol=0)

@@ -64,10 +64,12 @@ def test_hopper_builds_for_sm90_with_wgmma_and_tma():
     assert turns.asm["ptx"].count("mbarrier.try_wait") == ptx.count("mbarrier.try_wait") + 2 * 3
 
 
-@pytest.mark.parametrize("lengths,head_dim,causal", [("varlen", 128, True), ("seqused", 64, False)])
+@pytest.mark.parametrize("lengths,head_dim,causal", [("varlen", 128, True), ("seqused", 64, False),
+                                                     ("paged", 128, True)])
 def test_hopper_builds_lengths_per_sequence(lengths, head_dim, causal):
-    """Packed sequences and per-batch key lengths build for sm_90 without spills; the producer
-    zeroes V past a sequence's end with shared-memory stores the dense build does not have."""
+    """Packed sequences, per-batch key lengths and a paged cache build for sm_90 without spills;
+    the producer zeroes V past a sequence's end with shared-memory stores the dense build does
+    not have (and, paged, reads each key tile's page from the block table)."""
     from fmha import configs
     cfg = configs.hopper_config(head_dim, causal, 4096, per_sequence=True)
     assert cfg.block_m == 128  # 192 rows would spill on the ragged mask
@@ -78,8 +80,12 @@ def test_hopper_builds_lengths_per_sequence(lengths, head_dim, causal):
     ptx, dense_ptx = per_seq.asm["ptx"], dense.asm["ptx"]
     assert ptx.count("st.shared") > dense_ptx.count("st.shared")
     assert ptx.count("fence.proxy.async") > dense_ptx.count("fence.proxy.async")
+    if lengths == "paged":  # the block table: one more global load, for the first tile and each later one
+        seqused = targets.build("hopper", "sm_90", head_dim, "bfloat16", causal, cfg, seqlen_k=1000,
+                                lengths="seqused").asm["ptx"]
+        assert ptx.count("ld.global") > seqused.count("ld.global")
     with pytest.raises(ValueError, match="unsupported lengths"):
-        targets.build("hopper", "sm_90", head_dim, "bfloat16", causal, cfg, lengths="paged")
+        targets.build("hopper", "sm_90", head_dim, "bfloat16", causal, cfg, lengths="blocked")
 
 
 def test_amd_report_agrees_with_the_code_object(builds):

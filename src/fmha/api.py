@@ -414,7 +414,8 @@ def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     cache_seqlens: torch.Tensor, *, causal: bool = False, scale: float | None = None,
                     causal_align: str = "bottom_right", layout: str = "bhsd", return_lse: bool = False,
                     window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
-                    alibi_slopes: torch.Tensor | None = None, num_splits: int = 0):
+                    alibi_slopes: torch.Tensor | None = None, num_splits: int = 0, variant: str = "auto",
+                    config=None):
     """Attention against a paged KV cache (vLLM's and ``flash_attn_with_kvcache``'s layout).
 
     ``q``: ``[batch, heads, seqlen_q, head_dim]`` (or ``bshd``); ``k_cache``/``v_cache``:
@@ -422,10 +423,14 @@ def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     ``[batch, pages_per_seq]``, page ``block_table[b, n // page_size]`` holding keys
     ``n``; ``cache_seqlens``: int32 ``[batch]``, the keys in use.  ``page_size`` must be
     a multiple of 16.  Causal defaults to bottom-right: the new queries are the last
-    positions of the cache (decode, or prefill with a cached prefix).  Runs on ``tiled``;
-    short queries split the keys as :func:`attention` does.
+    positions of the cache (decode, or prefill with a cached prefix).  ``variant``: ``auto``,
+    ``tiled`` or ``hopper``; ``auto`` takes the Gluon kernel on sm_90 for prefill (more than 16
+    queries) when ``page_size`` is a multiple of its 128-key tile, else ``tiled``, where short
+    queries split the keys as :func:`attention` does.
     """
-    _check(q, q, q, causal_align, layout, "tiled", scale)
+    if variant not in ("auto", "tiled", "hopper"):
+        raise ValueError(f"attention_paged runs variant 'auto', 'tiled' or 'hopper', got {variant!r}")
+    _check(q, q, q, causal_align, layout, variant, scale)
     _check_features(q, layout, window, softcap, alibi_slopes)
     batch, heads = q.shape[0], (q.shape[1] if layout == "bhsd" else q.shape[2])
     seqlen_q, head_dim = (q.shape[2] if layout == "bhsd" else q.shape[1]), q.shape[3]
@@ -461,10 +466,12 @@ def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     prob = kernels.Problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, upper, causal_offset,
                            scale * LOG2E, window_offset=window_offset, align_offset=align, softcap=float(softcap),
                            align_br=causal_align == "bottom_right", seqused=True, page=page)
-    arch = arch_of(q.device)
-    cfg = configs.default_config("tiled", arch, head_dim, upper)
-    prob = _pack_plan(prob, alibi_slopes)
-    cfg, split_len = _split_plan(num_splits, arch, prob, cfg, q.device)
+    seqs = (None, None, cache_seqlens)
+    name, cfg, prob, split_len = _plan(prob, q, k_cache, v_cache, o, layout, variant, config, alibi_slopes,
+                                       num_splits)
+    if name == "hopper":  # the page pools as they are: the kernel reads them through one descriptor each
+        _run(name, cfg, prob, q, k_cache, v_cache, o, lse, layout, alibi_slopes, seqs, 0, block_table)
+        return (o, lse) if return_lse else o
     block_n = cfg.block_n
     while page % block_n:  # a key tile must not straddle two pages
         block_n //= 2
@@ -472,8 +479,7 @@ def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if split_len:
         split_len = -(-split_len // page) * page
     kv = (k_cache, v_cache) if layout == "bshd" else (k_cache.permute(0, 2, 1, 3), v_cache.permute(0, 2, 1, 3))
-    _run("tiled", cfg, prob, q, *kv, o, lse, layout, alibi_slopes, (None, None, cache_seqlens), split_len,
-         block_table)
+    _run(name, cfg, prob, q, *kv, o, lse, layout, alibi_slopes, seqs, split_len, block_table)
     return (o, lse) if return_lse else o
 
 

@@ -62,7 +62,8 @@ def variants() -> list[str]:
 def _hopper_source(head_dim: int, dtype: str, causal: bool, cfg, seqlen_k: int = 0, lengths: str = "dense"):
     """The Gluon kernel's source with its TMA descriptor types, from stand-in CPU tensors
     (``seqlen_k`` 0: one whole key tile; off the tile: the ragged key mask's build; ``lengths``
-    "varlen" or "seqused": lengths per sequence, bottom-right)."""
+    "varlen" or "seqused": lengths per sequence, bottom-right; "paged": per-batch key lengths in a
+    paged cache of 256-key pages)."""
     import torch
     from triton._C.libtriton import native_specialize_impl
     from triton.backends.compiler import BaseBackend
@@ -71,10 +72,13 @@ def _hopper_source(head_dim: int, dtype: str, causal: bool, cfg, seqlen_k: int =
     from .kernels import Problem, hopper
     tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
     seqlen_k = seqlen_k or cfg.block_n
+    page = 256 if lengths == "paged" else 0
     prob = Problem(1, 1, 1, 128, seqlen_k, head_dim, causal, 0, 1.0, align_br=lengths != "dense",
-                   varlen=lengths == "varlen", seqused=lengths == "seqused")
+                   varlen=lengths == "varlen", seqused=lengths in ("seqused", "paged"), page=page)
     t = torch.empty(1, 1, max(cfg.block_m, seqlen_k), head_dim, dtype=tdt)
     q, kv = t[:, :, :cfg.block_m], t[:, :, :seqlen_k]
+    if page:  # a pool of two pages [pages, page, kv_heads, D]
+        kv = torch.empty(2, page, 1, head_dim, dtype=tdt)
     descs, _ = hopper.descriptors(prob, cfg, q, kv, kv, q, "bhsd")
     kernel = hopper.KERNEL
     const = hopper.constexprs(prob, cfg, store_lse=False, paired=causal)  # causal: the paired schedule
@@ -87,7 +91,7 @@ def _hopper_source(head_dim: int, dtype: str, causal: bool, cfg, seqlen_k: int =
             sig[name] = native_specialize_impl(BaseBackend, d, False, True, True)[0]
         elif name in ("LSE", "Alibi"):
             sig[name] = "*fp32"
-        elif name in ("CuQ", "CuK", "SeqK", "Items"):
+        elif name in ("CuQ", "CuK", "SeqK", "Items", "Pages"):
             sig[name] = "*i32"
         elif name == "O":
             sig[name] = "*" + DTYPES[dtype]
@@ -160,13 +164,13 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
           config=None, seqlen_k: int = 0, lengths: str = "dense") -> Build:
     """Compile ``variant`` for ``target`` (a key of :data:`TARGETS`) without a GPU.  ``seqlen_k``
     and ``lengths`` matter to ``hopper`` only (a length off its key tile builds the ragged key
-    mask; "varlen" or "seqused" the lengths per sequence)."""
+    mask; "varlen" or "seqused" the lengths per sequence; "paged" those in a paged cache)."""
     from . import configs
     _check_choice("target", target, list(TARGETS))
     _check_choice("variant", variant, variants())
     _check_choice("dtype", dtype, list(DTYPES))
     _check_choice("head_dim", head_dim, (32, 64, 96, 128, 256))
-    _check_choice("lengths", lengths, ("dense", "varlen", "seqused"))
+    _check_choice("lengths", lengths, ("dense", "varlen", "seqused", "paged"))
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         return _build_elsewhere(variant, target, head_dim, dtype, causal, config, seqlen_k, lengths)
     chip = TARGETS[target]

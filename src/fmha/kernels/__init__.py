@@ -74,8 +74,6 @@ def strides_bhsd(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
 def unsupported(variant: str, cfg, prob: Problem, q, k, v, o, layout: str, alibi: bool = False) -> str | None:
     """Why ``variant`` cannot take this call, or None."""
     if variant == "hopper":
-        if prob.page:
-            return "a paged KV cache runs on the Triton variants only"
         from . import hopper
         return hopper.supports(prob, cfg, q, k, v, o, layout)
     return None
@@ -90,7 +88,7 @@ def launch(variant: str, cfg, prob: Problem, q, k, v, o, lse, layout: str, alibi
     ``[splits, batch, heads, seqlen_q, D]`` workspace and ``lse`` ``[splits, batch, heads, seqlen_q]``."""
     if variant == "hopper":
         from . import hopper
-        return hopper.launch(prob, cfg, q, k, v, o, lse, layout, alibi, seqs, lengths)
+        return hopper.launch(prob, cfg, q, k, v, o, lse, layout, alibi, seqs, lengths, block_table)
     kernel = VARIANTS[variant]
     splits = triton.cdiv(prob.seqlen_k, split_len) if split_len else 1
     grid = (*prob.grid(cfg.block_m, grid_m), splits)

@@ -29,7 +29,8 @@ Shapes it takes (:func:`supports`): sm_90, head_dim 64 or 128, any seqlen_q and
 seqlen_k, q/k/v/out contiguous in bhsd or bshd, packed sequences (``VARLEN``,
 one packed bshd tensor; the work items come from a list the host builds from the
 lengths, :func:`varlen_items`, so none lies past a sequence's end) and per-batch
-key lengths (``SEQUSED``); not a paged K/V cache (``kernels.unsupported``).  Rows of the last query block past
+key lengths (``SEQUSED``), also against a paged K/V cache (``PAGED``: pages of a multiple of
+``BLOCK_N`` keys, each key tile's page read from the block table by the producer).  Rows of the last query block past
 the sequence's end are computed on whatever TMA reads there and never stored (a
 warpgroup that straddles the end stores with a row mask).  K and V are read
 through 3-D descriptors, one sequence per (batch, head), so a last key tile past
@@ -125,10 +126,10 @@ def _tile(k, n_m, n_bh, head_group, Items, heads, CAUSAL: gl.constexpr, PAIRED: 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
               v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset, window_offset, n_tiles,
-              n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h, kv_col_h, NUM_WG: gl.constexpr,
-              STAGES: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-              WINDOW: gl.constexpr, PAIRED: gl.constexpr, VARLEN: gl.constexpr, SEQUSED: gl.constexpr,
-              ALIGN_BR: gl.constexpr):
+              n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h, kv_col_h, Pages, pages_b, page,
+              NUM_WG: gl.constexpr, STAGES: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              CAUSAL: gl.constexpr, WINDOW: gl.constexpr, PAIRED: gl.constexpr, VARLEN: gl.constexpr,
+              SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, PAGED: gl.constexpr):
     it = 0  # position in the K/V rings, continued across work items
     tc = 0
     n_tail = 0  # V tiles zeroed past the sequence's end so far (the phase of v_tail)
@@ -145,13 +146,14 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_
         first, n_iters = _key_tiles(start_m, sk, causal_offset + shift, window_offset + shift, BLOCK_M, BLOCK_N,
                                     CAUSAL, WINDOW)
         # K/V boxes [1, BLOCK_N, HEAD] of the 3-D view [batch*kv_heads or batch, seqlen_k, *]: keys past
-        # seqlen_k are outside the view, and TMA fills them with zeros
+        # seqlen_k are outside the view, and TMA fills them with zeros (PAGED: [pages, page, *], :func:`_kv_place`)
         kv_seq = b * kv_seq_b + kvh * kv_seq_h
         kv_col = kvh * kv_col_h
         # the first K tile goes out before Q: it may overlap the consumers' previous epilogue
         s = it % STAGES
+        kv_s, row = _kv_place(b, kv_seq, k0, first, Pages, pages_b, page, BLOCK_N, PAGED)
         mbarrier.wait(k_empty.index(s), ((it // STAGES) & 1) ^ 1)
-        _load(k_desc, [kv_seq, k0 + first * BLOCK_N, kv_col], k_ready.index(s), k_bufs.index(s))
+        _load(k_desc, [kv_s, row, kv_col], k_ready.index(s), k_bufs.index(s))
         # Q in 64-row boxes (TMA boxes are powers of two; 192 rows is three), once every
         # consumer has issued its last Q K^T of the previous item
         mbarrier.wait(q_empty, (tc & 1) ^ 1)
@@ -170,10 +172,10 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_
         for i in range(n_iters):
             s = it % STAGES
             ph = (it // STAGES) & 1
-            row = k0 + (first + i) * BLOCK_N
+            kv_s, row = _kv_place(b, kv_seq, k0, first + i, Pages, pages_b, page, BLOCK_N, PAGED)  # before the wait
             if i > 0:
                 mbarrier.wait(k_empty.index(s), ph ^ 1)
-                _load(k_desc, [kv_seq, row, kv_col], k_ready.index(s), k_bufs.index(s))
+                _load(k_desc, [kv_s, row, kv_col], k_ready.index(s), k_bufs.index(s))
             mbarrier.wait(v_empty.index(s), ph ^ 1)
             if VARLEN or SEQUSED:
                 # keys past this sequence's end are another sequence's or unused cache (NaN, maybe):
@@ -181,19 +183,34 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_
                 # last tile only; it lands on v_tail, and v_ready waits for the zeros)
                 valid = sk - (first + i) * BLOCK_N
                 if valid < BLOCK_N:
-                    _load(v_desc, [kv_seq, row, kv_col], v_tail, v_bufs.index(s))
+                    _load(v_desc, [kv_s, row, kv_col], v_tail, v_bufs.index(s))
                     tail = 1
                     tail_slot = s
                     tail_valid = valid
                 else:
-                    _load(v_desc, [kv_seq, row, kv_col], v_ready.index(s), v_bufs.index(s))
+                    _load(v_desc, [kv_s, row, kv_col], v_ready.index(s), v_bufs.index(s))
             else:
-                _load(v_desc, [kv_seq, row, kv_col], v_ready.index(s), v_bufs.index(s))
+                _load(v_desc, [kv_s, row, kv_col], v_ready.index(s), v_bufs.index(s))
             it += 1
         tc += 1
     if VARLEN or SEQUSED:
         if tail:
             _zero_past(v_bufs.index(tail_slot), tail_valid, v_tail, n_tail, v_ready.index(tail_slot))
+
+
+@gluon.jit
+def _kv_place(b, kv_seq, k0, tile, Pages, pages_b, page, BLOCK_N: gl.constexpr, PAGED: gl.constexpr):
+    """Where key tile ``tile`` of batch ``b`` lies in the K/V descriptors: (first coordinate, row).
+    PAGED: a page pool [pages, page, kv_heads * HEAD], the page from row ``b`` of the block table
+    ``Pages`` (``page`` a multiple of BLOCK_N, so a tile never straddles two pages)."""
+    if PAGED:
+        key = tile * BLOCK_N
+        place = gl.load(Pages + b * pages_b + key // page)
+        row = key % page
+    else:
+        place = kv_seq
+        row = k0 + tile * BLOCK_N
+    return place, row
 
 
 @gluon.jit
@@ -474,11 +491,12 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
 def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK, Items, heads, group, seqlen_q,
                   seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2,
                   n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h, kv_col_h, o_stride,
+                  Pages, pages_b, page,
                   HEAD: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                   CONSUMER_REGS: gl.constexpr,
                   CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                   RAGGED: gl.constexpr, PAIRED: gl.constexpr, PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr,
-                  VARLEN: gl.constexpr, SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr):
+                  VARLEN: gl.constexpr, SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, PAGED: gl.constexpr):
     """Each program runs its work items (query block, batch*head), :func:`_n_items` and
     :func:`_tile`; the K/V rings and the barrier phases carry on from one item to the
     next, so the next item's first loads overlap this one's epilogue."""
@@ -529,8 +547,8 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
                          window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
-                         kv_col_h, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, PAIRED, VARLEN, SEQUSED,
-                         ALIGN_BR)),
+                         kv_col_h, Pages, pages_b, page, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, PAIRED,
+                         VARLEN, SEQUSED, ALIGN_BR, PAGED)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
@@ -549,8 +567,8 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
                          window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
-                         kv_col_h, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, PAIRED, VARLEN, SEQUSED,
-                         ALIGN_BR)),
+                         kv_col_h, Pages, pages_b, page, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, PAIRED,
+                         VARLEN, SEQUSED, ALIGN_BR, PAGED)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -594,6 +612,8 @@ def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
         return f"head_dim {prob.head_dim} (takes 64 and 128)"
     if cfg.block_m not in (128, 192):
         return f"block_m {cfg.block_m} (takes 128 or 192: 2 or 3 consumer warpgroups)"
+    if prob.page % cfg.block_n:
+        return f"page_size {prob.page} (takes multiples of its {cfg.block_n}-key tile: a tile must not straddle pages)"
     smem = smem_bytes(prob.head_dim, cfg)
     if smem > SMEM_LIMIT:
         return f"needs {smem >> 10} KB of shared memory, sm_90 has {SMEM_LIMIT >> 10} KB"
@@ -606,7 +626,8 @@ def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
 def descriptors(prob, cfg, q, k, v, o, layout: str) -> tuple:
     """The four TMA descriptors and the row/column strides of (batch, head) in their 2-D views."""
     (q2, qrb, qrh, qch), (o2, *_) = (_view2d(t, layout) for t in (q, o))
-    (k3, krb, krh, kch), (v3, *_) = (_view3d(t, layout) for t in (k, v))
+    kv_layout = "bshd" if prob.page else layout  # a page pool [pages, page, kv_heads, D] reads as bshd
+    (k3, krb, krh, kch), (v3, *_) = (_view3d(t, kv_layout) for t in (k, v))
     d = prob.head_dim
     descs = (TensorDescriptor.from_tensor(q2, [64, d], SMEM_LAYOUT),
              TensorDescriptor.from_tensor(k3, [1, cfg.block_n, d], KV_LAYOUT),
@@ -616,10 +637,12 @@ def descriptors(prob, cfg, q, k, v, o, layout: str) -> tuple:
 
 
 def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None, None),
-           lengths=None) -> None:
+           lengths=None, block_table=None) -> None:
     """Run the kernel on ``prob``.  ``seqs = (cu_seqlens_q, cu_seqlens_k, seqused_k)`` as in
     ``kernels.launch``; packed sequences (``prob.varlen``) also need their ``lengths`` on the host,
-    ``(query rows, keys)`` per sequence, for the work list (:func:`varlen_items`)."""
+    ``(query rows, keys)`` per sequence, for the work list (:func:`varlen_items`).  A paged cache
+    (``prob.page``): k and v are the page pools ``[pages, page, kv_heads, D]`` whatever ``layout``
+    says of q and o, with ``block_table`` int32 ``[batch, pages per sequence]``."""
     descs, strides = descriptors(prob, cfg, q, k, v, o, layout)
     # per-sequence lengths: the band's offsets go relative to the diagonal, each sequence adds its own
     a = prob.align_offset if per_sequence(prob) else 0
@@ -648,6 +671,8 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
                         cu_q, cu_k, seqused, items, prob.heads, prob.heads // prob.kv_heads, prob.seqlen_q,
                         prob.seqlen_k, causal_offset, window_offset, prob.align_offset - a, scale / cap, cap / scale,
                         1.0 / scale, prob.scale_log2, n_tiles, n_m, max(cfg.head_group, 1), *strides,
+                        block_table if block_table is not None else o,
+                        block_table.stride(0) if block_table is not None else 0, max(prob.page, 1),
                         **constexprs(prob, cfg, lse is not None, paired, alibi is not None), num_warps=4)
 
 
@@ -688,4 +713,4 @@ def constexprs(prob, cfg, store_lse: bool, paired: bool = False, alibi: bool = F
                 WINDOW=prob.window_offset is not None, SOFTCAP=prob.softcap > 0, ALIBI=alibi,
                 RAGGED=per_sequence(prob) or prob.seqlen_k % cfg.block_n != 0, PAIRED=paired,
                 PINGPONG=bool(cfg.pingpong), STORE_LSE=store_lse, VARLEN=prob.varlen, SEQUSED=prob.seqused,
-                ALIGN_BR=per_sequence(prob) and prob.align_br)
+                ALIGN_BR=per_sequence(prob) and prob.align_br, PAGED=bool(prob.page))
