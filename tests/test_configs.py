@@ -19,11 +19,21 @@ def test_every_hopper_row_is_reachable():
 def test_hopper_answers_fit_the_kernel(head_dim, causal, seqlen_k, modifiers, per_sequence):
     cfg = configs.hopper_config(head_dim, causal, seqlen_k, modifiers, per_sequence)
     assert cfg.block_m in (128, 192) and cfg.block_n == 128
-    assert hopper.smem_bytes(head_dim, cfg) <= hopper.SMEM_LIMIT
+    assert hopper.smem_bytes(head_dim, cfg) + hopper.SMEM_SPARE <= hopper.SMEM_LIMIT
     # three consumer warpgroups spill on the modifiers' values or the key mask (any length per sequence)
     if modifiers or per_sequence or seqlen_k % 128:
         assert cfg.block_m == 128
     assert configs.default_config("hopper", "sm90", head_dim, causal, seqlen_k, modifiers, per_sequence) == cfg
+
+
+def test_o_is_staged_where_it_fits():
+    """O goes through shared memory beside Q and the K/V rings where they leave room for it; at
+    D=128 with 3 stages (Q 32 KB + K/V 192 KB) it does not, and is stored from registers."""
+    kc = configs.KernelConfig
+    for d, cfg, staged, kb in [(128, kc(128, 128, 4, 2), True, 192), (128, kc(128, 128, 4, 3), False, 224),
+                               (64, kc(192, 128, 4, 3), True, 144), (64, kc(128, 128, 4, 4), True, 160)]:
+        assert hopper.o_staged(d, cfg) is staged
+        assert hopper.smem_bytes(d, cfg) == kb << 10
 
 
 @pytest.mark.parametrize("rows", [1, 4, 16, 17, 64])

@@ -59,6 +59,11 @@ def test_hopper_builds_for_sm90_with_wgmma_and_tma():
     ragged = targets.build("hopper", "sm_90", 128, "bfloat16", True, configs.hopper_config(128, True, 1000),
                            seqlen_k=1000)
     assert ragged.asm["ptx"] != ptx and targets.report(ragged).spilled_registers == 0
+    # 3 K/V stages at D=128: O leaves from registers (no room to stage it), still no spills
+    deep = targets.build("hopper", "sm_90", 128, "bfloat16", False, configs.KernelConfig(128, 128, 4, 3))
+    deep_r = targets.report(deep)
+    assert "cp.async.bulk.tensor.2d.global.shared::cta" not in deep.asm["ptx"]
+    assert deep_r.spilled_registers == 0 and deep_r.shared_bytes <= 232448
     # ping-pong: every consumer warpgroup waits for its turn before each of its 3 issue points
     turns = targets.build("hopper", "sm_90", 128, "bfloat16", True, configs.KernelConfig(128, 128, 4, 2, pingpong=1))
     assert turns.asm["ptx"].count("mbarrier.try_wait") == ptx.count("mbarrier.try_wait") + 2 * 3

@@ -360,7 +360,8 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
               q_col_h, o_stride, STAGES: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               HEAD: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
               ALIBI: gl.constexpr, RAGGED: gl.constexpr, PAIRED: gl.constexpr, PINGPONG: gl.constexpr,
-              STORE_LSE: gl.constexpr, VARLEN: gl.constexpr, SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr):
+              STORE_LSE: gl.constexpr, VARLEN: gl.constexpr, SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr,
+              O_SMEM: gl.constexpr):
     ROWS: gl.constexpr = 64
     NUM_WG: gl.constexpr = BLOCK_M // ROWS
     dtype: gl.constexpr = o_desc.dtype
@@ -372,7 +373,6 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     q_half = q_smem.index(WG)
-    o_half = o_smem.index(WG)
     it0 = 0  # position in the K/V rings, continued across work items
     tc = 0
     n_turn = 0  # ping-pong: the steps this warpgroup has taken its turn for
@@ -463,7 +463,8 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
         acc = acc * gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout))[:, None]
         o_row = b * q_rows_b + h * q_rows_h + q0 + row0
         o_col = h * q_col_h
-        if row0 + ROWS <= sq:
+        if O_SMEM and row0 + ROWS <= sq:
+            o_half = o_smem.index(WG)
             o_half.store(acc.to(dtype))
             fence_async_shared()
             tma.async_copy_shared_to_global(o_desc, [o_row, o_col], o_half)
@@ -471,7 +472,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
             # write (the store running under the next key loop) measured 1-4% slower on the short
             # cells (run 20261129T165232, bf16 and fp16, against T164630 and T164454)
             tma.store_wait(0)
-        else:  # the warpgroup straddles the sequence's end: store only the rows that exist
+        else:  # from registers (O not staged, or the warpgroup straddles the end: only the rows that exist)
             rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
             cols = gl.arange(0, HEAD, layout=gl.SliceLayout(0, o_layout))
             ptrs = O + (o_row + rows).to(gl.int64)[:, None] * o_stride + (o_col + cols)[None, :]
@@ -496,13 +497,17 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                   CONSUMER_REGS: gl.constexpr,
                   CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                   RAGGED: gl.constexpr, PAIRED: gl.constexpr, PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr,
-                  VARLEN: gl.constexpr, SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, PAGED: gl.constexpr):
+                  VARLEN: gl.constexpr, SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, PAGED: gl.constexpr,
+                  O_SMEM: gl.constexpr):
     """Each program runs its work items (query block, batch*head), :func:`_n_items` and
     :func:`_tile`; the K/V rings and the barrier phases carry on from one item to the
     next, so the next item's first loads overlap this one's epilogue."""
     NUM_WG: gl.constexpr = BLOCK_M // 64
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG, 64, HEAD], q_desc.layout)  # a 64-row box per warpgroup
-    o_smem = gl.allocate_shared_memory(o_desc.dtype, [NUM_WG, 64, HEAD], o_desc.layout)
+    if O_SMEM:
+        o_smem = gl.allocate_shared_memory(o_desc.dtype, [NUM_WG, 64, HEAD], o_desc.layout)
+    else:  # never used: a placeholder for the partitions' argument lists
+        o_smem = gl.allocate_shared_memory(o_desc.dtype, [1, 8, 8], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD], q_desc.layout)  # 2-D slots
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD], q_desc.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -531,19 +536,19 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 0, BLOCK_M, BLOCK_N, HEAD,
                          CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED,
-                         ALIGN_BR)),
+                         ALIGN_BR, O_SMEM)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 1, BLOCK_M, BLOCK_N, HEAD,
                          CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED,
-                         ALIGN_BR)),
+                         ALIGN_BR, O_SMEM)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 2, BLOCK_M, BLOCK_N, HEAD,
                          CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED,
-                         ALIGN_BR)),
+                         ALIGN_BR, O_SMEM)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
                          window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
@@ -557,13 +562,13 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 0, BLOCK_M, BLOCK_N, HEAD,
                          CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED,
-                         ALIGN_BR)),
+                         ALIGN_BR, O_SMEM)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 1, BLOCK_M, BLOCK_N, HEAD,
                          CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED,
-                         ALIGN_BR)),
+                         ALIGN_BR, O_SMEM)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
                          window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
@@ -599,9 +604,19 @@ def _view3d(t: torch.Tensor, layout: str):
     return t.view(b, s, h * d), 1, 0, d
 
 
+SMEM_SPARE = 1024  # bytes left for the mbarriers
+
+
+def o_staged(head_dim: int, cfg) -> bool:
+    """Whether O goes out through shared memory (a TMA store) beside Q and the K/V rings; where it
+    does not fit (D=128 with 3 stages), each thread stores its part of O from registers."""
+    return 2 * head_dim * (2 * cfg.block_m + 2 * cfg.num_stages * cfg.block_n) + SMEM_SPARE <= SMEM_LIMIT
+
+
 def smem_bytes(head_dim: int, cfg) -> int:
-    """Shared memory one program allocates (16-bit elements): Q, O and the K/V rings."""
-    return 2 * head_dim * (2 * cfg.block_m + 2 * cfg.num_stages * cfg.block_n)
+    """Shared memory one program allocates (16-bit elements): Q, the K/V rings and, staged, O."""
+    o = cfg.block_m if o_staged(head_dim, cfg) else 0
+    return 2 * head_dim * (cfg.block_m + o + 2 * cfg.num_stages * cfg.block_n)
 
 
 def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
@@ -615,7 +630,7 @@ def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
     if prob.page % cfg.block_n:
         return f"page_size {prob.page} (takes multiples of its {cfg.block_n}-key tile: a tile must not straddle pages)"
     smem = smem_bytes(prob.head_dim, cfg)
-    if smem > SMEM_LIMIT:
+    if smem + SMEM_SPARE > SMEM_LIMIT:
         return f"needs {smem >> 10} KB of shared memory, sm_90 has {SMEM_LIMIT >> 10} KB"
     for t in (q, k, v, o):
         if not t.is_contiguous() or t.data_ptr() % 16:
@@ -713,4 +728,5 @@ def constexprs(prob, cfg, store_lse: bool, paired: bool = False, alibi: bool = F
                 WINDOW=prob.window_offset is not None, SOFTCAP=prob.softcap > 0, ALIBI=alibi,
                 RAGGED=per_sequence(prob) or prob.seqlen_k % cfg.block_n != 0, PAIRED=paired,
                 PINGPONG=bool(cfg.pingpong), STORE_LSE=store_lse, VARLEN=prob.varlen, SEQUSED=prob.seqused,
-                ALIGN_BR=per_sequence(prob) and prob.align_br, PAGED=bool(prob.page))
+                ALIGN_BR=per_sequence(prob) and prob.align_br, PAGED=bool(prob.page),
+                O_SMEM=o_staged(prob.head_dim, cfg))
