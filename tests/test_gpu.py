@@ -175,19 +175,21 @@ def test_hopper_varlen_keys_stop_at_the_sequence_end():
     k, cu_k = packed(lens_k, 4, 128, torch.bfloat16, 5)
     v, _ = packed(lens_k, 4, 128, torch.bfloat16, 6)
     k[1000:1700], v[1000:1700] = float("nan"), float("nan")  # sequence 1
-    for causal in (False, True):
+    for causal, stages in ((False, 2), (True, 2), (True, 3)):  # 3 stages: O leaves from registers
+        cfg = fmha.KernelConfig(128, 128, 4, stages)
         o, lse = fmha.attention_varlen(q, k, v, cu_q, cu_k, 300, 1000, causal=causal, causal_align="bottom_right",
-                                       variant="hopper", return_lse=True)
+                                       variant="hopper", return_lse=True, config=cfg)
         torch.cuda.synchronize()
         check_varlen(o, lse, q, k, v, cu_q, cu_k, skip=(1,), causal=causal, causal_align="bottom_right")
 
 
 @pytest.mark.parametrize("layout", ["bhsd", "bshd"])
 @pytest.mark.parametrize("causal,align", [(False, "top_left"), (True, "top_left"), (True, "bottom_right")])
-@pytest.mark.parametrize("d", [64, 128])
-def test_hopper_seqused_k_is_key_padding(d, causal, align, layout):
+@pytest.mark.parametrize("d,stages", [(64, 2), (128, 2), (128, 3)])
+def test_hopper_seqused_k_is_key_padding(d, stages, causal, align, layout):
     """Per-batch key lengths on the Gluon kernel; the padding past them holds NaN (keys and
-    values) and never reaches the result; a batch with no keys gives 0 and LSE -inf."""
+    values) and never reaches the result; a batch with no keys gives 0 and LSE -inf.  (3 stages
+    at D=128: the table's choice past 16k keys, O stored from registers.)"""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("sm_90 only")
     q, k, v = make_qkv(4, 4, 2, 300, 1100, d, torch.bfloat16, layout, seed=d)
@@ -196,8 +198,10 @@ def test_hopper_seqused_k_is_key_padding(d, causal, align, layout):
         pad = (b, slice(None), slice(n, None)) if layout == "bhsd" else (b, slice(n, None))
         k[pad], v[pad] = float("nan"), float("nan")
     out = nan_like(q)
+    cfg = fmha.KernelConfig(128, 128, 4, stages)
     o, lse = fmha.attention(q, k, v, causal=causal, causal_align=align, layout=layout, variant="hopper", out=out,
-                            return_lse=True, seqused_k=torch.tensor(used, dtype=torch.int32, device="cuda"))
+                            return_lse=True, seqused_k=torch.tensor(used, dtype=torch.int32, device="cuda"),
+                            config=cfg)
     torch.cuda.synchronize()
     for b, n in enumerate(used):
         own = (slice(b, b + 1),)

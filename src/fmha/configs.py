@@ -91,9 +91,15 @@ HOPPER = [
     # head-major: 545/662/634 vs 527/651/609 (run 20261129T175528), 536/583/614 vs 530/578/608 (T180941);
     # at 8k 635 vs 634, at 16k 622 vs 637 (T175528): head-major stays there
     (128, False, 4096, KernelConfig(128, 128, 4, 2, head_group=4)),
-    (128, False, None, KernelConfig(128, 128, 4, 2)),   # s3 541/651, s2 536/638 (one program a block); s3 no
-                                                        # longer fits beside O's own buffer; m192 spills
-    (128, True, None, KernelConfig(128, 128, 4, 2)),
+    # D=128 past 16k keys: 3 K/V stages, O then stored from registers (no room to stage it).  Against 2
+    # stages, same run (bf16 20261129T224118, fp16 T224319, extra grid T224215-gpu1), TFLOP/s s3/s2:
+    # non-causal 512..16k 412/488 510/610 576/589 606/619 618/633 631/640, 128k 627/598; causal 512..16k
+    # 269/316 .. 604/612, 128k 626/617.  Slower up to 16k (the register store of O costs more than the
+    # deeper ring gains while a head's K/V sit in L2), faster at 128k (a head's K/V, 64 MB, do not).
+    (128, False, 16384, KernelConfig(128, 128, 4, 2)),  # m192 spills
+    (128, False, None, KernelConfig(128, 128, 4, 3)),
+    (128, True, 16384, KernelConfig(128, 128, 4, 2)),
+    (128, True, None, KernelConfig(128, 128, 4, 3)),
 ]
 
 
