@@ -54,13 +54,6 @@ def test_paged_errors():
         fmha.attention_paged(q, pool, pool, table.long(), lens)
     with pytest.raises(ValueError, match=r"k_cache must be \[num_pages, page_size, kv_heads, 32\]"):
         fmha.attention_paged(q, pool[..., :16], pool, table, lens)
-
-
-def test_paged_variant_choice_errors():
-    q, k, v = make_qkv(1, 2, 2, 1, 32, 32, torch.float16)
-    pool = torch.zeros(4, 16, 2, 32, dtype=torch.float16, device=DEVICE)
-    table = torch.zeros(1, 2, dtype=torch.int32, device=DEVICE)
-    lens = torch.tensor([20], dtype=torch.int32, device=DEVICE)
     with pytest.raises(ValueError, match="attention_paged runs variant 'auto', 'tiled' or 'hopper', got 'singlewave'"):
         fmha.attention_paged(q, pool, pool, table, lens, variant="singlewave")
     if DEVICE == "cpu":
