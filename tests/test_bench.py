@@ -191,8 +191,8 @@ def test_sweep_cli_over_a_grid(tmp_path):
 
 def test_hopper_provider_with_changed_fields():
     """``fmha:hopper[field=value,...]`` runs each cell's own HOPPER table entry with those fields
-    replaced (and says so in the ledger's config column); unknown fields and values are refused,
-    and it is offered only where the hopper variant is."""
+    replaced (and says so in the ledger's config column), ``fmha:tiled[...]`` its table's; unknown
+    fields and values are refused, and each is offered only where its variant is."""
     from fmha import configs
     fake_hopper = [Provider("fmha:hopper", lambda *a: None, peer=False)]
     (p,) = providers.select(fake_hopper, ["fmha:hopper[persistent=0,pingpong=1]"])
@@ -200,6 +200,9 @@ def test_hopper_provider_with_changed_fields():
         table = configs.hopper_config(cell.head_dim, cell.causal, cell.seqlen_k)
         assert p.config(cell) == configs.KernelConfig(**{**table.as_dict(), "persistent": 0, "pingpong": 1})
         assert runner._config_of(p, cell, None, None, None) == str(p.config(cell))
+    (t,) = providers.select(providers.providers("cpu"), ["fmha:tiled[tma=1]"])  # decoding: the decode table's
+    cell = grids.Cell(4, 32, 8, 1, 8192, 128, False)
+    assert t.config(cell) == configs.KernelConfig(**{**configs.decode_config(4, 8192).as_dict(), "tma": 1})
     for bad in ("fmha:hopper[pingpong=x]", "fmha:hopper[nope=1]"):
         with pytest.raises(ValueError, match="field=integer"):
             providers.select(fake_hopper, [bad])

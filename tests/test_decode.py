@@ -88,3 +88,33 @@ def test_split_count_follows_programs_per_sm(monkeypatch):
         # program past per_sm * SMs (no last wave of a few programs)
         assert split_len % 64 == 0 and splits - 1 <= count <= splits, (per_sm, split_len)
         assert 16 * count <= (per_sm or 4) * 100
+
+
+@pytest.mark.parametrize("sq,layout,causal", [(1, "bhsd", False), (4, "bshd", True), (40, "bhsd", True)])
+def test_kv_by_tma(sq, layout, causal):
+    """``tiled`` with K/V read by TMA (config tma=1): split decoding with packed GQA and prefill,
+    both layouts, per-batch key lengths whose padding holds NaN, against the float64 reference;
+    what it cannot take (strided K/V, another variant) is refused with the reason."""
+    b, h, kvh, sk, d = 2, 8, 2, 300, 64
+    q, k, v = make_qkv(b, h, kvh, sq, sk, d, torch.bfloat16, layout=layout, seed=sq)
+    used = [300, 131]
+    for i, n in enumerate(used):
+        pad = (i, slice(None), slice(n, None)) if layout == "bhsd" else (i, slice(n, None))
+        k[pad], v[pad] = float("nan"), float("nan")
+    cfg = fmha.KernelConfig(16 if sq < 16 else 32, 64, 4, 2, split_per_sm=1, tma=1)
+    out = nan_like(q)
+    o, lse = fmha.attention(q, k, v, causal=causal, causal_align="bottom_right", layout=layout, variant="tiled",
+                            config=cfg, num_splits=3 if sq < 16 else 0, return_lse=True, out=out,
+                            seqused_k=torch.tensor(used, dtype=torch.int32, device=DEVICE))
+    for i, n in enumerate(used):
+        own = (slice(i, i + 1),)
+        keys = (slice(i, i + 1), slice(None), slice(0, n)) if layout == "bhsd" else (slice(i, i + 1), slice(0, n))
+        check_against_reference(out[own], q[own], k[keys], v[keys], causal, "bottom_right", layout)
+        bhsd = [t if layout == "bhsd" else t.transpose(1, 2) for t in (q[own], k[keys], v[keys])]
+        _, ref_lse = reference.dense_attention(*bhsd, causal=causal, causal_align="bottom_right", return_lse=True)
+        np.testing.assert_allclose(lse[own].cpu().double().numpy(), ref_lse, atol=2e-3)
+    with pytest.raises(ValueError, match="need contiguous, 16-byte aligned k and v"):
+        strided = make_qkv(b, h, kvh, sq, sk, d, torch.bfloat16, layout=layout, contiguous=False)
+        fmha.attention(*strided, layout=layout, variant="tiled", config=cfg)
+    with pytest.raises(ValueError, match="is the tiled variant's"):
+        fmha.attention(q, k, v, layout=layout, variant="pipelined", config=cfg)

@@ -216,8 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default on a GPU, quick on the CPU")
     b.add_argument("--dtype", nargs="+", choices=list(DTYPES), default=["float16", "bfloat16"])
     b.add_argument("--providers", nargs="+", default=None,
-                   help="names as in the table (default: all); on sm_90 also 'fmha:hopper[pingpong=1,...]': "
-                        "each cell's HOPPER table config with those fields replaced")
+                   help="names as in the table (default: all); also 'fmha:hopper[pingpong=1,...]' or "
+                        "'fmha:tiled[tma=1]': each cell's table config for that variant with those fields replaced")
     b.add_argument("--ledger", default=str(ledger.DEFAULT_LEDGER))
     b.add_argument("--device", choices=["cuda", "cpu"], default=None)
     b.add_argument("--cuda-graphs", action="store_true",

@@ -22,6 +22,7 @@ class KernelConfig:
     split_per_sm: int = 0  # key-split launches: programs per SM the split aims for; 0: the default (4)
     pingpong: int = 0  # hopper: 1 the consumer warpgroups take turns issuing their matrix products
     head_group: int = 0  # hopper: work items numbered across this many heads at once; 0: head-major (1)
+    tma: int = 0  # tiled: 1 K/V read by TMA (3-D descriptors; sm_90, contiguous K/V, not varlen or paged)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -32,7 +33,9 @@ class KernelConfig:
         fill = f"f{self.split_per_sm}" if self.split_per_sm else ""
         turns = "pp" if self.pingpong else ""
         heads = f"h{self.head_group}" if self.head_group else ""
-        return f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}{regs}{sched}{fill}{turns}{heads}"
+        tma = "t" if self.tma else ""
+        return (f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}{regs}{sched}{fill}{turns}{heads}"
+                f"{tma}")
 
 
 SEED = KernelConfig(block_m=16, block_n=16, num_warps=1, num_stages=1)

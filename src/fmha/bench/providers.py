@@ -59,12 +59,23 @@ def _fmha(variant: str) -> Provider:
     return Provider(f"fmha:{variant}", make, peer=False)
 
 
-def _hopper_with(name: str) -> Provider:
-    """``fmha:hopper[field=value,...]``: the Gluon kernel on each cell's own entry of the HOPPER
-    table with those :class:`~fmha.configs.KernelConfig` fields replaced, so one change is timed
-    against the table (``fmha:auto``) and the peers in the same run."""
+def _table_config(variant: str, cell):
+    """The config ``auto`` gives ``variant`` on an H200 for ``cell`` (tiled: the decode table for up
+    to 16 query rows, whose GQA rows are packed; else the sm_90 row)."""
     from fmha import configs
-    inner = re.fullmatch(r"fmha:hopper\[(.+)\]", name).group(1)
+    if variant == "hopper":
+        return configs.hopper_config(cell.head_dim, cell.causal, cell.seqlen_k, modifiers=bool(cell.features))
+    if cell.seqlen_q <= 16:
+        return configs.decode_config(cell.seqlen_q * cell.heads // cell.kv_heads, cell.seqlen_k)
+    return configs.tiled_config("sm90", cell.head_dim)
+
+
+def _changed(name: str) -> Provider:
+    """``fmha:hopper[field=value,...]`` (or ``fmha:tiled[...]``): that variant on each cell's own
+    table config with those :class:`~fmha.configs.KernelConfig` fields replaced, so one change is
+    timed against the table (``fmha:auto``) and the peers in the same run."""
+    from fmha import configs
+    variant, inner = re.fullmatch(r"fmha:(hopper|tiled)\[(.+)\]", name).groups()
     fields = {f.name for f in dataclasses.fields(configs.KernelConfig)}
     changes = {}
     for part in inner.split(","):
@@ -74,12 +85,11 @@ def _hopper_with(name: str) -> Provider:
         changes[key] = int(val)
 
     def config(cell):
-        cfg = configs.hopper_config(cell.head_dim, cell.causal, cell.seqlen_k, modifiers=bool(cell.features))
-        return dataclasses.replace(cfg, **changes)
+        return dataclasses.replace(_table_config(variant, cell), **changes)
 
     def make(q, k, v, cell):
         kw = modifiers(cell, q.device)
-        return lambda: fmha.attention(q, k, v, causal=cell.causal, variant="hopper", config=config(cell), **kw)
+        return lambda: fmha.attention(q, k, v, causal=cell.causal, variant=variant, config=config(cell), **kw)
     return Provider(name, make, peer=False, config=config)
 
 
@@ -140,7 +150,7 @@ def select(all_providers: list[Provider], names: list[str] | None) -> list[Provi
     if not names:
         return all_providers
     known = {p.name: p for p in all_providers}
-    known.update({n: _hopper_with(n) for n in names if n.startswith("fmha:hopper[") and "fmha:hopper" in known})
+    known.update({n: _changed(n) for n in names if re.match(r"fmha:(hopper|tiled)\[", n) and n.split("[")[0] in known})
     unknown = [n for n in names if n not in known]
     if unknown:
         raise ValueError(f"unknown provider(s) {unknown}; available here: {sorted(known)}")

@@ -71,11 +71,32 @@ def strides_bhsd(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
     return (s[0], s[1], s[2], s[3]) if layout == "bhsd" else (s[0], s[2], s[1], s[3])
 
 
+def kv_view3d(t: torch.Tensor, layout: str):
+    """K or V (contiguous) as the 3-D tensor TMA reads, [batch*heads or batch, seqlen, *] (so a box
+    past seqlen is zero-filled, never the next head's keys), and how (batch, head) map to its first
+    coordinate and its last."""
+    b, d = t.shape[0], t.shape[3]
+    if layout == "bhsd":
+        h, s = t.shape[1], t.shape[2]
+        return t.view(b * h, s, d), h, 1, 0
+    s, h = t.shape[1], t.shape[2]
+    return t.view(b, s, h * d), 1, 0, d
+
+
 def unsupported(variant: str, cfg, prob: Problem, q, k, v, o, layout: str, alibi: bool = False) -> str | None:
     """Why ``variant`` cannot take this call, or None."""
     if variant == "hopper":
         from . import hopper
         return hopper.supports(prob, cfg, q, k, v, o, layout)
+    if cfg.tma:
+        if variant != "tiled":
+            return "K/V by TMA (config tma=1) is the tiled variant's"
+        if prob.varlen or prob.page or prob.block_d != prob.head_dim:
+            return "K/V by TMA take one (batch, head) sequence of a power-of-two head_dim (not varlen or paged)"
+        if not (k.is_contiguous() and v.is_contiguous()) or k.data_ptr() % 16 or v.data_ptr() % 16:
+            return "K/V by TMA need contiguous, 16-byte aligned k and v"
+        if q.is_cuda and device_facts(q.device.index)[0] < 9:
+            return "K/V by TMA need an sm_90 GPU or newer"
     return None
 
 
@@ -99,6 +120,13 @@ def launch(variant: str, cfg, prob: Problem, q, k, v, o, lse, layout: str, alibi
         for st in strides:
             st[0] = 0
     a = prob.align_offset  # the kernel adds each sequence's own diagonal back
+    kv_tma = bool(cfg.tma)
+    if kv_tma:  # K/V as 3-D TMA descriptors: boxes [1, BLOCK_N, D] of one (batch, kv head)
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        (k3, *kv_place), (v3, *_) = (kv_view3d(t, layout) for t in (k, v))
+        k_desc, v_desc = (TensorDescriptor.from_tensor(t, [1, cfg.block_n, prob.head_dim]) for t in (k3, v3))
+    else:
+        k_desc, v_desc, kv_place = k, v, (0, 0, 0)
     kernel[grid](
         q, k, v, o, lse if lse is not None else o, *strides[0], *strides[1], *strides[2], *strides[3],
         prob.heads, prob.heads // prob.kv_heads, prob.seqlen_q, prob.seqlen_k,
@@ -107,10 +135,10 @@ def launch(variant: str, cfg, prob: Problem, q, k, v, o, lse, layout: str, alibi
         cu_q if cu_q is not None else o, cu_k if cu_k is not None else o, seqused if seqused is not None else o,
         split_len, o.stride(0) if split_len else 0, lse[0].numel() if split_len and lse is not None else 0,
         block_table if block_table is not None else o, block_table.stride(0) if block_table is not None else 0,
-        block_table.shape[1] if block_table is not None else 0,
+        block_table.shape[1] if block_table is not None else 0, k_desc, v_desc, *kv_place,
         HEAD_DIM=prob.head_dim, BLOCK_D=prob.block_d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         CAUSAL=prob.causal, STORE_LSE=lse is not None, WINDOW=prob.window_offset is not None,
         SOFTCAP=prob.softcap > 0, ALIBI=alibi is not None, VARLEN=prob.varlen, SEQUSED=prob.seqused,
         ALIGN_BR=prob.align_br, SPLIT=bool(split_len), PAGED=bool(prob.page), PAGE=max(prob.page, 1),
-        PACK_GQA=prob.pack_gqa,
+        PACK_GQA=prob.pack_gqa, KV_TMA=kv_tma,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)

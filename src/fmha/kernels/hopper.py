@@ -54,7 +54,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ..reference import LOG2E
-from . import device_facts
+from . import device_facts, kv_view3d
 
 SMEM_LIMIT = 232448  # bytes of shared memory one sm_90 block may use
 CONSUMER_REGS = {2: 240, 3: 160}  # setmaxnreg per consumer thread, by warpgroup count
@@ -592,18 +592,6 @@ def _view2d(t: torch.Tensor, layout: str):
     return t.view(b * s, h * d), s, 0, d
 
 
-def _view3d(t: torch.Tensor, layout: str):
-    """K or V as the 3-D tensor TMA reads, [batch*heads or batch, seqlen, *] (so a box past
-    seqlen is zero-filled, never the next head's keys), and how (batch, head) map to its first
-    coordinate and its last."""
-    b, d = t.shape[0], t.shape[3]
-    if layout == "bhsd":
-        h, s = t.shape[1], t.shape[2]
-        return t.view(b * h, s, d), h, 1, 0
-    s, h = t.shape[1], t.shape[2]
-    return t.view(b, s, h * d), 1, 0, d
-
-
 SMEM_SPARE = 1024  # bytes left for the mbarriers
 
 
@@ -642,7 +630,7 @@ def descriptors(prob, cfg, q, k, v, o, layout: str) -> tuple:
     """The four TMA descriptors and the row/column strides of (batch, head) in their 2-D views."""
     (q2, qrb, qrh, qch), (o2, *_) = (_view2d(t, layout) for t in (q, o))
     kv_layout = "bshd" if prob.page else layout  # a page pool [pages, page, kv_heads, D] reads as bshd
-    (k3, krb, krh, kch), (v3, *_) = (_view3d(t, kv_layout) for t in (k, v))
+    (k3, krb, krh, kch), (v3, *_) = (kv_view3d(t, kv_layout) for t in (k, v))
     d = prob.head_dim
     descs = (TensorDescriptor.from_tensor(q2, [64, d], SMEM_LAYOUT),
              TensorDescriptor.from_tensor(k3, [1, cfg.block_n, d], KV_LAYOUT),

@@ -17,9 +17,11 @@ from .common import (causal_stop, full_stop, head_slope, initial_state, load_row
 def _key_range(acc, l, m, q, k_base, v_base, lo, hi, offs_m, offs_n, offs_d,
                stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, causal_offset, scale_log2,
                window_offset, align_offset, softcap, slope, BlockTable, b, stride_bt, max_pages, stride_kb, stride_vb,
+               K_desc, V_desc, kv_seq, kv_col,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
-               SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr):
+               SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr,
+               KV_TMA: tl.constexpr):
     first = (lo + offs_n).to(tl.int64)
     k_ptrs = k_base + first[:, None] * stride_ks + offs_d[None, :] * stride_kd
     v_ptrs = v_base + first[:, None] * stride_vs + offs_d[None, :] * stride_vd
@@ -30,11 +32,19 @@ def _key_range(acc, l, m, q, k_base, v_base, lo, hi, offs_m, offs_n, offs_d,
                                 stride_ks, stride_kd, PAGE)
             v_ptrs = paged_rows(v_base, BlockTable, b, start_n, offs_n, offs_d, stride_bt, max_pages, stride_vb,
                                 stride_vs, stride_vd, PAGE)
-        k = load_rows(k_ptrs, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, MASKED)
+        if KV_TMA:  # a box of the 3-D descriptor; keys past the tensor's end come back 0
+            k = K_desc.load([kv_seq, start_n, kv_col]).reshape([BLOCK_N, BLOCK_D])
+        else:
+            k = load_rows(k_ptrs, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, MASKED)
         qk = mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
         s = scores(qk, offs_m, cols, seqlen_k, scale_log2, softcap, slope, causal_offset, window_offset, align_offset,
                    MASKED, CAUSAL and MASKED, WINDOW and MASKED, SOFTCAP, ALIBI)
-        v = load_rows(v_ptrs, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, MASKED)
+        if KV_TMA:
+            v = V_desc.load([kv_seq, start_n, kv_col]).reshape([BLOCK_N, BLOCK_D])
+            if MASKED:  # rows past seqlen_k (seqused_k) hold real memory: 0 * NaN would be NaN
+                v = tl.where((cols < seqlen_k)[:, None], v, 0.0)
+        else:
+            v = load_rows(v_ptrs, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, MASKED)
         acc, l, m = online_softmax_step(acc, l, m, s, v)
         k_ptrs += BLOCK_N * stride_ks
         v_ptrs += BLOCK_N * stride_vs
@@ -50,11 +60,12 @@ def tiled_kernel(
         stride_ob, stride_oh, stride_os, stride_od,
         heads, group, seqlen_q, seqlen_k, causal_offset, scale_log2,
         window_offset, align_offset, softcap, Alibi, CuQ, CuK, SeqK, split_len, stride_osplit, lse_split,
-        BlockTable, stride_bt, max_pages,
+        BlockTable, stride_bt, max_pages, K_desc, V_desc, kv_seq_b, kv_seq_h, kv_col_h,
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
         ALIBI: tl.constexpr, VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr,
-        SPLIT: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr, PACK_GQA: tl.constexpr):
+        SPLIT: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr, PACK_GQA: tl.constexpr,
+        KV_TMA: tl.constexpr):
     (row_lo, row_hi, offs_m, q, k_base, v_base, o_rows, lse_rows, seqlen_q, seqlen_k, causal_offset, window_offset,
      align_offset) = program_start(
         Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh,
@@ -62,6 +73,8 @@ def tiled_kernel(
         align_offset, CuQ, CuK, SeqK, stride_osplit, lse_split, HEAD_DIM, BLOCK_D, BLOCK_M, VARLEN, SEQUSED,
         ALIGN_BR, SPLIT, PAGED, PACK_GQA)
     tl.static_assert(not (PACK_GQA and ALIBI), "ALiBi slopes are per head: not with packed GQA rows")
+    tl.static_assert(not KV_TMA or (BLOCK_D == HEAD_DIM and not VARLEN and not PAGED),
+                     "K/V by TMA: whole head_dim boxes of one (batch, head) sequence")
     if row_lo >= seqlen_q:  # past this sequence's end (packed batches): nothing to do
         return
     offs_n = tl.arange(0, BLOCK_N)
@@ -69,6 +82,9 @@ def tiled_kernel(
     m, l, acc = initial_state(BLOCK_M, BLOCK_D)
     slope = head_slope(Alibi, tl.program_id(1), heads, ALIBI)
     b = tl.program_id(1) // (heads // group if PACK_GQA else heads)
+    kvh = tl.program_id(1) % (heads // group) if PACK_GQA else tl.program_id(1) % heads // group
+    kv_seq = b * kv_seq_b + kvh * kv_seq_h  # KV_TMA: this program's place in the K/V descriptors
+    kv_col = kvh * kv_col_h
     first = window_start(row_lo, window_offset, BLOCK_N, WINDOW)
     if WINDOW:  # a band: every visited tile is masked
         lo = first
@@ -81,14 +97,14 @@ def tiled_kernel(
     acc, l, m = _key_range(acc, l, m, q, k_base, v_base, u0, u1, offs_m, offs_n, offs_d,
                            stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, causal_offset, scale_log2,
                            window_offset, align_offset, softcap, slope, BlockTable, b, stride_bt, max_pages,
-                           stride_kb, stride_vb, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
-                           False, CAUSAL, WINDOW, SOFTCAP, ALIBI, PAGED, PAGE)
+                           stride_kb, stride_vb, K_desc, V_desc, kv_seq, kv_col, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
+                           False, CAUSAL, WINDOW, SOFTCAP, ALIBI, PAGED, PAGE, KV_TMA)
     # the diagonal, the band's edges and the ragged end, up to the early exit: masked
     acc, l, m = _key_range(acc, l, m, q, k_base, v_base, lo, hi, offs_m, offs_n, offs_d,
                            stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, causal_offset, scale_log2,
                            window_offset, align_offset, softcap, slope, BlockTable, b, stride_bt, max_pages,
-                           stride_kb, stride_vb, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
-                           True, CAUSAL, WINDOW, SOFTCAP, ALIBI, PAGED, PAGE)
+                           stride_kb, stride_vb, K_desc, V_desc, kv_seq, kv_col, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
+                           True, CAUSAL, WINDOW, SOFTCAP, ALIBI, PAGED, PAGE, KV_TMA)
     write_output(o_rows, LSE, lse_rows, acc, l, m, offs_m, seqlen_q, offs_d, stride_od,
                  HEAD_DIM, BLOCK_D, STORE_LSE)
 
