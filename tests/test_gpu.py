@@ -85,6 +85,19 @@ def test_hopper_refuses_what_does_not_fit():
         fmha.attention(q, k, v, variant="hopper", config=fmha.KernelConfig(128, 128, 4, 4))
 
 
+def test_decode_reads_kv_by_tma_where_it_can():
+    """Decoding on sm_90 takes the decode table's K/V by TMA for contiguous K/V and drops it for
+    strided ones (TMA needs the 3-D view); both agree with the reference."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("sm_90 only")
+    for contiguous, tma in ((True, True), (False, False)):
+        q, k, v = make_qkv(2, 8, 2, 1, 4096, 128, torch.bfloat16, contiguous=contiguous, seed=7)
+        assert fmha.api.describe(q, k, v).split()[1].endswith("t") == tma, fmha.api.describe(q, k, v)
+        out = nan_like(q)
+        fmha.attention(q, k, v, out=out)
+        check_against_reference(out, q, k, v, False)
+
+
 HOPPER_FEATURES = [  # (causal, align, window, softcap, ALiBi)
     (False, "top_left", (256, -1), 0.0, False),           # a left window only: no upper edge
     (True, "top_left", (300, -1), 0.0, False),            # causal + window: a band, tiles skipped on both sides

@@ -372,6 +372,8 @@ def _plan(prob, q, k, v, o, layout, variant, config, alibi_slopes, num_splits, l
     if name != "hopper" and not prob.varlen:
         prob = _pack_plan(prob, alibi_slopes)
         cfg, split_len = _split_plan(num_splits, arch, prob, cfg, q.device, fixed=config is not None)
+        if cfg.tma and kernels.unsupported(name, cfg, prob, q, k, v, o, layout):  # the decode table's TMA
+            cfg = dataclasses.replace(cfg, tma=0)
     return name, cfg, prob, split_len
 
 

@@ -131,11 +131,15 @@ def decode_config(rows: int, seqlen_k: int) -> KernelConfig:
     m16n64w4s4f1 7.3/14.2/17.0/17.9, m16n64w4s3f1 7.5/13.7/16.3/17.1, m16n128w4s4f1
     5.9/13.9/16.8/18.0, the session-4 choices (f2, or 4 programs per SM at 32k and 128k) 1-7%
     behind from 8k.  bench/decode_splits.py in the same call: 4 splits (1 per SM here) best at
-    32k and 128k, 8 at 8k by 1%; more programs per SM only share the same bandwidth."""
+    32k and 128k, 8 at 8k by 1%; more programs per SM only share the same bandwidth.  K/V by TMA
+    (``tma=1``; the caller drops it where the call cannot take it), against the same configs
+    without, run 20261129T231315 (bf16, GQA 32/8, cuDNN in the same run), us at 1k / 8k / 32k /
+    128k keys: 1 query row 8.30/37.86/126.35/479.91 against 8.92/37.93/125.89/478.66; 4 rows
+    3.5-7% faster, 16 rows 0-4.5%."""
     block_m = min(64, max(16, 1 << (rows - 1).bit_length()))
     if block_m > 16:
-        return KernelConfig(block_m, 64, 4, 3)
-    return KernelConfig(16, 64, 4, 4 if seqlen_k >= 8192 else 3, split_per_sm=1)
+        return KernelConfig(block_m, 64, 4, 3, tma=1)
+    return KernelConfig(16, 64, 4, 4 if seqlen_k >= 8192 else 3, split_per_sm=1, tma=1)
 
 
 def tiled_config(arch: str, head_dim: int) -> KernelConfig:
