@@ -133,7 +133,7 @@ def decode_config(rows: int, seqlen_k: int) -> KernelConfig:
     behind from 8k.  bench/decode_splits.py in the same call: 4 splits (1 per SM here) best at
     32k and 128k, 8 at 8k by 1%; more programs per SM only share the same bandwidth.  K/V by TMA
     (``tma=1``; the caller drops it where the call cannot take it), against the same configs
-    without, run 20261129T231315 (bf16, GQA 32/8, cuDNN in the same run), us at 1k / 8k / 32k /
+    without, run 20261129T230027 (bf16, GQA 32/8, cuDNN in the same run), us at 1k / 8k / 32k /
     128k keys: 1 query row 8.30/37.86/126.35/479.91 against 8.92/37.93/125.89/478.66; 4 rows
     3.5-7% faster, 16 rows 0-4.5%."""
     block_m = min(64, max(16, 1 << (rows - 1).bit_length()))
