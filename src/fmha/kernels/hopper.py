@@ -29,17 +29,18 @@ Shapes it takes (:func:`supports`): sm_90, head_dim 64 or 128, any seqlen_q and
 seqlen_k, q/k/v/out contiguous in bhsd or bshd, packed sequences (``VARLEN``,
 one packed bshd tensor; the work items come from a list the host builds from the
 lengths, :func:`varlen_items`, so none lies past a sequence's end) and per-batch
-key lengths (``SEQUSED``), also against a paged K/V cache (``PAGED``: pages of a multiple of
-``BLOCK_N`` keys, each key tile's page read from the block table by the producer).  Rows of the last query block past
-the sequence's end are computed on whatever TMA reads there and never stored (a
-warpgroup that straddles the end stores with a row mask).  K and V are read
+key lengths (``SEQUSED``), also against a paged K/V cache (``PAGED``: pages of a
+multiple of ``BLOCK_N`` keys, each key tile's page read from the block table by the
+producer).  Rows of the last query block past the sequence's end are computed on
+whatever TMA reads there and never stored (a warpgroup that straddles the end, or
+every warpgroup where O cannot be staged in shared memory, stores from registers).  K and V are read
 through 3-D descriptors, one sequence per (batch, head), so a last key tile past
 seqlen_k holds zeros (never the next head's keys, which could hold anything, NaN
 included: a masked score times a NaN value is NaN) and is masked (``RAGGED``).
 Past a packed sequence's end or a seqused_k length the tile holds real memory
 (the next sequence's keys, or the cache's unused part): the scores are masked
 and the producer zeroes those rows of V in shared memory before the consumers
-see it (:func:`_load_zeroed_past`).  Anything else goes to ``tiled``.  Gluon
+see it (:func:`_zero_past`).  Anything else goes to ``tiled``.  Gluon
 kernels do not run in the interpreter.
 """
 from __future__ import annotations
@@ -172,8 +173,8 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_
         for i in range(n_iters):
             s = it % STAGES
             ph = (it // STAGES) & 1
-            kv_s, row = _kv_place(b, kv_seq, k0, first + i, Pages, pages_b, page, BLOCK_N, PAGED)  # before the wait
-            if i > 0:
+            if i > 0:  # (tile 0's place is the first K load's)
+                kv_s, row = _kv_place(b, kv_seq, k0, first + i, Pages, pages_b, page, BLOCK_N, PAGED)  # before the wait
                 mbarrier.wait(k_empty.index(s), ph ^ 1)
                 _load(k_desc, [kv_s, row, kv_col], k_ready.index(s), k_bufs.index(s))
             mbarrier.wait(v_empty.index(s), ph ^ 1)
