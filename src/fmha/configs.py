@@ -23,6 +23,7 @@ class KernelConfig:
     pingpong: int = 0  # hopper: 1 the consumer warpgroups take turns issuing their matrix products
     head_group: int = 0  # hopper: work items numbered across this many heads at once; 0: head-major (1)
     tma: int = 0  # tiled: 1 K/V read by TMA (3-D descriptors; sm_90, contiguous K/V, not varlen or paged)
+    q_regs: int = 0  # hopper: 1 each consumer warpgroup holds its Q in registers (Q K^T reads only K from smem)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -34,8 +35,9 @@ class KernelConfig:
         turns = "pp" if self.pingpong else ""
         heads = f"h{self.head_group}" if self.head_group else ""
         tma = "t" if self.tma else ""
+        q_regs = "q" if self.q_regs else ""
         return (f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}{regs}{sched}{fill}{turns}{heads}"
-                f"{tma}")
+                f"{tma}{q_regs}")
 
 
 SEED = KernelConfig(block_m=16, block_n=16, num_warps=1, num_stages=1)

@@ -331,6 +331,19 @@ def _mask_from(row0, seqlen_k, causal_offset, BLOCK_N: gl.constexpr, CAUSAL: gl.
 
 
 @gluon.jit
+def _narrow(x, dtype: gl.constexpr):
+    """``x.to(dtype)`` for float32 ``x``, two values at a time: one packed ``cvt.rn`` per pair (the
+    default lowering converts them one by one, and the pairs come out with their halves swapped,
+    a byte permute each to put back)."""
+    if dtype == gl.bfloat16:
+        return gl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [x], dtype=gl.bfloat16,
+                                         is_pure=True, pack=2)
+    else:
+        return gl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [x], dtype=gl.float16,
+                                         is_pure=True, pack=2)
+
+
+@gluon.jit
 def _pivot(m, MASKED: gl.constexpr):
     """The exponent pivot: ``m``, or 0 for a row that has seen no visible key (m = -inf)."""
     if MASKED:
@@ -362,7 +375,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
               HEAD: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
               ALIBI: gl.constexpr, RAGGED: gl.constexpr, PAIRED: gl.constexpr, PINGPONG: gl.constexpr,
               STORE_LSE: gl.constexpr, VARLEN: gl.constexpr, SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr,
-              O_SMEM: gl.constexpr):
+              O_SMEM: gl.constexpr, Q_REGS: gl.constexpr):
     ROWS: gl.constexpr = 64
     NUM_WG: gl.constexpr = BLOCK_M // ROWS
     dtype: gl.constexpr = o_desc.dtype
@@ -371,6 +384,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HEAD, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    q_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     q_half = q_smem.index(WG)
@@ -401,9 +415,14 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
         # tile 0: 5.1-5.4 (no rescale yet)
         s = it0 % STAGES
         mbarrier.wait(q_bar, tc & 1)
+        if Q_REGS:  # Q into registers once: its shared slot goes back to the producer at once
+            q_op = q_half.load(q_layout)
+            mbarrier.arrive(q_empty, count=1)
+        else:
+            q_op = q_half
         mbarrier.wait(k_ready.index(s), (it0 // STAGES) & 1)
         _take_turn(turns, n_turn, WG, PINGPONG)
-        qk = warpgroup_mma(q_half, k_bufs.index(s).permute((1, 0)),
+        qk = warpgroup_mma(q_op, k_bufs.index(s).permute((1, 0)),
                            gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
         _pass_turn(turns, WG, NUM_WG, PINGPONG)
         n_turn += 1
@@ -414,7 +433,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
         m = gl.max(qk, axis=1) * scale_log2
         p = gl.exp2(qk * scale_log2 - _pivot(m, CAUSAL or WINDOW or RAGGED)[:, None])
         l = gl.sum(p, axis=1)
-        p16 = gl.convert_layout(p.to(dtype), p_layout)
+        p16 = gl.convert_layout(_narrow(p, dtype), p_layout)
         for i in range(1, n_iters):
             s = (it0 + i) % STAGES
             ph = ((it0 + i) // STAGES) & 1
@@ -425,7 +444,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
             if PINGPONG:  # both operands in place before the turn is taken
                 mbarrier.wait(v_ready.index(sp), php)
                 _take_turn(turns, n_turn, WG, PINGPONG)
-            qk = warpgroup_mma(q_half, k_bufs.index(s).permute((1, 0)),
+            qk = warpgroup_mma(q_op, k_bufs.index(s).permute((1, 0)),
                                gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
             if not PINGPONG:
                 mbarrier.wait(v_ready.index(sp), php)
@@ -447,9 +466,9 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
             mbarrier.arrive(v_empty.index(sp), count=1)
             # 5.5: rescale the accumulator once P V of tile i-1 has landed
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-            p16 = gl.convert_layout(p.to(dtype), p_layout)
-        # every Q K^T of this item has retired: the producer may load the next item's Q
-        mbarrier.arrive(q_empty, count=1)
+            p16 = gl.convert_layout(_narrow(p, dtype), p_layout)
+        if not Q_REGS:  # every Q K^T of this item has retired: the producer may load the next item's Q
+            mbarrier.arrive(q_empty, count=1)
         last = (it0 + n_iters - 1) % STAGES
         mbarrier.wait(v_ready.index(last), ((it0 + n_iters - 1) // STAGES) & 1)
         _take_turn(turns, n_turn, WG, PINGPONG)
@@ -499,7 +518,7 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                   CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                   RAGGED: gl.constexpr, PAIRED: gl.constexpr, PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr,
                   VARLEN: gl.constexpr, SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, PAGED: gl.constexpr,
-                  O_SMEM: gl.constexpr):
+                  O_SMEM: gl.constexpr, Q_REGS: gl.constexpr):
     """Each program runs its work items (query block, batch*head), :func:`_n_items` and
     :func:`_tile`; the K/V rings and the barrier phases carry on from one item to the
     next, so the next item's first loads overlap this one's epilogue."""
@@ -537,19 +556,19 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 0, BLOCK_M, BLOCK_N, HEAD,
                          CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED,
-                         ALIGN_BR, O_SMEM)),
+                         ALIGN_BR, O_SMEM, Q_REGS)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 1, BLOCK_M, BLOCK_N, HEAD,
                          CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED,
-                         ALIGN_BR, O_SMEM)),
+                         ALIGN_BR, O_SMEM, Q_REGS)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 2, BLOCK_M, BLOCK_N, HEAD,
                          CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED,
-                         ALIGN_BR, O_SMEM)),
+                         ALIGN_BR, O_SMEM, Q_REGS)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
                          window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
@@ -563,13 +582,13 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 0, BLOCK_M, BLOCK_N, HEAD,
                          CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED,
-                         ALIGN_BR, O_SMEM)),
+                         ALIGN_BR, O_SMEM, Q_REGS)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 1, BLOCK_M, BLOCK_N, HEAD,
                          CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED,
-                         ALIGN_BR, O_SMEM)),
+                         ALIGN_BR, O_SMEM, Q_REGS)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
                          window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
@@ -718,4 +737,4 @@ def constexprs(prob, cfg, store_lse: bool, paired: bool = False, alibi: bool = F
                 RAGGED=per_sequence(prob) or prob.seqlen_k % cfg.block_n != 0, PAIRED=paired,
                 PINGPONG=bool(cfg.pingpong), STORE_LSE=store_lse, VARLEN=prob.varlen, SEQUSED=prob.seqused,
                 ALIGN_BR=per_sequence(prob) and prob.align_br, PAGED=bool(prob.page),
-                O_SMEM=o_staged(prob.head_dim, cfg))
+                O_SMEM=o_staged(prob.head_dim, cfg), Q_REGS=bool(cfg.q_regs))
