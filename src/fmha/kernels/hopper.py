@@ -344,6 +344,18 @@ def _narrow(x, dtype: gl.constexpr):
 
 
 @gluon.jit
+def _fence(x):
+    """``x`` (NaN payloads aside), through a loop that never repeats: ptxas schedules within basic
+    blocks, so the softmax that ``x`` sums stays above the wait that follows (in one block with
+    it, ptxas moves a ``wgmma.wait_group`` above the exponentials: the wait then stalls the
+    softmax for the whole P V product it was meant to overlap)."""
+    return gl.inline_asm_elementwise(
+        "{ .reg .pred %p; .reg .b32 %c; mov.b32 %c, $1; fence_again: setp.eq.b32 %p, %c, 0x7fc00001; "
+        "@%p mov.b32 %c, 0x7fffffff; @%p bra fence_again; mov.b32 $0, %c; }",
+        "=r,r", [x], dtype=gl.float32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def _pivot(m, MASKED: gl.constexpr):
     """The exponent pivot: ``m``, or 0 for a row that has seen no visible key (m = -inf)."""
     if MASKED:
@@ -460,7 +472,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
             m_safe = _pivot(m_new, CAUSAL or WINDOW or RAGGED)
             p = gl.exp2(qk * scale_log2 - m_safe[:, None])
             alpha = gl.exp2(m - m_safe)
-            l = l * alpha + gl.sum(p, axis=1)
+            l = _fence(l * alpha + gl.sum(p, axis=1))
             m = m_new
             acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
             mbarrier.arrive(v_empty.index(sp), count=1)
