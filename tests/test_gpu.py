@@ -48,7 +48,8 @@ HOPPER_CONFIGS = [fmha.KernelConfig(128, 128, 4, 3), fmha.KernelConfig(192, 128,
                   fmha.KernelConfig(128, 128, 4, 2, persistent=1), fmha.KernelConfig(128, 128, 4, 2, persistent=0),
                   fmha.KernelConfig(128, 128, 4, 2, pingpong=1), fmha.KernelConfig(192, 128, 4, 2, pingpong=1),
                   fmha.KernelConfig(128, 128, 4, 2, head_group=3), fmha.KernelConfig(192, 128, 4, 2, head_group=8),
-                  fmha.KernelConfig(128, 128, 4, 2, q_regs=1), fmha.KernelConfig(128, 128, 4, 2, pingpong=1, q_regs=1)]
+                  fmha.KernelConfig(128, 128, 4, 2, q_regs=1), fmha.KernelConfig(192, 128, 4, 2, fence=1),
+                  fmha.KernelConfig(128, 128, 4, 3, q_regs=1, fence=1)]
 DTYPE_LAYOUTS = [(dt, lay) for dt in (torch.float16, torch.bfloat16) for lay in ("bhsd", "bshd")]
 # the table's configs in every dtype and layout; each other config in one of them (the descriptors
 # and the output's dtype do not depend on the schedule)

@@ -69,6 +69,45 @@ def test_hopper_builds_for_sm90_with_wgmma_and_tma():
     assert turns.asm["ptx"].count("mbarrier.try_wait") == ptx.count("mbarrier.try_wait") + 2 * 3
 
 
+def _sass(cubin: bytes, tmp_path) -> str:
+    """SASS through the nvdisasm that comes with triton's wheel."""
+    import triton.backends.nvidia
+    exe = os.path.join(os.path.dirname(triton.backends.nvidia.__file__), "bin", "nvdisasm")
+    path = tmp_path / "k.cubin"
+    path.write_bytes(cubin)
+    return subprocess.run([exe, "-c", str(path)], capture_output=True, text=True, check=True).stdout
+
+
+def _exps_under_pv(sass: str) -> int:
+    """The most exponentials between a wait for Q K^T (``DEPBAR.LE gsb0, 0x1``: P V still in
+    flight) and the next wait of any kind: the softmax that overlaps the product."""
+    most, count = 0, None
+    for line in sass.splitlines():
+        if "WARPGROUP.DEPBAR" in line:
+            most = max(most, count or 0)
+            count = 0 if "gsb0, 0x1" in line else None
+        elif count is not None and "MUFU.EX2" in line:
+            count += 1
+    return most
+
+
+@pytest.mark.parametrize("head_dim,causal", [(128, False), (64, True)])
+def test_hopper_fence_and_q_in_registers(tmp_path, head_dim, causal):
+    """``fence=1``: a key tile's 64 exponentials per thread (128 keys x 64 rows over 128 threads)
+    lie between the wait for Q K^T and the wait for P V, so they overlap P V; without it ptxas
+    moves the second wait above them.  ``q_regs=1``: Q K^T takes Q from registers."""
+    from fmha import configs
+    sass = {}
+    for fence, q_regs in ((0, 0), (1, 1)):
+        cfg = configs.KernelConfig(128, 128, 4, 2, fence=fence, q_regs=q_regs)
+        b = targets.build("hopper", "sm_90", head_dim, "bfloat16", causal, cfg, seqlen_k=4096)
+        assert targets.report(b).spilled_registers == 0
+        sass[fence] = _sass(b.asm["cubin"], tmp_path)
+    assert _exps_under_pv(sass[1]) >= 64 > _exps_under_pv(sass[0])
+    q_from_regs = re.compile(r"HGMMA\.64x128x16\.F32\.BF16 R\d+, R\d+, gdesc\[UR\d+\](?!\.tnspB)")
+    assert q_from_regs.search(sass[1]) and not q_from_regs.search(sass[0])
+
+
 @pytest.mark.parametrize("lengths,head_dim,causal", [("varlen", 128, True), ("seqused", 64, False),
                                                      ("paged", 128, True)])
 def test_hopper_builds_lengths_per_sequence(lengths, head_dim, causal):

@@ -24,6 +24,7 @@ class KernelConfig:
     head_group: int = 0  # hopper: work items numbered across this many heads at once; 0: head-major (1)
     tma: int = 0  # tiled: 1 K/V read by TMA (3-D descriptors; sm_90, contiguous K/V, not varlen or paged)
     q_regs: int = 0  # hopper: 1 each consumer warpgroup holds its Q in registers (Q K^T reads only K from smem)
+    fence: int = 0  # hopper: 1 the softmax is fenced above the wait for P V (ptxas moves that wait up otherwise)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -36,8 +37,9 @@ class KernelConfig:
         heads = f"h{self.head_group}" if self.head_group else ""
         tma = "t" if self.tma else ""
         q_regs = "q" if self.q_regs else ""
+        fence = "z" if self.fence else ""
         return (f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}{regs}{sched}{fill}{turns}{heads}"
-                f"{tma}{q_regs}")
+                f"{tma}{q_regs}{fence}")
 
 
 SEED = KernelConfig(block_m=16, block_n=16, num_warps=1, num_stages=1)
@@ -73,38 +75,50 @@ TILED = [
 #   D=64   p0 175/257/338/394/431/461   p1 235/315/381/421/451/455
 #   D=128  p0 265/370/504/526/576/620   p1 324/428/514/619/605/621
 HOPPER = [
+    # Session 8 (bf16 and fp16, cuDNN in each run): Q held in registers (q_regs, "q") and the softmax
+    # fenced above the wait for P V ("z"; ptxas had moved that wait above the exponentials, so the
+    # softmax never overlapped P V).  Q in registers, runs 20261129T234921 (no fence) and 20261130T000615 (fence),
+    # TFLOP/s bf16 q against the table at S=512..16k: D=64 causal 243/322/377/412/431/456 vs
+    # 231/308/367/405/429/444; D=64 non-causal (128 rows) 379/417 vs 355/397; D=128 causal 306/418/512/
+    # 563/593/601 vs 298/397/480/539/575/593; D=128 non-causal without the fence 484/496/514/537/560/569 vs
+    # 464/510/563/597/616/629 (lost from 1k), with it 484/553/592/613/627/632 vs the unfenced table
+    # 478/521/573/607/630/637 (T000948-old, same GPU just after).  The fence alone: D=64 causal 2k-16k 4-6%
+    # slower, D=64 non-causal and D=128 +-1%; with Q in registers it lost at D=128 causal (488 vs 512 at
+    # 2k).  At D=64 past 1k keys (192 rows, 160 registers) Q in registers spills 56.  128k keys
+    # (extra grid): q 616/624 vs 576/595 (non-causal/causal, 20261129T235051-gpu1), fenced 619 (T000852-gpu1).
     # D=64 non-causal, persistent, run 20261129T165522 (bf16, S=512/1k/2k): m128 357/405/433, m192 339/376/434
     # (192 rows pad a 512- or 1024-row sequence by 11%)
     # Tried and not taken (run 20261129T193402, bf16, S=512..16k, non-causal): the next item's first
     # Q K^T issued behind this item's last P V, under its epilogue (commit 051427c, reverted): 342/391/
     # 421/441/444/445 against 379/412/440/452/460/459 (2-10% slower); the early product holds 64 more fp32
     # registers per thread through the epilogue.
-    (64, False, 1024, KernelConfig(128, 128, 4, 2)),
+    (64, False, 1024, KernelConfig(128, 128, 4, 2, q_regs=1)),
     (64, False, None, KernelConfig(192, 128, 4, 2)),    # 376/510; m128n128s3 365/446 (one program a block)
     # causal, tried and not taken (run 20261129T181530, bf16, S=512..16k): a warpgroup whose rows end in
     # the first half of the diagonal tile multiplying that half only (commit 140967c, reverted): D=64
     # 228/318/387/411/431/440 against 231/315/390/416/436/445; its partner warpgroup still runs the
     # whole tile and both wait on the same K/V ring, so the saving became idle time.  Ping-pong at D=64
     # S=512..2k: 226/320/- against 231/316/376 (T175746).
-    (64, True, 8192, KernelConfig(128, 128, 4, 2)),
-    (64, True, None, KernelConfig(128, 128, 4, 2, persistent=0)),   # m192n128s2 232/477 (192 rows waste the diagonal)
+    (64, True, 8192, KernelConfig(128, 128, 4, 2, q_regs=1)),
+    # m192n128s2 232/477 (192 rows waste the diagonal)
+    (64, True, None, KernelConfig(128, 128, 4, 2, persistent=0, q_regs=1)),
     # D=128 non-causal up to 512 keys: FA3's ping-pong, items across 4 heads at a time.  bf16 S=512:
     # pp 544 vs 482 (run 20261129T174216); pph4 530, pp 486, h4 465, plain 455 (T175528).  At S=1k pp
     # lost once (565 vs 617, T174216), pph4 won once (613 vs 527, T175528): not taken there yet.
-    (128, False, 512, KernelConfig(128, 128, 4, 2, pingpong=1, head_group=4)),
+    (128, False, 512, KernelConfig(128, 128, 4, 2, pingpong=1, head_group=4, q_regs=1, fence=1)),
     # D=128 non-causal 1k-4k keys: items across 4 heads at a time, TFLOP/s at S=1k/2k/4k bf16, h4 against
     # head-major: 545/662/634 vs 527/651/609 (run 20261129T175528), 536/583/614 vs 530/578/608 (T180941);
     # at 8k 635 vs 634, at 16k 622 vs 637 (T175528): head-major stays there
-    (128, False, 4096, KernelConfig(128, 128, 4, 2, head_group=4)),
+    (128, False, 4096, KernelConfig(128, 128, 4, 2, head_group=4, q_regs=1, fence=1)),
     # D=128 past 16k keys: 3 K/V stages, O then stored from registers (no room to stage it).  Against 2
     # stages, same run (bf16 20261129T224118, fp16 T224319, extra grid T224215-gpu1), TFLOP/s s3/s2:
     # non-causal 512..16k 412/488 510/610 576/589 606/619 618/633 631/640, 128k 627/598; causal 512..16k
     # 269/316 .. 604/612, 128k 626/617.  Slower up to 16k (the register store of O costs more than the
     # deeper ring gains while a head's K/V sit in L2), faster at 128k (a head's K/V, 64 MB, do not).
     (128, False, 16384, KernelConfig(128, 128, 4, 2)),  # m192 spills
-    (128, False, None, KernelConfig(128, 128, 4, 3)),
-    (128, True, 16384, KernelConfig(128, 128, 4, 2)),
-    (128, True, None, KernelConfig(128, 128, 4, 3)),
+    (128, False, None, KernelConfig(128, 128, 4, 3, q_regs=1, fence=1)),
+    (128, True, 16384, KernelConfig(128, 128, 4, 2, q_regs=1)),
+    (128, True, None, KernelConfig(128, 128, 4, 3, q_regs=1)),
 ]
 
 
@@ -115,11 +129,14 @@ def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = 
     softcap or ALiBi, or key lengths off the key tile (per sequence: any), 192 rows become 128:
     three consumer warpgroups at 160 registers spill on the extra live values (up to 117
     registers with the modifiers, 48 stores with the ragged key mask, sm_90 build), two at 240
-    do not."""
+    do not.  With the modifiers at D=128, Q stays in shared memory (in registers, 23 spilled
+    registers with window, softcap and ALiBi, causal)."""
     d = 64 if head_dim == 64 else 128
     for key_d, key_causal, longest, cfg in HOPPER:
         if key_d == d and key_causal == bool(causal) and (longest is None or seqlen_k <= longest):
             narrow = modifiers or per_sequence or seqlen_k % cfg.block_n
+            if modifiers and d == 128:
+                cfg = replace(cfg, q_regs=0)
             return replace(cfg, block_m=128) if narrow and cfg.block_m == 192 else cfg
     raise AssertionError("the HOPPER table ends with an open row for every (head_dim, causal)")
 

@@ -387,7 +387,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
               HEAD: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
               ALIBI: gl.constexpr, RAGGED: gl.constexpr, PAIRED: gl.constexpr, PINGPONG: gl.constexpr,
               STORE_LSE: gl.constexpr, VARLEN: gl.constexpr, SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr,
-              O_SMEM: gl.constexpr, Q_REGS: gl.constexpr):
+              O_SMEM: gl.constexpr, Q_REGS: gl.constexpr, FENCE: gl.constexpr):
     ROWS: gl.constexpr = 64
     NUM_WG: gl.constexpr = BLOCK_M // ROWS
     dtype: gl.constexpr = o_desc.dtype
@@ -472,7 +472,9 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
             m_safe = _pivot(m_new, CAUSAL or WINDOW or RAGGED)
             p = gl.exp2(qk * scale_log2 - m_safe[:, None])
             alpha = gl.exp2(m - m_safe)
-            l = _fence(l * alpha + gl.sum(p, axis=1))
+            l = l * alpha + gl.sum(p, axis=1)
+            if FENCE:
+                l = _fence(l)
             m = m_new
             acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
             mbarrier.arrive(v_empty.index(sp), count=1)
@@ -530,7 +532,7 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                   CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                   RAGGED: gl.constexpr, PAIRED: gl.constexpr, PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr,
                   VARLEN: gl.constexpr, SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, PAGED: gl.constexpr,
-                  O_SMEM: gl.constexpr, Q_REGS: gl.constexpr):
+                  O_SMEM: gl.constexpr, Q_REGS: gl.constexpr, FENCE: gl.constexpr):
     """Each program runs its work items (query block, batch*head), :func:`_n_items` and
     :func:`_tile`; the K/V rings and the barrier phases carry on from one item to the
     next, so the next item's first loads overlap this one's epilogue."""
@@ -568,19 +570,19 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 0, BLOCK_M, BLOCK_N, HEAD,
                          CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED,
-                         ALIGN_BR, O_SMEM, Q_REGS)),
+                         ALIGN_BR, O_SMEM, Q_REGS, FENCE)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 1, BLOCK_M, BLOCK_N, HEAD,
                          CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED,
-                         ALIGN_BR, O_SMEM, Q_REGS)),
+                         ALIGN_BR, O_SMEM, Q_REGS, FENCE)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 2, BLOCK_M, BLOCK_N, HEAD,
                          CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED,
-                         ALIGN_BR, O_SMEM, Q_REGS)),
+                         ALIGN_BR, O_SMEM, Q_REGS, FENCE)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
                          window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
@@ -594,13 +596,13 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 0, BLOCK_M, BLOCK_N, HEAD,
                          CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED,
-                         ALIGN_BR, O_SMEM, Q_REGS)),
+                         ALIGN_BR, O_SMEM, Q_REGS, FENCE)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 1, BLOCK_M, BLOCK_N, HEAD,
                          CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED,
-                         ALIGN_BR, O_SMEM, Q_REGS)),
+                         ALIGN_BR, O_SMEM, Q_REGS, FENCE)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
                          window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
@@ -749,4 +751,5 @@ def constexprs(prob, cfg, store_lse: bool, paired: bool = False, alibi: bool = F
                 RAGGED=per_sequence(prob) or prob.seqlen_k % cfg.block_n != 0, PAIRED=paired,
                 PINGPONG=bool(cfg.pingpong), STORE_LSE=store_lse, VARLEN=prob.varlen, SEQUSED=prob.seqused,
                 ALIGN_BR=per_sequence(prob) and prob.align_br, PAGED=bool(prob.page),
-                O_SMEM=o_staged(prob.head_dim, cfg), Q_REGS=bool(cfg.q_regs))
+                O_SMEM=o_staged(prob.head_dim, cfg), Q_REGS=bool(cfg.q_regs),
+                FENCE=bool(cfg.fence))
