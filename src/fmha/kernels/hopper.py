@@ -8,8 +8,11 @@ item to the next (the next item's first K tile and Q load overlap this item's
 last P V and epilogue); ``BLOCK_M / 64`` consumer warpgroups (2 or 3) of 64 rows
 each run the recurrence and stage O in their own shared buffer.  Inside a
 consumer, the Q K^T of tile j+1 is issued before P V of tile j and waited on
-first, so the softmax of one tile overlaps the matrix unit's work on the other.
-P stays in registers as the A operand of P V.  ``KernelConfig.pingpong=1`` adds
+first, so the softmax of one tile can overlap the matrix unit's work on the other;
+ptxas moves the wait for P V above the exponentials unless ``KernelConfig.fence``
+puts a block edge between them (:func:`_fence`).  P stays in registers as the A
+operand of P V (narrowed two values at a time, :func:`_narrow`), and with
+``KernelConfig.q_regs`` so does each warpgroup's Q for Q K^T.  ``KernelConfig.pingpong=1`` adds
 FlashAttention-3's ping-pong: the consumer warpgroups take turns issuing their
 products (an mbarrier per warpgroup), so one's softmax runs under another's
 products (``configs.HOPPER`` takes it where it measured faster: D=128 non-causal
