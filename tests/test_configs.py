@@ -41,3 +41,17 @@ def test_o_is_staged_where_it_fits():
 def test_decode_block_holds_its_rows(rows, seqlen_k):
     cfg = configs.decode_config(rows, seqlen_k)
     assert 16 <= cfg.block_m <= 64 and cfg.block_m >= min(rows, 64)
+
+
+def test_tail_pieces_cut_only_a_partly_filled_last_round():
+    """``split_tail``: the items of a last round that leaves programs idle go in pieces when that ends
+    the run sooner; whole rounds, or items of a few key tiles, stay whole."""
+    for n_tiles, key_tiles in [(2048, 128), (2048, 32), (80, 32), (16384, 1024)]:  # 132 programs
+        pieces = hopper.tail_pieces(n_tiles, 132, key_tiles)
+        assert 1 < pieces <= 16
+        rounds = -(-pieces * (n_tiles % 132) // 132)  # of pieces, after the whole rounds of items
+        assert rounds * (key_tiles / pieces + hopper.PIECE_COST) < key_tiles
+        assert key_tiles // pieces >= 2
+    assert hopper.tail_pieces(264, 132, 128) == 1  # two whole rounds
+    assert hopper.tail_pieces(2048, 132, 4) == 1   # a piece's own cost outweighs the idle time
+    assert hopper.tail_pieces(131, 132, 2) == 1    # nothing left to cut

@@ -134,6 +134,34 @@ def test_hopper_features_match_reference(causal, align, window, softcap, alibi, 
     assert np.abs(got_lse[live] - ref_lse[live]).max() < 2e-2
 
 
+SPLIT_SHAPES = [  # (batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim): a last round cut into pieces
+    (1, 5, 5, 2048, 4096, 128),   # 80 items, fewer than the SMs: every item in pieces
+    (2, 9, 3, 1000, 4000, 64),    # a few items past a whole round; ragged rows and keys, GQA
+    (1, 4, 4, 600, 8192, 64),     # 192 rows (4 items), the last warpgroup past the end
+]
+
+
+@pytest.mark.parametrize("shape", SPLIT_SHAPES, ids=lambda s: "b{}h{}kv{}-q{}k{}-d{}".format(*s))
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_hopper_split_tail_matches_reference(layout, shape):
+    """``split_tail``: the items of a partly filled last round run in pieces of key tiles, merged by
+    their LSE after the kernel; output and LSE as without the split."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("sm_90 only")
+    from fmha.kernels import device_facts, hopper
+    b, h, kvh, sq, sk, d = shape
+    cfg = fmha.KernelConfig(192 if sq == 600 else 128, 128, 4, 2, split_tail=1, q_regs=int(d == 64 and sq != 600))
+    n_tiles = -(-sq // cfg.block_m) * b * h
+    assert hopper.tail_pieces(n_tiles, device_facts(0)[1], -(-sk // cfg.block_n)) > 1  # the split runs
+    q, k, v = make_qkv(b, h, kvh, sq, sk, d, torch.bfloat16, layout, seed=sk)
+    out = nan_like(q)
+    o, lse = fmha.attention(q, k, v, layout=layout, variant="hopper", out=out, return_lse=True, config=cfg)
+    torch.cuda.synchronize()
+    check_against_reference(out, q, k, v, False, layout=layout)
+    _, ref_lse = fmha.attention(q, k, v, layout=layout, variant="tiled", return_lse=True)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-3, rtol=1e-4)
+
+
 @pytest.mark.parametrize("layout", ["bhsd", "bshd"])
 def test_hopper_ragged_keys_stop_at_the_end(layout):
     """A ragged last key tile reads zeros past seqlen_k, never the neighbour's keys: the head (bhsd)

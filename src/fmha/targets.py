@@ -81,7 +81,9 @@ def _hopper_source(head_dim: int, dtype: str, causal: bool, cfg, seqlen_k: int =
         kv = torch.empty(2, page, 1, head_dim, dtype=tdt)
     descs, _ = hopper.descriptors(prob, cfg, q, kv, kv, q, "bhsd")
     kernel = hopper.KERNEL
-    const = hopper.constexprs(prob, cfg, store_lse=False, paired=causal)  # causal: the paired schedule
+    # causal: the paired schedule; non-causal dense with split_tail: the pieces of the last round
+    split = bool(cfg.split_tail) and not causal and lengths == "dense"
+    const = hopper.constexprs(prob, cfg, store_lse=False, paired=causal, split=split)
     sig = {}
     for name in kernel.arg_names:
         if name in const:
@@ -89,9 +91,9 @@ def _hopper_source(head_dim: int, dtype: str, causal: bool, cfg, seqlen_k: int =
         elif name.endswith("_desc"):
             d = descs[("q_desc", "k_desc", "v_desc", "o_desc").index(name)]
             sig[name] = native_specialize_impl(BaseBackend, d, False, True, True)[0]
-        elif name in ("LSE", "Alibi"):
+        elif name in ("LSE", "Alibi", "W", "WL"):
             sig[name] = "*fp32"
-        elif name in ("CuQ", "CuK", "SeqK", "Items", "Pages"):
+        elif name in ("CuQ", "CuK", "SeqK", "Items", "Pages", "Rows"):
             sig[name] = "*i32"
         elif name == "O":
             sig[name] = "*" + DTYPES[dtype]

@@ -58,7 +58,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ..reference import LOG2E
-from . import device_facts, kv_view3d
+from . import device_facts, kv_view3d, strides_bhsd
 
 SMEM_LIMIT = 232448  # bytes of shared memory one sm_90 block may use
 CONSUMER_REGS = {2: 240, 3: 160}  # setmaxnreg per consumer thread, by warpgroup count
@@ -67,14 +67,18 @@ LN2 = gl.constexpr(0.6931471805599453)
 
 
 @gluon.jit
-def _n_items(n_tiles, PAIRED: gl.constexpr, VARLEN: gl.constexpr):
+def _n_items(n_tiles, pieces, PAIRED: gl.constexpr, VARLEN: gl.constexpr, SPLIT: gl.constexpr):
     """How many work items this program runs: items ``pid, pid + num_programs, ...``, or,
     PAIRED, pairs ``pid, pid + num_programs, ...`` of two items each (the last item alone
     when ``n_tiles`` is odd), or, VARLEN, one item of each round of ``num_programs`` (the
-    last round may be short: its first items in an even round, its last in an odd one)."""
+    last round may be short: its first items in an even round, its last in an odd one), or,
+    SPLIT, the whole rounds and then its share of the last round's items cut in ``pieces``
+    (:func:`_work`)."""
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
-    if VARLEN:
+    if SPLIT:
+        n = n_tiles // nprog + (n_tiles % nprog * pieces - pid + nprog - 1) // nprog
+    elif VARLEN:
         rounds = n_tiles // nprog
         rest = n_tiles % nprog
         mine = gl.where(rounds % 2 == 0, pid < rest, pid >= nprog - rest)
@@ -89,9 +93,46 @@ def _n_items(n_tiles, PAIRED: gl.constexpr, VARLEN: gl.constexpr):
 
 
 @gluon.jit
-def _tile(k, n_m, n_bh, head_group, Items, heads, CAUSAL: gl.constexpr, PAIRED: gl.constexpr,
+def _work(k, n_tiles, pieces, PAIRED: gl.constexpr, VARLEN: gl.constexpr, SPLIT: gl.constexpr):
+    """This program's ``k``-th work item -> (item number, piece): :func:`_tile` places the number.
+    The piece is -1 for a whole item.  SPLIT: when the items do not fill the last round of
+    ``num_programs``, that round's items are cut into ``pieces`` runs of key tiles each
+    (:func:`_piece`), dealt out like items, so the programs end within a piece of each other
+    instead of a whole item; each piece leaves its partial result to be merged by its LSE."""
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    part = -1
+    if VARLEN:
+        g = k * nprog + gl.where(k % 2 == 0, pid, nprog - 1 - pid)
+    elif PAIRED:
+        g = 2 * (pid + (k // 2) * nprog) + k % 2
+    else:
+        g = pid + k * nprog
+    if SPLIT:
+        full = n_tiles // nprog * nprog
+        j = g - full  # this piece's number among the last round's
+        if j >= 0:
+            g = full + j // pieces
+            part = j % pieces
+    return g, part
+
+
+@gluon.jit
+def _piece(first, n_iters, part, pieces, SPLIT: gl.constexpr):
+    """Piece ``part`` of ``pieces`` of the key tiles ``[first, first + n_iters)`` (all of them
+    when ``part`` is -1)."""
+    if SPLIT:
+        if part >= 0:
+            lo = part * n_iters // pieces
+            first = first + lo
+            n_iters = (part + 1) * n_iters // pieces - lo
+    return first, n_iters
+
+
+@gluon.jit
+def _tile(g, n_m, n_bh, head_group, Items, heads, CAUSAL: gl.constexpr, PAIRED: gl.constexpr,
           VARLEN: gl.constexpr):
-    """This program's ``k``-th work item -> (query block, batch*head).  Items are numbered
+    """Work item number ``g`` (:func:`_work`) -> (query block, batch*head).  Items are numbered
     in groups of ``head_group`` heads, query block by query block within a group (head-major
     when 1), so the items running together share a few heads' K/V in L2 without every
     program reading the same tile at once.  Causal items differ in length: one program per
@@ -103,20 +144,15 @@ def _tile(k, n_m, n_bh, head_group, Items, heads, CAUSAL: gl.constexpr, PAIRED: 
     | block``, the heads of each block numbered in turn) and the programs deal the items out
     snake-wise, round by round (forward, then backward), so each program's rounds add up to
     about the same work and none is spent on blocks past a sequence's end."""
-    pid = gl.program_id(0)
-    nprog = gl.num_programs(0)
     if VARLEN:
-        g = k * nprog + gl.where(k % 2 == 0, pid, nprog - 1 - pid)
         entry = gl.load(Items + g // heads)
         pid_m = entry & 0xFFFF
         bh = (entry >> 16) * heads + g % heads
     elif PAIRED:
-        g = 2 * (pid + (k // 2) * nprog) + k % 2
         w = g % n_m
         pid_m = gl.where(w % 2 == 0, n_m - 1 - w // 2, w // 2)
         bh = g // n_m
     else:
-        g = pid + k * nprog
         first = g // (n_m * head_group) * head_group  # the group's first head
         r = g - first * n_m
         width = gl.minimum(head_group, n_bh - first)  # the last group may be narrower
@@ -130,18 +166,19 @@ def _tile(k, n_m, n_bh, head_group, Items, heads, CAUSAL: gl.constexpr, PAIRED: 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
               v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset, window_offset, n_tiles,
-              n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h, kv_col_h, Pages, pages_b, page,
+              n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h, kv_col_h, Pages, pages_b, page, pieces,
               NUM_WG: gl.constexpr, STAGES: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               CAUSAL: gl.constexpr, WINDOW: gl.constexpr, PAIRED: gl.constexpr, VARLEN: gl.constexpr,
-              SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, PAGED: gl.constexpr):
+              SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, PAGED: gl.constexpr, SPLIT: gl.constexpr):
     it = 0  # position in the K/V rings, continued across work items
     tc = 0
     n_tail = 0  # V tiles zeroed past the sequence's end so far (the phase of v_tail)
     tail = 0  # 1: V tile ``tail_slot`` holds rows past its sequence's end (from ``tail_valid``), not yet zeroed
     tail_slot = 0
     tail_valid = 0
-    for t_idx in range(_n_items(n_tiles, PAIRED, VARLEN)):
-        pid_m, bh = _tile(t_idx, n_m, n_tiles // n_m, head_group, Items, heads, CAUSAL, PAIRED, VARLEN)
+    for t_idx in range(_n_items(n_tiles, pieces, PAIRED, VARLEN, SPLIT)):
+        g, part = _work(t_idx, n_tiles, pieces, PAIRED, VARLEN, SPLIT)
+        pid_m, bh = _tile(g, n_m, n_tiles // n_m, head_group, Items, heads, CAUSAL, PAIRED, VARLEN)
         b = bh // heads
         h = bh % heads
         kvh = h // group
@@ -149,6 +186,7 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_
         q0, sq, k0, sk, shift = _sequence(b, seqlen_q, seqlen_k, CuQ, CuK, SeqK, VARLEN, SEQUSED, ALIGN_BR)
         first, n_iters = _key_tiles(start_m, sk, causal_offset + shift, window_offset + shift, BLOCK_M, BLOCK_N,
                                     CAUSAL, WINDOW)
+        first, n_iters = _piece(first, n_iters, part, pieces, SPLIT)
         # K/V boxes [1, BLOCK_N, HEAD] of the 3-D view [batch*kv_heads or batch, seqlen_k, *]: keys past
         # seqlen_k are outside the view, and TMA fills them with zeros (PAGED: [pages, page, *], :func:`_kv_place`)
         kv_seq = b * kv_seq_b + kvh * kv_seq_h
@@ -359,6 +397,23 @@ def _fence(x):
 
 
 @gluon.jit
+def _store_piece(acc, l, m, W, WL, Rows, part, item, n_items, dest0, row0, sq, o_layout: gl.constexpr,
+                 row_layout: gl.constexpr, BLOCK_M: gl.constexpr, HEAD: gl.constexpr, WG: gl.constexpr):
+    """A piece's rows (``acc`` already over ``l``): float32 ``W[part, item * BLOCK_M + r, :]`` and its
+    LSE ``WL[part, item * BLOCK_M + r]`` (``item`` of the ``n_items`` split); piece 0 also writes
+    where row ``r`` goes in the output's (batch*head, row) order, ``Rows[item * BLOCK_M + r]``
+    (``dest0 + r``, or -1 past the ``sq`` rows)."""
+    rows = gl.arange(0, 64, layout=gl.SliceLayout(1, o_layout))
+    cols = gl.arange(0, HEAD, layout=gl.SliceLayout(0, o_layout))
+    w_row = (part * n_items + item) * BLOCK_M + WG * 64
+    gl.store(W + (w_row + rows).to(gl.int64)[:, None] * HEAD + cols[None, :], acc)
+    r = gl.arange(0, 64, layout=row_layout)
+    gl.store(WL + w_row + r, gl.where(l == 0.0, float("-inf"), (m + gl.log2(l)) * LN2))
+    if part == 0:
+        gl.store(Rows + item * BLOCK_M + WG * 64 + r, gl.where(row0 + r < sq, dest0 + r, -1))
+
+
+@gluon.jit
 def _pivot(m, MASKED: gl.constexpr):
     """The exponent pivot: ``m``, or 0 for a row that has seen no visible key (m = -inf)."""
     if MASKED:
@@ -386,11 +441,12 @@ def _pass_turn(turns, WG: gl.constexpr, NUM_WG: gl.constexpr, PINGPONG: gl.const
 def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
               v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset, window_offset,
               align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m, head_group, q_rows_b, q_rows_h,
-              q_col_h, o_stride, STAGES: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              HEAD: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
-              ALIBI: gl.constexpr, RAGGED: gl.constexpr, PAIRED: gl.constexpr, PINGPONG: gl.constexpr,
-              STORE_LSE: gl.constexpr, VARLEN: gl.constexpr, SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr,
-              O_SMEM: gl.constexpr, Q_REGS: gl.constexpr, FENCE: gl.constexpr):
+              q_col_h, o_stride, W, WL, Rows, pieces, STAGES: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr, HEAD: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
+              SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, RAGGED: gl.constexpr, PAIRED: gl.constexpr,
+              PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr, VARLEN: gl.constexpr, SEQUSED: gl.constexpr,
+              ALIGN_BR: gl.constexpr, O_SMEM: gl.constexpr, Q_REGS: gl.constexpr, FENCE: gl.constexpr,
+              SPLIT: gl.constexpr):
     ROWS: gl.constexpr = 64
     NUM_WG: gl.constexpr = BLOCK_M // ROWS
     dtype: gl.constexpr = o_desc.dtype
@@ -408,8 +464,9 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
     n_turn = 0  # ping-pong: the steps this warpgroup has taken its turn for
     if PINGPONG and WG == NUM_WG - 1:
         mbarrier.arrive(turns.index(0), count=1)  # warpgroup 0 goes first
-    for t_idx in range(_n_items(n_tiles, PAIRED, VARLEN)):
-        pid_m, bh = _tile(t_idx, n_m, n_tiles // n_m, head_group, Items, heads, CAUSAL, PAIRED, VARLEN)
+    for t_idx in range(_n_items(n_tiles, pieces, PAIRED, VARLEN, SPLIT)):
+        g, part = _work(t_idx, n_tiles, pieces, PAIRED, VARLEN, SPLIT)
+        pid_m, bh = _tile(g, n_m, n_tiles // n_m, head_group, Items, heads, CAUSAL, PAIRED, VARLEN)
         b = bh // heads
         h = bh % heads
         start_m = pid_m * BLOCK_M
@@ -419,6 +476,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
         wo = window_offset + shift
         ao = align_offset + shift
         first, n_iters = _key_tiles(start_m, sk, co, wo, BLOCK_M, BLOCK_N, CAUSAL, WINDOW)
+        first, n_iters = _piece(first, n_iters, part, pieces, SPLIT)
         slope = 0.0
         if ALIBI:
             slope = gl.load(Alibi + h) * alibi_scale
@@ -449,6 +507,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
         p = gl.exp2(qk * scale_log2 - _pivot(m, CAUSAL or WINDOW or RAGGED)[:, None])
         l = gl.sum(p, axis=1)
         p16 = gl.convert_layout(_narrow(p, dtype), p_layout)
+        alpha = gl.full([ROWS], 1.0, gl.float32, row_layout)
         for i in range(1, n_iters):
             s = (it0 + i) % STAGES
             ph = ((it0 + i) // STAGES) & 1
@@ -461,6 +520,8 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
                 _take_turn(turns, n_turn, WG, PINGPONG)
             qk = warpgroup_mma(q_op, k_bufs.index(s).permute((1, 0)),
                                gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+            # 5.5 for tile i-1 (FlashAttention-3's place: under Q K^T of tile i, before P V reads acc)
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
             if not PINGPONG:
                 mbarrier.wait(v_ready.index(sp), php)
             acc = warpgroup_mma(p16, v_bufs.index(sp), acc, is_async=True)
@@ -481,13 +542,12 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
             m = m_new
             acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
             mbarrier.arrive(v_empty.index(sp), count=1)
-            # 5.5: rescale the accumulator once P V of tile i-1 has landed
-            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
             p16 = gl.convert_layout(_narrow(p, dtype), p_layout)
         if not Q_REGS:  # every Q K^T of this item has retired: the producer may load the next item's Q
             mbarrier.arrive(q_empty, count=1)
         last = (it0 + n_iters - 1) % STAGES
         mbarrier.wait(v_ready.index(last), ((it0 + n_iters - 1) // STAGES) & 1)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         _take_turn(turns, n_turn, WG, PINGPONG)
         acc = warpgroup_mma(p16, v_bufs.index(last), acc, is_async=True)
         _pass_turn(turns, WG, NUM_WG, PINGPONG)
@@ -500,7 +560,11 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
         acc = acc * gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout))[:, None]
         o_row = b * q_rows_b + h * q_rows_h + q0 + row0
         o_col = h * q_col_h
-        if O_SMEM and row0 + ROWS <= sq:
+        if SPLIT and part >= 0:  # SPLIT: a piece's float32 result and LSE, for :func:`merge_pieces`
+            _store_piece(acc, l, m, W, WL, Rows, part, g - n_tiles // gl.num_programs(0) * gl.num_programs(0),
+                         n_tiles % gl.num_programs(0), bh * seqlen_q + row0, row0, sq, o_layout, row_layout,
+                         BLOCK_M, HEAD, WG)
+        elif O_SMEM and row0 + ROWS <= sq:
             o_half = o_smem.index(WG)
             o_half.store(acc.to(dtype))
             fence_async_shared()
@@ -514,7 +578,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
             cols = gl.arange(0, HEAD, layout=gl.SliceLayout(0, o_layout))
             ptrs = O + (o_row + rows).to(gl.int64)[:, None] * o_stride + (o_col + cols)[None, :]
             gl.store(ptrs, acc.to(dtype), mask=(row0 + rows < sq)[:, None])
-        if STORE_LSE:
+        if STORE_LSE and part < 0:
             lse = gl.where(l == 0.0, float("-inf"), (m + gl.log2(l)) * LN2)
             if VARLEN:  # [heads, total_q]
                 lse_row0 = h.to(gl.int64) * seqlen_q + q0
@@ -529,13 +593,13 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
 def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK, Items, heads, group, seqlen_q,
                   seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2,
                   n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h, kv_col_h, o_stride,
-                  Pages, pages_b, page,
+                  Pages, pages_b, page, W, WL, Rows, pieces,
                   HEAD: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                   CONSUMER_REGS: gl.constexpr,
                   CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                   RAGGED: gl.constexpr, PAIRED: gl.constexpr, PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr,
                   VARLEN: gl.constexpr, SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, PAGED: gl.constexpr,
-                  O_SMEM: gl.constexpr, Q_REGS: gl.constexpr, FENCE: gl.constexpr):
+                  O_SMEM: gl.constexpr, Q_REGS: gl.constexpr, FENCE: gl.constexpr, SPLIT: gl.constexpr):
     """Each program runs its work items (query block, batch*head), :func:`_n_items` and
     :func:`_tile`; the K/V rings and the barrier phases carry on from one item to the
     next, so the next item's first loads overlap this one's epilogue."""
@@ -571,46 +635,46 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
-                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 0, BLOCK_M, BLOCK_N, HEAD,
-                         CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED,
-                         ALIGN_BR, O_SMEM, Q_REGS, FENCE)),
+                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 0, BLOCK_M,
+                         BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, SPLIT)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
-                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 1, BLOCK_M, BLOCK_N, HEAD,
-                         CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED,
-                         ALIGN_BR, O_SMEM, Q_REGS, FENCE)),
+                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 1, BLOCK_M,
+                         BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, SPLIT)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
-                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 2, BLOCK_M, BLOCK_N, HEAD,
-                         CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED,
-                         ALIGN_BR, O_SMEM, Q_REGS, FENCE)),
+                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 2, BLOCK_M,
+                         BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, SPLIT)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
                          window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
-                         kv_col_h, Pages, pages_b, page, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, PAIRED,
-                         VARLEN, SEQUSED, ALIGN_BR, PAGED)),
+                         kv_col_h, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
+                         PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
-                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 0, BLOCK_M, BLOCK_N, HEAD,
-                         CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED,
-                         ALIGN_BR, O_SMEM, Q_REGS, FENCE)),
+                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 0, BLOCK_M,
+                         BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, SPLIT)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
-                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, STAGES, 1, BLOCK_M, BLOCK_N, HEAD,
-                         CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED,
-                         ALIGN_BR, O_SMEM, Q_REGS, FENCE)),
+                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 1, BLOCK_M,
+                         BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, SPLIT)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
                          window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
-                         kv_col_h, Pages, pages_b, page, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, PAIRED,
-                         VARLEN, SEQUSED, ALIGN_BR, PAGED)),
+                         kv_col_h, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
+                         PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -704,6 +768,17 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
     # a window's items cost about the same anyway; packed sequences come longest first instead
     paired = bool(prob.causal and prob.window_offset is None and persistent and n_tiles > sms and not prob.varlen)
     grid = (min(triton.cdiv(n_tiles, 2) if paired else n_tiles, sms) if persistent else n_tiles,)
+    pieces = 1
+    if cfg.split_tail and persistent and not (prob.causal or prob.window_offset is not None or per_sequence(prob)):
+        pieces = tail_pieces(n_tiles, sms, triton.cdiv(prob.seqlen_k, cfg.block_n))
+    if pieces > 1:  # the last round's items in pieces, each piece's float32 result merged after the kernel
+        grid = (min(sms, n_tiles // sms * sms + n_tiles % sms * pieces),)
+        rows = n_tiles % grid[0] * cfg.block_m
+        w = torch.empty(pieces, rows, prob.head_dim, dtype=torch.float32, device=q.device)
+        wl = torch.empty(pieces, rows, dtype=torch.float32, device=q.device)
+        dest = torch.empty(rows, dtype=torch.int32, device=q.device)
+    else:
+        w = wl = dest = o
     scale = prob.scale_log2 / LOG2E
     cap = prob.softcap or 1.0
     cu_q, cu_k, seqused = (t if t is not None else o for t in seqs)
@@ -712,8 +787,30 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
                         prob.seqlen_k, causal_offset, window_offset, prob.align_offset - a, scale / cap, cap / scale,
                         1.0 / scale, prob.scale_log2, n_tiles, n_m, max(cfg.head_group, 1), *strides,
                         block_table if block_table is not None else o,
-                        block_table.stride(0) if block_table is not None else 0, max(prob.page, 1),
-                        **constexprs(prob, cfg, lse is not None, paired, alibi is not None), num_warps=4)
+                        block_table.stride(0) if block_table is not None else 0, max(prob.page, 1), w, wl, dest,
+                        pieces, **constexprs(prob, cfg, lse is not None, paired, alibi is not None, pieces > 1),
+                        num_warps=4)
+    if pieces > 1:
+        from . import merge
+        merge.launch(w, wl, o, lse, strides_bhsd(o, layout), prob.heads, prob.seqlen_q, dest)
+
+
+PIECE_COST = 2  # what cutting an item costs a piece, in key tiles (its own Q load and first product, its store)
+
+
+def tail_pieces(n_tiles: int, programs: int, key_tiles: int) -> int:
+    """Into how many pieces (runs of key tiles) to cut each item of the last, partly filled round
+    of ``programs`` (1: none).  Whole items end the run a whole item's time after the programs
+    with one item fewer; ``k`` pieces each end it ``ceil(k * rest / programs)`` pieces later, a
+    piece costing its share of the ``key_tiles`` plus :data:`PIECE_COST`; pieces of two tiles
+    at least, 16 at most."""
+    rest = n_tiles % programs
+    best, cost = 1, key_tiles
+    for k in range(2, min(16, key_tiles // 2) + 1):
+        c = -(-k * rest // programs) * (key_tiles / k + PIECE_COST)
+        if rest and c < cost:
+            best, cost = k, c
+    return best
 
 
 def varlen_items(len_q, len_k, prob, cfg, causal_offset: int, window_offset: int) -> np.ndarray:
@@ -747,7 +844,7 @@ def per_sequence(prob) -> bool:
     return prob.varlen or prob.seqused
 
 
-def constexprs(prob, cfg, store_lse: bool, paired: bool = False, alibi: bool = False) -> dict:
+def constexprs(prob, cfg, store_lse: bool, paired: bool = False, alibi: bool = False, split: bool = False) -> dict:
     return dict(HEAD=prob.head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.num_stages,
                 CONSUMER_REGS=cfg.maxnreg or CONSUMER_REGS[cfg.block_m // 64], CAUSAL=prob.causal,
                 WINDOW=prob.window_offset is not None, SOFTCAP=prob.softcap > 0, ALIBI=alibi,
@@ -755,4 +852,4 @@ def constexprs(prob, cfg, store_lse: bool, paired: bool = False, alibi: bool = F
                 PINGPONG=bool(cfg.pingpong), STORE_LSE=store_lse, VARLEN=prob.varlen, SEQUSED=prob.seqused,
                 ALIGN_BR=per_sequence(prob) and prob.align_br, PAGED=bool(prob.page),
                 O_SMEM=o_staged(prob.head_dim, cfg), Q_REGS=bool(cfg.q_regs),
-                FENCE=bool(cfg.fence))
+                FENCE=bool(cfg.fence), SPLIT=split)
