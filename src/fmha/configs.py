@@ -117,7 +117,11 @@ HOPPER = [
     # non-causal 512..16k 412/488 510/610 576/589 606/619 618/633 631/640, 128k 627/598; causal 512..16k
     # 269/316 .. 604/612, 128k 626/617.  Slower up to 16k (the register store of O costs more than the
     # deeper ring gains while a head's K/V sit in L2), faster at 128k (a head's K/V, 64 MB, do not).
-    (128, False, 16384, KernelConfig(128, 128, 4, 2)),  # m192 spills
+    # split_tail ("k", the last round's items in pieces merged by LSE; 2048 items fill 15.5 rounds of 132
+    # programs), run 20261130T010530 (bf16, S=1k..16k beside the table): 532/546/583/622/636 against
+    # 527/568/589/613/623: from 8k keys only (below, a piece's own prologue and store outweigh the idle
+    # time); at D=64 (192 rows, 2752 items: 85% of the last round busy) 502 against 513 at 16k.
+    (128, False, 16384, KernelConfig(128, 128, 4, 2, split_tail=1)),  # m192 spills
     (128, False, None, KernelConfig(128, 128, 4, 3, q_regs=1, fence=1)),
     (128, True, 16384, KernelConfig(128, 128, 4, 2, q_regs=1)),
     (128, True, None, KernelConfig(128, 128, 4, 3, q_regs=1)),

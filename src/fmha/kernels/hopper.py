@@ -507,7 +507,6 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
         p = gl.exp2(qk * scale_log2 - _pivot(m, CAUSAL or WINDOW or RAGGED)[:, None])
         l = gl.sum(p, axis=1)
         p16 = gl.convert_layout(_narrow(p, dtype), p_layout)
-        alpha = gl.full([ROWS], 1.0, gl.float32, row_layout)
         for i in range(1, n_iters):
             s = (it0 + i) % STAGES
             ph = ((it0 + i) // STAGES) & 1
@@ -520,8 +519,6 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
                 _take_turn(turns, n_turn, WG, PINGPONG)
             qk = warpgroup_mma(q_op, k_bufs.index(s).permute((1, 0)),
                                gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
-            # 5.5 for tile i-1 (FlashAttention-3's place: under Q K^T of tile i, before P V reads acc)
-            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
             if not PINGPONG:
                 mbarrier.wait(v_ready.index(sp), php)
             acc = warpgroup_mma(p16, v_bufs.index(sp), acc, is_async=True)
@@ -542,12 +539,14 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
             m = m_new
             acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
             mbarrier.arrive(v_empty.index(sp), count=1)
+            # 5.5: rescale the accumulator once P V of tile i-1 has landed (under the next Q K^T instead,
+            # FlashAttention-3's place, 1-2% slower: run 20261130T010410-gpu1 against T010648-gpu1-old)
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
             p16 = gl.convert_layout(_narrow(p, dtype), p_layout)
         if not Q_REGS:  # every Q K^T of this item has retired: the producer may load the next item's Q
             mbarrier.arrive(q_empty, count=1)
         last = (it0 + n_iters - 1) % STAGES
         mbarrier.wait(v_ready.index(last), ((it0 + n_iters - 1) // STAGES) & 1)
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         _take_turn(turns, n_turn, WG, PINGPONG)
         acc = warpgroup_mma(p16, v_bufs.index(last), acc, is_async=True)
         _pass_turn(turns, WG, NUM_WG, PINGPONG)
@@ -795,7 +794,7 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
         merge.launch(w, wl, o, lse, strides_bhsd(o, layout), prob.heads, prob.seqlen_q, dest)
 
 
-PIECE_COST = 2  # what cutting an item costs a piece, in key tiles (its own Q load and first product, its store)
+PIECE_COST = 3  # what cutting an item costs a piece, in key tiles (its own Q load and first product, its store)
 
 
 def tail_pieces(n_tiles: int, programs: int, key_tiles: int) -> int:
