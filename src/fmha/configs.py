@@ -101,9 +101,11 @@ HOPPER = [
     # 228/318/387/411/431/440 against 231/315/390/416/436/445; its partner warpgroup still runs the
     # whole tile and both wait on the same K/V ring, so the saving became idle time.  Ping-pong at D=64
     # S=512..2k: 226/320/- against 231/316/376 (T175746).
-    (64, True, 8192, KernelConfig(128, 128, 4, 2, q_regs=1)),
-    # m192n128s2 232/477 (192 rows waste the diagonal)
-    (64, True, None, KernelConfig(128, 128, 4, 2, persistent=0, q_regs=1)),
+    (64, True, 4096, KernelConfig(128, 128, 4, 2, q_regs=1)),
+    # m192n128s2 232/477 (192 rows waste the diagonal).  Past 4k keys 192 rows (persistent pairs, Q in
+    # shared memory) against the table's 128 rows with Q in registers, run 20261130T012401 (bf16, S=512..16k):
+    # 134/213/278/401/447/474 against 244/321/375/412/432/455 (one program an item: 141/211/322/385/442/472)
+    (64, True, None, KernelConfig(192, 128, 4, 2)),
     # D=128 non-causal up to 512 keys: FA3's ping-pong, items across 4 heads at a time.  bf16 S=512:
     # pp 544 vs 482 (run 20261129T174216); pph4 530, pp 486, h4 465, plain 455 (T175528).  At S=1k pp
     # lost once (565 vs 617, T174216), pph4 won once (613 vs 527, T175528): not taken there yet.
