@@ -55,3 +55,23 @@ def test_tail_pieces_cut_only_a_partly_filled_last_round():
     assert hopper.tail_pieces(264, 132, 128) == 1  # two whole rounds
     assert hopper.tail_pieces(2048, 132, 4) == 1   # a piece's own cost outweighs the idle time
     assert hopper.tail_pieces(131, 132, 2) == 1    # nothing left to cut
+    assert hopper.tail_pieces(2048, 132, 128, max_pieces=2) == 2
+
+
+def test_split_pieces_only_where_items_cost_the_same_and_memory_allows():
+    """The split runs on persistent, non-causal calls without a window or lengths per sequence, and
+    only while its float32 workspace stays within the output's size."""
+    from dataclasses import replace
+    from fmha.kernels import Problem
+    cfg = configs.KernelConfig(128, 128, 4, 2, split_tail=1)
+    prob = Problem(1, 16, 16, 16384, 16384, 128, False, 0, 1.0)
+    out_bytes = 16 * 16384 * 128 * 2
+    assert hopper.split_pieces(prob, cfg, 2048, 132, out_bytes) == hopper.tail_pieces(2048, 132, 128) > 1
+    for off in (replace(prob, causal=True), replace(prob, window_offset=-100), replace(prob, varlen=True),
+                replace(prob, seqused=True)):
+        assert hopper.split_pieces(off, cfg, 2048, 132, out_bytes) == 1
+    for off_cfg in (replace(cfg, split_tail=0), replace(cfg, persistent=0)):
+        assert hopper.split_pieces(prob, off_cfg, 2048, 132, out_bytes) == 1
+    # 80 items, all in the last round: pieces of them would need more than the output's bytes
+    small = Problem(1, 5, 5, 2048, 4096, 128, False, 0, 1.0)
+    assert hopper.split_pieces(small, cfg, 80, 132, 5 * 2048 * 128 * 2) == 1

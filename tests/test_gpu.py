@@ -135,9 +135,9 @@ def test_hopper_features_match_reference(causal, align, window, softcap, alibi, 
 
 
 SPLIT_SHAPES = [  # (batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim): a last round cut into pieces
-    (1, 5, 5, 2048, 4096, 128),   # 80 items, fewer than the SMs: every item in pieces
-    (2, 9, 3, 1000, 4000, 64),    # a few items past a whole round; ragged rows and keys, GQA
-    (1, 4, 4, 600, 8192, 64),     # 192 rows (4 items), the last warpgroup past the end
+    (1, 20, 10, 2048, 4096, 128),  # 320 items: two whole rounds and 56 items; GQA
+    (2, 9, 3, 1000, 4000, 64),     # a few items past a whole round; ragged rows and keys, GQA
+    (1, 36, 36, 700, 8192, 64),    # 192 rows (144 items), the last block's last warpgroups past the end
 ]
 
 
@@ -148,13 +148,14 @@ def test_hopper_split_tail_matches_reference(layout, shape):
     their LSE after the kernel; output and LSE as without the split."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("sm_90 only")
-    from fmha.kernels import device_facts, hopper
+    from fmha.kernels import Problem, device_facts, hopper
     b, h, kvh, sq, sk, d = shape
-    cfg = fmha.KernelConfig(192 if sq == 600 else 128, 128, 4, 2, split_tail=1, q_regs=int(d == 64 and sq != 600))
-    n_tiles = -(-sq // cfg.block_m) * b * h
-    assert hopper.tail_pieces(n_tiles, device_facts(0)[1], -(-sk // cfg.block_n)) > 1  # the split runs
+    cfg = fmha.KernelConfig(192 if sq == 700 else 128, 128, 4, 2, split_tail=1, q_regs=int(d == 64 and sq != 700))
     q, k, v = make_qkv(b, h, kvh, sq, sk, d, torch.bfloat16, layout, seed=sk)
     out = nan_like(q)
+    prob = Problem(b, h, kvh, sq, sk, d, False, 0, 1.0)
+    n_tiles = -(-sq // cfg.block_m) * b * h
+    assert hopper.split_pieces(prob, cfg, n_tiles, device_facts(0)[1], out.numel() * out.element_size()) > 1
     o, lse = fmha.attention(q, k, v, layout=layout, variant="hopper", out=out, return_lse=True, config=cfg)
     torch.cuda.synchronize()
     check_against_reference(out, q, k, v, False, layout=layout)

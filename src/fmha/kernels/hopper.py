@@ -767,9 +767,7 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
     # a window's items cost about the same anyway; packed sequences come longest first instead
     paired = bool(prob.causal and prob.window_offset is None and persistent and n_tiles > sms and not prob.varlen)
     grid = (min(triton.cdiv(n_tiles, 2) if paired else n_tiles, sms) if persistent else n_tiles,)
-    pieces = 1
-    if cfg.split_tail and persistent and not (prob.causal or prob.window_offset is not None or per_sequence(prob)):
-        pieces = tail_pieces(n_tiles, sms, triton.cdiv(prob.seqlen_k, cfg.block_n))
+    pieces = split_pieces(prob, cfg, n_tiles, sms, o.numel() * o.element_size())
     if pieces > 1:  # the last round's items in pieces, each piece's float32 result merged after the kernel
         grid = (min(sms, n_tiles // sms * sms + n_tiles % sms * pieces),)
         rows = n_tiles % grid[0] * cfg.block_m
@@ -797,15 +795,28 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
 PIECE_COST = 3  # what cutting an item costs a piece, in key tiles (its own Q load and first product, its store)
 
 
-def tail_pieces(n_tiles: int, programs: int, key_tiles: int) -> int:
+def split_pieces(prob, cfg, n_tiles: int, programs: int, out_bytes: int) -> int:
+    """How many pieces ``launch`` cuts each item of the last round into (1: none): with
+    ``cfg.split_tail``, persistent and non-causal without a window or lengths per sequence (items
+    of one cost), and a float32 workspace of pieces x the last round's rows no larger than the
+    output (``out_bytes``): the split never more than doubles what the call allocates."""
+    if not cfg.split_tail or cfg.persistent == 0 or prob.causal or prob.window_offset is not None \
+            or per_sequence(prob):
+        return 1
+    rest_bytes = n_tiles % programs * cfg.block_m * prob.head_dim * 4
+    return tail_pieces(n_tiles, programs, triton.cdiv(prob.seqlen_k, cfg.block_n),
+                       out_bytes // rest_bytes if rest_bytes else 1)
+
+
+def tail_pieces(n_tiles: int, programs: int, key_tiles: int, max_pieces: int = 16) -> int:
     """Into how many pieces (runs of key tiles) to cut each item of the last, partly filled round
     of ``programs`` (1: none).  Whole items end the run a whole item's time after the programs
     with one item fewer; ``k`` pieces each end it ``ceil(k * rest / programs)`` pieces later, a
     piece costing its share of the ``key_tiles`` plus :data:`PIECE_COST`; pieces of two tiles
-    at least, 16 at most."""
+    at least, ``max_pieces`` (at most 16) at most."""
     rest = n_tiles % programs
     best, cost = 1, key_tiles
-    for k in range(2, min(16, key_tiles // 2) + 1):
+    for k in range(2, min(16, max_pieces, key_tiles // 2) + 1):
         c = -(-k * rest // programs) * (key_tiles / k + PIECE_COST)
         if rest and c < cost:
             best, cost = k, c
