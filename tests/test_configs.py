@@ -55,7 +55,7 @@ def test_tail_pieces_cut_only_a_partly_filled_last_round():
     assert hopper.tail_pieces(264, 132, 128) == 1  # two whole rounds
     assert hopper.tail_pieces(2048, 132, 4) == 1   # a piece's own cost outweighs the idle time
     assert hopper.tail_pieces(131, 132, 2) == 1    # nothing left to cut
-    assert hopper.tail_pieces(2048, 132, 128, max_pieces=2) == 2
+    assert hopper.tail_pieces(2048, 132, 128, max_pieces=3) == 3  # 2 pieces of 68 items need 2 rounds
 
 
 def test_split_pieces_only_where_items_cost_the_same_and_memory_allows():
