@@ -121,8 +121,9 @@ HOPPER = [
     # deeper ring gains while a head's K/V sit in L2), faster at 128k (a head's K/V, 64 MB, do not).
     # split_tail ("k", the last round's items in pieces merged by LSE; 2048 items fill 15.5 rounds of 132
     # programs), run 20261130T010530 (bf16, S=1k..16k beside the table): 532/546/583/622/636 against
-    # 527/568/589/613/623: from 8k keys only (below, a piece's own prologue and store outweigh the idle
-    # time); at D=64 (192 rows, 2752 items: 85% of the last round busy) 502 against 513 at 16k.
+    # 527/568/589/613/623: taken past 4k keys (at 2k-4k a piece's own prologue and store outweighed the
+    # idle time); at D=64 (192 rows, 2752 items: 85% of the last round busy) 502 against 513 at 16k; at
+    # 128k 611 against the row below's 629 (T011545).
     (128, False, 16384, KernelConfig(128, 128, 4, 2, split_tail=1)),  # m192 spills
     (128, False, None, KernelConfig(128, 128, 4, 3, q_regs=1, fence=1)),
     (128, True, 16384, KernelConfig(128, 128, 4, 2, q_regs=1)),
