@@ -397,18 +397,27 @@ def _fence(x):
 
 
 @gluon.jit
-def _store_piece(acc, l, m, W, WL, Rows, part, item, n_items, dest0, row0, sq, o_layout: gl.constexpr,
+def _lse(m, l):
+    """Section 6's log-sum-exp of a row, natural log (``m`` in base-2 units), -inf for an empty row."""
+    return gl.where(l == 0.0, float("-inf"), (m + gl.log2(l)) * LN2)
+
+
+@gluon.jit
+def _store_piece(acc, l, m, W, WL, Rows, g, part, n_tiles, dest0, row0, sq, o_layout: gl.constexpr,
                  row_layout: gl.constexpr, BLOCK_M: gl.constexpr, HEAD: gl.constexpr, WG: gl.constexpr):
-    """A piece's rows (``acc`` already over ``l``): float32 ``W[part, item * BLOCK_M + r, :]`` and its
-    LSE ``WL[part, item * BLOCK_M + r]`` (``item`` of the ``n_items`` split); piece 0 also writes
-    where row ``r`` goes in the output's (batch*head, row) order, ``Rows[item * BLOCK_M + r]``
-    (``dest0 + r``, or -1 past the ``sq`` rows)."""
+    """Piece ``part`` of item ``g`` (:func:`_work`), its rows ``acc`` already over ``l``: float32
+    ``W[part, item * BLOCK_M + r, :]`` and the LSE ``WL[part, item * BLOCK_M + r]``, ``item`` being
+    ``g``'s place among the last round's items; piece 0 also writes where row ``r`` goes in the
+    output's (batch*head, row) order, ``Rows[item * BLOCK_M + r]`` (``dest0 + r``, or -1 past the
+    ``sq`` rows).  The merge after the kernel (``kernels/merge.py``) reads them."""
+    nprog = gl.num_programs(0)
+    item = g - n_tiles // nprog * nprog
     rows = gl.arange(0, 64, layout=gl.SliceLayout(1, o_layout))
     cols = gl.arange(0, HEAD, layout=gl.SliceLayout(0, o_layout))
-    w_row = (part * n_items + item) * BLOCK_M + WG * 64
+    w_row = (part * (n_tiles % nprog) + item) * BLOCK_M + WG * 64
     gl.store(W + (w_row + rows).to(gl.int64)[:, None] * HEAD + cols[None, :], acc)
     r = gl.arange(0, 64, layout=row_layout)
-    gl.store(WL + w_row + r, gl.where(l == 0.0, float("-inf"), (m + gl.log2(l)) * LN2))
+    gl.store(WL + w_row + r, _lse(m, l))
     if part == 0:
         gl.store(Rows + item * BLOCK_M + WG * 64 + r, gl.where(row0 + r < sq, dest0 + r, -1))
 
@@ -559,10 +568,9 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
         acc = acc * gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout))[:, None]
         o_row = b * q_rows_b + h * q_rows_h + q0 + row0
         o_col = h * q_col_h
-        if SPLIT and part >= 0:  # SPLIT: a piece's float32 result and LSE, for :func:`merge_pieces`
-            _store_piece(acc, l, m, W, WL, Rows, part, g - n_tiles // gl.num_programs(0) * gl.num_programs(0),
-                         n_tiles % gl.num_programs(0), bh * seqlen_q + row0, row0, sq, o_layout, row_layout,
-                         BLOCK_M, HEAD, WG)
+        if SPLIT and part >= 0:  # a piece's float32 result and LSE, merged after the kernel
+            _store_piece(acc, l, m, W, WL, Rows, g, part, n_tiles, bh * seqlen_q + row0, row0, sq, o_layout,
+                         row_layout, BLOCK_M, HEAD, WG)
         elif O_SMEM and row0 + ROWS <= sq:
             o_half = o_smem.index(WG)
             o_half.store(acc.to(dtype))
@@ -578,7 +586,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
             ptrs = O + (o_row + rows).to(gl.int64)[:, None] * o_stride + (o_col + cols)[None, :]
             gl.store(ptrs, acc.to(dtype), mask=(row0 + rows < sq)[:, None])
         if STORE_LSE and part < 0:
-            lse = gl.where(l == 0.0, float("-inf"), (m + gl.log2(l)) * LN2)
+            lse = _lse(m, l)
             if VARLEN:  # [heads, total_q]
                 lse_row0 = h.to(gl.int64) * seqlen_q + q0
             else:  # [batch, heads, seqlen_q]
