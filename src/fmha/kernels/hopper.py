@@ -58,7 +58,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ..reference import LOG2E
-from . import device_facts, kv_view3d, strides_bhsd
+from . import device_facts, kv_view3d, merge, strides_bhsd
 
 SMEM_LIMIT = 232448  # bytes of shared memory one sm_90 block may use
 CONSUMER_REGS = {2: 240, 3: 160}  # setmaxnreg per consumer thread, by warpgroup count
@@ -796,7 +796,6 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
                         pieces, **constexprs(prob, cfg, lse is not None, paired, alibi is not None, pieces > 1),
                         num_warps=4)
     if pieces > 1:
-        from . import merge
         merge.launch(w, wl, o, lse, strides_bhsd(o, layout), prob.heads, prob.seqlen_q, dest)
 
 
