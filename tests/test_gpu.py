@@ -163,6 +163,33 @@ def test_hopper_split_tail_matches_reference(layout, shape):
     torch.testing.assert_close(lse, ref_lse, atol=1e-3, rtol=1e-4)
 
 
+BALANCE_SHAPES = [  # (batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, block_m, align): causal pairs + LPT tail
+    (8, 32, 8, 1024, 1024, 64, 128, "top_left"),       # 2048 items: 6 rounds of pairs, the rest by LPT; GQA
+    (3, 50, 50, 1000, 1152, 64, 192, "bottom_right"),  # 900 items (odd heads x blocks), ragged rows, sq < sk
+    (2, 16, 16, 700, 2048, 128, 128, "bottom_right"),  # sq < sk: every block sees 1348 keys more
+    (1, 16, 4, 2048, 700, 128, 128, "top_left"),       # sq > sk: the lower blocks see every key
+    (2, 40, 40, 384, 384, 128, 128, "top_left"),       # 240 items: one each, no pairs before the tail
+]
+
+
+@pytest.mark.parametrize("shape", BALANCE_SHAPES, ids=lambda s: "b{}h{}kv{}-q{}k{}-d{}-m{}-{}".format(*s))
+def test_hopper_balanced_causal_matches_reference(shape):
+    """``balance``: the last round or two of causal pairs dealt longest item first from a host-built
+    list (:func:`fmha.kernels.hopper.balanced_tail`); every item once, output and LSE exact."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("sm_90 only")
+    b, h, kvh, sq, sk, d, block_m, align = shape
+    cfg = fmha.KernelConfig(block_m, 128, 4, 2, q_regs=int(block_m == 128), balance=1)
+    q, k, v = make_qkv(b, h, kvh, sq, sk, d, torch.bfloat16, seed=sq + sk)
+    out = nan_like(q)
+    o, lse = fmha.attention(q, k, v, causal=True, causal_align=align, variant="hopper", out=out, return_lse=True,
+                            config=cfg)
+    torch.cuda.synchronize()
+    check_against_reference(out, q, k, v, True, causal_align=align)
+    _, ref_lse = fmha.attention(q, k, v, causal=True, causal_align=align, variant="tiled", return_lse=True)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-3, rtol=1e-4)
+
+
 @pytest.mark.parametrize("layout", ["bhsd", "bshd"])
 def test_hopper_ragged_keys_stop_at_the_end(layout):
     """A ragged last key tile reads zeros past seqlen_k, never the neighbour's keys: the head (bhsd)

@@ -81,9 +81,11 @@ def _hopper_source(head_dim: int, dtype: str, causal: bool, cfg, seqlen_k: int =
         kv = torch.empty(2, page, 1, head_dim, dtype=tdt)
     descs, _ = hopper.descriptors(prob, cfg, q, kv, kv, q, "bhsd")
     kernel = hopper.KERNEL
-    # causal: the paired schedule; non-causal dense with split_tail: the pieces of the last round
+    # causal: the paired schedule (balance: with its host-built tail); non-causal dense with split_tail:
+    # the pieces of the last round
     split = bool(cfg.split_tail) and not causal and lengths == "dense"
-    const = hopper.constexprs(prob, cfg, store_lse=False, paired=causal, split=split)
+    const = hopper.constexprs(prob, cfg, store_lse=False, paired=causal, split=split,
+                              balance=causal and bool(cfg.balance))
     sig = {}
     for name in kernel.arg_names:
         if name in const:

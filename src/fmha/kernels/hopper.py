@@ -48,6 +48,10 @@ kernels do not run in the interpreter.
 """
 from __future__ import annotations
 
+import functools
+import heapq
+import types
+
 import numpy as np
 import torch
 import triton
@@ -67,10 +71,13 @@ LN2 = gl.constexpr(0.6931471805599453)
 
 
 @gluon.jit
-def _n_items(n_tiles, pieces, PAIRED: gl.constexpr, VARLEN: gl.constexpr, SPLIT: gl.constexpr):
+def _n_items(n_tiles, pieces, Items, PAIRED: gl.constexpr, VARLEN: gl.constexpr, SPLIT: gl.constexpr,
+             BALANCE: gl.constexpr):
     """How many work items this program runs: items ``pid, pid + num_programs, ...``, or,
     PAIRED, pairs ``pid, pid + num_programs, ...`` of two items each (the last item alone
-    when ``n_tiles`` is odd), or, VARLEN, one item of each round of ``num_programs`` (the
+    when ``n_tiles`` is odd), or, BALANCE, the whole rounds of pairs but the last one or two
+    (``Items[0]`` items) and then its list of the rest (:func:`balanced_tail`), or, VARLEN, one
+    item of each round of ``num_programs`` (the
     last round may be short: its first items in an even round, its last in an odd one), or,
     SPLIT, the whole rounds and then its share of the last round's items cut in ``pieces``
     (:func:`_work`)."""
@@ -83,6 +90,8 @@ def _n_items(n_tiles, pieces, PAIRED: gl.constexpr, VARLEN: gl.constexpr, SPLIT:
         rest = n_tiles % nprog
         mine = gl.where(rounds % 2 == 0, pid < rest, pid >= nprog - rest)
         n = rounds + mine.to(gl.int32)
+    elif BALANCE:
+        n = gl.load(Items) + gl.load(Items + 2 + pid) - gl.load(Items + 1 + pid)
     elif PAIRED:
         n_pairs = (n_tiles + 1) // 2
         mine = (n_pairs - pid + nprog - 1) // nprog
@@ -93,7 +102,8 @@ def _n_items(n_tiles, pieces, PAIRED: gl.constexpr, VARLEN: gl.constexpr, SPLIT:
 
 
 @gluon.jit
-def _work(k, n_tiles, pieces, PAIRED: gl.constexpr, VARLEN: gl.constexpr, SPLIT: gl.constexpr):
+def _work(k, n_tiles, pieces, Items, PAIRED: gl.constexpr, VARLEN: gl.constexpr, SPLIT: gl.constexpr,
+          BALANCE: gl.constexpr):
     """This program's ``k``-th work item -> (item number, piece): :func:`_tile` places the number.
     The piece is -1 for a whole item.  SPLIT: when the items do not fill the last round of
     ``num_programs``, that round's items are cut into ``pieces`` runs of key tiles each
@@ -106,6 +116,10 @@ def _work(k, n_tiles, pieces, PAIRED: gl.constexpr, VARLEN: gl.constexpr, SPLIT:
         g = k * nprog + gl.where(k % 2 == 0, pid, nprog - 1 - pid)
     elif PAIRED:
         g = 2 * (pid + (k // 2) * nprog) + k % 2
+        if BALANCE:
+            lead = gl.load(Items)
+            if k >= lead:
+                g = gl.load(Items + nprog + 2 + gl.load(Items + 1 + pid) + k - lead)
     else:
         g = pid + k * nprog
     if SPLIT:
@@ -169,15 +183,16 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_
               n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h, kv_col_h, Pages, pages_b, page, pieces,
               NUM_WG: gl.constexpr, STAGES: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               CAUSAL: gl.constexpr, WINDOW: gl.constexpr, PAIRED: gl.constexpr, VARLEN: gl.constexpr,
-              SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, PAGED: gl.constexpr, SPLIT: gl.constexpr):
+              SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, PAGED: gl.constexpr, SPLIT: gl.constexpr,
+              BALANCE: gl.constexpr):
     it = 0  # position in the K/V rings, continued across work items
     tc = 0
     n_tail = 0  # V tiles zeroed past the sequence's end so far (the phase of v_tail)
     tail = 0  # 1: V tile ``tail_slot`` holds rows past its sequence's end (from ``tail_valid``), not yet zeroed
     tail_slot = 0
     tail_valid = 0
-    for t_idx in range(_n_items(n_tiles, pieces, PAIRED, VARLEN, SPLIT)):
-        g, part = _work(t_idx, n_tiles, pieces, PAIRED, VARLEN, SPLIT)
+    for t_idx in range(_n_items(n_tiles, pieces, Items, PAIRED, VARLEN, SPLIT, BALANCE)):
+        g, part = _work(t_idx, n_tiles, pieces, Items, PAIRED, VARLEN, SPLIT, BALANCE)
         pid_m, bh = _tile(g, n_m, n_tiles // n_m, head_group, Items, heads, CAUSAL, PAIRED, VARLEN)
         b = bh // heads
         h = bh % heads
@@ -455,7 +470,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
               SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, RAGGED: gl.constexpr, PAIRED: gl.constexpr,
               PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr, VARLEN: gl.constexpr, SEQUSED: gl.constexpr,
               ALIGN_BR: gl.constexpr, O_SMEM: gl.constexpr, Q_REGS: gl.constexpr, FENCE: gl.constexpr,
-              SPLIT: gl.constexpr):
+              SPLIT: gl.constexpr, BALANCE: gl.constexpr):
     ROWS: gl.constexpr = 64
     NUM_WG: gl.constexpr = BLOCK_M // ROWS
     dtype: gl.constexpr = o_desc.dtype
@@ -473,8 +488,8 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
     n_turn = 0  # ping-pong: the steps this warpgroup has taken its turn for
     if PINGPONG and WG == NUM_WG - 1:
         mbarrier.arrive(turns.index(0), count=1)  # warpgroup 0 goes first
-    for t_idx in range(_n_items(n_tiles, pieces, PAIRED, VARLEN, SPLIT)):
-        g, part = _work(t_idx, n_tiles, pieces, PAIRED, VARLEN, SPLIT)
+    for t_idx in range(_n_items(n_tiles, pieces, Items, PAIRED, VARLEN, SPLIT, BALANCE)):
+        g, part = _work(t_idx, n_tiles, pieces, Items, PAIRED, VARLEN, SPLIT, BALANCE)
         pid_m, bh = _tile(g, n_m, n_tiles // n_m, head_group, Items, heads, CAUSAL, PAIRED, VARLEN)
         b = bh // heads
         h = bh % heads
@@ -606,7 +621,8 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                   CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                   RAGGED: gl.constexpr, PAIRED: gl.constexpr, PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr,
                   VARLEN: gl.constexpr, SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, PAGED: gl.constexpr,
-                  O_SMEM: gl.constexpr, Q_REGS: gl.constexpr, FENCE: gl.constexpr, SPLIT: gl.constexpr):
+                  O_SMEM: gl.constexpr, Q_REGS: gl.constexpr, FENCE: gl.constexpr, SPLIT: gl.constexpr,
+                  BALANCE: gl.constexpr):
     """Each program runs its work items (query block, batch*head), :func:`_n_items` and
     :func:`_tile`; the K/V rings and the barrier phases carry on from one item to the
     next, so the next item's first loads overlap this one's epilogue."""
@@ -644,24 +660,24 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 0, BLOCK_M,
                          BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
-                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, SPLIT)),
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, SPLIT, BALANCE)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 1, BLOCK_M,
                          BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
-                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, SPLIT)),
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, SPLIT, BALANCE)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 2, BLOCK_M,
                          BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
-                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, SPLIT)),
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, SPLIT, BALANCE)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
                          window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
                          kv_col_h, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
-                         PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT)),
+                         PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
@@ -670,18 +686,18 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 0, BLOCK_M,
                          BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
-                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, SPLIT)),
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, SPLIT, BALANCE)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 1, BLOCK_M,
                          BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
-                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, SPLIT)),
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, SPLIT, BALANCE)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
                          window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
                          kv_col_h, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
-                         PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT)),
+                         PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -775,6 +791,11 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
     # a window's items cost about the same anyway; packed sequences come longest first instead
     paired = bool(prob.causal and prob.window_offset is None and persistent and n_tiles > sms and not prob.varlen)
     grid = (min(triton.cdiv(n_tiles, 2) if paired else n_tiles, sms) if persistent else n_tiles,)
+    balance = paired and bool(cfg.balance)
+    if balance:  # the last round or two of pairs dealt out longest item first to the least loaded program
+        grid = (min(n_tiles, sms),)
+        items = _schedule(q.device, n_m, n_tiles // n_m, grid[0], cfg.block_m, cfg.block_n, prob.seqlen_k,
+                          causal_offset)
     pieces = split_pieces(prob, cfg, n_tiles, sms, o.numel() * o.element_size())
     if pieces > 1:  # the last round's items in pieces, each piece's float32 result merged after the kernel
         grid = (min(sms, n_tiles // sms * sms + n_tiles % sms * pieces),)
@@ -793,13 +814,15 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
                         1.0 / scale, prob.scale_log2, n_tiles, n_m, max(cfg.head_group, 1), *strides,
                         block_table if block_table is not None else o,
                         block_table.stride(0) if block_table is not None else 0, max(prob.page, 1), w, wl, dest,
-                        pieces, **constexprs(prob, cfg, lse is not None, paired, alibi is not None, pieces > 1),
+                        pieces, **constexprs(prob, cfg, lse is not None, paired, alibi is not None, pieces > 1,
+                                             balance),
                         num_warps=4)
     if pieces > 1:
         merge.launch(w, wl, o, lse, strides_bhsd(o, layout), prob.heads, prob.seqlen_q, dest)
 
 
-PIECE_COST = 3  # what cutting an item costs a piece, in key tiles (its own Q load and first product, its store)
+ITEM_COST = 3  # what a work item or piece costs beyond its key tiles, in key tiles (its Q load and first
+# product, its store): fitted to the split's gains at 8k and 16k keys (configs.HOPPER)
 
 
 def split_pieces(prob, cfg, n_tiles: int, programs: int, out_bytes: int) -> int:
@@ -819,15 +842,62 @@ def tail_pieces(n_tiles: int, programs: int, key_tiles: int, max_pieces: int = 1
     """Into how many pieces (runs of key tiles) to cut each item of the last, partly filled round
     of ``programs`` (1: none).  Whole items end the run a whole item's time after the programs
     with one item fewer; ``k`` pieces each end it ``ceil(k * rest / programs)`` pieces later, a
-    piece costing its share of the ``key_tiles`` plus :data:`PIECE_COST`; pieces of two tiles
+    piece costing its share of the ``key_tiles`` plus :data:`ITEM_COST`; pieces of two tiles
     at least, ``max_pieces`` (at most 16) at most."""
     rest = n_tiles % programs
     best, cost = 1, key_tiles
     for k in range(2, min(16, max_pieces, key_tiles // 2) + 1):
-        c = -(-k * rest // programs) * (key_tiles / k + PIECE_COST)
+        c = -(-k * rest // programs) * (key_tiles / k + ITEM_COST)
         if rest and c < cost:
             best, cost = k, c
     return best
+
+
+def block_tiles(start, seqlen_k, causal_offset: int, window_offset: int, prob, cfg):
+    """:func:`_key_tiles`'s count on the host: the key tiles of the query blocks at rows ``start``
+    (arrays, or ints) against ``seqlen_k`` keys."""
+    stop = seqlen_k
+    if prob.causal:
+        stop = np.minimum(seqlen_k, np.maximum(start + cfg.block_m + causal_offset, 0))
+    end = np.maximum(-(-stop // cfg.block_n), 1)
+    first = 0
+    if prob.window_offset is not None:
+        first = np.minimum(np.maximum(start + window_offset, 0) // cfg.block_n, end - 1)
+    return end - first
+
+
+def balanced_tail(n_m: int, n_bh: int, programs: int, tiles) -> np.ndarray:
+    """The BALANCE schedule of paired causal items (:func:`_tile`'s numbering, ``n_m`` blocks of
+    ``n_bh`` heads, ``tiles[j]`` key tiles for block ``j``), int32: ``[lead, offsets (programs + 1),
+    lists]``.  Every program first runs ``lead`` items as whole rounds of pairs (all the rounds but
+    the last one or two, so a head's items still run together); the rest, 2 to 4 rounds' worth of
+    items, go longest first to the least loaded program (LPT), each costing its key tiles plus
+    :data:`ITEM_COST`, and program ``p`` then runs ``lists[offsets[p]:offsets[p + 1]]``.  Pairs
+    alone end a round of pairs apart when the pairs do not fill the last round (2048 pairs on 132
+    programs: 15.5 rounds); this ends within about an item of the mean."""
+    n_tiles = n_m * n_bh
+    lead = 2 * max((n_tiles + 1) // 2 // programs - 1, 0)
+    g = np.arange(lead * programs, n_tiles)
+    w = g % n_m
+    cost = np.asarray(tiles)[np.where(w % 2 == 0, n_m - 1 - w // 2, w // 2)] + ITEM_COST
+    loads = [(0, p) for p in range(programs)]
+    lists = [[] for _ in range(programs)]
+    for i in np.argsort(-cost, kind="stable"):
+        load, p = heapq.heappop(loads)
+        lists[p].append(g[i])
+        heapq.heappush(loads, (load + cost[i], p))
+    offsets = np.cumsum([0] + [len(x) for x in lists])
+    return np.concatenate([[lead], offsets, *lists]).astype(np.int32)
+
+
+@functools.lru_cache(maxsize=64)
+def _schedule(device, n_m: int, n_bh: int, programs: int, block_m: int, block_n: int, seqlen_k: int,
+              causal_offset: int) -> torch.Tensor:
+    """:func:`balanced_tail` on ``device``, kept for the next call of the same shape."""
+    cfg = types.SimpleNamespace(block_m=block_m, block_n=block_n)
+    prob = types.SimpleNamespace(causal=True, window_offset=None)
+    tiles = block_tiles(np.arange(n_m) * block_m, seqlen_k, causal_offset, 0, prob, cfg)
+    return torch.from_numpy(balanced_tail(n_m, n_bh, programs, tiles)).to(device)
 
 
 def varlen_items(len_q, len_k, prob, cfg, causal_offset: int, window_offset: int) -> np.ndarray:
@@ -844,15 +914,8 @@ def varlen_items(len_q, len_k, prob, cfg, causal_offset: int, window_offset: int
     block = np.arange(blocks.sum()) - np.repeat(np.cumsum(blocks) - blocks, blocks)
     sk = len_k[seq]
     shift = sk - len_q[seq] if prob.align_br else 0
-    start = block * cfg.block_m
-    stop = sk
-    if prob.causal:
-        stop = np.minimum(sk, np.maximum(start + cfg.block_m + causal_offset + shift, 0))
-    end = np.maximum(-(-stop // cfg.block_n), 1)
-    first = 0
-    if prob.window_offset is not None:
-        first = np.minimum(np.maximum(start + window_offset + shift, 0) // cfg.block_n, end - 1)
-    order = np.argsort(-(end - first), kind="stable")
+    tiles = block_tiles(block * cfg.block_m, sk, causal_offset + shift, window_offset + shift, prob, cfg)
+    order = np.argsort(-tiles, kind="stable")
     return ((seq << 16) | block)[order].astype(np.int32)
 
 
@@ -861,7 +924,8 @@ def per_sequence(prob) -> bool:
     return prob.varlen or prob.seqused
 
 
-def constexprs(prob, cfg, store_lse: bool, paired: bool = False, alibi: bool = False, split: bool = False) -> dict:
+def constexprs(prob, cfg, store_lse: bool, paired: bool = False, alibi: bool = False, split: bool = False,
+               balance: bool = False) -> dict:
     return dict(HEAD=prob.head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.num_stages,
                 CONSUMER_REGS=cfg.maxnreg or CONSUMER_REGS[cfg.block_m // 64], CAUSAL=prob.causal,
                 WINDOW=prob.window_offset is not None, SOFTCAP=prob.softcap > 0, ALIBI=alibi,
@@ -869,4 +933,4 @@ def constexprs(prob, cfg, store_lse: bool, paired: bool = False, alibi: bool = F
                 PINGPONG=bool(cfg.pingpong), STORE_LSE=store_lse, VARLEN=prob.varlen, SEQUSED=prob.seqused,
                 ALIGN_BR=per_sequence(prob) and prob.align_br, PAGED=bool(prob.page),
                 O_SMEM=o_staged(prob.head_dim, cfg), Q_REGS=bool(cfg.q_regs),
-                FENCE=bool(cfg.fence), SPLIT=split)
+                FENCE=bool(cfg.fence), SPLIT=split, BALANCE=balance)
