@@ -104,11 +104,11 @@ HOPPER = [
     # whole tile and both wait on the same K/V ring, so the saving became idle time.  Ping-pong at D=64
     # S=512..2k: 226/320/- against 231/316/376 (T175746).
     # balance ("b": the pairs' last round or two dealt by LPT from a host-built list; 2048 pairs on 132
-    # programs end 15.5 rounds in) beside the table, runs 20261130T021630 (bf16) and T021630-gpu1 (fp16),
+    # programs end 15.5 rounds in) beside the table, runs 20261130T021445 (bf16) and T021411-gpu1 (fp16),
     # TFLOP/s at S=512..16k: bf16 247/328/387/423/462/496 against 250/325/378/413/446/480, fp16
     # 246/343/375/407/450/477 against 240/341/371/403/440/468.  At D=128 no gain (317/436/521/579/603/619
     # against 317/433/524/575/604/619 bf16), and a loss on the extra grid's causal cells: 2048 rows on 8192
-    # keys 489 against 502, 128k keys 588 against 630 (T021630): not taken there, nor past 16k keys here.
+    # keys 489 against 502, 128k keys 588 against 630 (extra grid T021630): not taken there, nor past 16k keys here.
     (64, True, 4096, KernelConfig(128, 128, 4, 2, q_regs=1, balance=1)),
     # m192n128s2 232/477 (192 rows waste the diagonal).  Past 4k keys 192 rows (persistent pairs, Q in
     # shared memory) against the table's 128 rows with Q in registers, run 20261130T012401 (bf16, S=512..16k):
