@@ -97,7 +97,11 @@ HOPPER = [
     # 421/441/444/445 against 379/412/440/452/460/459 (2-10% slower); the early product holds 64 more fp32
     # registers per thread through the epilogue.
     (64, False, 1024, KernelConfig(128, 128, 4, 2, q_regs=1)),
-    (64, False, None, KernelConfig(192, 128, 4, 2)),    # 376/510; m128n128s3 365/446 (one program a block)
+    # 192 rows with ping-pong (the three consumer warpgroups take turns issuing their products) beside the
+    # table, run 20261130T022815 (bf16) and T022815-gpu1 (fp16), TFLOP/s at S=2k/4k/8k/16k: bf16 472/491/516/521
+    # against 452/477/506/511, fp16 455/473/502/504 against 442/459/490/497; at 512 and 1k (128 rows) 2% slower,
+    # and causal, 0.95-1.00x
+    (64, False, None, KernelConfig(192, 128, 4, 2, pingpong=1)),  # plain 376/510; m128n128s3 365/446 (p0)
     # causal, tried and not taken (run 20261129T181530, bf16, S=512..16k): a warpgroup whose rows end in
     # the first half of the diagonal tile multiplying that half only (commit 140967c, reverted): D=64
     # 228/318/387/411/431/440 against 231/315/390/416/436/445; its partner warpgroup still runs the
