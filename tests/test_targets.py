@@ -108,6 +108,22 @@ def test_hopper_fence_and_q_in_registers(tmp_path, head_dim, causal):
     assert q_from_regs.search(sass[1]) and not q_from_regs.search(sass[0])
 
 
+def test_hopper_builds_balanced_causal():
+    """``balance``: the table's D=64 causal rows (128 rows with Q in registers, 192 rows) build for
+    sm_90 without spills, and their programs read the host-built list (global loads the pairs'
+    arithmetic alone does not make)."""
+    from dataclasses import replace
+
+    from fmha import configs
+    for sk in (4096, 16384):
+        cfg = configs.hopper_config(64, True, sk)
+        assert cfg.balance
+        b = targets.build("hopper", "sm_90", 64, "bfloat16", True, cfg, seqlen_k=sk)
+        assert targets.report(b).spilled_registers == 0
+    plain = targets.build("hopper", "sm_90", 64, "bfloat16", True, replace(cfg, balance=0), seqlen_k=sk)
+    assert b.asm["ptx"].count("ld.global") > plain.asm["ptx"].count("ld.global")
+
+
 @pytest.mark.parametrize("lengths,head_dim,causal", [("varlen", 128, True), ("seqused", 64, False),
                                                      ("paged", 128, True)])
 def test_hopper_builds_lengths_per_sequence(lengths, head_dim, causal):

@@ -77,10 +77,9 @@ def _n_items(n_tiles, pieces, Items, PAIRED: gl.constexpr, VARLEN: gl.constexpr,
     PAIRED, pairs ``pid, pid + num_programs, ...`` of two items each (the last item alone
     when ``n_tiles`` is odd), or, BALANCE, the whole rounds of pairs but the last one or two
     (``Items[0]`` items) and then its list of the rest (:func:`balanced_tail`), or, VARLEN, one
-    item of each round of ``num_programs`` (the
-    last round may be short: its first items in an even round, its last in an odd one), or,
-    SPLIT, the whole rounds and then its share of the last round's items cut in ``pieces``
-    (:func:`_work`)."""
+    item of each round of ``num_programs`` (the last round may be short: its first items in an
+    even round, its last in an odd one), or, SPLIT, the whole rounds and then its share of the
+    last round's items cut in ``pieces`` (:func:`_work`)."""
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
     if SPLIT:
@@ -108,7 +107,8 @@ def _work(k, n_tiles, pieces, Items, PAIRED: gl.constexpr, VARLEN: gl.constexpr,
     The piece is -1 for a whole item.  SPLIT: when the items do not fill the last round of
     ``num_programs``, that round's items are cut into ``pieces`` runs of key tiles each
     (:func:`_piece`), dealt out like items, so the programs end within a piece of each other
-    instead of a whole item; each piece leaves its partial result to be merged by its LSE."""
+    instead of a whole item; each piece leaves its partial result to be merged by its LSE.
+    BALANCE (PAIRED): past the program's ``Items[0]`` items of whole pair rounds, its own list."""
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
     part = -1
