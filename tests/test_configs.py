@@ -78,22 +78,14 @@ def test_split_pieces_only_where_items_cost_the_same_and_memory_allows():
     assert hopper.split_pieces(small, cfg, 80, 132, 5 * 2048 * 128 * 2) == 1
 
 
-def _paired_block(g, n_m):
-    """:func:`hopper._tile`'s PAIRED numbering: item ``g`` -> query block."""
-    w = g % n_m
-    return np.where(w % 2 == 0, n_m - 1 - w // 2, w // 2)
-
-
 @pytest.mark.parametrize("n_m, n_bh, programs", [(4, 1024, 132), (8, 512, 132), (128, 16, 132), (86, 32, 132),
                                                  (5, 7, 132), (3, 101, 132), (7, 61, 100), (16, 300, 8)])
 def test_balanced_tail_runs_every_item_once_and_ends_sooner(n_m, n_bh, programs):
     """``balance``: each program's whole rounds of pairs, then its share of the rest by LPT: every
     item runs exactly once, and the busiest program's key tiles (plus ITEM_COST an item) are no more
     than under pairs alone, and within an item of the mean."""
-    from fmha.kernels import Problem
-    prob = Problem(1, 1, 1, n_m * 128, n_m * 128 + 256, 128, True, 256, 1.0)  # bottom-right: 2 more tiles
-    cfg = configs.KernelConfig(128, 128, 4, 2)
-    tiles = hopper.block_tiles(np.arange(n_m) * 128, prob.seqlen_k, prob.causal_offset, 0, prob, cfg)
+    # bottom-right, 256 keys more than rows: 2 more tiles per block
+    tiles = hopper.block_tiles(np.arange(n_m) * 128, n_m * 128 + 256, 256, 0, 128, 128, True, False)
     assert tiles[0] == 3 and tiles[-1] == n_m + 2
     sched = hopper.balanced_tail(n_m, n_bh, programs, tiles)
     lead, offsets = int(sched[0]), sched[1:programs + 2]
@@ -104,9 +96,9 @@ def test_balanced_tail_runs_every_item_once_and_ends_sooner(n_m, n_bh, programs)
     for p in range(programs):
         mine = [2 * (p + (k // 2) * programs) + k % 2 for k in range(lead)] + list(lists[offsets[p]:offsets[p + 1]])
         ran += mine
-        loads.append(sum(tiles[_paired_block(np.array(mine, dtype=np.int64), n_m)] + hopper.ITEM_COST))
+        loads.append(sum(tiles[hopper.paired_block(np.array(mine, dtype=np.int64), n_m)] + hopper.ITEM_COST))
     assert sorted(ran) == list(range(n_tiles))
-    cost = tiles[_paired_block(np.arange(n_tiles), n_m)] + hopper.ITEM_COST
+    cost = tiles[hopper.paired_block(np.arange(n_tiles), n_m)] + hopper.ITEM_COST
     pairs = [cost[2 * q::2 * programs].sum() + cost[2 * q + 1::2 * programs].sum() for q in range(programs)]
     assert max(loads) <= max(pairs)
     assert max(loads) <= cost.sum() / programs + cost.max()

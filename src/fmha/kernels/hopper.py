@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import functools
 import heapq
-import types
 
 import numpy as np
 import torch
@@ -853,17 +852,25 @@ def tail_pieces(n_tiles: int, programs: int, key_tiles: int, max_pieces: int = 1
     return best
 
 
-def block_tiles(start, seqlen_k, causal_offset: int, window_offset: int, prob, cfg):
+def block_tiles(start, seqlen_k, causal_offset: int, window_offset: int, block_m: int, block_n: int,
+                causal: bool, window: bool):
     """:func:`_key_tiles`'s count on the host: the key tiles of the query blocks at rows ``start``
     (arrays, or ints) against ``seqlen_k`` keys."""
     stop = seqlen_k
-    if prob.causal:
-        stop = np.minimum(seqlen_k, np.maximum(start + cfg.block_m + causal_offset, 0))
-    end = np.maximum(-(-stop // cfg.block_n), 1)
+    if causal:
+        stop = np.minimum(seqlen_k, np.maximum(start + block_m + causal_offset, 0))
+    end = np.maximum(-(-stop // block_n), 1)
     first = 0
-    if prob.window_offset is not None:
-        first = np.minimum(np.maximum(start + window_offset, 0) // cfg.block_n, end - 1)
+    if window:
+        first = np.minimum(np.maximum(start + window_offset, 0) // block_n, end - 1)
     return end - first
+
+
+def paired_block(g, n_m: int):
+    """:func:`_tile`'s PAIRED numbering on the host: item ``g`` -> its query block (a head's
+    blocks longest, shortest, second longest, ...)."""
+    w = g % n_m
+    return np.where(w % 2 == 0, n_m - 1 - w // 2, w // 2)
 
 
 def balanced_tail(n_m: int, n_bh: int, programs: int, tiles) -> np.ndarray:
@@ -878,8 +885,7 @@ def balanced_tail(n_m: int, n_bh: int, programs: int, tiles) -> np.ndarray:
     n_tiles = n_m * n_bh
     lead = 2 * max((n_tiles + 1) // 2 // programs - 1, 0)
     g = np.arange(lead * programs, n_tiles)
-    w = g % n_m
-    cost = np.asarray(tiles)[np.where(w % 2 == 0, n_m - 1 - w // 2, w // 2)] + ITEM_COST
+    cost = np.asarray(tiles)[paired_block(g, n_m)] + ITEM_COST
     loads = [(0, p) for p in range(programs)]
     lists = [[] for _ in range(programs)]
     for i in np.argsort(-cost, kind="stable"):
@@ -894,9 +900,7 @@ def balanced_tail(n_m: int, n_bh: int, programs: int, tiles) -> np.ndarray:
 def _schedule(device, n_m: int, n_bh: int, programs: int, block_m: int, block_n: int, seqlen_k: int,
               causal_offset: int) -> torch.Tensor:
     """:func:`balanced_tail` on ``device``, kept for the next call of the same shape."""
-    cfg = types.SimpleNamespace(block_m=block_m, block_n=block_n)
-    prob = types.SimpleNamespace(causal=True, window_offset=None)
-    tiles = block_tiles(np.arange(n_m) * block_m, seqlen_k, causal_offset, 0, prob, cfg)
+    tiles = block_tiles(np.arange(n_m) * block_m, seqlen_k, causal_offset, 0, block_m, block_n, True, False)
     return torch.from_numpy(balanced_tail(n_m, n_bh, programs, tiles)).to(device)
 
 
@@ -914,7 +918,8 @@ def varlen_items(len_q, len_k, prob, cfg, causal_offset: int, window_offset: int
     block = np.arange(blocks.sum()) - np.repeat(np.cumsum(blocks) - blocks, blocks)
     sk = len_k[seq]
     shift = sk - len_q[seq] if prob.align_br else 0
-    tiles = block_tiles(block * cfg.block_m, sk, causal_offset + shift, window_offset + shift, prob, cfg)
+    tiles = block_tiles(block * cfg.block_m, sk, causal_offset + shift, window_offset + shift, cfg.block_m,
+                        cfg.block_n, prob.causal, prob.window_offset is not None)
     order = np.argsort(-tiles, kind="stable")
     return ((seq << 16) | block)[order].astype(np.int32)
 
