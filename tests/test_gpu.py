@@ -49,7 +49,10 @@ HOPPER_CONFIGS = [fmha.KernelConfig(128, 128, 4, 3), fmha.KernelConfig(192, 128,
                   fmha.KernelConfig(128, 128, 4, 2, pingpong=1), fmha.KernelConfig(192, 128, 4, 2, pingpong=1),
                   fmha.KernelConfig(128, 128, 4, 2, head_group=3), fmha.KernelConfig(192, 128, 4, 2, head_group=8),
                   fmha.KernelConfig(128, 128, 4, 2, q_regs=1), fmha.KernelConfig(192, 128, 4, 2, fence=1),
-                  fmha.KernelConfig(128, 128, 4, 3, q_regs=1, fence=1)]
+                  fmha.KernelConfig(128, 128, 4, 3, q_regs=1, fence=1),
+                  # one consumer warpgroup, several programs on an SM
+                  fmha.KernelConfig(64, 128, 4, 2, occupancy=2), fmha.KernelConfig(64, 64, 4, 2, occupancy=2, q_regs=1),
+                  fmha.KernelConfig(64, 64, 4, 2, occupancy=3)]
 DTYPE_LAYOUTS = [(dt, lay) for dt in (torch.float16, torch.bfloat16) for lay in ("bhsd", "bshd")]
 # the table's configs in every dtype and layout; each other config in one of them (the descriptors
 # and the output's dtype do not depend on the schedule)
@@ -63,9 +66,12 @@ HOPPER_RUNS = ([(None, dt, lay) for dt, lay in DTYPE_LAYOUTS]
 def test_hopper_matches_reference(config, layout, dtype, causal, align, shape):
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("sm_90 only")
+    from fmha.kernels import hopper
     b, h, kvh, sq, sk, d = shape
     if config is not None and d == 128 and config.block_m == 192:
         pytest.skip("at head_dim 128, 192 rows spill")
+    if config is not None and hopper.sm_bytes(d, config) > hopper.SMEM_SM:
+        pytest.skip(f"{config.occupancy} programs of this config do not fit on an SM at head_dim {d}")
     q, k, v = make_qkv(b, h, kvh, sq, sk, d, dtype, layout, seed=sk)
     out = nan_like(q)
     o, lse = fmha.attention(q, k, v, causal=causal, causal_align=align, layout=layout, variant="hopper",

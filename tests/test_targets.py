@@ -124,6 +124,22 @@ def test_hopper_builds_balanced_causal():
     assert b.asm["ptx"].count("ld.global") > plain.asm["ptx"].count("ld.global")
 
 
+@pytest.mark.parametrize("occupancy,block_n,launch,consumer", [(2, 128, 128, 232), (3, 64, 80, 136)])
+def test_hopper_builds_one_warpgroup_several_programs_per_sm(occupancy, block_n, launch, consumer):
+    """64 rows (one consumer warpgroup, Gluon's default partition) with ``occupancy`` programs on an SM:
+    the launch register count shares the SM's 64K registers among them (two warpgroups each: the
+    consumer and the producer's warp, padded), the consumer takes what the producer gives up, and the
+    build has no spills and fits that many programs on the SM."""
+    from fmha import configs
+    cfg = configs.KernelConfig(64, block_n, 4, 2, q_regs=1, occupancy=occupancy)
+    b = targets.build("hopper", "sm_90", 64, "bfloat16", True, cfg, seqlen_k=512)
+    r, ptx = targets.report(b), b.asm["ptx"]
+    assert re.search(r"\.reqntid 256\b", ptx) and re.search(rf"\.maxnreg {launch}\b", ptx)
+    assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{consumer};", ptx)
+    assert 2 * launch - 24 == consumer and occupancy * 256 * launch <= 65536
+    assert r.spilled_registers == 0 and r.occupancy["ctas_per_sm"] == occupancy
+
+
 @pytest.mark.parametrize("lengths,head_dim,causal", [("varlen", 128, True), ("seqused", 64, False),
                                                      ("paged", 128, True)])
 def test_hopper_builds_lengths_per_sequence(lengths, head_dim, causal):

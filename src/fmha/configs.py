@@ -27,6 +27,7 @@ class KernelConfig:
     fence: int = 0  # hopper: 1 the softmax is fenced above the wait for P V (ptxas moves that wait up otherwise)
     split_tail: int = 0  # hopper, non-causal: 1 a partly filled last round's items run in pieces, merged by LSE
     balance: int = 0  # hopper, causal persistent: 1 the last round or two of pairs dealt longest item first
+    occupancy: int = 0  # hopper: programs resident on each SM (the persistent grid, the registers split for it); 0: 1
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -42,8 +43,9 @@ class KernelConfig:
         fence = "z" if self.fence else ""
         tail = "k" if self.split_tail else ""
         balance = "b" if self.balance else ""
+        occupancy = f"o{self.occupancy}" if self.occupancy else ""
         return (f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}{regs}{sched}{fill}{turns}{heads}"
-                f"{tma}{q_regs}{fence}{tail}{balance}")
+                f"{tma}{q_regs}{fence}{tail}{balance}{occupancy}")
 
 
 SEED = KernelConfig(block_m=16, block_n=16, num_warps=1, num_stages=1)

@@ -183,9 +183,10 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
         raise ValueError(f"unsupported target {target!r} for variant 'hopper'; valid: sm_90")
     cfg = config or configs.default_config(variant, arch_key, head_dim, causal)
     if variant == "hopper":
+        from .kernels import hopper
         compiled = triton.compile(_hopper_source(head_dim, dtype, causal, cfg, seqlen_k, lengths),
                                   target=GPUTarget(chip.backend, chip.arch, chip.warp_size),
-                                  options={"num_warps": cfg.num_warps})
+                                  options={"num_warps": cfg.num_warps, **hopper.launch_options(cfg)})
         return Build(variant, target, head_dim, dtype, causal, cfg.as_dict(), dict(compiled.asm),
                      _plain(compiled.metadata))
     from .kernels import VARIANTS
@@ -341,8 +342,8 @@ def report(b: Build) -> Report:
     """What the build became: instructions, resources, occupancy, the key loop's traffic."""
     chip = TARGETS[b.target]
     r = Report(b.variant, b.target, b.head_dim, b.dtype, b.causal, b.config, chip.warp_size)
-    # a warp-specialised kernel runs its consumer warpgroups and the producer warp beside num_warps
-    warps = b.config["num_warps"] + (4 * (b.config["block_m"] // 64 - 1) + 1 if b.variant == "hopper" else 0)
+    # a warp-specialised kernel runs its consumer warpgroups and the producer's warp, padded to a warpgroup
+    warps = 4 * (b.config["block_m"] // 64 + 1) if b.variant == "hopper" else b.config["num_warps"]
     r.shared_bytes = int(b.metadata.get("shared", 0))
     if chip.backend == "hip":
         asm = b.asm["amdgcn"]

@@ -64,7 +64,9 @@ from ..reference import LOG2E
 from . import device_facts, kv_view3d, merge, strides_bhsd
 
 SMEM_LIMIT = 232448  # bytes of shared memory one sm_90 block may use
-CONSUMER_REGS = {2: 240, 3: 160}  # setmaxnreg per consumer thread, by warpgroup count
+SMEM_SM = 233472  # bytes of shared memory on one SM, 1 KB of it reserved for each resident block
+REGS_SM = 65536  # 32-bit registers on one SM
+CONSUMER_REGS = {2: 240, 3: 160}  # setmaxnreg per consumer thread, by warpgroup count (one program per SM)
 PRODUCER_REGS = gl.constexpr(24)
 LN2 = gl.constexpr(0.6931471805599453)
 
@@ -678,7 +680,7 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                          kv_col_h, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
                          PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
-    else:
+    elif NUM_WG == 2:
         gl.warp_specialize([
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
@@ -698,6 +700,20 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                          kv_col_h, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
                          PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    else:  # one consumer warpgroup: it is the default partition, with the registers the producer gives up
+        gl.warp_specialize([
+            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
+                         v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
+                         window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
+                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 0, BLOCK_M,
+                         BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, SPLIT, BALANCE)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
+                         v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
+                         window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
+                         kv_col_h, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
+                         PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE)),
+        ], [1], [PRODUCER_REGS])
 
 
 KERNEL = hopper_kernel
@@ -730,19 +746,29 @@ def smem_bytes(head_dim: int, cfg) -> int:
     return 2 * head_dim * (cfg.block_m + o + 2 * cfg.num_stages * cfg.block_n)
 
 
+def sm_bytes(head_dim: int, cfg) -> int:
+    """Shared memory ``cfg.occupancy`` programs take on one SM (each with its barriers and the 1 KB
+    the SM keeps for every resident block)."""
+    return max(cfg.occupancy, 1) * (smem_bytes(head_dim, cfg) + SMEM_SPARE + 1024)
+
+
 def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
     """None if the hopper kernel takes this call, else the reason it does not."""
     if not q.is_cuda or device_facts(q.device.index)[0] != 9:
         return "needs an sm_90 GPU"
     if prob.head_dim not in (64, 128):
         return f"head_dim {prob.head_dim} (takes 64 and 128)"
-    if cfg.block_m not in (128, 192):
-        return f"block_m {cfg.block_m} (takes 128 or 192: 2 or 3 consumer warpgroups)"
+    if cfg.block_m not in (64, 128, 192):
+        return f"block_m {cfg.block_m} (takes 64, 128 or 192: 1, 2 or 3 consumer warpgroups)"
+    if cfg.pingpong and cfg.block_m == 64:
+        return "ping-pong takes turns between 2 or 3 consumer warpgroups (block_m 128 or 192)"
     if prob.page % cfg.block_n:
         return f"page_size {prob.page} (takes multiples of its {cfg.block_n}-key tile: a tile must not straddle pages)"
     smem = smem_bytes(prob.head_dim, cfg)
     if smem + SMEM_SPARE > SMEM_LIMIT:
         return f"needs {smem >> 10} KB of shared memory, sm_90 has {SMEM_LIMIT >> 10} KB"
+    if sm_bytes(prob.head_dim, cfg) > SMEM_SM:
+        return f"{cfg.occupancy} programs of {smem >> 10} KB of shared memory do not fit on one SM ({SMEM_SM >> 10} KB)"
     for t in (q, k, v, o):
         if not t.is_contiguous() or t.data_ptr() % 16:
             return "needs contiguous, 16-byte aligned q, k, v and out"
@@ -773,7 +799,7 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
     # per-sequence lengths: the band's offsets go relative to the diagonal, each sequence adds its own
     a = prob.align_offset if per_sequence(prob) else 0
     causal_offset, window_offset = prob.causal_offset - a, (prob.window_offset or 0) - a
-    sms = device_facts(q.device.index)[1]
+    sms = device_facts(q.device.index)[1] * max(cfg.occupancy, 1)  # the programs resident at once
     persistent = cfg.persistent != 0  # the default since the causal pairs (configs.HOPPER)
     if prob.varlen:  # one packed sequence: the batch index picks rows through cu_seqlens, not a stride
         qrb, qrh, qch, _, krh, kch, o_stride = strides
@@ -815,7 +841,7 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
                         block_table.stride(0) if block_table is not None else 0, max(prob.page, 1), w, wl, dest,
                         pieces, **constexprs(prob, cfg, lse is not None, paired, alibi is not None, pieces > 1,
                                              balance),
-                        num_warps=4)
+                        num_warps=4, **launch_options(cfg))
     if pieces > 1:
         merge.launch(w, wl, o, lse, strides_bhsd(o, layout), prob.heads, prob.seqlen_q, dest)
 
@@ -929,10 +955,42 @@ def per_sequence(prob) -> bool:
     return prob.varlen or prob.seqused
 
 
+def launch_regs(cfg) -> int:
+    """Registers per thread a program launches with (``maxnreg``; 0: Triton's choice, where the
+    consumers' ``CONSUMER_REGS`` and the producer's 24 average out over the warpgroups).  The
+    producer's one warp is padded to a warpgroup, and the first consumer warpgroup, Gluon's default
+    partition, keeps what the others leave of ``warpgroups * maxnreg``: so with ``occupancy``
+    programs on an SM, or one consumer warpgroup, the launch count sets the consumers' share of the
+    SM's registers (setmaxnreg takes 24 to 256)."""
+    groups = cfg.block_m // 64 + 1
+    if cfg.block_m >= 128 and cfg.occupancy <= 1:
+        return 0
+    fair = REGS_SM // (max(cfg.occupancy, 1) * 128 * groups) // 8 * 8
+    return min(fair, (256 * (groups - 1) + int(PRODUCER_REGS)) // groups // 8 * 8)
+
+
+def consumer_regs(cfg) -> int:
+    """setmaxnreg of the consumer warpgroups that are workers (all but the first): the table's
+    ``maxnreg``, or an even share of what :func:`launch_regs` leaves beside the producer."""
+    if cfg.maxnreg:
+        return cfg.maxnreg
+    regs = launch_regs(cfg)
+    if not regs:
+        return CONSUMER_REGS[cfg.block_m // 64]
+    wgs = cfg.block_m // 64
+    return ((wgs + 1) * regs - int(PRODUCER_REGS)) // wgs // 8 * 8
+
+
+def launch_options(cfg) -> dict:
+    """The compile options beyond ``num_warps`` (``maxnreg`` where :func:`launch_regs` sets one)."""
+    regs = launch_regs(cfg)
+    return {"maxnreg": regs} if regs else {}
+
+
 def constexprs(prob, cfg, store_lse: bool, paired: bool = False, alibi: bool = False, split: bool = False,
                balance: bool = False) -> dict:
     return dict(HEAD=prob.head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.num_stages,
-                CONSUMER_REGS=cfg.maxnreg or CONSUMER_REGS[cfg.block_m // 64], CAUSAL=prob.causal,
+                CONSUMER_REGS=consumer_regs(cfg), CAUSAL=prob.causal,
                 WINDOW=prob.window_offset is not None, SOFTCAP=prob.softcap > 0, ALIBI=alibi,
                 RAGGED=per_sequence(prob) or prob.seqlen_k % cfg.block_n != 0, PAIRED=paired,
                 PINGPONG=bool(cfg.pingpong), STORE_LSE=store_lse, VARLEN=prob.varlen, SEQUSED=prob.seqused,
