@@ -19,11 +19,17 @@ def test_every_hopper_row_is_reachable():
 @pytest.mark.parametrize("per_sequence", [False, True])
 def test_hopper_answers_fit_the_kernel(head_dim, causal, seqlen_k, modifiers, per_sequence):
     cfg = configs.hopper_config(head_dim, causal, seqlen_k, modifiers, per_sequence)
-    assert cfg.block_m in (128, 192) and cfg.block_n == 128
+    assert cfg.block_m in (64, 128, 192) and cfg.block_n in (64, 128) and not (cfg.pingpong and cfg.block_m == 64)
     assert hopper.smem_bytes(head_dim, cfg) + hopper.SMEM_SPARE <= hopper.SMEM_LIMIT
+    assert hopper.sm_bytes(head_dim, cfg) <= hopper.SMEM_SM
+    # the programs an SM holds fit its registers: each warpgroup (the producer's padded) at the launch
+    # count, or, at Triton's choice, the consumers at theirs and the producer at 24
+    groups, launch = cfg.block_m // 64 + 1, hopper.launch_regs(cfg)
+    per_program = groups * launch if launch else (groups - 1) * hopper.consumer_regs(cfg) + 24
+    assert max(cfg.occupancy, 1) * 128 * per_program <= hopper.REGS_SM
     # three consumer warpgroups spill on the modifiers' values or the key mask (any length per sequence)
-    if modifiers or per_sequence or seqlen_k % 128:
-        assert cfg.block_m == 128
+    if modifiers or per_sequence or seqlen_k % cfg.block_n:
+        assert cfg.block_m <= 128
     assert configs.default_config("hopper", "sm90", head_dim, causal, seqlen_k, modifiers, per_sequence) == cfg
 
 

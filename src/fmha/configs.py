@@ -68,7 +68,7 @@ TILED = [
 ]
 
 
-# the Gluon sm_90 kernel: block_m = 64 x consumer warpgroups (128 or 192), num_stages = ring depth.
+# the Gluon sm_90 kernel: block_m = 64 x consumer warpgroups (64, 128 or 192), num_stages = ring depth.
 # (head_dim, causal, longest seqlen_k) -> config, first match wins.  `fmha sweep --variant hopper`,
 # H200 bf16, TFLOP/s at S=1024 / S=16384, runs 20261129T131415 and 20261129T133824 (session 1: one
 # program a block, O staged in the Q slot).  Since session 2 O has its own buffer (Q is released
@@ -115,6 +115,17 @@ HOPPER = [
     # 246/343/375/407/450/477 against 240/341/371/403/440/468.  At D=128 no gain (317/436/521/579/603/619
     # against 317/433/524/575/604/619 bf16), and a loss on the extra grid's causal cells: 2048 rows on 8192
     # keys 489 against 502, 128k keys 588 against 630 (extra grid T021630): not taken there, nor past 16k keys here.
+    # up to 512 keys: 64-row programs (one consumer warpgroup each), three on an SM (occupancy, "o3"; 80
+    # registers at launch, 136 for the consumer), 64-key tiles.  A 128-row item has 1-4 key tiles and both its
+    # warpgroups wait on one K/V ring; three independent programs overlap each other's softmax and loads, and
+    # 64x64 tiles waste a tenth less of the diagonal.  Beside the table, runs 20261130T031647 (bf16) and
+    # T031647-gpu1 (fp16), TFLOP/s at S=512/1k/2k/4k/8k/16k: bf16 275/328/369/388/404/408 against
+    # 245/328/388/423/465/499 (cuDNN 252 at 512), fp16 275/337/372/382/393/400 against 246/342/388/414/454/486
+    # (cuDNN 253); again T031922 and T031923-gpu1: 267 against 240 bf16 (cuDNN 247), 253 against 230 fp16
+    # (cuDNN 237).  Two on an SM with 128-key tiles ("o2", 232 registers) 243/309/364/402/420/430, four (104
+    # registers, 16 bytes spilled) 253/303/338/360/369/374 (bf16, T031922); non-causal every 64-row choice lost
+    # (356 against 382 at 512)
+    (64, True, 512, KernelConfig(64, 64, 4, 2, q_regs=1, balance=1, occupancy=3)),
     (64, True, 4096, KernelConfig(128, 128, 4, 2, q_regs=1, balance=1)),
     # m192n128s2 232/477 (192 rows waste the diagonal).  Past 4k keys 192 rows (persistent pairs, Q in
     # shared memory) against the table's 128 rows with Q in registers, run 20261130T012401 (bf16, S=512..16k):
@@ -141,6 +152,11 @@ HOPPER = [
     # 128k 611 against the row below's 629 (T011545).
     (128, False, 16384, KernelConfig(128, 128, 4, 2, split_tail=1)),  # m192 spills
     (128, False, None, KernelConfig(128, 128, 4, 3, q_regs=1, fence=1)),
+    # up to 512 keys: 64-row programs, two on an SM (three do not fit in shared memory at D=128), 64-key
+    # tiles: 314 against 305 (bf16, run 20261130T031922; cuDNN 302), 297 against 290 (fp16, T031923-gpu1;
+    # cuDNN 285); from 1k keys 383/428/457/471/479 against 422/513/564/598/613 (bf16), and non-causal 409-523
+    # against 478-634
+    (128, True, 512, KernelConfig(64, 64, 4, 2, q_regs=1, occupancy=2)),
     (128, True, 16384, KernelConfig(128, 128, 4, 2, q_regs=1)),
     (128, True, None, KernelConfig(128, 128, 4, 3, q_regs=1)),
 ]

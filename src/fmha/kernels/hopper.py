@@ -5,8 +5,12 @@ FlashAttention-3's shape, persistent: one program per SM (or per work item with
 (batch, head); a 1-warp producer streams Q and the
 K and V tiles by TMA into ``STAGES``-deep shared rings that carry on from one
 item to the next (the next item's first K tile and Q load overlap this item's
-last P V and epilogue); ``BLOCK_M / 64`` consumer warpgroups (2 or 3) of 64 rows
-each run the recurrence and stage O in their own shared buffer.  Inside a
+last P V and epilogue); ``BLOCK_M / 64`` consumer warpgroups (1, 2 or 3) of 64 rows
+each run the recurrence and stage O in their own shared buffer.  ``KernelConfig.occupancy``
+puts that many programs on each SM (the persistent grid, and the registers each launches
+with, :func:`launch_regs`): with one consumer warpgroup a program is a 64-row item, and
+programs side by side overlap each other's softmax, loads and epilogues, which short causal
+items (a few key tiles each) cannot do within one.  Inside a
 consumer, the Q K^T of tile j+1 is issued before P V of tile j and waited on
 first, so the softmax of one tile can overlap the matrix unit's work on the other;
 ptxas moves the wait for P V above the exponentials unless ``KernelConfig.fence``
