@@ -47,7 +47,8 @@ def test_nvidia_and_cdna_builds(builds):
 
 def test_hopper_builds_for_sm90_with_wgmma_and_tma():
     from fmha import configs
-    b = targets.build("hopper", "sm_90", 128, "bfloat16", True)  # causal: the persistent pairs' schedule
+    # causal: the persistent pairs' schedule, the table's 128 rows at 4k keys
+    b = targets.build("hopper", "sm_90", 128, "bfloat16", True, configs.hopper_config(128, True, 4096), seqlen_k=4096)
     r = targets.report(b)
     ptx = b.asm["ptx"]
     assert any(k.startswith("wgmma.mma_async") for k in r.matrix_instructions)

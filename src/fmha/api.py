@@ -407,6 +407,10 @@ def _run(name, cfg, prob, q, k, v, o, lse, layout, alibi, seqs, split_len, block
         shape = (-(-prob.seqlen_k // split_len), prob.batch, prob.heads, prob.seqlen_q)
         o_parts = torch.empty((*shape, prob.head_dim), dtype=torch.float32, device=q.device)
         lse_parts = torch.empty(shape, dtype=torch.float32, device=q.device)
+        if cfg.fused_merge:  # the split that ends each row block last merges it
+            kernels.launch(name, cfg, prob, q, k, v, o_parts, lse_parts, layout, alibi, seqs, split_len=split_len,
+                           block_table=block_table, merge=(o, lse))
+            return
         kernels.launch(name, cfg, prob, q, k, v, o_parts, lse_parts, layout, alibi, seqs, split_len=split_len,
                        block_table=block_table)
         merge.launch(o_parts, lse_parts, o, lse, kernels.strides_bhsd(o, layout), prob.heads, prob.seqlen_q)
