@@ -1,31 +1,22 @@
 """Split-key decoding (flash-decoding): partials merged by their LSE equal the unsplit answer."""
-from dataclasses import replace
-
 import numpy as np
 import pytest
 import torch
 
 import fmha
 from conftest import DEVICE, check_against_reference, make_qkv, nan_like
-from fmha import configs, reference
+from fmha import reference
 from fmha.kernels import VARIANTS
 
 
-def _config(variant: str, fused_merge: int):
-    """The variant's own table config here, with or without the merge inside the split launch."""
-    arch = "interpreter" if DEVICE == "cpu" else "sm90"
-    return replace(configs.default_config(variant, arch, 64), fused_merge=fused_merge)
-
-
-@pytest.mark.parametrize("fused", [0, 1], ids=["merge-kernel", "fused-merge"])
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("sq,sk,splits,causal", [(1, 200, 3, False), (4, 257, 5, True), (16, 130, 2, True),
                                                  (7, 64, 8, False)])
-def test_split_keys_match_reference(variant, sq, sk, splits, causal, fused):
+def test_split_keys_match_reference(variant, sq, sk, splits, causal):
     q, k, v = make_qkv(2, 4, 1, sq, sk, 64, torch.bfloat16, seed=sk)
     out = nan_like(q)
     o, lse = fmha.attention(q, k, v, causal=causal, causal_align="bottom_right", variant=variant,
-                            num_splits=splits, return_lse=True, out=out, config=_config(variant, fused))
+                            num_splits=splits, return_lse=True, out=out)
     check_against_reference(out, q, k, v, causal, "bottom_right")
     _, ref_lse = reference.dense_attention(q, k, v, causal=causal, causal_align="bottom_right", return_lse=True)
     np.testing.assert_allclose(lse.cpu().double().numpy(), ref_lse, atol=2e-3)
@@ -38,24 +29,6 @@ def test_split_with_rows_that_see_nothing():
                             num_splits=2, return_lse=True)
     assert (o[:, :, :7] == 0).all() and torch.isneginf(lse[:, :, :7]).all()
     assert torch.isfinite(o).all()
-
-
-def test_fused_merge_leaves_its_tickets_at_zero():
-    """The split that takes its row block's last ticket merges the block and sets the ticket back to
-    0: calls of other shapes, split counts and layouts on the same counters all match the merge
-    kernel's answer (the LSE too, and without it), rows that see no key included."""
-    from fmha.kernels import _TICKETS
-    for sq, sk, splits, layout in [(1, 200, 3, "bhsd"), (12, 40, 2, "bhsd"), (3, 150, 5, "bshd"), (1, 200, 3, "bhsd")]:
-        q, k, v = make_qkv(2, 4, 2, sq, sk, 32, torch.float16, layout=layout, seed=sq + sk)
-        kw = dict(causal=True, causal_align="bottom_right", layout=layout, variant="tiled", num_splits=splits)
-        out = nan_like(q)
-        o, lse = fmha.attention(q, k, v, return_lse=True, out=out, config=_config("tiled", 1), **kw)
-        ref, ref_lse = fmha.attention(q, k, v, return_lse=True, config=_config("tiled", 0), **kw)
-        torch.testing.assert_close(out, ref, atol=1e-3, rtol=1e-3)
-        torch.testing.assert_close(lse, ref_lse, atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(fmha.attention(q, k, v, config=_config("tiled", 1), **kw), ref, atol=1e-3,
-                                   rtol=1e-3)
-        assert _TICKETS and all(int(t.abs().sum()) == 0 for t in _TICKETS.values())
 
 
 def test_split_bshd_and_seqused():

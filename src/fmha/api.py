@@ -394,7 +394,9 @@ def describe(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
 def _run(name, cfg, prob, q, k, v, o, lse, layout, alibi, seqs, split_len, block_table=None) -> None:
     """Launch, directly or split over the keys with the partials merged by their LSE (a second
     kernel: merging inside the split launch, by the split that finished last, was slower,
-    bench/ledger.csv runs 20261129T164118 and T163732; so was launching the merge by programmatic
+    bench/ledger.csv runs 20261129T164118 and T163732, and again with counters that each launch
+    leaves at zero (no zeroing kernel; commit 8cdbe9a, reverted): 1 query row 7.97 against 8.37
+    TFLOP/s at 1k keys, within 0.1% from 8k (run 20261130T034023); so was launching the merge by programmatic
     dependent launch: by about 0.3 us a call released as the split launch ended (run
     20261129T180206), by 1.4 us at 1k keys and 0.3-0.6% from 8k released as the split programs
     started, the merge's programs then waiting resident beside them (sweep 20261129T205759))."""
@@ -407,10 +409,6 @@ def _run(name, cfg, prob, q, k, v, o, lse, layout, alibi, seqs, split_len, block
         shape = (-(-prob.seqlen_k // split_len), prob.batch, prob.heads, prob.seqlen_q)
         o_parts = torch.empty((*shape, prob.head_dim), dtype=torch.float32, device=q.device)
         lse_parts = torch.empty(shape, dtype=torch.float32, device=q.device)
-        if cfg.fused_merge:  # the split that ends each row block last merges it
-            kernels.launch(name, cfg, prob, q, k, v, o_parts, lse_parts, layout, alibi, seqs, split_len=split_len,
-                           block_table=block_table, merge=(o, lse))
-            return
         kernels.launch(name, cfg, prob, q, k, v, o_parts, lse_parts, layout, alibi, seqs, split_len=split_len,
                        block_table=block_table)
         merge.launch(o_parts, lse_parts, o, lse, kernels.strides_bhsd(o, layout), prob.heads, prob.seqlen_q)

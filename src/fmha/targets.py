@@ -194,18 +194,18 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
     const = dict(HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_M=cfg.block_m,
                  BLOCK_N=cfg.block_n, CAUSAL=causal, STORE_LSE=False, WINDOW=False, SOFTCAP=False, ALIBI=False,
                  VARLEN=False, SEQUSED=False, ALIGN_BR=False, SPLIT=False, PAGED=False, PAGE=1,
-                 PACK_GQA=False, KV_TMA=False, MERGE=False, MERGE_LSE=False)
+                 PACK_GQA=False, KV_TMA=False)
     sig, attrs = {}, {}
     for i, name in enumerate(kernel.arg_names):
         if name in const:
             sig[name] = "constexpr"
         elif name.startswith("stride_") and name.endswith("d"):  # unit stride, as launches specialise it
             sig[name], const[name] = "constexpr", 1
-        elif name in ("Q", "K", "V", "O", "Out"):
+        elif name in ("Q", "K", "V", "O"):
             sig[name], attrs[(i,)] = "*" + DTYPES[dtype], [["tt.divisibility", 16]]
-        elif name in ("CuQ", "CuK", "SeqK", "BlockTable", "Tickets"):
+        elif name in ("CuQ", "CuK", "SeqK", "BlockTable"):
             sig[name] = "*i32"
-        elif name in ("LSE", "Alibi", "LseOut"):
+        elif name in ("LSE", "Alibi"):
             sig[name], attrs[(i,)] = "*fp32", [["tt.divisibility", 16]]
         elif name in ("scale_log2", "softcap"):
             sig[name] = "fp32"

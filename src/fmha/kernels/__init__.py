@@ -8,7 +8,6 @@ line in :data:`VARIANTS`.
 from __future__ import annotations
 
 import functools
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -101,36 +100,13 @@ def unsupported(variant: str, cfg, prob: Problem, q, k, v, o, layout: str, alibi
     return None
 
 
-_TICKETS: OrderedDict = OrderedDict()  # (device, stream) -> counters, the most recently used last
-TICKET_BUFFERS = 16  # streams whose counters are kept
-
-
-def tickets(device: torch.device, n: int) -> torch.Tensor:
-    """At least ``n`` int32 counters at zero for a split launch that merges its own partials
-    (``merge_if_last`` in ``kernels/common.py``), one buffer per device and stream: each launch
-    leaves its counters at zero again, and launches on one stream run one after another.  A
-    stream's first call makes its buffer (a zeroing that a CUDA graph captured then replays
-    once per replay); past :data:`TICKET_BUFFERS` streams the least recent buffer is dropped
-    (its memory goes back to that stream only, after the launches queued on it)."""
-    key = (str(device), torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
-    buf = _TICKETS.pop(key, None)
-    if buf is None or buf.numel() < n:
-        buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
-    _TICKETS[key] = buf
-    while len(_TICKETS) > TICKET_BUFFERS:
-        _TICKETS.popitem(last=False)
-    return buf
-
-
 def launch(variant: str, cfg, prob: Problem, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None, None),
-           grid_m: int | None = None, split_len: int = 0, block_table=None, lengths=None, merge=None) -> None:
+           grid_m: int | None = None, split_len: int = 0, block_table=None, lengths=None) -> None:
     """Run ``variant`` with ``cfg`` on ``prob``: writes ``o`` (and ``lse`` if not None).
     ``seqs = (cu_seqlens_q, cu_seqlens_k, seqused_k)``; ``grid_m`` rows cover the longest sequence;
     ``lengths``: packed sequences' (query rows, keys) on the host (``hopper``'s work list).
     ``split_len > 0``: keys split in chunks of that many (flash-decoding); ``o`` is then a float32
-    ``[splits, batch, heads, seqlen_q, D]`` workspace and ``lse`` ``[splits, batch, heads, seqlen_q]``;
-    with ``merge = (out, out_lse)`` the split that ends each row block last merges them into ``out``
-    (in ``layout``) and, when not None, ``out_lse``."""
+    ``[splits, batch, heads, seqlen_q, D]`` workspace and ``lse`` ``[splits, batch, heads, seqlen_q]``."""
     if variant == "hopper":
         from . import hopper
         return hopper.launch(prob, cfg, q, k, v, o, lse, layout, alibi, seqs, lengths, block_table)
@@ -151,10 +127,6 @@ def launch(variant: str, cfg, prob: Problem, q, k, v, o, lse, layout: str, alibi
         k_desc, v_desc = (TensorDescriptor.from_tensor(t, [1, cfg.block_n, prob.head_dim]) for t in (k3, v3))
     else:
         k_desc, v_desc, kv_place = k, v, (0, 0, 0)
-    out, out_lse = merge or (o, None)
-    out_strides = list(strides_bhsd(out, layout)) if merge else [0, 0, 0, 0]
-    if prob.varlen:
-        out_strides[0] = 0
     kernel[grid](
         q, k, v, o, lse if lse is not None else o, *strides[0], *strides[1], *strides[2], *strides[3],
         prob.heads, prob.heads // prob.kv_heads, prob.seqlen_q, prob.seqlen_k,
@@ -162,13 +134,11 @@ def launch(variant: str, cfg, prob: Problem, q, k, v, o, lse, layout: str, alibi
         (prob.window_offset or 0) - a, 0, prob.softcap, alibi if alibi is not None else o,
         cu_q if cu_q is not None else o, cu_k if cu_k is not None else o, seqused if seqused is not None else o,
         split_len, o.stride(0) if split_len else 0, lse[0].numel() if split_len and lse is not None else 0,
-        out, *out_strides, out_lse if out_lse is not None else o,
-        tickets(q.device, grid[0] * grid[1]) if merge else o,
         block_table if block_table is not None else o, block_table.stride(0) if block_table is not None else 0,
         block_table.shape[1] if block_table is not None else 0, k_desc, v_desc, *kv_place,
         HEAD_DIM=prob.head_dim, BLOCK_D=prob.block_d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         CAUSAL=prob.causal, STORE_LSE=lse is not None, WINDOW=prob.window_offset is not None,
         SOFTCAP=prob.softcap > 0, ALIBI=alibi is not None, VARLEN=prob.varlen, SEQUSED=prob.seqused,
         ALIGN_BR=prob.align_br, SPLIT=bool(split_len), PAGED=bool(prob.page), PAGE=max(prob.page, 1),
-        PACK_GQA=prob.pack_gqa, KV_TMA=kv_tma, MERGE=merge is not None, MERGE_LSE=out_lse is not None,
+        PACK_GQA=prob.pack_gqa, KV_TMA=kv_tma,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)

@@ -7,9 +7,7 @@
 * :func:`window_start` -- the sliding window's whole-tile skip;
 * :func:`causal_stop` -- the early exit (Section 7);
 * :func:`online_softmax_step` -- one tile of the recurrence (5.3-5.6);
-* :func:`write_output` -- the epilogue with the ``l == 0`` guard (Section 6) and LSE;
-* :func:`merge_step`, :func:`merge_if_last` -- partial results merged by their LSE (flash-decoding's
-  second pass), here by the key split that finishes its row block last.
+* :func:`write_output` -- the epilogue with the ``l == 0`` guard (Section 6) and LSE.
 
 Scores live in the base-2 domain: ``s = scale_log2 * q.k`` with
 ``scale_log2 = scale * log2(e)`` folded on the host (8.1), so every exponential is
@@ -41,16 +39,15 @@ def mma(a, b, acc):
 def program_start(Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks,
                   stride_vb, stride_vh, stride_vs, stride_ob, stride_oh, stride_os, heads, group, seqlen_q, seqlen_k,
                   causal_offset, window_offset, align_offset, CuQ, CuK, SeqK, stride_osplit, lse_split,
-                  Out, stride_fb, stride_fh, stride_fs, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                   BLOCK_M: tl.constexpr, VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr,
                   SPLIT: tl.constexpr, PAGED: tl.constexpr, PACK_GQA: tl.constexpr):
     """Program (row block, batch*head) -> its query rows, its Q tile, the bases of its K/V head,
     a pointer to each row's output and the offset of each row's LSE, its sequence's lengths,
     and the band's offsets moved onto its sequence's diagonal (the host passes them relative
-    to it).  Returns ``(row_lo, row_hi, offs_m, q, k_base, v_base, o_rows, f_rows, lse_rows,
-    seqlen_q, seqlen_k, causal_offset, window_offset, align_offset)``: ``offs_m`` holds each row's
-    query position, all of them within ``[row_lo, row_hi)``; ``f_rows`` point into ``Out`` (strides
-    ``stride_f*``), where a split launch that merges its partials itself puts the result.
+    to it).  Returns ``(row_lo, row_hi, offs_m, q, k_base, v_base, o_rows, lse_rows, seqlen_q,
+    seqlen_k, causal_offset, window_offset, align_offset)``: ``offs_m`` holds each row's query
+    position, all of them within ``[row_lo, row_hi)``.
 
     PACK_GQA: grid axis 1 is batch*kv_heads and the block's rows are the ``group`` query
     heads of one KV head interleaved (row r: query ``r // group`` of head ``r % group``), so
@@ -104,7 +101,6 @@ def program_start(Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride
     seq = (q0 + offs_m).to(tl.int64)
     q_rows = Q + b * stride_qb + h * stride_qh + seq * stride_qs
     o_rows = O + b * stride_ob + h * stride_oh + seq * stride_os
-    f_rows = Out + b * stride_fb + h * stride_fh + seq * stride_fs
     if SPLIT:
         o_rows += tl.program_id(2).to(tl.int64) * stride_osplit
         lse_rows += tl.program_id(2).to(tl.int64) * lse_split
@@ -116,7 +112,7 @@ def program_start(Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride
         v_base = V + b * stride_vb + kvh * stride_vh + krow0 * stride_vs
     offs_d = tl.arange(0, BLOCK_D)
     q = load_rows(q_rows[:, None] + offs_d[None, :] * stride_qd, offs_m, sq, offs_d, HEAD_DIM, BLOCK_D, True)
-    return (row_lo, row_hi, offs_m, q, k_base, v_base, o_rows, f_rows, lse_rows, sq, sk, causal_offset + align,
+    return (row_lo, row_hi, offs_m, q, k_base, v_base, o_rows, lse_rows, sq, sk, causal_offset + align,
             window_offset + align, align_offset + align)
 
 
@@ -267,43 +263,3 @@ def write_output(o_rows, LSE, lse_rows, acc, l, m, offs_m, seqlen_q, offs_d, str
     if STORE_LSE:
         lse = tl.where(l == 0.0, float("-inf"), (m + tl.math.log2(l)) * LN2)
         tl.store(LSE + lse_rows, lse, mask=offs_m < seqlen_q)
-
-
-@triton.jit
-def merge_step(acc, l, m, lse, o):
-    """One partial result into a running merge: ``o`` (already over its own sum) weighs
-    ``2**lse`` (``lse`` in base 2); ``m`` is the largest ``lse`` so far, ``l`` the weights' sum
-    and ``acc`` the weighted sum, both relative to ``2**m`` (Section 3's recurrence, a partial
-    standing for a key).  A partial that saw no key (``lse = -inf``) weighs 0."""
-    m_new = tl.maximum(m, lse)
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.math.exp2(m - m_safe)
-    w = tl.math.exp2(lse - m_safe)
-    return acc * alpha[:, None] + w[:, None] * o, l * alpha + w, m_new
-
-
-@triton.jit
-def merge_if_last(O, LSE, o_rows, f_rows, LseOut, lse_rows, Tickets, offs_m, seqlen_q, offs_d, stride_od, stride_fd,
-                  stride_osplit, lse_split, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                  MERGE_LSE: tl.constexpr):
-    """Flash-decoding's second pass inside the split launch: once this split's partial is stored
-    (``o_rows``, ``lse_rows``), it takes a ticket for its row block; the split that takes the last
-    one merges every split's partial (:func:`merge_step`) into ``f_rows`` (and, MERGE_LSE, the
-    whole LSE into ``LseOut``) and sets the ticket back to 0 for the next launch.  The partials are
-    read through L2 (``.cg``): other SMs wrote them."""
-    n = tl.num_programs(2)
-    ticket = Tickets + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
-    tl.debug_barrier()  # every thread's part of the partial is stored before the ticket is taken
-    if tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == n - 1:
-        tl.atomic_xchg(ticket, 0, sem="relaxed", scope="gpu")
-        rows = offs_m < seqlen_q
-        o_rows -= tl.program_id(2).to(tl.int64) * stride_osplit  # split 0's
-        lse_rows -= tl.program_id(2).to(tl.int64) * lse_split
-        m, l, acc = initial_state(BLOCK_M, BLOCK_D)
-        for s in range(n):
-            lse = tl.load(LSE + lse_rows + s * lse_split, mask=rows, other=float("-inf"), cache_modifier=".cg")
-            o = tl.load(o_rows[:, None] + s * stride_osplit + offs_d[None, :] * stride_od,
-                        mask=rows[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0, cache_modifier=".cg")
-            acc, l, m = merge_step(acc, l, m, lse * LOG2E, o)
-        write_output(f_rows, LseOut, lse_rows, acc, l, m, offs_m, seqlen_q, offs_d, stride_fd, HEAD_DIM, BLOCK_D,
-                     MERGE_LSE)

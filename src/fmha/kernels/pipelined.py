@@ -8,7 +8,7 @@ and reductions of tile ``t`` run.
 import triton
 import triton.language as tl
 
-from .common import (causal_stop, head_slope, initial_state, load_rows, merge_if_last, mma, online_softmax_step,
+from .common import (causal_stop, head_slope, initial_state, load_rows, mma, online_softmax_step,
                      program_start, scores, split_keys, window_start, write_output)
 
 
@@ -21,19 +21,18 @@ def pipelined_kernel(
         stride_ob, stride_oh, stride_os, stride_od,
         heads, group, seqlen_q, seqlen_k, causal_offset, scale_log2,
         window_offset, align_offset, softcap, Alibi, CuQ, CuK, SeqK, split_len, stride_osplit, lse_split,
-        Out, stride_fb, stride_fh, stride_fs, stride_fd, LseOut, Tickets,
         BlockTable, stride_bt, max_pages, K_desc, V_desc, kv_seq_b, kv_seq_h, kv_col_h,
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
         ALIBI: tl.constexpr, VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr,
         SPLIT: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr, PACK_GQA: tl.constexpr,
-        KV_TMA: tl.constexpr, MERGE: tl.constexpr, MERGE_LSE: tl.constexpr):
-    (row_lo, row_hi, offs_m, q, k_base, v_base, o_rows, f_rows, lse_rows, seqlen_q, seqlen_k, causal_offset,
-     window_offset, align_offset) = program_start(
+        KV_TMA: tl.constexpr):
+    (row_lo, row_hi, offs_m, q, k_base, v_base, o_rows, lse_rows, seqlen_q, seqlen_k, causal_offset, window_offset,
+     align_offset) = program_start(
         Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh,
         stride_vs, stride_ob, stride_oh, stride_os, heads, group, seqlen_q, seqlen_k, causal_offset, window_offset,
-        align_offset, CuQ, CuK, SeqK, stride_osplit, lse_split, Out, stride_fb, stride_fh, stride_fs, HEAD_DIM,
-        BLOCK_D, BLOCK_M, VARLEN, SEQUSED, ALIGN_BR, SPLIT, PAGED, PACK_GQA)
+        align_offset, CuQ, CuK, SeqK, stride_osplit, lse_split, HEAD_DIM, BLOCK_D, BLOCK_M, VARLEN, SEQUSED,
+        ALIGN_BR, SPLIT, PAGED, PACK_GQA)
     tl.static_assert(not PAGED and not KV_TMA, "paged KV and K/V by TMA run on the tiled variant")
     tl.static_assert(not (PACK_GQA and ALIBI), "ALiBi slopes are per head: not with packed GQA rows")
     if row_lo >= seqlen_q:  # past this sequence's end (packed batches): nothing to do
@@ -69,9 +68,6 @@ def pipelined_kernel(
         qk = qk_next
     write_output(o_rows, LSE, lse_rows, acc, l, m, offs_m, seqlen_q, offs_d, stride_od,
                  HEAD_DIM, BLOCK_D, STORE_LSE)
-    if MERGE:  # the split that ends its row block last merges the partials (flash-decoding's second pass)
-        merge_if_last(O, LSE, o_rows, f_rows, LseOut, lse_rows, Tickets, offs_m, seqlen_q, offs_d, stride_od,
-                      stride_fd, stride_osplit, lse_split, HEAD_DIM, BLOCK_D, BLOCK_M, MERGE_LSE)
 
 
 KERNEL = pipelined_kernel
