@@ -117,7 +117,9 @@ HOPPER_FEATURES = [  # (causal, align, window, softcap, ALiBi)
 
 
 @pytest.mark.parametrize("shape", [(2, 4, 2, 1000, 1024, 64), (1, 4, 4, 384, 1536, 128), (1, 2, 1, 2048, 640, 128),
-                                   (1, 4, 2, 700, 1111, 64)],
+                                   (1, 4, 2, 700, 1111, 64),
+                                   # up to 512 keys: the table's 64-row programs, three (D=64) or two to an SM
+                                   (2, 4, 2, 300, 500, 64), (1, 4, 4, 384, 512, 128)],
                          ids=lambda s: "b{}h{}kv{}-q{}k{}-d{}".format(*s))
 @pytest.mark.parametrize("causal,align,window,softcap,alibi", HOPPER_FEATURES, ids=str)
 def test_hopper_features_match_reference(causal, align, window, softcap, alibi, shape):
@@ -216,6 +218,7 @@ HOPPER_VARLEN = [  # (query lengths, key lengths) of the packed sequences
     # empty, one-row and sub-tile sequences beside multi-tile ones; a query run with no keys
     ([1000, 1, 0, 128, 300, 77, 2049], [1000, 300, 5, 128, 1, 0, 1537]),
     ([256, 513, 64, 190], [256, 513, 2048, 190]),  # ends on the tile, sq < sk, one at 190 rows (3 warpgroups' worth)
+    ([300, 1, 0, 64, 512, 77], [300, 17, 5, 64, 512, 1]),  # no sequence past 512 keys: the 64-row programs
 ]
 
 
