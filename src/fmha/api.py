@@ -238,7 +238,26 @@ def _split_plan(num_splits: int, arch: str, prob, cfg, device, fixed: bool = Fal
         rows = prob.seqlen_q * (prob.heads // prob.kv_heads if prob.pack_gqa else 1)
         cfg = configs.decode_config(rows, prob.seqlen_k)
         split_len = _split_len(num_splits, arch, prob, cfg, device)
+    if num_splits and cfg.stream_k and not fixed:  # the caller's split count, not the table's stream-K
+        cfg = dataclasses.replace(cfg, stream_k=0)
     return cfg, split_len
+
+
+def _stream_plan(prob, cfg, device) -> tuple[int, int]:
+    """Stream-K (``cfg.stream_k``): (programs, partial slots a block needs).  ``split_per_sm`` (1 by
+    default) programs an SM (one on the CPU), no more than there are key tiles; block ``g``'s
+    tiles ``[g T, (g + 1) T)`` meet programs ``first(g)..last(g)`` of the even runs ``[p W / P,
+    (p + 1) W / P)`` (``W`` tiles in all), and a block needs a slot for each."""
+    import numpy as np
+    blocks = math.prod(prob.grid(cfg.block_m))
+    tiles = -(-prob.seqlen_k // cfg.block_n)
+    total = blocks * tiles
+    sms = _kernels().device_facts(_index(device))[1] if device.type == "cuda" else 1
+    programs = min((cfg.split_per_sm or 1) * sms, total)
+    g = np.arange(blocks, dtype=np.int64)
+    first = ((g * tiles + 1) * programs - 1) // total
+    last = ((g + 1) * tiles * programs - 1) // total
+    return programs, int((last - first).max()) + 1
 
 
 def _check_index(t, name: str, shape: tuple, device) -> None:
@@ -406,11 +425,12 @@ def _run(name, cfg, prob, q, k, v, o, lse, layout, alibi, seqs, split_len, block
             kernels.launch(name, cfg, prob, q, k, v, o, lse, layout, alibi, seqs, block_table=block_table)
             return
         from .kernels import merge
-        shape = (-(-prob.seqlen_k // split_len), prob.batch, prob.heads, prob.seqlen_q)
+        programs, slots = _stream_plan(prob, cfg, q.device) if cfg.stream_k else (0, -(-prob.seqlen_k // split_len))
+        shape = (slots, prob.batch, prob.heads, prob.seqlen_q)
         o_parts = torch.empty((*shape, prob.head_dim), dtype=torch.float32, device=q.device)
         lse_parts = torch.empty(shape, dtype=torch.float32, device=q.device)
         kernels.launch(name, cfg, prob, q, k, v, o_parts, lse_parts, layout, alibi, seqs, split_len=split_len,
-                       block_table=block_table)
+                       block_table=block_table, programs=programs)
         merge.launch(o_parts, lse_parts, o, lse, kernels.strides_bhsd(o, layout), prob.heads, prob.seqlen_q)
 
 
