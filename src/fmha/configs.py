@@ -199,8 +199,8 @@ def decode_config(rows: int, seqlen_k: int) -> KernelConfig:
     3.5-7% faster, 16 rows 0-4.5%."""
     block_m = min(64, max(16, 1 << (rows - 1).bit_length()))
     if block_m > 16:
-        return KernelConfig(block_m, 64, 4, 3, tma=1)
-    return KernelConfig(16, 64, 4, 4 if seqlen_k >= 8192 else 3, split_per_sm=1, tma=1)
+        return KernelConfig(block_m, 64, 4, 3, tma=1, stream_k=1)
+    return KernelConfig(16, 64, 4, 4 if seqlen_k >= 8192 else 3, split_per_sm=1, tma=1, stream_k=1)
 
 
 def tiled_config(arch: str, head_dim: int) -> KernelConfig:
