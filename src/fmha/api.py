@@ -406,8 +406,12 @@ def describe(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
     prob = _kernels().Problem(batch, heads, k.shape[1], seqlen_q, k.shape[2], head_dim, upper, causal_offset, 1.0,
                               window_offset=window_offset, softcap=float(softcap))
     name, cfg, prob, split_len = _plan(prob, q, k, v, q, "bhsd", variant, None, alibi_slopes, 0)
-    extra = (" packed-gqa" if prob.pack_gqa else "") + (f" split {split_len}" if split_len else "")
-    return f"{name} {cfg}{extra}"
+    if split_len and cfg.stream_k:
+        programs, slots = _stream_plan(prob, cfg, q.device)
+        split = f" stream-K {programs} runs, up to {slots} a block"
+    else:
+        split = f" split {split_len}" if split_len else ""
+    return f"{name} {cfg}{' packed-gqa' if prob.pack_gqa else ''}{split}"
 
 
 def _run(name, cfg, prob, q, k, v, o, lse, layout, alibi, seqs, split_len, block_table=None) -> None:
