@@ -1,6 +1,4 @@
 """Split-key decoding (flash-decoding): partials merged by their LSE equal the unsplit answer."""
-import contextlib
-
 import numpy as np
 import pytest
 import torch
@@ -22,64 +20,6 @@ def test_split_keys_match_reference(variant, sq, sk, splits, causal):
     check_against_reference(out, q, k, v, causal, "bottom_right")
     _, ref_lse = reference.dense_attention(q, k, v, causal=causal, causal_align="bottom_right", return_lse=True)
     np.testing.assert_allclose(lse.cpu().double().numpy(), ref_lse, atol=2e-3)
-
-
-@pytest.mark.parametrize("sq,sk,programs,causal,layout", [(1, 300, 5, False, "bhsd"), (3, 257, 7, True, "bshd"),
-                                                          (40, 100, 4, True, "bhsd"), (1, 64, 9, False, "bshd"),
-                                                          (2, 1000, 3, True, "bhsd")])
-def test_stream_k_split_matches_reference(sq, sk, programs, causal, layout):
-    """Stream-K (``stream_k=1``): ``programs`` runs of equal length over every block's key tiles, a
-    run crossing blocks, some blocks in more runs than others (their unused slots LSE -inf, the
-    workspace poisoned with NaN beforehand); per-batch key lengths whose padding holds NaN."""
-    b, h, kvh, d = 2, 4, 2, 64
-    q, k, v = make_qkv(b, h, kvh, sq, sk, d, torch.bfloat16, layout=layout, seed=sk)
-    used = [sk, sk // 3]
-    for i, n in enumerate(used):
-        pad = (i, slice(None), slice(n, None)) if layout == "bhsd" else (i, slice(n, None))
-        k[pad], v[pad] = float("nan"), float("nan")
-    cfg = fmha.KernelConfig(16 if DEVICE == "cpu" else 32, 32 if DEVICE == "cpu" else 64, 4, 2, split_per_sm=programs,
-                            stream_k=1)
-    out = nan_like(q)
-    with _poisoned_workspace():
-        o, lse = fmha.attention(q, k, v, causal=causal, causal_align="bottom_right", layout=layout, variant="tiled",
-                                config=cfg, num_splits=2, return_lse=True, out=out,
-                                seqused_k=torch.tensor(used, dtype=torch.int32, device=DEVICE))
-    for i, n in enumerate(used):
-        own = (slice(i, i + 1),)
-        keys = (slice(i, i + 1), slice(None), slice(0, n)) if layout == "bhsd" else (slice(i, i + 1), slice(0, n))
-        check_against_reference(out[own], q[own], k[keys], v[keys], causal, "bottom_right", layout)
-        bhsd = [t if layout == "bhsd" else t.transpose(1, 2) for t in (q[own], k[keys], v[keys])]
-        _, ref_lse = reference.dense_attention(*bhsd, causal=causal, causal_align="bottom_right", return_lse=True)
-        np.testing.assert_allclose(lse[own].cpu().double().numpy(), ref_lse, atol=2e-3)
-
-
-@contextlib.contextmanager
-def _poisoned_workspace():
-    """``torch.empty`` of float32 (the split's workspace) filled with NaN while inside."""
-    empty = torch.empty
-
-    def poisoned(*args, **kw):
-        t = empty(*args, **kw)
-        return t.fill_(float("nan")) if t.dtype == torch.float32 else t
-    torch.empty = poisoned
-    try:
-        yield
-    finally:
-        torch.empty = empty
-
-
-def test_stream_k_plan_covers_every_run():
-    """``_stream_plan``: the slots are the most runs any block meets, counted run by run."""
-    for blocks_b, heads, sk, per_sm in [(1, 8, 4096, 132), (4, 8, 8192, 132), (2, 3, 100, 7), (1, 1, 64, 5)]:
-        prob = fmha.kernels.Problem(blocks_b, heads, heads, 1, sk, 64, False, 0, 1.0)
-        cfg = fmha.KernelConfig(16, 64, 4, 2, split_per_sm=per_sm, stream_k=1)
-        programs, slots = fmha.api._stream_plan(prob, cfg, torch.device("cpu"))
-        tiles = -(-sk // 64)
-        total = blocks_b * heads * tiles
-        assert programs == min(per_sm, total)
-        bounds = [p * total // programs for p in range(programs + 1)]
-        runs = [{t // tiles for t in range(lo, hi)} for lo, hi in zip(bounds, bounds[1:])]
-        assert slots == max(sum(g in r for r in runs) for g in range(blocks_b * heads))
 
 
 def test_split_with_rows_that_see_nothing():

@@ -238,26 +238,7 @@ def _split_plan(num_splits: int, arch: str, prob, cfg, device, fixed: bool = Fal
         rows = prob.seqlen_q * (prob.heads // prob.kv_heads if prob.pack_gqa else 1)
         cfg = configs.decode_config(rows, prob.seqlen_k)
         split_len = _split_len(num_splits, arch, prob, cfg, device)
-    if num_splits and cfg.stream_k and not fixed:  # the caller's split count, not the table's stream-K
-        cfg = dataclasses.replace(cfg, stream_k=0)
     return cfg, split_len
-
-
-def _stream_plan(prob, cfg, device) -> tuple[int, int]:
-    """Stream-K (``cfg.stream_k``): (programs, partial slots a block needs).  ``split_per_sm`` (1 by
-    default) programs an SM (one on the CPU), no more than there are key tiles; block ``g``'s
-    tiles ``[g T, (g + 1) T)`` meet programs ``first(g)..last(g)`` of the even runs ``[p W / P,
-    (p + 1) W / P)`` (``W`` tiles in all), and a block needs a slot for each."""
-    import numpy as np
-    blocks = math.prod(prob.grid(cfg.block_m))
-    tiles = -(-prob.seqlen_k // cfg.block_n)
-    total = blocks * tiles
-    sms = _kernels().device_facts(_index(device))[1] if device.type == "cuda" else 1
-    programs = min((cfg.split_per_sm or 1) * sms, total)
-    g = np.arange(blocks, dtype=np.int64)
-    first = ((g * tiles + 1) * programs - 1) // total
-    last = ((g + 1) * tiles * programs - 1) // total
-    return programs, int((last - first).max()) + 1
 
 
 def _check_index(t, name: str, shape: tuple, device) -> None:
@@ -406,12 +387,8 @@ def describe(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
     prob = _kernels().Problem(batch, heads, k.shape[1], seqlen_q, k.shape[2], head_dim, upper, causal_offset, 1.0,
                               window_offset=window_offset, softcap=float(softcap))
     name, cfg, prob, split_len = _plan(prob, q, k, v, q, "bhsd", variant, None, alibi_slopes, 0)
-    if split_len and cfg.stream_k:
-        programs, slots = _stream_plan(prob, cfg, q.device)
-        split = f" stream-K {programs} runs, up to {slots} a block"
-    else:
-        split = f" split {split_len}" if split_len else ""
-    return f"{name} {cfg}{' packed-gqa' if prob.pack_gqa else ''}{split}"
+    extra = (" packed-gqa" if prob.pack_gqa else "") + (f" split {split_len}" if split_len else "")
+    return f"{name} {cfg}{extra}"
 
 
 def _run(name, cfg, prob, q, k, v, o, lse, layout, alibi, seqs, split_len, block_table=None) -> None:
@@ -419,8 +396,12 @@ def _run(name, cfg, prob, q, k, v, o, lse, layout, alibi, seqs, split_len, block
     kernel: merging inside the split launch, by the split that finished last, was slower,
     bench/ledger.csv runs 20261129T164118 and T163732, and again with counters that each launch
     leaves at zero (no zeroing kernel; commit 8cdbe9a, reverted): 1 query row 7.97 against 8.37
-    TFLOP/s at 1k keys, within 0.1% from 8k (run 20261130T034023); so was launching the merge by programmatic
-    dependent launch: by about 0.3 us a call released as the split launch ended (run
+    TFLOP/s at 1k keys, within 0.1% from 8k (run 20261130T034023); so was stream-K, one program per
+    SM dealing every block's key tiles in equal runs, 132 programs instead of 128 (commit 73c804e, reverted:
+    10.83/41.48/130.84/481.23 us against the split's 8.22/37.83/126.14/479.66 at 1k/8k/32k/128k keys,
+    run 20261130T040659, where one more SM's worth of runs bought nothing at 128k and the runs crossing
+    blocks, each with its own prologue and a partial more to merge, cost the rest); so was launching
+    the merge by programmatic dependent launch: by about 0.3 us a call released as the split launch ended (run
     20261129T180206), by 1.4 us at 1k keys and 0.3-0.6% from 8k released as the split programs
     started, the merge's programs then waiting resident beside them (sweep 20261129T205759))."""
     with _on(q.device):
@@ -429,12 +410,11 @@ def _run(name, cfg, prob, q, k, v, o, lse, layout, alibi, seqs, split_len, block
             kernels.launch(name, cfg, prob, q, k, v, o, lse, layout, alibi, seqs, block_table=block_table)
             return
         from .kernels import merge
-        programs, slots = _stream_plan(prob, cfg, q.device) if cfg.stream_k else (0, -(-prob.seqlen_k // split_len))
-        shape = (slots, prob.batch, prob.heads, prob.seqlen_q)
+        shape = (-(-prob.seqlen_k // split_len), prob.batch, prob.heads, prob.seqlen_q)
         o_parts = torch.empty((*shape, prob.head_dim), dtype=torch.float32, device=q.device)
         lse_parts = torch.empty(shape, dtype=torch.float32, device=q.device)
         kernels.launch(name, cfg, prob, q, k, v, o_parts, lse_parts, layout, alibi, seqs, split_len=split_len,
-                       block_table=block_table, programs=programs)
+                       block_table=block_table)
         merge.launch(o_parts, lse_parts, o, lse, kernels.strides_bhsd(o, layout), prob.heads, prob.seqlen_q)
 
 

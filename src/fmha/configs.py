@@ -28,7 +28,6 @@ class KernelConfig:
     split_tail: int = 0  # hopper, non-causal: 1 a partly filled last round's items run in pieces, merged by LSE
     balance: int = 0  # hopper, causal persistent: 1 the last round or two of pairs dealt longest item first
     occupancy: int = 0  # hopper: programs resident on each SM (the persistent grid, the registers split for it); 0: 1
-    stream_k: int = 0  # tiled key-split launches: 1 split_per_sm programs an SM deal every block's key tiles evenly
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -45,9 +44,8 @@ class KernelConfig:
         tail = "k" if self.split_tail else ""
         balance = "b" if self.balance else ""
         occupancy = f"o{self.occupancy}" if self.occupancy else ""
-        stream = "x" if self.stream_k else ""
         return (f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}{regs}{sched}{fill}{turns}{heads}"
-                f"{tma}{q_regs}{fence}{tail}{balance}{occupancy}{stream}")
+                f"{tma}{q_regs}{fence}{tail}{balance}{occupancy}")
 
 
 SEED = KernelConfig(block_m=16, block_n=16, num_warps=1, num_stages=1)
@@ -199,8 +197,8 @@ def decode_config(rows: int, seqlen_k: int) -> KernelConfig:
     3.5-7% faster, 16 rows 0-4.5%."""
     block_m = min(64, max(16, 1 << (rows - 1).bit_length()))
     if block_m > 16:
-        return KernelConfig(block_m, 64, 4, 3, tma=1, stream_k=1)
-    return KernelConfig(16, 64, 4, 4 if seqlen_k >= 8192 else 3, split_per_sm=1, tma=1, stream_k=1)
+        return KernelConfig(block_m, 64, 4, 3, tma=1)
+    return KernelConfig(16, 64, 4, 4 if seqlen_k >= 8192 else 3, split_per_sm=1, tma=1)
 
 
 def tiled_config(arch: str, head_dim: int) -> KernelConfig:

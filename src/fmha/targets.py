@@ -194,7 +194,7 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
     const = dict(HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_M=cfg.block_m,
                  BLOCK_N=cfg.block_n, CAUSAL=causal, STORE_LSE=False, WINDOW=False, SOFTCAP=False, ALIBI=False,
                  VARLEN=False, SEQUSED=False, ALIGN_BR=False, SPLIT=False, PAGED=False, PAGE=1,
-                 PACK_GQA=False, KV_TMA=False, STREAM=False)
+                 PACK_GQA=False, KV_TMA=False)
     sig, attrs = {}, {}
     for i, name in enumerate(kernel.arg_names):
         if name in const:

@@ -88,8 +88,6 @@ def unsupported(variant: str, cfg, prob: Problem, q, k, v, o, layout: str, alibi
     if variant == "hopper":
         from . import hopper
         return hopper.supports(prob, cfg, q, k, v, o, layout)
-    if cfg.stream_k and (variant != "tiled" or prob.varlen):
-        return "stream-K key splits (config stream_k=1) are the tiled variant's, on sequences of one length"
     if cfg.tma:
         if variant != "tiled":
             return "K/V by TMA (config tma=1) is the tiled variant's"
@@ -103,21 +101,18 @@ def unsupported(variant: str, cfg, prob: Problem, q, k, v, o, layout: str, alibi
 
 
 def launch(variant: str, cfg, prob: Problem, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None, None),
-           grid_m: int | None = None, split_len: int = 0, block_table=None, lengths=None, programs: int = 0) -> None:
+           grid_m: int | None = None, split_len: int = 0, block_table=None, lengths=None) -> None:
     """Run ``variant`` with ``cfg`` on ``prob``: writes ``o`` (and ``lse`` if not None).
     ``seqs = (cu_seqlens_q, cu_seqlens_k, seqused_k)``; ``grid_m`` rows cover the longest sequence;
     ``lengths``: packed sequences' (query rows, keys) on the host (``hopper``'s work list).
     ``split_len > 0``: keys split in chunks of that many (flash-decoding); ``o`` is then a float32
-    ``[splits, batch, heads, seqlen_q, D]`` workspace and ``lse`` ``[splits, batch, heads, seqlen_q]``.
-    ``programs > 0`` (``tiled``, with a split): stream-K, that many programs deal out every block's
-    key tiles evenly; ``o`` and ``lse`` then hold as many slots as a block can have runs."""
+    ``[splits, batch, heads, seqlen_q, D]`` workspace and ``lse`` ``[splits, batch, heads, seqlen_q]``."""
     if variant == "hopper":
         from . import hopper
         return hopper.launch(prob, cfg, q, k, v, o, lse, layout, alibi, seqs, lengths, block_table)
     kernel = VARIANTS[variant]
     splits = triton.cdiv(prob.seqlen_k, split_len) if split_len else 1
-    blocks = prob.grid(cfg.block_m, grid_m)
-    grid = (programs,) if programs else (*blocks, splits)
+    grid = (*prob.grid(cfg.block_m, grid_m), splits)
     cu_q, cu_k, seqused = seqs
     strides = [list(strides_bhsd(t, layout)) for t in (q, k, v)]
     strides.append(list(o.stride()[1:]) if split_len else list(strides_bhsd(o, layout)))
@@ -141,10 +136,9 @@ def launch(variant: str, cfg, prob: Problem, q, k, v, o, lse, layout: str, alibi
         split_len, o.stride(0) if split_len else 0, lse[0].numel() if split_len and lse is not None else 0,
         block_table if block_table is not None else o, block_table.stride(0) if block_table is not None else 0,
         block_table.shape[1] if block_table is not None else 0, k_desc, v_desc, *kv_place,
-        blocks[0], blocks[0] * blocks[1], o.shape[0] if programs else 0,
         HEAD_DIM=prob.head_dim, BLOCK_D=prob.block_d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         CAUSAL=prob.causal, STORE_LSE=lse is not None, WINDOW=prob.window_offset is not None,
         SOFTCAP=prob.softcap > 0, ALIBI=alibi is not None, VARLEN=prob.varlen, SEQUSED=prob.seqused,
         ALIGN_BR=prob.align_br, SPLIT=bool(split_len), PAGED=bool(prob.page), PAGE=max(prob.page, 1),
-        PACK_GQA=prob.pack_gqa, KV_TMA=kv_tma, STREAM=bool(programs),
+        PACK_GQA=prob.pack_gqa, KV_TMA=kv_tma,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)

@@ -36,32 +36,32 @@ def mma(a, b, acc):
 
 
 @triton.jit
-def program_start(pid_m, bh, split, Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh,
-                  stride_ks, stride_vb, stride_vh, stride_vs, stride_ob, stride_oh, stride_os, heads, group, seqlen_q,
-                  seqlen_k, causal_offset, window_offset, align_offset, CuQ, CuK, SeqK, stride_osplit, lse_split,
+def program_start(Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks,
+                  stride_vb, stride_vh, stride_vs, stride_ob, stride_oh, stride_os, heads, group, seqlen_q, seqlen_k,
+                  causal_offset, window_offset, align_offset, CuQ, CuK, SeqK, stride_osplit, lse_split,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                   BLOCK_M: tl.constexpr, VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr,
                   SPLIT: tl.constexpr, PAGED: tl.constexpr, PACK_GQA: tl.constexpr):
-    """Row block ``pid_m`` of batch*head ``bh`` (key split ``split``) -> its query rows, its Q
-    tile, the bases of its K/V head, a pointer to each row's output and the offset of each
-    row's LSE, its sequence's lengths, and the band's offsets moved onto its sequence's
-    diagonal (the host passes them relative to it).  Returns ``(row_lo, row_hi, offs_m, q,
-    k_base, v_base, o_rows, lse_rows, seqlen_q, seqlen_k, causal_offset, window_offset,
-    align_offset)``: ``offs_m`` holds each row's query position, all of them within
-    ``[row_lo, row_hi)``.
+    """Program (row block, batch*head) -> its query rows, its Q tile, the bases of its K/V head,
+    a pointer to each row's output and the offset of each row's LSE, its sequence's lengths,
+    and the band's offsets moved onto its sequence's diagonal (the host passes them relative
+    to it).  Returns ``(row_lo, row_hi, offs_m, q, k_base, v_base, o_rows, lse_rows, seqlen_q,
+    seqlen_k, causal_offset, window_offset, align_offset)``: ``offs_m`` holds each row's query
+    position, all of them within ``[row_lo, row_hi)``.
 
-    PACK_GQA: ``bh`` counts batch*kv_heads and the block's rows are the ``group`` query
+    PACK_GQA: grid axis 1 is batch*kv_heads and the block's rows are the ``group`` query
     heads of one KV head interleaved (row r: query ``r // group`` of head ``r % group``), so
     each K/V tile is read once for the whole group (decoding).  VARLEN: sequence b occupies
     rows ``cu_q[b]..cu_q[b+1]`` of packed q/o and ``cu_k[b]..cu_k[b+1]`` of packed k/v (LSE
     is ``[heads, total_q]``).  SEQUSED: batch b uses only its first ``seqused_k[b]`` keys.
     ALIGN_BR: the diagonal is ``i + seqlen_k - seqlen_q`` of this sequence (bottom-right),
-    else ``i``.  SPLIT: the keys are split (flash-decoding); split s writes its partial O and
-    LSE ``s * stride_osplit`` and ``s * lse_split`` further on.  PAGED: K/V are
+    else ``i``.  SPLIT: grid axis 2 splits the keys (flash-decoding); split s writes its
+    partial O and LSE ``s * stride_osplit`` and ``s * lse_split`` further on.  PAGED: K/V are
     page pools (the batch stride is the page stride); the K/V bases hold only the head
     offset.  64-bit offsets: tensors past 2**31 elements stay addressable.
     """
-    start_m = pid_m * BLOCK_M
+    start_m = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1)
     rows = start_m + tl.arange(0, BLOCK_M)
     if PACK_GQA:
         kv_heads = heads // group
@@ -102,8 +102,8 @@ def program_start(pid_m, bh, split, Q, K, V, O, stride_qb, stride_qh, stride_qs,
     q_rows = Q + b * stride_qb + h * stride_qh + seq * stride_qs
     o_rows = O + b * stride_ob + h * stride_oh + seq * stride_os
     if SPLIT:
-        o_rows += split.to(tl.int64) * stride_osplit
-        lse_rows += split.to(tl.int64) * lse_split
+        o_rows += tl.program_id(2).to(tl.int64) * stride_osplit
+        lse_rows += tl.program_id(2).to(tl.int64) * lse_split
     if PAGED:
         k_base = K + kvh * stride_kh
         v_base = V + kvh * stride_vh
@@ -180,11 +180,12 @@ def window_start(row_lo, window_offset, BLOCK_N: tl.constexpr, WINDOW: tl.conste
 
 
 @triton.jit
-def split_keys(lo, hi, k0, k1, SPLIT: tl.constexpr):
-    """The part of the key range ``[lo, hi)`` that this program's split owns, keys ``[k0, k1)``."""
+def split_keys(lo, hi, split_len, SPLIT: tl.constexpr):
+    """The part of the key range ``[lo, hi)`` that this program's split owns."""
     if SPLIT:
-        lo = tl.maximum(lo, k0)
-        hi = tl.minimum(hi, k1)
+        s0 = tl.program_id(2) * split_len
+        lo = tl.maximum(lo, s0)
+        hi = tl.minimum(hi, s0 + split_len)
     return lo, hi
 
 

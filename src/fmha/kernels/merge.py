@@ -41,10 +41,6 @@ def merge_kernel(OP, LP, O, LSE, Rows, n_parts, heads, seqlen_q, stride_op, lse_
         w = tl.math.exp2(lse[None, :] - m_safe[:, None])  # [1, BLOCK_S]
         o = tl.load(OP + parts[:, None] * stride_op + src * HEAD_DIM + offs_d[None, :],
                     mask=(parts[:, None] < n_parts) & (offs_d[None, :] < HEAD_DIM), other=0.0)
-        # a partial of LSE -inf weighs 0, whatever its O holds (a stream-K slot no run reached: the
-        # workspace's old contents, NaN maybe; selected away, not multiplied, and loaded beside its
-        # LSE, not after it)
-        o = tl.where((lse > float("-inf"))[:, None], o, 0.0)
         acc = acc * alpha + tl.sum(tl.trans(w) * o, 0)
         l = l * alpha + tl.sum(w, 1)
         m = m_new

@@ -21,21 +21,19 @@ def pipelined_kernel(
         stride_ob, stride_oh, stride_os, stride_od,
         heads, group, seqlen_q, seqlen_k, causal_offset, scale_log2,
         window_offset, align_offset, softcap, Alibi, CuQ, CuK, SeqK, split_len, stride_osplit, lse_split,
-        BlockTable, stride_bt, max_pages, K_desc, V_desc, kv_seq_b, kv_seq_h, kv_col_h, stream_m, stream_groups,
-        stream_slots,
+        BlockTable, stride_bt, max_pages, K_desc, V_desc, kv_seq_b, kv_seq_h, kv_col_h,
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
         ALIBI: tl.constexpr, VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr,
         SPLIT: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr, PACK_GQA: tl.constexpr,
-        KV_TMA: tl.constexpr, STREAM: tl.constexpr):
+        KV_TMA: tl.constexpr):
     (row_lo, row_hi, offs_m, q, k_base, v_base, o_rows, lse_rows, seqlen_q, seqlen_k, causal_offset, window_offset,
      align_offset) = program_start(
-        tl.program_id(0), tl.program_id(1), tl.program_id(2), Q, K, V, O, stride_qb, stride_qh, stride_qs,
-        stride_qd, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, stride_ob, stride_oh, stride_os,
-        heads, group, seqlen_q, seqlen_k, causal_offset, window_offset, align_offset, CuQ, CuK, SeqK, stride_osplit,
-        lse_split, HEAD_DIM, BLOCK_D, BLOCK_M, VARLEN, SEQUSED, ALIGN_BR, SPLIT, PAGED, PACK_GQA)
-    tl.static_assert(not PAGED and not KV_TMA and not STREAM,
-                     "paged KV, K/V by TMA and the stream-K split run on the tiled variant")
+        Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh,
+        stride_vs, stride_ob, stride_oh, stride_os, heads, group, seqlen_q, seqlen_k, causal_offset, window_offset,
+        align_offset, CuQ, CuK, SeqK, stride_osplit, lse_split, HEAD_DIM, BLOCK_D, BLOCK_M, VARLEN, SEQUSED,
+        ALIGN_BR, SPLIT, PAGED, PACK_GQA)
+    tl.static_assert(not PAGED and not KV_TMA, "paged KV and K/V by TMA run on the tiled variant")
     tl.static_assert(not (PACK_GQA and ALIBI), "ALiBi slopes are per head: not with packed GQA rows")
     if row_lo >= seqlen_q:  # past this sequence's end (packed batches): nothing to do
         return
@@ -48,8 +46,7 @@ def pipelined_kernel(
     slope = head_slope(Alibi, tl.program_id(1), heads, ALIBI)
     first = window_start(row_lo, window_offset, BLOCK_N, WINDOW)
     stop = causal_stop(row_hi, seqlen_k, causal_offset, CAUSAL)
-    k0 = tl.program_id(2) * split_len
-    first, stop = split_keys(first, stop, k0, k0 + split_len, SPLIT)
+    first, stop = split_keys(first, stop, split_len, SPLIT)
     k_ptrs += first * stride_ks
     v_ptrs += first * stride_vs
     # prologue: QK of tile 0 (keys past `stop` read as 0 and are masked below)

@@ -52,65 +52,6 @@ def _key_range(acc, l, m, q, k_base, v_base, lo, hi, offs_m, offs_n, offs_d,
 
 
 @triton.jit
-def _block(pid_m, bh, split, k0, k1, last, Q, K, V, O, LSE,
-           stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks, stride_kd,
-           stride_vb, stride_vh, stride_vs, stride_vd, stride_ob, stride_oh, stride_os, stride_od,
-           heads, group, seqlen_q, seqlen_k, causal_offset, scale_log2, window_offset, align_offset, softcap, Alibi,
-           CuQ, CuK, SeqK, stride_osplit, lse_split, BlockTable, stride_bt, max_pages, K_desc, V_desc,
-           kv_seq_b, kv_seq_h, kv_col_h, stream_slots,
-           HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-           CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-           ALIBI: tl.constexpr, VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr,
-           SPLIT: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr, PACK_GQA: tl.constexpr,
-           KV_TMA: tl.constexpr, STREAM: tl.constexpr):
-    """Row block ``pid_m`` of batch*head ``bh`` over keys ``[k0, k1)`` (SPLIT; all of them
-    otherwise), its result stored as split ``split``.  STREAM: ``last`` when this run ends the
-    block's keys, and then the block's partial slots past ``split`` get LSE -inf (unused)."""
-    (row_lo, row_hi, offs_m, q, k_base, v_base, o_rows, lse_rows, seqlen_q, seqlen_k, causal_offset, window_offset,
-     align_offset) = program_start(
-        pid_m, bh, split, Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks,
-        stride_vb, stride_vh, stride_vs, stride_ob, stride_oh, stride_os, heads, group, seqlen_q, seqlen_k,
-        causal_offset, window_offset, align_offset, CuQ, CuK, SeqK, stride_osplit, lse_split, HEAD_DIM, BLOCK_D,
-        BLOCK_M, VARLEN, SEQUSED, ALIGN_BR, SPLIT, PAGED, PACK_GQA)
-    if row_lo < seqlen_q:  # (packed batches: a block past its sequence's end has nothing to do)
-        offs_n = tl.arange(0, BLOCK_N)
-        offs_d = tl.arange(0, BLOCK_D)
-        m, l, acc = initial_state(BLOCK_M, BLOCK_D)
-        slope = head_slope(Alibi, bh, heads, ALIBI)
-        b = bh // (heads // group if PACK_GQA else heads)
-        kvh = bh % (heads // group) if PACK_GQA else bh % heads // group
-        kv_seq = b * kv_seq_b + kvh * kv_seq_h  # KV_TMA: this block's place in the K/V descriptors
-        kv_col = kvh * kv_col_h
-        first = window_start(row_lo, window_offset, BLOCK_N, WINDOW)
-        if WINDOW:  # a band: every visited tile is masked
-            lo = first
-        else:
-            lo = full_stop(row_lo, seqlen_k, causal_offset, BLOCK_N, CAUSAL)
-        hi = causal_stop(row_hi, seqlen_k, causal_offset, CAUSAL)
-        u0, u1 = split_keys(first, lo, k0, k1, SPLIT)
-        lo, hi = split_keys(lo, hi, k0, k1, SPLIT)
-        # tiles every row sees: no mask
-        acc, l, m = _key_range(acc, l, m, q, k_base, v_base, u0, u1, offs_m, offs_n, offs_d,
-                               stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, causal_offset, scale_log2,
-                               window_offset, align_offset, softcap, slope, BlockTable, b, stride_bt, max_pages,
-                               stride_kb, stride_vb, K_desc, V_desc, kv_seq, kv_col, HEAD_DIM, BLOCK_D, BLOCK_M,
-                               BLOCK_N, False, CAUSAL, WINDOW, SOFTCAP, ALIBI, PAGED, PAGE, KV_TMA)
-        # the diagonal, the band's edges and the ragged end, up to the early exit: masked
-        acc, l, m = _key_range(acc, l, m, q, k_base, v_base, lo, hi, offs_m, offs_n, offs_d,
-                               stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, causal_offset, scale_log2,
-                               window_offset, align_offset, softcap, slope, BlockTable, b, stride_bt, max_pages,
-                               stride_kb, stride_vb, K_desc, V_desc, kv_seq, kv_col, HEAD_DIM, BLOCK_D, BLOCK_M,
-                               BLOCK_N, True, CAUSAL, WINDOW, SOFTCAP, ALIBI, PAGED, PAGE, KV_TMA)
-        write_output(o_rows, LSE, lse_rows, acc, l, m, offs_m, seqlen_q, offs_d, stride_od,
-                     HEAD_DIM, BLOCK_D, STORE_LSE)
-        if STREAM:
-            if last:  # the slots no run of this block reached: LSE -inf, weight 0 in the merge
-                for s in range(split + 1, stream_slots):
-                    tl.store(LSE + lse_rows + (s - split) * lse_split, tl.full([BLOCK_M], float("-inf"), tl.float32),
-                             mask=offs_m < seqlen_q)
-
-
-@triton.jit
 def tiled_kernel(
         Q, K, V, O, LSE,
         stride_qb, stride_qh, stride_qs, stride_qd,
@@ -119,54 +60,53 @@ def tiled_kernel(
         stride_ob, stride_oh, stride_os, stride_od,
         heads, group, seqlen_q, seqlen_k, causal_offset, scale_log2,
         window_offset, align_offset, softcap, Alibi, CuQ, CuK, SeqK, split_len, stride_osplit, lse_split,
-        BlockTable, stride_bt, max_pages, K_desc, V_desc, kv_seq_b, kv_seq_h, kv_col_h, stream_m, stream_groups,
-        stream_slots,
+        BlockTable, stride_bt, max_pages, K_desc, V_desc, kv_seq_b, kv_seq_h, kv_col_h,
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
         ALIBI: tl.constexpr, VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr,
         SPLIT: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr, PACK_GQA: tl.constexpr,
-        KV_TMA: tl.constexpr, STREAM: tl.constexpr):
-    """Grid (row blocks, batch*heads, splits): one block each.  STREAM (stream-K, SPLIT): a
-    1-D grid; the key tiles of every block, ``stream_groups`` blocks of ``stream_m`` per
-    batch*head in turn, are dealt out as equal runs, one per program, so that every SM streams
-    the same number of tiles whatever the block count; a run that crosses blocks stores one
-    partial per block, numbered by the programs before it in that block (at most
-    ``stream_slots``), merged by LSE after the launch."""
+        KV_TMA: tl.constexpr):
+    (row_lo, row_hi, offs_m, q, k_base, v_base, o_rows, lse_rows, seqlen_q, seqlen_k, causal_offset, window_offset,
+     align_offset) = program_start(
+        Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh,
+        stride_vs, stride_ob, stride_oh, stride_os, heads, group, seqlen_q, seqlen_k, causal_offset, window_offset,
+        align_offset, CuQ, CuK, SeqK, stride_osplit, lse_split, HEAD_DIM, BLOCK_D, BLOCK_M, VARLEN, SEQUSED,
+        ALIGN_BR, SPLIT, PAGED, PACK_GQA)
     tl.static_assert(not (PACK_GQA and ALIBI), "ALiBi slopes are per head: not with packed GQA rows")
     tl.static_assert(not KV_TMA or (BLOCK_D == HEAD_DIM and not VARLEN and not PAGED),
                      "K/V by TMA: whole head_dim boxes of one (batch, head) sequence")
-    tl.static_assert(not STREAM or (SPLIT and not VARLEN), "stream-K: a key split of equal sequences")
-    if STREAM:
-        tiles = tl.cdiv(seqlen_k, BLOCK_N)  # of every block (its own keys may end sooner)
-        total = stream_groups.to(tl.int64) * tiles
-        p = tl.program_id(0).to(tl.int64)
-        n = tl.num_programs(0)
-        lo = p * total // n
-        hi = (p + 1) * total // n
-        for g in range(lo // tiles, (hi + tiles - 1) // tiles):
-            t0 = g * tiles
-            split = (p - ((t0 + 1) * n - 1) // total).to(tl.int32)  # the programs before this one in block g
-            k0 = ((tl.maximum(lo, t0) - t0) * BLOCK_N).to(tl.int32)
-            k1 = ((tl.minimum(hi, t0 + tiles) - t0) * BLOCK_N).to(tl.int32)
-            _block((g % stream_m).to(tl.int32), (g // stream_m).to(tl.int32), split, k0, k1, hi >= t0 + tiles,
-                   Q, K, V, O, LSE,
-                   stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks, stride_kd,
-                   stride_vb, stride_vh, stride_vs, stride_vd, stride_ob, stride_oh, stride_os, stride_od,
-                   heads, group, seqlen_q, seqlen_k, causal_offset, scale_log2, window_offset, align_offset, softcap,
-                   Alibi, CuQ, CuK, SeqK, stride_osplit, lse_split, BlockTable, stride_bt, max_pages, K_desc, V_desc,
-                   kv_seq_b, kv_seq_h, kv_col_h, stream_slots, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL,
-                   STORE_LSE, WINDOW, SOFTCAP, ALIBI, VARLEN, SEQUSED, ALIGN_BR, SPLIT, PAGED, PAGE, PACK_GQA, KV_TMA,
-                   STREAM)
+    if row_lo >= seqlen_q:  # past this sequence's end (packed batches): nothing to do
+        return
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    m, l, acc = initial_state(BLOCK_M, BLOCK_D)
+    slope = head_slope(Alibi, tl.program_id(1), heads, ALIBI)
+    b = tl.program_id(1) // (heads // group if PACK_GQA else heads)
+    kvh = tl.program_id(1) % (heads // group) if PACK_GQA else tl.program_id(1) % heads // group
+    kv_seq = b * kv_seq_b + kvh * kv_seq_h  # KV_TMA: this program's place in the K/V descriptors
+    kv_col = kvh * kv_col_h
+    first = window_start(row_lo, window_offset, BLOCK_N, WINDOW)
+    if WINDOW:  # a band: every visited tile is masked
+        lo = first
     else:
-        k0 = tl.program_id(2) * split_len
-        _block(tl.program_id(0), tl.program_id(1), tl.program_id(2), k0, k0 + split_len, False, Q, K, V, O, LSE,
-               stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks, stride_kd,
-               stride_vb, stride_vh, stride_vs, stride_vd, stride_ob, stride_oh, stride_os, stride_od,
-               heads, group, seqlen_q, seqlen_k, causal_offset, scale_log2, window_offset, align_offset, softcap,
-               Alibi, CuQ, CuK, SeqK, stride_osplit, lse_split, BlockTable, stride_bt, max_pages, K_desc, V_desc,
-               kv_seq_b, kv_seq_h, kv_col_h, stream_slots, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL,
-               STORE_LSE, WINDOW, SOFTCAP, ALIBI, VARLEN, SEQUSED, ALIGN_BR, SPLIT, PAGED, PAGE, PACK_GQA, KV_TMA,
-               STREAM)
+        lo = full_stop(row_lo, seqlen_k, causal_offset, BLOCK_N, CAUSAL)
+    hi = causal_stop(row_hi, seqlen_k, causal_offset, CAUSAL)
+    u0, u1 = split_keys(first, lo, split_len, SPLIT)
+    lo, hi = split_keys(lo, hi, split_len, SPLIT)
+    # tiles every row sees: no mask
+    acc, l, m = _key_range(acc, l, m, q, k_base, v_base, u0, u1, offs_m, offs_n, offs_d,
+                           stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, causal_offset, scale_log2,
+                           window_offset, align_offset, softcap, slope, BlockTable, b, stride_bt, max_pages,
+                           stride_kb, stride_vb, K_desc, V_desc, kv_seq, kv_col, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
+                           False, CAUSAL, WINDOW, SOFTCAP, ALIBI, PAGED, PAGE, KV_TMA)
+    # the diagonal, the band's edges and the ragged end, up to the early exit: masked
+    acc, l, m = _key_range(acc, l, m, q, k_base, v_base, lo, hi, offs_m, offs_n, offs_d,
+                           stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, causal_offset, scale_log2,
+                           window_offset, align_offset, softcap, slope, BlockTable, b, stride_bt, max_pages,
+                           stride_kb, stride_vb, K_desc, V_desc, kv_seq, kv_col, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
+                           True, CAUSAL, WINDOW, SOFTCAP, ALIBI, PAGED, PAGE, KV_TMA)
+    write_output(o_rows, LSE, lse_rows, acc, l, m, offs_m, seqlen_q, offs_d, stride_od,
+                 HEAD_DIM, BLOCK_D, STORE_LSE)
 
 
 KERNEL = tiled_kernel
