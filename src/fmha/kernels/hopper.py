@@ -803,7 +803,7 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
     # per-sequence lengths: the band's offsets go relative to the diagonal, each sequence adds its own
     a = prob.align_offset if per_sequence(prob) else 0
     causal_offset, window_offset = prob.causal_offset - a, (prob.window_offset or 0) - a
-    sms = device_facts(q.device.index)[1] * max(cfg.occupancy, 1)  # the programs resident at once
+    resident = device_facts(q.device.index)[1] * max(cfg.occupancy, 1)  # programs on the SMs at once
     persistent = cfg.persistent != 0  # the default since the causal pairs (configs.HOPPER)
     if prob.varlen:  # one packed sequence: the batch index picks rows through cu_seqlens, not a stride
         qrb, qrh, qch, _, krh, kch, o_stride = strides
@@ -818,16 +818,16 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
         n_tiles = n_m * prob.batch * prob.heads
     # persistent causal with more items than SMs runs them in pairs of equal cost (:func:`_tile`);
     # a window's items cost about the same anyway; packed sequences come longest first instead
-    paired = bool(prob.causal and prob.window_offset is None and persistent and n_tiles > sms and not prob.varlen)
-    grid = (min(triton.cdiv(n_tiles, 2) if paired else n_tiles, sms) if persistent else n_tiles,)
+    paired = bool(prob.causal and prob.window_offset is None and persistent and n_tiles > resident and not prob.varlen)
+    grid = (min(triton.cdiv(n_tiles, 2) if paired else n_tiles, resident) if persistent else n_tiles,)
     balance = paired and bool(cfg.balance)
     if balance:  # the last round or two of pairs dealt out longest item first to the least loaded program
-        grid = (min(n_tiles, sms),)
+        grid = (min(n_tiles, resident),)
         items = _schedule(q.device, n_m, n_tiles // n_m, grid[0], cfg.block_m, cfg.block_n, prob.seqlen_k,
                           causal_offset)
-    pieces = split_pieces(prob, cfg, n_tiles, sms, o.numel() * o.element_size())
+    pieces = split_pieces(prob, cfg, n_tiles, resident, o.numel() * o.element_size())
     if pieces > 1:  # the last round's items in pieces, each piece's float32 result merged after the kernel
-        grid = (min(sms, n_tiles // sms * sms + n_tiles % sms * pieces),)
+        grid = (min(resident, n_tiles // resident * resident + n_tiles % resident * pieces),)
         rows = n_tiles % grid[0] * cfg.block_m
         w = torch.empty(pieces, rows, prob.head_dim, dtype=torch.float32, device=q.device)
         wl = torch.empty(pieces, rows, dtype=torch.float32, device=q.device)
