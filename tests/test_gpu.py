@@ -52,11 +52,7 @@ HOPPER_CONFIGS = [fmha.KernelConfig(128, 128, 4, 3), fmha.KernelConfig(192, 128,
                   fmha.KernelConfig(128, 128, 4, 3, q_regs=1, fence=1),
                   # one consumer warpgroup, several programs on an SM
                   fmha.KernelConfig(64, 128, 4, 2, occupancy=2), fmha.KernelConfig(64, 64, 4, 2, occupancy=2, q_regs=1),
-                  fmha.KernelConfig(64, 64, 4, 2, occupancy=3),
-                  # the softmax's row reductions folded first
-                  fmha.KernelConfig(128, 128, 4, 2, folds=2), fmha.KernelConfig(192, 128, 4, 2, pingpong=1, folds=3),
-                  fmha.KernelConfig(128, 128, 4, 3, q_regs=1, fence=1, folds=3),
-                  fmha.KernelConfig(64, 64, 4, 2, occupancy=3, folds=3)]
+                  fmha.KernelConfig(64, 64, 4, 2, occupancy=3)]
 DTYPE_LAYOUTS = [(dt, lay) for dt in (torch.float16, torch.bfloat16) for lay in ("bhsd", "bshd")]
 # the table's configs in every dtype and layout; each other config in one of them (the descriptors
 # and the output's dtype do not depend on the schedule)

@@ -28,7 +28,6 @@ class KernelConfig:
     split_tail: int = 0  # hopper, non-causal: 1 a partly filled last round's items run in pieces, merged by LSE
     balance: int = 0  # hopper, causal persistent: 1 the last round or two of pairs dealt longest item first
     occupancy: int = 0  # hopper: programs resident on each SM (the persistent grid, the registers split for it); 0: 1
-    folds: int = 0  # hopper: the softmax's row max and sum halve the columns this many times first (shorter chains)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -45,9 +44,8 @@ class KernelConfig:
         tail = "k" if self.split_tail else ""
         balance = "b" if self.balance else ""
         occupancy = f"o{self.occupancy}" if self.occupancy else ""
-        folds = f"x{self.folds}" if self.folds else ""
         return (f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}{regs}{sched}{fill}{turns}{heads}"
-                f"{tma}{q_regs}{fence}{tail}{balance}{occupancy}{folds}")
+                f"{tma}{q_regs}{fence}{tail}{balance}{occupancy}")
 
 
 SEED = KernelConfig(block_m=16, block_n=16, num_warps=1, num_stages=1)

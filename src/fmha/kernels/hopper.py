@@ -417,35 +417,6 @@ def _fence(x):
 
 
 @gluon.jit
-def _halves(x):
-    """``x`` [rows, cols] -> its column halves ``x[:, :cols/2]`` and ``x[:, cols/2:]`` (in the wgmma
-    layouts the high column bit is a register bit: both halves stay in each thread's registers)."""
-    return x.reshape([x.shape[0], 2, x.shape[1] // 2]).permute((0, 2, 1)).split()
-
-
-@gluon.jit
-def _row_max(x, FOLDS: gl.constexpr):
-    """The row maxima of ``x``, its column halves first folded ``FOLDS`` times: the thread's own
-    values then reduce in independent chains (a plain reduction is one chain of dependent
-    instructions per row), as FlashAttention-4's softmax does."""
-    y = x
-    for _ in gl.static_range(FOLDS):
-        a, b = _halves(y)
-        y = gl.maximum(a, b)
-    return gl.convert_layout(gl.max(y, axis=1), gl.SliceLayout(1, x.type.layout))
-
-
-@gluon.jit
-def _row_sum(x, FOLDS: gl.constexpr):
-    """The row sums of ``x``, folded as :func:`_row_max` folds."""
-    y = x
-    for _ in gl.static_range(FOLDS):
-        a, b = _halves(y)
-        y = a + b
-    return gl.convert_layout(gl.sum(y, axis=1), gl.SliceLayout(1, x.type.layout))
-
-
-@gluon.jit
 def _lse(m, l):
     """Section 6's log-sum-exp of a row, natural log (``m`` in base-2 units), -inf for an empty row."""
     return gl.where(l == 0.0, float("-inf"), (m + gl.log2(l)) * LN2)
@@ -504,7 +475,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
               SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, RAGGED: gl.constexpr, PAIRED: gl.constexpr,
               PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr, VARLEN: gl.constexpr, SEQUSED: gl.constexpr,
               ALIGN_BR: gl.constexpr, O_SMEM: gl.constexpr, Q_REGS: gl.constexpr, FENCE: gl.constexpr,
-              FOLDS: gl.constexpr, SPLIT: gl.constexpr, BALANCE: gl.constexpr):
+              SPLIT: gl.constexpr, BALANCE: gl.constexpr):
     ROWS: gl.constexpr = 64
     NUM_WG: gl.constexpr = BLOCK_M // ROWS
     dtype: gl.constexpr = o_desc.dtype
@@ -561,9 +532,9 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
         mbarrier.arrive(k_empty.index(s), count=1)
         qk = _scores(qk, first, mask_from, offs_m, offs_n, sk, co, wo, ao, cap_in, cap_out, slope, BLOCK_N, CAUSAL,
                      WINDOW, SOFTCAP, ALIBI, RAGGED)
-        m = _row_max(qk, FOLDS) * scale_log2
+        m = gl.max(qk, axis=1) * scale_log2
         p = gl.exp2(qk * scale_log2 - _pivot(m, CAUSAL or WINDOW or RAGGED)[:, None])
-        l = _row_sum(p, FOLDS)
+        l = gl.sum(p, axis=1)
         p16 = gl.convert_layout(_narrow(p, dtype), p_layout)
         for i in range(1, n_iters):
             s = (it0 + i) % STAGES
@@ -587,11 +558,11 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
             # 5.2-5.4 of tile i while P V of tile i-1 runs
             qk = _scores(qk, first + i, mask_from, offs_m, offs_n, sk, co, wo, ao, cap_in, cap_out, slope, BLOCK_N,
                          CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
-            m_new = gl.maximum(m, _row_max(qk, FOLDS) * scale_log2)
+            m_new = gl.maximum(m, gl.max(qk, axis=1) * scale_log2)
             m_safe = _pivot(m_new, CAUSAL or WINDOW or RAGGED)
             p = gl.exp2(qk * scale_log2 - m_safe[:, None])
             alpha = gl.exp2(m - m_safe)
-            l = l * alpha + _row_sum(p, FOLDS)
+            l = l * alpha + gl.sum(p, axis=1)
             if FENCE:
                 l = _fence(l)
             m = m_new
@@ -655,8 +626,8 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                   CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                   RAGGED: gl.constexpr, PAIRED: gl.constexpr, PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr,
                   VARLEN: gl.constexpr, SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, PAGED: gl.constexpr,
-                  O_SMEM: gl.constexpr, Q_REGS: gl.constexpr, FENCE: gl.constexpr, FOLDS: gl.constexpr,
-                  SPLIT: gl.constexpr, BALANCE: gl.constexpr):
+                  O_SMEM: gl.constexpr, Q_REGS: gl.constexpr, FENCE: gl.constexpr, SPLIT: gl.constexpr,
+                  BALANCE: gl.constexpr):
     """Each program runs its work items (query block, batch*head), :func:`_n_items` and
     :func:`_tile`; the K/V rings and the barrier phases carry on from one item to the
     next, so the next item's first loads overlap this one's epilogue."""
@@ -694,19 +665,19 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 0, BLOCK_M,
                          BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
-                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, FOLDS, SPLIT, BALANCE)),
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, SPLIT, BALANCE)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 1, BLOCK_M,
                          BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
-                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, FOLDS, SPLIT, BALANCE)),
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, SPLIT, BALANCE)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 2, BLOCK_M,
                          BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
-                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, FOLDS, SPLIT, BALANCE)),
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, SPLIT, BALANCE)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
                          window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
@@ -720,13 +691,13 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 0, BLOCK_M,
                          BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
-                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, FOLDS, SPLIT, BALANCE)),
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, SPLIT, BALANCE)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 1, BLOCK_M,
                          BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
-                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, FOLDS, SPLIT, BALANCE)),
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, SPLIT, BALANCE)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
                          window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
@@ -740,7 +711,7 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 0, BLOCK_M,
                          BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
-                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, FOLDS, SPLIT, BALANCE)),
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, SPLIT, BALANCE)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
                          window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
@@ -1029,4 +1000,4 @@ def constexprs(prob, cfg, store_lse: bool, paired: bool = False, alibi: bool = F
                 PINGPONG=bool(cfg.pingpong), STORE_LSE=store_lse, VARLEN=prob.varlen, SEQUSED=prob.seqused,
                 ALIGN_BR=per_sequence(prob) and prob.align_br, PAGED=bool(prob.page),
                 O_SMEM=o_staged(prob.head_dim, cfg), Q_REGS=bool(cfg.q_regs),
-                FENCE=bool(cfg.fence), FOLDS=cfg.folds, SPLIT=split, BALANCE=balance)
+                FENCE=bool(cfg.fence), SPLIT=split, BALANCE=balance)
