@@ -52,7 +52,10 @@ HOPPER_CONFIGS = [fmha.KernelConfig(128, 128, 4, 3), fmha.KernelConfig(192, 128,
                   fmha.KernelConfig(128, 128, 4, 3, q_regs=1, fence=1),
                   # one consumer warpgroup, several programs on an SM
                   fmha.KernelConfig(64, 128, 4, 2, occupancy=2), fmha.KernelConfig(64, 64, 4, 2, occupancy=2, q_regs=1),
-                  fmha.KernelConfig(64, 64, 4, 2, occupancy=3)]
+                  fmha.KernelConfig(64, 64, 4, 2, occupancy=3),
+                  # the pivot moved only past 2**8 growth, O rescaled only then
+                  fmha.KernelConfig(128, 128, 4, 2, lazy=1), fmha.KernelConfig(192, 128, 4, 2, pingpong=1, lazy=1),
+                  fmha.KernelConfig(128, 128, 4, 3, q_regs=1, fence=1, lazy=1)]
 DTYPE_LAYOUTS = [(dt, lay) for dt in (torch.float16, torch.bfloat16) for lay in ("bhsd", "bshd")]
 # the table's configs in every dtype and layout; each other config in one of them (the descriptors
 # and the output's dtype do not depend on the schedule)
@@ -81,6 +84,26 @@ def test_hopper_matches_reference(config, layout, dtype, causal, align, shape):
     _, ref_lse = fmha.attention(q, k, v, causal=causal, causal_align=align, layout=layout, variant="tiled",
                                 return_lse=True)
     torch.testing.assert_close(lse, ref_lse, atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.parametrize("growth", [0.002, 0.05])
+@pytest.mark.parametrize("d,config", [(128, fmha.KernelConfig(128, 128, 4, 2, lazy=1)),
+                                      (64, fmha.KernelConfig(192, 128, 4, 2, lazy=1)),
+                                      (64, fmha.KernelConfig(64, 64, 4, 2, occupancy=3, lazy=1))], ids=str)
+def test_hopper_rescales_as_scores_grow(d, config, growth):
+    """Keys growing along the sequence (key j scaled by 1 + growth * j): at 0.05 every row's max grows
+    by far more than 2**8 from one key tile to the next, so a lazy pivot moves (and O is rescaled) at
+    every tile; at 0.002 it grows by about 1 in log2 units a tile and the pivot stays behind, leaving
+    probabilities above 1.  Random keys alone would never move a lazy pivot after the first tile."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("sm_90 only")
+    q, k, v = make_qkv(2, 4, 4, 640, 1536, d, torch.bfloat16, seed=d)
+    k = (k.float() * (1 + growth * torch.arange(1536, device=k.device, dtype=torch.float32))[:, None]).to(k.dtype)
+    for causal in (False, True):
+        out = nan_like(q)
+        fmha.attention(q, k, v, causal=causal, variant="hopper", out=out, config=config)
+        torch.cuda.synchronize()
+        check_against_reference(out, q, k, v, causal)
 
 
 def test_hopper_refuses_what_does_not_fit():
