@@ -141,7 +141,15 @@ HOPPER = [
     # D=128 non-causal 1k-4k keys: items across 4 heads at a time, TFLOP/s at S=1k/2k/4k bf16, h4 against
     # head-major: 545/662/634 vs 527/651/609 (run 20261129T175528), 536/583/614 vs 530/578/608 (T180941);
     # at 8k 635 vs 634, at 16k 622 vs 637 (T175528): head-major stays there
-    (128, False, 4096, KernelConfig(128, 128, 4, 2, head_group=4, q_regs=1, fence=1)),
+    # lazy ("l", FlashAttention-4's conditional rescale: a row's pivot moves only when its max grows by more
+    # than 2**8, and a thread skips O's 64 multiplications when both its rows kept theirs) beside the table,
+    # runs 20261130T050446 (bf16) and T050446-gpu1 (fp16), TFLOP/s at S=1k/2k/4k/8k/16k: bf16 542/582/604/605/611
+    # against 538/575/600/616/627, with the fence 540/583/609/625/628; fp16 536/573/599/603/603 against
+    # 532/566/591/608/620, with the fence 532/574/599/618/619.  At 512 keys even (469 vs 472, 463 vs 463); causal
+    # 1-6% and D=64 2-5% slower (the skipped multiplications were not on their critical path, the branch is).
+    # Folding the row max and sum in column halves first (independent chains instead of one per row, call 1's
+    # profile: 13% of a consumer's samples on the max chain) lost everywhere, 1-8% (T045412, T045412-gpu1)
+    (128, False, 4096, KernelConfig(128, 128, 4, 2, head_group=4, q_regs=1, fence=1, lazy=1)),
     # D=128 past 16k keys: 3 K/V stages, O then stored from registers (no room to stage it).  Against 2
     # stages, same run (bf16 20261129T224118, fp16 T224319, extra grid T224215-gpu1), TFLOP/s s3/s2:
     # non-causal 512..16k 412/488 510/610 576/589 606/619 618/633 631/640, 128k 627/598; causal 512..16k
@@ -152,7 +160,7 @@ HOPPER = [
     # 527/568/589/613/623: taken past 4k keys (at 2k-4k a piece's own prologue and store outweighed the
     # idle time); at D=64 (192 rows, 2752 items: 85% of the last round busy) 502 against 513 at 16k; at
     # 128k 611 against the row below's 629 (T011545).
-    (128, False, 16384, KernelConfig(128, 128, 4, 2, split_tail=1)),  # m192 spills
+    (128, False, 16384, KernelConfig(128, 128, 4, 2, split_tail=1, fence=1, lazy=1)),  # m192 spills
     (128, False, None, KernelConfig(128, 128, 4, 3, q_regs=1, fence=1)),
     # up to 512 keys: 64-row programs, two on an SM (three do not fit in shared memory at D=128), 64-key
     # tiles: 314 against 305 (bf16, run 20261130T031922; cuDNN 302), 297 against 290 (fp16, T031923-gpu1;
