@@ -45,9 +45,13 @@ def test_o_is_staged_where_it_fits():
 
 @pytest.mark.parametrize("rows", [1, 4, 16, 17, 64])
 @pytest.mark.parametrize("seqlen_k", [1024, 32768, 131072])
-def test_decode_block_holds_its_rows(rows, seqlen_k):
-    cfg = configs.decode_config(rows, seqlen_k)
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_decode_block_holds_its_rows(rows, seqlen_k, head_dim):
+    """The block holds the program's rows, and its K/V ring fits in an sm_90 SM's shared memory."""
+    cfg = configs.decode_config(rows, seqlen_k, head_dim)
     assert 16 <= cfg.block_m <= 64 and cfg.block_m >= min(rows, 64)
+    ring = cfg.num_stages * 2 * cfg.block_n * head_dim * 2  # K and V tiles, 16-bit
+    assert ring + cfg.block_m * head_dim * 2 <= hopper.SMEM_LIMIT
 
 
 def test_tail_pieces_cut_only_a_partly_filled_last_round():

@@ -129,6 +129,20 @@ def test_decode_reads_kv_by_tma_where_it_can():
         check_against_reference(out, q, k, v, False)
 
 
+@pytest.mark.parametrize("head_dim,seqlen_k", [(128, 8192), (128, 8193), (64, 16384), (256, 8192), (96, 8192)])
+@pytest.mark.parametrize("seqlen_q,kv_heads", [(1, 2), (3, 8), (16, 2)])
+def test_decode_long_keys_match_reference(head_dim, seqlen_k, seqlen_q, kv_heads):
+    """Decoding from 8k keys (the decode table's long-key row: 128-key tiles up to head_dim 128; its
+    ring must fit the SM at 256), GQA packed or not, a ragged last key tile."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("sm_90 only")
+    q, k, v = make_qkv(2, 8, kv_heads, seqlen_q, seqlen_k, head_dim, torch.bfloat16, seed=seqlen_k)
+    out = nan_like(q)
+    fmha.attention(q, k, v, out=out)
+    torch.cuda.synchronize()
+    check_against_reference(out, q, k, v, False)
+
+
 HOPPER_FEATURES = [  # (causal, align, window, softcap, ALiBi)
     (False, "top_left", (256, -1), 0.0, False),           # a left window only: no upper edge
     (True, "top_left", (300, -1), 0.0, False),            # causal + window: a band, tiles skipped on both sides

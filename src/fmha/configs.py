@@ -191,7 +191,7 @@ def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = 
     raise AssertionError("the HOPPER table ends with an open row for every (head_dim, causal)")
 
 
-def decode_config(rows: int, seqlen_k: int) -> KernelConfig:
+def decode_config(rows: int, seqlen_k: int, head_dim: int = 128) -> KernelConfig:
     """Decoding (keys split over programs): a block just big enough for the program's query
     rows (seqlen_q, times the GQA group when packed), 16 to 64; memory-bound, so mma.sync
     tiles suffice.  One query block: as many splits as fill each SM once (f1).  `fmha sweep
@@ -204,11 +204,18 @@ def decode_config(rows: int, seqlen_k: int) -> KernelConfig:
     (``tma=1``; the caller drops it where the call cannot take it), against the same configs
     without, run 20261129T230027 (bf16, GQA 32/8, cuDNN in the same run), us at 1k / 8k / 32k /
     128k keys: 1 query row 8.30/37.86/126.35/479.91 against 8.92/37.93/125.89/478.66; 4 rows
-    3.5-7% faster, 16 rows 0-4.5%."""
+    3.5-7% faster, 16 rows 0-4.5%.  From 8k keys, 128-key tiles in 3 stages (192 KB in flight, cuDNN's
+    tile: call 1 of session 12 profiled its 16 x 128 tiles, two 86 KB programs an SM) against the
+    m16n64s4 before (128 KB), run 20261130T051803 (bf16), us at 8k / 32k / 128k keys: 37.08/125.36/
+    476.72 against 37.90/126.21/479.84 (cuDNN 37.23/126.18/480.39); 6 or 5 stages of 64 keys 1.5-6%
+    slower, 2 stages of 128 keys 8-14% slower (T051803-gpu1); at 1k keys 9.06 against 8.30.  Past
+    head_dim 128 the 64-key tiles keep 3 stages (4 would need 256 KB)."""
     block_m = min(64, max(16, 1 << (rows - 1).bit_length()))
     if block_m > 16:
         return KernelConfig(block_m, 64, 4, 3, tma=1)
-    return KernelConfig(16, 64, 4, 4 if seqlen_k >= 8192 else 3, split_per_sm=1, tma=1)
+    if seqlen_k >= 8192 and head_dim <= 128:
+        return KernelConfig(16, 128, 4, 3, split_per_sm=1, tma=1)
+    return KernelConfig(16, 64, 4, 3, split_per_sm=1, tma=1)
 
 
 def tiled_config(arch: str, head_dim: int) -> KernelConfig:

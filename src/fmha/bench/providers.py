@@ -66,7 +66,7 @@ def _table_config(variant: str, cell):
     if variant == "hopper":
         return configs.hopper_config(cell.head_dim, cell.causal, cell.seqlen_k, modifiers=bool(cell.features))
     if cell.seqlen_q <= 16:
-        return configs.decode_config(cell.seqlen_q * cell.heads // cell.kv_heads, cell.seqlen_k)
+        return configs.decode_config(cell.seqlen_q * cell.heads // cell.kv_heads, cell.seqlen_k, cell.head_dim)
     return configs.tiled_config("sm90", cell.head_dim)
 
 
