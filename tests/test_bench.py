@@ -128,6 +128,16 @@ def test_plot_turns_a_ledger_into_pngs(tmp_path):
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 10_000
 
 
+def test_plot_panels_split_decoding_by_query_rows():
+    """The default grid (seqlen_q = seqlen_k) plots one panel per (head_dim, causal); the decode grid
+    (seqlen_q 1, 4, 16 against the same keys) one per seqlen_q, so no line joins different query counts."""
+    def row(c):
+        return {"head_dim": c.head_dim, "causal": int(c.causal), "seqlen_q": c.seqlen_q, "seqlen_k": c.seqlen_k}
+    assert sorted({plot.panel(row(c)) for c in grids.default_grid()}) == [(64, 0, 0), (64, 1, 0), (128, 0, 0),
+                                                                         (128, 1, 0)]
+    assert sorted({plot.panel(row(c)) for c in grids.decode_grid()}) == [(128, 0, 1), (128, 0, 4), (128, 0, 16)]
+
+
 def test_sweep_records_failures(tmp_path):
     from fmha.bench import sweep
     space = sweep.parse_space("block_m=16 block_n=16 num_warps=1 num_stages=1", "singlewave")

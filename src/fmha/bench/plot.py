@@ -22,6 +22,14 @@ def latest_grid_run(rows: list[dict]) -> str:
     return max(runs)
 
 
+def panel(r) -> tuple[int, int, int]:
+    """The panel a result goes in: (head_dim, causal, seqlen_q), seqlen_q 0 where it equals seqlen_k
+    (the default grid: one line per provider over the length); a grid with seqlen_q fixed apart from
+    the keys (decoding: 1, 4 and 16 query rows) gets one panel per seqlen_q, over the keys."""
+    sq, sk = int(r["seqlen_q"]), int(r["seqlen_k"])
+    return int(r["head_dim"]), int(r["causal"]), 0 if sq == sk else sq
+
+
 def plot(ledger_path, out_dir, run_id: str | None = None) -> list[Path]:
     """Write the plots of one run (default: the latest) under ``out_dir``; returns the paths."""
     import matplotlib
@@ -37,25 +45,26 @@ def plot(ledger_path, out_dir, run_id: str | None = None) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     gpu = rows[0]["gpu"] if rows else ""
-    panels = sorted({(int(r["head_dim"]), int(r["causal"])) for r in ok})
+    panels = sorted({panel(r) for r in ok})
     for dtype in sorted({r["dtype"] for r in ok}):
         sel = [r for r in ok if r["dtype"] == dtype]
         for kind, ylabel in (("tflops", "TFLOP/s"), ("ratio_best_peer", "best peer ms / provider ms")):
             fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 4), squeeze=False)
-            for ax, (d, c) in zip(axes[0], panels):
-                provs = sorted({r["provider"] for r in sel if int(r["head_dim"]) == d and int(r["causal"]) == c})
+            for ax, (d, c, q) in zip(axes[0], panels):
+                mine = [r for r in sel if panel(r) == (d, c, q)]
+                provs = sorted({r["provider"] for r in mine})
                 if kind == "ratio_best_peer":
                     provs = [p for p in provs if p.startswith("fmha:")]
                 for p in provs:
-                    pts = sorted((int(r["seqlen_k"]), _num(r, kind)) for r in sel if r["provider"] == p
-                                 and int(r["head_dim"]) == d and int(r["causal"]) == c and _num(r, kind))
+                    pts = sorted((int(r["seqlen_k"]), _num(r, kind)) for r in mine if r["provider"] == p
+                                 and _num(r, kind))
                     if pts:
                         ax.plot(*zip(*pts), marker="o", label=p, lw=2.5 if p == "fmha:auto" else 1.2)
                 if kind == "ratio_best_peer":
                     ax.axhline(1.0, color="k", lw=0.8, ls="--")
                 ax.set_xscale("log", base=2)
-                ax.set_title(f"D={d} {'causal' if c else 'non-causal'}")
-                ax.set_xlabel("sequence length")
+                ax.set_title(f"D={d} {'causal' if c else 'non-causal'}" + (f", seqlen_q={q}" if q else ""))
+                ax.set_xlabel("keys (seqlen_k)" if q else "sequence length")
                 ax.set_ylabel(ylabel)
                 ax.grid(alpha=0.3)
             axes[0][0].legend(fontsize=7)
