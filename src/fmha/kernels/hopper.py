@@ -16,7 +16,9 @@ first, so the softmax of one tile can overlap the matrix unit's work on the othe
 ptxas moves the wait for P V above the exponentials unless ``KernelConfig.fence``
 puts a block edge between them (:func:`_fence`).  P stays in registers as the A
 operand of P V (narrowed two values at a time, :func:`_narrow`), and with
-``KernelConfig.q_regs`` so does each warpgroup's Q for Q K^T.  ``KernelConfig.pingpong=1`` adds
+``KernelConfig.q_regs`` so does each warpgroup's Q for Q K^T.  ``KernelConfig.lazy`` moves a row's
+pivot only when its max grows past it by more than 2**8, and a thread skips O's rescale while both
+its rows keep theirs (:func:`_rescale_lazy`).  ``KernelConfig.pingpong=1`` adds
 FlashAttention-3's ping-pong: the consumer warpgroups take turns issuing their
 products (an mbarrier per warpgroup), so one's softmax runs under another's
 products (``configs.HOPPER`` takes it where it measured faster: D=128 non-causal
@@ -24,7 +26,8 @@ up to 512 keys, and D=64 non-causal on 192 rows).
 
 The math is the seed's (Section 9) in the base-2 domain, with the same guards as
 ``kernels/common.py``: a row that has seen no visible key keeps ``m = -inf`` and
-a pivot of 0, and ``1/l := 0`` at the end.  Causal: the key loop stops at the
+a pivot of 0, and ``1/l := 0`` at the end (with ``lazy`` the pivot may lag the row's max by up to
+8: l, O and the LSE all use the same pivot, so the result is the same).  Causal: the key loop stops at the
 block's last visible tile (Section 7) and only tiles that cross the diagonal are
 masked; causal work items run longest-first within each head, or, persistent, in
 pairs of equal cost (longest with shortest).  A sliding window also starts the
