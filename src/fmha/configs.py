@@ -187,6 +187,8 @@ def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = 
             narrow = modifiers or per_sequence or seqlen_k % cfg.block_n
             if modifiers and d == 128:
                 cfg = replace(cfg, q_regs=0)
+            if cfg.block_n & (cfg.block_n - 1) and (modifiers or per_sequence):
+                cfg = replace(cfg, block_n=128)  # a key tile in two ring slots: dense keys, no modifiers
             return replace(cfg, block_m=128) if narrow and cfg.block_m == 192 else cfg
     raise AssertionError("the HOPPER table ends with an open row for every (head_dim, causal)")
 
