@@ -55,10 +55,7 @@ HOPPER_CONFIGS = [fmha.KernelConfig(128, 128, 4, 3), fmha.KernelConfig(192, 128,
                   fmha.KernelConfig(64, 64, 4, 2, occupancy=3),
                   # the pivot moved only past 2**8 growth, O rescaled only then
                   fmha.KernelConfig(128, 128, 4, 2, lazy=1), fmha.KernelConfig(192, 128, 4, 2, pingpong=1, lazy=1),
-                  fmha.KernelConfig(128, 128, 4, 3, q_regs=1, fence=1, lazy=1),
-                  # 192-key tiles in two ring slots (128 + 64 keys, a wgmma each)
-                  fmha.KernelConfig(128, 192, 4, 2), fmha.KernelConfig(128, 192, 4, 2, fence=1, lazy=1),
-                  fmha.KernelConfig(128, 192, 4, 2, persistent=0, head_group=4)]
+                  fmha.KernelConfig(128, 128, 4, 3, q_regs=1, fence=1, lazy=1)]
 DTYPE_LAYOUTS = [(dt, lay) for dt in (torch.float16, torch.bfloat16) for lay in ("bhsd", "bshd")]
 # the table's configs in every dtype and layout; each other config in one of them (the descriptors
 # and the output's dtype do not depend on the schedule)
@@ -92,8 +89,7 @@ def test_hopper_matches_reference(config, layout, dtype, causal, align, shape):
 @pytest.mark.parametrize("growth", [0.002, 0.05])
 @pytest.mark.parametrize("d,config", [(128, fmha.KernelConfig(128, 128, 4, 2, lazy=1)),
                                       (64, fmha.KernelConfig(192, 128, 4, 2, lazy=1)),
-                                      (64, fmha.KernelConfig(64, 64, 4, 2, occupancy=3, lazy=1)),
-                                      (128, fmha.KernelConfig(128, 192, 4, 2, fence=1, lazy=1))], ids=str)
+                                      (64, fmha.KernelConfig(64, 64, 4, 2, occupancy=3, lazy=1))], ids=str)
 def test_hopper_rescales_as_scores_grow(d, config, growth):
     """Keys growing along the sequence (key j scaled by 1 + growth * j): at 0.05 every row's max grows
     by far more than 2**8 from one key tile to the next, so a lazy pivot moves (and O is rescaled) at
@@ -183,15 +179,14 @@ def test_hopper_features_match_reference(causal, align, window, softcap, alibi, 
     assert np.abs(got_lse[live] - ref_lse[live]).max() < 2e-2
 
 
-SPLIT_SHAPES = [  # (batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, block_m, block_n): a last round in pieces
-    (1, 20, 10, 2048, 4096, 128, 128, 128),  # 320 items: two whole rounds and 56 items; GQA
-    (2, 9, 3, 1000, 4000, 64, 128, 128),     # a few items past a whole round; ragged rows and keys, GQA
-    (1, 36, 36, 700, 8192, 64, 192, 128),    # 192 rows (144 items), the last block's last warpgroups past the end
-    (1, 20, 10, 2048, 4000, 128, 128, 192),  # 192-key tiles, the last one ragged, cut into pieces
+SPLIT_SHAPES = [  # (batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim): a last round cut into pieces
+    (1, 20, 10, 2048, 4096, 128),  # 320 items: two whole rounds and 56 items; GQA
+    (2, 9, 3, 1000, 4000, 64),     # a few items past a whole round; ragged rows and keys, GQA
+    (1, 36, 36, 700, 8192, 64),    # 192 rows (144 items), the last block's last warpgroups past the end
 ]
 
 
-@pytest.mark.parametrize("shape", SPLIT_SHAPES, ids=lambda s: "b{}h{}kv{}-q{}k{}-d{}-m{}n{}".format(*s))
+@pytest.mark.parametrize("shape", SPLIT_SHAPES, ids=lambda s: "b{}h{}kv{}-q{}k{}-d{}".format(*s))
 @pytest.mark.parametrize("layout", ["bhsd", "bshd"])
 def test_hopper_split_tail_matches_reference(layout, shape):
     """``split_tail``: the items of a partly filled last round run in pieces of key tiles, merged by
@@ -199,8 +194,8 @@ def test_hopper_split_tail_matches_reference(layout, shape):
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("sm_90 only")
     from fmha.kernels import Problem, device_facts, hopper
-    b, h, kvh, sq, sk, d, block_m, block_n = shape
-    cfg = fmha.KernelConfig(block_m, block_n, 4, 2, split_tail=1, q_regs=int(d == 64 and block_m == 128))
+    b, h, kvh, sq, sk, d = shape
+    cfg = fmha.KernelConfig(192 if sq == 700 else 128, 128, 4, 2, split_tail=1, q_regs=int(d == 64 and sq != 700))
     q, k, v = make_qkv(b, h, kvh, sq, sk, d, torch.bfloat16, layout, seed=sk)
     out = nan_like(q)
     prob = Problem(b, h, kvh, sq, sk, d, False, 0, 1.0)
@@ -240,19 +235,17 @@ def test_hopper_balanced_causal_matches_reference(shape):
     torch.testing.assert_close(lse, ref_lse, atol=1e-3, rtol=1e-4)
 
 
-@pytest.mark.parametrize("config", [None, fmha.KernelConfig(128, 192, 4, 2)], ids=str)
 @pytest.mark.parametrize("layout", ["bhsd", "bshd"])
-def test_hopper_ragged_keys_stop_at_the_end(layout, config):
+def test_hopper_ragged_keys_stop_at_the_end(layout):
     """A ragged last key tile reads zeros past seqlen_k, never the neighbour's keys: the head (bhsd)
-    or batch (bshd) stored after this one holds NaN, and this one's output stays exact (192-key
-    tiles: 1000 keys end 40 keys into the last tile's first slot, its second slot wholly past the end)."""
+    or batch (bshd) stored after this one holds NaN, and this one's output stays exact."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("sm_90 only")
     q, k, v = make_qkv(2, 2, 2, 256, 1000, 128, torch.bfloat16, layout, seed=5)
     nxt = (slice(None), 1) if layout == "bhsd" else (1,)  # what follows (batch 0, head 0)'s keys in memory
     k[nxt], v[nxt] = float("nan"), float("nan")
     out = nan_like(q)
-    fmha.attention(q, k, v, layout=layout, variant="hopper", out=out, config=config)
+    fmha.attention(q, k, v, layout=layout, variant="hopper", out=out)
     torch.cuda.synchronize()
     own = (slice(None), slice(0, 1)) if layout == "bhsd" else (slice(0, 1),)
     check_against_reference(out[own], q[own], k[own], v[own], False, layout=layout)

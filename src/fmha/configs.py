@@ -160,6 +160,12 @@ HOPPER = [
     # 527/568/589/613/623: taken past 4k keys (at 2k-4k a piece's own prologue and store outweighed the
     # idle time); at D=64 (192 rows, 2752 items: 85% of the last round busy) 502 against 513 at 16k; at
     # 128k 611 against the row below's 629 (T011545).
+    # 192-key tiles (FlashAttention-4's sm_90 tile here; Gluon's shapes are powers of two, so two ring slots of
+    # 128 and 64 keys, a wgmma and a TMA box each: commit 61862e8, reverted) lost at every length, run
+    # 20261130T060336 (bf16), TFLOP/s at S=512..16k against the table's 482/556/601/621/645/653: 354/430/521/561/
+    # 615/626 without the fence, 355/434/531/572/612/627 also without lazy, 318-588 with both (spills); fp16
+    # (T060048-gpu1) alike, 600 against 633 at 16k; D=64 in 128 x 192 tiles 460 against 532 (T060249-gpu1).  The
+    # second Q K^T re-reads Q from shared memory (one N=192 wgmma would not), and ptxas spills around the loop
     (128, False, 16384, KernelConfig(128, 128, 4, 2, split_tail=1, fence=1, lazy=1)),  # m192 spills
     (128, False, None, KernelConfig(128, 128, 4, 3, q_regs=1, fence=1)),
     # up to 512 keys: 64-row programs, two on an SM (three do not fit in shared memory at D=128), 64-key
@@ -187,8 +193,6 @@ def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = 
             narrow = modifiers or per_sequence or seqlen_k % cfg.block_n
             if modifiers and d == 128:
                 cfg = replace(cfg, q_regs=0)
-            if cfg.block_n & (cfg.block_n - 1) and (modifiers or per_sequence):
-                cfg = replace(cfg, block_n=128)  # a key tile in two ring slots: dense keys, no modifiers
             return replace(cfg, block_m=128) if narrow and cfg.block_m == 192 else cfg
     raise AssertionError("the HOPPER table ends with an open row for every (head_dim, causal)")
 

@@ -91,7 +91,7 @@ def _hopper_source(head_dim: int, dtype: str, causal: bool, cfg, seqlen_k: int =
         if name in const:
             sig[name] = "constexpr"
         elif name.endswith("_desc"):
-            d = descs[("q_desc", "k_desc", "v_desc", "o_desc", "kb_desc", "vb_desc").index(name)]
+            d = descs[("q_desc", "k_desc", "v_desc", "o_desc").index(name)]
             sig[name] = native_specialize_impl(BaseBackend, d, False, True, True)[0]
         elif name in ("LSE", "Alibi", "W", "WL"):
             sig[name] = "*fp32"

@@ -186,13 +186,13 @@ def _tile(g, n_m, n_bh, head_group, Items, heads, CAUSAL: gl.constexpr, PAIRED: 
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, kb_desc, vb_desc, q_smem, k_bufs, v_bufs, k_bufs_b, v_bufs_b, q_bar, q_empty,
-              k_ready, k_empty, v_ready, v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k,
-              causal_offset, window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
-              kv_col_h, Pages, pages_b, page, pieces, NUM_WG: gl.constexpr, STAGES: gl.constexpr, BLOCK_M: gl.constexpr,
-              BLOCK_N: gl.constexpr, BLOCK_NB: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
-              PAIRED: gl.constexpr, VARLEN: gl.constexpr, SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr,
-              PAGED: gl.constexpr, SPLIT: gl.constexpr, BALANCE: gl.constexpr):
+def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
+              v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset, window_offset, n_tiles,
+              n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h, kv_col_h, Pages, pages_b, page, pieces,
+              NUM_WG: gl.constexpr, STAGES: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              CAUSAL: gl.constexpr, WINDOW: gl.constexpr, PAIRED: gl.constexpr, VARLEN: gl.constexpr,
+              SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, PAGED: gl.constexpr, SPLIT: gl.constexpr,
+              BALANCE: gl.constexpr):
     it = 0  # position in the K/V rings, continued across work items
     tc = 0
     n_tail = 0  # V tiles zeroed past the sequence's end so far (the phase of v_tail)
@@ -218,7 +218,7 @@ def _producer(q_desc, k_desc, v_desc, kb_desc, vb_desc, q_smem, k_bufs, v_bufs, 
         s = it % STAGES
         kv_s, row = _kv_place(b, kv_seq, k0, first, Pages, pages_b, page, BLOCK_N, PAGED)
         mbarrier.wait(k_empty.index(s), ((it // STAGES) & 1) ^ 1)
-        _load_tile(k_desc, kb_desc, kv_s, row, kv_col, k_ready.index(s), k_bufs, k_bufs_b, s, BLOCK_NB)
+        _load(k_desc, [kv_s, row, kv_col], k_ready.index(s), k_bufs.index(s))
         # Q in 64-row boxes (TMA boxes are powers of two; 192 rows is three), once every
         # consumer has issued its last Q K^T of the previous item
         mbarrier.wait(q_empty, (tc & 1) ^ 1)
@@ -240,7 +240,7 @@ def _producer(q_desc, k_desc, v_desc, kb_desc, vb_desc, q_smem, k_bufs, v_bufs, 
             if i > 0:  # (tile 0's place is the first K load's)
                 kv_s, row = _kv_place(b, kv_seq, k0, first + i, Pages, pages_b, page, BLOCK_N, PAGED)  # before the wait
                 mbarrier.wait(k_empty.index(s), ph ^ 1)
-                _load_tile(k_desc, kb_desc, kv_s, row, kv_col, k_ready.index(s), k_bufs, k_bufs_b, s, BLOCK_NB)
+                _load(k_desc, [kv_s, row, kv_col], k_ready.index(s), k_bufs.index(s))
             mbarrier.wait(v_empty.index(s), ph ^ 1)
             if VARLEN or SEQUSED:
                 # keys past this sequence's end are another sequence's or unused cache (NaN, maybe):
@@ -248,14 +248,14 @@ def _producer(q_desc, k_desc, v_desc, kb_desc, vb_desc, q_smem, k_bufs, v_bufs, 
                 # last tile only; it lands on v_tail, and v_ready waits for the zeros)
                 valid = sk - (first + i) * BLOCK_N
                 if valid < BLOCK_N:
-                    _load_tile(v_desc, vb_desc, kv_s, row, kv_col, v_tail, v_bufs, v_bufs_b, s, BLOCK_NB)
+                    _load(v_desc, [kv_s, row, kv_col], v_tail, v_bufs.index(s))
                     tail = 1
                     tail_slot = s
                     tail_valid = valid
                 else:
-                    _load_tile(v_desc, vb_desc, kv_s, row, kv_col, v_ready.index(s), v_bufs, v_bufs_b, s, BLOCK_NB)
+                    _load(v_desc, [kv_s, row, kv_col], v_ready.index(s), v_bufs.index(s))
             else:
-                _load_tile(v_desc, vb_desc, kv_s, row, kv_col, v_ready.index(s), v_bufs, v_bufs_b, s, BLOCK_NB)
+                _load(v_desc, [kv_s, row, kv_col], v_ready.index(s), v_bufs.index(s))
             it += 1
         tc += 1
     if VARLEN or SEQUSED:
@@ -279,16 +279,10 @@ def _kv_place(b, kv_seq, k0, tile, Pages, pages_b, page, BLOCK_N: gl.constexpr, 
 
 
 @gluon.jit
-def _load_tile(desc, desc_b, place, row, col, ready, bufs, bufs_b, s, BLOCK_NB: gl.constexpr):
-    """Key tile ``row..`` of the 3-D descriptors into ring slot ``s`` onto ``ready``: one TMA box, or
-    with BLOCK_NB (a tile off a power of two, in two slots) a box of ``desc`` and one of ``desc_b``."""
-    if BLOCK_NB:
-        mbarrier.expect(ready, desc.block_type.nbytes + desc_b.block_type.nbytes)
-        tma.async_copy_global_to_shared(desc_b, [place, row + desc.block_type.shape[1], col], ready,
-                                        _box(bufs_b.index(s)))
-    else:
-        mbarrier.expect(ready, desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(desc, [place, row, col], ready, _box(bufs.index(s)))
+def _load(desc, coord, ready, buf):
+    """One TMA box (``buf``, a 2-D ring slot, as the box of the 3-D descriptor) onto ``ready``."""
+    mbarrier.expect(ready, desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(desc, coord, ready, _box(buf))
 
 
 @gluon.jit
@@ -511,32 +505,26 @@ def _pass_turn(turns, WG: gl.constexpr, NUM_WG: gl.constexpr, PINGPONG: gl.const
 
 
 @gluon.jit
-def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, k_bufs_b, v_bufs_b, q_bar, q_empty, k_ready,
-              k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
-              window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m, head_group, q_rows_b,
-              q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES: gl.constexpr, WG: gl.constexpr,
-              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_NB: gl.constexpr, HEAD: gl.constexpr,
-              CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-              RAGGED: gl.constexpr, PAIRED: gl.constexpr, PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr,
-              VARLEN: gl.constexpr, SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, O_SMEM: gl.constexpr,
-              Q_REGS: gl.constexpr, FENCE: gl.constexpr, LAZY: gl.constexpr, SPLIT: gl.constexpr,
-              BALANCE: gl.constexpr):
+def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
+              v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset, window_offset,
+              align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m, head_group, q_rows_b, q_rows_h,
+              q_col_h, o_stride, W, WL, Rows, pieces, STAGES: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr, HEAD: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
+              SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, RAGGED: gl.constexpr, PAIRED: gl.constexpr,
+              PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr, VARLEN: gl.constexpr, SEQUSED: gl.constexpr,
+              ALIGN_BR: gl.constexpr, O_SMEM: gl.constexpr, Q_REGS: gl.constexpr, FENCE: gl.constexpr,
+              LAZY: gl.constexpr, SPLIT: gl.constexpr, BALANCE: gl.constexpr):
     ROWS: gl.constexpr = 64
     NUM_WG: gl.constexpr = BLOCK_M // ROWS
     dtype: gl.constexpr = o_desc.dtype
-    NA: gl.constexpr = BLOCK_N - BLOCK_NB  # a tile's keys in its first slot (all of them without BLOCK_NB)
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, NA, 16])
+                                                       instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HEAD, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     q_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-    offs_n = gl.arange(0, NA, layout=gl.SliceLayout(0, s_layout))
-    if BLOCK_NB:  # the scores of a tile's last BLOCK_NB keys, a second accumulator
-        sb_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                            instr_shape=[16, BLOCK_NB, 16])
-        offs_nb = NA + gl.arange(0, BLOCK_NB, layout=gl.SliceLayout(0, sb_layout))
+    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     q_half = q_smem.index(WG)
     it0 = 0  # position in the K/V rings, continued across work items
     tc = 0
@@ -562,8 +550,6 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, k_bufs_b, v
         # tiles before mask_from are visible to every row of this warpgroup: no mask
         mask_from = _mask_from(row0, sk, co, BLOCK_N, CAUSAL, RAGGED)
         offs_m = row0 + gl.arange(0, ROWS, layout=row_layout)
-        if BLOCK_NB:
-            offs_mb = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, sb_layout))
         acc = gl.zeros([ROWS, HEAD], gl.float32, o_layout)
 
         # tile 0: 5.1-5.4 (no rescale yet)
@@ -577,33 +563,17 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, k_bufs_b, v
         mbarrier.wait(k_ready.index(s), (it0 // STAGES) & 1)
         _take_turn(turns, n_turn, WG, PINGPONG)
         qk = warpgroup_mma(q_op, k_bufs.index(s).permute((1, 0)),
-                           gl.zeros([ROWS, NA], gl.float32, s_layout), use_acc=False, is_async=True)
-        if BLOCK_NB:
-            qk_b = warpgroup_mma(q_op, k_bufs_b.index(s).permute((1, 0)),
-                                 gl.zeros([ROWS, BLOCK_NB], gl.float32, sb_layout), use_acc=False, is_async=True)
+                           gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
         _pass_turn(turns, WG, NUM_WG, PINGPONG)
         n_turn += 1
-        if BLOCK_NB:
-            qk, qk_b, _k0 = warpgroup_mma_wait(0, deps=[qk, qk_b, k_bufs.index(s)])
-        else:
-            qk, _k0 = warpgroup_mma_wait(0, deps=[qk, k_bufs.index(s)])
+        qk, _k0 = warpgroup_mma_wait(0, deps=[qk, k_bufs.index(s)])
         mbarrier.arrive(k_empty.index(s), count=1)
         qk = _scores(qk, first, mask_from, offs_m, offs_n, sk, co, wo, ao, cap_in, cap_out, slope, BLOCK_N, CAUSAL,
                      WINDOW, SOFTCAP, ALIBI, RAGGED)
-        m = gl.max(qk, axis=1)
-        if BLOCK_NB:
-            qk_b = _scores(qk_b, first, mask_from, offs_mb, offs_nb, sk, co, wo, ao, cap_in, cap_out, slope, BLOCK_N,
-                           CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
-            m = gl.maximum(m, gl.convert_layout(gl.max(qk_b, axis=1), row_layout))
-        m = m * scale_log2
-        pivot = _pivot(m, CAUSAL or WINDOW or RAGGED)
-        p = gl.exp2(qk * scale_log2 - pivot[:, None])
+        m = gl.max(qk, axis=1) * scale_log2
+        p = gl.exp2(qk * scale_log2 - _pivot(m, CAUSAL or WINDOW or RAGGED)[:, None])
         l = gl.sum(p, axis=1)
         p16 = gl.convert_layout(_narrow(p, dtype), p_layout)
-        if BLOCK_NB:
-            p_b = gl.exp2(qk_b * scale_log2 - gl.convert_layout(pivot, gl.SliceLayout(1, sb_layout))[:, None])
-            l = l + gl.convert_layout(gl.sum(p_b, axis=1), row_layout)
-            p16_b = gl.convert_layout(_narrow(p_b, dtype), p_layout)
         for i in range(1, n_iters):
             s = (it0 + i) % STAGES
             ph = ((it0 + i) // STAGES) & 1
@@ -615,47 +585,28 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, k_bufs_b, v
                 mbarrier.wait(v_ready.index(sp), php)
                 _take_turn(turns, n_turn, WG, PINGPONG)
             qk = warpgroup_mma(q_op, k_bufs.index(s).permute((1, 0)),
-                               gl.zeros([ROWS, NA], gl.float32, s_layout), use_acc=False, is_async=True)
-            if BLOCK_NB:
-                qk_b = warpgroup_mma(q_op, k_bufs_b.index(s).permute((1, 0)),
-                                     gl.zeros([ROWS, BLOCK_NB], gl.float32, sb_layout), use_acc=False, is_async=True)
+                               gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
             if not PINGPONG:
                 mbarrier.wait(v_ready.index(sp), php)
             acc = warpgroup_mma(p16, v_bufs.index(sp), acc, is_async=True)
-            if BLOCK_NB:
-                acc = warpgroup_mma(p16_b, v_bufs_b.index(sp), acc, is_async=True)
             _pass_turn(turns, WG, NUM_WG, PINGPONG)
             n_turn += 1
-            if BLOCK_NB:  # the two Q K^T products retired, the two P V ones may still run
-                qk, qk_b = warpgroup_mma_wait(2, deps=[qk, qk_b])
-            else:
-                qk = warpgroup_mma_wait(1, deps=[qk])
+            qk = warpgroup_mma_wait(1, deps=[qk])
             mbarrier.arrive(k_empty.index(s), count=1)
             # 5.2-5.4 of tile i while P V of tile i-1 runs
             qk = _scores(qk, first + i, mask_from, offs_m, offs_n, sk, co, wo, ao, cap_in, cap_out, slope, BLOCK_N,
                          CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
-            m_tile = gl.max(qk, axis=1)
-            if BLOCK_NB:
-                qk_b = _scores(qk_b, first + i, mask_from, offs_mb, offs_nb, sk, co, wo, ao, cap_in, cap_out, slope,
-                               BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
-                m_tile = gl.maximum(m_tile, gl.convert_layout(gl.max(qk_b, axis=1), row_layout))
-            m_new = gl.maximum(m, m_tile * scale_log2)
+            m_new = gl.maximum(m, gl.max(qk, axis=1) * scale_log2)
             if LAZY:  # keep the old pivot unless the max grew past it by more than LAZY_GROWTH
                 m_new = gl.where(m_new - m > LAZY_GROWTH, m_new, m)
             m_safe = _pivot(m_new, CAUSAL or WINDOW or RAGGED)
             p = gl.exp2(qk * scale_log2 - m_safe[:, None])
             alpha = gl.exp2(m - m_safe)
             l = l * alpha + gl.sum(p, axis=1)
-            if BLOCK_NB:
-                p_b = gl.exp2(qk_b * scale_log2 - gl.convert_layout(m_safe, gl.SliceLayout(1, sb_layout))[:, None])
-                l = l + gl.convert_layout(gl.sum(p_b, axis=1), row_layout)
             if FENCE:
                 l = _fence(l)
             m = m_new
-            if BLOCK_NB:
-                acc, _, _ = warpgroup_mma_wait(0, deps=[acc, p16, p16_b])
-            else:
-                acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
+            acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
             mbarrier.arrive(v_empty.index(sp), count=1)
             # 5.5: rescale the accumulator once P V of tile i-1 has landed (under the next Q K^T instead,
             # FlashAttention-3's place, 1-2% slower: run 20261130T010410-gpu1 against T010648-gpu1-old)
@@ -665,22 +616,15 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, k_bufs_b, v
             else:
                 acc = acc * alpha_o
             p16 = gl.convert_layout(_narrow(p, dtype), p_layout)
-            if BLOCK_NB:
-                p16_b = gl.convert_layout(_narrow(p_b, dtype), p_layout)
         if not Q_REGS:  # every Q K^T of this item has retired: the producer may load the next item's Q
             mbarrier.arrive(q_empty, count=1)
         last = (it0 + n_iters - 1) % STAGES
         mbarrier.wait(v_ready.index(last), ((it0 + n_iters - 1) // STAGES) & 1)
         _take_turn(turns, n_turn, WG, PINGPONG)
         acc = warpgroup_mma(p16, v_bufs.index(last), acc, is_async=True)
-        if BLOCK_NB:
-            acc = warpgroup_mma(p16_b, v_bufs_b.index(last), acc, is_async=True)
         _pass_turn(turns, WG, NUM_WG, PINGPONG)
         n_turn += 1
-        if BLOCK_NB:
-            acc, _, _ = warpgroup_mma_wait(0, deps=[acc, p16, p16_b])
-        else:
-            acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
+        acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
         mbarrier.arrive(v_empty.index(last), count=1)
 
         # Section 6: o = acc / l with 1/l := 0 on an empty row
@@ -717,11 +661,12 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, k_bufs_b, v
 
 
 @gluon.jit
-def hopper_kernel(q_desc, k_desc, v_desc, o_desc, kb_desc, vb_desc, O, LSE, Alibi, CuQ, CuK, SeqK, Items, heads, group,
-                  seqlen_q, seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale,
-                  scale_log2, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h, kv_col_h,
-                  o_stride, Pages, pages_b, page, W, WL, Rows, pieces, HEAD: gl.constexpr, BLOCK_M: gl.constexpr,
-                  BLOCK_N: gl.constexpr, BLOCK_NB: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK, Items, heads, group, seqlen_q,
+                  seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2,
+                  n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h, kv_col_h, o_stride,
+                  Pages, pages_b, page, W, WL, Rows, pieces,
+                  HEAD: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                  CONSUMER_REGS: gl.constexpr,
                   CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                   RAGGED: gl.constexpr, PAIRED: gl.constexpr, PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr,
                   VARLEN: gl.constexpr, SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, PAGED: gl.constexpr,
@@ -736,16 +681,8 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, kb_desc, vb_desc, O, LSE, Alib
         o_smem = gl.allocate_shared_memory(o_desc.dtype, [NUM_WG, 64, HEAD], o_desc.layout)
     else:  # never used: a placeholder for the partitions' argument lists
         o_smem = gl.allocate_shared_memory(o_desc.dtype, [1, 8, 8], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
-    # 2-D slots; a key tile of BLOCK_N keys off a power of two lies in two slots, its first BLOCK_N - BLOCK_NB
-    # keys and its last BLOCK_NB (Gluon's shapes are powers of two)
-    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N - BLOCK_NB, HEAD], q_desc.layout)
-    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N - BLOCK_NB, HEAD], q_desc.layout)
-    if BLOCK_NB:
-        k_bufs_b = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_NB, HEAD], q_desc.layout)
-        v_bufs_b = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_NB, HEAD], q_desc.layout)
-    else:  # never used: placeholders for the partitions' argument lists
-        k_bufs_b = gl.allocate_shared_memory(k_desc.dtype, [1, 8, 8], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
-        v_bufs_b = k_bufs_b
+    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD], q_desc.layout)  # 2-D slots
+    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD], q_desc.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -767,63 +704,63 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, kb_desc, vb_desc, O, LSE, Alib
     # (the partition arguments are spelled out: a tuple would lose their constexpr-ness)
     if NUM_WG == 3:
         gl.warp_specialize([
-            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, k_bufs_b, v_bufs_b, q_bar, q_empty,
-                         k_ready, k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k,
-                         causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles,
-                         n_m, head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 0,
-                         BLOCK_M, BLOCK_N, BLOCK_NB, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG,
-                         STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE)),
-            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, k_bufs_b, v_bufs_b, q_bar, q_empty,
-                         k_ready, k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k,
-                         causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles,
-                         n_m, head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 1,
-                         BLOCK_M, BLOCK_N, BLOCK_NB, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG,
-                         STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE)),
-            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, k_bufs_b, v_bufs_b, q_bar, q_empty,
-                         k_ready, k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k,
-                         causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles,
-                         n_m, head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 2,
-                         BLOCK_M, BLOCK_N, BLOCK_NB, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG,
-                         STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE)),
-            (_producer, (q_desc, k_desc, v_desc, kb_desc, vb_desc, q_smem, k_bufs, v_bufs, k_bufs_b, v_bufs_b, q_bar,
-                         q_empty, k_ready, k_empty, v_ready, v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group,
-                         seqlen_q, seqlen_k, causal_offset, window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h,
-                         q_col_h, kv_seq_b, kv_seq_h, kv_col_h, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M,
-                         BLOCK_N, BLOCK_NB, CAUSAL, WINDOW, PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE)),
+            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
+                         v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
+                         window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
+                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 0, BLOCK_M,
+                         BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE)),
+            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
+                         v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
+                         window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
+                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 1, BLOCK_M,
+                         BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE)),
+            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
+                         v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
+                         window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
+                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 2, BLOCK_M,
+                         BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
+                         v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
+                         window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
+                         kv_col_h, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
+                         PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     elif NUM_WG == 2:
         gl.warp_specialize([
-            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, k_bufs_b, v_bufs_b, q_bar, q_empty,
-                         k_ready, k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k,
-                         causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles,
-                         n_m, head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 0,
-                         BLOCK_M, BLOCK_N, BLOCK_NB, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG,
-                         STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE)),
-            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, k_bufs_b, v_bufs_b, q_bar, q_empty,
-                         k_ready, k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k,
-                         causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles,
-                         n_m, head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 1,
-                         BLOCK_M, BLOCK_N, BLOCK_NB, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG,
-                         STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE)),
-            (_producer, (q_desc, k_desc, v_desc, kb_desc, vb_desc, q_smem, k_bufs, v_bufs, k_bufs_b, v_bufs_b, q_bar,
-                         q_empty, k_ready, k_empty, v_ready, v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group,
-                         seqlen_q, seqlen_k, causal_offset, window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h,
-                         q_col_h, kv_seq_b, kv_seq_h, kv_col_h, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M,
-                         BLOCK_N, BLOCK_NB, CAUSAL, WINDOW, PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE)),
+            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
+                         v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
+                         window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
+                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 0, BLOCK_M,
+                         BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE)),
+            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
+                         v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
+                         window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
+                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 1, BLOCK_M,
+                         BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
+                         v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
+                         window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
+                         kv_col_h, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
+                         PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:  # one consumer warpgroup: it is the default partition, with the registers the producer gives up
         gl.warp_specialize([
-            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, k_bufs_b, v_bufs_b, q_bar, q_empty,
-                         k_ready, k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k,
-                         causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles,
-                         n_m, head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 0,
-                         BLOCK_M, BLOCK_N, BLOCK_NB, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG,
-                         STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE)),
-            (_producer, (q_desc, k_desc, v_desc, kb_desc, vb_desc, q_smem, k_bufs, v_bufs, k_bufs_b, v_bufs_b, q_bar,
-                         q_empty, k_ready, k_empty, v_ready, v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group,
-                         seqlen_q, seqlen_k, causal_offset, window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h,
-                         q_col_h, kv_seq_b, kv_seq_h, kv_col_h, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M,
-                         BLOCK_N, BLOCK_NB, CAUSAL, WINDOW, PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE)),
+            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
+                         v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
+                         window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
+                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 0, BLOCK_M,
+                         BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
+                         v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
+                         window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
+                         kv_col_h, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
+                         PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE)),
         ], [1], [PRODUCER_REGS])
 
 
@@ -863,19 +800,6 @@ def sm_bytes(head_dim: int, cfg) -> int:
     return max(cfg.occupancy, 1) * (smem_bytes(head_dim, cfg) + SMEM_SPARE + 1024)
 
 
-def key_parts(block_n: int) -> tuple[int, int]:
-    """A key tile of ``block_n`` keys as (keys in its first ring slot, keys in its second): a power
-    of two is one slot, (block_n, 0); otherwise the largest power of two below it and the rest, which
-    must be a power of two that divides the first (192 keys: 128 and 64, each slot a wgmma of its
-    own, loaded as 64-key TMA boxes), else ValueError."""
-    first = 1 << (block_n.bit_length() - 1)
-    rest = block_n - first
-    if rest and (rest & (rest - 1) or first % rest):
-        raise ValueError(f"block_n {block_n}: a key tile is a power of two, or one plus a power of two "
-                         f"that divides it (192 = 128 + 64)")
-    return first, rest
-
-
 def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
     """None if the hopper kernel takes this call, else the reason it does not."""
     if not q.is_cuda or device_facts(q.device.index)[0] != 9:
@@ -886,13 +810,6 @@ def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
         return f"block_m {cfg.block_m} (takes 64, 128 or 192: 1, 2 or 3 consumer warpgroups)"
     if cfg.pingpong and cfg.block_m == 64:
         return "ping-pong takes turns between 2 or 3 consumer warpgroups (block_m 128 or 192)"
-    try:
-        split = key_parts(cfg.block_n)[1]
-    except ValueError as e:
-        return str(e)
-    if split and (per_sequence(prob) or cfg.pingpong):
-        return (f"a {cfg.block_n}-key tile (two ring slots) takes neither lengths per sequence (varlen, "
-                "seqused_k, paged) nor ping-pong")
     if prob.page % cfg.block_n:
         return f"page_size {prob.page} (takes multiples of its {cfg.block_n}-key tile: a tile must not straddle pages)"
     smem = smem_bytes(prob.head_dim, cfg)
@@ -912,16 +829,10 @@ def descriptors(prob, cfg, q, k, v, o, layout: str) -> tuple:
     kv_layout = "bshd" if prob.page else layout  # a page pool [pages, page, kv_heads, D] reads as bshd
     (k3, krb, krh, kch), (v3, *_) = (kv_view3d(t, kv_layout) for t in (k, v))
     d = prob.head_dim
-    first, rest = key_parts(cfg.block_n)  # a key tile's boxes: the whole tile, or its two parts
     descs = (TensorDescriptor.from_tensor(q2, [64, d], SMEM_LAYOUT),
-             TensorDescriptor.from_tensor(k3, [1, first, d], KV_LAYOUT),
-             TensorDescriptor.from_tensor(v3, [1, first, d], KV_LAYOUT),
+             TensorDescriptor.from_tensor(k3, [1, cfg.block_n, d], KV_LAYOUT),
+             TensorDescriptor.from_tensor(v3, [1, cfg.block_n, d], KV_LAYOUT),
              TensorDescriptor.from_tensor(o2, [64, d], SMEM_LAYOUT))
-    if rest:
-        descs += (TensorDescriptor.from_tensor(k3, [1, rest, d], KV_LAYOUT),
-                  TensorDescriptor.from_tensor(v3, [1, rest, d], KV_LAYOUT))
-    else:  # never read
-        descs += descs[1:3]
     return descs, (qrb, qrh, qch, krb, krh, kch, o2.stride(0))
 
 
@@ -1126,8 +1037,7 @@ def launch_options(cfg) -> dict:
 
 def constexprs(prob, cfg, store_lse: bool, paired: bool = False, alibi: bool = False, split: bool = False,
                balance: bool = False) -> dict:
-    return dict(HEAD=prob.head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_NB=key_parts(cfg.block_n)[1],
-                STAGES=cfg.num_stages,
+    return dict(HEAD=prob.head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.num_stages,
                 CONSUMER_REGS=consumer_regs(cfg), CAUSAL=prob.causal,
                 WINDOW=prob.window_offset is not None, SOFTCAP=prob.softcap > 0, ALIBI=alibi,
                 RAGGED=per_sequence(prob) or prob.seqlen_k % cfg.block_n != 0, PAIRED=paired,
