@@ -54,60 +54,22 @@ def test_decode_block_holds_its_rows(rows, seqlen_k, head_dim):
     assert ring + cfg.block_m * head_dim * 2 <= hopper.SMEM_LIMIT
 
 
-def _tail_schedule(n_tiles, programs, key_tiles, runners):
-    """The pieces each program runs past its whole rounds, as the kernel's ``_n_items``, ``_work``
-    and ``_piece`` deal them: program -> [(item, part, first tile, last tile + 1)]."""
-    total = n_tiles % programs * key_tiles
-    out = {}
-    for pid in range(programs):
-        r = min(pid, runners)
-        a, b = r * total // runners, min(r + 1, runners) * total // runners
-        out[pid] = []
-        count = (b - 1) // key_tiles - a // key_tiles + 1 if b > a else 0
-        for k in range(count):
-            j = a // key_tiles + k
-            part = pid - ((j * key_tiles + 1) * runners - 1) // total
-            out[pid].append((j, part, max(a - j * key_tiles, 0), min(b - j * key_tiles, key_tiles)))
-    return out
+def test_tail_pieces_cut_only_a_partly_filled_last_round():
+    """``split_tail``: the items of a last round that leaves programs idle go in pieces when that ends
+    the run sooner; whole rounds, or items of a few key tiles, stay whole."""
+    for n_tiles, key_tiles in [(2048, 128), (2048, 32), (80, 32), (16384, 1024)]:  # 132 programs
+        pieces = hopper.tail_pieces(n_tiles, 132, key_tiles)
+        assert 1 < pieces <= 16
+        rounds = -(-pieces * (n_tiles % 132) // 132)  # of pieces, after the whole rounds of items
+        assert rounds * (key_tiles / pieces + hopper.ITEM_COST) < key_tiles
+        assert key_tiles // pieces >= 2
+    assert hopper.tail_pieces(264, 132, 128) == 1  # two whole rounds
+    assert hopper.tail_pieces(2048, 132, 4) == 1   # a piece's own cost outweighs the idle time
+    assert hopper.tail_pieces(131, 132, 2) == 1    # nothing left to cut
+    assert hopper.tail_pieces(2048, 132, 128, max_pieces=3) == 3  # 2 pieces of 68 items need 2 rounds
 
 
-@pytest.mark.parametrize("n_tiles, key_tiles, max_pieces", [(2048, 128, 16), (2048, 64, 16), (2048, 32, 16),
-                                                           (80, 32, 16), (16384, 1024, 16), (144, 32, 5),
-                                                           (320, 32, 16), (2752, 128, 16), (2048, 128, 2)])
-def test_tail_split_runs_every_tile_once_in_equal_runs(n_tiles, key_tiles, max_pieces):
-    """``split_tail``: the last round's key tiles in equal runs over the runners; every tile of every
-    item runs once, an item's pieces are numbered 0, 1, ... in key order (the merge's slots), none
-    past ``pieces``, and the busiest program ends sooner than a whole item would."""
-    pieces, runners = hopper.tail_split(n_tiles, 132, key_tiles, max_pieces)
-    assert 1 < pieces <= min(16, max_pieces) and 1 <= runners <= 132
-    rest = n_tiles % 132
-    schedule = _tail_schedule(n_tiles, 132, key_tiles, runners)
-    seen = {}
-    for pid, runs in schedule.items():
-        assert sum(hi - lo for _, _, lo, hi in runs) <= -(-rest * key_tiles // runners)
-        for j, part, lo, hi in runs:
-            assert 0 <= part < pieces and lo < hi
-            seen.setdefault(j, []).append((lo, hi, part))
-    assert sorted(seen) == list(range(rest))
-    for runs in seen.values():
-        runs.sort()
-        assert [p for _, _, p in runs] == list(range(len(runs)))
-        assert runs[0][0] == 0 and runs[-1][1] == key_tiles
-        assert all(runs[i][1] == runs[i + 1][0] for i in range(len(runs) - 1))
-    busiest = max(sum(hi - lo + hopper.ITEM_COST for *_, lo, hi in runs) for runs in schedule.values())
-    assert busiest < key_tiles
-
-
-def test_tail_split_only_where_it_ends_sooner():
-    assert hopper.tail_split(264, 132, 128) == (1, 0)  # two whole rounds
-    assert hopper.tail_split(2048, 132, 4) == (1, 0)   # a piece's own cost outweighs the idle time
-    assert hopper.tail_split(131, 132, 2) == (1, 0)    # nothing left to cut
-    # 68 items of 128 tiles over 132 programs: runs of 66 tiles, an item in 3 of them
-    assert hopper.tail_split(2048, 132, 128) == (3, 132)
-    assert hopper.tail_split(2048, 132, 128, max_pieces=2)[1] < 132  # two slots: fewer, longer runs
-
-
-def test_split_plan_only_where_items_cost_the_same_and_memory_allows():
+def test_split_pieces_only_where_items_cost_the_same_and_memory_allows():
     """The split runs on persistent, non-causal calls without a window or lengths per sequence, and
     only while its float32 workspace stays within the output's size."""
     from dataclasses import replace
@@ -115,15 +77,15 @@ def test_split_plan_only_where_items_cost_the_same_and_memory_allows():
     cfg = configs.KernelConfig(128, 128, 4, 2, split_tail=1)
     prob = Problem(1, 16, 16, 16384, 16384, 128, False, 0, 1.0)
     out_bytes = 16 * 16384 * 128 * 2
-    assert hopper.split_plan(prob, cfg, 2048, 132, out_bytes) == hopper.tail_split(2048, 132, 128)
+    assert hopper.split_pieces(prob, cfg, 2048, 132, out_bytes) == hopper.tail_pieces(2048, 132, 128) > 1
     for off in (replace(prob, causal=True), replace(prob, window_offset=-100), replace(prob, varlen=True),
                 replace(prob, seqused=True)):
-        assert hopper.split_plan(off, cfg, 2048, 132, out_bytes) == (1, 0)
+        assert hopper.split_pieces(off, cfg, 2048, 132, out_bytes) == 1
     for off_cfg in (replace(cfg, split_tail=0), replace(cfg, persistent=0)):
-        assert hopper.split_plan(prob, off_cfg, 2048, 132, out_bytes) == (1, 0)
-    # 80 items, all in the last round: one slot of pieces would already take the output's bytes
+        assert hopper.split_pieces(prob, off_cfg, 2048, 132, out_bytes) == 1
+    # 80 items, all in the last round: pieces of them would need more than the output's bytes
     small = Problem(1, 5, 5, 2048, 4096, 128, False, 0, 1.0)
-    assert hopper.split_plan(small, cfg, 80, 132, 5 * 2048 * 128 * 2) == (1, 0)
+    assert hopper.split_pieces(small, cfg, 80, 132, 5 * 2048 * 128 * 2) == 1
 
 
 @pytest.mark.parametrize("n_m, n_bh, programs", [(4, 1024, 132), (8, 512, 132), (128, 16, 132), (86, 32, 132),

@@ -76,35 +76,6 @@ def test_merge_matches_float64():
     assert (out[2, 3] == 0).all() and torch.isneginf(total[2, 3])
 
 
-def test_merge_of_many_rows_maps_rows_and_skips_empty_slots():
-    """Thousands of rows (several a program, the split tail's case): each lands where ``rows`` says
-    (-1: nowhere), and a slot marked empty (LSE -inf) weighs nothing even when its ``o`` is NaN."""
-    from fmha.kernels import merge
-    g = torch.Generator().manual_seed(5)
-    parts, n_rows, d, heads, seqlen_q = 3, merge.ROWS_APART + 37, 24, 3, 2000
-    o = torch.randn(parts, n_rows, d, generator=g)
-    lse = 4 * torch.randn(parts, n_rows, generator=g)
-    lse[2, ::3] = float("-inf")  # rows whose item crossed only two runs
-    o[2, ::3] = float("nan")
-    dest = torch.randperm(heads * seqlen_q, generator=g)[:n_rows].to(torch.int32)
-    dest[::7] = -1  # rows past the sequence's end
-    out = torch.full((1, heads, seqlen_q, d), float("nan"))
-    total = torch.full((1, heads, seqlen_q), float("nan"))
-    merge.launch(o.to(DEVICE), lse.to(DEVICE), out := out.to(DEVICE), total := total.to(DEVICE),
-                 (0, seqlen_q * d, d, 1), heads, seqlen_q, dest.to(DEVICE))
-    ref_total = torch.logsumexp(lse.double(), 0)
-    w = torch.exp(lse.double() - ref_total)
-    ref = (w[..., None] * torch.nan_to_num(o.double())).sum(0)
-    kept = dest >= 0
-    got = out.cpu().double().reshape(-1, d)[dest[kept].long()]
-    torch.testing.assert_close(got, ref[kept], atol=1e-5, rtol=1e-5)
-    got_total = total.cpu().double().reshape(-1)[dest[kept].long()]
-    torch.testing.assert_close(got_total, ref_total[kept], atol=1e-5, rtol=1e-5)
-    untouched = torch.ones(heads * seqlen_q, dtype=torch.bool)
-    untouched[dest[kept].long()] = False
-    assert out.cpu().reshape(-1, d)[untouched].isnan().all()
-
-
 def test_split_count_follows_programs_per_sm(monkeypatch):
     from fmha import api, configs, kernels
     monkeypatch.setattr(kernels, "device_facts", lambda index: (9, 100))

@@ -200,7 +200,7 @@ def test_hopper_split_tail_matches_reference(layout, shape):
     out = nan_like(q)
     prob = Problem(b, h, kvh, sq, sk, d, False, 0, 1.0)
     n_tiles = -(-sq // cfg.block_m) * b * h
-    assert hopper.split_plan(prob, cfg, n_tiles, device_facts(0)[1], out.numel() * out.element_size())[0] > 1
+    assert hopper.split_pieces(prob, cfg, n_tiles, device_facts(0)[1], out.numel() * out.element_size()) > 1
     o, lse = fmha.attention(q, k, v, layout=layout, variant="hopper", out=out, return_lse=True, config=cfg)
     torch.cuda.synchronize()
     check_against_reference(out, q, k, v, False, layout=layout)

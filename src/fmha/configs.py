@@ -166,6 +166,9 @@ HOPPER = [
     # 615/626 without the fence, 355/434/531/572/612/627 also without lazy, 318-588 with both (spills); fp16
     # (T060048-gpu1) alike, 600 against 633 at 16k; D=64 in 128 x 192 tiles 460 against 532 (T060249-gpu1).  The
     # second Q K^T re-reads Q from shared memory (one N=192 wgmma would not), and ptxas spills around the loop
+    # The last round's key tiles dealt out as equal runs (stream-K, an item in up to 3 pieces at 16k keys, commit
+    # cc6c90e, reverted) against its items in 7 equal pieces, same call (runs 20261130T061613 / T061652-old /
+    # T061730, bf16, new/old/new): 636/635/636 at 16k, 623/624/622 at 8k; fp16 alike (T061420-gpu1 ...)
     (128, False, 16384, KernelConfig(128, 128, 4, 2, split_tail=1, fence=1, lazy=1)),  # m192 spills
     (128, False, None, KernelConfig(128, 128, 4, 3, q_regs=1, fence=1)),
     # up to 512 keys: 64-row programs, two on an SM (three do not fit in shared memory at D=128), 64-key

@@ -79,22 +79,19 @@ LN2 = gl.constexpr(0.6931471805599453)
 
 
 @gluon.jit
-def _n_items(n_tiles, runners, item_tiles, Items, PAIRED: gl.constexpr, VARLEN: gl.constexpr,
-             SPLIT: gl.constexpr, BALANCE: gl.constexpr):
+def _n_items(n_tiles, pieces, Items, PAIRED: gl.constexpr, VARLEN: gl.constexpr, SPLIT: gl.constexpr,
+             BALANCE: gl.constexpr):
     """How many work items this program runs: items ``pid, pid + num_programs, ...``, or,
     PAIRED, pairs ``pid, pid + num_programs, ...`` of two items each (the last item alone
     when ``n_tiles`` is odd), or, BALANCE, the whole rounds of pairs but the last one or two
     (``Items[0]`` items) and then its list of the rest (:func:`balanced_tail`), or, VARLEN, one
     item of each round of ``num_programs`` (the last round may be short: its first items in an
-    even round, its last in an odd one), or, SPLIT, the whole rounds and then the pieces of the
-    last round's items its run of their key tiles covers (:func:`_tail_run`)."""
+    even round, its last in an odd one), or, SPLIT, the whole rounds and then its share of the
+    last round's items cut in ``pieces`` (:func:`_work`)."""
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
     if SPLIT:
-        n = n_tiles // nprog
-        a, b = _tail_run(n_tiles, runners, item_tiles)
-        if b > a:
-            n += ((b - 1) // item_tiles - a // item_tiles + 1).to(gl.int32)
+        n = n_tiles // nprog + (n_tiles % nprog * pieces - pid + nprog - 1) // nprog
     elif VARLEN:
         rounds = n_tiles // nprog
         rest = n_tiles % nprog
@@ -112,25 +109,14 @@ def _n_items(n_tiles, runners, item_tiles, Items, PAIRED: gl.constexpr, VARLEN: 
 
 
 @gluon.jit
-def _tail_run(n_tiles, runners, item_tiles):
-    """SPLIT (stream-K over the last round): the key tiles of the last, partly filled round's
-    items, ``item_tiles`` each, laid end to end, give programs ``0 .. runners - 1`` an equal run
-    ``[a, b)`` each (int64; empty for the others), so they end within a tile or two of each other
-    instead of a whole item apart."""
-    pid = gl.minimum(gl.program_id(0), runners).to(gl.int64)
-    total = (n_tiles % gl.num_programs(0)).to(gl.int64) * item_tiles
-    return pid * total // runners, gl.minimum(pid + 1, runners) * total // runners
-
-
-@gluon.jit
-def _work(k, n_tiles, runners, item_tiles, Items, PAIRED: gl.constexpr, VARLEN: gl.constexpr,
-          SPLIT: gl.constexpr, BALANCE: gl.constexpr):
+def _work(k, n_tiles, pieces, Items, PAIRED: gl.constexpr, VARLEN: gl.constexpr, SPLIT: gl.constexpr,
+          BALANCE: gl.constexpr):
     """This program's ``k``-th work item -> (item number, piece): :func:`_tile` places the number.
-    The piece is -1 for a whole item.  SPLIT: past the whole rounds, the items its run of the
-    last round's key tiles crosses (:func:`_tail_run`), each a piece numbered by the programs
-    before it on that item (:func:`_piece`); each piece leaves its partial result to be merged
-    by its LSE.  BALANCE (PAIRED): past the program's ``Items[0]`` items of whole pair rounds,
-    its own list."""
+    The piece is -1 for a whole item.  SPLIT: when the items do not fill the last round of
+    ``num_programs``, that round's items are cut into ``pieces`` runs of key tiles each
+    (:func:`_piece`), dealt out like items, so the programs end within a piece of each other
+    instead of a whole item; each piece leaves its partial result to be merged by its LSE.
+    BALANCE (PAIRED): past the program's ``Items[0]`` items of whole pair rounds, its own list."""
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
     part = -1
@@ -145,29 +131,23 @@ def _work(k, n_tiles, runners, item_tiles, Items, PAIRED: gl.constexpr, VARLEN: 
     else:
         g = pid + k * nprog
     if SPLIT:
-        rounds = n_tiles // nprog
-        if k >= rounds:
-            a, b = _tail_run(n_tiles, runners, item_tiles)
-            j = a // item_tiles + (k - rounds)  # the item among the last round's
-            g = rounds * nprog + j.to(gl.int32)
-            total = (n_tiles % nprog).to(gl.int64) * item_tiles
-            # the program whose run holds the item's first tile: the last one that starts at or before it
-            part = (pid - ((j * item_tiles + 1) * runners - 1) // total).to(gl.int32)
+        full = n_tiles // nprog * nprog
+        j = g - full  # this piece's number among the last round's
+        if j >= 0:
+            g = full + j // pieces
+            part = j % pieces
     return g, part
 
 
 @gluon.jit
-def _piece(first, n_iters, g, part, n_tiles, runners, SPLIT: gl.constexpr):
-    """Item ``g``'s key tiles ``[first, first + n_iters)``, or, SPLIT with ``part`` >= 0, the
-    ones this program's run covers (:func:`_tail_run`; every item ``n_iters`` tiles long)."""
+def _piece(first, n_iters, part, pieces, SPLIT: gl.constexpr):
+    """Piece ``part`` of ``pieces`` of the key tiles ``[first, first + n_iters)`` (all of them
+    when ``part`` is -1)."""
     if SPLIT:
         if part >= 0:
-            a, b = _tail_run(n_tiles, runners, n_iters)
-            start = (g - n_tiles // gl.num_programs(0) * gl.num_programs(0)).to(gl.int64) * n_iters
-            lo = gl.maximum(a - start, 0)
-            hi = gl.minimum(b - start, n_iters)
-            first = first + lo.to(gl.int32)
-            n_iters = (hi - lo).to(gl.int32)
+            lo = part * n_iters // pieces
+            first = first + lo
+            n_iters = (part + 1) * n_iters // pieces - lo
     return first, n_iters
 
 
@@ -209,7 +189,7 @@ def _tile(g, n_m, n_bh, head_group, Items, heads, CAUSAL: gl.constexpr, PAIRED: 
 def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
               v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset, window_offset, n_tiles,
               n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h, kv_col_h, Pages, pages_b, page, pieces,
-              runners, NUM_WG: gl.constexpr, STAGES: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              NUM_WG: gl.constexpr, STAGES: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               CAUSAL: gl.constexpr, WINDOW: gl.constexpr, PAIRED: gl.constexpr, VARLEN: gl.constexpr,
               SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, PAGED: gl.constexpr, SPLIT: gl.constexpr,
               BALANCE: gl.constexpr):
@@ -219,9 +199,8 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_
     tail = 0  # 1: V tile ``tail_slot`` holds rows past its sequence's end (from ``tail_valid``), not yet zeroed
     tail_slot = 0
     tail_valid = 0
-    item_tiles = (seqlen_k + BLOCK_N - 1) // BLOCK_N  # SPLIT: every item's key tiles
-    for t_idx in range(_n_items(n_tiles, runners, item_tiles, Items, PAIRED, VARLEN, SPLIT, BALANCE)):
-        g, part = _work(t_idx, n_tiles, runners, item_tiles, Items, PAIRED, VARLEN, SPLIT, BALANCE)
+    for t_idx in range(_n_items(n_tiles, pieces, Items, PAIRED, VARLEN, SPLIT, BALANCE)):
+        g, part = _work(t_idx, n_tiles, pieces, Items, PAIRED, VARLEN, SPLIT, BALANCE)
         pid_m, bh = _tile(g, n_m, n_tiles // n_m, head_group, Items, heads, CAUSAL, PAIRED, VARLEN)
         b = bh // heads
         h = bh % heads
@@ -230,7 +209,7 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_
         q0, sq, k0, sk, shift = _sequence(b, seqlen_q, seqlen_k, CuQ, CuK, SeqK, VARLEN, SEQUSED, ALIGN_BR)
         first, n_iters = _key_tiles(start_m, sk, causal_offset + shift, window_offset + shift, BLOCK_M, BLOCK_N,
                                     CAUSAL, WINDOW)
-        first, n_iters = _piece(first, n_iters, g, part, n_tiles, runners, SPLIT)
+        first, n_iters = _piece(first, n_iters, part, pieces, SPLIT)
         # K/V boxes [1, BLOCK_N, HEAD] of the 3-D view [batch*kv_heads or batch, seqlen_k, *]: keys past
         # seqlen_k are outside the view, and TMA fills them with zeros (PAGED: [pages, page, *], :func:`_kv_place`)
         kv_seq = b * kv_seq_b + kvh * kv_seq_h
@@ -482,15 +461,13 @@ def _lse(m, l):
 
 
 @gluon.jit
-def _store_piece(acc, l, m, W, WL, Rows, g, part, pieces, ends, n_tiles, dest0, row0, sq, o_layout: gl.constexpr,
+def _store_piece(acc, l, m, W, WL, Rows, g, part, n_tiles, dest0, row0, sq, o_layout: gl.constexpr,
                  row_layout: gl.constexpr, BLOCK_M: gl.constexpr, HEAD: gl.constexpr, WG: gl.constexpr):
     """Piece ``part`` of item ``g`` (:func:`_work`), its rows ``acc`` already over ``l``: float32
     ``W[part, item * BLOCK_M + r, :]`` and the LSE ``WL[part, item * BLOCK_M + r]``, ``item`` being
     ``g``'s place among the last round's items; piece 0 also writes where row ``r`` goes in the
     output's (batch*head, row) order, ``Rows[item * BLOCK_M + r]`` (``dest0 + r``, or -1 past the
-    ``sq`` rows), and the piece that ``ends`` the item marks the ``pieces`` slots after it empty (LSE
-    -inf: items cross different numbers of runs).  The merge after the kernel (``kernels/merge.py``)
-    reads them."""
+    ``sq`` rows).  The merge after the kernel (``kernels/merge.py``) reads them."""
     nprog = gl.num_programs(0)
     item = g - n_tiles // nprog * nprog
     rows = gl.arange(0, 64, layout=gl.SliceLayout(1, o_layout))
@@ -501,10 +478,6 @@ def _store_piece(acc, l, m, W, WL, Rows, g, part, pieces, ends, n_tiles, dest0, 
     gl.store(WL + w_row + r, _lse(m, l))
     if part == 0:
         gl.store(Rows + item * BLOCK_M + WG * 64 + r, gl.where(row0 + r < sq, dest0 + r, -1))
-    if ends:
-        for q in range(part + 1, pieces):
-            gl.store(WL + (q * (n_tiles % nprog) + item) * BLOCK_M + WG * 64 + r,
-                     gl.full([64], float("-inf"), gl.float32, row_layout))
 
 
 @gluon.jit
@@ -532,10 +505,10 @@ def _pass_turn(turns, WG: gl.constexpr, NUM_WG: gl.constexpr, PINGPONG: gl.const
 
 
 @gluon.jit
-def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
-              turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset, window_offset, align_offset,
-              cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, o_stride,
-              W, WL, Rows, pieces, runners, STAGES: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr,
+def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
+              v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset, window_offset,
+              align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m, head_group, q_rows_b, q_rows_h,
+              q_col_h, o_stride, W, WL, Rows, pieces, STAGES: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr,
               BLOCK_N: gl.constexpr, HEAD: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
               SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, RAGGED: gl.constexpr, PAIRED: gl.constexpr,
               PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr, VARLEN: gl.constexpr, SEQUSED: gl.constexpr,
@@ -558,9 +531,8 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
     n_turn = 0  # ping-pong: the steps this warpgroup has taken its turn for
     if PINGPONG and WG == NUM_WG - 1:
         mbarrier.arrive(turns.index(0), count=1)  # warpgroup 0 goes first
-    item_tiles = (seqlen_k + BLOCK_N - 1) // BLOCK_N  # SPLIT: every item's key tiles
-    for t_idx in range(_n_items(n_tiles, runners, item_tiles, Items, PAIRED, VARLEN, SPLIT, BALANCE)):
-        g, part = _work(t_idx, n_tiles, runners, item_tiles, Items, PAIRED, VARLEN, SPLIT, BALANCE)
+    for t_idx in range(_n_items(n_tiles, pieces, Items, PAIRED, VARLEN, SPLIT, BALANCE)):
+        g, part = _work(t_idx, n_tiles, pieces, Items, PAIRED, VARLEN, SPLIT, BALANCE)
         pid_m, bh = _tile(g, n_m, n_tiles // n_m, head_group, Items, heads, CAUSAL, PAIRED, VARLEN)
         b = bh // heads
         h = bh % heads
@@ -571,7 +543,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
         wo = window_offset + shift
         ao = align_offset + shift
         first, n_iters = _key_tiles(start_m, sk, co, wo, BLOCK_M, BLOCK_N, CAUSAL, WINDOW)
-        first, n_iters = _piece(first, n_iters, g, part, n_tiles, runners, SPLIT)
+        first, n_iters = _piece(first, n_iters, part, pieces, SPLIT)
         slope = 0.0
         if ALIBI:
             slope = gl.load(Alibi + h) * alibi_scale
@@ -661,8 +633,8 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
         o_row = b * q_rows_b + h * q_rows_h + q0 + row0
         o_col = h * q_col_h
         if SPLIT and part >= 0:  # a piece's float32 result and LSE, merged after the kernel
-            _store_piece(acc, l, m, W, WL, Rows, g, part, pieces, first + n_iters == item_tiles, n_tiles,
-                         bh * seqlen_q + row0, row0, sq, o_layout, row_layout, BLOCK_M, HEAD, WG)
+            _store_piece(acc, l, m, W, WL, Rows, g, part, n_tiles, bh * seqlen_q + row0, row0, sq, o_layout,
+                         row_layout, BLOCK_M, HEAD, WG)
         elif O_SMEM and row0 + ROWS <= sq:
             o_half = o_smem.index(WG)
             o_half.store(acc.to(dtype))
@@ -691,14 +663,15 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
 @gluon.jit
 def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK, Items, heads, group, seqlen_q,
                   seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2,
-                  n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h, kv_col_h, o_stride, Pages,
-                  pages_b, page, W, WL, Rows, pieces, runners, HEAD: gl.constexpr, BLOCK_M: gl.constexpr,
-                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, CAUSAL: gl.constexpr,
-                  WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, RAGGED: gl.constexpr,
-                  PAIRED: gl.constexpr, PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr, VARLEN: gl.constexpr,
-                  SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, PAGED: gl.constexpr, O_SMEM: gl.constexpr,
-                  Q_REGS: gl.constexpr, FENCE: gl.constexpr, LAZY: gl.constexpr, SPLIT: gl.constexpr,
-                  BALANCE: gl.constexpr):
+                  n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h, kv_col_h, o_stride,
+                  Pages, pages_b, page, W, WL, Rows, pieces,
+                  HEAD: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                  CONSUMER_REGS: gl.constexpr,
+                  CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
+                  RAGGED: gl.constexpr, PAIRED: gl.constexpr, PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr,
+                  VARLEN: gl.constexpr, SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, PAGED: gl.constexpr,
+                  O_SMEM: gl.constexpr, Q_REGS: gl.constexpr, FENCE: gl.constexpr, LAZY: gl.constexpr,
+                  SPLIT: gl.constexpr, BALANCE: gl.constexpr):
     """Each program runs its work items (query block, batch*head), :func:`_n_items` and
     :func:`_tile`; the K/V rings and the barrier phases carry on from one item to the
     next, so the next item's first loads overlap this one's epilogue."""
@@ -734,60 +707,60 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
-                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, runners, STAGES, 0,
-                         BLOCK_M, BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE,
-                         VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE)),
+                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 0, BLOCK_M,
+                         BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
-                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, runners, STAGES, 1,
-                         BLOCK_M, BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE,
-                         VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE)),
+                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 1, BLOCK_M,
+                         BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
-                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, runners, STAGES, 2,
-                         BLOCK_M, BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE,
-                         VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE)),
+                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 2, BLOCK_M,
+                         BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
                          window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
-                         kv_col_h, Pages, pages_b, page, pieces, runners, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL,
-                         WINDOW, PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE)),
+                         kv_col_h, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
+                         PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     elif NUM_WG == 2:
         gl.warp_specialize([
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
-                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, runners, STAGES, 0,
-                         BLOCK_M, BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE,
-                         VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE)),
+                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 0, BLOCK_M,
+                         BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
-                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, runners, STAGES, 1,
-                         BLOCK_M, BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE,
-                         VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE)),
+                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 1, BLOCK_M,
+                         BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
                          window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
-                         kv_col_h, Pages, pages_b, page, pieces, runners, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL,
-                         WINDOW, PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE)),
+                         kv_col_h, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
+                         PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:  # one consumer warpgroup: it is the default partition, with the registers the producer gives up
         gl.warp_specialize([
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
-                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, runners, STAGES, 0,
-                         BLOCK_M, BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE,
-                         VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE)),
+                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 0, BLOCK_M,
+                         BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
                          window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
-                         kv_col_h, Pages, pages_b, page, pieces, runners, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL,
-                         WINDOW, PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE)),
+                         kv_col_h, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
+                         PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE)),
         ], [1], [PRODUCER_REGS])
 
 
@@ -896,9 +869,9 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
         grid = (min(n_tiles, resident),)
         items = _schedule(q.device, n_m, n_tiles // n_m, grid[0], cfg.block_m, cfg.block_n, prob.seqlen_k,
                           causal_offset)
-    pieces, runners = split_plan(prob, cfg, n_tiles, resident, o.numel() * o.element_size())
+    pieces = split_pieces(prob, cfg, n_tiles, resident, o.numel() * o.element_size())
     if pieces > 1:  # the last round's items in pieces, each piece's float32 result merged after the kernel
-        grid = (resident,)  # the last round's key tiles in equal runs over every program (:func:`_tail_run`)
+        grid = (min(resident, n_tiles // resident * resident + n_tiles % resident * pieces),)
         rows = n_tiles % grid[0] * cfg.block_m
         w = torch.empty(pieces, rows, prob.head_dim, dtype=torch.float32, device=q.device)
         wl = torch.empty(pieces, rows, dtype=torch.float32, device=q.device)
@@ -914,7 +887,7 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
                         1.0 / scale, prob.scale_log2, n_tiles, n_m, max(cfg.head_group, 1), *strides,
                         block_table if block_table is not None else o,
                         block_table.stride(0) if block_table is not None else 0, max(prob.page, 1), w, wl, dest,
-                        pieces, runners, **constexprs(prob, cfg, lse is not None, paired, alibi is not None, pieces > 1,
+                        pieces, **constexprs(prob, cfg, lse is not None, paired, alibi is not None, pieces > 1,
                                              balance),
                         num_warps=4, **launch_options(cfg))
     if pieces > 1:
@@ -925,40 +898,32 @@ ITEM_COST = 3  # what a work item or piece costs beyond its key tiles, in key ti
 # product, its store): fitted to the split's gains at 8k and 16k keys (configs.HOPPER)
 
 
-def split_plan(prob, cfg, n_tiles: int, programs: int, out_bytes: int) -> tuple[int, int]:
-    """:func:`tail_split` for this call, (1, 0) where ``launch`` does not split: with
+def split_pieces(prob, cfg, n_tiles: int, programs: int, out_bytes: int) -> int:
+    """How many pieces ``launch`` cuts each item of the last round into (1: none): with
     ``cfg.split_tail``, persistent and non-causal without a window or lengths per sequence (items
     of one cost), and a float32 workspace of pieces x the last round's rows no larger than the
     output (``out_bytes``): the split never more than doubles what the call allocates."""
     if not cfg.split_tail or cfg.persistent == 0 or prob.causal or prob.window_offset is not None \
             or per_sequence(prob):
-        return 1, 0
+        return 1
     rest_bytes = n_tiles % programs * cfg.block_m * prob.head_dim * 4
-    return tail_split(n_tiles, programs, triton.cdiv(prob.seqlen_k, cfg.block_n),
-                      out_bytes // rest_bytes if rest_bytes else 1)
+    return tail_pieces(n_tiles, programs, triton.cdiv(prob.seqlen_k, cfg.block_n),
+                       out_bytes // rest_bytes if rest_bytes else 1)
 
 
-@functools.lru_cache(maxsize=256)
-def tail_split(n_tiles: int, programs: int, key_tiles: int, max_pieces: int = 16) -> tuple[int, int]:
-    """(pieces, runners): the last, partly filled round of ``programs`` dealt out as equal runs of
-    its items' key tiles (``key_tiles`` each, end to end) to the first ``runners`` programs
-    (:func:`_tail_run`), an item crossing at most ``pieces`` runs (each piece a slot of workspace);
-    (1, 0): no split.  Whole items end the run a whole item after the programs with one item fewer;
-    runs end it ``ceil(rest * key_tiles / runners)`` tiles later plus :data:`ITEM_COST` for each of
-    the (up to) two pieces a run holds.  As many runners as keep an item within ``max_pieces``
-    (at most 16) runs; no split where that ends no sooner."""
+def tail_pieces(n_tiles: int, programs: int, key_tiles: int, max_pieces: int = 16) -> int:
+    """Into how many pieces (runs of key tiles) to cut each item of the last, partly filled round
+    of ``programs`` (1: none).  Whole items end the run a whole item's time after the programs
+    with one item fewer; ``k`` pieces each end it ``ceil(k * rest / programs)`` pieces later, a
+    piece costing its share of the ``key_tiles`` plus :data:`ITEM_COST`; pieces of two tiles
+    at least, ``max_pieces`` (at most 16) at most."""
     rest = n_tiles % programs
-    total = rest * key_tiles
-    item = np.arange(rest, dtype=np.int64) * key_tiles
-    for runners in range(programs, 0, -1):
-        if not rest or -(-total // runners) + 2 * ITEM_COST >= key_tiles:
-            return 1, 0
-        first = ((item + 1) * runners - 1) // total  # the run holding an item's first tile, and its last
-        last = ((item + key_tiles) * runners - 1) // total
-        pieces = int((last - first + 1).max())
-        if pieces <= min(16, max_pieces):
-            return pieces, runners
-    return 1, 0
+    best, cost = 1, key_tiles
+    for k in range(2, min(16, max_pieces, key_tiles // 2) + 1):
+        c = -(-k * rest // programs) * (key_tiles / k + ITEM_COST)
+        if rest and c < cost:
+            best, cost = k, c
+    return best
 
 
 def block_tiles(start, seqlen_k, causal_offset: int, window_offset: int, block_m: int, block_n: int,
