@@ -54,16 +54,6 @@ def test_decode_block_holds_its_rows(rows, seqlen_k, head_dim):
     assert ring + cfg.block_m * head_dim * 2 <= hopper.SMEM_LIMIT
 
 
-def test_a_deeper_k_ring_counts_in_shared_memory():
-    """``k_stages``: the K ring's slots beside V's; at D=128, 3 K and 2 V slots still leave room to
-    stage O (5 slots of 32 KB, Q and O 32 KB each), 3 of each do not."""
-    cfg = configs.KernelConfig(128, 128, 4, 2, k_stages=3)
-    assert hopper.k_stages(cfg) == 3 and hopper.k_stages(configs.KernelConfig(128, 128, 4, 2)) == 2
-    assert hopper.o_staged(128, cfg) and not hopper.o_staged(128, configs.KernelConfig(128, 128, 4, 3))
-    assert hopper.smem_bytes(128, cfg) == 2 * 128 * (128 + 128 + 5 * 128)
-    assert str(cfg) == "m128n128w4s2K3"
-
-
 def test_tail_pieces_cut_only_a_partly_filled_last_round():
     """``split_tail``: the items of a last round that leaves programs idle go in pieces when that ends
     the run sooner; whole rounds, or items of a few key tiles, stay whole."""

@@ -29,7 +29,6 @@ class KernelConfig:
     balance: int = 0  # hopper, causal persistent: 1 the last round or two of pairs dealt longest item first
     occupancy: int = 0  # hopper: programs resident on each SM (the persistent grid, the registers split for it); 0: 1
     lazy: int = 0  # hopper: 1 a row's pivot moves only when its max grows by more than 2**8; O rescaled only then
-    k_stages: int = 0  # hopper: the K ring's depth when deeper than V's (num_stages): K loads run further ahead
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -47,9 +46,8 @@ class KernelConfig:
         balance = "b" if self.balance else ""
         occupancy = f"o{self.occupancy}" if self.occupancy else ""
         lazy = "l" if self.lazy else ""
-        k_ring = f"K{self.k_stages}" if self.k_stages else ""
-        return (f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}{k_ring}{regs}{sched}{fill}{turns}"
-                f"{heads}{tma}{q_regs}{fence}{tail}{balance}{occupancy}{lazy}")
+        return (f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}{regs}{sched}{fill}{turns}{heads}"
+                f"{tma}{q_regs}{fence}{tail}{balance}{occupancy}{lazy}")
 
 
 SEED = KernelConfig(block_m=16, block_n=16, num_warps=1, num_stages=1)
@@ -171,6 +169,10 @@ HOPPER = [
     # The last round's key tiles dealt out as equal runs (stream-K, an item in up to 3 pieces at 16k keys, commit
     # cc6c90e, reverted) against its items in 7 equal pieces, same call (runs 20261130T061613 / T061652-old /
     # T061730, bf16, new/old/new): 636/635/636 at 16k, 623/624/622 at 8k; fp16 alike (T061420-gpu1 ...)
+    # A K ring one slot deeper than V's (3 K, 2 V: K loads a tile further ahead, O still staged; commit 0f987c9,
+    # reverted) lost, run 20261130T062433 (bf16), TFLOP/s at S=512..16k: 487/566/605/628/641/651 against
+    # 494/568/608/630/649/664; fp16 (T062114-gpu1) 613 against 634 at 16k; causal (T062215-gpu1) and D=64
+    # (T062305-gpu1) even or slower
     (128, False, 16384, KernelConfig(128, 128, 4, 2, split_tail=1, fence=1, lazy=1)),  # m192 spills
     (128, False, None, KernelConfig(128, 128, 4, 3, q_regs=1, fence=1)),
     # up to 512 keys: 64-row programs, two on an SM (three do not fit in shared memory at D=128), 64-key
