@@ -171,10 +171,17 @@ def test_fa4_goal_line_is_the_geometric_mean_over_its_shapes():
             row("bfloat16", 4, 16, 4096, 128, True, 0.25 * 566),
             row("bfloat16", 4, 32, 4096, 128, False, 999, kv=8),        # GQA: not a BENCH.md shape
             row("bfloat16", 1, 16, 16384, 128, True, 1.0, provider="sdpa:cudnn")]
-    geo, n = published.fa4_geomean(rows)
+    geo, n, within = published.fa4_geomean(rows)
     assert n == 2 and abs(geo - (2 * 0.25) ** 0.5) < 1e-9  # the fp16 D=64 causal shape is not in BENCH.md
+    assert within is None  # no cuDNN row at those shapes
     assert published.fa4_geomean(rows[3:]) is None
     assert report.grid_table(rows).splitlines()[-1].endswith("(another run, 2 shapes): geometric mean 0.707x.")
+    # with cuDNN in the same run: ours/cuDNN here over FA4/cuDNN in BENCH.md (668/603 at the first shape)
+    rows.append(row("bfloat16", 1, 16, 16384, 128, False, 2 * 668 / 1.25, provider="sdpa:cudnn"))
+    geo, n, within = published.fa4_geomean(rows)
+    assert n == 2 and abs(within - 1.25 / (668 / 603)) < 1e-9
+    assert report.grid_table(rows).splitlines()[-1].endswith(
+        "geometric mean 0.707x; each run against its own cuDNN (fmha:auto/cuDNN here over FA4/cuDNN there): 1.128x.")
 
 
 def test_where_keeps_the_named_cells():

@@ -51,8 +51,10 @@ def grid_table(rows: list[dict], focus: str = "fmha:auto", timing_means_nothing:
                    f"cells (ratios {min(ratios):.2f}-{max(ratios):.2f}).")
     fa4 = None if timing_means_nothing else published.fa4_geomean(rows, focus)
     if fa4 is not None:
+        within = "" if fa4[2] is None else (f"; each run against its own cuDNN ({focus}/cuDNN here over "
+                                            f"FA4/cuDNN there): {fa4[2]:.3f}x")
         out.append(f"{focus} against FlashAttention-4's figures in BENCH.md (another run, {fa4[1]} shapes): "
-                   f"geometric mean {fa4[0]:.3f}x.")
+                   f"geometric mean {fa4[0]:.3f}x{within}.")
     if timing_means_nothing:
         out.append("CPU interpreter run: the times above mean nothing; only the errors do.")
     return "\n".join(out)
