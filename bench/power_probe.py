@@ -4,8 +4,9 @@
 ``--seconds`` each, fmha and cuDNN on (B=1, H=16, S=16384, D=128) bf16 non-causal and an 8192^3 bf16
 matrix product, while ``nvidia-smi`` samples the SM clock, the power draw and the clock event reasons
 every 100 ms; prints each phase's rate (TFLOP/s over the whole phase, launches back to back) beside the
-median clock and power of its samples and the reasons seen most.  A single call under Nsight Compute ran
-at 1.65 GHz and 733 TFLOP/s (session 12), the grids' sustained figure is 13% lower.
+median clock and power of its samples and the reasons seen most.  First, each kernel's single call after
+3 s idle, timed by CUDA events: a single call under Nsight Compute ran at 1.65 GHz and 733 TFLOP/s
+(session 12), the grids' sustained figure is 13% lower.
 """
 import argparse
 import statistics
@@ -47,6 +48,18 @@ def run_for(fn, seconds: float) -> tuple[float, float, int]:
     return start, time.time(), calls
 
 
+def cold_call_ms(fn) -> float:
+    """One call of ``fn`` (already compiled) after 3 s with the GPU idle, in ms by CUDA events."""
+    torch.cuda.synchronize()
+    time.sleep(3.0)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=5.0)
@@ -63,6 +76,10 @@ def main() -> None:
     phases = [("fmha", lambda: fmha.attention(q, k, v), attention_flops), ("cudnn", cudnn, attention_flops),
               ("matmul", lambda: a @ b, 2 * 8192 ** 3), ("fmha again", lambda: fmha.attention(q, k, v),
                                                           attention_flops)]
+    for name, fn, flops in phases[:3]:
+        fn()
+        ms = cold_call_ms(fn)
+        print(f"{name:<11} one call after 3 s idle: {ms:.3f} ms, {flops / ms / 1e9:.0f} TFLOP/s")
     samples, stop = [], threading.Event()
     sampler = threading.Thread(target=sample, args=(args.gpu, samples, stop), daemon=True)
     sampler.start()
