@@ -548,6 +548,24 @@ def _first_softmax(qk, first, mask_from, offs_m, offs_n, sk, co, wo, ao, cap_in,
 
 
 @gluon.jit
+def _open(q_op, k_bufs, k_ready, k_empty, turns, n_turn, it0, first, mask_from, offs_m, offs_n, sk, co, wo, ao,
+          cap_in, cap_out, slope, scale_log2, s_layout: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
+          NUM_WG: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
+          SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, RAGGED: gl.constexpr, PINGPONG: gl.constexpr):
+    """An item's tile 0 on its own (ring position ``it0``): Q K^T, then 5.2-5.4 -> (m, l, P)."""
+    s = it0 % STAGES
+    mbarrier.wait(k_ready.index(s), (it0 // STAGES) & 1)
+    _take_turn(turns, n_turn, WG, PINGPONG)
+    qk = warpgroup_mma(q_op, k_bufs.index(s).permute((1, 0)),
+                       gl.zeros([64, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+    _pass_turn(turns, WG, NUM_WG, PINGPONG)
+    qk, _k = warpgroup_mma_wait(0, deps=[qk, k_bufs.index(s)])
+    mbarrier.arrive(k_empty.index(s), count=1)
+    return _first_softmax(qk, first, mask_from, offs_m, offs_n, sk, co, wo, ao, cap_in, cap_out, slope, scale_log2,
+                          BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
+
+
+@gluon.jit
 def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
               v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset, window_offset,
               align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m, head_group, q_rows_b, q_rows_h,
@@ -575,10 +593,22 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
     if PINGPONG and WG == NUM_WG - 1:
         mbarrier.arrive(turns.index(0), count=1)  # warpgroup 0 goes first
     n_items = _n_items(n_tiles, pieces, Items, PAIRED, VARLEN, SPLIT, BALANCE)
-    # the first tile's softmax, carried over from the previous item's end when CHAIN opened this one there
+    # the first tile's softmax, carried over from the previous item's end when CHAIN opened this one there (P in
+    # float32: carried narrowed, ptxas copies it into P V's operand registers at every step of the key loop)
     m = gl.zeros([ROWS], gl.float32, row_layout)
     l = gl.zeros([ROWS], gl.float32, row_layout)
-    p16 = gl.zeros([ROWS, BLOCK_N], dtype, p_layout)
+    p_first = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
+    if CHAIN:  # only the first item opens on its own (before the loop, so no copies of P in it)
+        if n_items > 0:
+            _g, _part, _bh, _b, _h, _q0, _sq, sk, _row0, co, wo, ao, first, _n, slope, mask_from, offs_m = _item(
+                0, n_tiles, pieces, Items, n_m, head_group, heads, seqlen_q, seqlen_k, CuQ, CuK, SeqK, causal_offset,
+                window_offset, align_offset, Alibi, alibi_scale, row_layout, WG, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
+                ALIBI, RAGGED, PAIRED, VARLEN, SEQUSED, ALIGN_BR, SPLIT, BALANCE)
+            mbarrier.wait(q_bar, 0)
+            m, l, p_first = _open(q_half, k_bufs, k_ready, k_empty, turns, n_turn, it0, first, mask_from, offs_m,
+                                  offs_n, sk, co, wo, ao, cap_in, cap_out, slope, scale_log2, s_layout, STAGES, WG,
+                                  NUM_WG, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PINGPONG)
+            n_turn += 1
     for t_idx in range(n_items):
         g, part, bh, b, h, q0, sq, sk, row0, co, wo, ao, first, n_iters, slope, mask_from, offs_m = _item(
             t_idx, n_tiles, pieces, Items, n_m, head_group, heads, seqlen_q, seqlen_k, CuQ, CuK, SeqK, causal_offset,
@@ -591,19 +621,12 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
             mbarrier.arrive(q_empty, count=1)
         else:
             q_op = q_half
-        if (t_idx == 0) | (not CHAIN):  # tile 0 on its own: Q K^T, then 5.2-5.4
-            s = it0 % STAGES
-            mbarrier.wait(k_ready.index(s), (it0 // STAGES) & 1)
-            _take_turn(turns, n_turn, WG, PINGPONG)
-            qk = warpgroup_mma(q_op, k_bufs.index(s).permute((1, 0)),
-                               gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
-            _pass_turn(turns, WG, NUM_WG, PINGPONG)
+        if not CHAIN:  # tile 0 on its own
+            m, l, p_first = _open(q_op, k_bufs, k_ready, k_empty, turns, n_turn, it0, first, mask_from, offs_m, offs_n,
+                                  sk, co, wo, ao, cap_in, cap_out, slope, scale_log2, s_layout, STAGES, WG, NUM_WG,
+                                  BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PINGPONG)
             n_turn += 1
-            qk, _k0 = warpgroup_mma_wait(0, deps=[qk, k_bufs.index(s)])
-            mbarrier.arrive(k_empty.index(s), count=1)
-            m, l, p = _first_softmax(qk, first, mask_from, offs_m, offs_n, sk, co, wo, ao, cap_in, cap_out, slope,
-                                     scale_log2, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
-            p16 = gl.convert_layout(_narrow(p, dtype), p_layout)
+        p16 = gl.convert_layout(_narrow(p_first, dtype), p_layout)
         for i in range(1, n_iters):
             s = (it0 + i) % STAGES
             ph = ((it0 + i) // STAGES) & 1
@@ -656,7 +679,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
         mbarrier.wait(v_ready.index(last), ((it0 + n_iters - 1) // STAGES) & 1)
         m_next = m
         l_next = l
-        p_next = p16
+        p_next = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)  # (not p_first: that would keep it live)
         if (t_idx + 1 < n_items) & CHAIN:
             # the next item's tile 0 opens here, as a step of the loop above: its Q K^T (Q from shared
             # memory, whatever Q_REGS says) issued beside this item's last P V, its softmax under that product
@@ -675,13 +698,12 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
             n_turn += 1
             qk = warpgroup_mma_wait(1, deps=[qk])
             mbarrier.arrive(k_empty.index(s), count=1)
-            m_next, l_next, p = _first_softmax(qk, first_n, mask_n, offs_n_m, offs_n, sk_n, co_n, wo_n, ao_n, cap_in,
-                                               cap_out, slope_n, scale_log2, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI,
-                                               RAGGED)
+            m_next, l_next, p_next = _first_softmax(qk, first_n, mask_n, offs_n_m, offs_n, sk_n, co_n, wo_n, ao_n,
+                                                    cap_in, cap_out, slope_n, scale_log2, BLOCK_N, CAUSAL, WINDOW,
+                                                    SOFTCAP, ALIBI, RAGGED)
             if FENCE:
                 l_next = _fence(l_next)
             acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
-            p_next = gl.convert_layout(_narrow(p, dtype), p_layout)  # (P V of this item's last tile has read p16)
         else:
             _take_turn(turns, n_turn, WG, PINGPONG)
             acc = warpgroup_mma(p16, v_bufs.index(last), acc, is_async=True)
@@ -721,7 +743,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
             gl.store(LSE + lse_row0 + offs_m, lse, mask=offs_m < sq)
         m = m_next
         l = l_next
-        p16 = p_next
+        p_first = p_next
         it0 += n_iters
         tc += 1
 
