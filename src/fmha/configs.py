@@ -29,7 +29,6 @@ class KernelConfig:
     balance: int = 0  # hopper, causal persistent: 1 the last round or two of pairs dealt longest item first
     occupancy: int = 0  # hopper: programs resident on each SM (the persistent grid, the registers split for it); 0: 1
     lazy: int = 0  # hopper: 1 a row's pivot moves only when its max grows by more than 2**8; O rescaled only then
-    chain: int = 0  # hopper: 1 an item's first Q K^T and softmax run beside the previous item's last P V
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -47,9 +46,8 @@ class KernelConfig:
         balance = "b" if self.balance else ""
         occupancy = f"o{self.occupancy}" if self.occupancy else ""
         lazy = "l" if self.lazy else ""
-        chain = "c" if self.chain else ""
         return (f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}{regs}{sched}{fill}{turns}{heads}"
-                f"{tma}{q_regs}{fence}{tail}{balance}{occupancy}{lazy}{chain}")
+                f"{tma}{q_regs}{fence}{tail}{balance}{occupancy}{lazy}")
 
 
 SEED = KernelConfig(block_m=16, block_n=16, num_warps=1, num_stages=1)
@@ -175,6 +173,12 @@ HOPPER = [
     # reverted) lost, run 20261130T062433 (bf16), TFLOP/s at S=512..16k: 487/566/605/628/641/651 against
     # 494/568/608/630/649/664; fp16 (T062114-gpu1) 613 against 634 at 16k; causal (T062215-gpu1) and D=64
     # (T062305-gpu1) even or slower
+    # Chained items (an item's tile 0, Q K^T and softmax, run beside the previous item's last P V, its epilogue
+    # after them: commits 166cfd8 and bdaf0d4, reverted; GPU tests passed) lost at every length, more the shorter
+    # the items, run 20261130T072717 (bf16), TFLOP/s at S=512..16k against the table's 478/551/594/614/635/646:
+    # 457/529/577/601/628/633, with Q in registers 457/527/578/607/633/645; causal (T072718-gpu1) 1-7% and D=64
+    # non-causal (T072812-gpu1) 0-4% slower.  Carried over narrowed, P was copied into P V's operand registers at every key step
+    # (32 moves, run T071459: 627 at 16k); carried in float32 it was not, and still lost
     (128, False, 16384, KernelConfig(128, 128, 4, 2, split_tail=1, fence=1, lazy=1)),  # m192 spills
     (128, False, None, KernelConfig(128, 128, 4, 3, q_regs=1, fence=1)),
     # up to 512 keys: 64-row programs, two on an SM (three do not fit in shared memory at D=128), 64-key
