@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Session 14, call 2 (nvidia-h200-x2).  Chained items (KernelConfig.chain): an item's first Q K^T and softmax run
 # beside the previous item's last P V instead of after its epilogue; P carried over in float32 (call 1 carried it
-# narrowed, and ptxas copied it into the P V operand registers at every step of the key loop: 32 moves).  GPU 0: D=128 non-causal bf16 beside the
-# table (chain alone, and with Q in registers), then half of the GPU tests of the chained configs; GPU 1: D=128
-# causal and D=64 bf16 beside the table, then the other half.
+# narrowed, and ptxas copied it into the P V operand registers at every step of the key loop: 32 moves).  GPU 0:
+# D=128 non-causal bf16 beside the table (chain alone, and with Q in registers), then a third of the GPU tests of
+# the chained configs; GPU 1: D=128 causal and D=64 non-causal bf16 beside the table, then another third.
 set -o pipefail
 source "$(dirname "$0")/gpu_common.sh"
 chained() {  # the hopper GPU tests of the chained configs (their ids end in "c"), every second one from $1
