@@ -178,7 +178,10 @@ HOPPER = [
     # the items, run 20261130T072717 (bf16), TFLOP/s at S=512..16k against the table's 478/551/594/614/635/646:
     # 457/529/577/601/628/633, with Q in registers 457/527/578/607/633/645; causal (T072718-gpu1) 1-7% and D=64
     # non-causal (T072812-gpu1) 0-4% slower.  Carried over narrowed, P was copied into P V's operand registers
-    # at every key step (32 moves, run T071459: 627 at 16k); carried in float32 it was not, and still lost
+    # at every key step (32 moves, run T071459: 627 at 16k); carried in float32 it was not, and still lost.
+    # 192 rows in 64-key tiles (1.5x the FLOPs per K/V byte from L2), run 20261130T073657-gpu1: 630 (3 stages
+    # 625) against 636 at 8k, 637 (638) against 651 at 16k: Q K^T's m64n64k16 products read Q and K from shared
+    # memory at about its bandwidth
     (128, False, 16384, KernelConfig(128, 128, 4, 2, split_tail=1, fence=1, lazy=1)),  # m192 spills
     (128, False, None, KernelConfig(128, 128, 4, 3, q_regs=1, fence=1)),
     # up to 512 keys: 64-row programs, two on an SM (three do not fit in shared memory at D=128), 64-key
