@@ -29,6 +29,8 @@ class KernelConfig:
     balance: int = 0  # hopper, causal persistent: 1 the last round or two of pairs dealt longest item first
     occupancy: int = 0  # hopper: programs resident on each SM (the persistent grid, the registers split for it); 0: 1
     lazy: int = 0  # hopper: 1 a row's pivot moves only when its max grows by more than 2**8; O rescaled only then
+    chain: int = 0  # hopper: 1 an item's first Q K^T and softmax run beside the previous item's last P V
+    q_ahead: int = 0  # hopper, with q_regs: 1 the producer loads the next item's Q while this one's key loop runs
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -46,8 +48,10 @@ class KernelConfig:
         balance = "b" if self.balance else ""
         occupancy = f"o{self.occupancy}" if self.occupancy else ""
         lazy = "l" if self.lazy else ""
+        chain = "c" if self.chain else ""
+        q_ahead = "a" if self.q_ahead else ""
         return (f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}{regs}{sched}{fill}{turns}{heads}"
-                f"{tma}{q_regs}{fence}{tail}{balance}{occupancy}{lazy}")
+                f"{tma}{q_regs}{fence}{tail}{balance}{occupancy}{lazy}{chain}{q_ahead}")
 
 
 SEED = KernelConfig(block_m=16, block_n=16, num_warps=1, num_stages=1)
