@@ -29,8 +29,6 @@ class KernelConfig:
     balance: int = 0  # hopper, causal persistent: 1 the last round or two of pairs dealt longest item first
     occupancy: int = 0  # hopper: programs resident on each SM (the persistent grid, the registers split for it); 0: 1
     lazy: int = 0  # hopper: 1 a row's pivot moves only when its max grows by more than 2**8; O rescaled only then
-    chain: int = 0  # hopper: 1 an item's first Q K^T and softmax run beside the previous item's last P V
-    q_ahead: int = 0  # hopper, with q_regs: 1 the producer loads the next item's Q while this one's key loop runs
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -48,10 +46,8 @@ class KernelConfig:
         balance = "b" if self.balance else ""
         occupancy = f"o{self.occupancy}" if self.occupancy else ""
         lazy = "l" if self.lazy else ""
-        chain = "c" if self.chain else ""
-        q_ahead = "a" if self.q_ahead else ""
         return (f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}{regs}{sched}{fill}{turns}{heads}"
-                f"{tma}{q_regs}{fence}{tail}{balance}{occupancy}{lazy}{chain}{q_ahead}")
+                f"{tma}{q_regs}{fence}{tail}{balance}{occupancy}{lazy}")
 
 
 SEED = KernelConfig(block_m=16, block_n=16, num_warps=1, num_stages=1)
@@ -183,6 +179,9 @@ HOPPER = [
     # 457/529/577/601/628/633, with Q in registers 457/527/578/607/633/645; causal (T072718-gpu1) 1-7% and D=64
     # non-causal (T072812-gpu1) 0-4% slower.  Carried over narrowed, P was copied into P V's operand registers
     # at every key step (32 moves, run T071459: 627 at 16k); carried in float32 it was not, and still lost.
+    # Nor was it the next Q: loaded during the item's key loop (q_ahead, with Q in registers; commit 44e389f,
+    # reverted), run 20261130T075050: alone 464/550/594/611/641/645 at S=512..16k against 484/554/599/622/642/655,
+    # chained 461/542/592/614/643/650; causal (T075050-gpu1) alone even, chained 1-8% slower.
     # 192 rows in 64-key tiles (1.5x the FLOPs per K/V byte from L2), run 20261130T073657-gpu1: 630 (3 stages
     # 625) against 636 at 8k, 637 (638) against 651 at 16k: Q K^T's m64n64k16 products read Q and K from shared
     # memory at about its bandwidth

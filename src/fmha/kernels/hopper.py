@@ -192,15 +192,14 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_
               NUM_WG: gl.constexpr, STAGES: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               CAUSAL: gl.constexpr, WINDOW: gl.constexpr, PAIRED: gl.constexpr, VARLEN: gl.constexpr,
               SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, PAGED: gl.constexpr, SPLIT: gl.constexpr,
-              BALANCE: gl.constexpr, Q_AHEAD: gl.constexpr):
+              BALANCE: gl.constexpr):
     it = 0  # position in the K/V rings, continued across work items
     tc = 0
     n_tail = 0  # V tiles zeroed past the sequence's end so far (the phase of v_tail)
     tail = 0  # 1: V tile ``tail_slot`` holds rows past its sequence's end (from ``tail_valid``), not yet zeroed
     tail_slot = 0
     tail_valid = 0
-    n_items = _n_items(n_tiles, pieces, Items, PAIRED, VARLEN, SPLIT, BALANCE)
-    for t_idx in range(n_items):
+    for t_idx in range(_n_items(n_tiles, pieces, Items, PAIRED, VARLEN, SPLIT, BALANCE)):
         g, part = _work(t_idx, n_tiles, pieces, Items, PAIRED, VARLEN, SPLIT, BALANCE)
         pid_m, bh = _tile(g, n_m, n_tiles // n_m, head_group, Items, heads, CAUSAL, PAIRED, VARLEN)
         b = bh // heads
@@ -220,11 +219,13 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_
         kv_s, row = _kv_place(b, kv_seq, k0, first, Pages, pages_b, page, BLOCK_N, PAGED)
         mbarrier.wait(k_empty.index(s), ((it // STAGES) & 1) ^ 1)
         _load(k_desc, [kv_s, row, kv_col], k_ready.index(s), k_bufs.index(s))
-        # Q, once every consumer has issued its last Q K^T of the previous item (Q_AHEAD: loaded
-        # during the previous item already, once the consumers held its Q in registers)
-        if (t_idx == 0) | (not Q_AHEAD):
-            _load_q(q_desc, q_smem, q_bar, q_empty, tc, b * q_rows_b + h * q_rows_h + q0 + start_m, h * q_col_h,
-                    NUM_WG)
+        # Q in 64-row boxes (TMA boxes are powers of two; 192 rows is three), once every
+        # consumer has issued its last Q K^T of the previous item
+        mbarrier.wait(q_empty, (tc & 1) ^ 1)
+        mbarrier.expect(q_bar, NUM_WG * q_desc.block_type.nbytes)
+        for g in gl.static_range(NUM_WG):
+            tma.async_copy_global_to_shared(q_desc, [b * q_rows_b + h * q_rows_h + q0 + start_m + 64 * g,
+                                                     h * q_col_h], q_bar, q_smem.index(g))
         if VARLEN or SEQUSED:
             # the previous item's last V tile, zeroed past its end only now, once this item's first
             # K and Q are on their way (waiting for it at once measured the same: varlen rows of
@@ -255,31 +256,11 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_
                     _load(v_desc, [kv_s, row, kv_col], v_ready.index(s), v_bufs.index(s))
             else:
                 _load(v_desc, [kv_s, row, kv_col], v_ready.index(s), v_bufs.index(s))
-            if Q_AHEAD:  # the next item's Q, a few tiles in (the consumers have read this item's Q by then)
-                if (i == gl.minimum(2, n_iters - 1)) & (t_idx + 1 < n_items):
-                    g_n, _part_n = _work(t_idx + 1, n_tiles, pieces, Items, PAIRED, VARLEN, SPLIT, BALANCE)
-                    pid_n, bh_n = _tile(g_n, n_m, n_tiles // n_m, head_group, Items, heads, CAUSAL, PAIRED, VARLEN)
-                    b_n = bh_n // heads
-                    h_n = bh_n % heads
-                    q0_n, _sq, _k0, _sk, _shift = _sequence(b_n, seqlen_q, seqlen_k, CuQ, CuK, SeqK, VARLEN, SEQUSED,
-                                                            ALIGN_BR)
-                    _load_q(q_desc, q_smem, q_bar, q_empty, tc + 1,
-                            b_n * q_rows_b + h_n * q_rows_h + q0_n + pid_n * BLOCK_M, h_n * q_col_h, NUM_WG)
             it += 1
         tc += 1
     if VARLEN or SEQUSED:
         if tail:
             _zero_past(v_bufs.index(tail_slot), tail_valid, v_tail, n_tail, v_ready.index(tail_slot))
-
-
-@gluon.jit
-def _load_q(q_desc, q_smem, q_bar, q_empty, n, row, col, NUM_WG: gl.constexpr):
-    """Item ``n``'s Q (this program's ``n``-th), from ``row``, in 64-row boxes (TMA boxes are powers
-    of two; 192 rows is three), once the consumers are done with item ``n - 1``'s."""
-    mbarrier.wait(q_empty, (n & 1) ^ 1)
-    mbarrier.expect(q_bar, NUM_WG * q_desc.block_type.nbytes)
-    for g in gl.static_range(NUM_WG):
-        tma.async_copy_global_to_shared(q_desc, [row + 64 * g, col], q_bar, q_smem.index(g))
 
 
 @gluon.jit
@@ -524,67 +505,6 @@ def _pass_turn(turns, WG: gl.constexpr, NUM_WG: gl.constexpr, PINGPONG: gl.const
 
 
 @gluon.jit
-def _item(t_idx, n_tiles, pieces, Items, n_m, head_group, heads, seqlen_q, seqlen_k, CuQ, CuK, SeqK, causal_offset,
-          window_offset, align_offset, Alibi, alibi_scale, row_layout: gl.constexpr, WG: gl.constexpr,
-          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
-          ALIBI: gl.constexpr, RAGGED: gl.constexpr, PAIRED: gl.constexpr, VARLEN: gl.constexpr,
-          SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, SPLIT: gl.constexpr, BALANCE: gl.constexpr):
-    """A consumer warpgroup's view of this program's ``t_idx``-th work item: (item, piece,
-    batch*head, batch, head, first query row and query rows of its sequence, its keys, the
-    warpgroup's first row, the band's offsets on the sequence's diagonal, first key tile and
-    their number, ALiBi slope, first masked tile, the warpgroup's row numbers)."""
-    g, part = _work(t_idx, n_tiles, pieces, Items, PAIRED, VARLEN, SPLIT, BALANCE)
-    pid_m, bh = _tile(g, n_m, n_tiles // n_m, head_group, Items, heads, CAUSAL, PAIRED, VARLEN)
-    b = bh // heads
-    h = bh % heads
-    start_m = pid_m * BLOCK_M
-    q0, sq, k0, sk, shift = _sequence(b, seqlen_q, seqlen_k, CuQ, CuK, SeqK, VARLEN, SEQUSED, ALIGN_BR)
-    row0 = start_m + WG * 64
-    co = causal_offset + shift  # the band's offsets on this sequence's diagonal
-    wo = window_offset + shift
-    ao = align_offset + shift
-    first, n_iters = _key_tiles(start_m, sk, co, wo, BLOCK_M, BLOCK_N, CAUSAL, WINDOW)
-    first, n_iters = _piece(first, n_iters, part, pieces, SPLIT)
-    slope = 0.0
-    if ALIBI:
-        slope = gl.load(Alibi + h) * alibi_scale
-    # tiles before mask_from are visible to every row of this warpgroup: no mask
-    mask_from = _mask_from(row0, sk, co, BLOCK_N, CAUSAL, RAGGED)
-    offs_m = row0 + gl.arange(0, 64, layout=row_layout)
-    return g, part, bh, b, h, q0, sq, sk, row0, co, wo, ao, first, n_iters, slope, mask_from, offs_m
-
-
-@gluon.jit
-def _first_softmax(qk, first, mask_from, offs_m, offs_n, sk, co, wo, ao, cap_in, cap_out, slope, scale_log2,
-                   BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
-                   ALIBI: gl.constexpr, RAGGED: gl.constexpr):
-    """5.2-5.4 on an item's first key tile (no rescale yet): (m, l, P)."""
-    qk = _scores(qk, first, mask_from, offs_m, offs_n, sk, co, wo, ao, cap_in, cap_out, slope, BLOCK_N, CAUSAL,
-                 WINDOW, SOFTCAP, ALIBI, RAGGED)
-    m = gl.max(qk, axis=1) * scale_log2
-    p = gl.exp2(qk * scale_log2 - _pivot(m, CAUSAL or WINDOW or RAGGED)[:, None])
-    return m, gl.sum(p, axis=1), p
-
-
-@gluon.jit
-def _open(q_op, k_bufs, k_ready, k_empty, turns, n_turn, it0, first, mask_from, offs_m, offs_n, sk, co, wo, ao,
-          cap_in, cap_out, slope, scale_log2, s_layout: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
-          NUM_WG: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
-          SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, RAGGED: gl.constexpr, PINGPONG: gl.constexpr):
-    """An item's tile 0 on its own (ring position ``it0``): Q K^T, then 5.2-5.4 -> (m, l, P)."""
-    s = it0 % STAGES
-    mbarrier.wait(k_ready.index(s), (it0 // STAGES) & 1)
-    _take_turn(turns, n_turn, WG, PINGPONG)
-    qk = warpgroup_mma(q_op, k_bufs.index(s).permute((1, 0)),
-                       gl.zeros([64, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
-    _pass_turn(turns, WG, NUM_WG, PINGPONG)
-    qk, _k = warpgroup_mma_wait(0, deps=[qk, k_bufs.index(s)])
-    mbarrier.arrive(k_empty.index(s), count=1)
-    return _first_softmax(qk, first, mask_from, offs_m, offs_n, sk, co, wo, ao, cap_in, cap_out, slope, scale_log2,
-                          BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
-
-
-@gluon.jit
 def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
               v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset, window_offset,
               align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m, head_group, q_rows_b, q_rows_h,
@@ -593,7 +513,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
               SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, RAGGED: gl.constexpr, PAIRED: gl.constexpr,
               PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr, VARLEN: gl.constexpr, SEQUSED: gl.constexpr,
               ALIGN_BR: gl.constexpr, O_SMEM: gl.constexpr, Q_REGS: gl.constexpr, FENCE: gl.constexpr,
-              LAZY: gl.constexpr, SPLIT: gl.constexpr, BALANCE: gl.constexpr, CHAIN: gl.constexpr):
+              LAZY: gl.constexpr, SPLIT: gl.constexpr, BALANCE: gl.constexpr):
     ROWS: gl.constexpr = 64
     NUM_WG: gl.constexpr = BLOCK_M // ROWS
     dtype: gl.constexpr = o_desc.dtype
@@ -611,41 +531,49 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
     n_turn = 0  # ping-pong: the steps this warpgroup has taken its turn for
     if PINGPONG and WG == NUM_WG - 1:
         mbarrier.arrive(turns.index(0), count=1)  # warpgroup 0 goes first
-    n_items = _n_items(n_tiles, pieces, Items, PAIRED, VARLEN, SPLIT, BALANCE)
-    # the first tile's softmax, carried over from the previous item's end when CHAIN opened this one there (P in
-    # float32: carried narrowed, ptxas copies it into P V's operand registers at every step of the key loop)
-    m = gl.zeros([ROWS], gl.float32, row_layout)
-    l = gl.zeros([ROWS], gl.float32, row_layout)
-    p_first = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
-    if CHAIN:  # only the first item opens on its own (before the loop, so no copies of P in it)
-        if n_items > 0:
-            _g, _part, _bh, _b, _h, _q0, _sq, sk, _row0, co, wo, ao, first, _n, slope, mask_from, offs_m = _item(
-                0, n_tiles, pieces, Items, n_m, head_group, heads, seqlen_q, seqlen_k, CuQ, CuK, SeqK, causal_offset,
-                window_offset, align_offset, Alibi, alibi_scale, row_layout, WG, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
-                ALIBI, RAGGED, PAIRED, VARLEN, SEQUSED, ALIGN_BR, SPLIT, BALANCE)
-            mbarrier.wait(q_bar, 0)
-            m, l, p_first = _open(q_half, k_bufs, k_ready, k_empty, turns, n_turn, it0, first, mask_from, offs_m,
-                                  offs_n, sk, co, wo, ao, cap_in, cap_out, slope, scale_log2, s_layout, STAGES, WG,
-                                  NUM_WG, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PINGPONG)
-            n_turn += 1
-    for t_idx in range(n_items):
-        g, part, bh, b, h, q0, sq, sk, row0, co, wo, ao, first, n_iters, slope, mask_from, offs_m = _item(
-            t_idx, n_tiles, pieces, Items, n_m, head_group, heads, seqlen_q, seqlen_k, CuQ, CuK, SeqK, causal_offset,
-            window_offset, align_offset, Alibi, alibi_scale, row_layout, WG, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, ALIBI,
-            RAGGED, PAIRED, VARLEN, SEQUSED, ALIGN_BR, SPLIT, BALANCE)
+    for t_idx in range(_n_items(n_tiles, pieces, Items, PAIRED, VARLEN, SPLIT, BALANCE)):
+        g, part = _work(t_idx, n_tiles, pieces, Items, PAIRED, VARLEN, SPLIT, BALANCE)
+        pid_m, bh = _tile(g, n_m, n_tiles // n_m, head_group, Items, heads, CAUSAL, PAIRED, VARLEN)
+        b = bh // heads
+        h = bh % heads
+        start_m = pid_m * BLOCK_M
+        q0, sq, k0, sk, shift = _sequence(b, seqlen_q, seqlen_k, CuQ, CuK, SeqK, VARLEN, SEQUSED, ALIGN_BR)
+        row0 = start_m + WG * ROWS
+        co = causal_offset + shift  # the band's offsets on this sequence's diagonal
+        wo = window_offset + shift
+        ao = align_offset + shift
+        first, n_iters = _key_tiles(start_m, sk, co, wo, BLOCK_M, BLOCK_N, CAUSAL, WINDOW)
+        first, n_iters = _piece(first, n_iters, part, pieces, SPLIT)
+        slope = 0.0
+        if ALIBI:
+            slope = gl.load(Alibi + h) * alibi_scale
+        # tiles before mask_from are visible to every row of this warpgroup: no mask
+        mask_from = _mask_from(row0, sk, co, BLOCK_N, CAUSAL, RAGGED)
+        offs_m = row0 + gl.arange(0, ROWS, layout=row_layout)
         acc = gl.zeros([ROWS, HEAD], gl.float32, o_layout)
+
+        # tile 0: 5.1-5.4 (no rescale yet)
+        s = it0 % STAGES
         mbarrier.wait(q_bar, tc & 1)
         if Q_REGS:  # Q into registers once: its shared slot goes back to the producer at once
             q_op = q_half.load(q_layout)
             mbarrier.arrive(q_empty, count=1)
         else:
             q_op = q_half
-        if not CHAIN:  # tile 0 on its own
-            m, l, p_first = _open(q_op, k_bufs, k_ready, k_empty, turns, n_turn, it0, first, mask_from, offs_m, offs_n,
-                                  sk, co, wo, ao, cap_in, cap_out, slope, scale_log2, s_layout, STAGES, WG, NUM_WG,
-                                  BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PINGPONG)
-            n_turn += 1
-        p16 = gl.convert_layout(_narrow(p_first, dtype), p_layout)
+        mbarrier.wait(k_ready.index(s), (it0 // STAGES) & 1)
+        _take_turn(turns, n_turn, WG, PINGPONG)
+        qk = warpgroup_mma(q_op, k_bufs.index(s).permute((1, 0)),
+                           gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+        _pass_turn(turns, WG, NUM_WG, PINGPONG)
+        n_turn += 1
+        qk, _k0 = warpgroup_mma_wait(0, deps=[qk, k_bufs.index(s)])
+        mbarrier.arrive(k_empty.index(s), count=1)
+        qk = _scores(qk, first, mask_from, offs_m, offs_n, sk, co, wo, ao, cap_in, cap_out, slope, BLOCK_N, CAUSAL,
+                     WINDOW, SOFTCAP, ALIBI, RAGGED)
+        m = gl.max(qk, axis=1) * scale_log2
+        p = gl.exp2(qk * scale_log2 - _pivot(m, CAUSAL or WINDOW or RAGGED)[:, None])
+        l = gl.sum(p, axis=1)
+        p16 = gl.convert_layout(_narrow(p, dtype), p_layout)
         for i in range(1, n_iters):
             s = (it0 + i) % STAGES
             ph = ((it0 + i) // STAGES) & 1
@@ -665,9 +593,6 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
             n_turn += 1
             qk = warpgroup_mma_wait(1, deps=[qk])
             mbarrier.arrive(k_empty.index(s), count=1)
-            if CHAIN and not Q_REGS:  # the item's last Q K^T has retired: the next Q may load under this softmax
-                if i == n_iters - 1:
-                    mbarrier.arrive(q_empty, count=1)
             # 5.2-5.4 of tile i while P V of tile i-1 runs
             qk = _scores(qk, first + i, mask_from, offs_m, offs_n, sk, co, wo, ao, cap_in, cap_out, slope, BLOCK_N,
                          CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
@@ -692,43 +617,14 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
                 acc = acc * alpha_o
             p16 = gl.convert_layout(_narrow(p, dtype), p_layout)
         if not Q_REGS:  # every Q K^T of this item has retired: the producer may load the next item's Q
-            if (n_iters == 1) | (not CHAIN):
-                mbarrier.arrive(q_empty, count=1)
+            mbarrier.arrive(q_empty, count=1)
         last = (it0 + n_iters - 1) % STAGES
         mbarrier.wait(v_ready.index(last), ((it0 + n_iters - 1) // STAGES) & 1)
-        m_next = m
-        l_next = l
-        p_next = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)  # (not p_first: that would keep it live)
-        if (t_idx + 1 < n_items) & CHAIN:
-            # the next item's tile 0 opens here, as a step of the loop above: its Q K^T (Q from shared
-            # memory, whatever Q_REGS says) issued beside this item's last P V, its softmax under that product
-            _g, _part, _bh, _b, _h, _q0, _sq, sk_n, _row0, co_n, wo_n, ao_n, first_n, _n, slope_n, mask_n, offs_n_m = \
-                _item(t_idx + 1, n_tiles, pieces, Items, n_m, head_group, heads, seqlen_q, seqlen_k, CuQ, CuK, SeqK,
-                      causal_offset, window_offset, align_offset, Alibi, alibi_scale, row_layout, WG, BLOCK_M,
-                      BLOCK_N, CAUSAL, WINDOW, ALIBI, RAGGED, PAIRED, VARLEN, SEQUSED, ALIGN_BR, SPLIT, BALANCE)
-            s = (it0 + n_iters) % STAGES
-            mbarrier.wait(q_bar, (tc + 1) & 1)
-            mbarrier.wait(k_ready.index(s), ((it0 + n_iters) // STAGES) & 1)
-            _take_turn(turns, n_turn, WG, PINGPONG)
-            qk = warpgroup_mma(q_half, k_bufs.index(s).permute((1, 0)),
-                               gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
-            acc = warpgroup_mma(p16, v_bufs.index(last), acc, is_async=True)
-            _pass_turn(turns, WG, NUM_WG, PINGPONG)
-            n_turn += 1
-            qk = warpgroup_mma_wait(1, deps=[qk])
-            mbarrier.arrive(k_empty.index(s), count=1)
-            m_next, l_next, p_next = _first_softmax(qk, first_n, mask_n, offs_n_m, offs_n, sk_n, co_n, wo_n, ao_n,
-                                                    cap_in, cap_out, slope_n, scale_log2, BLOCK_N, CAUSAL, WINDOW,
-                                                    SOFTCAP, ALIBI, RAGGED)
-            if FENCE:
-                l_next = _fence(l_next)
-            acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
-        else:
-            _take_turn(turns, n_turn, WG, PINGPONG)
-            acc = warpgroup_mma(p16, v_bufs.index(last), acc, is_async=True)
-            _pass_turn(turns, WG, NUM_WG, PINGPONG)
-            n_turn += 1
-            acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
+        _take_turn(turns, n_turn, WG, PINGPONG)
+        acc = warpgroup_mma(p16, v_bufs.index(last), acc, is_async=True)
+        _pass_turn(turns, WG, NUM_WG, PINGPONG)
+        n_turn += 1
+        acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
         mbarrier.arrive(v_empty.index(last), count=1)
 
         # Section 6: o = acc / l with 1/l := 0 on an empty row
@@ -760,9 +656,6 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
             else:  # [batch, heads, seqlen_q]
                 lse_row0 = bh.to(gl.int64) * seqlen_q
             gl.store(LSE + lse_row0 + offs_m, lse, mask=offs_m < sq)
-        m = m_next
-        l = l_next
-        p_first = p_next
         it0 += n_iters
         tc += 1
 
@@ -778,7 +671,7 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                   RAGGED: gl.constexpr, PAIRED: gl.constexpr, PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr,
                   VARLEN: gl.constexpr, SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, PAGED: gl.constexpr,
                   O_SMEM: gl.constexpr, Q_REGS: gl.constexpr, FENCE: gl.constexpr, LAZY: gl.constexpr,
-                  SPLIT: gl.constexpr, BALANCE: gl.constexpr, CHAIN: gl.constexpr, Q_AHEAD: gl.constexpr):
+                  SPLIT: gl.constexpr, BALANCE: gl.constexpr):
     """Each program runs its work items (query block, batch*head), :func:`_n_items` and
     :func:`_tile`; the K/V rings and the barrier phases carry on from one item to the
     next, so the next item's first loads overlap this one's epilogue."""
@@ -816,24 +709,24 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 0, BLOCK_M,
                          BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
-                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE, CHAIN)),
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 1, BLOCK_M,
                          BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
-                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE, CHAIN)),
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 2, BLOCK_M,
                          BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
-                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE, CHAIN)),
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
                          window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
                          kv_col_h, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
-                         PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE, Q_AHEAD)),
+                         PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     elif NUM_WG == 2:
         gl.warp_specialize([
@@ -842,18 +735,18 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 0, BLOCK_M,
                          BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
-                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE, CHAIN)),
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 1, BLOCK_M,
                          BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
-                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE, CHAIN)),
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
                          window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
                          kv_col_h, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
-                         PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE, Q_AHEAD)),
+                         PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:  # one consumer warpgroup: it is the default partition, with the registers the producer gives up
         gl.warp_specialize([
@@ -862,12 +755,12 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 0, BLOCK_M,
                          BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
-                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE, CHAIN)),
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
                          window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
                          kv_col_h, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
-                         PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE, Q_AHEAD)),
+                         PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE)),
         ], [1], [PRODUCER_REGS])
 
 
@@ -915,8 +808,6 @@ def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
         return f"head_dim {prob.head_dim} (takes 64 and 128)"
     if cfg.block_m not in (64, 128, 192):
         return f"block_m {cfg.block_m} (takes 64, 128 or 192: 1, 2 or 3 consumer warpgroups)"
-    if cfg.q_ahead and not cfg.q_regs:
-        return "q_ahead loads the next item's Q while Q's slot is free: with q_regs only"
     if cfg.pingpong and cfg.block_m == 64:
         return "ping-pong takes turns between 2 or 3 consumer warpgroups (block_m 128 or 192)"
     if prob.page % cfg.block_n:
@@ -1153,5 +1044,4 @@ def constexprs(prob, cfg, store_lse: bool, paired: bool = False, alibi: bool = F
                 PINGPONG=bool(cfg.pingpong), STORE_LSE=store_lse, VARLEN=prob.varlen, SEQUSED=prob.seqused,
                 ALIGN_BR=per_sequence(prob) and prob.align_br, PAGED=bool(prob.page),
                 O_SMEM=o_staged(prob.head_dim, cfg), Q_REGS=bool(cfg.q_regs),
-                FENCE=bool(cfg.fence), LAZY=bool(cfg.lazy), SPLIT=split, BALANCE=balance,
-                CHAIN=bool(cfg.chain), Q_AHEAD=bool(cfg.q_ahead))
+                FENCE=bool(cfg.fence), LAZY=bool(cfg.lazy), SPLIT=split, BALANCE=balance)
