@@ -181,7 +181,7 @@ HOPPER = [
     # at every key step (32 moves, run T071459: 627 at 16k); carried in float32 it was not, and still lost.
     # Nor was it the next Q: loaded during the item's key loop (q_ahead, with Q in registers; commit 44e389f,
     # reverted), run 20261130T075050: alone 464/550/594/611/641/645 at S=512..16k against 484/554/599/622/642/655,
-    # chained 461/542/592/614/643/650; causal (T075050-gpu1) alone even, chained 1-8% slower.
+    # chained 461/542/592/614/643/650; causal (T075050-gpu1) alone within 2%, chained 1-8% slower.
     # 192 rows in 64-key tiles (1.5x the FLOPs per K/V byte from L2), run 20261130T073657-gpu1: 630 (3 stages
     # 625) against 636 at 8k, 637 (638) against 651 at 16k: Q K^T's m64n64k16 products read Q and K from shared
     # memory at about its bandwidth
