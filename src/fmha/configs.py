@@ -165,14 +165,14 @@ HOPPER = [
     # 20261130T060336 (bf16), TFLOP/s at S=512..16k against the table's 482/556/601/621/645/653: 354/430/521/561/
     # 615/626 without the fence, 355/434/531/572/612/627 also without lazy, 318-588 with both (spills); fp16
     # (T060048-gpu1) alike, 600 against 633 at 16k; D=64 in 128 x 192 tiles 460 against 532 (T060249-gpu1).  The
-    # second Q K^T re-reads Q from shared memory (one N=192 wgmma would not), and ptxas spills around the loop
+    # second Q K^T re-reads Q from shared memory (one N=192 wgmma would not), and ptxas spills around the loop.
     # The last round's key tiles dealt out as equal runs (stream-K, an item in up to 3 pieces at 16k keys, commit
     # cc6c90e, reverted) against its items in 7 equal pieces, same call (runs 20261130T061613 / T061652-old /
-    # T061730, bf16, new/old/new): 636/635/636 at 16k, 623/624/622 at 8k; fp16 alike (T061420-gpu1 ...)
+    # T061730, bf16, new/old/new): 636/635/636 at 16k, 623/624/622 at 8k; fp16 alike (T061420-gpu1 ...).
     # A K ring one slot deeper than V's (3 K, 2 V: K loads a tile further ahead, O still staged; commit 0f987c9,
     # reverted) lost, run 20261130T062433 (bf16), TFLOP/s at S=512..16k: 487/566/605/628/641/651 against
     # 494/568/608/630/649/664; fp16 (T062114-gpu1) 613 against 634 at 16k; causal (T062215-gpu1) and D=64
-    # (T062305-gpu1) even or slower
+    # (T062305-gpu1) even or slower.
     # Chained items (an item's tile 0, Q K^T and softmax, run beside the previous item's last P V, its epilogue
     # after them: commits 166cfd8 and bdaf0d4, reverted; GPU tests passed) lost at every length, more the shorter
     # the items, run 20261130T072717 (bf16), TFLOP/s at S=512..16k against the table's 478/551/594/614/635/646:
@@ -184,8 +184,8 @@ HOPPER = [
     # chained 461/542/592/614/643/650; causal (T075050-gpu1) alone within 2%, chained 1-8% slower.
     # 192 rows in 64-key tiles (1.5x the FLOPs per K/V byte from L2), run 20261130T073657-gpu1: 630 (3 stages
     # 625) against 636 at 8k, 637 (638) against 651 at 16k: Q K^T's m64n64k16 products read Q and K from shared
-    # memory at about its bandwidth
-    (128, False, 16384, KernelConfig(128, 128, 4, 2, split_tail=1, fence=1, lazy=1)),  # m192 spills
+    # memory at about its bandwidth.
+    (128, False, 16384, KernelConfig(128, 128, 4, 2, split_tail=1, fence=1, lazy=1)),  # m192n128 spills
     (128, False, None, KernelConfig(128, 128, 4, 3, q_regs=1, fence=1)),
     # up to 512 keys: 64-row programs, two on an SM (three do not fit in shared memory at D=128), 64-key
     # tiles: 314 against 305 (bf16, run 20261130T031922; cuDNN 302), 297 against 290 (fp16, T031923-gpu1;
