@@ -55,12 +55,7 @@ HOPPER_CONFIGS = [fmha.KernelConfig(128, 128, 4, 3), fmha.KernelConfig(192, 128,
                   fmha.KernelConfig(64, 64, 4, 2, occupancy=3),
                   # the pivot moved only past 2**8 growth, O rescaled only then
                   fmha.KernelConfig(128, 128, 4, 2, lazy=1), fmha.KernelConfig(192, 128, 4, 2, pingpong=1, lazy=1),
-                  fmha.KernelConfig(128, 128, 4, 3, q_regs=1, fence=1, lazy=1),
-                  # the row sums from the tensor cores
-                  fmha.KernelConfig(128, 128, 4, 2, fence=1, lazy=1, mma_sum=1),
-                  fmha.KernelConfig(128, 128, 4, 3, q_regs=1, fence=1, mma_sum=1),
-                  fmha.KernelConfig(128, 128, 4, 2, pingpong=1, mma_sum=1),
-                  fmha.KernelConfig(64, 64, 4, 2, occupancy=3, q_regs=1, mma_sum=1)]
+                  fmha.KernelConfig(128, 128, 4, 3, q_regs=1, fence=1, lazy=1)]
 DTYPE_LAYOUTS = [(dt, lay) for dt in (torch.float16, torch.bfloat16) for lay in ("bhsd", "bshd")]
 # the table's configs in every dtype and layout; each other config in one of them (the descriptors
 # and the output's dtype do not depend on the schedule)
@@ -94,8 +89,7 @@ def test_hopper_matches_reference(config, layout, dtype, causal, align, shape):
 @pytest.mark.parametrize("growth", [0.002, 0.05])
 @pytest.mark.parametrize("d,config", [(128, fmha.KernelConfig(128, 128, 4, 2, lazy=1)),
                                       (64, fmha.KernelConfig(192, 128, 4, 2, lazy=1)),
-                                      (64, fmha.KernelConfig(64, 64, 4, 2, occupancy=3, lazy=1)),
-                                      (128, fmha.KernelConfig(128, 128, 4, 2, fence=1, lazy=1, mma_sum=1))], ids=str)
+                                      (64, fmha.KernelConfig(64, 64, 4, 2, occupancy=3, lazy=1))], ids=str)
 def test_hopper_rescales_as_scores_grow(d, config, growth):
     """Keys growing along the sequence (key j scaled by 1 + growth * j): at 0.05 every row's max grows
     by far more than 2**8 from one key tile to the next, so a lazy pivot moves (and O is rescaled) at

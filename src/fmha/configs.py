@@ -29,7 +29,6 @@ class KernelConfig:
     balance: int = 0  # hopper, causal persistent: 1 the last round or two of pairs dealt longest item first
     occupancy: int = 0  # hopper: programs resident on each SM (the persistent grid, the registers split for it); 0: 1
     lazy: int = 0  # hopper: 1 a row's pivot moves only when its max grows by more than 2**8; O rescaled only then
-    mma_sum: int = 0  # hopper: 1 the row sums from the tensor cores (P times ones, m64n8k16) instead of 64 adds a tile
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -47,9 +46,8 @@ class KernelConfig:
         balance = "b" if self.balance else ""
         occupancy = f"o{self.occupancy}" if self.occupancy else ""
         lazy = "l" if self.lazy else ""
-        mma_sum = "u" if self.mma_sum else ""
         return (f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}{regs}{sched}{fill}{turns}{heads}"
-                f"{tma}{q_regs}{fence}{tail}{balance}{occupancy}{lazy}{mma_sum}")
+                f"{tma}{q_regs}{fence}{tail}{balance}{occupancy}{lazy}")
 
 
 SEED = KernelConfig(block_m=16, block_n=16, num_warps=1, num_stages=1)

@@ -76,7 +76,6 @@ REGS_SM = 65536  # 32-bit registers on one SM
 CONSUMER_REGS = {2: 240, 3: 160}  # setmaxnreg per consumer thread, by warpgroup count (one program per SM)
 PRODUCER_REGS = gl.constexpr(24)
 LN2 = gl.constexpr(0.6931471805599453)
-SUM_COLS = gl.constexpr(8)  # MMA_SUM: the narrowest wgmma (m64n8k16)
 
 
 @gluon.jit
@@ -420,22 +419,6 @@ def _fence(x):
         "=r,r", [x], dtype=gl.float32, is_pure=False, pack=1)
 
 
-@gluon.jit
-def _fence_all(p):
-    """``p`` unchanged, through one block edge that needs all of its values (:func:`_fence` for a whole
-    tile: with MMA_SUM no row sum depends on every exponential)."""
-    if p.shape[1] == 128:
-        return gl.inline_asm_elementwise(FENCE_64, FENCE_64_C, [p], dtype=gl.float32, is_pure=False, pack=64)
-    else:
-        return gl.inline_asm_elementwise(FENCE_32, FENCE_32_C, [p], dtype=gl.float32, is_pure=False, pack=32)
-
-
-def _fence_asm(values: int) -> str:
-    """PTX passing ``values`` registers through (``$0..`` tied to the inputs) behind a loop that never repeats."""
-    return ("{ .reg .pred %p; fence_all_again: setp.eq.b32 %p, $0, 0x7fc00001; "
-            "@%p mov.b32 $0, 0x7fffffff; @%p bra fence_all_again; }")
-
-
 def _rescale_asm(values: int) -> str:
     """PTX for one thread's ``values`` accumulator registers (``$0..``, tied to the inputs) times
     their row's alpha (``$2v..``): a branch over the multiplications when both of the thread's rows
@@ -456,10 +439,6 @@ RESCALE_128 = gl.constexpr(_rescale_asm(64))  # 64 rows x 128 columns over a war
 RESCALE_128_C = gl.constexpr(_rescale_constraints(64))
 RESCALE_64 = gl.constexpr(_rescale_asm(32))
 RESCALE_64_C = gl.constexpr(_rescale_constraints(32))
-FENCE_64 = gl.constexpr(_fence_asm(64))
-FENCE_64_C = gl.constexpr(",".join(["=f"] * 64 + [str(i) for i in range(64)]))
-FENCE_32 = gl.constexpr(_fence_asm(32))
-FENCE_32_C = gl.constexpr(",".join(["=f"] * 32 + [str(i) for i in range(32)]))
 
 
 @gluon.jit
@@ -526,7 +505,7 @@ def _pass_turn(turns, WG: gl.constexpr, NUM_WG: gl.constexpr, PINGPONG: gl.const
 
 
 @gluon.jit
-def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, ones, q_bar, q_empty, k_ready, k_empty, v_ready,
+def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
               v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset, window_offset,
               align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m, head_group, q_rows_b, q_rows_h,
               q_col_h, o_stride, W, WL, Rows, pieces, STAGES: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr,
@@ -534,7 +513,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, ones, q_bar
               SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, RAGGED: gl.constexpr, PAIRED: gl.constexpr,
               PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr, VARLEN: gl.constexpr, SEQUSED: gl.constexpr,
               ALIGN_BR: gl.constexpr, O_SMEM: gl.constexpr, Q_REGS: gl.constexpr, FENCE: gl.constexpr,
-              LAZY: gl.constexpr, SPLIT: gl.constexpr, BALANCE: gl.constexpr, MMA_SUM: gl.constexpr):
+              LAZY: gl.constexpr, SPLIT: gl.constexpr, BALANCE: gl.constexpr):
     ROWS: gl.constexpr = 64
     NUM_WG: gl.constexpr = BLOCK_M // ROWS
     dtype: gl.constexpr = o_desc.dtype
@@ -545,9 +524,6 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, ones, q_bar
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     q_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-    l_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, SUM_COLS, 16])
-    pl_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=l_layout, k_width=2)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     q_half = q_smem.index(WG)
     it0 = 0  # position in the K/V rings, continued across work items
@@ -575,7 +551,6 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, ones, q_bar
         mask_from = _mask_from(row0, sk, co, BLOCK_N, CAUSAL, RAGGED)
         offs_m = row0 + gl.arange(0, ROWS, layout=row_layout)
         acc = gl.zeros([ROWS, HEAD], gl.float32, o_layout)
-        l_acc = gl.zeros([ROWS, SUM_COLS], gl.float32, l_layout)  # MMA_SUM: l in every column
 
         # tile 0: 5.1-5.4 (no rescale yet)
         s = it0 % STAGES
@@ -597,10 +572,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, ones, q_bar
                      WINDOW, SOFTCAP, ALIBI, RAGGED)
         m = gl.max(qk, axis=1) * scale_log2
         p = gl.exp2(qk * scale_log2 - _pivot(m, CAUSAL or WINDOW or RAGGED)[:, None])
-        if MMA_SUM:
-            l = gl.zeros([ROWS], gl.float32, row_layout)
-        else:
-            l = gl.sum(p, axis=1)
+        l = gl.sum(p, axis=1)
         p16 = gl.convert_layout(_narrow(p, dtype), p_layout)
         for i in range(1, n_iters):
             s = (it0 + i) % STAGES
@@ -617,11 +589,9 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, ones, q_bar
             if not PINGPONG:
                 mbarrier.wait(v_ready.index(sp), php)
             acc = warpgroup_mma(p16, v_bufs.index(sp), acc, is_async=True)
-            if MMA_SUM:
-                l_acc = warpgroup_mma(gl.convert_layout(p16, pl_layout), ones.permute((1, 0)), l_acc, is_async=True)
             _pass_turn(turns, WG, NUM_WG, PINGPONG)
             n_turn += 1
-            qk = warpgroup_mma_wait(2 if MMA_SUM else 1, deps=[qk])
+            qk = warpgroup_mma_wait(1, deps=[qk])
             mbarrier.arrive(k_empty.index(s), count=1)
             # 5.2-5.4 of tile i while P V of tile i-1 runs
             qk = _scores(qk, first + i, mask_from, offs_m, offs_n, sk, co, wo, ao, cap_in, cap_out, slope, BLOCK_N,
@@ -632,19 +602,11 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, ones, q_bar
             m_safe = _pivot(m_new, CAUSAL or WINDOW or RAGGED)
             p = gl.exp2(qk * scale_log2 - m_safe[:, None])
             alpha = gl.exp2(m - m_safe)
-            if MMA_SUM:
-                if FENCE:
-                    p = _fence_all(p)
-            else:
-                l = l * alpha + gl.sum(p, axis=1)
-                if FENCE:
-                    l = _fence(l)
+            l = l * alpha + gl.sum(p, axis=1)
+            if FENCE:
+                l = _fence(l)
             m = m_new
-            if MMA_SUM:
-                acc, l_acc, _ = warpgroup_mma_wait(0, deps=[acc, l_acc, p16])
-                l_acc = l_acc * gl.convert_layout(alpha, gl.SliceLayout(1, l_layout))[:, None]
-            else:
-                acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
+            acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
             mbarrier.arrive(v_empty.index(sp), count=1)
             # 5.5: rescale the accumulator once P V of tile i-1 has landed (under the next Q K^T instead,
             # FlashAttention-3's place, 1-2% slower: run 20261130T010410-gpu1 against T010648-gpu1-old)
@@ -660,15 +622,9 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, ones, q_bar
         mbarrier.wait(v_ready.index(last), ((it0 + n_iters - 1) // STAGES) & 1)
         _take_turn(turns, n_turn, WG, PINGPONG)
         acc = warpgroup_mma(p16, v_bufs.index(last), acc, is_async=True)
-        if MMA_SUM:
-            l_acc = warpgroup_mma(gl.convert_layout(p16, pl_layout), ones.permute((1, 0)), l_acc, is_async=True)
         _pass_turn(turns, WG, NUM_WG, PINGPONG)
         n_turn += 1
-        if MMA_SUM:
-            acc, l_acc, _ = warpgroup_mma_wait(0, deps=[acc, l_acc, p16])
-            l = gl.convert_layout(gl.max(l_acc, axis=1), row_layout)
-        else:
-            acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
+        acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
         mbarrier.arrive(v_empty.index(last), count=1)
 
         # Section 6: o = acc / l with 1/l := 0 on an empty row
@@ -715,7 +671,7 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                   RAGGED: gl.constexpr, PAIRED: gl.constexpr, PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr,
                   VARLEN: gl.constexpr, SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, PAGED: gl.constexpr,
                   O_SMEM: gl.constexpr, Q_REGS: gl.constexpr, FENCE: gl.constexpr, LAZY: gl.constexpr,
-                  SPLIT: gl.constexpr, BALANCE: gl.constexpr, MMA_SUM: gl.constexpr):
+                  SPLIT: gl.constexpr, BALANCE: gl.constexpr):
     """Each program runs its work items (query block, batch*head), :func:`_n_items` and
     :func:`_tile`; the K/V rings and the barrier phases carry on from one item to the
     next, so the next item's first loads overlap this one's epilogue."""
@@ -727,15 +683,6 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
         o_smem = gl.allocate_shared_memory(o_desc.dtype, [1, 8, 8], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD], q_desc.layout)  # 2-D slots
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD], q_desc.layout)
-    if MMA_SUM:  # the B operand of P times ones: every column of the product is P's row sum
-        ones_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
-        ones = gl.allocate_shared_memory(q_desc.dtype, [SUM_COLS, BLOCK_N],
-                                         gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2),
-                                         gl.full([SUM_COLS, BLOCK_N], 1.0, q_desc.dtype, ones_layout))
-        fence_async_shared()
-        gl.thread_barrier()
-    else:  # never used: a placeholder for the partitions' argument lists
-        ones = gl.allocate_shared_memory(q_desc.dtype, [8, 8], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -757,24 +704,24 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
     # (the partition arguments are spelled out: a tuple would lose their constexpr-ness)
     if NUM_WG == 3:
         gl.warp_specialize([
-            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, ones, q_bar, q_empty, k_ready, k_empty,
+            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 0, BLOCK_M,
                          BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
-                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE, MMA_SUM)),
-            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, ones, q_bar, q_empty, k_ready, k_empty,
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE)),
+            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 1, BLOCK_M,
                          BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
-                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE, MMA_SUM)),
-            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, ones, q_bar, q_empty, k_ready, k_empty,
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE)),
+            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 2, BLOCK_M,
                          BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
-                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE, MMA_SUM)),
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
                          window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
@@ -783,18 +730,18 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     elif NUM_WG == 2:
         gl.warp_specialize([
-            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, ones, q_bar, q_empty, k_ready, k_empty,
+            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 0, BLOCK_M,
                          BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
-                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE, MMA_SUM)),
-            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, ones, q_bar, q_empty, k_ready, k_empty,
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE)),
+            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 1, BLOCK_M,
                          BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
-                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE, MMA_SUM)),
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
                          window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
@@ -803,12 +750,12 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:  # one consumer warpgroup: it is the default partition, with the registers the producer gives up
         gl.warp_specialize([
-            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, ones, q_bar, q_empty, k_ready, k_empty,
+            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 0, BLOCK_M,
                          BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
-                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE, MMA_SUM)),
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
                          window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
@@ -1097,5 +1044,4 @@ def constexprs(prob, cfg, store_lse: bool, paired: bool = False, alibi: bool = F
                 PINGPONG=bool(cfg.pingpong), STORE_LSE=store_lse, VARLEN=prob.varlen, SEQUSED=prob.seqused,
                 ALIGN_BR=per_sequence(prob) and prob.align_br, PAGED=bool(prob.page),
                 O_SMEM=o_staged(prob.head_dim, cfg), Q_REGS=bool(cfg.q_regs),
-                FENCE=bool(cfg.fence), LAZY=bool(cfg.lazy), SPLIT=split, BALANCE=balance,
-                MMA_SUM=bool(cfg.mma_sum))
+                FENCE=bool(cfg.fence), LAZY=bool(cfg.lazy), SPLIT=split, BALANCE=balance)
