@@ -55,11 +55,7 @@ HOPPER_CONFIGS = [fmha.KernelConfig(128, 128, 4, 3), fmha.KernelConfig(192, 128,
                   fmha.KernelConfig(64, 64, 4, 2, occupancy=3),
                   # the pivot moved only past 2**8 growth, O rescaled only then
                   fmha.KernelConfig(128, 128, 4, 2, lazy=1), fmha.KernelConfig(192, 128, 4, 2, pingpong=1, lazy=1),
-                  fmha.KernelConfig(128, 128, 4, 3, q_regs=1, fence=1, lazy=1),
-                  # turns taken at hardware named barriers
-                  fmha.KernelConfig(128, 128, 4, 2, pingpong=2, fence=1, lazy=1),
-                  fmha.KernelConfig(192, 128, 4, 2, pingpong=2),
-                  fmha.KernelConfig(128, 128, 4, 2, pingpong=2, q_regs=1)]
+                  fmha.KernelConfig(128, 128, 4, 3, q_regs=1, fence=1, lazy=1)]
 DTYPE_LAYOUTS = [(dt, lay) for dt in (torch.float16, torch.bfloat16) for lay in ("bhsd", "bshd")]
 # the table's configs in every dtype and layout; each other config in one of them (the descriptors
 # and the output's dtype do not depend on the schedule)

@@ -488,51 +488,20 @@ def _pivot(m, MASKED: gl.constexpr):
     return m
 
 
-TURN_BARRIER = 8  # hardware named barriers 8, 9, 10: one per consumer warpgroup (Triton's partitions use 0-2)
-TURN_SYNC_0 = gl.constexpr(f"bar.sync {TURN_BARRIER}, 256;")
-TURN_SYNC_1 = gl.constexpr(f"bar.sync {TURN_BARRIER + 1}, 256;")
-TURN_SYNC_2 = gl.constexpr(f"bar.sync {TURN_BARRIER + 2}, 256;")
-TURN_ARRIVE_0 = gl.constexpr(f"bar.arrive {TURN_BARRIER}, 256;")
-TURN_ARRIVE_1 = gl.constexpr(f"bar.arrive {TURN_BARRIER + 1}, 256;")
-TURN_ARRIVE_2 = gl.constexpr(f"bar.arrive {TURN_BARRIER + 2}, 256;")
-
-
-@gluon.jit
-def _named(asm: gl.constexpr):
-    """One named-barrier instruction (``bar.sync`` or ``bar.arrive``) for every thread of the warpgroup."""
-    gl.inline_asm_elementwise(asm, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-
-
 @gluon.jit
 def _take_turn(turns, n_turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
     """Ping-pong (FlashAttention-3): wait until the previous consumer warpgroup has issued its
     matrix products of this step, so the warpgroups' products alternate on the tensor cores
-    and one warpgroup's softmax runs under the other's products.  PINGPONG 1 waits on an
-    mbarrier, 2 on a hardware named barrier (FlashAttention-3's warp scheduler barrier: this
-    warpgroup's 128 threads sync, the previous warpgroup's 128 arrive)."""
-    if PINGPONG == 1:
+    and one warpgroup's softmax runs under the other's products."""
+    if PINGPONG:
         mbarrier.wait(turns.index(WG), n_turn & 1)
-    elif PINGPONG == 2:
-        if WG == 0:
-            _named(TURN_SYNC_0)
-        elif WG == 1:
-            _named(TURN_SYNC_1)
-        else:
-            _named(TURN_SYNC_2)
 
 
 @gluon.jit
 def _pass_turn(turns, WG: gl.constexpr, NUM_WG: gl.constexpr, PINGPONG: gl.constexpr):
     """Ping-pong: this warpgroup has issued its products; the next one may issue."""
-    if PINGPONG == 1:
+    if PINGPONG:
         mbarrier.arrive(turns.index((WG + 1) % NUM_WG), count=1)
-    elif PINGPONG == 2:
-        if (WG + 1) % NUM_WG == 0:
-            _named(TURN_ARRIVE_0)
-        elif (WG + 1) % NUM_WG == 1:
-            _named(TURN_ARRIVE_1)
-        else:
-            _named(TURN_ARRIVE_2)
 
 
 @gluon.jit
@@ -560,8 +529,8 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
     it0 = 0  # position in the K/V rings, continued across work items
     tc = 0
     n_turn = 0  # ping-pong: the steps this warpgroup has taken its turn for
-    if PINGPONG and WG == NUM_WG - 1:  # warpgroup 0 goes first
-        _pass_turn(turns, WG, NUM_WG, PINGPONG)
+    if PINGPONG and WG == NUM_WG - 1:
+        mbarrier.arrive(turns.index(0), count=1)  # warpgroup 0 goes first
     for t_idx in range(_n_items(n_tiles, pieces, Items, PAIRED, VARLEN, SPLIT, BALANCE)):
         g, part = _work(t_idx, n_tiles, pieces, Items, PAIRED, VARLEN, SPLIT, BALANCE)
         pid_m, bh = _tile(g, n_m, n_tiles // n_m, head_group, Items, heads, CAUSAL, PAIRED, VARLEN)
@@ -1072,7 +1041,7 @@ def constexprs(prob, cfg, store_lse: bool, paired: bool = False, alibi: bool = F
                 CONSUMER_REGS=consumer_regs(cfg), CAUSAL=prob.causal,
                 WINDOW=prob.window_offset is not None, SOFTCAP=prob.softcap > 0, ALIBI=alibi,
                 RAGGED=per_sequence(prob) or prob.seqlen_k % cfg.block_n != 0, PAIRED=paired,
-                PINGPONG=cfg.pingpong, STORE_LSE=store_lse, VARLEN=prob.varlen, SEQUSED=prob.seqused,
+                PINGPONG=bool(cfg.pingpong), STORE_LSE=store_lse, VARLEN=prob.varlen, SEQUSED=prob.seqused,
                 ALIGN_BR=per_sequence(prob) and prob.align_br, PAGED=bool(prob.page),
                 O_SMEM=o_staged(prob.head_dim, cfg), Q_REGS=bool(cfg.q_regs),
                 FENCE=bool(cfg.fence), LAZY=bool(cfg.lazy), SPLIT=split, BALANCE=balance)
