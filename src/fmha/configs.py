@@ -20,7 +20,7 @@ class KernelConfig:
     maxnreg: int = 0  # registers per consumer thread (hopper's setmaxnreg); 0: the variant's default
     persistent: int = -1  # hopper: 1 one program per SM, 0 one per work item, -1 the variant's default (1)
     split_per_sm: int = 0  # key-split launches: programs per SM the split aims for; 0: the default (4)
-    pingpong: int = 0  # hopper: 1 consumer warpgroups take turns issuing products; 2 also no overlap within one
+    pingpong: int = 0  # hopper: 1 the consumer warpgroups take turns issuing their matrix products
     head_group: int = 0  # hopper: work items numbered across this many heads at once; 0: head-major (1)
     tma: int = 0  # tiled: 1 K/V read by TMA (3-D descriptors; sm_90, contiguous K/V, not varlen or paged)
     q_regs: int = 0  # hopper: 1 each consumer warpgroup holds its Q in registers (Q K^T reads only K from smem)
@@ -37,7 +37,7 @@ class KernelConfig:
         regs = f"r{self.maxnreg}" if self.maxnreg else ""
         sched = f"p{self.persistent}" if self.persistent >= 0 else ""
         fill = f"f{self.split_per_sm}" if self.split_per_sm else ""
-        turns = {0: "", 1: "pp", 2: "ps"}[self.pingpong]
+        turns = "pp" if self.pingpong else ""
         heads = f"h{self.head_group}" if self.head_group else ""
         tma = "t" if self.tma else ""
         q_regs = "q" if self.q_regs else ""

@@ -591,11 +591,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
             acc = warpgroup_mma(p16, v_bufs.index(sp), acc, is_async=True)
             _pass_turn(turns, WG, NUM_WG, PINGPONG)
             n_turn += 1
-            if PINGPONG == 2:  # both products landed before the softmax: P and S never live together
-                qk, acc, p16 = warpgroup_mma_wait(0, deps=[qk, acc, p16])
-                mbarrier.arrive(v_empty.index(sp), count=1)
-            else:
-                qk = warpgroup_mma_wait(1, deps=[qk])
+            qk = warpgroup_mma_wait(1, deps=[qk])
             mbarrier.arrive(k_empty.index(s), count=1)
             # 5.2-5.4 of tile i while P V of tile i-1 runs
             qk = _scores(qk, first + i, mask_from, offs_m, offs_n, sk, co, wo, ao, cap_in, cap_out, slope, BLOCK_N,
@@ -610,9 +606,8 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
             if FENCE:
                 l = _fence(l)
             m = m_new
-            if PINGPONG != 2:
-                acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
-                mbarrier.arrive(v_empty.index(sp), count=1)
+            acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
+            mbarrier.arrive(v_empty.index(sp), count=1)
             # 5.5: rescale the accumulator once P V of tile i-1 has landed (under the next Q K^T instead,
             # FlashAttention-3's place, 1-2% slower: run 20261130T010410-gpu1 against T010648-gpu1-old)
             alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
@@ -1046,7 +1041,7 @@ def constexprs(prob, cfg, store_lse: bool, paired: bool = False, alibi: bool = F
                 CONSUMER_REGS=consumer_regs(cfg), CAUSAL=prob.causal,
                 WINDOW=prob.window_offset is not None, SOFTCAP=prob.softcap > 0, ALIBI=alibi,
                 RAGGED=per_sequence(prob) or prob.seqlen_k % cfg.block_n != 0, PAIRED=paired,
-                PINGPONG=cfg.pingpong, STORE_LSE=store_lse, VARLEN=prob.varlen, SEQUSED=prob.seqused,
+                PINGPONG=bool(cfg.pingpong), STORE_LSE=store_lse, VARLEN=prob.varlen, SEQUSED=prob.seqused,
                 ALIGN_BR=per_sequence(prob) and prob.align_br, PAGED=bool(prob.page),
                 O_SMEM=o_staged(prob.head_dim, cfg), Q_REGS=bool(cfg.q_regs),
                 FENCE=bool(cfg.fence), LAZY=bool(cfg.lazy), SPLIT=split, BALANCE=balance)
