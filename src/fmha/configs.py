@@ -104,7 +104,9 @@ HOPPER = [
     # 192 rows with ping-pong (the three consumer warpgroups take turns issuing their products) beside the
     # table, run 20261130T022815 (bf16) and T022815-gpu1 (fp16), TFLOP/s at S=2k/4k/8k/16k: bf16 472/491/516/521
     # against 452/477/506/511, fp16 455/473/502/504 against 442/459/490/497; at 512 and 1k (128 rows) 2% slower,
-    # and causal, 0.95-1.00x
+    # and causal, 0.95-1.00x.  128 x 256 tiles (one m64n256k16 wgmma a k-step of Q K^T, half of Q's operand bytes
+    # per FLOP; 12 spill instructions in the 829 of the loop), run 20261130T083213 (bf16), S=512..16k: 344/366/379/
+    # 384/386/383 against 384/427/471/491/524/528; causal (T083214-gpu1) and fp16 (T083315-gpu1) alike
     (64, False, None, KernelConfig(192, 128, 4, 2, pingpong=1)),  # plain 376/510; m128n128s3 365/446 (p0)
     # causal, tried and not taken (run 20261129T181530, bf16, S=512..16k): a warpgroup whose rows end in
     # the first half of the diagonal tile multiplying that half only (commit 140967c, reverted): D=64
@@ -185,6 +187,17 @@ HOPPER = [
     # 192 rows in 64-key tiles (1.5x the FLOPs per K/V byte from L2), run 20261130T073657-gpu1: 630 (3 stages
     # 625) against 636 at 8k, 637 (638) against 651 at 16k: Q K^T's m64n64k16 products read Q and K from shared
     # memory at about its bandwidth.
+    # Session 15, each beside the table in one call, bf16, TFLOP/s at S=512..16k (reverted; logs s15run1-5):
+    # the row sums from the tensor cores (P times a 128 x 8 block of ones, eight m64n8k16 wgmmas behind each P V,
+    # instead of 64 adds a thread a tile; the loop's SASS 479 -> 430 instructions; commit 3290848), run
+    # 20261130T082525: 469/555/594/614/619/631 against 486/558/599/621/635/654, causal (T082526-gpu1) 1-3% slower,
+    # D=64 (T082621-gpu1) even.  Ping-pong turns at hardware named barriers (bar.sync / bar.arrive, FlashAttention-
+    # 3's warp scheduler barrier; commit d260c9a), run T084034: 466/534/578/603/621/626 against 465/538/578/608/622/
+    # 639, the mbarrier turns 461/530/565/598/613/620; causal and D=64 even.  One program per item (persistent=0,
+    # FlashAttention-4's sm_90 schedule), run T084525: 397/488/552/589/611/622 against 474/544/587/609/632/639,
+    # with the named-barrier turns 399/487/547/585/618/622.  The turns without the overlap inside a warpgroup
+    # (commit 63aed0d), which let 192 rows fit in 160 registers (17 spill instructions in the loop): 192/175/191/
+    # 190/375/379 against 484/555/600/625/639/653 (T084937; GPU tests passed), 128 rows 484/536/572/594/614/624.
     (128, False, 16384, KernelConfig(128, 128, 4, 2, split_tail=1, fence=1, lazy=1)),  # m192n128 spills
     (128, False, None, KernelConfig(128, 128, 4, 3, q_regs=1, fence=1)),
     # up to 512 keys: 64-row programs, two on an SM (three do not fit in shared memory at D=128), 64-key
