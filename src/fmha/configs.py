@@ -29,6 +29,7 @@ class KernelConfig:
     balance: int = 0  # hopper, causal persistent: 1 the last round or two of pairs dealt longest item first
     occupancy: int = 0  # hopper: programs resident on each SM (the persistent grid, the registers split for it); 0: 1
     lazy: int = 0  # hopper: 1 a row's pivot moves only when its max grows by more than 2**8; O rescaled only then
+    kv_reuse: int = 0  # EXPERIMENT, wrong results: 1 half the K/V tiles loaded, 2 an item's first ring only
 
     def as_dict(self) -> dict:
         return asdict(self)

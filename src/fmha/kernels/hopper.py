@@ -192,7 +192,7 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_
               NUM_WG: gl.constexpr, STAGES: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               CAUSAL: gl.constexpr, WINDOW: gl.constexpr, PAIRED: gl.constexpr, VARLEN: gl.constexpr,
               SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, PAGED: gl.constexpr, SPLIT: gl.constexpr,
-              BALANCE: gl.constexpr):
+              BALANCE: gl.constexpr, KV_REUSE: gl.constexpr):
     it = 0  # position in the K/V rings, continued across work items
     tc = 0
     n_tail = 0  # V tiles zeroed past the sequence's end so far (the phase of v_tail)
@@ -218,7 +218,7 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_
         s = it % STAGES
         kv_s, row = _kv_place(b, kv_seq, k0, first, Pages, pages_b, page, BLOCK_N, PAGED)
         mbarrier.wait(k_empty.index(s), ((it // STAGES) & 1) ^ 1)
-        _load(k_desc, [kv_s, row, kv_col], k_ready.index(s), k_bufs.index(s))
+        _load_or_reuse(k_desc, [kv_s, row, kv_col], k_ready.index(s), k_bufs.index(s), _fresh(it, 0, STAGES, KV_REUSE))
         # Q in 64-row boxes (TMA boxes are powers of two; 192 rows is three), once every
         # consumer has issued its last Q K^T of the previous item
         mbarrier.wait(q_empty, (tc & 1) ^ 1)
@@ -240,7 +240,8 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_
             if i > 0:  # (tile 0's place is the first K load's)
                 kv_s, row = _kv_place(b, kv_seq, k0, first + i, Pages, pages_b, page, BLOCK_N, PAGED)  # before the wait
                 mbarrier.wait(k_empty.index(s), ph ^ 1)
-                _load(k_desc, [kv_s, row, kv_col], k_ready.index(s), k_bufs.index(s))
+                _load_or_reuse(k_desc, [kv_s, row, kv_col], k_ready.index(s), k_bufs.index(s),
+                               _fresh(it, i, STAGES, KV_REUSE))
             mbarrier.wait(v_empty.index(s), ph ^ 1)
             if VARLEN or SEQUSED:
                 # keys past this sequence's end are another sequence's or unused cache (NaN, maybe):
@@ -255,12 +256,34 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_
                 else:
                     _load(v_desc, [kv_s, row, kv_col], v_ready.index(s), v_bufs.index(s))
             else:
-                _load(v_desc, [kv_s, row, kv_col], v_ready.index(s), v_bufs.index(s))
+                _load_or_reuse(v_desc, [kv_s, row, kv_col], v_ready.index(s), v_bufs.index(s),
+                               _fresh(it, i, STAGES, KV_REUSE))
             it += 1
         tc += 1
     if VARLEN or SEQUSED:
         if tail:
             _zero_past(v_bufs.index(tail_slot), tail_valid, v_tail, n_tail, v_ready.index(tail_slot))
+
+
+@gluon.jit
+def _fresh(it, i, STAGES: gl.constexpr, KV_REUSE: gl.constexpr):
+    """EXPERIMENT (wrong results): whether ring position ``it`` (tile ``i`` of its item) loads its
+    tile; KV_REUSE 1: every other round of the ring (half the K/V traffic), 2: an item's first
+    STAGES tiles only."""
+    fresh = True
+    if KV_REUSE == 1:
+        fresh = (it // STAGES) % 2 == 0
+    elif KV_REUSE == 2:
+        fresh = i < STAGES
+    return fresh
+
+
+@gluon.jit
+def _load_or_reuse(desc, coord, ready, buf, fresh):
+    if fresh:
+        _load(desc, coord, ready, buf)
+    else:
+        mbarrier.arrive(ready, count=1)
 
 
 @gluon.jit
@@ -671,7 +694,7 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                   RAGGED: gl.constexpr, PAIRED: gl.constexpr, PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr,
                   VARLEN: gl.constexpr, SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, PAGED: gl.constexpr,
                   O_SMEM: gl.constexpr, Q_REGS: gl.constexpr, FENCE: gl.constexpr, LAZY: gl.constexpr,
-                  SPLIT: gl.constexpr, BALANCE: gl.constexpr):
+                  SPLIT: gl.constexpr, BALANCE: gl.constexpr, KV_REUSE: gl.constexpr):
     """Each program runs its work items (query block, batch*head), :func:`_n_items` and
     :func:`_tile`; the K/V rings and the barrier phases carry on from one item to the
     next, so the next item's first loads overlap this one's epilogue."""
@@ -726,7 +749,7 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                          v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
                          window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
                          kv_col_h, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
-                         PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE)),
+                         PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE, KV_REUSE)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     elif NUM_WG == 2:
         gl.warp_specialize([
@@ -746,7 +769,7 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                          v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
                          window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
                          kv_col_h, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
-                         PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE)),
+                         PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE, KV_REUSE)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:  # one consumer warpgroup: it is the default partition, with the registers the producer gives up
         gl.warp_specialize([
@@ -760,7 +783,7 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                          v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
                          window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
                          kv_col_h, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
-                         PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE)),
+                         PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE, KV_REUSE)),
         ], [1], [PRODUCER_REGS])
 
 
@@ -1044,4 +1067,5 @@ def constexprs(prob, cfg, store_lse: bool, paired: bool = False, alibi: bool = F
                 PINGPONG=bool(cfg.pingpong), STORE_LSE=store_lse, VARLEN=prob.varlen, SEQUSED=prob.seqused,
                 ALIGN_BR=per_sequence(prob) and prob.align_br, PAGED=bool(prob.page),
                 O_SMEM=o_staged(prob.head_dim, cfg), Q_REGS=bool(cfg.q_regs),
-                FENCE=bool(cfg.fence), LAZY=bool(cfg.lazy), SPLIT=split, BALANCE=balance)
+                FENCE=bool(cfg.fence), LAZY=bool(cfg.lazy), SPLIT=split, BALANCE=balance,
+                KV_REUSE=cfg.kv_reuse)
