@@ -208,6 +208,35 @@ def test_hopper_split_tail_matches_reference(layout, shape):
     torch.testing.assert_close(lse, ref_lse, atol=1e-3, rtol=1e-4)
 
 
+CLUSTER_SHAPES = [  # (batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim): 2-CTA clusters, K/V multicast
+    (2, 8, 8, 1024, 1024, 128),    # 64 pairs of blocks: fewer than the clusters
+    (1, 16, 4, 2048, 4096, 128),   # GQA, sq < sk; 128 pairs, more than a round
+    (2, 5, 5, 1000, 1537, 128),    # ragged rows (the last pair's second block empty) and ragged keys
+    (1, 3, 3, 77, 100, 128),       # one block a head (its pair's partner past the end), one part-key tile
+    (4, 16, 16, 4096, 4096, 128),  # 1024 pairs: several rounds, the last cut into pieces (split_tail)
+]
+
+
+@pytest.mark.parametrize("shape", CLUSTER_SHAPES, ids=lambda s: "b{}h{}kv{}-q{}k{}-d{}".format(*s))
+@pytest.mark.parametrize("dtype,layout", DTYPE_LAYOUTS, ids=str)
+@pytest.mark.parametrize("split", [0, 1])
+def test_hopper_cluster_matches_reference(split, dtype, layout, shape):
+    """``cluster``: programs of two CTAs on neighbouring query blocks, each K/V tile read from L2
+    once for both (half by each CTA, multicast; kernels/multicast.py rewrites the PTX for it);
+    output and LSE as the tiled kernel's, with and without the last round in pieces."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("sm_90 only")
+    b, h, kvh, sq, sk, d = shape
+    cfg = fmha.KernelConfig(128, 128, 4, 2, cluster=1, split_tail=split, fence=1, lazy=1)
+    q, k, v = make_qkv(b, h, kvh, sq, sk, d, dtype, layout, seed=sk)
+    out = nan_like(q)
+    o, lse = fmha.attention(q, k, v, layout=layout, variant="hopper", out=out, return_lse=True, config=cfg)
+    torch.cuda.synchronize()
+    check_against_reference(out, q, k, v, False, layout=layout)
+    _, ref_lse = fmha.attention(q, k, v, layout=layout, variant="tiled", return_lse=True)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-3, rtol=1e-4)
+
+
 BALANCE_SHAPES = [  # (batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, block_m, align): causal pairs + LPT tail
     (8, 32, 8, 1024, 1024, 64, 128, "top_left"),       # 2048 items: 6 rounds of pairs, the rest by LPT; GQA
     (3, 50, 50, 1000, 1152, 64, 192, "bottom_right"),  # 900 items (odd heads x blocks), ragged rows, sq < sk

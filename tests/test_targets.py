@@ -125,6 +125,45 @@ def test_hopper_builds_balanced_causal():
     assert b.asm["ptx"].count("ld.global") > plain.asm["ptx"].count("ld.global")
 
 
+def test_hopper_builds_clusters_with_multicast():
+    """``cluster``: the sm_90 build launches 2-CTA clusters whose K/V loads are multicast (one column
+    half a CTA, 32 KB expected a tile) and whose consumers also release each ring slot in the other
+    CTA (``mapa`` + a cluster-scope arrive); no spills; the plain build is untouched by the pass."""
+    from dataclasses import replace
+
+    from fmha import configs
+    cfg = replace(configs.hopper_config(128, False, 16384), cluster=1)
+    b = targets.build("hopper", "sm_90", 128, "bfloat16", False, cfg, seqlen_k=16384)
+    ptx = b.asm["ptx"]
+    assert b.metadata["num_ctas"] == 2 and targets.report(b).spilled_registers == 0
+    loads = re.findall(r"cp\.async\.bulk\.tensor\.3d\S*", ptx)
+    assert loads and all(op.endswith(".multicast::cluster") for op in loads)
+    assert "mbarrier.arrive.expect_tx.shared.b64 _, [%r" in ptx and ", 32768;" in ptx
+    assert ptx.count("mapa.shared::cluster") >= 4 and "mbarrier.arrive.release.cluster.shared::cluster" in ptx
+    assert ptx.count("barrier.cluster.wait") == 6  # each of the three partitions, at its start and its end
+    plain = targets.build("hopper", "sm_90", 128, "bfloat16", False, replace(cfg, cluster=0), seqlen_k=16384)
+    assert "multicast" not in plain.asm["ptx"] and "mapa" not in plain.asm["ptx"]
+
+
+def test_multicast_pass_reads_what_it_rewrites():
+    """The PTX pass changes only marked PTX, rewrites each 3-D TMA load and each marked arrive, and
+    refuses what it cannot read."""
+    from fmha.kernels import multicast
+    load = ("\t@%p7 cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%r306], "
+            "[%rd3, {%r335, %r338, %r339}], [%r305];")
+    arrive = "\t@%p25 mbarrier.arrive.shared::cta.b64 _, [%r1220];"
+    assert multicast.rewrite(load + "\n" + arrive) == load + "\n" + arrive
+    ptx = "\n".join([multicast.KERNEL_MARK, load, arrive, multicast.REMOTE, "\tadd.s32 %r1, %r2, 8;", arrive])
+    out = multicast.rewrite(ptx).split("\n")
+    assert out[1].endswith("[%r305], %fmha_mc; }") and ".multicast::cluster [%r306]" in out[1]
+    assert out[2] == arrive  # not marked: local
+    assert "mapa.shared::cluster.u32 %fmha_ra, %r1220, %fmha_rk; @%p25 mbarrier.arrive.release.cluster" in out[5]
+    with pytest.raises(RuntimeError, match="no arrive|left over"):
+        multicast.rewrite("\n".join([multicast.KERNEL_MARK, load, arrive, multicast.REMOTE]))
+    with pytest.raises(RuntimeError, match="cannot read"):
+        multicast.rewrite("\n".join([multicast.KERNEL_MARK, load.replace("[%r305]", "[%r305], %rs1"), arrive]))
+
+
 @pytest.mark.parametrize("occupancy,block_n,launch,consumer", [(2, 128, 128, 232), (3, 64, 80, 136)])
 def test_hopper_builds_one_warpgroup_several_programs_per_sm(occupancy, block_n, launch, consumer):
     """64 rows (one consumer warpgroup, Gluon's default partition) with ``occupancy`` programs on an SM:

@@ -68,7 +68,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ..reference import LOG2E
-from . import device_facts, kv_view3d, merge, strides_bhsd
+from . import device_facts, kv_view3d, merge, multicast, strides_bhsd
 
 SMEM_LIMIT = 232448  # bytes of shared memory one sm_90 block may use
 SMEM_SM = 233472  # bytes of shared memory on one SM, 1 KB of it reserved for each resident block
@@ -76,6 +76,18 @@ REGS_SM = 65536  # 32-bit registers on one SM
 CONSUMER_REGS = {2: 240, 3: 160}  # setmaxnreg per consumer thread, by warpgroup count (one program per SM)
 PRODUCER_REGS = gl.constexpr(24)
 LN2 = gl.constexpr(0.6931471805599453)
+# CLUSTER: a barrier of every thread of both CTAs (the first one also publishes the barriers' init), and
+# the markers the PTX pass reads (kernels/multicast.py)
+CLUSTER_SYNC = gl.constexpr(f"{multicast.KERNEL_MARK}\n\tfence.mbarrier_init.release.cluster; "
+                            "barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned; "
+                            "mov.u32 $0, 0;")
+REMOTE_MARK = gl.constexpr(f"{multicast.REMOTE}\n\tmov.u32 $0, 0;")
+# CLUSTER's layouts: every CTA holds the whole of each tensor and buffer (a broadcast CTA basis)
+MMA_128_CLUSTER = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, 128, 16], cga_layout=[[0, 0]]))
+BARRIER_CLUSTER = gl.constexpr(mbarrier.MBarrierLayout(cga_layout=[[0]]))
+SPARE_CLUSTER = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0], cga_layout=[[0, 0, 0]]))
+multicast.install()
 
 
 @gluon.jit
@@ -152,8 +164,8 @@ def _piece(first, n_iters, part, pieces, SPLIT: gl.constexpr):
 
 
 @gluon.jit
-def _tile(g, n_m, n_bh, head_group, Items, heads, CAUSAL: gl.constexpr, PAIRED: gl.constexpr,
-          VARLEN: gl.constexpr):
+def _tile(g, n_m, n_bh, head_group, Items, heads, rank, CAUSAL: gl.constexpr, PAIRED: gl.constexpr,
+          VARLEN: gl.constexpr, CLUSTER: gl.constexpr):
     """Work item number ``g`` (:func:`_work`) -> (query block, batch*head).  Items are numbered
     in groups of ``head_group`` heads, query block by query block within a group (head-major
     when 1), so the items running together share a few heads' K/V in L2 without every
@@ -165,7 +177,8 @@ def _tile(g, n_m, n_bh, head_group, Items, heads, CAUSAL: gl.constexpr, PAIRED: 
     host lists every query block that has rows, longest first (:func:`varlen_items`, ``(b << 16)
     | block``, the heads of each block numbered in turn) and the programs deal the items out
     snake-wise, round by round (forward, then backward), so each program's rounds add up to
-    about the same work and none is spent on blocks past a sequence's end."""
+    about the same work and none is spent on blocks past a sequence's end.  CLUSTER: an item is
+    two neighbouring query blocks, one for each CTA of the cluster (``rank``)."""
     if VARLEN:
         entry = gl.load(Items + g // heads)
         pid_m = entry & 0xFFFF
@@ -182,6 +195,8 @@ def _tile(g, n_m, n_bh, head_group, Items, heads, CAUSAL: gl.constexpr, PAIRED: 
         bh = first + r % width
         if CAUSAL:
             pid_m = n_m - 1 - pid_m
+        if CLUSTER:
+            pid_m = 2 * pid_m + rank
     return pid_m, bh
 
 
@@ -192,7 +207,9 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_
               NUM_WG: gl.constexpr, STAGES: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               CAUSAL: gl.constexpr, WINDOW: gl.constexpr, PAIRED: gl.constexpr, VARLEN: gl.constexpr,
               SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, PAGED: gl.constexpr, SPLIT: gl.constexpr,
-              BALANCE: gl.constexpr, KV_REUSE: gl.constexpr):
+              BALANCE: gl.constexpr, CLUSTER: gl.constexpr):
+    _cluster_sync(CLUSTER)
+    rank = _cta_rank(CLUSTER)
     it = 0  # position in the K/V rings, continued across work items
     tc = 0
     n_tail = 0  # V tiles zeroed past the sequence's end so far (the phase of v_tail)
@@ -201,7 +218,7 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_
     tail_valid = 0
     for t_idx in range(_n_items(n_tiles, pieces, Items, PAIRED, VARLEN, SPLIT, BALANCE)):
         g, part = _work(t_idx, n_tiles, pieces, Items, PAIRED, VARLEN, SPLIT, BALANCE)
-        pid_m, bh = _tile(g, n_m, n_tiles // n_m, head_group, Items, heads, CAUSAL, PAIRED, VARLEN)
+        pid_m, bh = _tile(g, n_m, n_tiles // n_m, head_group, Items, heads, rank, CAUSAL, PAIRED, VARLEN, CLUSTER)
         b = bh // heads
         h = bh % heads
         kvh = h // group
@@ -218,7 +235,7 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_
         s = it % STAGES
         kv_s, row = _kv_place(b, kv_seq, k0, first, Pages, pages_b, page, BLOCK_N, PAGED)
         mbarrier.wait(k_empty.index(s), ((it // STAGES) & 1) ^ 1)
-        _load_or_reuse(k_desc, [kv_s, row, kv_col], k_ready.index(s), k_bufs.index(s), _fresh(it, 0, STAGES, KV_REUSE))
+        _load_kv(k_desc, [kv_s, row, kv_col], k_ready.index(s), k_bufs, s, rank, CLUSTER)
         # Q in 64-row boxes (TMA boxes are powers of two; 192 rows is three), once every
         # consumer has issued its last Q K^T of the previous item
         mbarrier.wait(q_empty, (tc & 1) ^ 1)
@@ -240,8 +257,7 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_
             if i > 0:  # (tile 0's place is the first K load's)
                 kv_s, row = _kv_place(b, kv_seq, k0, first + i, Pages, pages_b, page, BLOCK_N, PAGED)  # before the wait
                 mbarrier.wait(k_empty.index(s), ph ^ 1)
-                _load_or_reuse(k_desc, [kv_s, row, kv_col], k_ready.index(s), k_bufs.index(s),
-                               _fresh(it, i, STAGES, KV_REUSE))
+                _load_kv(k_desc, [kv_s, row, kv_col], k_ready.index(s), k_bufs, s, rank, CLUSTER)
             mbarrier.wait(v_empty.index(s), ph ^ 1)
             if VARLEN or SEQUSED:
                 # keys past this sequence's end are another sequence's or unused cache (NaN, maybe):
@@ -256,34 +272,13 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_
                 else:
                     _load(v_desc, [kv_s, row, kv_col], v_ready.index(s), v_bufs.index(s))
             else:
-                _load_or_reuse(v_desc, [kv_s, row, kv_col], v_ready.index(s), v_bufs.index(s),
-                               _fresh(it, i, STAGES, KV_REUSE))
+                _load_kv(v_desc, [kv_s, row, kv_col], v_ready.index(s), v_bufs, s, rank, CLUSTER)
             it += 1
         tc += 1
     if VARLEN or SEQUSED:
         if tail:
             _zero_past(v_bufs.index(tail_slot), tail_valid, v_tail, n_tail, v_ready.index(tail_slot))
-
-
-@gluon.jit
-def _fresh(it, i, STAGES: gl.constexpr, KV_REUSE: gl.constexpr):
-    """EXPERIMENT (wrong results): whether ring position ``it`` (tile ``i`` of its item) loads its
-    tile; KV_REUSE 1: every other round of the ring (half the K/V traffic), 2: an item's first
-    STAGES tiles only."""
-    fresh = True
-    if KV_REUSE == 1:
-        fresh = (it // STAGES) % 2 == 0
-    elif KV_REUSE == 2:
-        fresh = i < STAGES
-    return fresh
-
-
-@gluon.jit
-def _load_or_reuse(desc, coord, ready, buf, fresh):
-    if fresh:
-        _load(desc, coord, ready, buf)
-    else:
-        mbarrier.arrive(ready, count=1)
+    _cluster_sync(CLUSTER)
 
 
 @gluon.jit
@@ -306,6 +301,52 @@ def _load(desc, coord, ready, buf):
     """One TMA box (``buf``, a 2-D ring slot, as the box of the 3-D descriptor) onto ``ready``."""
     mbarrier.expect(ready, desc.block_type.nbytes)
     tma.async_copy_global_to_shared(desc, coord, ready, _box(buf))
+
+
+@gluon.jit
+def _load_kv(desc, coord, ready, ring, s, rank, CLUSTER: gl.constexpr):
+    """A K or V tile into slot ``s`` of ``ring`` onto ``ready``.  CLUSTER: the ring is in column
+    halves (slot ``s`` is halves ``2s`` and ``2s + 1``, the same bytes as the whole slot the
+    consumers read); this CTA loads its half (the descriptor's box), which the PTX pass multicasts
+    to both CTAs, and the barrier waits for both halves."""
+    if CLUSTER:
+        mbarrier.expect(ready, 2 * desc.block_type.nbytes)
+        half = ring.shape[3]
+        tma.async_copy_global_to_shared(desc, [coord[0], coord[1], coord[2] + rank * half], ready,
+                                        ring.index(2 * s + rank))
+    else:
+        _load(desc, coord, ready, ring.index(s))
+
+
+@gluon.jit
+def _cta_rank(CLUSTER: gl.constexpr):
+    """This CTA's place in its cluster of two (0 or 1); 0 without clusters."""
+    rank = 0
+    if CLUSTER:
+        rank = gl.inline_asm_elementwise("mov.u32 $0, %cluster_ctarank;", "=r", [], dtype=gl.int32, is_pure=True,
+                                         pack=1)
+    return rank
+
+
+@gluon.jit
+def _cluster_sync(CLUSTER: gl.constexpr):
+    """CLUSTER, at each partition's start and end (every warp of a CTA runs one): every thread of
+    both CTAs arrives and waits.  At the start the barriers each CTA initialised are then visible to
+    the other's multicasts and arrivals; at the end neither CTA touches the other's shared memory any
+    more, so neither leaves while the other still might."""
+    if CLUSTER:
+        gl.inline_asm_elementwise(CLUSTER_SYNC, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _release(bar, CLUSTER: gl.constexpr):
+    """A consumer warpgroup is done with a ring slot: it arrives on the slot's empty barrier, and
+    with CLUSTER on the other CTA's too (the PTX pass sends the marked arrive there): the next
+    multicast into the slot fills both CTAs' copies."""
+    mbarrier.arrive(bar, count=1)
+    if CLUSTER:
+        gl.inline_asm_elementwise(REMOTE_MARK, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        mbarrier.arrive(bar, count=1)
 
 
 @gluon.jit
@@ -484,23 +525,26 @@ def _lse(m, l):
 
 
 @gluon.jit
-def _store_piece(acc, l, m, W, WL, Rows, g, part, n_tiles, dest0, row0, sq, o_layout: gl.constexpr,
-                 row_layout: gl.constexpr, BLOCK_M: gl.constexpr, HEAD: gl.constexpr, WG: gl.constexpr):
+def _store_piece(acc, l, m, W, WL, Rows, g, part, n_tiles, dest0, row0, sq, rank, o_layout: gl.constexpr,
+                 row_layout: gl.constexpr, BLOCK_M: gl.constexpr, HEAD: gl.constexpr, WG: gl.constexpr,
+                 CLUSTER: gl.constexpr):
     """Piece ``part`` of item ``g`` (:func:`_work`), its rows ``acc`` already over ``l``: float32
     ``W[part, item * BLOCK_M + r, :]`` and the LSE ``WL[part, item * BLOCK_M + r]``, ``item`` being
     ``g``'s place among the last round's items; piece 0 also writes where row ``r`` goes in the
     output's (batch*head, row) order, ``Rows[item * BLOCK_M + r]`` (``dest0 + r``, or -1 past the
-    ``sq`` rows).  The merge after the kernel (``kernels/merge.py``) reads them."""
+    ``sq`` rows).  The merge after the kernel (``kernels/merge.py``) reads them.  CLUSTER: an item
+    has ``2 * BLOCK_M`` rows, this CTA's from ``rank * BLOCK_M``."""
     nprog = gl.num_programs(0)
     item = g - n_tiles // nprog * nprog
     rows = gl.arange(0, 64, layout=gl.SliceLayout(1, o_layout))
     cols = gl.arange(0, HEAD, layout=gl.SliceLayout(0, o_layout))
-    w_row = (part * (n_tiles % nprog) + item) * BLOCK_M + WG * 64
+    UNIT: gl.constexpr = 2 * BLOCK_M if CLUSTER else BLOCK_M
+    w_row = (part * (n_tiles % nprog) + item) * UNIT + rank * BLOCK_M + WG * 64
     gl.store(W + (w_row + rows).to(gl.int64)[:, None] * HEAD + cols[None, :], acc)
     r = gl.arange(0, 64, layout=row_layout)
     gl.store(WL + w_row + r, _lse(m, l))
     if part == 0:
-        gl.store(Rows + item * BLOCK_M + WG * 64 + r, gl.where(row0 + r < sq, dest0 + r, -1))
+        gl.store(Rows + item * UNIT + rank * BLOCK_M + WG * 64 + r, gl.where(row0 + r < sq, dest0 + r, -1))
 
 
 @gluon.jit
@@ -536,14 +580,20 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
               SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, RAGGED: gl.constexpr, PAIRED: gl.constexpr,
               PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr, VARLEN: gl.constexpr, SEQUSED: gl.constexpr,
               ALIGN_BR: gl.constexpr, O_SMEM: gl.constexpr, Q_REGS: gl.constexpr, FENCE: gl.constexpr,
-              LAZY: gl.constexpr, SPLIT: gl.constexpr, BALANCE: gl.constexpr):
+              LAZY: gl.constexpr, SPLIT: gl.constexpr, BALANCE: gl.constexpr, CLUSTER: gl.constexpr):
+    _cluster_sync(CLUSTER)
+    rank = _cta_rank(CLUSTER)
     ROWS: gl.constexpr = 64
     NUM_WG: gl.constexpr = BLOCK_M // ROWS
     dtype: gl.constexpr = o_desc.dtype
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD, 16])
+    if CLUSTER:  # each CTA of the cluster holds the whole tensor (128-key tiles, head_dim 128)
+        s_layout: gl.constexpr = MMA_128_CLUSTER
+        o_layout: gl.constexpr = MMA_128_CLUSTER
+    else:
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, HEAD, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     q_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -556,7 +606,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
         mbarrier.arrive(turns.index(0), count=1)  # warpgroup 0 goes first
     for t_idx in range(_n_items(n_tiles, pieces, Items, PAIRED, VARLEN, SPLIT, BALANCE)):
         g, part = _work(t_idx, n_tiles, pieces, Items, PAIRED, VARLEN, SPLIT, BALANCE)
-        pid_m, bh = _tile(g, n_m, n_tiles // n_m, head_group, Items, heads, CAUSAL, PAIRED, VARLEN)
+        pid_m, bh = _tile(g, n_m, n_tiles // n_m, head_group, Items, heads, rank, CAUSAL, PAIRED, VARLEN, CLUSTER)
         b = bh // heads
         h = bh % heads
         start_m = pid_m * BLOCK_M
@@ -590,7 +640,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
         _pass_turn(turns, WG, NUM_WG, PINGPONG)
         n_turn += 1
         qk, _k0 = warpgroup_mma_wait(0, deps=[qk, k_bufs.index(s)])
-        mbarrier.arrive(k_empty.index(s), count=1)
+        _release(k_empty.index(s), CLUSTER)
         qk = _scores(qk, first, mask_from, offs_m, offs_n, sk, co, wo, ao, cap_in, cap_out, slope, BLOCK_N, CAUSAL,
                      WINDOW, SOFTCAP, ALIBI, RAGGED)
         m = gl.max(qk, axis=1) * scale_log2
@@ -615,7 +665,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
             _pass_turn(turns, WG, NUM_WG, PINGPONG)
             n_turn += 1
             qk = warpgroup_mma_wait(1, deps=[qk])
-            mbarrier.arrive(k_empty.index(s), count=1)
+            _release(k_empty.index(s), CLUSTER)
             # 5.2-5.4 of tile i while P V of tile i-1 runs
             qk = _scores(qk, first + i, mask_from, offs_m, offs_n, sk, co, wo, ao, cap_in, cap_out, slope, BLOCK_N,
                          CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
@@ -630,7 +680,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
                 l = _fence(l)
             m = m_new
             acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
-            mbarrier.arrive(v_empty.index(sp), count=1)
+            _release(v_empty.index(sp), CLUSTER)
             # 5.5: rescale the accumulator once P V of tile i-1 has landed (under the next Q K^T instead,
             # FlashAttention-3's place, 1-2% slower: run 20261130T010410-gpu1 against T010648-gpu1-old)
             alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
@@ -648,7 +698,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
         _pass_turn(turns, WG, NUM_WG, PINGPONG)
         n_turn += 1
         acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
-        mbarrier.arrive(v_empty.index(last), count=1)
+        _release(v_empty.index(last), CLUSTER)
 
         # Section 6: o = acc / l with 1/l := 0 on an empty row
         inv_l = gl.where(l == 0.0, 0.0, 1.0 / l)
@@ -656,8 +706,8 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
         o_row = b * q_rows_b + h * q_rows_h + q0 + row0
         o_col = h * q_col_h
         if SPLIT and part >= 0:  # a piece's float32 result and LSE, merged after the kernel
-            _store_piece(acc, l, m, W, WL, Rows, g, part, n_tiles, bh * seqlen_q + row0, row0, sq, o_layout,
-                         row_layout, BLOCK_M, HEAD, WG)
+            _store_piece(acc, l, m, W, WL, Rows, g, part, n_tiles, bh * seqlen_q + row0, row0, sq, rank, o_layout,
+                         row_layout, BLOCK_M, HEAD, WG, CLUSTER)
         elif O_SMEM and row0 + ROWS <= sq:
             o_half = o_smem.index(WG)
             o_half.store(acc.to(dtype))
@@ -681,6 +731,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
             gl.store(LSE + lse_row0 + offs_m, lse, mask=offs_m < sq)
         it0 += n_iters
         tc += 1
+    _cluster_sync(CLUSTER)
 
 
 @gluon.jit
@@ -694,33 +745,49 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                   RAGGED: gl.constexpr, PAIRED: gl.constexpr, PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr,
                   VARLEN: gl.constexpr, SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, PAGED: gl.constexpr,
                   O_SMEM: gl.constexpr, Q_REGS: gl.constexpr, FENCE: gl.constexpr, LAZY: gl.constexpr,
-                  SPLIT: gl.constexpr, BALANCE: gl.constexpr, KV_REUSE: gl.constexpr):
+                  SPLIT: gl.constexpr, BALANCE: gl.constexpr, CLUSTER: gl.constexpr):
     """Each program runs its work items (query block, batch*head), :func:`_n_items` and
     :func:`_tile`; the K/V rings and the barrier phases carry on from one item to the
-    next, so the next item's first loads overlap this one's epilogue."""
+    next, so the next item's first loads overlap this one's epilogue.  CLUSTER: a program is a
+    cluster of two CTAs that share each K/V tile (:mod:`.multicast`); its producer has a whole
+    warpgroup, so that every warp runs a partition (the cluster barrier counts every thread)."""
     NUM_WG: gl.constexpr = BLOCK_M // 64
+    if CLUSTER:  # each CTA of the cluster holds all of every buffer
+        bar_layout: gl.constexpr = BARRIER_CLUSTER
+        spare_layout: gl.constexpr = SPARE_CLUSTER
+    else:
+        bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
+        spare_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG, 64, HEAD], q_desc.layout)  # a 64-row box per warpgroup
     if O_SMEM:
         o_smem = gl.allocate_shared_memory(o_desc.dtype, [NUM_WG, 64, HEAD], o_desc.layout)
     else:  # never used: a placeholder for the partitions' argument lists
-        o_smem = gl.allocate_shared_memory(o_desc.dtype, [1, 8, 8], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
-    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD], q_desc.layout)  # 2-D slots
-    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD], q_desc.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    turns = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())  # ping-pong
-    v_tail = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())  # a V tile to zero past the end
+        o_smem = gl.allocate_shared_memory(o_desc.dtype, [1, 8, 8], spare_layout)
+    if CLUSTER:  # the rings in column halves, a TMA box each (a CTA loads one, both get it), whole for the wgmma
+        k_load = gl.allocate_shared_memory(k_desc.dtype, [2 * STAGES, 1, BLOCK_N, HEAD // 2], k_desc.layout)
+        v_load = gl.allocate_shared_memory(v_desc.dtype, [2 * STAGES, 1, BLOCK_N, HEAD // 2], v_desc.layout)
+        k_bufs = k_load._reinterpret(k_desc.dtype, [STAGES, BLOCK_N, HEAD], q_desc.layout)
+        v_bufs = v_load._reinterpret(v_desc.dtype, [STAGES, BLOCK_N, HEAD], q_desc.layout)
+    else:
+        k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD], q_desc.layout)  # 2-D slots
+        v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD], q_desc.layout)
+        k_load = k_bufs
+        v_load = v_bufs
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
+    q_empty = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+    turns = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], bar_layout)  # ping-pong
+    v_tail = gl.allocate_shared_memory(gl.int64, [1], bar_layout)  # a V tile to zero past the end
     mbarrier.init(q_bar, count=1)
     mbarrier.init(q_empty, count=NUM_WG)  # one arrival per consumer warpgroup
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=NUM_WG)
+        mbarrier.init(k_empty.index(i), count=NUM_WG * (2 if CLUSTER else 1))  # CLUSTER: both CTAs' consumers
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(v_empty.index(i), count=NUM_WG)
+        mbarrier.init(v_empty.index(i), count=NUM_WG * (2 if CLUSTER else 1))
     for i in gl.static_range(NUM_WG):
         mbarrier.init(turns.index(i), count=1)
     mbarrier.init(v_tail, count=1)
@@ -732,24 +799,24 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 0, BLOCK_M,
                          BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
-                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE)),
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE, CLUSTER)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 1, BLOCK_M,
                          BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
-                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE)),
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE, CLUSTER)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 2, BLOCK_M,
                          BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
-                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE)),
-            (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE, CLUSTER)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_load, v_load, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
                          window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
                          kv_col_h, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
-                         PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE, KV_REUSE)),
+                         PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE, CLUSTER)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     elif NUM_WG == 2:
         gl.warp_specialize([
@@ -758,19 +825,19 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 0, BLOCK_M,
                          BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
-                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE)),
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE, CLUSTER)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 1, BLOCK_M,
                          BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
-                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE)),
-            (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE, CLUSTER)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_load, v_load, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
                          window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
                          kv_col_h, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
-                         PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE, KV_REUSE)),
-        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+                         PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE, CLUSTER)),
+        ], [4, 4 if CLUSTER else 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:  # one consumer warpgroup: it is the default partition, with the registers the producer gives up
         gl.warp_specialize([
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
@@ -778,18 +845,21 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 0, BLOCK_M,
                          BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
-                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE)),
-            (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE, CLUSTER)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_load, v_load, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
                          window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
                          kv_col_h, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
-                         PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE, KV_REUSE)),
+                         PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE, CLUSTER)),
         ], [1], [PRODUCER_REGS])
 
 
 KERNEL = hopper_kernel
 SMEM_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 KV_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
+# CLUSTER: the same layouts, whole in each CTA of the cluster
+SMEM_LAYOUT_2 = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2, cga_layout=[[0, 0]])
+KV_LAYOUT_2 = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3, cga_layout=[[0, 0, 0]])
 
 
 def _view2d(t: torch.Tensor, layout: str):
@@ -843,6 +913,13 @@ def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
     for t in (q, k, v, o):
         if not t.is_contiguous() or t.data_ptr() % 16:
             return "needs contiguous, 16-byte aligned q, k, v and out"
+    if cfg.cluster:
+        if prob.causal or prob.window_offset is not None or per_sequence(prob) or prob.page:
+            return "clusters take dense non-causal calls without a window"
+        if prob.head_dim != 128 or cfg.block_n != 128:
+            return "clusters take head_dim 128 in 128-key tiles"
+        if cfg.block_m != 128 or cfg.pingpong or cfg.occupancy > 1 or cfg.persistent == 0:
+            return "clusters take 128-row persistent programs, one an SM, without ping-pong"
     return None
 
 
@@ -852,10 +929,11 @@ def descriptors(prob, cfg, q, k, v, o, layout: str) -> tuple:
     kv_layout = "bshd" if prob.page else layout  # a page pool [pages, page, kv_heads, D] reads as bshd
     (k3, krb, krh, kch), (v3, *_) = (kv_view3d(t, kv_layout) for t in (k, v))
     d = prob.head_dim
-    descs = (TensorDescriptor.from_tensor(q2, [64, d], SMEM_LAYOUT),
-             TensorDescriptor.from_tensor(k3, [1, cfg.block_n, d], KV_LAYOUT),
-             TensorDescriptor.from_tensor(v3, [1, cfg.block_n, d], KV_LAYOUT),
-             TensorDescriptor.from_tensor(o2, [64, d], SMEM_LAYOUT))
+    smem, kv, kv_d = (SMEM_LAYOUT_2, KV_LAYOUT_2, d // 2) if cfg.cluster else (SMEM_LAYOUT, KV_LAYOUT, d)
+    descs = (TensorDescriptor.from_tensor(q2, [64, d], smem),
+             TensorDescriptor.from_tensor(k3, [1, cfg.block_n, kv_d], kv),  # CLUSTER: a column half a CTA
+             TensorDescriptor.from_tensor(v3, [1, cfg.block_n, kv_d], kv),
+             TensorDescriptor.from_tensor(o2, [64, d], smem))
     return descs, (qrb, qrh, qch, krb, krh, kch, o2.stride(0))
 
 
@@ -881,8 +959,10 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
             return
     else:
         items = o
-        n_m = triton.cdiv(prob.seqlen_q, cfg.block_m)
+        n_m = triton.cdiv(prob.seqlen_q, cfg.block_m * (2 if cfg.cluster else 1))  # CLUSTER: pairs of blocks
         n_tiles = n_m * prob.batch * prob.heads
+    if cfg.cluster:  # a program is a cluster of two CTAs, on two SMs
+        resident //= 2
     # persistent causal with more items than SMs runs them in pairs of equal cost (:func:`_tile`);
     # a window's items cost about the same anyway; packed sequences come longest first instead
     paired = bool(prob.causal and prob.window_offset is None and persistent and n_tiles > resident and not prob.varlen)
@@ -895,7 +975,7 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
     pieces = split_pieces(prob, cfg, n_tiles, resident, o.numel() * o.element_size())
     if pieces > 1:  # the last round's items in pieces, each piece's float32 result merged after the kernel
         grid = (min(resident, n_tiles // resident * resident + n_tiles % resident * pieces),)
-        rows = n_tiles % grid[0] * cfg.block_m
+        rows = n_tiles % grid[0] * cfg.block_m * (2 if cfg.cluster else 1)
         w = torch.empty(pieces, rows, prob.head_dim, dtype=torch.float32, device=q.device)
         wl = torch.empty(pieces, rows, dtype=torch.float32, device=q.device)
         dest = torch.empty(rows, dtype=torch.int32, device=q.device)
@@ -929,7 +1009,7 @@ def split_pieces(prob, cfg, n_tiles: int, programs: int, out_bytes: int) -> int:
     if not cfg.split_tail or cfg.persistent == 0 or prob.causal or prob.window_offset is not None \
             or per_sequence(prob):
         return 1
-    rest_bytes = n_tiles % programs * cfg.block_m * prob.head_dim * 4
+    rest_bytes = n_tiles % programs * cfg.block_m * (2 if cfg.cluster else 1) * prob.head_dim * 4
     return tail_pieces(n_tiles, programs, triton.cdiv(prob.seqlen_k, cfg.block_n),
                        out_bytes // rest_bytes if rest_bytes else 1)
 
@@ -1055,7 +1135,10 @@ def consumer_regs(cfg) -> int:
 def launch_options(cfg) -> dict:
     """The compile options beyond ``num_warps`` (``maxnreg`` where :func:`launch_regs` sets one)."""
     regs = launch_regs(cfg)
-    return {"maxnreg": regs} if regs else {}
+    options = {"maxnreg": regs} if regs else {}
+    if cfg.cluster:
+        options["num_ctas"] = 2
+    return options
 
 
 def constexprs(prob, cfg, store_lse: bool, paired: bool = False, alibi: bool = False, split: bool = False,
@@ -1067,5 +1150,4 @@ def constexprs(prob, cfg, store_lse: bool, paired: bool = False, alibi: bool = F
                 PINGPONG=bool(cfg.pingpong), STORE_LSE=store_lse, VARLEN=prob.varlen, SEQUSED=prob.seqused,
                 ALIGN_BR=per_sequence(prob) and prob.align_br, PAGED=bool(prob.page),
                 O_SMEM=o_staged(prob.head_dim, cfg), Q_REGS=bool(cfg.q_regs),
-                FENCE=bool(cfg.fence), LAZY=bool(cfg.lazy), SPLIT=split, BALANCE=balance,
-                KV_REUSE=cfg.kv_reuse)
+                FENCE=bool(cfg.fence), LAZY=bool(cfg.lazy), SPLIT=split, BALANCE=balance, CLUSTER=bool(cfg.cluster))

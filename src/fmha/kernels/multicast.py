@@ -1,0 +1,85 @@
+"""What Gluon 3.6 cannot say for a 2-CTA cluster, said in the PTX: K/V multicast and remote arrivals.
+
+FlashAttention-3 runs its D >= 128 non-causal forward in clusters of two CTAs that read each K/V tile
+once from L2 for both (TMA multicast).  Gluon 3.6 has no multicast operand on its TMA copy and no
+shared-memory addresses, so the hopper kernel's ``CLUSTER`` build marks what it needs and this pass,
+run on the PTX between Triton's ``ptx`` and ``cubin`` stages (a pipeline-stages hook), rewrites it:
+
+- every 3-D TMA load (the K and V tiles: Q and O use 2-D descriptors) gets ``.multicast::cluster`` to
+  both CTAs: each CTA loads one column half of the tile, and each half lands, with its bytes counted
+  on the ready barrier, at the same offset in both CTAs' shared memory;
+- the ``mbarrier.arrive`` that follows each :data:`REMOTE` marker goes to the other CTA's barrier at
+  the same offset (``mapa``), so a ring slot is free for the next multicast only once the consumers
+  of both CTAs have released it.
+
+Only PTX that carries :data:`KERNEL_MARK` is touched.  The pass checks what it found (a load it cannot
+read, or a marker with no arrive after it, raises), and the marker strings carry a version so that a
+changed pass cannot meet a kernel cached under the old one.
+"""
+from __future__ import annotations
+
+import re
+
+from triton import knobs
+
+KERNEL_MARK = "// fmha.multicast v1"
+REMOTE = "// fmha.remote-arrive v1"
+
+_LOAD = re.compile(r"^(\s*)(@%p\d+ )?"
+                   r"(cp\.async\.bulk\.tensor\.3d\.shared::cluster\.global\.mbarrier::complete_tx::bytes)"
+                   r" (\[[^\]]+\], \[[^\]]+\], \[[^\]]+\]);\s*$")
+_ARRIVE = re.compile(r"^(\s*)(@%p\d+ )?mbarrier\.arrive\.shared::cta\.b64 _, \[(%r\d+)\];\s*$")
+
+
+def rewrite(ptx: str) -> str:
+    """The cluster build's PTX with its K/V loads multicast and its marked arrivals remote; any other
+    PTX unchanged."""
+    if KERNEL_MARK not in ptx:
+        return ptx
+    lines = ptx.split("\n")
+    loads = arrives = 0
+    pending = False  # a REMOTE marker seen, its arrive not yet
+    for i, line in enumerate(lines):
+        if "cp.async.bulk.tensor.3d" in line:
+            m = _LOAD.match(line)
+            if not m:
+                raise RuntimeError(f"multicast pass: a 3-D TMA load it cannot read: {line.strip()}")
+            indent, pred, op, operands = m.groups()
+            lines[i] = (f"{indent}{{ .reg .b16 %fmha_mc; mov.b16 %fmha_mc, 3; "
+                        f"{pred or ''}{op}.multicast::cluster {operands}, %fmha_mc; }}")
+            loads += 1
+        elif REMOTE in line:
+            if pending:
+                raise RuntimeError("multicast pass: two remote-arrive markers without an arrive between")
+            pending = True
+        elif pending and "mbarrier.arrive" in line:
+            m = _ARRIVE.match(line)
+            if not m:
+                raise RuntimeError(f"multicast pass: a marked arrive it cannot read: {line.strip()}")
+            indent, pred, addr = m.groups()
+            lines[i] = (f"{indent}{{ .reg .b32 %fmha_rk, %fmha_ra; mov.u32 %fmha_rk, %cluster_ctarank; "
+                        f"xor.b32 %fmha_rk, %fmha_rk, 1; mapa.shared::cluster.u32 %fmha_ra, {addr}, %fmha_rk; "
+                        f"{pred or ''}mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%fmha_ra]; }}")
+            arrives += 1
+            pending = False
+    if pending or not loads or not arrives:
+        raise RuntimeError(f"multicast pass: {loads} K/V loads, {arrives} remote arrives, "
+                           f"a marker left over: {pending}")
+    return "\n".join(lines)
+
+
+def install() -> None:
+    """Add :func:`rewrite` after Triton's ``ptx`` stage, keeping any stages hook already set."""
+    previous = knobs.runtime.add_stages_inspection_hook
+    if getattr(previous, "fmha_multicast", False):
+        return
+
+    def hook(backend, stages, options, language, capability):
+        if previous is not None:
+            previous(backend, stages, options, language, capability)
+        if "ptx" in stages:
+            make_ptx = stages["ptx"]
+            stages["ptx"] = lambda src, metadata: rewrite(make_ptx(src, metadata))
+
+    hook.fmha_multicast = True
+    knobs.runtime.add_stages_inspection_hook = hook
