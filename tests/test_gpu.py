@@ -219,15 +219,16 @@ CLUSTER_SHAPES = [  # (batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim): 2-
 
 @pytest.mark.parametrize("shape", CLUSTER_SHAPES, ids=lambda s: "b{}h{}kv{}-q{}k{}-d{}".format(*s))
 @pytest.mark.parametrize("dtype,layout", DTYPE_LAYOUTS, ids=str)
-@pytest.mark.parametrize("split", [0, 1])
-def test_hopper_cluster_matches_reference(split, dtype, layout, shape):
+@pytest.mark.parametrize("stages,split", [(2, 0), (2, 1), (3, 1)])
+def test_hopper_cluster_matches_reference(stages, split, dtype, layout, shape):
     """``cluster``: programs of two CTAs on neighbouring query blocks, each K/V tile read from L2
     once for both (half by each CTA, multicast; kernels/multicast.py rewrites the PTX for it);
-    output and LSE as the tiled kernel's, with and without the last round in pieces."""
+    output and LSE as the tiled kernel's, with and without the last round in pieces, O staged (2
+    stages) or stored from registers (3)."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("sm_90 only")
     b, h, kvh, sq, sk, d = shape
-    cfg = fmha.KernelConfig(128, 128, 4, 2, cluster=1, split_tail=split, fence=1, lazy=1)
+    cfg = fmha.KernelConfig(128, 128, 4, stages, cluster=1, split_tail=split, fence=1, lazy=1)
     q, k, v = make_qkv(b, h, kvh, sq, sk, d, dtype, layout, seed=sk)
     out = nan_like(q)
     o, lse = fmha.attention(q, k, v, layout=layout, variant="hopper", out=out, return_lse=True, config=cfg)

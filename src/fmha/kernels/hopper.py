@@ -349,6 +349,27 @@ def _release(bar, CLUSTER: gl.constexpr):
         mbarrier.arrive(bar, count=1)
 
 
+STORE_32 = gl.constexpr("{ .reg .pred %p; setp.ne.b32 %p, $3, 0; @%p st.global.b32 [$1], $2; mov.u32 $0, 0; }")
+STORE_16 = gl.constexpr("{ .reg .pred %p; setp.ne.b32 %p, $3, 0; @%p st.global.b16 [$1], $2; mov.u32 $0, 0; }")
+
+
+@gluon.jit
+def _store(ptrs, values, mask, CLUSTER: gl.constexpr):
+    """``gl.store(ptrs, values, mask=mask)`` (``mask`` of the values' shape); CLUSTER: by inline PTX,
+    one element at a time.  Triton reads a cluster layout's broadcast CTA basis as the same tensor
+    held by both CTAs, so its own store writes from the first CTA only; here each CTA holds rows of
+    its own."""
+    if CLUSTER:
+        if values.dtype.primitive_bitwidth == 32:
+            gl.inline_asm_elementwise(STORE_32, "=r,l,r,r", [ptrs, values.to(gl.int32, bitcast=True),
+                                                             mask.to(gl.int32)], dtype=gl.int32, is_pure=False, pack=1)
+        else:
+            gl.inline_asm_elementwise(STORE_16, "=r,l,h,r", [ptrs, values.to(gl.int16, bitcast=True),
+                                                             mask.to(gl.int32)], dtype=gl.int32, is_pure=False, pack=1)
+    else:
+        gl.store(ptrs, values, mask=mask)
+
+
 @gluon.jit
 def _zero_past(buf, valid, landed, n_landed, ready):
     """Once the tile loaded into ``buf`` has landed (the ``n_landed``-th phase of ``landed``), set
@@ -540,11 +561,14 @@ def _store_piece(acc, l, m, W, WL, Rows, g, part, n_tiles, dest0, row0, sq, rank
     cols = gl.arange(0, HEAD, layout=gl.SliceLayout(0, o_layout))
     UNIT: gl.constexpr = 2 * BLOCK_M if CLUSTER else BLOCK_M
     w_row = (part * (n_tiles % nprog) + item) * UNIT + rank * BLOCK_M + WG * 64
-    gl.store(W + (w_row + rows).to(gl.int64)[:, None] * HEAD + cols[None, :], acc)
+    _store(W + (w_row + rows).to(gl.int64)[:, None] * HEAD + cols[None, :], acc,
+           (rows >= 0)[:, None] & (cols >= 0)[None, :], CLUSTER)
     r = gl.arange(0, 64, layout=row_layout)
-    gl.store(WL + w_row + r, _lse(m, l))
+    lse = _lse(m, l)
+    _store(WL + w_row + r, lse, r >= 0, CLUSTER)
     if part == 0:
-        gl.store(Rows + item * UNIT + rank * BLOCK_M + WG * 64 + r, gl.where(row0 + r < sq, dest0 + r, -1))
+        _store(Rows + item * UNIT + rank * BLOCK_M + WG * 64 + r, gl.where(row0 + r < sq, dest0 + r, -1), r >= 0,
+               CLUSTER)
 
 
 @gluon.jit
@@ -721,14 +745,15 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
             rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
             cols = gl.arange(0, HEAD, layout=gl.SliceLayout(0, o_layout))
             ptrs = O + (o_row + rows).to(gl.int64)[:, None] * o_stride + (o_col + cols)[None, :]
-            gl.store(ptrs, acc.to(dtype), mask=(row0 + rows < sq)[:, None])
+            out = acc.to(dtype)
+            _store(ptrs, out, (row0 + rows < sq)[:, None] & (cols < HEAD)[None, :], CLUSTER)
         if STORE_LSE and part < 0:
             lse = _lse(m, l)
             if VARLEN:  # [heads, total_q]
                 lse_row0 = h.to(gl.int64) * seqlen_q + q0
             else:  # [batch, heads, seqlen_q]
                 lse_row0 = bh.to(gl.int64) * seqlen_q
-            gl.store(LSE + lse_row0 + offs_m, lse, mask=offs_m < sq)
+            _store(LSE + lse_row0 + offs_m, lse, offs_m < sq, CLUSTER)
         it0 += n_iters
         tc += 1
     _cluster_sync(CLUSTER)
