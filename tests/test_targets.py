@@ -139,7 +139,7 @@ def test_hopper_builds_clusters_with_multicast():
     loads = re.findall(r"cp\.async\.bulk\.tensor\.3d\S*", ptx)
     assert loads and all(op.endswith(".multicast::cluster") for op in loads)
     assert "mbarrier.arrive.expect_tx.shared.b64 _, [%r" in ptx and ", 32768;" in ptx
-    assert ptx.count("mapa.shared::cluster") >= 4 and "mbarrier.arrive.release.cluster.shared::cluster" in ptx
+    assert ptx.count("mapa.shared::cluster") >= 4 and "mbarrier.arrive.shared::cluster.b64" in ptx
     assert ptx.count("barrier.cluster.wait") == 6  # each of the three partitions, at its start and its end
     plain = targets.build("hopper", "sm_90", 128, "bfloat16", False, replace(cfg, cluster=0), seqlen_k=16384)
     assert "multicast" not in plain.asm["ptx"] and "mapa" not in plain.asm["ptx"]
@@ -157,7 +157,7 @@ def test_multicast_pass_reads_what_it_rewrites():
     out = multicast.rewrite(ptx).split("\n")
     assert out[1].endswith("[%r305], %fmha_mc; }") and ".multicast::cluster [%r306]" in out[1]
     assert out[2] == arrive  # not marked: local
-    assert "mapa.shared::cluster.u32 %fmha_ra, %r1220, %fmha_rk; @%p25 mbarrier.arrive.release.cluster" in out[5]
+    assert "mapa.shared::cluster.u32 %fmha_ra, %r1220, %fmha_rk; @%p25 mbarrier.arrive.shared::cluster" in out[5]
     with pytest.raises(RuntimeError, match="no arrive|left over"):
         multicast.rewrite("\n".join([multicast.KERNEL_MARK, load, arrive, multicast.REMOTE]))
     with pytest.raises(RuntimeError, match="cannot read"):

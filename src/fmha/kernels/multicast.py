@@ -9,7 +9,7 @@ run on the PTX between Triton's ``ptx`` and ``cubin`` stages (a pipeline-stages 
   both CTAs: each CTA loads one column half of the tile, and each half lands, with its bytes counted
   on the ready barrier, at the same offset in both CTAs' shared memory;
 - the ``mbarrier.arrive`` that follows each :data:`REMOTE` marker goes to the other CTA's barrier at
-  the same offset (``mapa``), so a ring slot is free for the next multicast only once the consumers
+  the same offset (``mapa``; CTA-scope release, as CUTLASS's cluster barrier arrives), so a ring slot is free for the next multicast only once the consumers
   of both CTAs have released it.
 
 Only PTX that carries :data:`KERNEL_MARK` is touched.  The pass checks what it found (a load it cannot
@@ -22,8 +22,8 @@ import re
 
 from triton import knobs
 
-KERNEL_MARK = "// fmha.multicast v1"
-REMOTE = "// fmha.remote-arrive v1"
+KERNEL_MARK = "// fmha.multicast v2"
+REMOTE = "// fmha.remote-arrive v2"
 
 _LOAD = re.compile(r"^(\s*)(@%p\d+ )?"
                    r"(cp\.async\.bulk\.tensor\.3d\.shared::cluster\.global\.mbarrier::complete_tx::bytes)"
@@ -59,7 +59,7 @@ def rewrite(ptx: str) -> str:
             indent, pred, addr = m.groups()
             lines[i] = (f"{indent}{{ .reg .b32 %fmha_rk, %fmha_ra; mov.u32 %fmha_rk, %cluster_ctarank; "
                         f"xor.b32 %fmha_rk, %fmha_rk, 1; mapa.shared::cluster.u32 %fmha_ra, {addr}, %fmha_rk; "
-                        f"{pred or ''}mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%fmha_ra]; }}")
+                        f"{pred or ''}mbarrier.arrive.shared::cluster.b64 _, [%fmha_ra]; }}")
             arrives += 1
             pending = False
     if pending or not loads or not arrives:
