@@ -31,6 +31,9 @@ def test_hopper_answers_fit_the_kernel(head_dim, causal, seqlen_k, modifiers, pe
     if modifiers or per_sequence or seqlen_k % cfg.block_n:
         assert cfg.block_m <= 128
     assert configs.default_config("hopper", "sm90", head_dim, causal, seqlen_k, modifiers, per_sequence) == cfg
+    if cfg.cluster:  # clusters only where the kernel takes them (hopper.supports)
+        assert head_dim == 128 and not causal and not modifiers and not per_sequence
+        assert (cfg.block_m, cfg.block_n, cfg.pingpong, cfg.occupancy) == (128, 128, 0, 0)
 
 
 def test_o_is_staged_where_it_fits():

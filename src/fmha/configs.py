@@ -153,7 +153,15 @@ HOPPER = [
     # 1-6% and D=64 2-5% slower (the skipped multiplications were not on their critical path, the branch is).
     # Folding the row max and sum in column halves first (independent chains instead of one per row, call 1's
     # profile: 13% of a consumer's samples on the max chain) lost everywhere, 1-8% (T045412, T045412-gpu1)
-    (128, False, 4096, KernelConfig(128, 128, 4, 2, head_group=4, q_regs=1, fence=1, lazy=1)),
+    # Session 16: 2-CTA clusters ("c"), FlashAttention-3's lever at this head_dim: two neighbouring query blocks, one
+    # a CTA, each K/V tile read from L2 once for both (each CTA loads a column half, multicast to both; kernels/
+    # multicast.py).  An upper bound first (bench/power_probe.py, logs s16run1: the producer loading only every other
+    # round of the ring, wrong results, same compute): sustained 636 -> 659 and 627 -> 652 TFLOP/s at 16k, the
+    # clock 1665 -> 1695 MHz under the same 690 W.  Clusters with cluster-scope remote arrivals lost 13-15% (run
+    # 20261130T095112); with CTA-scope arrivals (as CUTLASS's), beside the table, run 20261130T095414 (bf16),
+    # TFLOP/s at S=1k..16k: 573/619/642/644/655 against 555/598/622/644/655; power_probe at 16k sustained 644 against
+    # 631 (1710 against 1650 MHz), a single call 729 against 732
+    (128, False, 4096, KernelConfig(128, 128, 4, 2, head_group=4, q_regs=1, fence=1, lazy=1, cluster=1)),
     # D=128 past 16k keys: 3 K/V stages, O then stored from registers (no room to stage it).  Against 2
     # stages, same run (bf16 20261129T224118, fp16 T224319, extra grid T224215-gpu1), TFLOP/s s3/s2:
     # non-causal 512..16k 412/488 510/610 576/589 606/619 618/633 631/640, 128k 627/598; causal 512..16k
@@ -200,7 +208,7 @@ HOPPER = [
     # with the named-barrier turns 399/487/547/585/618/622.  The turns without the overlap inside a warpgroup
     # (commit 63aed0d), which let 192 rows fit in 160 registers (17 spill instructions in the loop): 192/175/191/
     # 190/375/379 against 484/555/600/625/639/653 (T084937; GPU tests passed), 128 rows 484/536/572/594/614/624.
-    (128, False, 16384, KernelConfig(128, 128, 4, 2, split_tail=1, fence=1, lazy=1)),  # m192n128 spills
+    (128, False, 16384, KernelConfig(128, 128, 4, 2, split_tail=1, fence=1, lazy=1, cluster=1)),  # m192n128 spills
     (128, False, None, KernelConfig(128, 128, 4, 3, q_regs=1, fence=1)),
     # up to 512 keys: 64-row programs, two on an SM (three do not fit in shared memory at D=128), 64-key
     # tiles: 314 against 305 (bf16, run 20261130T031922; cuDNN 302), 297 against 290 (fp16, T031923-gpu1;
@@ -220,13 +228,16 @@ def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = 
     three consumer warpgroups at 160 registers spill on the extra live values (up to 117
     registers with the modifiers, 48 stores with the ragged key mask, sm_90 build), two at 240
     do not.  With the modifiers at D=128, Q stays in shared memory (in registers, 23 spilled
-    registers with window, softcap and ALiBi, causal)."""
+    registers with window, softcap and ALiBi, causal); with them or lengths per sequence, no
+    clusters (``hopper.supports``)."""
     d = 64 if head_dim == 64 else 128
     for key_d, key_causal, longest, cfg in HOPPER:
         if key_d == d and key_causal == bool(causal) and (longest is None or seqlen_k <= longest):
             narrow = modifiers or per_sequence or seqlen_k % cfg.block_n
             if modifiers and d == 128:
                 cfg = replace(cfg, q_regs=0)
+            if modifiers or per_sequence:  # clusters take dense calls without modifiers
+                cfg = replace(cfg, cluster=0)
             return replace(cfg, block_m=128) if narrow and cfg.block_m == 192 else cfg
     raise AssertionError("the HOPPER table ends with an open row for every (head_dim, causal)")
 

@@ -9,8 +9,9 @@ run on the PTX between Triton's ``ptx`` and ``cubin`` stages (a pipeline-stages 
   both CTAs: each CTA loads one column half of the tile, and each half lands, with its bytes counted
   on the ready barrier, at the same offset in both CTAs' shared memory;
 - the ``mbarrier.arrive`` that follows each :data:`REMOTE` marker goes to the other CTA's barrier at
-  the same offset (``mapa``; CTA-scope release, as CUTLASS's cluster barrier arrives), so a ring slot is free for the next multicast only once the consumers
-  of both CTAs have released it.
+  the same offset (``mapa``), so a ring slot is free for the next multicast only once the consumers
+  of both CTAs have released it.  The arrive keeps the default CTA-scope release, as CUTLASS's
+  cluster barrier does: with ``.release.cluster`` the kernel ran 13-15% slower (configs.HOPPER).
 
 Only PTX that carries :data:`KERNEL_MARK` is touched.  The pass checks what it found (a load it cannot
 read, or a marker with no arrive after it, raises), and the marker strings carry a version so that a
