@@ -153,13 +153,14 @@ def test_multicast_pass_reads_what_it_rewrites():
             "[%rd3, {%r335, %r338, %r339}], [%r305];")
     arrive = "\t@%p25 mbarrier.arrive.shared::cta.b64 _, [%r1220];"
     assert multicast.rewrite(load + "\n" + arrive) == load + "\n" + arrive
-    ptx = "\n".join([multicast.KERNEL_MARK, load, arrive, multicast.REMOTE, "\tadd.s32 %r1, %r2, 8;", arrive])
+    ptx = "\n".join([multicast.KERNEL_MARK, load, arrive, multicast.BOTH, "\tadd.s32 %r1, %r2, 8;", arrive])
     out = multicast.rewrite(ptx).split("\n")
     assert out[1].endswith("[%r305], %fmha_mc; }") and ".multicast::cluster [%r306]" in out[1]
     assert out[2] == arrive  # not marked: local
-    assert "mapa.shared::cluster.u32 %fmha_ra, %r1220, %fmha_rk; @%p25 mbarrier.arrive.shared::cluster" in out[5]
+    assert ("mapa.shared::cluster.u32 %fmha_ra, %r1220, %fmha_rk; @%p25 mbarrier.arrive.shared::cta.b64 _, [%r1220]; "
+            "@%p25 mbarrier.arrive.shared::cluster.b64 _, [%fmha_ra]; }") in out[5]
     with pytest.raises(RuntimeError, match="no arrive|left over"):
-        multicast.rewrite("\n".join([multicast.KERNEL_MARK, load, arrive, multicast.REMOTE]))
+        multicast.rewrite("\n".join([multicast.KERNEL_MARK, load, arrive, multicast.BOTH]))
     with pytest.raises(RuntimeError, match="cannot read"):
         multicast.rewrite("\n".join([multicast.KERNEL_MARK, load.replace("[%r305]", "[%r305], %rs1"), arrive]))
 

@@ -22,7 +22,11 @@ its rows keep theirs (:func:`_rescale_lazy`).  ``KernelConfig.pingpong=1`` adds
 FlashAttention-3's ping-pong: the consumer warpgroups take turns issuing their
 products (an mbarrier per warpgroup), so one's softmax runs under another's
 products (``configs.HOPPER`` takes it where it measured faster: D=128 non-causal
-up to 512 keys, and D=64 non-causal on 192 rows).
+up to 512 keys, and D=64 non-causal on 192 rows).  ``KernelConfig.cluster`` (D=128 non-causal,
+dense) makes a program a cluster of two CTAs on neighbouring query blocks that read each K/V
+tile from L2 once for both: each CTA's producer loads a column half, multicast to both, and a
+ring slot is refilled once the consumers of both CTAs have released it (the multicast and the
+arrivals on the other CTA are PTX that :mod:`.multicast` writes in, Gluon 3.6 having neither).
 
 The math is the seed's (Section 9) in the base-2 domain, with the same guards as
 ``kernels/common.py``: a row that has seen no visible key keeps ``m = -inf`` and
@@ -81,7 +85,7 @@ LN2 = gl.constexpr(0.6931471805599453)
 CLUSTER_SYNC = gl.constexpr(f"{multicast.KERNEL_MARK}\n\tfence.mbarrier_init.release.cluster; "
                             "barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned; "
                             "mov.u32 $0, 0;")
-REMOTE_MARK = gl.constexpr(f"{multicast.REMOTE}\n\tmov.u32 $0, 0;")
+BOTH_MARK = gl.constexpr(f"{multicast.BOTH}\n\tmov.u32 $0, 0;")
 # CLUSTER's layouts: every CTA holds the whole of each tensor and buffer (a broadcast CTA basis)
 MMA_128_CLUSTER = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, 128, 16], cga_layout=[[0, 0]]))
@@ -341,12 +345,11 @@ def _cluster_sync(CLUSTER: gl.constexpr):
 @gluon.jit
 def _release(bar, CLUSTER: gl.constexpr):
     """A consumer warpgroup is done with a ring slot: it arrives on the slot's empty barrier, and
-    with CLUSTER on the other CTA's too (the PTX pass sends the marked arrive there): the next
+    with CLUSTER on the other CTA's too (the PTX pass makes the marked arrive both): the next
     multicast into the slot fills both CTAs' copies."""
-    mbarrier.arrive(bar, count=1)
     if CLUSTER:
-        gl.inline_asm_elementwise(REMOTE_MARK, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-        mbarrier.arrive(bar, count=1)
+        gl.inline_asm_elementwise(BOTH_MARK, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+    mbarrier.arrive(bar, count=1)
 
 
 STORE_32 = gl.constexpr("{ .reg .pred %p; setp.ne.b32 %p, $3, 0; @%p st.global.b32 [$1], $2; mov.u32 $0, 0; }")

@@ -8,10 +8,11 @@ run on the PTX between Triton's ``ptx`` and ``cubin`` stages (a pipeline-stages 
 - every 3-D TMA load (the K and V tiles: Q and O use 2-D descriptors) gets ``.multicast::cluster`` to
   both CTAs: each CTA loads one column half of the tile, and each half lands, with its bytes counted
   on the ready barrier, at the same offset in both CTAs' shared memory;
-- the ``mbarrier.arrive`` that follows each :data:`REMOTE` marker goes to the other CTA's barrier at
-  the same offset (``mapa``), so a ring slot is free for the next multicast only once the consumers
-  of both CTAs have released it.  The arrive keeps the default CTA-scope release, as CUTLASS's
-  cluster barrier does: with ``.release.cluster`` the kernel ran 13-15% slower (configs.HOPPER).
+- the ``mbarrier.arrive`` that follows each :data:`BOTH` marker arrives on the barrier and on the
+  other CTA's barrier at the same offset (``mapa``), so a ring slot is free for the next multicast
+  only once the consumers of both CTAs have released it.  The remote arrive keeps the default
+  CTA-scope release, as CUTLASS's cluster barrier does: with ``.release.cluster`` the kernel ran
+  13-15% slower (configs.HOPPER).
 
 Only PTX that carries :data:`KERNEL_MARK` is touched.  The pass checks what it found (a load it cannot
 read, or a marker with no arrive after it, raises), and the marker strings carry a version so that a
@@ -23,8 +24,8 @@ import re
 
 from triton import knobs
 
-KERNEL_MARK = "// fmha.multicast v2"
-REMOTE = "// fmha.remote-arrive v2"
+KERNEL_MARK = "// fmha.multicast v3"
+BOTH = "// fmha.arrive-both v3"
 
 _LOAD = re.compile(r"^(\s*)(@%p\d+ )?"
                    r"(cp\.async\.bulk\.tensor\.3d\.shared::cluster\.global\.mbarrier::complete_tx::bytes)"
@@ -33,13 +34,13 @@ _ARRIVE = re.compile(r"^(\s*)(@%p\d+ )?mbarrier\.arrive\.shared::cta\.b64 _, \[(
 
 
 def rewrite(ptx: str) -> str:
-    """The cluster build's PTX with its K/V loads multicast and its marked arrivals remote; any other
-    PTX unchanged."""
+    """The cluster build's PTX with its K/V loads multicast and its marked arrivals on both CTAs' barriers;
+    any other PTX unchanged."""
     if KERNEL_MARK not in ptx:
         return ptx
     lines = ptx.split("\n")
     loads = arrives = 0
-    pending = False  # a REMOTE marker seen, its arrive not yet
+    pending = False  # a BOTH marker seen, its arrive not yet
     for i, line in enumerate(lines):
         if "cp.async.bulk.tensor.3d" in line:
             m = _LOAD.match(line)
@@ -49,9 +50,9 @@ def rewrite(ptx: str) -> str:
             lines[i] = (f"{indent}{{ .reg .b16 %fmha_mc; mov.b16 %fmha_mc, 3; "
                         f"{pred or ''}{op}.multicast::cluster {operands}, %fmha_mc; }}")
             loads += 1
-        elif REMOTE in line:
+        elif BOTH in line:
             if pending:
-                raise RuntimeError("multicast pass: two remote-arrive markers without an arrive between")
+                raise RuntimeError("multicast pass: two arrive markers without an arrive between")
             pending = True
         elif pending and "mbarrier.arrive" in line:
             m = _ARRIVE.match(line)
@@ -60,11 +61,12 @@ def rewrite(ptx: str) -> str:
             indent, pred, addr = m.groups()
             lines[i] = (f"{indent}{{ .reg .b32 %fmha_rk, %fmha_ra; mov.u32 %fmha_rk, %cluster_ctarank; "
                         f"xor.b32 %fmha_rk, %fmha_rk, 1; mapa.shared::cluster.u32 %fmha_ra, {addr}, %fmha_rk; "
+                        f"{pred or ''}mbarrier.arrive.shared::cta.b64 _, [{addr}]; "
                         f"{pred or ''}mbarrier.arrive.shared::cluster.b64 _, [%fmha_ra]; }}")
             arrives += 1
             pending = False
     if pending or not loads or not arrives:
-        raise RuntimeError(f"multicast pass: {loads} K/V loads, {arrives} remote arrives, "
+        raise RuntimeError(f"multicast pass: {loads} K/V loads, {arrives} arrives on both CTAs, "
                            f"a marker left over: {pending}")
     return "\n".join(lines)
 
