@@ -160,13 +160,14 @@ HOPPER = [
     # clock 1665 -> 1695 MHz under the same 690 W.  Clusters with cluster-scope remote arrivals lost 13-15% (run
     # 20261130T095112); with CTA-scope arrivals (as CUTLASS's), beside the table, run 20261130T095414 (bf16),
     # TFLOP/s at S=1k..16k: 573/619/642/644/655 against 555/598/622/644/655; power_probe at 16k sustained 644 against
-    # 631 (1710 against 1650 MHz), a single call 729 against 732
-    (128, False, 4096, KernelConfig(128, 128, 4, 2, head_group=4, q_regs=1, fence=1, lazy=1, cluster=1)),
-    # D=128 past 16k keys: 3 K/V stages, O then stored from registers (no room to stage it).  Against 2
-    # stages, same run (bf16 20261129T224118, fp16 T224319, extra grid T224215-gpu1), TFLOP/s s3/s2:
-    # non-causal 512..16k 412/488 510/610 576/589 606/619 618/633 631/640, 128k 627/598; causal 512..16k
-    # 269/316 .. 604/612, 128k 626/617.  Slower up to 16k (the register store of O costs more than the
-    # deeper ring gains while a head's K/V sit in L2), faster at 128k (a head's K/V, 64 MB, do not).
+    # 631 (1710 against 1650 MHz), a single call 729 against 732.  In the final grid's call (run 20261130T100533,
+    # against the rows without clusters): 576/623/650/637/653 against 560/603/626/636/651.  At 8k and 16k keys the
+    # row below gained 0.3% from clusters; with this row's config there instead (run 20261130T100920, bf16, one
+    # GPU), 677/685 against 647/658 (Q in registers beside the split tail 661/677, with 3 stages 660/666), and the
+    # table took it up to 16k keys.  Not yet in a full grid (session 16's device time ran out)
+    (128, False, 16384, KernelConfig(128, 128, 4, 2, head_group=4, q_regs=1, fence=1, lazy=1, cluster=1)),
+    # (From here to the next row: experiments on the 8k-16k row before session 16, which was 128 rows, 2 stages,
+    # split_tail, fence and lazy; m192n128 spills.)
     # split_tail ("k", the last round's items in pieces merged by LSE; 2048 items fill 15.5 rounds of 132
     # programs), run 20261130T010530 (bf16, S=1k..16k beside the table): 532/546/583/622/636 against
     # 527/568/589/613/623: taken past 4k keys (at 2k-4k a piece's own prologue and store outweighed the
@@ -208,7 +209,11 @@ HOPPER = [
     # with the named-barrier turns 399/487/547/585/618/622.  The turns without the overlap inside a warpgroup
     # (commit 63aed0d), which let 192 rows fit in 160 registers (17 spill instructions in the loop): 192/175/191/
     # 190/375/379 against 484/555/600/625/639/653 (T084937; GPU tests passed), 128 rows 484/536/572/594/614/624.
-    (128, False, 16384, KernelConfig(128, 128, 4, 2, split_tail=1, fence=1, lazy=1, cluster=1)),  # m192n128 spills
+    # D=128 past 16k keys: 3 K/V stages, O then stored from registers (no room to stage it).  Against 2
+    # stages, same run (bf16 20261129T224118, fp16 T224319, extra grid T224215-gpu1), TFLOP/s s3/s2:
+    # non-causal 512..16k 412/488 510/610 576/589 606/619 618/633 631/640, 128k 627/598; causal 512..16k
+    # 269/316 .. 604/612, 128k 626/617.  Slower up to 16k (the register store of O costs more than the
+    # deeper ring gains while a head's K/V sit in L2), faster at 128k (a head's K/V, 64 MB, do not).
     (128, False, None, KernelConfig(128, 128, 4, 3, q_regs=1, fence=1)),
     # up to 512 keys: 64-row programs, two on an SM (three do not fit in shared memory at D=128), 64-key
     # tiles: 314 against 305 (bf16, run 20261130T031922; cuDNN 302), 297 against 290 (fp16, T031923-gpu1;
