@@ -34,6 +34,10 @@ def test_hopper_answers_fit_the_kernel(head_dim, causal, seqlen_k, modifiers, pe
     if cfg.cluster:  # clusters only where the kernel takes them (hopper.supports)
         assert head_dim == 128 and not causal and not modifiers and not per_sequence
         assert (cfg.block_m, cfg.block_n, cfg.pingpong, cfg.occupancy) == (128, 128, 0, 0)
+    # a cluster runs two query blocks: none where the rows make an odd number of them
+    for seqlen_q, paired in [(1, False), (128, False), (129, True), (300, False), (1000, True), (4096, True)]:
+        cfg_q = configs.hopper_config(head_dim, causal, seqlen_k, modifiers, per_sequence, seqlen_q=seqlen_q)
+        assert bool(cfg_q.cluster) == (bool(cfg.cluster) and paired)
 
 
 def test_o_is_staged_where_it_fits():

@@ -361,7 +361,7 @@ def _plan(prob, q, k, v, o, layout, variant, config, alibi_slopes, num_splits, l
     name = select_variant(arch, shape) if variant == "auto" else variant
     modifiers = prob.window_offset is not None or prob.softcap > 0 or alibi_slopes is not None
     cfg = config or configs.default_config(name, arch, prob.head_dim, prob.causal, seqlen_k, modifiers,
-                                           per_sequence=prob.varlen or prob.seqused)
+                                           per_sequence=prob.varlen or prob.seqused, seqlen_q=seqlen_q)
     reason = kernels.unsupported(name, cfg, prob, q, k, v, o, layout, alibi_slopes is not None)
     if reason and variant == "auto":
         name = "tiled"

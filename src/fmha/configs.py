@@ -226,7 +226,7 @@ HOPPER = [
 
 
 def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = False,
-                  per_sequence: bool = False) -> KernelConfig:
+                  per_sequence: bool = False, seqlen_q: int = 0) -> KernelConfig:
     """The ``hopper`` entry for this shape (head dims other than 64 take the 128 rows; with
     ``per_sequence`` lengths, varlen or seqused_k, ``seqlen_k`` is the longest).  With a window,
     softcap or ALiBi, or key lengths off the key tile (per sequence: any), 192 rows become 128:
@@ -234,14 +234,16 @@ def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = 
     registers with the modifiers, 48 stores with the ragged key mask, sm_90 build), two at 240
     do not.  With the modifiers at D=128, Q stays in shared memory (in registers, 23 spilled
     registers with window, softcap and ALiBi, causal); with them or lengths per sequence, no
-    clusters (``hopper.supports``)."""
+    clusters (``hopper.supports``), nor where ``seqlen_q`` (0: not known) makes an odd number of
+    query blocks (FlashAttention-3's rule): a cluster runs two blocks, and the partner of a last
+    lone block would compute rows that do not exist (a 2x loss where a head has one block)."""
     d = 64 if head_dim == 64 else 128
     for key_d, key_causal, longest, cfg in HOPPER:
         if key_d == d and key_causal == bool(causal) and (longest is None or seqlen_k <= longest):
             narrow = modifiers or per_sequence or seqlen_k % cfg.block_n
             if modifiers and d == 128:
                 cfg = replace(cfg, q_regs=0)
-            if modifiers or per_sequence:  # clusters take dense calls without modifiers
+            if modifiers or per_sequence or -(-seqlen_q // cfg.block_m) % 2:
                 cfg = replace(cfg, cluster=0)
             return replace(cfg, block_m=128) if narrow and cfg.block_m == 192 else cfg
     raise AssertionError("the HOPPER table ends with an open row for every (head_dim, causal)")
@@ -286,11 +288,11 @@ def tiled_config(arch: str, head_dim: int) -> KernelConfig:
 
 
 def default_config(variant: str, arch: str, head_dim: int, causal: bool = False, seqlen_k: int = 0,
-                   modifiers: bool = False, per_sequence: bool = False) -> KernelConfig:
+                   modifiers: bool = False, per_sequence: bool = False, seqlen_q: int = 0) -> KernelConfig:
     if variant in ("singlewave", "pipelined"):
         return SEED
     if variant == "tiled":
         return tiled_config(arch, head_dim)
     if variant == "hopper":
-        return hopper_config(head_dim, causal, seqlen_k, modifiers, per_sequence)
+        return hopper_config(head_dim, causal, seqlen_k, modifiers, per_sequence, seqlen_q)
     raise ValueError(f"no config table for variant {variant!r}")

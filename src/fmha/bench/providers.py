@@ -64,7 +64,8 @@ def _table_config(variant: str, cell):
     to 16 query rows, whose GQA rows are packed; else the sm_90 row)."""
     from fmha import configs
     if variant == "hopper":
-        return configs.hopper_config(cell.head_dim, cell.causal, cell.seqlen_k, modifiers=bool(cell.features))
+        return configs.hopper_config(cell.head_dim, cell.causal, cell.seqlen_k, modifiers=bool(cell.features),
+                                     seqlen_q=cell.seqlen_q)
     if cell.seqlen_q <= 16:
         return configs.decode_config(cell.seqlen_q * cell.heads // cell.kv_heads, cell.seqlen_k, cell.head_dim)
     return configs.tiled_config("sm90", cell.head_dim)
