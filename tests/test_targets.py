@@ -165,6 +165,26 @@ def test_multicast_pass_reads_what_it_rewrites():
         multicast.rewrite("\n".join([multicast.KERNEL_MARK, load.replace("[%r305]", "[%r305], %rs1"), arrive]))
 
 
+def test_multicast_pass_stays_in_beside_another_stages_hook(monkeypatch):
+    """A stages hook set after fmha's: ``install`` (which each cluster launch calls) chains it
+    inside the pass's hook again, once, and the pass still rewrites the cluster build's PTX."""
+    from triton import knobs
+
+    from fmha.kernels import multicast
+    calls = []
+    monkeypatch.setattr(knobs.runtime, "add_stages_inspection_hook", lambda *args: calls.append(args[-1]))
+    multicast.install()
+    hook = knobs.runtime.add_stages_inspection_hook
+    multicast.install()
+    assert knobs.runtime.add_stages_inspection_hook is hook
+    load = ("\tcp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%r1], "
+            "[%rd3, {%r2, %r3, %r4}], [%r5];")
+    arrive = "\tmbarrier.arrive.shared::cta.b64 _, [%r6];"
+    stages = {"ptx": lambda src, metadata: "\n".join([multicast.KERNEL_MARK, src, multicast.BOTH, arrive])}
+    hook(None, stages, None, None, 90)
+    assert calls == [90] and ".multicast::cluster [%r1]" in stages["ptx"](load, None)
+
+
 @pytest.mark.parametrize("occupancy,block_n,launch,consumer", [(2, 128, 128, 232), (3, 64, 80, 136)])
 def test_hopper_builds_one_warpgroup_several_programs_per_sm(occupancy, block_n, launch, consumer):
     """64 rows (one consumer warpgroup, Gluon's default partition) with ``occupancy`` programs on an SM:

@@ -1009,6 +1009,8 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
         dest = torch.empty(rows, dtype=torch.int32, device=q.device)
     else:
         w = wl = dest = o
+    if cfg.cluster:  # the PTX pass must see the build: again, in case another stages hook replaced it since import
+        multicast.install()
     scale = prob.scale_log2 / LOG2E
     cap = prob.softcap or 1.0
     cu_q, cu_k, seqused = (t if t is not None else o for t in seqs)
