@@ -358,11 +358,15 @@ STORE_16 = gl.constexpr("{ .reg .pred %p; setp.ne.b32 %p, $3, 0; @%p st.global.b
 
 @gluon.jit
 def _store(ptrs, values, mask, CLUSTER: gl.constexpr):
-    """``gl.store(ptrs, values, mask=mask)`` (``mask`` of the values' shape); CLUSTER: by inline PTX,
-    one element at a time.  Triton reads a cluster layout's broadcast CTA basis as the same tensor
-    held by both CTAs, so its own store writes from the first CTA only; here each CTA holds rows of
-    its own."""
+    """``gl.store(ptrs, values, mask=mask)`` (``mask`` None for all); CLUSTER: by inline PTX, one
+    element at a time.  Triton reads a cluster layout's broadcast CTA basis as the same tensor held
+    by both CTAs, so its own store writes from the first CTA only; here each CTA holds rows of its
+    own."""
     if CLUSTER:
+        if mask is None:
+            mask = gl.full(values.shape, 1, gl.int1, values.type.layout)
+        else:
+            mask, _ = gl.broadcast(mask, values)
         if values.dtype.primitive_bitwidth == 32:
             gl.inline_asm_elementwise(STORE_32, "=r,l,r,r", [ptrs, values.to(gl.int32, bitcast=True),
                                                              mask.to(gl.int32)], dtype=gl.int32, is_pure=False, pack=1)
@@ -564,13 +568,11 @@ def _store_piece(acc, l, m, W, WL, Rows, g, part, n_tiles, dest0, row0, sq, rank
     cols = gl.arange(0, HEAD, layout=gl.SliceLayout(0, o_layout))
     UNIT: gl.constexpr = 2 * BLOCK_M if CLUSTER else BLOCK_M
     w_row = (part * (n_tiles % nprog) + item) * UNIT + rank * BLOCK_M + WG * 64
-    _store(W + (w_row + rows).to(gl.int64)[:, None] * HEAD + cols[None, :], acc,
-           (rows >= 0)[:, None] & (cols >= 0)[None, :], CLUSTER)
+    _store(W + (w_row + rows).to(gl.int64)[:, None] * HEAD + cols[None, :], acc, None, CLUSTER)
     r = gl.arange(0, 64, layout=row_layout)
-    lse = _lse(m, l)
-    _store(WL + w_row + r, lse, r >= 0, CLUSTER)
+    _store(WL + w_row + r, _lse(m, l), None, CLUSTER)
     if part == 0:
-        _store(Rows + item * UNIT + rank * BLOCK_M + WG * 64 + r, gl.where(row0 + r < sq, dest0 + r, -1), r >= 0,
+        _store(Rows + item * UNIT + rank * BLOCK_M + WG * 64 + r, gl.where(row0 + r < sq, dest0 + r, -1), None,
                CLUSTER)
 
 
@@ -748,8 +750,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
             rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
             cols = gl.arange(0, HEAD, layout=gl.SliceLayout(0, o_layout))
             ptrs = O + (o_row + rows).to(gl.int64)[:, None] * o_stride + (o_col + cols)[None, :]
-            out = acc.to(dtype)
-            _store(ptrs, out, (row0 + rows < sq)[:, None] & (cols < HEAD)[None, :], CLUSTER)
+            _store(ptrs, acc.to(dtype), (row0 + rows < sq)[:, None], CLUSTER)
         if STORE_LSE and part < 0:
             lse = _lse(m, l)
             if VARLEN:  # [heads, total_q]
@@ -987,7 +988,7 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
             return
     else:
         items = o
-        n_m = triton.cdiv(prob.seqlen_q, cfg.block_m * (2 if cfg.cluster else 1))  # CLUSTER: pairs of blocks
+        n_m = triton.cdiv(prob.seqlen_q, item_rows(cfg))
         n_tiles = n_m * prob.batch * prob.heads
     if cfg.cluster:  # a program is a cluster of two CTAs, on two SMs
         resident //= 2
@@ -1003,7 +1004,7 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
     pieces = split_pieces(prob, cfg, n_tiles, resident, o.numel() * o.element_size())
     if pieces > 1:  # the last round's items in pieces, each piece's float32 result merged after the kernel
         grid = (min(resident, n_tiles // resident * resident + n_tiles % resident * pieces),)
-        rows = n_tiles % grid[0] * cfg.block_m * (2 if cfg.cluster else 1)
+        rows = n_tiles % grid[0] * item_rows(cfg)
         w = torch.empty(pieces, rows, prob.head_dim, dtype=torch.float32, device=q.device)
         wl = torch.empty(pieces, rows, dtype=torch.float32, device=q.device)
         dest = torch.empty(rows, dtype=torch.int32, device=q.device)
@@ -1031,6 +1032,11 @@ ITEM_COST = 3  # what a work item or piece costs beyond its key tiles, in key ti
 # product, its store): fitted to the split's gains at 8k and 16k keys (configs.HOPPER)
 
 
+def item_rows(cfg) -> int:
+    """Query rows of one work item: a block, or with ``cluster`` two neighbouring blocks (one a CTA)."""
+    return cfg.block_m * (2 if cfg.cluster else 1)
+
+
 def split_pieces(prob, cfg, n_tiles: int, programs: int, out_bytes: int) -> int:
     """How many pieces ``launch`` cuts each item of the last round into (1: none): with
     ``cfg.split_tail``, persistent and non-causal without a window or lengths per sequence (items
@@ -1039,7 +1045,7 @@ def split_pieces(prob, cfg, n_tiles: int, programs: int, out_bytes: int) -> int:
     if not cfg.split_tail or cfg.persistent == 0 or prob.causal or prob.window_offset is not None \
             or per_sequence(prob):
         return 1
-    rest_bytes = n_tiles % programs * cfg.block_m * (2 if cfg.cluster else 1) * prob.head_dim * 4
+    rest_bytes = n_tiles % programs * item_rows(cfg) * prob.head_dim * 4
     return tail_pieces(n_tiles, programs, triton.cdiv(prob.seqlen_k, cfg.block_n),
                        out_bytes // rest_bytes if rest_bytes else 1)
 
