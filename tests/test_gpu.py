@@ -217,21 +217,28 @@ CLUSTER_SHAPES = [  # (batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim): 2-
 ]
 
 
+CLUSTER_CONFIGS = [fmha.KernelConfig(128, 128, 4, 2, cluster=1, fence=1, lazy=1),
+                   fmha.KernelConfig(128, 128, 4, 2, cluster=1, split_tail=1, fence=1, lazy=1),
+                   fmha.KernelConfig(128, 128, 4, 3, cluster=1, split_tail=1, fence=1, lazy=1),
+                   # the table's row (head groups, Q in registers) with the last round in pieces
+                   fmha.KernelConfig(128, 128, 4, 2, head_group=4, q_regs=1, fence=1, lazy=1, cluster=1,
+                                     split_tail=1)]
+
+
 @pytest.mark.parametrize("shape", CLUSTER_SHAPES, ids=lambda s: "b{}h{}kv{}-q{}k{}-d{}".format(*s))
 @pytest.mark.parametrize("dtype,layout", DTYPE_LAYOUTS, ids=str)
-@pytest.mark.parametrize("stages,split", [(2, 0), (2, 1), (3, 1)])
-def test_hopper_cluster_matches_reference(stages, split, dtype, layout, shape):
+@pytest.mark.parametrize("cfg", CLUSTER_CONFIGS, ids=str)
+def test_hopper_cluster_matches_reference(cfg, dtype, layout, shape):
     """``cluster``: programs of two CTAs on neighbouring query blocks, each K/V tile read from L2
     once for both (half by each CTA, multicast; kernels/multicast.py rewrites the PTX for it);
     output and LSE as the tiled kernel's, with and without the last round in pieces, O staged (2
-    stages) or stored from registers (3)."""
+    stages) or stored from registers (3), Q from shared memory or registers."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("sm_90 only")
     b, h, kvh, sq, sk, d = shape
-    cfg = fmha.KernelConfig(128, 128, 4, stages, cluster=1, split_tail=split, fence=1, lazy=1)
     q, k, v = make_qkv(b, h, kvh, sq, sk, d, dtype, layout, seed=sk)
     out = nan_like(q)
-    if split and h == 20:  # the shape meant to cut its last round: it does
+    if cfg.split_tail and h == 20:  # the shape meant to cut its last round: it does
         from fmha.kernels import Problem, device_facts, hopper
         pairs = -(-sq // 256) * b * h
         assert hopper.split_pieces(Problem(b, h, kvh, sq, sk, d, False, 0, 1.0), cfg, pairs, device_facts(0)[1] // 2,
