@@ -141,6 +141,8 @@ def test_hopper_builds_clusters_with_multicast():
     assert "mbarrier.arrive.expect_tx.shared.b64 _, [%r" in ptx and ", 32768;" in ptx
     assert ptx.count("mapa.shared::cluster") >= 4 and "mbarrier.arrive.shared::cluster.b64" in ptx
     assert ptx.count("barrier.cluster.wait") == 6  # each of the three partitions, at its start and its end
+    # no warpgroup barrier before the 4 releases and the loop's wait of each of the 2 consumer warpgroups
+    assert ptx.count("warpgroup bar.sync dropped") == 2 * 5
     plain = targets.build("hopper", "sm_90", 128, "bfloat16", False, replace(cfg, cluster=0), seqlen_k=16384)
     assert "multicast" not in plain.asm["ptx"] and "mapa" not in plain.asm["ptx"]
 
@@ -157,8 +159,16 @@ def test_multicast_pass_reads_what_it_rewrites():
     out = multicast.rewrite(ptx).split("\n")
     assert out[1].endswith("[%r305], %fmha_mc; }") and ".multicast::cluster [%r306]" in out[1]
     assert out[2] == arrive  # not marked: local
-    assert ("mapa.shared::cluster.u32 %fmha_ra, %r1220, %fmha_rk; @%p25 mbarrier.arrive.shared::cta.b64 _, [%r1220]; "
-            "@%p25 mbarrier.arrive.shared::cluster.b64 _, [%fmha_ra]; }") in out[5]
+    assert ("mapa.shared::cluster.u32 %fmha_ra, %r1220, %fmha_rk; fmha_arrive: "
+            "@%p25 mbarrier.arrive.shared::cta.b64 _, [%r1220]; "
+            "@%p25 mbarrier.arrive.shared::cluster.b64 _, [%fmha_ra]; "
+            "setp.eq.u32 %fmha_q, %fmha_rk, 0x7fffffff; @%fmha_q bra fmha_arrive; }") in out[5]
+    sync, wait = "\tbar.sync \t2, 128;", "\tmbarrier.try_wait.parity.shared.b64 complete, [%r9], %r8;"
+    ptx = "\n".join([multicast.KERNEL_MARK, load, sync, wait, multicast.UNSYNCED, sync, wait, multicast.BOTH, sync,
+                     arrive, sync, arrive])
+    out = multicast.rewrite(ptx).split("\n")
+    assert [i for i, line in enumerate(out) if line == sync] == [2, 10]  # the unmarked wait's and arrive's stay
+    assert "mapa" in out[9] and out[11] == arrive
     with pytest.raises(RuntimeError, match="no arrive|left over"):
         multicast.rewrite("\n".join([multicast.KERNEL_MARK, load, arrive, multicast.BOTH]))
     with pytest.raises(RuntimeError, match="cannot read"):

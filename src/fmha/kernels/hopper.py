@@ -86,6 +86,7 @@ CLUSTER_SYNC = gl.constexpr(f"{multicast.KERNEL_MARK}\n\tfence.mbarrier_init.rel
                             "barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned; "
                             "mov.u32 $0, 0;")
 BOTH_MARK = gl.constexpr(f"{multicast.BOTH}\n\tmov.u32 $0, 0;")
+UNSYNCED_MARK = gl.constexpr(f"{multicast.UNSYNCED}\n\tmov.u32 $0, 0;")
 # CLUSTER's layouts: every CTA holds the whole of each tensor and buffer (a broadcast CTA basis)
 MMA_128_CLUSTER = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, 128, 16], cga_layout=[[0, 0]]))
@@ -344,12 +345,23 @@ def _cluster_sync(CLUSTER: gl.constexpr):
 
 @gluon.jit
 def _release(bar, CLUSTER: gl.constexpr):
-    """A consumer warpgroup is done with a ring slot: it arrives on the slot's empty barrier, and
-    with CLUSTER on the other CTA's too (the PTX pass makes the marked arrive both): the next
-    multicast into the slot fills both CTAs' copies."""
+    """A consumer warpgroup is done with a ring slot (its wgmma on it waited for): it arrives on the
+    slot's empty barrier, and with CLUSTER on the other CTA's too (the PTX pass makes the marked
+    arrive both, with no warpgroup barrier before it): the next multicast into the slot fills both
+    CTAs' copies."""
     if CLUSTER:
         gl.inline_asm_elementwise(BOTH_MARK, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
     mbarrier.arrive(bar, count=1)
+
+
+@gluon.jit
+def _wait_ring(bar, phase, CLUSTER: gl.constexpr):
+    """A consumer warpgroup waits for a ring slot's tile.  CLUSTER: without the warpgroup barrier
+    Triton puts between two waits on one barrier array (the PTX pass drops it; the wgmma between
+    them keeps the warps together)."""
+    if CLUSTER:
+        gl.inline_asm_elementwise(UNSYNCED_MARK, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+    mbarrier.wait(bar, phase)
 
 
 STORE_32 = gl.constexpr("{ .reg .pred %p; setp.ne.b32 %p, $3, 0; @%p st.global.b32 [$1], $2; mov.u32 $0, 0; }")
@@ -682,7 +694,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
             sp = (it0 + i - 1) % STAGES
             php = ((it0 + i - 1) // STAGES) & 1
             # 5.1 of tile i issued, then 5.6 of tile i-1; wait for the scores only
-            mbarrier.wait(k_ready.index(s), ph)
+            _wait_ring(k_ready.index(s), ph, CLUSTER)
             if PINGPONG:  # both operands in place before the turn is taken
                 mbarrier.wait(v_ready.index(sp), php)
                 _take_turn(turns, n_turn, WG, PINGPONG)

@@ -12,7 +12,17 @@ run on the PTX between Triton's ``ptx`` and ``cubin`` stages (a pipeline-stages 
   other CTA's barrier at the same offset (``mapa``), so a ring slot is free for the next multicast
   only once the consumers of both CTAs have released it.  The remote arrive keeps the default
   CTA-scope release, as CUTLASS's cluster barrier does: with ``.release.cluster`` the kernel ran
-  13-15% slower (configs.HOPPER).
+  13-15% slower (configs.HOPPER).  The two arrivals end a loop that never repeats (its condition is
+  a rank of 2**31 - 1): ptxas schedules within basic blocks, and without the block boundary it
+  sank the remote arrive of each K release below the softmax that follows, releasing the slot to
+  the other CTA's producer a softmax late;
+- the warpgroup ``bar.sync`` that Triton puts before each marked arrive (so that one thread arrives for
+  all 128) and before each wait that follows :data:`UNSYNCED` goes: CUTLASS's pipelines have neither.
+  Every marked arrive follows a ``wgmma.wait_group``, and a wgmma is one operation of the whole
+  warpgroup, so once one warp has seen it complete, every warp has issued it and so has passed the
+  waits before it; no warp of the warpgroup can then still be waiting on a phase the arrive lets the
+  producer refill.  For the same reason no warp runs a ring's phase ahead of the others, which is
+  what Triton's barrier between two waits on one barrier array guards against.
 
 Only PTX that carries :data:`KERNEL_MARK` is touched.  The pass checks what it found (a load it cannot
 read, or a marker with no arrive after it, raises), and the marker strings carry a version so that a
@@ -24,13 +34,15 @@ import re
 
 from triton import knobs
 
-KERNEL_MARK = "// fmha.multicast v3"
-BOTH = "// fmha.arrive-both v3"
+KERNEL_MARK = "// fmha.multicast v6"
+BOTH = "// fmha.arrive-both v6"
+UNSYNCED = "// fmha.unsynced-wait v6"
 
 _LOAD = re.compile(r"^(\s*)(@%p\d+ )?"
                    r"(cp\.async\.bulk\.tensor\.3d\.shared::cluster\.global\.mbarrier::complete_tx::bytes)"
                    r" (\[[^\]]+\], \[[^\]]+\], \[[^\]]+\]);\s*$")
 _ARRIVE = re.compile(r"^(\s*)(@%p\d+ )?mbarrier\.arrive\.shared::cta\.b64 _, \[(%r\d+)\];\s*$")
+_WG_SYNC = re.compile(r"^\s*bar\.sync\s+\d+, 128;\s*$")
 
 
 def rewrite(ptx: str) -> str:
@@ -39,9 +51,17 @@ def rewrite(ptx: str) -> str:
     if KERNEL_MARK not in ptx:
         return ptx
     lines = ptx.split("\n")
-    loads = arrives = 0
+    loads = arrives = dropped = 0
     pending = False  # a BOTH marker seen, its arrive not yet
+    unsync = False  # a BOTH or UNSYNCED marker seen, the warpgroup barrier before its arrive or wait not yet
     for i, line in enumerate(lines):
+        if unsync and _WG_SYNC.match(line):
+            lines[i] = "\t// fmha: warpgroup bar.sync dropped"
+            dropped += 1
+            unsync = False
+            continue
+        if "mbarrier.try_wait" in line or "mbarrier.arrive" in line:
+            unsync = False
         if "cp.async.bulk.tensor.3d" in line:
             m = _LOAD.match(line)
             if not m:
@@ -53,21 +73,25 @@ def rewrite(ptx: str) -> str:
         elif BOTH in line:
             if pending:
                 raise RuntimeError("multicast pass: two arrive markers without an arrive between")
-            pending = True
+            pending = unsync = True
+        elif UNSYNCED in line:
+            unsync = True
         elif pending and "mbarrier.arrive" in line:
             m = _ARRIVE.match(line)
             if not m:
                 raise RuntimeError(f"multicast pass: a marked arrive it cannot read: {line.strip()}")
             indent, pred, addr = m.groups()
-            lines[i] = (f"{indent}{{ .reg .b32 %fmha_rk, %fmha_ra; mov.u32 %fmha_rk, %cluster_ctarank; "
-                        f"xor.b32 %fmha_rk, %fmha_rk, 1; mapa.shared::cluster.u32 %fmha_ra, {addr}, %fmha_rk; "
+            lines[i] = (f"{indent}{{ .reg .b32 %fmha_rk, %fmha_ra; .reg .pred %fmha_q; "
+                        f"mov.u32 %fmha_rk, %cluster_ctarank; xor.b32 %fmha_rk, %fmha_rk, 1; "
+                        f"mapa.shared::cluster.u32 %fmha_ra, {addr}, %fmha_rk; fmha_arrive: "
                         f"{pred or ''}mbarrier.arrive.shared::cta.b64 _, [{addr}]; "
-                        f"{pred or ''}mbarrier.arrive.shared::cluster.b64 _, [%fmha_ra]; }}")
+                        f"{pred or ''}mbarrier.arrive.shared::cluster.b64 _, [%fmha_ra]; "
+                        f"setp.eq.u32 %fmha_q, %fmha_rk, 0x7fffffff; @%fmha_q bra fmha_arrive; }}")
             arrives += 1
             pending = False
     if pending or not loads or not arrives:
         raise RuntimeError(f"multicast pass: {loads} K/V loads, {arrives} arrives on both CTAs, "
-                           f"a marker left over: {pending}")
+                           f"{dropped} warpgroup barriers dropped, a marker left over: {pending}")
     return "\n".join(lines)
 
 
