@@ -8,10 +8,12 @@
 set -o pipefail
 source "$(dirname "$0")/gpu_common.sh"
 ab() {  # ab DTYPE LEDGER GPU
+  local sha=$FMHA_GIT_SHA
   for tree in abold abv4a . . abv4a abold; do
-    PYTHONPATH=$tree/src FMHA_RUN_TAG="$3-${tree#ab}" bench 75 --dtype "$1" \
+    case $tree in abold) tag=old sha=83212ee ;; abv4a) tag=v4 sha=25fd3c7-v4 ;; *) tag=v6 sha=$FMHA_GIT_SHA ;; esac
+    FMHA_GIT_SHA=$sha PYTHONPATH=$tree/src FMHA_RUN_TAG="$3-$tag" bench 75 --dtype "$1" \
       --where "head_dim=128 causal=0 seqlen_k=4096,8192,16384" --providers fmha:auto sdpa:cudnn --ledger "$2" \
-      | grep -v "^fmha bench\|^TFLOP\|^fmha:auto\|ceilings\|^---\|dtype\|^$" | sed "s|^|$tree |"
+      | grep -v "^fmha bench\|^TFLOP\|^fmha:auto\|ceilings\|^---\|dtype\|^$" | sed "s|^|$tag |"
   done
 }
 (export CUDA_VISIBLE_DEVICES=0
