@@ -164,7 +164,11 @@ HOPPER = [
     # against the rows without clusters): 576/623/650/637/653 against 560/603/626/636/651.  At 8k and 16k keys the
     # row below gained 0.3% from clusters; with this row's config there instead (run 20261130T100920, bf16, one
     # GPU), 677/685 against 647/658 (Q in registers beside the split tail 661/677, with 3 stages 660/666), and the
-    # table took it up to 16k keys.  Not yet in a full grid (session 16's device time ran out)
+    # table took it up to 16k keys.  Session 17's grids (runs 20261130T105315, T111650): 8k/16k 655/658 and 652/658
+    # bf16; beside the previous 8k-16k row in one call (T105659) 654/657 against 631/643.  On top of this row (runs
+    # 20261130T110348, T110446 bf16 and T110506-gpu1, T110556-gpu1 fp16, each list twice, the second time
+    # reversed): the split tail lost 1-4%; head groups of 2 even within noise (+0.3%), of 8 -1%; two names for this
+    # same config differed by up to 3%
     (128, False, 16384, KernelConfig(128, 128, 4, 2, head_group=4, q_regs=1, fence=1, lazy=1, cluster=1)),
     # (From here to the next row: experiments on the 8k-16k row before session 16, which was 128 rows, 2 stages,
     # split_tail, fence and lazy; m192n128 spills.)
