@@ -169,7 +169,10 @@ HOPPER = [
     # 20261130T110348, T110446 bf16 and T110506-gpu1, T110556-gpu1 fp16, each list twice, the second time
     # reversed): the split tail lost 1-4%; head groups of 2 even within noise (+0.3%), of 8 -1%; two names for this
     # same config differed by up to 3%
-    (128, False, 16384, KernelConfig(128, 128, 4, 2, head_group=4, q_regs=1, fence=1, lazy=1, cluster=1)),
+    # Session 18: head groups of 2 instead of 4 (bench/gpu_s18a.sh, logs s18run1): sustained at 16k 653 against 647
+    # TFLOP/s (groups of 3: 652, head-major: 651; the same rate per clock, at 1695 against 1680 MHz under the same
+    # 690 W: fewer heads' K/V at once in L2 draw less power); grid cells even, 1k-16k bf16 and fp16, two rounds each
+    (128, False, 16384, KernelConfig(128, 128, 4, 2, head_group=2, q_regs=1, fence=1, lazy=1, cluster=1)),
     # (From here to the next row: experiments on the 8k-16k row before session 16, which was 128 rows, 2 stages,
     # split_tail, fence and lazy; m192n128 spills.)
     # split_tail ("k", the last round's items in pieces merged by LSE; 2048 items fill 15.5 rounds of 132
