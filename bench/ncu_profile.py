@@ -4,13 +4,18 @@
 (so Triton compiles outside the profiled range), then opens the profiler (`cudaProfilerStart`) for one call
 of each provider and closes it.  Cells (bf16): `d128nc16k` (B=1, H=16, S=16384, D=128, non-causal: the
 670 TFLOP/s goal) and `decode8k` (B=4, 32 query heads on 8 KV heads, 1 query row, 8192 keys, D=128).
+`--hopper field=value,...` (each one a run more) also profiles the ``hopper`` kernel on the cell's table
+config with those fields changed, e.g. `--hopper split_tail=1` (its merge kernel is profiled with it).
 """
-import sys
+import argparse
+import dataclasses
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fmha
+from fmha import configs
+from fmha.bench.providers import config_changes
 
 
 def cell(name):
@@ -28,10 +33,22 @@ def cudnn(q, k, v):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=q.shape[1] != k.shape[1])
 
 
-for name in sys.argv[1:] or ["d128nc16k", "decode8k"]:
+def changed(q, k, v, spec: str):
+    """fmha's hopper kernel on the cell's table config with the fields of ``spec`` changed."""
+    cfg = dataclasses.replace(configs.hopper_config(q.shape[-1], False, k.shape[2]), **config_changes(spec))
+    return lambda: fmha.attention(q, k, v, variant="hopper", config=cfg)
+
+
+ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+ap.add_argument("cells", nargs="*", default=["d128nc16k", "decode8k"])
+ap.add_argument("--hopper", nargs="*", default=[], help="table-config changes to profile too: field=value,...")
+args = ap.parse_args()
+for name in args.cells:
     q, k, v = cell(name)
-    print(f"{name}: fmha runs {fmha.api.describe(q, k, v)}", flush=True)
-    for fn in (lambda: fmha.attention(q, k, v), lambda: cudnn(q, k, v)):
+    print(f"{name}: fmha runs {fmha.api.describe(q, k, v)}; then {args.hopper}", flush=True)
+    fns = [lambda: fmha.attention(q, k, v), lambda: cudnn(q, k, v)]
+    fns += [changed(q, k, v, spec) for spec in args.hopper]
+    for fn in fns:
         for _ in range(3):
             fn()
         torch.cuda.synchronize()

@@ -22,6 +22,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fmha
 from fmha import configs
+from fmha.bench.providers import config_changes
 
 FIELDS = "clocks.sm,power.draw,enforced.power.limit,temperature.gpu,clocks_event_reasons.active"
 
@@ -83,8 +84,7 @@ def main() -> None:
 
     attention_flops = 4 * 16 * 16384 * 16384 * 128
     def changed(spec: str):
-        fields = {key: int(val) for key, val in (kv.split("=") for kv in spec.split(","))}
-        cfg = dataclasses.replace(configs.hopper_config(128, False, 16384), **fields)
+        cfg = dataclasses.replace(configs.hopper_config(128, False, 16384), **config_changes(spec))
         return lambda: fmha.attention(q, k, v, variant="hopper", config=cfg)
 
     phases = [("fmha", lambda: fmha.attention(q, k, v), attention_flops)]

@@ -223,6 +223,10 @@ def test_hopper_provider_with_changed_fields():
     for bad in ("fmha:hopper[pingpong=x]", "fmha:hopper[nope=1]"):
         with pytest.raises(ValueError, match="field=integer"):
             providers.select(fake_hopper, [bad])
+    # the same parser serves bench/power_probe.py and bench/ncu_profile.py
+    assert providers.config_changes("persistent=0,pingpong=1") == {"persistent": 0, "pingpong": 1}
+    with pytest.raises(ValueError, match="field=integer"):
+        providers.config_changes("block_m=64,lazy")
     with pytest.raises(ValueError, match="unknown provider"):
         providers.select(providers.providers("cpu"), ["fmha:hopper[pingpong=1]"])
 

@@ -71,19 +71,27 @@ def _table_config(variant: str, cell):
     return configs.tiled_config("sm90", cell.head_dim)
 
 
+def config_changes(spec: str) -> dict:
+    """``field=value,...`` -> ``{field: value}``, each field one of :class:`~fmha.configs.KernelConfig`'s
+    and each value an integer (the changes a provider name, ``bench/power_probe.py`` and
+    ``bench/ncu_profile.py`` take)."""
+    from fmha import configs
+    fields = {f.name for f in dataclasses.fields(configs.KernelConfig)}
+    changes = {}
+    for part in spec.split(","):
+        key, _, val = part.partition("=")
+        if key not in fields or not val.lstrip("-").isdigit():
+            raise ValueError(f"{spec!r}: expected field=integer pairs of KernelConfig fields {sorted(fields)}")
+        changes[key] = int(val)
+    return changes
+
+
 def _changed(name: str) -> Provider:
     """``fmha:hopper[field=value,...]`` (or ``fmha:tiled[...]``): that variant on each cell's own
     table config with those :class:`~fmha.configs.KernelConfig` fields replaced, so one change is
     timed against the table (``fmha:auto``) and the peers in the same run."""
-    from fmha import configs
     variant, inner = re.fullmatch(r"fmha:(hopper|tiled)\[(.+)\]", name).groups()
-    fields = {f.name for f in dataclasses.fields(configs.KernelConfig)}
-    changes = {}
-    for part in inner.split(","):
-        key, _, val = part.partition("=")
-        if key not in fields or not val.lstrip("-").isdigit():
-            raise ValueError(f"{name}: expected field=integer pairs of KernelConfig fields {sorted(fields)}")
-        changes[key] = int(val)
+    changes = config_changes(inner)
 
     def config(cell):
         return dataclasses.replace(_table_config(variant, cell), **changes)
