@@ -706,8 +706,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
             _pass_turn(turns, WG, NUM_WG, PINGPONG)
             n_turn += 1
             qk = warpgroup_mma_wait(1, deps=[qk])
-            if not CLUSTER:
-                _release(k_empty.index(s), CLUSTER)
+            _release(k_empty.index(s), CLUSTER)
             # 5.2-5.4 of tile i while P V of tile i-1 runs
             qk = _scores(qk, first + i, mask_from, offs_m, offs_n, sk, co, wo, ao, cap_in, cap_out, slope, BLOCK_N,
                          CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
@@ -720,8 +719,6 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
             l = l * alpha + gl.sum(p, axis=1)
             if FENCE:
                 l = _fence(l)
-            if CLUSTER:  # K's slot goes back below the exponentials (:func:`_release`)
-                _release(k_empty.index(s), CLUSTER)
             m = m_new
             acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
             _release(v_empty.index(sp), CLUSTER)
