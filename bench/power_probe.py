@@ -1,6 +1,6 @@
 """Clock and power while one kernel runs back to back: is the sustained rate bound by the power limit?
 
-`PYTHONPATH=src python3 bench/power_probe.py [--seconds 5] [--gpu 0] [--hopper kv_reuse=1 ...]`: runs,
+`PYTHONPATH=src python3 bench/power_probe.py [--seconds 5] [--gpu 0] [--hopper head_group=2 ...]`: runs,
 one after the other for ``--seconds`` each, fmha and cuDNN on (B=1, H=16, S=16384, D=128) bf16 non-causal
 (and the ``hopper`` kernel on its table config with each ``--hopper`` change: ``field=value,...``) and an
 8192^3 bf16 matrix product, while ``nvidia-smi`` samples the SM clock, the power draw and the clock event reasons
