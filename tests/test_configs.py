@@ -42,20 +42,12 @@ def test_hopper_answers_fit_the_kernel(head_dim, causal, seqlen_k, modifiers, pe
 
 def test_o_is_staged_where_it_fits():
     """O goes through shared memory beside Q and the K/V rings where they leave room for it; at
-    D=128 with 3 stages (Q 32 KB + K/V 192 KB) it does not, and is stored from registers, or, with
-    a V ring set apart (``v_stages``), staged in the V slot of the item's last key tile."""
+    D=128 with 3 stages (Q 32 KB + K/V 192 KB) it does not, and is stored from registers."""
     kc = configs.KernelConfig
-    for d, cfg, staged, in_v, kb in [(128, kc(128, 128, 4, 2), True, False, 192),
-                                     (128, kc(128, 128, 4, 3), False, False, 224),
-                                     (128, kc(128, 128, 4, 2, v_stages=3), True, False, 224),  # K 64 + V 96 KB
-                                     (128, kc(128, 128, 4, 3, v_stages=3), False, True, 224),
-                                     (128, kc(128, 128, 4, 3, v_stages=2), True, False, 224),
-                                     (128, kc(128, 128, 4, 4, v_stages=3), False, True, 256),  # too big: refused
-                                     (64, kc(192, 128, 4, 3), True, False, 144),
-                                     (64, kc(128, 128, 4, 4), True, False, 160)]:
-        assert hopper.o_staged(d, cfg) is staged and hopper.o_in_v(d, cfg) is in_v
+    for d, cfg, staged, kb in [(128, kc(128, 128, 4, 2), True, 192), (128, kc(128, 128, 4, 3), False, 224),
+                               (64, kc(192, 128, 4, 3), True, 144), (64, kc(128, 128, 4, 4), True, 160)]:
+        assert hopper.o_staged(d, cfg) is staged
         assert hopper.smem_bytes(d, cfg) == kb << 10
-        assert (hopper.smem_bytes(d, cfg) + hopper.SMEM_SPARE <= hopper.SMEM_LIMIT) is (kb < 256)
 
 
 @pytest.mark.parametrize("rows", [1, 4, 16, 17, 64])

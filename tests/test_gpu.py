@@ -55,11 +55,7 @@ HOPPER_CONFIGS = [fmha.KernelConfig(128, 128, 4, 3), fmha.KernelConfig(192, 128,
                   fmha.KernelConfig(64, 64, 4, 2, occupancy=3),
                   # the pivot moved only past 2**8 growth, O rescaled only then
                   fmha.KernelConfig(128, 128, 4, 2, lazy=1), fmha.KernelConfig(192, 128, 4, 2, pingpong=1, lazy=1),
-                  fmha.KernelConfig(128, 128, 4, 3, q_regs=1, fence=1, lazy=1),
-                  # a V ring deeper than K's; K and V 3 deep, O staged in a V slot at D=128
-                  fmha.KernelConfig(128, 128, 4, 2, v_stages=3),
-                  fmha.KernelConfig(128, 128, 4, 3, q_regs=1, v_stages=3),
-                  fmha.KernelConfig(192, 128, 4, 2, pingpong=1, v_stages=3)]
+                  fmha.KernelConfig(128, 128, 4, 3, q_regs=1, fence=1, lazy=1)]
 DTYPE_LAYOUTS = [(dt, lay) for dt in (torch.float16, torch.bfloat16) for lay in ("bhsd", "bshd")]
 # the table's configs in every dtype and layout; each other config in one of them (the descriptors
 # and the output's dtype do not depend on the schedule)
@@ -226,10 +222,7 @@ CLUSTER_CONFIGS = [fmha.KernelConfig(128, 128, 4, 2, cluster=1, fence=1, lazy=1)
                    fmha.KernelConfig(128, 128, 4, 3, cluster=1, split_tail=1, fence=1, lazy=1),
                    # the table's row (head groups, Q in registers) with the last round in pieces
                    fmha.KernelConfig(128, 128, 4, 2, head_group=2, q_regs=1, fence=1, lazy=1, cluster=1,
-                                     split_tail=1),
-                   # a V ring of 3 (O in its own buffer), and K and V of 3 (O staged in the last V slot)
-                   fmha.KernelConfig(128, 128, 4, 2, head_group=2, q_regs=1, fence=1, lazy=1, cluster=1, v_stages=3),
-                   fmha.KernelConfig(128, 128, 4, 3, q_regs=1, fence=1, lazy=1, cluster=1, v_stages=3)]
+                                     split_tail=1)]
 
 
 @pytest.mark.parametrize("shape", CLUSTER_SHAPES, ids=lambda s: "b{}h{}kv{}-q{}k{}-d{}".format(*s))
@@ -341,9 +334,8 @@ def test_hopper_varlen_keys_stop_at_the_sequence_end():
     k, cu_k = packed(lens_k, 4, 128, torch.bfloat16, 5)
     v, _ = packed(lens_k, 4, 128, torch.bfloat16, 6)
     k[1000:1700], v[1000:1700] = float("nan"), float("nan")  # sequence 1
-    # 3 stages: O leaves from registers; with v_stages, through the last V slot (zeroed past the end)
-    for causal, stages, v_stages in ((False, 2, 0), (True, 2, 0), (True, 3, 0), (False, 3, 3), (True, 2, 3)):
-        cfg = fmha.KernelConfig(128, 128, 4, stages, v_stages=v_stages)
+    for causal, stages in ((False, 2), (True, 2), (True, 3)):  # 3 stages: O leaves from registers
+        cfg = fmha.KernelConfig(128, 128, 4, stages)
         o, lse = fmha.attention_varlen(q, k, v, cu_q, cu_k, 300, 1000, causal=causal, causal_align="bottom_right",
                                        variant="hopper", return_lse=True, config=cfg)
         torch.cuda.synchronize()

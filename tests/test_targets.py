@@ -147,28 +147,6 @@ def test_hopper_builds_clusters_with_multicast():
     assert "multicast" not in plain.asm["ptx"] and "mapa" not in plain.asm["ptx"]
 
 
-def test_hopper_builds_a_deeper_v_ring():
-    """``v_stages``: a V ring of 3 beside a K ring of 2 leaves O its own shared buffer (Q 32 + K 64
-    + V 96 + O 32 KB); with K at 3 too, O goes out through the V slot of the item's last tile
-    instead (no buffer of its own: 224 KB in all).  Both build for sm_90 with clusters, no spills,
-    O leaving by TMA store; the slot staged in goes back after that store, its warpgroup barrier kept."""
-    from dataclasses import replace
-
-    from fmha import configs
-    from fmha.kernels import hopper
-    table = configs.hopper_config(128, False, 16384)
-    for stages, own in ((2, True), (3, False)):
-        cfg = replace(table, num_stages=stages, v_stages=3)
-        assert hopper.o_staged(128, cfg) is own and hopper.o_in_v(128, cfg) is not own
-        b = targets.build("hopper", "sm_90", 128, "bfloat16", False, cfg, seqlen_k=16384)
-        ptx = b.asm["ptx"]
-        assert targets.report(b).spilled_registers == 0
-        assert hopper.smem_bytes(128, cfg) == 224 << 10
-        assert hopper.smem_bytes(128, cfg) < b.metadata["shared"] <= hopper.smem_bytes(128, cfg) + hopper.SMEM_SPARE
-        assert "cp.async.bulk.tensor.2d.global.shared" in ptx
-        assert ptx.count("warpgroup bar.sync dropped") == 2 * (5 if own else 4)
-
-
 def test_multicast_pass_reads_what_it_rewrites():
     """The PTX pass changes only marked PTX, rewrites each 3-D TMA load and each marked arrive, and
     refuses what it cannot read."""

@@ -30,7 +30,6 @@ class KernelConfig:
     occupancy: int = 0  # hopper: programs resident on each SM (the persistent grid, the registers split for it); 0: 1
     lazy: int = 0  # hopper: 1 a row's pivot moves only when its max grows by more than 2**8; O rescaled only then
     cluster: int = 0  # hopper, dense non-causal: 1 programs are 2-CTA clusters reading each K/V tile once (multicast)
-    v_stages: int = 0  # hopper: V ring depth, 0: num_stages (deeper, O may be staged in an item's last V slot)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -49,9 +48,8 @@ class KernelConfig:
         occupancy = f"o{self.occupancy}" if self.occupancy else ""
         lazy = "l" if self.lazy else ""
         cluster = "c" if self.cluster else ""
-        v_ring = f"v{self.v_stages}" if self.v_stages else ""
         return (f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}{regs}{sched}{fill}{turns}{heads}"
-                f"{tma}{q_regs}{fence}{tail}{balance}{occupancy}{lazy}{cluster}{v_ring}")
+                f"{tma}{q_regs}{fence}{tail}{balance}{occupancy}{lazy}{cluster}")
 
 
 SEED = KernelConfig(block_m=16, block_n=16, num_warps=1, num_stages=1)

@@ -215,7 +215,6 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_
               BALANCE: gl.constexpr, CLUSTER: gl.constexpr):
     _cluster_sync(CLUSTER)
     rank = _cta_rank(CLUSTER)
-    V_STAGES: gl.constexpr = v_bufs.shape[0] // (2 if CLUSTER else 1)  # STAGES is the K ring's depth
     it = 0  # position in the K/V rings, continued across work items
     tc = 0
     n_tail = 0  # V tiles zeroed past the sequence's end so far (the phase of v_tail)
@@ -264,22 +263,21 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_
                 kv_s, row = _kv_place(b, kv_seq, k0, first + i, Pages, pages_b, page, BLOCK_N, PAGED)  # before the wait
                 mbarrier.wait(k_empty.index(s), ph ^ 1)
                 _load_kv(k_desc, [kv_s, row, kv_col], k_ready.index(s), k_bufs, s, rank, CLUSTER)
-            sv = it % V_STAGES
-            mbarrier.wait(v_empty.index(sv), ((it // V_STAGES) & 1) ^ 1)
+            mbarrier.wait(v_empty.index(s), ph ^ 1)
             if VARLEN or SEQUSED:
                 # keys past this sequence's end are another sequence's or unused cache (NaN, maybe):
                 # a masked score times a NaN value is NaN, so those rows of V get zeroed (the
                 # last tile only; it lands on v_tail, and v_ready waits for the zeros)
                 valid = sk - (first + i) * BLOCK_N
                 if valid < BLOCK_N:
-                    _load(v_desc, [kv_s, row, kv_col], v_tail, v_bufs.index(sv))
+                    _load(v_desc, [kv_s, row, kv_col], v_tail, v_bufs.index(s))
                     tail = 1
-                    tail_slot = sv
+                    tail_slot = s
                     tail_valid = valid
                 else:
-                    _load(v_desc, [kv_s, row, kv_col], v_ready.index(sv), v_bufs.index(sv))
+                    _load(v_desc, [kv_s, row, kv_col], v_ready.index(s), v_bufs.index(s))
             else:
-                _load_kv(v_desc, [kv_s, row, kv_col], v_ready.index(sv), v_bufs, sv, rank, CLUSTER)
+                _load_kv(v_desc, [kv_s, row, kv_col], v_ready.index(s), v_bufs, s, rank, CLUSTER)
             it += 1
         tc += 1
     if VARLEN or SEQUSED:
@@ -616,7 +614,7 @@ def _pass_turn(turns, WG: gl.constexpr, NUM_WG: gl.constexpr, PINGPONG: gl.const
 
 @gluon.jit
 def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
-              v_empty, turns, o_free, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset, window_offset,
+              v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset, window_offset,
               align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m, head_group, q_rows_b, q_rows_h,
               q_col_h, o_stride, W, WL, Rows, pieces, STAGES: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr,
               BLOCK_N: gl.constexpr, HEAD: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
@@ -628,7 +626,6 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
     rank = _cta_rank(CLUSTER)
     ROWS: gl.constexpr = 64
     NUM_WG: gl.constexpr = BLOCK_M // ROWS
-    V_STAGES: gl.constexpr = v_bufs.shape[0]  # STAGES is the K ring's depth
     dtype: gl.constexpr = o_desc.dtype
     if CLUSTER:  # each CTA of the cluster holds the whole tensor (128-key tiles, head_dim 128)
         s_layout: gl.constexpr = MMA_128_CLUSTER
@@ -694,8 +691,8 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
         for i in range(1, n_iters):
             s = (it0 + i) % STAGES
             ph = ((it0 + i) // STAGES) & 1
-            sp = (it0 + i - 1) % V_STAGES
-            php = ((it0 + i - 1) // V_STAGES) & 1
+            sp = (it0 + i - 1) % STAGES
+            php = ((it0 + i - 1) // STAGES) & 1
             # 5.1 of tile i issued, then 5.6 of tile i-1; wait for the scores only
             _wait_ring(k_ready.index(s), ph, CLUSTER)
             if PINGPONG:  # both operands in place before the turn is taken
@@ -735,18 +732,14 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
             p16 = gl.convert_layout(_narrow(p, dtype), p_layout)
         if not Q_REGS:  # every Q K^T of this item has retired: the producer may load the next item's Q
             mbarrier.arrive(q_empty, count=1)
-        last = (it0 + n_iters - 1) % V_STAGES
-        mbarrier.wait(v_ready.index(last), ((it0 + n_iters - 1) // V_STAGES) & 1)
+        last = (it0 + n_iters - 1) % STAGES
+        mbarrier.wait(v_ready.index(last), ((it0 + n_iters - 1) // STAGES) & 1)
         _take_turn(turns, n_turn, WG, PINGPONG)
         acc = warpgroup_mma(p16, v_bufs.index(last), acc, is_async=True)
         _pass_turn(turns, WG, NUM_WG, PINGPONG)
         n_turn += 1
         acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
-        if O_SMEM == 2:  # O goes into this V slot, once every warpgroup's P V has read all of it
-            mbarrier.arrive(o_free, count=1)
-            mbarrier.wait(o_free, tc & 1)
-        else:
-            _release(v_empty.index(last), CLUSTER)
+        _release(v_empty.index(last), CLUSTER)
 
         # Section 6: o = acc / l with 1/l := 0 on an empty row
         inv_l = gl.where(l == 0.0, 0.0, 1.0 / l)
@@ -757,10 +750,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
             _store_piece(acc, l, m, W, WL, Rows, g, part, n_tiles, bh * seqlen_q + row0, row0, sq, rank, o_layout,
                          row_layout, BLOCK_M, HEAD, WG, CLUSTER)
         elif O_SMEM and row0 + ROWS <= sq:
-            if O_SMEM == 2:  # the slot's bytes as NUM_WG O buffers (BLOCK_M <= BLOCK_N)
-                o_half = v_bufs.index(last)._reinterpret(dtype, [BLOCK_N // ROWS, ROWS, HEAD], o_desc.layout).index(WG)
-            else:
-                o_half = o_smem.index(WG)
+            o_half = o_smem.index(WG)
             o_half.store(acc.to(dtype))
             fence_async_shared()
             tma.async_copy_shared_to_global(o_desc, [o_row, o_col], o_half)
@@ -780,9 +770,6 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
             else:  # [batch, heads, seqlen_q]
                 lse_row0 = bh.to(gl.int64) * seqlen_q
             _store(LSE + lse_row0 + offs_m, lse, offs_m < sq, CLUSTER)
-        if O_SMEM == 2:  # O's store has read the slot (every thread past the wait for it): the producer may refill it
-            gl.thread_barrier()
-            _release(v_empty.index(last), CLUSTER)
         it0 += n_iters
         tc += 1
     _cluster_sync(CLUSTER)
@@ -794,7 +781,7 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                   n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h, kv_col_h, o_stride,
                   Pages, pages_b, page, W, WL, Rows, pieces,
                   HEAD: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                  V_STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                  CONSUMER_REGS: gl.constexpr,
                   CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                   RAGGED: gl.constexpr, PAIRED: gl.constexpr, PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr,
                   VARLEN: gl.constexpr, SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, PAGED: gl.constexpr,
@@ -813,38 +800,35 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
         bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
         spare_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG, 64, HEAD], q_desc.layout)  # a 64-row box per warpgroup
-    if O_SMEM == 1:
+    if O_SMEM:
         o_smem = gl.allocate_shared_memory(o_desc.dtype, [NUM_WG, 64, HEAD], o_desc.layout)
-    else:  # never used (O from registers, or staged in a V slot): a placeholder for the argument lists
+    else:  # never used: a placeholder for the partitions' argument lists
         o_smem = gl.allocate_shared_memory(o_desc.dtype, [1, 8, 8], spare_layout)
     if CLUSTER:  # the rings in column halves, a TMA box each (a CTA loads one, both get it), whole for the wgmma
         k_load = gl.allocate_shared_memory(k_desc.dtype, [2 * STAGES, 1, BLOCK_N, HEAD // 2], k_desc.layout)
-        v_load = gl.allocate_shared_memory(v_desc.dtype, [2 * V_STAGES, 1, BLOCK_N, HEAD // 2], v_desc.layout)
+        v_load = gl.allocate_shared_memory(v_desc.dtype, [2 * STAGES, 1, BLOCK_N, HEAD // 2], v_desc.layout)
         k_bufs = k_load._reinterpret(k_desc.dtype, [STAGES, BLOCK_N, HEAD], q_desc.layout)
-        v_bufs = v_load._reinterpret(v_desc.dtype, [V_STAGES, BLOCK_N, HEAD], q_desc.layout)
+        v_bufs = v_load._reinterpret(v_desc.dtype, [STAGES, BLOCK_N, HEAD], q_desc.layout)
     else:
         k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD], q_desc.layout)  # 2-D slots
-        v_bufs = gl.allocate_shared_memory(v_desc.dtype, [V_STAGES, BLOCK_N, HEAD], q_desc.layout)
+        v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD], q_desc.layout)
         k_load = k_bufs
         v_load = v_bufs
     q_bar = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
     q_empty = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
-    v_ready = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], bar_layout)
-    v_empty = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], bar_layout)
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
     turns = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], bar_layout)  # ping-pong
-    o_free = gl.allocate_shared_memory(gl.int64, [1], bar_layout)  # O staged in a V slot: every last P V done
     v_tail = gl.allocate_shared_memory(gl.int64, [1], bar_layout)  # a V tile to zero past the end
     mbarrier.init(q_bar, count=1)
     mbarrier.init(q_empty, count=NUM_WG)  # one arrival per consumer warpgroup
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(k_empty.index(i), count=NUM_WG * (2 if CLUSTER else 1))  # CLUSTER: both CTAs' consumers
-    for i in gl.static_range(V_STAGES):
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(v_empty.index(i), count=NUM_WG * (2 if CLUSTER else 1))
-    mbarrier.init(o_free, count=NUM_WG)
     for i in gl.static_range(NUM_WG):
         mbarrier.init(turns.index(i), count=1)
     mbarrier.init(v_tail, count=1)
@@ -852,23 +836,23 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
     if NUM_WG == 3:
         gl.warp_specialize([
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
-                         v_ready, v_empty, turns, o_free, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k,
-                         causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2,
-                         n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES,
-                         0, BLOCK_M, BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG,
-                         STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE, CLUSTER)),
+                         v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
+                         window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
+                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 0, BLOCK_M,
+                         BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE, CLUSTER)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
-                         v_ready, v_empty, turns, o_free, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k,
-                         causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2,
-                         n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES,
-                         1, BLOCK_M, BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG,
-                         STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE, CLUSTER)),
+                         v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
+                         window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
+                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 1, BLOCK_M,
+                         BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE, CLUSTER)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
-                         v_ready, v_empty, turns, o_free, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k,
-                         causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2,
-                         n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES,
-                         2, BLOCK_M, BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG,
-                         STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE, CLUSTER)),
+                         v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
+                         window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
+                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 2, BLOCK_M,
+                         BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE, CLUSTER)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_load, v_load, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
                          window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
@@ -878,17 +862,17 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
     elif NUM_WG == 2:
         gl.warp_specialize([
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
-                         v_ready, v_empty, turns, o_free, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k,
-                         causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2,
-                         n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES,
-                         0, BLOCK_M, BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG,
-                         STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE, CLUSTER)),
+                         v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
+                         window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
+                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 0, BLOCK_M,
+                         BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE, CLUSTER)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
-                         v_ready, v_empty, turns, o_free, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k,
-                         causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2,
-                         n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES,
-                         1, BLOCK_M, BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG,
-                         STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE, CLUSTER)),
+                         v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
+                         window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
+                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 1, BLOCK_M,
+                         BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE, CLUSTER)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_load, v_load, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
                          window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
@@ -898,11 +882,11 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
     else:  # one consumer warpgroup: it is the default partition, with the registers the producer gives up
         gl.warp_specialize([
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
-                         v_ready, v_empty, turns, o_free, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k,
-                         causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2,
-                         n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES,
-                         0, BLOCK_M, BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG,
-                         STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE, CLUSTER)),
+                         v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
+                         window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
+                         head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 0, BLOCK_M,
+                         BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE, CLUSTER)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_load, v_load, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
                          window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
@@ -932,33 +916,16 @@ def _view2d(t: torch.Tensor, layout: str):
 SMEM_SPARE = 1024  # bytes left for the mbarriers
 
 
-def v_stages(cfg) -> int:
-    """The V ring's depth (``cfg.v_stages``, or the K ring's ``num_stages``)."""
-    return cfg.v_stages or cfg.num_stages
-
-
-def _ring_rows(cfg) -> int:
-    """Rows of the K and V rings together."""
-    return (cfg.num_stages + v_stages(cfg)) * cfg.block_n
-
-
 def o_staged(head_dim: int, cfg) -> bool:
-    """Whether O goes out through a shared buffer of its own (a TMA store) beside Q and the K/V
-    rings; where it does not fit (D=128 with 3 stages) it goes from registers, or :func:`o_in_v`."""
-    return 2 * head_dim * (2 * cfg.block_m + _ring_rows(cfg)) + SMEM_SPARE <= SMEM_LIMIT
-
-
-def o_in_v(head_dim: int, cfg) -> bool:
-    """Whether O is staged in the V slot of its item's last key tile instead, where a V ring set
-    apart (``cfg.v_stages``) leaves O no room of its own: the slot goes back to the producer once
-    O's TMA store has read it."""
-    return bool(cfg.v_stages) and not o_staged(head_dim, cfg) and cfg.block_m <= cfg.block_n
+    """Whether O goes out through shared memory (a TMA store) beside Q and the K/V rings; where it
+    does not fit (D=128 with 3 stages), each thread stores its part of O from registers."""
+    return 2 * head_dim * (2 * cfg.block_m + 2 * cfg.num_stages * cfg.block_n) + SMEM_SPARE <= SMEM_LIMIT
 
 
 def smem_bytes(head_dim: int, cfg) -> int:
     """Shared memory one program allocates (16-bit elements): Q, the K/V rings and, staged, O."""
     o = cfg.block_m if o_staged(head_dim, cfg) else 0
-    return 2 * head_dim * (cfg.block_m + o + _ring_rows(cfg))
+    return 2 * head_dim * (cfg.block_m + o + 2 * cfg.num_stages * cfg.block_n)
 
 
 def sm_bytes(head_dim: int, cfg) -> int:
@@ -1225,12 +1192,10 @@ def launch_options(cfg) -> dict:
 def constexprs(prob, cfg, store_lse: bool, paired: bool = False, alibi: bool = False, split: bool = False,
                balance: bool = False) -> dict:
     return dict(HEAD=prob.head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.num_stages,
-                V_STAGES=v_stages(cfg),
                 CONSUMER_REGS=consumer_regs(cfg), CAUSAL=prob.causal,
                 WINDOW=prob.window_offset is not None, SOFTCAP=prob.softcap > 0, ALIBI=alibi,
                 RAGGED=per_sequence(prob) or prob.seqlen_k % cfg.block_n != 0, PAIRED=paired,
                 PINGPONG=bool(cfg.pingpong), STORE_LSE=store_lse, VARLEN=prob.varlen, SEQUSED=prob.seqused,
                 ALIGN_BR=per_sequence(prob) and prob.align_br, PAGED=bool(prob.page),
-                O_SMEM=1 if o_staged(prob.head_dim, cfg) else 2 if o_in_v(prob.head_dim, cfg) else 0,
-                Q_REGS=bool(cfg.q_regs),
+                O_SMEM=o_staged(prob.head_dim, cfg), Q_REGS=bool(cfg.q_regs),
                 FENCE=bool(cfg.fence), LAZY=bool(cfg.lazy), SPLIT=split, BALANCE=balance, CLUSTER=bool(cfg.cluster))
