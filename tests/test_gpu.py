@@ -222,10 +222,7 @@ CLUSTER_CONFIGS = [fmha.KernelConfig(128, 128, 4, 2, cluster=1, fence=1, lazy=1)
                    fmha.KernelConfig(128, 128, 4, 3, cluster=1, split_tail=1, fence=1, lazy=1),
                    # the table's row (head groups, Q in registers) with the last round in pieces
                    fmha.KernelConfig(128, 128, 4, 2, head_group=2, q_regs=1, fence=1, lazy=1, cluster=1,
-                                     split_tail=1),
-                   # clusters of four CTAs (a quarter of each K/V tile a CTA), also with the last round in pieces
-                   fmha.KernelConfig(128, 128, 4, 2, head_group=2, q_regs=1, fence=1, lazy=1, cluster=4),
-                   fmha.KernelConfig(128, 128, 4, 2, q_regs=1, fence=1, lazy=1, cluster=4, split_tail=1)]
+                                     split_tail=1)]
 
 
 @pytest.mark.parametrize("shape", CLUSTER_SHAPES, ids=lambda s: "b{}h{}kv{}-q{}k{}-d{}".format(*s))

@@ -145,12 +145,6 @@ def test_hopper_builds_clusters_with_multicast():
     assert ptx.count("warpgroup bar.sync dropped") == 2 * 5
     plain = targets.build("hopper", "sm_90", 128, "bfloat16", False, replace(cfg, cluster=0), seqlen_k=16384)
     assert "multicast" not in plain.asm["ptx"] and "mapa" not in plain.asm["ptx"]
-    # clusters of four: a quarter of each tile a CTA, multicast to all four, each release reaching all four
-    four = targets.build("hopper", "sm_90", 128, "bfloat16", False, replace(cfg, cluster=4), seqlen_k=16384)
-    ptx = four.asm["ptx"]
-    assert four.metadata["num_ctas"] == 4 and targets.report(four).spilled_registers == 0
-    assert "mov.b16 %fmha_mc, 15;" in ptx and ", 32768;" in ptx
-    assert ptx.count("mapa.shared::cluster") == 3 * 4 * 2  # 3 other CTAs, 4 releases, 2 consumer warpgroups
 
 
 def test_multicast_pass_reads_what_it_rewrites():
@@ -165,13 +159,8 @@ def test_multicast_pass_reads_what_it_rewrites():
     out = multicast.rewrite(ptx).split("\n")
     assert out[1].endswith("[%r305], %fmha_mc; }") and ".multicast::cluster [%r306]" in out[1]
     assert out[2] == arrive  # not marked: local
-    assert ("mapa.shared::cluster.u32 %fmha_ra1, %r1220, %fmha_rk; @%p25 mbarrier.arrive.shared::cta.b64 _, [%r1220]; "
-            "@%p25 mbarrier.arrive.shared::cluster.b64 _, [%fmha_ra1]; }") in out[5]
-    assert out[5].count("mbarrier.arrive.shared::cluster") == 1 and "mov.b16 %fmha_mc, 3;" in out[1]
-    # a 4-CTA build: its loads reach all four CTAs, its marked arrives the three others
-    out = multicast.rewrite(ptx.replace(multicast.KERNEL_MARK, multicast.kernel_mark(4))).split("\n")
-    assert "mov.b16 %fmha_mc, 15;" in out[1] and out[2] == arrive
-    assert out[5].count("mbarrier.arrive.shared::cluster") == 3 and out[5].count("mapa") == 3
+    assert ("mapa.shared::cluster.u32 %fmha_ra, %r1220, %fmha_rk; @%p25 mbarrier.arrive.shared::cta.b64 _, [%r1220]; "
+            "@%p25 mbarrier.arrive.shared::cluster.b64 _, [%fmha_ra]; }") in out[5]
     sync, wait = "\tbar.sync \t2, 128;", "\tmbarrier.try_wait.parity.shared.b64 complete, [%r9], %r8;"
     ptx = "\n".join([multicast.KERNEL_MARK, load, sync, wait, multicast.UNSYNCED, sync, wait, multicast.BOTH, sync,
                      arrive, sync, arrive])

@@ -29,8 +29,7 @@ class KernelConfig:
     balance: int = 0  # hopper, causal persistent: 1 the last round or two of pairs dealt longest item first
     occupancy: int = 0  # hopper: programs resident on each SM (the persistent grid, the registers split for it); 0: 1
     lazy: int = 0  # hopper: 1 a row's pivot moves only when its max grows by more than 2**8; O rescaled only then
-    cluster: int = 0  # hopper, dense non-causal: 1 (or 2) programs are 2-CTA clusters reading each K/V tile once
-    # (multicast), 4 clusters of four CTAs
+    cluster: int = 0  # hopper, dense non-causal: 1 programs are 2-CTA clusters reading each K/V tile once (multicast)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -48,7 +47,7 @@ class KernelConfig:
         balance = "b" if self.balance else ""
         occupancy = f"o{self.occupancy}" if self.occupancy else ""
         lazy = "l" if self.lazy else ""
-        cluster = ("c4" if self.cluster == 4 else "c") if self.cluster else ""
+        cluster = "c" if self.cluster else ""
         return (f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}{regs}{sched}{fill}{turns}{heads}"
                 f"{tma}{q_regs}{fence}{tail}{balance}{occupancy}{lazy}{cluster}")
 

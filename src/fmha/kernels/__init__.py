@@ -65,22 +65,6 @@ def device_facts(index: int) -> tuple[int, int]:
     return props.major, props.multi_processor_count
 
 
-@triton.jit
-def _nop():
-    pass
-
-
-@functools.lru_cache(maxsize=None)
-def cluster_room(index: int, ctas: int, smem: int) -> int:
-    """How many clusters of ``ctas`` CTAs, each CTA with ``smem`` bytes of shared memory, CUDA device
-    ``index`` runs at once (the driver's cuOccupancyMaxActiveClusters, asked once): a GPC's SMs
-    that do not make a whole cluster stay out of it."""
-    with torch.cuda.device(index):
-        kernel = _nop[(1,)]()
-        kernel._init_handles()
-        return triton.runtime.driver.active.utils.cuOccupancyMaxActiveClusters(kernel.function, smem, ctas)
-
-
 def strides_bhsd(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
     """Strides in (batch, head, seq, dim) order for a tensor in ``layout``."""
     s = t.stride()

@@ -72,7 +72,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ..reference import LOG2E
-from . import cluster_room, device_facts, kv_view3d, merge, multicast, strides_bhsd
+from . import device_facts, kv_view3d, merge, multicast, strides_bhsd
 
 SMEM_LIMIT = 232448  # bytes of shared memory one sm_90 block may use
 SMEM_SM = 233472  # bytes of shared memory on one SM, 1 KB of it reserved for each resident block
@@ -80,30 +80,18 @@ REGS_SM = 65536  # 32-bit registers on one SM
 CONSUMER_REGS = {2: 240, 3: 160}  # setmaxnreg per consumer thread, by warpgroup count (one program per SM)
 PRODUCER_REGS = gl.constexpr(24)
 LN2 = gl.constexpr(0.6931471805599453)
-# CLUSTER (its CTA count, 2 or 4): a barrier of every thread of the cluster's CTAs (the first one also publishes
-# the barriers' init), and the markers the PTX pass reads (kernels/multicast.py), the first naming the CTA count
-_SYNC = ("\n\tfence.mbarrier_init.release.cluster; barrier.cluster.arrive.release.aligned; "
-         "barrier.cluster.wait.acquire.aligned; mov.u32 $0, 0;")
-CLUSTER_SYNC_2 = gl.constexpr(multicast.kernel_mark(2) + _SYNC)
-CLUSTER_SYNC_4 = gl.constexpr(multicast.kernel_mark(4) + _SYNC)
+# CLUSTER: a barrier of every thread of both CTAs (the first one also publishes the barriers' init), and
+# the markers the PTX pass reads (kernels/multicast.py)
+CLUSTER_SYNC = gl.constexpr(f"{multicast.KERNEL_MARK}\n\tfence.mbarrier_init.release.cluster; "
+                            "barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned; "
+                            "mov.u32 $0, 0;")
 BOTH_MARK = gl.constexpr(f"{multicast.BOTH}\n\tmov.u32 $0, 0;")
 UNSYNCED_MARK = gl.constexpr(f"{multicast.UNSYNCED}\n\tmov.u32 $0, 0;")
-
-
-def _broadcast(ctas: int, rank: int) -> list:
-    """A layout's CTA basis for a cluster of ``ctas``: every CTA holds the whole tensor or buffer."""
-    return [[0] * rank] * (ctas.bit_length() - 1)
-
-
-# CLUSTER's layouts, by CTA count
-MMA_128_CLUSTER_2 = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, 128, 16], cga_layout=_broadcast(2, 2)))
-MMA_128_CLUSTER_4 = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, 128, 16], cga_layout=_broadcast(4, 2)))
-BARRIER_CLUSTER_2 = gl.constexpr(mbarrier.MBarrierLayout(cga_layout=_broadcast(2, 1)))
-BARRIER_CLUSTER_4 = gl.constexpr(mbarrier.MBarrierLayout(cga_layout=_broadcast(4, 1)))
-SPARE_CLUSTER_2 = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0], cga_layout=_broadcast(2, 3)))
-SPARE_CLUSTER_4 = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0], cga_layout=_broadcast(4, 3)))
+# CLUSTER's layouts: every CTA holds the whole of each tensor and buffer (a broadcast CTA basis)
+MMA_128_CLUSTER = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, 128, 16], cga_layout=[[0, 0]]))
+BARRIER_CLUSTER = gl.constexpr(mbarrier.MBarrierLayout(cga_layout=[[0]]))
+SPARE_CLUSTER = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0], cga_layout=[[0, 0, 0]]))
 multicast.install()
 
 
@@ -195,7 +183,7 @@ def _tile(g, n_m, n_bh, head_group, Items, heads, rank, CAUSAL: gl.constexpr, PA
     | block``, the heads of each block numbered in turn) and the programs deal the items out
     snake-wise, round by round (forward, then backward), so each program's rounds add up to
     about the same work and none is spent on blocks past a sequence's end.  CLUSTER: an item is
-    ``CLUSTER`` (2 or 4) neighbouring query blocks, one for each CTA of the cluster (``rank``)."""
+    two neighbouring query blocks, one for each CTA of the cluster (``rank``)."""
     if VARLEN:
         entry = gl.load(Items + g // heads)
         pid_m = entry & 0xFFFF
@@ -213,7 +201,7 @@ def _tile(g, n_m, n_bh, head_group, Items, heads, rank, CAUSAL: gl.constexpr, PA
         if CAUSAL:
             pid_m = n_m - 1 - pid_m
         if CLUSTER:
-            pid_m = CLUSTER * pid_m + rank
+            pid_m = 2 * pid_m + rank
     return pid_m, bh
 
 
@@ -322,26 +310,22 @@ def _load(desc, coord, ready, buf):
 
 @gluon.jit
 def _load_kv(desc, coord, ready, ring, s, rank, CLUSTER: gl.constexpr):
-    """A K or V tile into slot ``s`` of ``ring`` onto ``ready``.  CLUSTER: the ring is in boxes,
-    the same bytes as the whole slots the consumers read: column halves (the 128-byte swizzle's
-    width), and with 4 CTAs each half in two row halves (slot ``s`` is boxes ``4s + 2c + r``, column
-    half ``c``, row half ``r``: a column half holds its rows in order).  This CTA loads its box (the
-    descriptor's), which the PTX pass multicasts to every CTA, and the barrier waits for all of them."""
+    """A K or V tile into slot ``s`` of ``ring`` onto ``ready``.  CLUSTER: the ring is in column
+    halves (slot ``s`` is halves ``2s`` and ``2s + 1``, the same bytes as the whole slot the
+    consumers read); this CTA loads its half (the descriptor's box), which the PTX pass multicasts
+    to both CTAs, and the barrier waits for both halves."""
     if CLUSTER:
-        mbarrier.expect(ready, CLUSTER * desc.block_type.nbytes)
-        rows: gl.constexpr = ring.shape[2]
-        cols: gl.constexpr = ring.shape[3]
-        c = rank % 2
-        r = rank // 2
-        tma.async_copy_global_to_shared(desc, [coord[0], coord[1] + r * rows, coord[2] + c * cols], ready,
-                                        ring.index(CLUSTER * s + (CLUSTER // 2) * c + r))
+        mbarrier.expect(ready, 2 * desc.block_type.nbytes)
+        half = ring.shape[3]
+        tma.async_copy_global_to_shared(desc, [coord[0], coord[1], coord[2] + rank * half], ready,
+                                        ring.index(2 * s + rank))
     else:
         _load(desc, coord, ready, ring.index(s))
 
 
 @gluon.jit
 def _cta_rank(CLUSTER: gl.constexpr):
-    """This CTA's place in its cluster (0 to CLUSTER - 1); 0 without clusters."""
+    """This CTA's place in its cluster of two (0 or 1); 0 without clusters."""
     rank = 0
     if CLUSTER:
         rank = gl.inline_asm_elementwise("mov.u32 $0, %cluster_ctarank;", "=r", [], dtype=gl.int32, is_pure=True,
@@ -352,21 +336,19 @@ def _cta_rank(CLUSTER: gl.constexpr):
 @gluon.jit
 def _cluster_sync(CLUSTER: gl.constexpr):
     """CLUSTER, at each partition's start and end (every warp of a CTA runs one): every thread of
-    every CTA arrives and waits.  At the start the barriers each CTA initialised are then visible to
-    the others' multicasts and arrivals; at the end no CTA touches another's shared memory any
-    more, so none leaves while another still might."""
-    if CLUSTER == 4:
-        gl.inline_asm_elementwise(CLUSTER_SYNC_4, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-    elif CLUSTER:
-        gl.inline_asm_elementwise(CLUSTER_SYNC_2, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+    both CTAs arrives and waits.  At the start the barriers each CTA initialised are then visible to
+    the other's multicasts and arrivals; at the end neither CTA touches the other's shared memory any
+    more, so neither leaves while the other still might."""
+    if CLUSTER:
+        gl.inline_asm_elementwise(CLUSTER_SYNC, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
 def _release(bar, CLUSTER: gl.constexpr):
     """A consumer warpgroup is done with a ring slot (its wgmma on it waited for): it arrives on the
-    slot's empty barrier, and with CLUSTER on the other CTAs' too (the PTX pass makes the marked
-    arrive reach every CTA, with no warpgroup barrier before it): the next multicast into the slot
-    fills every CTA's copy."""
+    slot's empty barrier, and with CLUSTER on the other CTA's too (the PTX pass makes the marked
+    arrive both, with no warpgroup barrier before it): the next multicast into the slot fills both
+    CTAs' copies."""
     if CLUSTER:
         gl.inline_asm_elementwise(BOTH_MARK, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
     mbarrier.arrive(bar, count=1)
@@ -591,12 +573,12 @@ def _store_piece(acc, l, m, W, WL, Rows, g, part, n_tiles, dest0, row0, sq, rank
     ``g``'s place among the last round's items; piece 0 also writes where row ``r`` goes in the
     output's (batch*head, row) order, ``Rows[item * BLOCK_M + r]`` (``dest0 + r``, or -1 past the
     ``sq`` rows).  The merge after the kernel (``kernels/merge.py``) reads them.  CLUSTER: an item
-    has ``CLUSTER * BLOCK_M`` rows, this CTA's from ``rank * BLOCK_M``."""
+    has ``2 * BLOCK_M`` rows, this CTA's from ``rank * BLOCK_M``."""
     nprog = gl.num_programs(0)
     item = g - n_tiles // nprog * nprog
     rows = gl.arange(0, 64, layout=gl.SliceLayout(1, o_layout))
     cols = gl.arange(0, HEAD, layout=gl.SliceLayout(0, o_layout))
-    UNIT: gl.constexpr = CLUSTER * BLOCK_M if CLUSTER else BLOCK_M
+    UNIT: gl.constexpr = 2 * BLOCK_M if CLUSTER else BLOCK_M
     w_row = (part * (n_tiles % nprog) + item) * UNIT + rank * BLOCK_M + WG * 64
     _store(W + (w_row + rows).to(gl.int64)[:, None] * HEAD + cols[None, :], acc, None, CLUSTER)
     r = gl.arange(0, 64, layout=row_layout)
@@ -645,12 +627,9 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
     ROWS: gl.constexpr = 64
     NUM_WG: gl.constexpr = BLOCK_M // ROWS
     dtype: gl.constexpr = o_desc.dtype
-    if CLUSTER == 4:  # each CTA of the cluster holds the whole tensor (128-key tiles, head_dim 128)
-        s_layout: gl.constexpr = MMA_128_CLUSTER_4
-        o_layout: gl.constexpr = MMA_128_CLUSTER_4
-    elif CLUSTER:
-        s_layout: gl.constexpr = MMA_128_CLUSTER_2
-        o_layout: gl.constexpr = MMA_128_CLUSTER_2
+    if CLUSTER:  # each CTA of the cluster holds the whole tensor (128-key tiles, head_dim 128)
+        s_layout: gl.constexpr = MMA_128_CLUSTER
+        o_layout: gl.constexpr = MMA_128_CLUSTER
     else:
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
@@ -814,12 +793,9 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
     cluster of two CTAs that share each K/V tile (:mod:`.multicast`); its producer has a whole
     warpgroup, so that every warp runs a partition (the cluster barrier counts every thread)."""
     NUM_WG: gl.constexpr = BLOCK_M // 64
-    if CLUSTER == 4:  # each CTA of the cluster holds all of every buffer
-        bar_layout: gl.constexpr = BARRIER_CLUSTER_4
-        spare_layout: gl.constexpr = SPARE_CLUSTER_4
-    elif CLUSTER:
-        bar_layout: gl.constexpr = BARRIER_CLUSTER_2
-        spare_layout: gl.constexpr = SPARE_CLUSTER_2
+    if CLUSTER:  # each CTA of the cluster holds all of every buffer
+        bar_layout: gl.constexpr = BARRIER_CLUSTER
+        spare_layout: gl.constexpr = SPARE_CLUSTER
     else:
         bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
         spare_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
@@ -828,11 +804,9 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
         o_smem = gl.allocate_shared_memory(o_desc.dtype, [NUM_WG, 64, HEAD], o_desc.layout)
     else:  # never used: a placeholder for the partitions' argument lists
         o_smem = gl.allocate_shared_memory(o_desc.dtype, [1, 8, 8], spare_layout)
-    if CLUSTER:  # the rings in TMA boxes (a CTA loads one, every CTA gets it; :func:`_load_kv`), whole for the wgmma
-        k_load = gl.allocate_shared_memory(k_desc.dtype, [CLUSTER * STAGES, 1, BLOCK_N * 2 // CLUSTER, HEAD // 2],
-                                           k_desc.layout)
-        v_load = gl.allocate_shared_memory(v_desc.dtype, [CLUSTER * STAGES, 1, BLOCK_N * 2 // CLUSTER, HEAD // 2],
-                                           v_desc.layout)
+    if CLUSTER:  # the rings in column halves, a TMA box each (a CTA loads one, both get it), whole for the wgmma
+        k_load = gl.allocate_shared_memory(k_desc.dtype, [2 * STAGES, 1, BLOCK_N, HEAD // 2], k_desc.layout)
+        v_load = gl.allocate_shared_memory(v_desc.dtype, [2 * STAGES, 1, BLOCK_N, HEAD // 2], v_desc.layout)
         k_bufs = k_load._reinterpret(k_desc.dtype, [STAGES, BLOCK_N, HEAD], q_desc.layout)
         v_bufs = v_load._reinterpret(v_desc.dtype, [STAGES, BLOCK_N, HEAD], q_desc.layout)
     else:
@@ -852,9 +826,9 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
     mbarrier.init(q_empty, count=NUM_WG)  # one arrival per consumer warpgroup
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=NUM_WG * max(CLUSTER, 1))  # CLUSTER: every CTA's consumers
+        mbarrier.init(k_empty.index(i), count=NUM_WG * (2 if CLUSTER else 1))  # CLUSTER: both CTAs' consumers
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(v_empty.index(i), count=NUM_WG * max(CLUSTER, 1))
+        mbarrier.init(v_empty.index(i), count=NUM_WG * (2 if CLUSTER else 1))
     for i in gl.static_range(NUM_WG):
         mbarrier.init(turns.index(i), count=1)
     mbarrier.init(v_tail, count=1)
@@ -924,9 +898,9 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
 KERNEL = hopper_kernel
 SMEM_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 KV_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
-# CLUSTER: the same layouts, whole in each CTA of the cluster, by CTA count
-CLUSTER_LAYOUTS = {n: tuple(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=r,
-                                                 cga_layout=_broadcast(n, r)) for r in (2, 3)) for n in (2, 4)}
+# CLUSTER: the same layouts, whole in each CTA of the cluster
+SMEM_LAYOUT_2 = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2, cga_layout=[[0, 0]])
+KV_LAYOUT_2 = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3, cga_layout=[[0, 0, 0]])
 
 
 def _view2d(t: torch.Tensor, layout: str):
@@ -985,8 +959,6 @@ def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
             return "clusters take dense non-causal calls without a window"
         if prob.head_dim != 128 or cfg.block_n != 128:
             return "clusters take head_dim 128 in 128-key tiles"
-        if cfg.cluster not in (1, 2, 4):
-            return f"cluster {cfg.cluster} (takes 1 or 2: clusters of two CTAs, or 4: of four)"
         if cfg.block_m != 128 or cfg.pingpong or cfg.occupancy > 1 or cfg.persistent == 0:
             return "clusters take 128-row persistent programs, one an SM, without ping-pong"
     return None
@@ -998,14 +970,10 @@ def descriptors(prob, cfg, q, k, v, o, layout: str) -> tuple:
     kv_layout = "bshd" if prob.page else layout  # a page pool [pages, page, kv_heads, D] reads as bshd
     (k3, krb, krh, kch), (v3, *_) = (kv_view3d(t, kv_layout) for t in (k, v))
     d = prob.head_dim
-    if cfg.cluster:  # a CTA's box: a column half, with 4 CTAs its row half (_load_kv)
-        n = cluster_ctas(cfg)
-        (smem, kv), kv_rows, kv_d = CLUSTER_LAYOUTS[n], cfg.block_n * 2 // n, d // 2
-    else:
-        smem, kv, kv_rows, kv_d = SMEM_LAYOUT, KV_LAYOUT, cfg.block_n, d
+    smem, kv, kv_d = (SMEM_LAYOUT_2, KV_LAYOUT_2, d // 2) if cfg.cluster else (SMEM_LAYOUT, KV_LAYOUT, d)
     descs = (TensorDescriptor.from_tensor(q2, [64, d], smem),
-             TensorDescriptor.from_tensor(k3, [1, kv_rows, kv_d], kv),
-             TensorDescriptor.from_tensor(v3, [1, kv_rows, kv_d], kv),
+             TensorDescriptor.from_tensor(k3, [1, cfg.block_n, kv_d], kv),  # CLUSTER: a column half a CTA
+             TensorDescriptor.from_tensor(v3, [1, cfg.block_n, kv_d], kv),
              TensorDescriptor.from_tensor(o2, [64, d], smem))
     return descs, (qrb, qrh, qch, krb, krh, kch, o2.stride(0))
 
@@ -1034,9 +1002,8 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
         items = o
         n_m = triton.cdiv(prob.seqlen_q, item_rows(cfg))
         n_tiles = n_m * prob.batch * prob.heads
-    if cfg.cluster:  # a program is a cluster of CTAs, one an SM, as many as the GPCs hold at once
-        resident = min(resident // cluster_ctas(cfg),
-                       cluster_room(q.device.index, cluster_ctas(cfg), smem_bytes(prob.head_dim, cfg) + SMEM_SPARE))
+    if cfg.cluster:  # a program is a cluster of two CTAs, on two SMs
+        resident //= 2
     # persistent causal with more items than SMs runs them in pairs of equal cost (:func:`_tile`);
     # a window's items cost about the same anyway; packed sequences come longest first instead
     paired = bool(prob.causal and prob.window_offset is None and persistent and n_tiles > resident and not prob.varlen)
@@ -1077,14 +1044,9 @@ ITEM_COST = 3  # what a work item or piece costs beyond its key tiles, in key ti
 # product, its store): fitted to the split's gains at 8k and 16k keys (configs.HOPPER)
 
 
-def cluster_ctas(cfg) -> int:
-    """CTAs in a cluster: ``cfg.cluster`` 4, else 2 (``cluster=1`` or 2); 1 without clusters."""
-    return (4 if cfg.cluster == 4 else 2) if cfg.cluster else 1
-
-
 def item_rows(cfg) -> int:
     """Query rows of one work item: a block, or with ``cluster`` two neighbouring blocks (one a CTA)."""
-    return cfg.block_m * cluster_ctas(cfg)
+    return cfg.block_m * (2 if cfg.cluster else 1)
 
 
 def split_pieces(prob, cfg, n_tiles: int, programs: int, out_bytes: int) -> int:
@@ -1223,7 +1185,7 @@ def launch_options(cfg) -> dict:
     regs = launch_regs(cfg)
     options = {"maxnreg": regs} if regs else {}
     if cfg.cluster:
-        options["num_ctas"] = cluster_ctas(cfg)
+        options["num_ctas"] = 2
     return options
 
 
@@ -1236,5 +1198,4 @@ def constexprs(prob, cfg, store_lse: bool, paired: bool = False, alibi: bool = F
                 PINGPONG=bool(cfg.pingpong), STORE_LSE=store_lse, VARLEN=prob.varlen, SEQUSED=prob.seqused,
                 ALIGN_BR=per_sequence(prob) and prob.align_br, PAGED=bool(prob.page),
                 O_SMEM=o_staged(prob.head_dim, cfg), Q_REGS=bool(cfg.q_regs),
-                FENCE=bool(cfg.fence), LAZY=bool(cfg.lazy), SPLIT=split, BALANCE=balance,
-                CLUSTER=cluster_ctas(cfg) if cfg.cluster else 0)
+                FENCE=bool(cfg.fence), LAZY=bool(cfg.lazy), SPLIT=split, BALANCE=balance, CLUSTER=bool(cfg.cluster))

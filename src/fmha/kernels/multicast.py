@@ -1,4 +1,4 @@
-"""What Gluon 3.6 cannot say for a CTA cluster, said in the PTX: K/V multicast and remote arrivals.
+"""What Gluon 3.6 cannot say for a 2-CTA cluster, said in the PTX: K/V multicast and remote arrivals.
 
 FlashAttention-3 runs its D >= 128 non-causal forward in clusters of two CTAs that read each K/V tile
 once from L2 for both (TMA multicast).  Gluon 3.6 has no multicast operand on its TMA copy and no
@@ -6,12 +6,11 @@ shared-memory addresses, so the hopper kernel's ``CLUSTER`` build marks what it 
 run on the PTX between Triton's ``ptx`` and ``cubin`` stages (a pipeline-stages hook), rewrites it:
 
 - every 3-D TMA load (the K and V tiles: Q and O use 2-D descriptors) gets ``.multicast::cluster`` to
-  every CTA (two, or four where the kernel's marker says ``ctas=4``): each CTA loads one box of the
-  tile (a column half, or a quarter), and each lands, with its bytes counted on the ready barrier, at
-  the same offset in every CTA's shared memory;
+  both CTAs: each CTA loads one column half of the tile, and each half lands, with its bytes counted
+  on the ready barrier, at the same offset in both CTAs' shared memory;
 - the ``mbarrier.arrive`` that follows each :data:`BOTH` marker arrives on the barrier and on the
-  other CTAs' barriers at the same offset (``mapa``), so a ring slot is free for the next multicast
-  only once the consumers of every CTA have released it.  The remote arrive keeps the default
+  other CTA's barrier at the same offset (``mapa``), so a ring slot is free for the next multicast
+  only once the consumers of both CTAs have released it.  The remote arrive keeps the default
   CTA-scope release, as CUTLASS's cluster barrier does: with ``.release.cluster`` the kernel ran
   13-15% slower (configs.HOPPER).  ptxas places the remote arrive of each K release below the
   softmax that follows; pinned beside the local one (the arrivals ending a loop that never
@@ -36,15 +35,9 @@ import re
 
 from triton import knobs
 
-KERNEL_MARK = "// fmha.multicast v8"
-BOTH = "// fmha.arrive-both v8"
-UNSYNCED = "// fmha.unsynced-wait v8"
-_CTAS = re.compile(re.escape(KERNEL_MARK) + r" ctas=(\d+)")
-
-
-def kernel_mark(ctas: int) -> str:
-    """The marker of a cluster build of ``ctas`` CTAs (2 or 4)."""
-    return f"{KERNEL_MARK} ctas={ctas}"
+KERNEL_MARK = "// fmha.multicast v7"
+BOTH = "// fmha.arrive-both v7"
+UNSYNCED = "// fmha.unsynced-wait v7"
 
 _LOAD = re.compile(r"^(\s*)(@%p\d+ )?"
                    r"(cp\.async\.bulk\.tensor\.3d\.shared::cluster\.global\.mbarrier::complete_tx::bytes)"
@@ -58,9 +51,6 @@ def rewrite(ptx: str) -> str:
     any other PTX unchanged."""
     if KERNEL_MARK not in ptx:
         return ptx
-    found = _CTAS.search(ptx)
-    ctas = int(found.group(1)) if found else 2
-    mask = (1 << ctas) - 1
     lines = ptx.split("\n")
     loads = arrives = dropped = 0
     pending = False  # a BOTH marker seen, its arrive not yet
@@ -78,7 +68,7 @@ def rewrite(ptx: str) -> str:
             if not m:
                 raise RuntimeError(f"multicast pass: a 3-D TMA load it cannot read: {line.strip()}")
             indent, pred, op, operands = m.groups()
-            lines[i] = (f"{indent}{{ .reg .b16 %fmha_mc; mov.b16 %fmha_mc, {mask}; "
+            lines[i] = (f"{indent}{{ .reg .b16 %fmha_mc; mov.b16 %fmha_mc, 3; "
                         f"{pred or ''}{op}.multicast::cluster {operands}, %fmha_mc; }}")
             loads += 1
         elif BOTH in line:
@@ -92,14 +82,10 @@ def rewrite(ptx: str) -> str:
             if not m:
                 raise RuntimeError(f"multicast pass: a marked arrive it cannot read: {line.strip()}")
             indent, pred, addr = m.groups()
-            p = pred or ""
-            peers = range(1, ctas)  # the other CTAs' ranks are this one's xor 1 .. ctas - 1
-            where = "".join(f"xor.b32 %fmha_rk, %fmha_me, {x}; mapa.shared::cluster.u32 %fmha_ra{x}, {addr}, %fmha_rk; "
-                            for x in peers)
-            remote = "".join(f"{p}mbarrier.arrive.shared::cluster.b64 _, [%fmha_ra{x}]; " for x in peers)
-            lines[i] = (f"{indent}{{ .reg .b32 %fmha_me, %fmha_rk, %fmha_ra<{ctas}>; "
-                        f"mov.u32 %fmha_me, %cluster_ctarank; {where}"
-                        f"{p}mbarrier.arrive.shared::cta.b64 _, [{addr}]; {remote}}}")
+            lines[i] = (f"{indent}{{ .reg .b32 %fmha_rk, %fmha_ra; mov.u32 %fmha_rk, %cluster_ctarank; "
+                        f"xor.b32 %fmha_rk, %fmha_rk, 1; mapa.shared::cluster.u32 %fmha_ra, {addr}, %fmha_rk; "
+                        f"{pred or ''}mbarrier.arrive.shared::cta.b64 _, [{addr}]; "
+                        f"{pred or ''}mbarrier.arrive.shared::cluster.b64 _, [%fmha_ra]; }}")
             arrives += 1
             pending = False
     if pending or not loads or not arrives:
