@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Session 19, call 4 (nvidia-h200-x2).  The default grid at the final commit (kernels and table as session 18's):
+# bf16 on GPU 0, fp16 on GPU 1, then the extra grid (GQA, seqlen_q != seqlen_k, 128k keys) bf16 on GPU 1.
+set -o pipefail
+source "$(dirname "$0")/gpu_common.sh"
+(export CUDA_VISIBLE_DEVICES=0
+ bench 330 --dtype bfloat16 --ledger $OUT/ledger0.csv > $OUT/gpu0.txt) &
+(export CUDA_VISIBLE_DEVICES=1 FMHA_RUN_TAG=gpu1
+ bench 330 --dtype float16 --ledger $OUT/ledger1.csv > $OUT/gpu1.txt
+ bench 150 --grid extra --dtype bfloat16 --ledger $OUT/ledger2.csv > $OUT/gpu1x.txt) &
+wait
+cat $OUT/gpu0.txt $OUT/gpu1.txt $OUT/gpu1x.txt
