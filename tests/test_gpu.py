@@ -250,36 +250,6 @@ def test_hopper_cluster_matches_reference(cfg, dtype, layout, shape):
     torch.testing.assert_close(lse, ref_lse, atol=1e-3, rtol=1e-4)
 
 
-CAUSAL_CLUSTER_CONFIGS = [fmha.KernelConfig(128, 128, 4, 2, q_regs=1, cluster=1),
-                          fmha.KernelConfig(128, 128, 4, 3, cluster=1, fence=1, lazy=1)]
-
-
-# the cluster shapes and one with rows that see no key (bottom-right, seqlen_q > seqlen_k)
-CAUSAL_CLUSTER_SHAPES = CLUSTER_SHAPES + [(1, 4, 4, 1000, 300, 128)]
-
-
-@pytest.mark.parametrize("shape", CAUSAL_CLUSTER_SHAPES, ids=lambda s: "b{}h{}kv{}-q{}k{}-d{}".format(*s))
-@pytest.mark.parametrize("align", ["top_left", "bottom_right"])
-@pytest.mark.parametrize("cfg,dtype,layout", [(c, *DTYPE_LAYOUTS[3 * i]) for i, c in enumerate(CAUSAL_CLUSTER_CONFIGS)],
-                         ids=str)
-def test_hopper_causal_cluster_matches_reference(cfg, dtype, layout, align, shape):
-    """Causal clusters: both CTAs run the key tiles of the cluster's second block (its diagonal is the
-    later one), the first block's rows masking the keys past their own; persistent causal pairs of
-    items (more pairs than clusters) and items one a program (fewer), rows with no visible key."""
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("sm_90 only")
-    b, h, kvh, sq, sk, d = shape
-    q, k, v = make_qkv(b, h, kvh, sq, sk, d, dtype, layout, seed=sk + 1)
-    out = nan_like(q)
-    o, lse = fmha.attention(q, k, v, causal=True, causal_align=align, layout=layout, variant="hopper", out=out,
-                            return_lse=True, config=cfg)
-    torch.cuda.synchronize()
-    check_against_reference(out, q, k, v, True, align, layout)
-    _, ref_lse = fmha.attention(q, k, v, causal=True, causal_align=align, layout=layout, variant="tiled",
-                                return_lse=True)
-    torch.testing.assert_close(lse, ref_lse, atol=1e-3, rtol=1e-4)
-
-
 BALANCE_SHAPES = [  # (batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, block_m, align): causal pairs + LPT tail
     (8, 32, 8, 1024, 1024, 64, 128, "top_left"),       # 2048 items: 6 rounds of pairs, the rest by LPT; GQA
     (3, 50, 50, 1000, 1152, 64, 192, "bottom_right"),  # 900 items (odd heads x blocks), ragged rows, sq < sk

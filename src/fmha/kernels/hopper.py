@@ -192,8 +192,6 @@ def _tile(g, n_m, n_bh, head_group, Items, heads, rank, CAUSAL: gl.constexpr, PA
         w = g % n_m
         pid_m = gl.where(w % 2 == 0, n_m - 1 - w // 2, w // 2)
         bh = g // n_m
-        if CLUSTER:
-            pid_m = 2 * pid_m + rank
     else:
         first = g // (n_m * head_group) * head_group  # the group's first head
         r = g - first * n_m
@@ -231,8 +229,8 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_
         kvh = h // group
         start_m = pid_m * BLOCK_M
         q0, sq, k0, sk, shift = _sequence(b, seqlen_q, seqlen_k, CuQ, CuK, SeqK, VARLEN, SEQUSED, ALIGN_BR)
-        first, n_iters = _key_tiles(_kv_block(start_m, rank, BLOCK_M, CLUSTER), sk, causal_offset + shift,
-                                    window_offset + shift, BLOCK_M, BLOCK_N, CAUSAL, WINDOW)
+        first, n_iters = _key_tiles(start_m, sk, causal_offset + shift, window_offset + shift, BLOCK_M, BLOCK_N,
+                                    CAUSAL, WINDOW)
         first, n_iters = _piece(first, n_iters, part, pieces, SPLIT)
         # K/V boxes [1, BLOCK_N, HEAD] of the 3-D view [batch*kv_heads or batch, seqlen_k, *]: keys past
         # seqlen_k are outside the view, and TMA fills them with zeros (PAGED: [pages, page, *], :func:`_kv_place`)
@@ -440,16 +438,6 @@ def _sequence(b, seqlen_q, seqlen_k, CuQ, CuK, SeqK, VARLEN: gl.constexpr, SEQUS
     if ALIGN_BR:
         shift = sk - sq
     return q0, sq, k0, sk, shift
-
-
-@gluon.jit
-def _kv_block(start_m, rank, BLOCK_M: gl.constexpr, CLUSTER: gl.constexpr):
-    """The first row of the block whose key tiles this CTA runs: its own, or with CLUSTER the
-    cluster's second block's, whose keys (causal: up to its later diagonal) cover both blocks' and
-    which both CTAs must read in step; the first block's rows mask the keys past their own diagonal."""
-    if CLUSTER:
-        start_m = start_m + (1 - rank) * BLOCK_M
-    return start_m
 
 
 @gluon.jit
@@ -668,8 +656,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
         co = causal_offset + shift  # the band's offsets on this sequence's diagonal
         wo = window_offset + shift
         ao = align_offset + shift
-        first, n_iters = _key_tiles(_kv_block(start_m, rank, BLOCK_M, CLUSTER), sk, co, wo, BLOCK_M, BLOCK_N, CAUSAL,
-                                    WINDOW)
+        first, n_iters = _key_tiles(start_m, sk, co, wo, BLOCK_M, BLOCK_N, CAUSAL, WINDOW)
         first, n_iters = _piece(first, n_iters, part, pieces, SPLIT)
         slope = 0.0
         if ALIBI:
@@ -968,10 +955,8 @@ def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
         if not t.is_contiguous() or t.data_ptr() % 16:
             return "needs contiguous, 16-byte aligned q, k, v and out"
     if cfg.cluster:
-        if prob.window_offset is not None or per_sequence(prob) or prob.page:
-            return "clusters take dense calls without a window"
-        if prob.causal and cfg.balance:
-            return "clusters do not take the balanced causal tail (its costs are a block's, not a pair's)"
+        if prob.causal or prob.window_offset is not None or per_sequence(prob) or prob.page:
+            return "clusters take dense non-causal calls without a window"
         if prob.head_dim != 128 or cfg.block_n != 128:
             return "clusters take head_dim 128 in 128-key tiles"
         if cfg.block_m != 128 or cfg.pingpong or cfg.occupancy > 1 or cfg.persistent == 0:
