@@ -172,6 +172,10 @@ HOPPER = [
     # Session 18: head groups of 2 instead of 4 (bench/gpu_s18a.sh, logs s18run1): sustained at 16k 653 against 647
     # TFLOP/s (groups of 3: 652, head-major: 651; the same rate per clock, at 1695 against 1680 MHz under the same
     # 690 W: fewer heads' K/V at once in L2 draw less power); grid cells even, 1k-16k bf16 and fp16, two rounds each
+    # Session 19, on this row, each reverted (docs/PERF.md): a V ring of 3 (f244968; 224 KiB with O's own buffer)
+    # sustained 648 against 645/650, one call 730 against 732; clusters of four CTAs (255b86a) -5%: the H200 holds
+    # 30 of them (120 SMs); the items' timeline (bench/trace_tail.patch) shows the split tail winning 2.7% of the
+    # kernel at one clock and losing under the power cap, where an idle last round costs no energy
     (128, False, 16384, KernelConfig(128, 128, 4, 2, head_group=2, q_regs=1, fence=1, lazy=1, cluster=1)),
     # (From here to the next row: experiments on the 8k-16k row before session 16, which was 128 rows, 2 stages,
     # split_tail, fence and lazy; m192n128 spills.)
@@ -227,6 +231,9 @@ HOPPER = [
     # cuDNN 285); from 1k keys 383/428/457/471/479 against 422/513/564/598/613 (bf16), and non-causal 409-523
     # against 478-634
     (128, True, 512, KernelConfig(64, 64, 4, 2, q_regs=1, occupancy=2)),
+    # Session 19: 2-CTA clusters here too (both CTAs on the second block's key tiles; ad814c2, reverted), runs
+    # 20261130T134037-gpu1 and T134223: 628/606/620 against 625/600/614 at 16k (bf16, fp16, bf16 reversed), 2-7%
+    # slower at 1k-4k, even at 8k; with the fence 5-9% slower
     (128, True, 16384, KernelConfig(128, 128, 4, 2, q_regs=1)),
     (128, True, None, KernelConfig(128, 128, 4, 3, q_regs=1)),
 ]
