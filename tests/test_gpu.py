@@ -55,7 +55,11 @@ HOPPER_CONFIGS = [fmha.KernelConfig(128, 128, 4, 3), fmha.KernelConfig(192, 128,
                   fmha.KernelConfig(64, 64, 4, 2, occupancy=3),
                   # the pivot moved only past 2**8 growth, O rescaled only then
                   fmha.KernelConfig(128, 128, 4, 2, lazy=1), fmha.KernelConfig(192, 128, 4, 2, pingpong=1, lazy=1),
-                  fmha.KernelConfig(128, 128, 4, 3, q_regs=1, fence=1, lazy=1)]
+                  fmha.KernelConfig(128, 128, 4, 3, q_regs=1, fence=1, lazy=1),
+                  # no row max past the first tile, the pivot standing until a tile's row sum passes 2**15
+                  fmha.KernelConfig(128, 128, 4, 2, q_regs=1, fence=1, stale=1),
+                  fmha.KernelConfig(192, 128, 4, 2, pingpong=1, stale=1),
+                  fmha.KernelConfig(64, 64, 4, 2, occupancy=3, q_regs=1, stale=1)]
 DTYPE_LAYOUTS = [(dt, lay) for dt in (torch.float16, torch.bfloat16) for lay in ("bhsd", "bshd")]
 # the table's configs in every dtype and layout; each other config in one of them (the descriptors
 # and the output's dtype do not depend on the schedule)
@@ -86,19 +90,27 @@ def test_hopper_matches_reference(config, layout, dtype, causal, align, shape):
     torch.testing.assert_close(lse, ref_lse, atol=1e-3, rtol=1e-4)
 
 
-@pytest.mark.parametrize("growth", [0.002, 0.05])
+@pytest.mark.parametrize("growth", [0.002, 0.05, "jump"])
 @pytest.mark.parametrize("d,config", [(128, fmha.KernelConfig(128, 128, 4, 2, lazy=1)),
                                       (64, fmha.KernelConfig(192, 128, 4, 2, lazy=1)),
-                                      (64, fmha.KernelConfig(64, 64, 4, 2, occupancy=3, lazy=1))], ids=str)
+                                      (64, fmha.KernelConfig(64, 64, 4, 2, occupancy=3, lazy=1)),
+                                      (128, fmha.KernelConfig(128, 128, 4, 2, q_regs=1, fence=1, stale=1)),
+                                      (64, fmha.KernelConfig(192, 128, 4, 2, pingpong=1, stale=1)),
+                                      (64, fmha.KernelConfig(64, 64, 4, 2, occupancy=3, stale=1))], ids=str)
 def test_hopper_rescales_as_scores_grow(d, config, growth):
     """Keys growing along the sequence (key j scaled by 1 + growth * j): at 0.05 every row's max grows
     by far more than 2**8 from one key tile to the next, so a lazy pivot moves (and O is rescaled) at
-    every tile; at 0.002 it grows by about 1 in log2 units a tile and the pivot stays behind, leaving
-    probabilities above 1.  Random keys alone would never move a lazy pivot after the first tile."""
+    every tile, and a standing (``stale``) one is over 2**15 and takes its tile again; at 0.002 it grows
+    by about 1 in log2 units a tile and the pivot stays behind, leaving probabilities above 1.  "jump":
+    keys from 300 on (inside a key tile) times 300, scores some 400 log2 units past the pivot of the
+    tiles before: a standing pivot's exponentials overflow to inf there, and the tile is taken again.
+    Random keys alone would never move a lazy pivot after the first tile."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("sm_90 only")
     q, k, v = make_qkv(2, 4, 4, 640, 1536, d, torch.bfloat16, seed=d)
-    k = (k.float() * (1 + growth * torch.arange(1536, device=k.device, dtype=torch.float32))[:, None]).to(k.dtype)
+    j = torch.arange(1536, device=k.device, dtype=torch.float32)
+    scale = torch.where(j < 300, 1.0, 300.0) if growth == "jump" else 1 + growth * j
+    k = (k.float() * scale[:, None]).to(k.dtype)
     for causal in (False, True):
         out = nan_like(q)
         fmha.attention(q, k, v, causal=causal, variant="hopper", out=out, config=config)
@@ -222,7 +234,9 @@ CLUSTER_CONFIGS = [fmha.KernelConfig(128, 128, 4, 2, cluster=1, fence=1, lazy=1)
                    fmha.KernelConfig(128, 128, 4, 3, cluster=1, split_tail=1, fence=1, lazy=1),
                    # the table's row (head groups, Q in registers) with the last round in pieces
                    fmha.KernelConfig(128, 128, 4, 2, head_group=2, q_regs=1, fence=1, lazy=1, cluster=1,
-                                     split_tail=1)]
+                                     split_tail=1),
+                   # ... with a standing pivot (no row max past the first tile)
+                   fmha.KernelConfig(128, 128, 4, 2, head_group=2, q_regs=1, fence=1, cluster=1, stale=1)]
 
 
 @pytest.mark.parametrize("shape", CLUSTER_SHAPES, ids=lambda s: "b{}h{}kv{}-q{}k{}-d{}".format(*s))

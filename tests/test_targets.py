@@ -147,6 +147,26 @@ def test_hopper_builds_clusters_with_multicast():
     assert "multicast" not in plain.asm["ptx"] and "mapa" not in plain.asm["ptx"]
 
 
+def test_hopper_builds_a_standing_pivot():
+    """``stale``: past a key tile's first, no row max; one warpgroup vote a tile (a named-barrier
+    reduction, ``bar.red``) on whether any row's sum passed 2**15, and a second Q K^T for the rare tile
+    that did.  The table's cluster row and the D=64 causal 128-row one build it without spills, one vote per
+    consumer warpgroup; without ``stale`` there is none (192 rows at D=64, three warpgroups of 160 registers, spill with it)."""
+    from dataclasses import replace
+
+    from fmha import configs
+    for d, causal, sk in ((128, False, 16384), (64, True, 4096)):
+        cfg = configs.hopper_config(d, causal, sk)
+        b = targets.build("hopper", "sm_90", d, "bfloat16", causal, replace(cfg, stale=1), seqlen_k=sk)
+        ptx = b.asm["ptx"]
+        assert targets.report(b).spilled_registers == 0
+        assert ptx.count("bar.red.or.pred") == cfg.block_m // 64
+        plain = targets.build("hopper", "sm_90", d, "bfloat16", causal, cfg, seqlen_k=sk)
+        assert "bar.red" not in plain.asm["ptx"]
+        qk = "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16"
+        assert ptx.count(qk) > plain.asm["ptx"].count(qk)  # the recomputed Q K^T
+
+
 def test_multicast_pass_reads_what_it_rewrites():
     """The PTX pass changes only marked PTX, rewrites each 3-D TMA load and each marked arrive, and
     refuses what it cannot read."""

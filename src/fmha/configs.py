@@ -30,6 +30,7 @@ class KernelConfig:
     occupancy: int = 0  # hopper: programs resident on each SM (the persistent grid, the registers split for it); 0: 1
     lazy: int = 0  # hopper: 1 a row's pivot moves only when its max grows by more than 2**8; O rescaled only then
     cluster: int = 0  # hopper, dense non-causal: 1 programs are 2-CTA clusters reading each K/V tile once (multicast)
+    stale: int = 0  # hopper: 1 no row max past the first tile (the pivot stands until a tile's row sum passes 2**15)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -48,8 +49,9 @@ class KernelConfig:
         occupancy = f"o{self.occupancy}" if self.occupancy else ""
         lazy = "l" if self.lazy else ""
         cluster = "c" if self.cluster else ""
+        stale = "x" if self.stale else ""
         return (f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}{regs}{sched}{fill}{turns}{heads}"
-                f"{tma}{q_regs}{fence}{tail}{balance}{occupancy}{lazy}{cluster}")
+                f"{tma}{q_regs}{fence}{tail}{balance}{occupancy}{lazy}{cluster}{stale}")
 
 
 SEED = KernelConfig(block_m=16, block_n=16, num_warps=1, num_stages=1)

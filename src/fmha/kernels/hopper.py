@@ -539,6 +539,8 @@ def _rescale_constraints(values: int) -> str:
 
 
 LAZY_GROWTH = gl.constexpr(8.0)  # log2 units: a stale pivot leaves probabilities of at most 2**8
+# STALE: a tile's row sum at most this (so each probability too) keeps the pivot; 2**15 < float16's largest
+STALE_SUM = gl.constexpr(32768.0)
 RESCALE_128 = gl.constexpr(_rescale_asm(64))  # 64 rows x 128 columns over a warpgroup: 64 values a thread
 RESCALE_128_C = gl.constexpr(_rescale_constraints(64))
 RESCALE_64 = gl.constexpr(_rescale_asm(32))
@@ -588,6 +590,50 @@ def _store_piece(acc, l, m, W, WL, Rows, g, part, n_tiles, dest0, row0, sq, rank
                CLUSTER)
 
 
+def _vote_asm(wg: int) -> tuple[str, str]:
+    """STALE's vote for consumer warpgroup ``wg``: named barrier 8 + wg (Triton's own are 0 to 3)
+    reduces over the warpgroup's 128 threads whether any of their rows ($2, $3) summed past
+    STALE_SUM or to NaN, into a predicate of its own (each partition's code is inlined into the one
+    kernel function); the second asm reads it as a scalar.  A reduction in Gluon takes two
+    warpgroup barriers and shared memory for the same."""
+    vote = (f".reg .pred %fmha_over{wg};\n\t{{ .reg .pred %p, %q; setp.le.f32 %p, $2, 0f47000000; "
+            "setp.le.f32 %q, $3, 0f47000000; and.pred %p, %p, %q; not.pred %p, %p; "
+            f"bar.red.or.pred %fmha_over{wg}, {8 + wg}, 128, %p; mov.u32 $0, 0; mov.u32 $1, 0; }}")
+    return vote, f"selp.u32 $0, 1, 0, %fmha_over{wg};"
+
+
+VOTE_0, READ_0 = (gl.constexpr(a) for a in _vote_asm(0))
+VOTE_1, READ_1 = (gl.constexpr(a) for a in _vote_asm(1))
+VOTE_2, READ_2 = (gl.constexpr(a) for a in _vote_asm(2))
+
+
+@gluon.jit
+def _any_row_over(l_tile, WG: gl.constexpr):
+    """1 if a row of this warpgroup summed past STALE_SUM (or to NaN) in this tile, else 0: the same
+    scalar in all 128 threads (the branch it decides holds a wgmma)."""
+    if WG == 0:
+        gl.inline_asm_elementwise(VOTE_0, "=r,=r,f,f", [l_tile], dtype=gl.int32, is_pure=False, pack=2)
+        over = gl.inline_asm_elementwise(READ_0, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+    elif WG == 1:
+        gl.inline_asm_elementwise(VOTE_1, "=r,=r,f,f", [l_tile], dtype=gl.int32, is_pure=False, pack=2)
+        over = gl.inline_asm_elementwise(READ_1, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+    else:
+        gl.inline_asm_elementwise(VOTE_2, "=r,=r,f,f", [l_tile], dtype=gl.int32, is_pure=False, pack=2)
+        over = gl.inline_asm_elementwise(READ_2, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+    return over
+
+
+@gluon.jit
+def _softmax(qk, m, scale_log2, MASKED: gl.constexpr, LAZY: gl.constexpr):
+    """Steps 5.2-5.4 of a key tile after the first: the row's new pivot from the tile's max, the
+    tile's probabilities ``p`` and ``alpha``, the factor on what the old pivot summed."""
+    m_new = gl.maximum(m, gl.max(qk, axis=1) * scale_log2)
+    if LAZY:  # keep the old pivot unless the max grew past it by more than LAZY_GROWTH
+        m_new = gl.where(m_new - m > LAZY_GROWTH, m_new, m)
+    m_safe = _pivot(m_new, MASKED)
+    return gl.exp2(qk * scale_log2 - m_safe[:, None]), gl.exp2(m - m_safe), m_new
+
+
 @gluon.jit
 def _pivot(m, MASKED: gl.constexpr):
     """The exponent pivot: ``m``, or 0 for a row that has seen no visible key (m = -inf)."""
@@ -621,7 +667,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
               SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, RAGGED: gl.constexpr, PAIRED: gl.constexpr,
               PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr, VARLEN: gl.constexpr, SEQUSED: gl.constexpr,
               ALIGN_BR: gl.constexpr, O_SMEM: gl.constexpr, Q_REGS: gl.constexpr, FENCE: gl.constexpr,
-              LAZY: gl.constexpr, SPLIT: gl.constexpr, BALANCE: gl.constexpr, CLUSTER: gl.constexpr):
+              LAZY: gl.constexpr, STALE: gl.constexpr, SPLIT: gl.constexpr, BALANCE: gl.constexpr, CLUSTER: gl.constexpr):
     _cluster_sync(CLUSTER)
     rank = _cta_rank(CLUSTER)
     ROWS: gl.constexpr = 64
@@ -706,26 +752,36 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
             _pass_turn(turns, WG, NUM_WG, PINGPONG)
             n_turn += 1
             qk = warpgroup_mma_wait(1, deps=[qk])
-            _release(k_empty.index(s), CLUSTER)
+            if not STALE:
+                _release(k_empty.index(s), CLUSTER)
             # 5.2-5.4 of tile i while P V of tile i-1 runs
             qk = _scores(qk, first + i, mask_from, offs_m, offs_n, sk, co, wo, ao, cap_in, cap_out, slope, BLOCK_N,
                          CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
-            m_new = gl.maximum(m, gl.max(qk, axis=1) * scale_log2)
-            if LAZY:  # keep the old pivot unless the max grew past it by more than LAZY_GROWTH
-                m_new = gl.where(m_new - m > LAZY_GROWTH, m_new, m)
-            m_safe = _pivot(m_new, CAUSAL or WINDOW or RAGGED)
-            p = gl.exp2(qk * scale_log2 - m_safe[:, None])
-            alpha = gl.exp2(m - m_safe)
-            l = l * alpha + gl.sum(p, axis=1)
+            if STALE:  # the standing pivot, no row max; a row sum past STALE_SUM: the tile again, with its max
+                p = gl.exp2(qk * scale_log2 - _pivot(m, CAUSAL or WINDOW or RAGGED)[:, None])
+                l_tile = gl.sum(p, axis=1)
+                alpha = gl.full_like(l_tile, 1.0)
+                if _any_row_over(l_tile, WG) != 0:
+                    qk2 = warpgroup_mma(q_op, k_bufs.index(s).permute((1, 0)),
+                                        gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+                    qk2 = warpgroup_mma_wait(0, deps=[qk2])
+                    qk2 = _scores(qk2, first + i, mask_from, offs_m, offs_n, sk, co, wo, ao, cap_in, cap_out, slope,
+                                  BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
+                    p, alpha, m = _softmax(qk2, m, scale_log2, CAUSAL or WINDOW or RAGGED, False)
+                    l_tile = gl.sum(p, axis=1)
+                _release(k_empty.index(s), CLUSTER)
+            else:
+                p, alpha, m = _softmax(qk, m, scale_log2, CAUSAL or WINDOW or RAGGED, LAZY)
+                l_tile = gl.sum(p, axis=1)
+            l = l * alpha + l_tile
             if FENCE:
                 l = _fence(l)
-            m = m_new
             acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
             _release(v_empty.index(sp), CLUSTER)
             # 5.5: rescale the accumulator once P V of tile i-1 has landed (under the next Q K^T instead,
             # FlashAttention-3's place, 1-2% slower: run 20261130T010410-gpu1 against T010648-gpu1-old)
             alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-            if LAZY:
+            if LAZY or STALE:
                 acc = _rescale_lazy(acc, alpha_o, HEAD)
             else:
                 acc = acc * alpha_o
@@ -786,7 +842,7 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                   RAGGED: gl.constexpr, PAIRED: gl.constexpr, PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr,
                   VARLEN: gl.constexpr, SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, PAGED: gl.constexpr,
                   O_SMEM: gl.constexpr, Q_REGS: gl.constexpr, FENCE: gl.constexpr, LAZY: gl.constexpr,
-                  SPLIT: gl.constexpr, BALANCE: gl.constexpr, CLUSTER: gl.constexpr):
+                  STALE: gl.constexpr, SPLIT: gl.constexpr, BALANCE: gl.constexpr, CLUSTER: gl.constexpr):
     """Each program runs its work items (query block, batch*head), :func:`_n_items` and
     :func:`_tile`; the K/V rings and the barrier phases carry on from one item to the
     next, so the next item's first loads overlap this one's epilogue.  CLUSTER: a program is a
@@ -840,19 +896,19 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 0, BLOCK_M,
                          BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
-                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE, CLUSTER)),
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 1, BLOCK_M,
                          BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
-                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE, CLUSTER)),
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 2, BLOCK_M,
                          BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
-                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE, CLUSTER)),
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_load, v_load, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
                          window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
@@ -866,13 +922,13 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 0, BLOCK_M,
                          BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
-                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE, CLUSTER)),
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 1, BLOCK_M,
                          BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
-                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE, CLUSTER)),
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_load, v_load, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
                          window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
@@ -886,7 +942,7 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, q_rows_b, q_rows_h, q_col_h, o_stride, W, WL, Rows, pieces, STAGES, 0, BLOCK_M,
                          BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN,
-                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, SPLIT, BALANCE, CLUSTER)),
+                         SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_load, v_load, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
                          window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
@@ -1198,4 +1254,4 @@ def constexprs(prob, cfg, store_lse: bool, paired: bool = False, alibi: bool = F
                 PINGPONG=bool(cfg.pingpong), STORE_LSE=store_lse, VARLEN=prob.varlen, SEQUSED=prob.seqused,
                 ALIGN_BR=per_sequence(prob) and prob.align_br, PAGED=bool(prob.page),
                 O_SMEM=o_staged(prob.head_dim, cfg), Q_REGS=bool(cfg.q_regs),
-                FENCE=bool(cfg.fence), LAZY=bool(cfg.lazy), SPLIT=split, BALANCE=balance, CLUSTER=bool(cfg.cluster))
+                FENCE=bool(cfg.fence), LAZY=bool(cfg.lazy), STALE=bool(cfg.stale), SPLIT=split, BALANCE=balance, CLUSTER=bool(cfg.cluster))
