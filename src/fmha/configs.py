@@ -104,14 +104,21 @@ HOPPER = [
     # Q K^T issued behind this item's last P V, under its epilogue (commit 051427c, reverted): 342/391/
     # 421/441/444/445 against 379/412/440/452/460/459 (2-10% slower); the early product holds 64 more fp32
     # registers per thread through the epilogue.
-    (64, False, 1024, KernelConfig(128, 128, 4, 2, q_regs=1)),
+    # Session 20, the standing pivot ("x", stale=1: no row max past an item's first key tile, 353 instructions a
+    # thread a key tile against 422; a warpgroup vote a tile, bar.red, on whether a row's sum passed 2**15, that
+    # rare tile multiplied again with its max) beside the table, run 20261130T142054 (bf16, bench/gpu_s20a.sh),
+    # TFLOP/s at S=512..16k non-causal: 373/424/492/509/539/541 against 379/418/467/483/515/517 (the 192-row row
+    # spills 26 registers with it and still gains); causal 274/320/369/406/370/389 against 281/343/395/415/456/486
+    # (the vote's branch is a block edge, a fence, which lost on the causal rows in session 8 too)
+    (64, False, 512, KernelConfig(128, 128, 4, 2, q_regs=1)),
+    (64, False, 1024, KernelConfig(128, 128, 4, 2, q_regs=1, stale=1)),
     # 192 rows with ping-pong (the three consumer warpgroups take turns issuing their products) beside the
     # table, run 20261130T022815 (bf16) and T022815-gpu1 (fp16), TFLOP/s at S=2k/4k/8k/16k: bf16 472/491/516/521
     # against 452/477/506/511, fp16 455/473/502/504 against 442/459/490/497; at 512 and 1k (128 rows) 2% slower,
     # and causal, 0.95-1.00x.  128 x 256 tiles (one m64n256k16 wgmma a k-step of Q K^T, half of Q's operand bytes
     # per FLOP; 12 spill instructions in the 829 of the loop), run 20261130T083213 (bf16), S=512..16k: 344/366/379/
     # 384/386/383 against 384/427/471/491/524/528; causal (T083214-gpu1) and fp16 (T083315-gpu1) alike
-    (64, False, None, KernelConfig(192, 128, 4, 2, pingpong=1)),  # plain 376/510; m128n128s3 365/446 (p0)
+    (64, False, None, KernelConfig(192, 128, 4, 2, pingpong=1, stale=1)),  # plain 376/510; m128n128s3 365/446 (p0)
     # causal, tried and not taken (run 20261129T181530, bf16, S=512..16k): a warpgroup whose rows end in
     # the first half of the diagonal tile multiplying that half only (commit 140967c, reverted): D=64
     # 228/318/387/411/431/440 against 231/315/390/416/436/445; its partner warpgroup still runs the
@@ -146,7 +153,11 @@ HOPPER = [
     # Session 19: items across 2 heads instead of 4, +0.85% bf16 and +0.54% fp16 over six rounds on two GPUs, the
     # provider order turned each round (runs 20261130T134845 to T135102-gpu1, bench/gpu_s19f.sh; each round +0.1% or
     # more); at D=64 (head-major) head groups of 2 or 4 lost 3%, at D=128 1k even
-    (128, False, 512, KernelConfig(128, 128, 4, 2, pingpong=1, head_group=2, q_regs=1, fence=1)),
+    # Session 20, the standing pivot (see D=64), runs 20261130T142054 (bf16) and T142312-gpu1 (fp16), TFLOP/s at
+    # S=512..16k: bf16 489/576/622/654/666/678 against 474/559/606/634/650/655, fp16 478/559/607/636/648/659
+    # against 459/543/592/615/629/628; sustained at 16k (bench/power_probe.py, both GPUs) 664/671 against 640/642
+    # at 1635 against 1650-1665 MHz under the same 690 W, one call from idle 771/765 against 729/735
+    (128, False, 512, KernelConfig(128, 128, 4, 2, pingpong=1, head_group=2, q_regs=1, fence=1, stale=1)),
     # D=128 non-causal 1k-4k keys: items across 4 heads at a time, TFLOP/s at S=1k/2k/4k bf16, h4 against
     # head-major: 545/662/634 vs 527/651/609 (run 20261129T175528), 536/583/614 vs 530/578/608 (T180941);
     # at 8k 635 vs 634, at 16k 622 vs 637 (T175528): head-major stays there
@@ -181,7 +192,7 @@ HOPPER = [
     # sustained 648 against 645/650, one call 730 against 732; clusters of four CTAs (255b86a) -5%: the H200 holds
     # 30 of them (120 SMs); the items' timeline (bench/trace_tail.patch) shows the split tail winning 2.7% of the
     # kernel at one clock and losing under the power cap, where an idle last round costs no energy
-    (128, False, 16384, KernelConfig(128, 128, 4, 2, head_group=2, q_regs=1, fence=1, lazy=1, cluster=1)),
+    (128, False, 16384, KernelConfig(128, 128, 4, 2, head_group=2, q_regs=1, fence=1, cluster=1, stale=1)),
     # (From here to the next row: experiments on the 8k-16k row before session 16, which was 128 rows, 2 stages,
     # split_tail, fence and lazy; m192n128 spills.)
     # split_tail ("k", the last round's items in pieces merged by LSE; 2048 items fill 15.5 rounds of 132
@@ -235,7 +246,8 @@ HOPPER = [
     # tiles: 314 against 305 (bf16, run 20261130T031922; cuDNN 302), 297 against 290 (fp16, T031923-gpu1;
     # cuDNN 285); from 1k keys 383/428/457/471/479 against 422/513/564/598/613 (bf16), and non-causal 409-523
     # against 478-634
-    (128, True, 512, KernelConfig(64, 64, 4, 2, q_regs=1, occupancy=2)),
+    # Session 20, the standing pivot: 320 against 314 (bf16), 310 against 304 (fp16); from 1k keys 3-6% slower
+    (128, True, 512, KernelConfig(64, 64, 4, 2, q_regs=1, occupancy=2, stale=1)),
     # Session 19: 2-CTA clusters here too (both CTAs on the second block's key tiles; ad814c2, reverted), runs
     # 20261130T134037-gpu1 and T134223: 628/606/620 against 625/600/614 at 16k (bf16, fp16, bf16 reversed), 2-7%
     # slower at 1k-4k, even at 8k; with the fence 5-9% slower
