@@ -624,6 +624,15 @@ def _any_row_over(l_tile, WG: gl.constexpr):
 
 
 @gluon.jit
+def _first_seen(l_tile, m, MASKED: gl.constexpr):
+    """STALE's vote input: ``l_tile``, or inf for a row whose first visible keys are in this tile (its
+    pivot until now the guard's 0, no maximum: the row takes the tile again for a real one)."""
+    if MASKED:
+        l_tile = gl.where((m == float("-inf")) & (l_tile > 0.0), float("inf"), l_tile)
+    return l_tile
+
+
+@gluon.jit
 def _softmax(qk, m, scale_log2, MASKED: gl.constexpr, LAZY: gl.constexpr):
     """Steps 5.2-5.4 of a key tile after the first: the row's new pivot from the tile's max, the
     tile's probabilities ``p`` and ``alpha``, the factor on what the old pivot summed."""
@@ -762,7 +771,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
                 p = gl.exp2(qk * scale_log2 - _pivot(m, CAUSAL or WINDOW or RAGGED)[:, None])
                 l_tile = gl.sum(p, axis=1)
                 alpha = gl.full_like(l_tile, 1.0)
-                if _any_row_over(l_tile, WG) != 0:
+                if _any_row_over(_first_seen(l_tile, m, CAUSAL or WINDOW or RAGGED), WG) != 0:
                     qk2 = warpgroup_mma(q_op, k_bufs.index(s).permute((1, 0)),
                                         gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
                     qk2 = warpgroup_mma_wait(0, deps=[qk2])
