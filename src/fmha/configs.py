@@ -241,7 +241,8 @@ HOPPER = [
     # non-causal 512..16k 412/488 510/610 576/589 606/619 618/633 631/640, 128k 627/598; causal 512..16k
     # 269/316 .. 604/612, 128k 626/617.  Slower up to 16k (the register store of O costs more than the
     # deeper ring gains while a head's K/V sit in L2), faster at 128k (a head's K/V, 64 MB, do not).
-    # Session 20, the standing pivot at 128k keys (extra grid, run 20261130T144014, bf16): 656 against 631
+    # Session 20, the standing pivot at 128k keys (extra grid, bf16): 656 against 631 (run 20261130T144014), 655
+    # against 623 (T145238, the row with it against without)
     (128, False, None, KernelConfig(128, 128, 4, 3, q_regs=1, fence=1, stale=1)),
     # up to 512 keys: 64-row programs, two on an SM (three do not fit in shared memory at D=128), 64-key
     # tiles: 314 against 305 (bf16, run 20261130T031922; cuDNN 302), 297 against 290 (fp16, T031923-gpu1;
