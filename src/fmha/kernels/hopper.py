@@ -18,7 +18,10 @@ puts a block edge between them (:func:`_fence`).  P stays in registers as the A
 operand of P V (narrowed two values at a time, :func:`_narrow`), and with
 ``KernelConfig.q_regs`` so does each warpgroup's Q for Q K^T.  ``KernelConfig.lazy`` moves a row's
 pivot only when its max grows past it by more than 2**8, and a thread skips O's rescale while both
-its rows keep theirs (:func:`_rescale_lazy`).  ``KernelConfig.pingpong=1`` adds
+its rows keep theirs (:func:`_rescale_lazy`).  ``KernelConfig.stale`` goes further: past an item's first
+key tile a row keeps its pivot and takes no max at all; a tile where some row of the warpgroup sums past
+2**15 (or to inf/NaN), or sees its first visible key, is multiplied again and takes the ordinary step
+(one ``bar.red`` vote a tile, :func:`_any_row_over`).  ``KernelConfig.pingpong=1`` adds
 FlashAttention-3's ping-pong: the consumer warpgroups take turns issuing their
 products (an mbarrier per warpgroup), so one's softmax runs under another's
 products (``configs.HOPPER`` takes it where it measured faster: D=128 non-causal
@@ -31,7 +34,7 @@ arrivals on the other CTA are PTX that :mod:`.multicast` writes in, Gluon 3.6 ha
 The math is the seed's (Section 9) in the base-2 domain, with the same guards as
 ``kernels/common.py``: a row that has seen no visible key keeps ``m = -inf`` and
 a pivot of 0, and ``1/l := 0`` at the end (with ``lazy`` the pivot may lag the row's max by up to
-8: l, O and the LSE all use the same pivot, so the result is the same).  Causal: the key loop stops at the
+8, with ``stale`` by up to 15: l, O and the LSE all use the same pivot, so the result is the same).  Causal: the key loop stops at the
 block's last visible tile (Section 7) and only tiles that cross the diagonal are
 masked; causal work items run longest-first within each head, or, persistent, in
 pairs of equal cost (longest with shortest).  A sliding window also starts the
