@@ -34,8 +34,8 @@ arrivals on the other CTA are PTX that :mod:`.multicast` writes in, Gluon 3.6 ha
 The math is the seed's (Section 9) in the base-2 domain, with the same guards as
 ``kernels/common.py``: a row that has seen no visible key keeps ``m = -inf`` and
 a pivot of 0, and ``1/l := 0`` at the end (with ``lazy`` the pivot may lag the row's max by up to
-8, with ``stale`` by up to 15: l, O and the LSE all use the same pivot, so the result is the same).  Causal: the key loop stops at the
-block's last visible tile (Section 7) and only tiles that cross the diagonal are
+8, with ``stale`` by up to 15: l, O and the LSE all use the same pivot, so the result is the same).
+Causal: the key loop stops at the block's last visible tile (Section 7) and only tiles that cross the diagonal are
 masked; causal work items run longest-first within each head, or, persistent, in
 pairs of equal cost (longest with shortest).  A sliding window also starts the
 loop at the block's first visible tile and masks the band's lower edge; softcap
