@@ -58,6 +58,7 @@ HOPPER_CONFIGS = [fmha.KernelConfig(128, 128, 4, 3), fmha.KernelConfig(192, 128,
                   fmha.KernelConfig(128, 128, 4, 3, q_regs=1, fence=1, lazy=1),
                   # no row max past the first tile, the pivot standing until a tile's row sum passes 2**15
                   fmha.KernelConfig(128, 128, 4, 2, q_regs=1, fence=1, stale=1),
+                  fmha.KernelConfig(128, 128, 4, 3, q_regs=1, fence=1, stale=1),
                   fmha.KernelConfig(192, 128, 4, 2, pingpong=1, stale=1),
                   fmha.KernelConfig(64, 64, 4, 2, occupancy=3, q_regs=1, stale=1)]
 DTYPE_LAYOUTS = [(dt, lay) for dt in (torch.float16, torch.bfloat16) for lay in ("bhsd", "bshd")]

@@ -150,13 +150,14 @@ def test_hopper_builds_clusters_with_multicast():
 def test_hopper_builds_a_standing_pivot():
     """``stale``: past a key tile's first, no row max; one warpgroup vote a tile (a named-barrier
     reduction, ``bar.red``) on whether any row's sum passed 2**15, and a second Q K^T for the rare tile
-    that did.  The table's cluster row and the D=64 causal 128-row one build it without spills, one vote
+    that did.  The table's cluster row, its row past 16k keys (3 stages, O from registers) and the D=64
+    causal 128-row row build it without spills, one vote
     per consumer warpgroup; without ``stale`` there is none.  (192 rows at D=64, three warpgroups of 160
     registers, spill 26 with it.)"""
     from dataclasses import replace
 
     from fmha import configs
-    for d, causal, sk in ((128, False, 16384), (64, True, 4096)):
+    for d, causal, sk in ((128, False, 16384), (128, False, 131072), (64, True, 4096)):
         cfg = configs.hopper_config(d, causal, sk)
         b = targets.build("hopper", "sm_90", d, "bfloat16", causal, replace(cfg, stale=1), seqlen_k=sk)
         ptx = b.asm["ptx"]
