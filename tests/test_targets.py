@@ -150,10 +150,9 @@ def test_hopper_builds_clusters_with_multicast():
 def test_hopper_builds_a_standing_pivot():
     """``stale``: past a key tile's first, no row max; one warpgroup vote a tile (a named-barrier
     reduction, ``bar.red``) on whether any row's sum passed 2**15, and a second Q K^T for the rare tile
-    that did.  The table's cluster row, its row past 16k keys (3 stages, O from registers) and the D=64
-    causal 128-row row build it without spills, one vote
-    per consumer warpgroup; without ``stale`` there is none.  (192 rows at D=64, three warpgroups of 160
-    registers, spill 26 with it.)"""
+    that did.  The table's cluster row, its row past 16k keys (3 stages, O from registers) and a D=64
+    causal row (128 rows) build it without spills, one vote per consumer warpgroup; without ``stale``
+    there is none.  (192 rows at D=64, three warpgroups of 160 registers, spill 26 with it.)"""
     from dataclasses import replace
 
     from fmha import configs
