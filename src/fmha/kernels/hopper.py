@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import functools
 import heapq
+import struct
 
 import numpy as np
 import torch
@@ -543,7 +544,8 @@ def _rescale_constraints(values: int) -> str:
 
 LAZY_GROWTH = gl.constexpr(8.0)  # log2 units: a stale pivot leaves probabilities of at most 2**8
 # STALE: a tile's row sum at most this (so each probability too) keeps the pivot; 2**15 < float16's largest
-STALE_SUM = gl.constexpr(32768.0)
+STALE_SUM = 2.0 ** 15
+STALE_SUM_PTX = "0f" + struct.pack(">f", STALE_SUM).hex().upper()  # as a PTX float literal
 RESCALE_128 = gl.constexpr(_rescale_asm(64))  # 64 rows x 128 columns over a warpgroup: 64 values a thread
 RESCALE_128_C = gl.constexpr(_rescale_constraints(64))
 RESCALE_64 = gl.constexpr(_rescale_asm(32))
@@ -593,37 +595,29 @@ def _store_piece(acc, l, m, W, WL, Rows, g, part, n_tiles, dest0, row0, sq, rank
                CLUSTER)
 
 
-def _vote_asm(wg: int) -> tuple[str, str]:
+@triton.constexpr_function
+def _vote_asm(wg):
     """STALE's vote for consumer warpgroup ``wg``: named barrier 8 + wg (Triton's own are 0 to 3)
     reduces over the warpgroup's 128 threads whether any of their rows ($2, $3) summed past
     STALE_SUM or to NaN, into a predicate of its own (each partition's code is inlined into the one
-    kernel function); the second asm reads it as a scalar.  A reduction in Gluon takes two
+    kernel function); :func:`_read_asm` reads it as a scalar.  A reduction in Gluon takes two
     warpgroup barriers and shared memory for the same."""
-    vote = (f".reg .pred %fmha_over{wg};\n\t{{ .reg .pred %p, %q; setp.le.f32 %p, $2, 0f47000000; "
-            "setp.le.f32 %q, $3, 0f47000000; and.pred %p, %p, %q; not.pred %p, %p; "
+    return (f".reg .pred %fmha_over{wg};\n\t{{ .reg .pred %p, %q; setp.le.f32 %p, $2, {STALE_SUM_PTX}; "
+            f"setp.le.f32 %q, $3, {STALE_SUM_PTX}; and.pred %p, %p, %q; not.pred %p, %p; "
             f"bar.red.or.pred %fmha_over{wg}, {8 + wg}, 128, %p; mov.u32 $0, 0; mov.u32 $1, 0; }}")
-    return vote, f"selp.u32 $0, 1, 0, %fmha_over{wg};"
 
 
-VOTE_0, READ_0 = (gl.constexpr(a) for a in _vote_asm(0))
-VOTE_1, READ_1 = (gl.constexpr(a) for a in _vote_asm(1))
-VOTE_2, READ_2 = (gl.constexpr(a) for a in _vote_asm(2))
+@triton.constexpr_function
+def _read_asm(wg):
+    return f"selp.u32 $0, 1, 0, %fmha_over{wg};"
 
 
 @gluon.jit
 def _any_row_over(l_tile, WG: gl.constexpr):
     """1 if a row of this warpgroup summed past STALE_SUM (or to NaN) in this tile, else 0: the same
     scalar in all 128 threads (the branch it decides holds a wgmma)."""
-    if WG == 0:
-        gl.inline_asm_elementwise(VOTE_0, "=r,=r,f,f", [l_tile], dtype=gl.int32, is_pure=False, pack=2)
-        over = gl.inline_asm_elementwise(READ_0, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-    elif WG == 1:
-        gl.inline_asm_elementwise(VOTE_1, "=r,=r,f,f", [l_tile], dtype=gl.int32, is_pure=False, pack=2)
-        over = gl.inline_asm_elementwise(READ_1, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-    else:
-        gl.inline_asm_elementwise(VOTE_2, "=r,=r,f,f", [l_tile], dtype=gl.int32, is_pure=False, pack=2)
-        over = gl.inline_asm_elementwise(READ_2, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-    return over
+    gl.inline_asm_elementwise(_vote_asm(WG), "=r,=r,f,f", [l_tile], dtype=gl.int32, is_pure=False, pack=2)
+    return gl.inline_asm_elementwise(_read_asm(WG), "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -685,6 +679,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
     rank = _cta_rank(CLUSTER)
     ROWS: gl.constexpr = 64
     NUM_WG: gl.constexpr = BLOCK_M // ROWS
+    MASKED: gl.constexpr = CAUSAL or WINDOW or RAGGED  # a row may have seen no visible key yet
     dtype: gl.constexpr = o_desc.dtype
     if CLUSTER:  # each CTA of the cluster holds the whole tensor (128-key tiles, head_dim 128)
         s_layout: gl.constexpr = MMA_128_CLUSTER
@@ -744,7 +739,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
         qk = _scores(qk, first, mask_from, offs_m, offs_n, sk, co, wo, ao, cap_in, cap_out, slope, BLOCK_N, CAUSAL,
                      WINDOW, SOFTCAP, ALIBI, RAGGED)
         m = gl.max(qk, axis=1) * scale_log2
-        p = gl.exp2(qk * scale_log2 - _pivot(m, CAUSAL or WINDOW or RAGGED)[:, None])
+        p = gl.exp2(qk * scale_log2 - _pivot(m, MASKED)[:, None])
         l = gl.sum(p, axis=1)
         p16 = gl.convert_layout(_narrow(p, dtype), p_layout)
         for i in range(1, n_iters):
@@ -771,20 +766,20 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
             qk = _scores(qk, first + i, mask_from, offs_m, offs_n, sk, co, wo, ao, cap_in, cap_out, slope, BLOCK_N,
                          CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
             if STALE:  # the standing pivot, no row max; a row sum past STALE_SUM: the tile again, with its max
-                p = gl.exp2(qk * scale_log2 - _pivot(m, CAUSAL or WINDOW or RAGGED)[:, None])
+                p = gl.exp2(qk * scale_log2 - _pivot(m, MASKED)[:, None])
                 l_tile = gl.sum(p, axis=1)
                 alpha = gl.full_like(l_tile, 1.0)
-                if _any_row_over(_first_seen(l_tile, m, CAUSAL or WINDOW or RAGGED), WG) != 0:
+                if _any_row_over(_first_seen(l_tile, m, MASKED), WG) != 0:
                     qk2 = warpgroup_mma(q_op, k_bufs.index(s).permute((1, 0)),
                                         gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
                     qk2 = warpgroup_mma_wait(0, deps=[qk2])
                     qk2 = _scores(qk2, first + i, mask_from, offs_m, offs_n, sk, co, wo, ao, cap_in, cap_out, slope,
                                   BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
-                    p, alpha, m = _softmax(qk2, m, scale_log2, CAUSAL or WINDOW or RAGGED, False)
+                    p, alpha, m = _softmax(qk2, m, scale_log2, MASKED, False)
                     l_tile = gl.sum(p, axis=1)
                 _release(k_empty.index(s), CLUSTER)
             else:
-                p, alpha, m = _softmax(qk, m, scale_log2, CAUSAL or WINDOW or RAGGED, LAZY)
+                p, alpha, m = _softmax(qk, m, scale_log2, MASKED, LAZY)
                 l_tile = gl.sum(p, axis=1)
             l = l * alpha + l_tile
             if FENCE:
