@@ -57,15 +57,17 @@ def to_bhsd(t, layout):
     return t if layout == "bhsd" else t.transpose(1, 2)
 
 
-def torch_lowp(q, k, v, causal, causal_align, scale=None):
+def torch_lowp(q, k, v, causal, causal_align, scale=None, window=(-1, -1), softcap=0.0, alibi_slopes=None):
     """The same attention in PyTorch at the input precision (scores and P V in q.dtype,
-    softmax in float32): the yardstick for the kernel's error."""
+    softmax and the modifiers in float32): the yardstick for the kernel's error."""
     dt = q.dtype
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
     scale = 1.0 / q.shape[-1] ** 0.5 if scale is None else scale
     s = (q @ k.transpose(-1, -2)).float() * scale
-    mask = torch.from_numpy(reference.visible(q.shape[2], k.shape[2], causal, causal_align)).to(q.device)
+    s = torch.from_numpy(reference.score_mods(s.cpu().double().numpy(), q.shape[2], k.shape[2], causal_align, softcap,
+                                              alibi_slopes)).float().to(q.device)
+    mask = torch.from_numpy(reference.visible(q.shape[2], k.shape[2], causal, causal_align, window)).to(q.device)
     s = s.masked_fill(~mask, float("-inf"))
     p = torch.softmax(s, -1).nan_to_num(0.0).to(dt)
     return (p @ v).double().cpu().numpy()
@@ -75,17 +77,33 @@ def max_err(a, b):
     return float(np.max(np.abs(np.asarray(a, dtype=np.float64) - b), initial=0.0))
 
 
-def check_against_reference(o, q, k, v, causal, causal_align="top_left", layout="bhsd", scale=None):
-    """Assert ``o`` (in ``layout``) is finite and within 2x PyTorch's low-precision error."""
+def check_against_reference(o, q, k, v, causal, causal_align="top_left", layout="bhsd", scale=None, lse=None,
+                            **mods):
+    """Assert ``o`` (in ``layout``) is finite and within 2x PyTorch's low-precision error
+    (``mods``: window, softcap, alibi_slopes, as the kernel got them); and ``lse`` (natural log,
+    ``[batch, heads, seqlen_q]``), when given, equal to the reference's: ``-inf`` on the same rows,
+    within 2e-3 elsewhere."""
     q, k, v, o = (to_bhsd(t, layout) for t in (q, k, v, o))
     o = o.detach().cpu().double().numpy()
     assert np.isfinite(o).all(), "output has NaN/inf (unwritten element or broken guard)"
-    ref = reference.dense_attention(q, k, v, causal=causal, causal_align=causal_align, scale=scale)
+    ref, ref_lse = reference.dense_attention(q, k, v, causal=causal, causal_align=causal_align, scale=scale,
+                                             return_lse=True, **mods)
     err = max_err(o, ref)
-    base = max_err(torch_lowp(q, k, v, causal, causal_align, scale), ref)
+    base = max_err(torch_lowp(q, k, v, causal, causal_align, scale, **mods), ref)
     ulp = ATOL[q.dtype] * max(1.0, float(np.abs(ref).max(initial=0.0)))  # one unit in the last place at |o|
     assert err <= 2 * base + ulp, f"error {err:.3g} > 2 x torch's {base:.3g} + {ulp:.3g}"
+    if lse is not None:
+        check_lse(lse, ref_lse)
     return err, base
+
+
+def check_lse(lse, ref_lse, atol=2e-3):
+    """``lse`` (a tensor) against the reference's: ``-inf`` exactly where it is, close elsewhere."""
+    got = lse.detach().cpu().double().numpy()
+    assert got.shape == ref_lse.shape, (got.shape, ref_lse.shape)
+    np.testing.assert_array_equal(np.isneginf(got), np.isneginf(ref_lse))
+    fin = np.isfinite(ref_lse)
+    np.testing.assert_allclose(got[fin], ref_lse[fin], atol=atol, rtol=1e-3)
 
 
 def nan_like(q):
@@ -101,21 +119,14 @@ def packed(lens, heads, d, dtype, seed):
     return x, cu
 
 
-def check_varlen(o, lse, q, k, v, cu_q, cu_k, skip=(), tol=2e-2, **kw):
+def check_varlen(o, lse, q, k, v, cu_q, cu_k, skip=(), causal=False, causal_align="top_left", **mods):
     """Each packed sequence of ``o`` (and of ``lse``, ``[heads, total_q]``) against the float64
-    reference of that sequence alone (``kw``: its masks and modifiers); sequences in ``skip``
-    are not checked."""
+    reference of that sequence alone, by :func:`check_against_reference`'s rule (``mods``: its
+    modifiers); sequences in ``skip`` are not checked."""
     assert lse.shape == (q.shape[1], q.shape[0])
     for b in range(len(cu_q) - 1):
         qs, ks = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
         if qs.start == qs.stop or b in skip:
             continue
-        ref, ref_lse = reference.dense_attention(*(t[s].transpose(0, 1)[None] for t, s in ((q, qs), (k, ks), (v, ks))),
-                                                 return_lse=True, **kw)
-        got = o[qs].transpose(0, 1)[None].cpu().double().numpy()
-        assert np.isfinite(got).all(), f"sequence {b}: NaN/inf"
-        assert max_err(got, ref) < tol, f"sequence {b}: error {max_err(got, ref):.3g}"
-        got_lse = lse[:, qs].cpu().double().numpy()[None]
-        np.testing.assert_array_equal(np.isneginf(got_lse), np.isneginf(ref_lse))
-        fin = np.isfinite(ref_lse)
-        np.testing.assert_allclose(got_lse[fin], ref_lse[fin], atol=tol)
+        seq = [t[s].transpose(0, 1)[None] for t, s in ((o, qs), (q, qs), (k, ks), (v, ks))]
+        check_against_reference(*seq, causal, causal_align, lse=lse[None, :, qs], **mods)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import fmha
-from conftest import DEVICE, make_qkv, max_err
+from conftest import DEVICE, check_against_reference, make_qkv
 from fmha import reference
 
 
@@ -36,10 +36,8 @@ def test_paged_matches_contiguous(sq, page, causal, splits, layout):
                                   num_splits=splits, return_lse=True)
     o = o if layout == "bhsd" else o.transpose(1, 2)
     for i, n in enumerate(lens.tolist()):
-        ref, ref_lse = reference.dense_attention(q[i:i + 1], k[i:i + 1, :, :n], v[i:i + 1, :, :n], causal=causal,
-                                                 causal_align="bottom_right", return_lse=True)
-        assert max_err(o[i:i + 1].cpu().double().numpy(), ref) < 2e-2
-        np.testing.assert_allclose(lse[i:i + 1].cpu().double().numpy(), ref_lse, atol=2e-2)
+        check_against_reference(o[i:i + 1], q[i:i + 1], k[i:i + 1, :, :n], v[i:i + 1, :, :n], causal, "bottom_right",
+                                lse=lse[i:i + 1])
 
 
 def test_paged_errors():
@@ -47,8 +45,12 @@ def test_paged_errors():
     pool = torch.zeros(4, 24, 2, 32, dtype=torch.float16, device=DEVICE)
     table = torch.zeros(1, 2, dtype=torch.int32, device=DEVICE)
     lens = torch.tensor([20], dtype=torch.int32, device=DEVICE)
-    with pytest.raises(ValueError, match="page_size must be a multiple of 16, got 24"):
+    with pytest.raises(ValueError, match=r"page_size a multiple of 16, got shape \(4, 24, 2, 32\) \(page_size 24\)"):
         fmha.attention_paged(q, pool, pool, table, lens)
+    bhsd_cache = torch.zeros(1, 2, 32, 32, dtype=torch.float16, device=DEVICE)  # a contiguous cache, not pages
+    with pytest.raises(ValueError, match=r"must be a page pool .*a contiguous \[batch, kv_heads, seqlen, head_dim\] "
+                                         r"cache goes to fmha.attention"):
+        fmha.attention_paged(q, bhsd_cache, bhsd_cache, table, lens)
     pool = torch.zeros(4, 16, 2, 32, dtype=torch.float16, device=DEVICE)
     with pytest.raises(ValueError, match="block_table must be an int32 tensor"):
         fmha.attention_paged(q, pool, pool, table.long(), lens)
@@ -59,6 +61,61 @@ def test_paged_errors():
     if DEVICE == "cpu":
         with pytest.raises(ValueError, match="variant 'hopper' cannot take this call: needs an sm_90 GPU"):
             fmha.attention_paged(q, pool, pool, table, lens, variant="hopper")
+
+
+@pytest.mark.parametrize("entry", [4, 9, -1, 1_000_000])
+@pytest.mark.parametrize("splits", [0, 2])
+def test_block_table_entries_in_use_are_checked(entry, splits):
+    """A page number outside the pool, in an entry the keys reach, is an error naming the entry
+    (never a read outside the pool); the same number past the keys in use is never followed."""
+    q, _, _ = make_qkv(2, 2, 2, 3, 32, 32, torch.float16)
+    pool = torch.randn(4, 16, 2, 32, generator=torch.Generator().manual_seed(0)).half().to(DEVICE)
+    table = torch.tensor([[0, 1, 2], [3, 2, 1]], dtype=torch.int32, device=DEVICE)
+    lens = torch.tensor([40, 20], dtype=torch.int32, device=DEVICE)
+    bad = table.clone()
+    bad[1, 1] = entry  # keys 16..19 of sequence 1 live there
+    with pytest.raises(ValueError, match=rf"outside \[0, num_pages\): block_table\[1, 1\] = {entry} with num_pages = 4"):
+        fmha.attention_paged(q, pool, pool, bad, lens, num_splits=splits)
+    spare = table.clone()
+    spare[1, 2] = entry  # past sequence 1's 20 keys: the kernel never reads it
+    torch.testing.assert_close(fmha.attention_paged(q, pool, pool, spare, lens, num_splits=splits),
+                               fmha.attention_paged(q, pool, pool, table, lens, num_splits=splits), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("n", [49, -1])
+def test_cache_seqlens_past_the_table_is_an_error(n):
+    q, _, _ = make_qkv(1, 2, 2, 1, 32, 32, torch.float16)
+    pool = torch.zeros(4, 16, 2, 32, dtype=torch.float16, device=DEVICE)
+    table = torch.tensor([[0, 1, 2]], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match=rf"cache_seqlens\[0\] = {n}, the table holds 3 pages of 16 keys"):
+        fmha.attention_paged(q, pool, pool, table, torch.tensor([n], dtype=torch.int32, device=DEVICE))
+    empty = fmha.attention_paged(q, pool, pool, table[:, :0], torch.zeros(1, dtype=torch.int32, device=DEVICE))
+    torch.testing.assert_close(empty, torch.zeros_like(q))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant,sq", [("tiled", 1), ("hopper", 256)])
+def test_bad_block_table_stops_the_gpu_stream(variant, sq):
+    """On the GPU the check runs in stream order (no host sync): a device-side assert naming the
+    argument ends the process's CUDA context before the attention kernel reads; never a segfault
+    or an answer."""
+    import subprocess
+    import sys
+    if variant == "hopper" and torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("sm_90 only")
+    script = f"""
+import torch, fmha
+q = torch.randn(1, 4, {sq}, 128, device="cuda", dtype=torch.bfloat16)
+pool = torch.randn(4, 128, 4, 128, device="cuda", dtype=torch.bfloat16)
+table = torch.tensor([[0, 1_000_000]], dtype=torch.int32, device="cuda")
+o = fmha.attention_paged(q, pool, pool, table, torch.tensor([256], dtype=torch.int32, device="cuda"),
+                         variant="{variant}")
+torch.cuda.synchronize()
+print("ANSWER", o.float().sum().item())
+"""
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert run.returncode > 0 and "ANSWER" not in run.stdout, (run.returncode, run.stdout, run.stderr[-2000:])
+    assert "block_table entry in use" in run.stderr and "device-side assert" in run.stderr, run.stderr[-2000:]
 
 
 @pytest.mark.gpu
@@ -92,10 +149,8 @@ def test_hopper_paged_prefill(d, dtype, layout, causal, page):
     o, lse = out["hopper"]
     assert torch.isfinite(o).all()
     for i, n in enumerate(lens.tolist()):
-        ref, ref_lse = reference.dense_attention(q[i:i + 1], k[i:i + 1, :, :n], v[i:i + 1, :, :n], causal=causal,
-                                                 causal_align="bottom_right", return_lse=True)
-        assert max_err(o[i:i + 1].cpu().double().numpy(), ref) < 2e-2
-        np.testing.assert_allclose(lse[i:i + 1].cpu().double().numpy(), ref_lse, atol=2e-2)
+        check_against_reference(o[i:i + 1], q[i:i + 1], k[i:i + 1, :, :n], v[i:i + 1, :, :n], causal, "bottom_right",
+                                lse=lse[i:i + 1])
     torch.testing.assert_close(lse, out["tiled"][1], atol=1e-3, rtol=1e-4)
 
 

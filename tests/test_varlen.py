@@ -84,3 +84,18 @@ def test_hopper_work_list_covers_every_block_longest_first(causal, align, window
         mine = rounds + ((pid < rest) if rounds % 2 == 0 else (pid >= nprog - rest))
         dealt += [k * nprog + (pid if k % 2 == 0 else nprog - 1 - pid) for k in range(mine)]
     assert sorted(dealt) == list(range(n_tiles))
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_causal_varlen_aligns_as_flash_attn_varlen_func(variant):
+    """The README presents attention_varlen as flash_attn_varlen_func takes its arguments; that
+    function aligns causal masks bottom-right, so a 17-query, 40-key sequence ported unchanged
+    gets the same answer; top-left stays one argument away."""
+    lens_q, lens_k = [17, 6], [40, 6]
+    q, cu_q = packed(lens_q, 2, 32, F16, 7)
+    k, cu_k = packed(lens_k, 2, 32, F16, 8)
+    v, _ = packed(lens_k, 2, 32, F16, 9)
+    for kw, align in (({}, "bottom_right"), ({"causal_align": "top_left"}, "top_left")):
+        o, lse = fmha.attention_varlen(q, k, v, cu_q, cu_k, 17, 40, causal=True, variant=variant, return_lse=True,
+                                       **kw)
+        check_varlen(o, lse, q, k, v, cu_q, cu_k, causal=True, causal_align=align)

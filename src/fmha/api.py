@@ -9,6 +9,7 @@ import os
 import torch
 
 from . import configs
+from .gradients import forward_only
 
 LOG2E = math.log2(math.e)
 HEAD_DIMS = (32, 64, 96, 128, 256)
@@ -135,6 +136,7 @@ def _check(q, k, v, causal_align: str, layout: str, variant: str, scale) -> None
         raise ValueError(f"scale must be a finite positive number or None, got {scale!r}")
 
 
+@forward_only
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
               scale: float | None = None, variant: str = "auto", causal_align: str = "top_left",
               layout: str = "bhsd", return_lse: bool = False, out: torch.Tensor | None = None,
@@ -255,9 +257,10 @@ def _band(causal: bool, window, align: int):
     return right >= 0, (align + right if right >= 0 else 0), (align - left if left >= 0 else None)
 
 
+@forward_only
 def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                      cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, *, causal: bool = False,
-                     scale: float | None = None, variant: str = "auto", causal_align: str = "top_left",
+                     scale: float | None = None, variant: str = "auto", causal_align: str = "bottom_right",
                      return_lse: bool = False, window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                      alibi_slopes: torch.Tensor | None = None, config: configs.KernelConfig | None = None):
     """Attention over packed sequences of different lengths (``flash_attn_varlen_func``'s shape).
@@ -266,8 +269,10 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     sequence b is rows ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` of q and
     ``cu_seqlens_k[b]:cu_seqlens_k[b+1]`` of k/v (int32, ``[batch + 1]``, starting at 0,
     non-decreasing, ending at the totals).  ``max_seqlen_q/k`` must be at least the
-    longest sequence.  Masks and modifiers act per sequence (bottom-right aligns to each
-    sequence's own lengths).  Returns ``o`` ``[total_q, heads, head_dim]`` (and LSE
+    longest sequence.  Masks and modifiers act per sequence, aligned as FlashAttention aligns
+    them: ``causal_align="bottom_right"`` by default (query i of a sequence with ``n_q`` queries
+    and ``n_k`` keys sees key j when ``j <= i + n_k - n_q``: its new queries are its last
+    positions); ``"top_left"`` gives torch SDPA's ``j <= i``.  Returns ``o`` ``[total_q, heads, head_dim]`` (and LSE
     ``[heads, total_q]``).  Programs (or ``hopper``'s work items) past a sequence's end exit at
     once: no padded work beyond the last tile of each sequence.  ``auto`` picks the variant as
     :func:`attention` would for the longest sequences (``hopper`` on sm_90 at head_dim 64 and
@@ -418,6 +423,7 @@ def _run(name, cfg, prob, q, k, v, o, lse, layout, alibi, seqs, split_len, block
         merge.launch(o_parts, lse_parts, o, lse, kernels.strides_bhsd(o, layout), prob.heads, prob.seqlen_q)
 
 
+@forward_only
 def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                     cache_seqlens: torch.Tensor, *, causal: bool = False, scale: float | None = None,
                     causal_align: str = "bottom_right", layout: str = "bhsd", return_lse: bool = False,
@@ -452,13 +458,17 @@ def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                          f"{tuple(v_cache.shape)}")
     page, kv_heads = k_cache.shape[1], k_cache.shape[2]
     if page % 16 or page == 0:
-        raise ValueError(f"page_size must be a multiple of 16, got {page}")
+        raise ValueError(f"k_cache must be a page pool [num_pages, page_size, kv_heads, head_dim] with page_size a "
+                         f"multiple of 16, got shape {tuple(k_cache.shape)} (page_size {page}); a contiguous "
+                         f"[batch, kv_heads, seqlen, head_dim] cache goes to fmha.attention (with seqused_k)")
     if kv_heads == 0 or heads % kv_heads:
         raise ValueError(f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
     if block_table.dim() != 2 or block_table.shape[0] != batch:
         raise ValueError(f"block_table must be [batch={batch}, pages_per_seq], got {tuple(block_table.shape)}")
     _check_index(block_table, "block_table", tuple(block_table.shape), q.device)
     _check_index(cache_seqlens, "cache_seqlens", (batch,), q.device)
+    if batch:
+        _kernels().guards.check_pages(block_table, cache_seqlens, k_cache.shape[0], page)
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device) if return_lse else None
     if o.numel() == 0 or block_table.shape[1] == 0:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from . import pipelined, singlewave, tiled
+from . import guards, pipelined, singlewave, tiled
 
 VARIANTS = {  # Triton: every target, and the CPU interpreter
     "singlewave": singlewave.KERNEL,
