@@ -16,8 +16,14 @@ from fmha import reference
 from fmha.api import interpreting
 
 
+class UsageError(Exception):
+    """A command line that cannot run as given: one line says what was wrong and what is accepted."""
+
+
 def _demo_cpu(args) -> int:
     b, h, kvh, sq, sk, d = 1, 2, 1, 40, 56, 64
+    if args.row is not None and not 0 <= args.row < sq:
+        raise UsageError(f"--row {args.row}: the demo's query rows are 0..{sq - 1}")
     print(f"fmha demo: no CUDA GPU, so the seed's `singlewave` kernel runs in Triton's interpreter\n"
           f"problem: batch={b} heads={h} kv_heads={kvh} seqlen_q={sq} seqlen_k={sk} head_dim={d} "
           f"float16, causal (bottom-right)")
@@ -51,8 +57,11 @@ def _demo_cpu(args) -> int:
     print(f"{'tile':>4}  {'keys':>9}  {'m (running max)':>16}  {'alpha = 2^(m_old-m)':>20}  {'l':>12}")
     for t, m, a, l in list(zip(trace.tile, trace.m, trace.alpha, trace.l))[:n_run]:
         print(f"{t:>4}  {f'{16 * t}-{min(16 * t + 15, sk - 1)}':>9}  {m:>16.5f}  {a:>20.6f}  {l:>12.6f}")
-    print(f"o[{row}] = acc / l.  The program for rows {block0}-{block0 + 15} ran {n_run} of "
-          f"{math.ceil(sk / 16)} key tiles: the causal early exit skipped the rest.")
+    tiles = math.ceil(sk / 16)
+    skipped = (f"the causal early exit skipped the other {tiles - n_run}" if n_run < tiles else
+               "its block's last row sees the last key, so the causal early exit skips none here")
+    print(f"o[{row}] = acc / l.  The program for rows {block0}-{block0 + 15} ran {n_run} of {tiles} key tiles: "
+          f"{skipped}.")
     return 0 if rel < 1e-2 else 1
 
 
@@ -96,23 +105,65 @@ DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 def _bench_device(name: str) -> str:
     if name == "cpu" and not interpreting():
-        raise SystemExit("--device cpu runs Triton's interpreter: set TRITON_INTERPRET=1 (or run where "
+        raise UsageError("--device cpu runs Triton's interpreter: set TRITON_INTERPRET=1 (or run where "
                          "no CUDA GPU is visible, where `python -m fmha` sets it)")
     if name == "cuda" and interpreting():
-        raise SystemExit("--device cuda needs a CUDA GPU with TRITON_INTERPRET unset")
+        raise UsageError("--device cuda needs a CUDA GPU with TRITON_INTERPRET unset")
     return name
 
 
+# the interpreter runs a 16k-token cell for hours: on the CPU, cells up to this many scores
+CPU_SCORES = 1 << 16
+
+
+def _cells(grid: str, where: str | None, device: str, cells=None):
+    """The grid's cells that ``where`` selects, refusing a selection that is empty or, on the CPU,
+    too big for the interpreter."""
+    from fmha.bench import grids
+    cells = grids.GRIDS[grid]() if cells is None else cells
+    try:
+        chosen = grids.where(cells, where)
+    except ValueError as e:
+        raise UsageError(f"--where {where!r}: {e}") from None
+    if not chosen:
+        raise UsageError(f"--where {where!r} selects none of the {len(cells)} cells of grid {grid}; "
+                         f"{grids.values(cells)}")
+    big = [c for c in chosen if c.batch * c.heads * c.seqlen_q * c.seqlen_k > CPU_SCORES]
+    if device == "cpu" and big:
+        raise UsageError(f"grid {grid} holds cells too big for the CPU interpreter (e.g. {big[0]}); on the CPU "
+                         f"run --grid quick, or select small cells with --where")
+    return chosen
+
+
+def _ledger(path: str | None, device: str):
+    """Where rows go: the ``--ledger`` given, else the tracked ledger for GPU runs and nowhere for
+    CPU runs (the interpreter's times mean nothing)."""
+    from fmha.bench import ledger
+    if path is not None:
+        return path
+    return ledger.DEFAULT_LEDGER if device == "cuda" else None
+
+
+def _providers(device: str, names):
+    from fmha.bench import providers
+    try:
+        return providers.select(providers.providers(device), names)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
 def cmd_bench(args) -> int:
-    from fmha.bench import grids, providers, report, runner
+    from fmha.bench import report, runner
     device = _bench_device(args.device or ("cpu" if interpreting() else "cuda"))
     grid = args.grid or ("quick" if device == "cpu" else "default")
-    provs = providers.select(providers.providers(device), args.providers)
-    cells = grids.where(grids.GRIDS[grid](), args.where)
+    provs = _providers(device, args.providers)
+    cells = _cells(grid, args.where, device)
     dtypes = [DTYPES[d] for d in args.dtype]
+    ledger_path = _ledger(args.ledger, device)
     print(f"fmha bench: grid={grid} ({len(cells)} cells x {len(dtypes)} dtypes), device={device}, "
-          f"providers={[p.name for p in provs]}, ledger={args.ledger}", flush=True)
-    ceil, rows = runner.run_grid(cells, dtypes, provs, device, args.ledger, graphs=args.cuda_graphs)
+          f"providers={[p.name for p in provs]}, ledger={ledger_path or 'none (CPU times mean nothing)'}",
+          flush=True)
+    ceil, rows = runner.run_grid(cells, dtypes, provs, device, ledger_path, graphs=args.cuda_graphs)
     print(f"ceilings this run: matmul {ceil[0]['tflops']:.0f} TFLOP/s ({ceil[0]['config']}), "
           f"copy {ceil[1]['tbps']:.2f} TB/s")
     print(report.grid_table(rows, timing_means_nothing=device == "cpu"))
@@ -122,10 +173,14 @@ def cmd_bench(args) -> int:
 def cmd_sweep(args) -> int:
     from fmha.bench import grids, sweep
     device = _bench_device(args.device or ("cpu" if interpreting() else "cuda"))
-    space = sweep.parse_space(args.space, args.variant)
-    cells = grids.GRIDS[args.grid]() if args.grid else sweep.DEFAULT_CELLS[device]
-    cells = grids.where(cells, args.where)
-    rows = sweep.sweep(args.variant, space, cells, DTYPES[args.dtype], device, args.ledger,
+    try:
+        space = sweep.parse_space(args.space, args.variant)
+    except ValueError as e:
+        raise UsageError(f"--space {args.space!r}: {e}") from None
+    cells = _cells(args.grid or "sweep", args.where, device,
+                   None if args.grid else sweep.DEFAULT_CELLS[device])
+    ledger_path = _ledger(args.ledger, device)
+    rows = sweep.sweep(args.variant, space, cells, DTYPES[args.dtype], device, ledger_path,
                        graphs=args.cuda_graphs)
     best = {}
     for r in rows:
@@ -133,7 +188,7 @@ def cmd_sweep(args) -> int:
         if "tflops" in r and (key not in best or r["tflops"] > best[key]["tflops"]):
             best[key] = r
     failed = sum(1 for r in rows if "failed" in r["note"])
-    print(f"{len(rows)} attempts, {failed} failed (reasons in {args.ledger})")
+    print(f"{len(rows)} attempts, {failed} failed" + (f" (reasons in {ledger_path})" if ledger_path else ""))
     for (b, h, kv, sq, sk, d, c), r in sorted(best.items()):
         print(f"best B={b} H/KV={h}/{kv} Sq={sq} Sk={sk} D={d} causal={c}: {r['config']} {r['tflops']:.1f} "
               f"TFLOP/s err {r['error']:.1e}")
@@ -142,7 +197,13 @@ def cmd_sweep(args) -> int:
 
 def cmd_plot(args) -> int:
     from fmha.bench import plot
-    for path in plot.plot(args.ledger, args.out, args.run):
+    if not Path(args.ledger).is_file():
+        raise UsageError(f"--ledger {args.ledger}: no such file (the tracked ledger is bench/ledger.csv)")
+    try:
+        paths = plot.plot(args.ledger, args.out, args.run)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    for path in paths:
         print(path)
     return 0
 
@@ -176,8 +237,16 @@ def cmd_compile(args) -> int:
             targets._check_choice("target", name, list(targets.TARGETS))
         targets._check_choice("variant", args.variant, targets.variants())
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        raise UsageError(str(e)) from None
+    if args.target == "all":  # every target this variant builds for
+        skipped = [n for n in names if targets.unbuildable(args.variant, n, args.head_dim)]
+        names = [n for n in names if n not in skipped]
+        if skipped and names:
+            print(f"{args.variant} does not build for {', '.join(skipped)}: skipped", file=sys.stderr)
+    reasons = [targets.unbuildable(args.variant, n, args.head_dim) for n in names] or \
+        [targets.unbuildable(args.variant, "sm_90", args.head_dim)]
+    if any(reasons):
+        raise UsageError(next(r for r in reasons if r))
     reports = []
     for name in names:
         b = targets.build(args.variant, name, args.head_dim, args.dtype, args.causal)
@@ -218,7 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--providers", nargs="+", default=None,
                    help="names as in the table (default: all); also 'fmha:hopper[pingpong=1,...]' or "
                         "'fmha:tiled[tma=1]': each cell's table config for that variant with those fields replaced")
-    b.add_argument("--ledger", default=str(ledger.DEFAULT_LEDGER))
+    b.add_argument("--ledger", default=None,
+                   help=f"append the rows here (default: {ledger.DEFAULT_LEDGER} on a GPU, nowhere on the CPU)")
     b.add_argument("--device", choices=["cuda", "cpu"], default=None)
     b.add_argument("--cuda-graphs", action="store_true",
                    help="time CUDA-graph replays (GPU time without the host's launch cost; every provider alike)")
@@ -229,7 +299,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--variant", required=True, choices=["singlewave", "pipelined", "tiled", "hopper"])
     s.add_argument("--space", default=None, help='e.g. "block_m=64,128 num_warps=4,8 num_stages=2,3"')
     s.add_argument("--dtype", choices=list(DTYPES), default="bfloat16")
-    s.add_argument("--ledger", default=str(ledger.DEFAULT_LEDGER))
+    s.add_argument("--ledger", default=None,
+                   help=f"append the rows here (default: {ledger.DEFAULT_LEDGER} on a GPU, nowhere on the CPU)")
     s.add_argument("--device", choices=["cuda", "cpu"], default=None)
     s.add_argument("--grid", choices=list(grids.GRIDS), default=None,
                    help="the cells to sweep (default: 1k and 16k tokens, D 64/128, causal off/on)")
@@ -247,7 +318,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.fn(args)
+    try:
+        return args.fn(args)
+    except UsageError as e:
+        print(f"python -m fmha {args.cmd}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -159,6 +159,16 @@ class Report:
         return json.dumps(self.as_dict(), indent=2)
 
 
+def unbuildable(variant: str, target: str, head_dim: int) -> str | None:
+    """Why ``variant`` has no build for ``target`` at ``head_dim``, or None: the Gluon kernel is
+    written for one chip and its head dims."""
+    if variant == "hopper" and target != "sm_90":
+        return f"variant 'hopper' builds for sm_90 only, not {target!r}"
+    if variant == "hopper" and head_dim not in (64, 128):
+        return f"variant 'hopper' takes head_dim 64 or 128, not {head_dim}"
+    return None
+
+
 def _check_choice(kind: str, value, valid) -> None:
     if value not in valid:
         raise ValueError(f"unsupported {kind} {value!r}; valid: {', '.join(map(str, valid))}")
@@ -175,12 +185,13 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
     _check_choice("dtype", dtype, list(DTYPES))
     _check_choice("head_dim", head_dim, (32, 64, 96, 128, 256))
     _check_choice("lengths", lengths, ("dense", "varlen", "seqused", "paged"))
+    reason = unbuildable(variant, target, head_dim)
+    if reason:
+        raise ValueError(reason)
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         return _build_elsewhere(variant, target, head_dim, dtype, causal, config, seqlen_k, lengths)
     chip = TARGETS[target]
     arch_key = "hip" if chip.backend == "hip" else ("sm90" if chip.arch == 90 else "sm80")
-    if variant == "hopper" and target != "sm_90":
-        raise ValueError(f"unsupported target {target!r} for variant 'hopper'; valid: sm_90")
     cfg = config or configs.default_config(variant, arch_key, head_dim, causal)
     if variant == "hopper":
         from .kernels import hopper

@@ -87,5 +87,11 @@ def where(cells: list[Cell], text: str | None) -> list[Cell]:
     return [c for c in cells if all(int(getattr(c, key)) in vals for key, vals in keep.items())]
 
 
+def values(cells: list[Cell]) -> str:
+    """What ``--where`` can select in ``cells``: each field's values, for an error message."""
+    fields = {f: sorted({int(getattr(c, f)) for c in cells}) for f in Cell.__dataclass_fields__}
+    return "values here: " + " ".join(f"{f}={','.join(map(str, v))}" for f, v in fields.items())
+
+
 GRIDS = {"default": default_grid, "decode": decode_grid, "extra": extra_grid, "features": features_grid,
          "ragged": ragged_grid, "quick": quick_grid}

@@ -52,9 +52,12 @@ def environment(device: str) -> dict:
             "git_sha": git_sha(), "gpu": gpu, "torch": torch.__version__, "triton": triton.__version__}
 
 
-def append(path: str | Path, rows: list[dict]) -> None:
+def append(path: str | Path | None, rows: list[dict]) -> None:
     """Append ``rows`` (missing columns left empty); the header is written once, and a ledger
-    written before a column was added gets the longer header (its rows read the new column empty)."""
+    written before a column was added gets the longer header (its rows read the new column empty).
+    ``path`` None: a run that records nothing (the CPU interpreter's)."""
+    if path is None:
+        return
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     new = not path.exists() or path.stat().st_size == 0

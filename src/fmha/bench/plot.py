@@ -14,11 +14,11 @@ def _num(r, k):
 
 
 def latest_grid_run(rows: list[dict]) -> str:
-    """The newest run_id holding benchmark rows (not only ceilings or sweep rows)."""
+    """The newest run_id holding benchmark rows measured on a GPU (not only ceilings or sweep rows)."""
     runs = [r["run_id"] for r in rows if not r["provider"].startswith("ceiling:")
-            and not r["note"].startswith("sweep") and r["ms"]]
+            and not r["note"].startswith("sweep") and r["ms"] and not r["gpu"].startswith("cpu")]
     if not runs:
-        raise ValueError("the ledger holds no benchmark rows")
+        raise ValueError("the ledger holds no benchmark rows measured on a GPU")
     return max(runs)
 
 
@@ -38,6 +38,9 @@ def plot(ledger_path, out_dir, run_id: str | None = None) -> list[Path]:
 
     rows = ledger.read(ledger_path)
     run_id = run_id or latest_grid_run(rows)
+    if run_id not in {r["run_id"] for r in rows}:
+        raise ValueError(f"--run {run_id}: no such run in {ledger_path} (the latest GPU run is "
+                         f"{latest_grid_run(rows)})")
     rows = [r for r in rows if r["run_id"] == run_id]
     ok = [r for r in rows if r["ms"] and not r["provider"].startswith("ceiling:")
           and not r["note"].startswith("sweep")]

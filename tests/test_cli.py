@@ -1,0 +1,73 @@
+"""Every bad command line gets one line saying what was wrong and what is accepted, exit status 2,
+never a traceback; a CPU run records nothing unless asked; the demo says what its early exit did."""
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the CPU command line")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def fmha(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "fmha", *args], capture_output=True, text=True, timeout=600,
+                          cwd=cwd, env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
+
+
+@pytest.mark.parametrize("args,says", [
+    (("compile", "--variant", "hopper", "--target", "gfx1151"), "variant 'hopper' builds for sm_90 only"),
+    (("compile", "--variant", "hopper", "--target", "all", "--head-dim", "96"), "takes head_dim 64 or 128, not 96"),
+    (("compile", "--variant", "hopper", "--target", "sm_90", "--head-dim", "96"), "takes head_dim 64 or 128"),
+    (("plot", "--ledger", "missing.csv"), "--ledger missing.csv: no such file"),
+    (("demo", "--row", "100"), "--row 100: the demo's query rows are 0..39"),
+    (("bench", "--providers", "fmha:nosuch"), "unknown provider(s) ['fmha:nosuch']; available here:"),
+    (("bench", "--where", "head_dim=999"), "selects none of the 3 cells of grid quick; values here:"),
+    (("bench", "--where", "colour=1"), "unknown cell field 'colour'"),
+    (("bench", "--device", "cpu", "--grid", "default"), "too big for the CPU interpreter"),
+    (("sweep", "--variant", "tiled", "--space", "block_q=2"), "--space 'block_q=2'"),
+    (("plot", "--run", "nosuchrun", "--out", "{tmp}"), "--run nosuchrun: no such run"),
+])
+def test_bad_command_lines_say_why_in_one_line(args, says, tmp_path):
+    out = fmha(*(a.format(tmp=tmp_path) for a in args))
+    assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
+    assert "Traceback" not in out.stderr and says in out.stderr, out.stderr[-2000:]
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert not list(tmp_path.iterdir())  # nothing drawn
+
+
+def test_compile_all_builds_the_targets_a_variant_has(tmp_path):
+    out = fmha("compile", "--variant", "hopper", "--target", "all", "--head-dim", "64", "--json")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "hopper does not build for gfx1151, gfx1100, gfx942, sm_80: skipped" in out.stderr
+    assert '"target": "sm_90"' in out.stdout
+
+
+def test_a_cpu_bench_records_nothing_unless_asked(tmp_path):
+    work = tmp_path / "work"
+    (work / "bench").mkdir(parents=True)
+    shutil.copy(ROOT / "bench" / "ledger.csv", work / "bench" / "ledger.csv")
+    before = (work / "bench" / "ledger.csv").read_bytes()
+    out = fmha("bench", "--device", "cpu", "--where", "seqlen_q=16", "--dtype", "float16", "--providers",
+               "fmha:tiled", cwd=work)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "ledger=none (CPU times mean nothing)" in out.stdout
+    assert (work / "bench" / "ledger.csv").read_bytes() == before
+    asked = tmp_path / "cpu.csv"
+    out = fmha("bench", "--device", "cpu", "--where", "seqlen_q=16", "--dtype", "float16", "--providers",
+               "fmha:tiled", "--ledger", str(asked), cwd=work)
+    assert out.returncode == 0 and asked.stat().st_size > 0
+    # a plot of that ledger refuses its CPU run as "the latest" (its times mean nothing)
+    out = fmha("plot", "--ledger", str(asked), "--out", str(tmp_path / "plots"))
+    assert out.returncode == 2 and "no benchmark rows measured on a GPU" in out.stderr
+
+
+def test_demo_says_what_the_early_exit_skipped():
+    last = fmha("demo", "--row", "39")  # its block's last row sees the last key: nothing to skip
+    assert last.returncode == 0, last.stderr[-2000:]
+    assert "ran 4 of 4 key tiles: its block's last row sees the last key" in last.stdout
+    assert "skipped the rest" not in last.stdout
+    first = fmha("demo", "--row", "0")
+    assert "ran 2 of 4 key tiles: the causal early exit skipped the other 2" in first.stdout
