@@ -13,8 +13,15 @@ if not torch.cuda.is_available():
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
 
 from fmha import reference  # noqa: E402
+
+# property tests draw the same examples on every run (CI's verdict reproducible);
+# HYPOTHESIS_PROFILE=explore draws new ones, as many as asked with --hypothesis-seed
+settings.register_profile("ci", derandomize=True, database=None)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 ON_GPU = os.environ.get("TRITON_INTERPRET", "0") != "1"
 DEVICE = "cuda" if ON_GPU else "cpu"

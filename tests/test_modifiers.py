@@ -46,6 +46,7 @@ def test_window_covering_everything_is_plain_attention(variant):
     a = fmha.attention(q, k, v, causal=True, variant=variant, window=(1000, 1000))
     b = fmha.attention(q, k, v, causal=True, variant=variant)
     torch.testing.assert_close(a, b)
+    check_against_reference(a, q, k, v, True)
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))

@@ -28,19 +28,39 @@ def problems(draw):
         causal=draw(st.booleans()),
         align=draw(st.sampled_from(["top_left", "bottom_right"])),
         num_splits=draw(st.sampled_from([0, 0, 1, 3])),  # 3: split keys merged by LSE
+        window=(draw(st.integers(-1, 45)), draw(st.integers(-1, 45))),  # -1: that side open
+        softcap=draw(st.sampled_from([0.0, 0.0, 4.0])),
+        alibi=draw(st.booleans()),
+        seqused=draw(st.booleans()),
         seed=draw(st.integers(0, 2 ** 16)),
     )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(p=problems())
 def test_random_problems_match_reference(p):
+    """Shapes, layouts, alignments, the key split and every modifier drawn together; with
+    ``seqused``, each batch uses a drawn number of its keys (the rest hold NaN, never read)."""
     q, k, v = make_qkv(p["batch"], p["heads"], p["kv_heads"], p["seqlen_q"], p["seqlen_k"], p["head_dim"],
                        p["dtype"], p["layout"], p["contiguous"], seed=p["seed"])
+    g = torch.Generator().manual_seed(p["seed"])
+    mods = dict(window=p["window"], softcap=p["softcap"],
+                alibi_slopes=torch.rand(p["heads"], generator=g).to(DEVICE) if p["alibi"] else None)
+    used = torch.randint(0, p["seqlen_k"] + 1, (p["batch"],), generator=g, dtype=torch.int32) if p["seqused"] \
+        else torch.full((p["batch"],), p["seqlen_k"], dtype=torch.int32)
+    seq = 2 if p["layout"] == "bhsd" else 1
+    for b, n in enumerate(used.tolist()):  # keys past seqused_k hold NaN: never read
+        k.select(0, b).narrow(seq - 1, n, p["seqlen_k"] - n).fill_(float("nan"))
+        v.select(0, b).narrow(seq - 1, n, p["seqlen_k"] - n).fill_(float("nan"))
     out = nan_like(q)
-    fmha.attention(q, k, v, causal=p["causal"], causal_align=p["align"], layout=p["layout"],
-                   variant=p["variant"], out=out, num_splits=p["num_splits"])
-    check_against_reference(out, q, k, v, p["causal"], p["align"], p["layout"])
+    _, lse = fmha.attention(q, k, v, causal=p["causal"], causal_align=p["align"], layout=p["layout"],
+                            variant=p["variant"], out=out, num_splits=p["num_splits"], return_lse=True,
+                            seqused_k=used.to(DEVICE) if p["seqused"] else None, **mods)
+    for b, n in enumerate(used.tolist()):
+        keys = (slice(b, b + 1), slice(None), slice(0, n)) if p["layout"] == "bhsd" else (slice(b, b + 1), slice(0, n))
+        own = slice(b, b + 1)
+        check_against_reference(out[own], q[own], k[keys], v[keys], p["causal"], p["align"], p["layout"],
+                                lse=lse[own], **mods)
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -81,5 +101,8 @@ def test_under_torch_compile():
         return o.float().sum(-1) + lse
 
     compiled = torch.compile(block, backend="aot_eager", fullgraph=True)
-    torch.testing.assert_close(compiled(q, k, v), block(q, k, v), atol=1e-2, rtol=1e-3)
-    assert DEVICE in str(compiled(q, k, v).device)
+    got = compiled(q, k, v)
+    torch.testing.assert_close(got, block(q, k, v), atol=1e-2, rtol=1e-3)
+    assert DEVICE in str(got.device)
+    ref, ref_lse = reference.dense_attention(q, k, v, causal=True, return_lse=True)
+    np.testing.assert_allclose(got.cpu().double().numpy(), ref.sum(-1) + ref_lse, atol=5e-2, rtol=1e-3)

@@ -50,12 +50,24 @@ def test_decode_with_cache_matches_sdpa(models):
     assert torch.equal(ga, gb)
 
 
-def test_padding_goes_to_sdpa_with_the_mask(models):
+def test_padding_goes_to_sdpa_with_the_mask(models, monkeypatch):
+    """A padded batch carries a real mask: the integration hands it to SDPA with that mask (never
+    fmha without it), and each sequence's logits equal those of the sequence run alone."""
+    import fmha.integrations.transformers as fmha_hf
+    from transformers.integrations import sdpa_attention
+    fmha_calls, sdpa_masks = [], []
+    real_fmha, real_sdpa = fmha_hf.fmha.attention, sdpa_attention.sdpa_attention_forward
+    monkeypatch.setattr(fmha_hf.fmha, "attention", lambda *a, **kw: fmha_calls.append(kw) or real_fmha(*a, **kw))
+    monkeypatch.setattr(sdpa_attention, "sdpa_attention_forward",
+                        lambda m, q, k, v, mask, **kw: sdpa_masks.append(mask) or real_sdpa(m, q, k, v, mask, **kw))
     ref, ours = models
     ids = torch.randint(0, 101, (2, 16), generator=torch.Generator().manual_seed(3)).to(DEVICE)
     mask = torch.ones_like(ids)
     mask[0, :5] = 0
     with torch.no_grad():
-        a = ref(ids, attention_mask=mask).logits
         b = ours(ids, attention_mask=mask).logits
-    torch.testing.assert_close(b.float(), a.float(), atol=3e-2, rtol=3e-2)
+        assert not fmha_calls and len(sdpa_masks) == 2 and all(m is not None for m in sdpa_masks)
+        alone = [ours(ids[i:i + 1, 5 * (i == 0):]).logits for i in range(2)]  # no padding: fmha
+    assert len(fmha_calls) == 4
+    torch.testing.assert_close(b[0, 5:].float(), alone[0][0].float(), atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(b[1].float(), alone[1][0].float(), atol=3e-2, rtol=3e-2)
