@@ -1,4 +1,9 @@
-"""Each variant once on an odd shape, for compute-sanitizer (memcheck, racecheck)."""
+"""Each variant once on an odd shape, for compute-sanitizer (memcheck, racecheck).
+
+`compute-sanitizer --tool racecheck python3 bench/sanitize_case.py [VARIANT ...]` (default: every variant).
+"""
+import sys
+
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -6,6 +11,8 @@ import fmha
 
 for variant, (sq, sk, d) in [("singlewave", (113, 203, 96)), ("pipelined", (113, 203, 96)),
                              ("tiled", (113, 203, 96)), ("hopper", (113, 256, 64)), ("hopper", (113, 256, 128))]:
+    if sys.argv[1:] and variant not in sys.argv[1:]:
+        continue
     for causal in (False, True):
         q = torch.randn(1, 4, sq, d, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(1, 2, sk, d, device="cuda", dtype=torch.bfloat16)

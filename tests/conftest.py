@@ -1,9 +1,6 @@
-"""Test setup: the CPU interpreter unless a GPU is present, and the error yardstick.
-
-Every check compares against the float64 reference and passes when the kernel's
-error is at most twice PyTorch's own error computing the same thing at the input
-precision (plus a small absolute term), both measured against float64.
-"""
+"""Test setup: the CPU interpreter unless a GPU is present, inputs, and the error yardstick
+(:mod:`fmha.verify`: at most twice PyTorch's own error at the input precision, plus one unit
+in the last place, both against the float64 reference)."""
 import os
 
 import torch
@@ -16,6 +13,7 @@ import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
 from fmha import reference  # noqa: E402
+from fmha.verify import check as check_against_reference, check_lse, max_err, to_bhsd, torch_lowp  # noqa: E402,F401
 
 # property tests draw the same examples on every run (CI's verdict reproducible);
 # HYPOTHESIS_PROFILE=explore draws new ones, as many as asked with --hypothesis-seed
@@ -25,9 +23,6 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 ON_GPU = os.environ.get("TRITON_INTERPRET", "0") != "1"
 DEVICE = "cuda" if ON_GPU else "cpu"
-# one unit in the last place at |o| = 1: the store to the input dtype alone can cost
-# that on rows where the kernel and PyTorch round P differently
-ATOL = {torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}
 
 
 def pytest_configure(config):
@@ -58,59 +53,6 @@ def make_qkv(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, dtype, layout
         return buf[:, :, ::2, :head_dim] if layout == "bhsd" else buf[:, ::2, :, :head_dim]
 
     return one(heads, seqlen_q), one(kv_heads, seqlen_k), one(kv_heads, seqlen_k)
-
-
-def to_bhsd(t, layout):
-    return t if layout == "bhsd" else t.transpose(1, 2)
-
-
-def torch_lowp(q, k, v, causal, causal_align, scale=None, window=(-1, -1), softcap=0.0, alibi_slopes=None):
-    """The same attention in PyTorch at the input precision (scores and P V in q.dtype,
-    softmax and the modifiers in float32): the yardstick for the kernel's error."""
-    dt = q.dtype
-    group = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-    scale = 1.0 / q.shape[-1] ** 0.5 if scale is None else scale
-    s = (q @ k.transpose(-1, -2)).float() * scale
-    s = torch.from_numpy(reference.score_mods(s.cpu().double().numpy(), q.shape[2], k.shape[2], causal_align, softcap,
-                                              alibi_slopes)).float().to(q.device)
-    mask = torch.from_numpy(reference.visible(q.shape[2], k.shape[2], causal, causal_align, window)).to(q.device)
-    s = s.masked_fill(~mask, float("-inf"))
-    p = torch.softmax(s, -1).nan_to_num(0.0).to(dt)
-    return (p @ v).double().cpu().numpy()
-
-
-def max_err(a, b):
-    return float(np.max(np.abs(np.asarray(a, dtype=np.float64) - b), initial=0.0))
-
-
-def check_against_reference(o, q, k, v, causal, causal_align="top_left", layout="bhsd", scale=None, lse=None,
-                            **mods):
-    """Assert ``o`` (in ``layout``) is finite and within 2x PyTorch's low-precision error
-    (``mods``: window, softcap, alibi_slopes, as the kernel got them); and ``lse`` (natural log,
-    ``[batch, heads, seqlen_q]``), when given, equal to the reference's: ``-inf`` on the same rows,
-    within 2e-3 elsewhere."""
-    q, k, v, o = (to_bhsd(t, layout) for t in (q, k, v, o))
-    o = o.detach().cpu().double().numpy()
-    assert np.isfinite(o).all(), "output has NaN/inf (unwritten element or broken guard)"
-    ref, ref_lse = reference.dense_attention(q, k, v, causal=causal, causal_align=causal_align, scale=scale,
-                                             return_lse=True, **mods)
-    err = max_err(o, ref)
-    base = max_err(torch_lowp(q, k, v, causal, causal_align, scale, **mods), ref)
-    ulp = ATOL[q.dtype] * max(1.0, float(np.abs(ref).max(initial=0.0)))  # one unit in the last place at |o|
-    assert err <= 2 * base + ulp, f"error {err:.3g} > 2 x torch's {base:.3g} + {ulp:.3g}"
-    if lse is not None:
-        check_lse(lse, ref_lse)
-    return err, base
-
-
-def check_lse(lse, ref_lse, atol=2e-3):
-    """``lse`` (a tensor) against the reference's: ``-inf`` exactly where it is, close elsewhere."""
-    got = lse.detach().cpu().double().numpy()
-    assert got.shape == ref_lse.shape, (got.shape, ref_lse.shape)
-    np.testing.assert_array_equal(np.isneginf(got), np.isneginf(ref_lse))
-    fin = np.isfinite(ref_lse)
-    np.testing.assert_allclose(got[fin], ref_lse[fin], atol=atol, rtol=1e-3)
 
 
 def nan_like(q):

@@ -1,4 +1,4 @@
-"""Command line: thin wrappers over the API, the targets and the campaign."""
+"""Command line: thin wrappers over the API, the targets, the campaign and the fuzzer."""
 from __future__ import annotations
 
 import argparse
@@ -208,6 +208,17 @@ def cmd_plot(args) -> int:
     return 0
 
 
+def cmd_fuzz(args) -> int:
+    from fmha import fuzz
+    device = _bench_device(args.device or ("cpu" if interpreting() else "cuda"))
+    if args.minutes is None and args.problems is None:
+        raise UsageError("say how long: --minutes M or --problems N")
+    seconds = None if args.minutes is None else 60 * args.minutes
+    counts = fuzz.fuzz(seconds, args.problems, args.seed, device)
+    print("fuzz: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    return 1 if counts.get("failed") else 0
+
+
 def _format_report(r) -> str:
     chip_regs = ", ".join(f"{k}={v}" for k, v in r.registers.items())
     occ = ", ".join(f"{k}={v}" for k, v in r.occupancy.items())
@@ -307,6 +318,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--cuda-graphs", action="store_true", help="time CUDA-graph replays")
     s.add_argument("--where", default=None, help='only the cells with these values, e.g. "seqlen_q=1 causal=1"')
     s.set_defaults(fn=cmd_sweep)
+
+    f = sub.add_parser("fuzz", help="random problems with inputs chosen to hurt, every path against float64")
+    f.add_argument("--minutes", type=float, default=None)
+    f.add_argument("--problems", type=int, default=None)
+    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--device", choices=["cuda", "cpu"], default=None)
+    f.set_defaults(fn=cmd_fuzz)
 
     pl = sub.add_parser("plot", help="PNG plots of a ledger run")
     pl.add_argument("--ledger", default=str(ledger.DEFAULT_LEDGER))

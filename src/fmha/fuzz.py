@@ -1,0 +1,264 @@
+"""Differential testing: random problems with inputs chosen to hurt, every path against float64.
+
+``python -m fmha fuzz --minutes 5`` draws problems over the entry points (``attention``,
+``attention_varlen``, ``attention_paged``), variants and their table configs, dtypes, head dims,
+lengths on and off every tile, layouts (bhsd, bshd, transformers' transposed views, slices of one
+fused qkv tensor), GQA, both causal alignments, windows, softcap, ALiBi, key padding and the key
+split, and fills them with score patterns that stress the online softmax and the pivots that stand
+in for the row max: scores rising along the keys, one huge key late in the row, rows whose first
+visible key comes late, all-equal scores, inf or NaN in one key, magnitudes near the dtype's limits.
+Each answer (output poisoned with NaN first, and its LSE) is held against the float64 reference by
+:mod:`fmha.verify`'s rule.  A failure prints as one JSON line: ``Problem(**json.loads(line))``
+rebuilds it, which is how a failure becomes a named regression test.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import math
+import random
+import sys
+import time
+import warnings
+
+import torch
+
+from . import configs, verify
+from .api import HEAD_DIMS, attention, attention_paged, attention_varlen
+
+PATTERNS = ("normal", "rising", "late_spike", "late_first", "equal", "inf_key", "nan_key", "extreme")
+LAYOUTS = ("bhsd", "bshd", "hf-view", "fused-qkv")
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    entry: str              # attention | varlen | paged
+    variant: str
+    config: dict | None     # KernelConfig fields, or None: the variant's table
+    dtype: str
+    layout: str             # one of LAYOUTS (varlen and paged: packed / page pools)
+    batch: int
+    heads: int
+    kv_heads: int
+    seqlen_q: int
+    seqlen_k: int
+    head_dim: int
+    causal: bool
+    align: str
+    window: tuple
+    softcap: float
+    alibi: bool
+    seqused: bool           # attention: per-batch key lengths; varlen and paged always have them
+    num_splits: int
+    page: int               # paged: keys per page
+    pattern: str
+    seed: int
+
+    def __str__(self):
+        return json.dumps(dataclasses.asdict(self))
+
+
+def _length(rng: random.Random, top: int, tile: int) -> int:
+    """A length in [1, top], half the time within 2 of a multiple of ``tile``."""
+    if rng.random() < 0.5:
+        return max(1, min(top, rng.randrange(tile, top + tile, tile) + rng.randint(-2, 2)))
+    return rng.randint(1, top)
+
+
+def _table_configs(variant: str, head_dim: int, causal: bool) -> list[dict]:
+    if variant == "hopper" and head_dim in (64, 128):
+        return [cfg.as_dict() for d, c, _, cfg in configs.HOPPER if d == head_dim and c == causal]
+    if variant == "tiled":
+        return [cfg.as_dict() for arch, max_d, cfg in configs.TILED if arch == "sm90" and head_dim <= max_d]
+    return []
+
+
+def draw(rng: random.Random, on_gpu: bool, hopper: bool) -> Problem:
+    """One random problem; on the CPU (the interpreter) small enough to run in a second."""
+    entry = rng.choices(["attention", "varlen", "paged"], [7, 2, 2])[0]
+    head_dim = rng.choice(HEAD_DIMS)
+    pattern = rng.choice(PATTERNS)
+    kv_heads = rng.randint(1, 3)
+    heads = kv_heads * rng.choice([1, 1, 2, 4])
+    top = 2048 if on_gpu else 48
+    decode = rng.random() < 0.2
+    seqlen_q = rng.randint(1, 16) if decode else _length(rng, top, 64 if on_gpu else 16)
+    seqlen_k = _length(rng, top, 128 if on_gpu else 16)
+    causal, align = rng.random() < 0.5, rng.choice(["top_left", "bottom_right"])
+    window = (rng.randint(-1, seqlen_k), rng.randint(-1, seqlen_k)) if rng.random() < 0.3 else (-1, -1)
+    if pattern == "late_first":  # the first visible key of most rows lies many tiles in
+        seqlen_k = max(seqlen_k, seqlen_q + rng.randint(1, top))
+        causal, align, window = True, "bottom_right", (rng.randint(0, 40), -1)
+    variants = (["auto", "auto", "tiled"] + (["hopper", "hopper"] if hopper else [])) if on_gpu else \
+        ["auto", "singlewave", "pipelined", "tiled"]
+    variant = rng.choice(variants if entry == "attention" else [v for v in variants if v in ("auto", "tiled",
+                                                                                              "hopper")])
+    table = _table_configs(variant, head_dim, causal)
+    config = rng.choice(table) if table and rng.random() < 0.6 else None
+    page = rng.choice([128, 256] if variant == "hopper" else [16, 32, 64, 128])
+    return Problem(entry=entry, variant=variant, config=config, dtype=rng.choice(list(DTYPES)),
+                   layout=rng.choice(LAYOUTS), batch=rng.randint(1, 3), heads=heads, kv_heads=kv_heads,
+                   seqlen_q=seqlen_q, seqlen_k=seqlen_k, head_dim=head_dim, causal=causal, align=align,
+                   window=window, softcap=rng.uniform(1.0, 50.0) if rng.random() < 0.2 else 0.0,
+                   alibi=rng.random() < 0.15, seqused=rng.random() < 0.25,
+                   num_splits=rng.randint(1, 6) if rng.random() < 0.2 else 0, page=page, pattern=pattern,
+                   seed=rng.randrange(1 << 30))
+
+
+def inputs(p: Problem):
+    """q ``[B, H, Sq, D]``, k and v ``[B, KVH, Sk, D]`` (float32, bhsd, on the CPU) filled by
+    ``p.pattern``; scores are ``q.k / sqrt(D)``."""
+    g = torch.Generator().manual_seed(p.seed)
+    b, h, kvh, sq, sk, d = p.batch, p.heads, p.kv_heads, p.seqlen_q, p.seqlen_k, p.head_dim
+    q, k, v = (torch.randn(b, n, s, d, generator=g) for n, s in ((h, sq), (kvh, sk), (kvh, sk)))
+    u = torch.nn.functional.normalize(torch.randn(d, generator=g), dim=0)
+    root = math.sqrt(d)
+    if p.pattern == "rising":  # scores climb by about 60 over the row: a new max at every tile
+        q = q + 3 * u
+        k = 0.5 * k + (torch.arange(sk) / max(sk, 1))[:, None] * (20 * root) * u
+    elif p.pattern == "late_spike":  # one key in the last quarter scores about 1000 above the rest
+        q = q + 3 * u
+        k[:, :, rng_index(g, sk, late=True)] += (1000 * root / 3) * u
+    elif p.pattern == "equal":
+        k = k[:, :, :1].expand_as(k).clone()
+    elif p.pattern in ("inf_key", "nan_key"):
+        k[rng_index(g, b), rng_index(g, kvh), rng_index(g, sk), rng_index(g, d)] = \
+            math.inf if p.pattern == "inf_key" else math.nan
+    elif p.pattern == "extreme":  # scores of 1e4 and more; values near the dtype's largest
+        big = 60.0 if p.dtype == "float16" else 1e4
+        q, k = q * big / 4, k * big / 4
+        v = v * (torch.finfo(DTYPES[p.dtype]).max / (8 * max(sk, 1)))
+    return q, k, v
+
+
+def rng_index(g: torch.Generator, n: int, late: bool = False) -> int:
+    lo = (3 * n) // 4 if late else 0
+    return int(torch.randint(lo, max(n, lo + 1), (1,), generator=g))
+
+
+def _place(t: torch.Tensor, layout: str, dtype, device) -> tuple[torch.Tensor, str]:
+    """A bhsd tensor in ``layout``: the tensor passed and the ``layout=`` it is passed with."""
+    t = t.to(dtype)
+    if layout == "bhsd":
+        return t.contiguous().to(device), "bhsd"
+    if layout == "hf-view":  # bshd storage, passed as a bhsd view (transformers' q/k/v)
+        return t.transpose(1, 2).contiguous().to(device).transpose(1, 2), "bhsd"
+    return t.transpose(1, 2).contiguous().to(device), "bshd"
+
+
+def _fused(q, k, v, dtype, device):
+    """q, k, v as slices of one ``[B, S, H + 2 KVH, D]`` projection, passed as bshd."""
+    h = q.shape[1]
+    kvh = k.shape[1]
+    buf = torch.cat([t.transpose(1, 2) for t in (q, k, v)], dim=2).to(dtype).to(device)
+    return buf[:, :, :h], buf[:, :, h:h + kvh], buf[:, :, h + kvh:]
+
+
+def run(p: Problem, device: str) -> None:
+    """Run ``p`` and check it: raises AssertionError on a wrong answer, ValueError where the
+    variant or config refuses the call."""
+    dtype = DTYPES[p.dtype]
+    q, k, v = inputs(p)
+    g = torch.Generator().manual_seed(p.seed + 1)
+    lengths = torch.randint(0, p.seqlen_k + 1, (p.batch,), generator=g, dtype=torch.int32)
+    if p.entry == "attention" and not p.seqused:
+        lengths.fill_(p.seqlen_k)
+    mods = dict(window=tuple(p.window), softcap=p.softcap,
+                alibi_slopes=torch.rand(p.heads, generator=g).to(device) if p.alibi else None)
+    cfg = configs.KernelConfig(**p.config) if p.config else None
+    if p.entry == "varlen":
+        return _run_varlen(p, q, k, v, lengths, g, dtype, device, mods, cfg)
+    if p.entry == "paged":
+        return _run_paged(p, q, k, v, lengths, g, dtype, device, mods, cfg)
+    if p.layout == "fused-qkv" and p.seqlen_q == p.seqlen_k:
+        qd, kd, vd = _fused(q, k, v, dtype, device)
+        layout = "bshd"
+    else:
+        (qd, layout), (kd, _), (vd, _) = (_place(t, "bshd" if p.layout == "fused-qkv" else p.layout, dtype, device)
+                                          for t in (q, k, v))
+    out = torch.full_like(qd, math.nan)
+    _, lse = attention(qd, kd, vd, causal=p.causal, causal_align=p.align, layout=layout, variant=p.variant,
+                       config=cfg, out=out, return_lse=True, num_splits=p.num_splits,
+                       seqused_k=lengths.to(device) if p.seqused else None, **mods)
+    o = verify.to_bhsd(out, layout)
+    qb, kb, vb = (t.to(dtype) for t in (q, k, v))
+    for b, n in enumerate(lengths.tolist()):
+        own = slice(b, b + 1)
+        verify.check(o[own], qb[own], kb[own, :, :n], vb[own, :, :n], p.causal, p.align, lse=lse[own], **mods)
+
+
+def _run_varlen(p, q, k, v, lengths, g, dtype, device, mods, cfg):
+    lens_q = torch.randint(0, p.seqlen_q + 1, (p.batch,), generator=g).tolist()
+    lens_k = lengths.tolist()
+    qs = [q[b, :, :n].transpose(0, 1) for b, n in enumerate(lens_q)]
+    ks = [k[b, :, :n].transpose(0, 1) for b, n in enumerate(lens_k)]
+    vs = [v[b, :, :n].transpose(0, 1) for b, n in enumerate(lens_k)]
+    pq, pk, pv = (torch.cat(t).to(dtype).to(device) for t in (qs, ks, vs))
+    cu = [torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32, device=device)
+          for n in (lens_q, lens_k)]
+    o, lse = attention_varlen(pq, pk, pv, *cu, max(max(lens_q), 1), max(max(lens_k), 1), causal=p.causal,
+                              causal_align=p.align, variant=p.variant, config=cfg, return_lse=True, **mods)
+    for b in range(p.batch):
+        rows = slice(int(cu[0][b]), int(cu[0][b + 1]))
+        if rows.start == rows.stop:
+            continue
+        seq = [t.transpose(0, 1)[None] for t in (o[rows], qs[b].to(dtype), ks[b].to(dtype), vs[b].to(dtype))]
+        verify.check(*seq, p.causal, p.align, lse=lse[None, :, rows], **mods)
+
+
+def _run_paged(p, q, k, v, lengths, g, dtype, device, mods, cfg):
+    pages_per_seq = -(-p.seqlen_k // p.page) + 1  # one spare page each
+    num_pages = p.batch * pages_per_seq
+    perm = torch.randperm(num_pages, generator=g)
+    pools = []
+    for t in (k, v):
+        padded = torch.nn.functional.pad(t, (0, 0, 0, pages_per_seq * p.page - p.seqlen_k), value=math.nan)
+        pages = padded.view(p.batch, p.kv_heads, pages_per_seq, p.page, p.head_dim).permute(0, 2, 3, 1, 4)
+        pool = torch.empty(num_pages, p.page, p.kv_heads, p.head_dim)
+        pool[perm] = pages.reshape(num_pages, p.page, p.kv_heads, p.head_dim)
+        pools.append(pool.to(dtype).to(device))
+    table = perm.view(p.batch, pages_per_seq).to(torch.int32).to(device)
+    qd, layout = _place(q, "bshd" if p.layout == "bshd" else "bhsd", dtype, device)
+    o, lse = attention_paged(qd, *pools, table, lengths.to(device), causal=p.causal, causal_align=p.align,
+                             layout=layout, variant=p.variant, config=cfg, return_lse=True,
+                             num_splits=p.num_splits, **mods)
+    o = verify.to_bhsd(o, layout)
+    qb, kb, vb = (t.to(dtype) for t in (q, k, v))
+    for b, n in enumerate(lengths.tolist()):
+        own = slice(b, b + 1)
+        verify.check(o[own], qb[own], kb[own, :, :n], vb[own, :, :n], p.causal, p.align, lse=lse[own], **mods)
+
+
+def fuzz(seconds: float | None, problems: int | None, seed: int, device: str, stream=sys.stdout) -> dict:
+    """Draw and check problems until ``seconds`` pass or ``problems`` have run; failures print as
+    JSON lines on ``stream``, progress on stderr.  Returns the counts."""
+    on_gpu = device == "cuda"
+    hopper = on_gpu and torch.cuda.get_device_capability()[0] == 9
+    rng = random.Random(seed)
+    counts = collections.Counter()
+    refused = collections.Counter()
+    start = time.monotonic()
+    while (problems is None or counts["run"] < problems) and (seconds is None or time.monotonic() - start < seconds):
+        p = draw(rng, on_gpu, hopper)
+        counts["run"] += 1
+        try:
+            with warnings.catch_warnings():  # inf and NaN inputs make NumPy (reference, interpreter) warn
+                warnings.simplefilter("ignore", RuntimeWarning)
+                run(p, device)
+            counts["passed"] += 1
+            counts["passed " + p.pattern] += 1
+        except ValueError as e:  # the variant or config does not take this call: said, not wrong
+            counts["refused"] += 1
+            refused[str(e).split(":")[0][:80]] += 1
+        except AssertionError as e:
+            counts["failed"] += 1
+            print(json.dumps({"problem": dataclasses.asdict(p), "error": " ".join(str(e).split())[:300]}),
+                  file=stream, flush=True)
+        if counts["run"] % 25 == 0:
+            print(f"fuzz: {counts['run']} problems, {counts['failed']} failed, {time.monotonic() - start:.0f} s",
+                  file=sys.stderr, flush=True)
+    counts["seconds"] = round(time.monotonic() - start)
+    counts.update({"refused: " + why: n for why, n in refused.most_common(6)})
+    return dict(counts)

@@ -1,0 +1,79 @@
+"""The error yardstick: a kernel's answer against the float64 reference.
+
+An output passes when its error is at most twice the error PyTorch makes computing the same
+attention at the input precision (scores and ``P V`` in the input dtype, softmax in float32),
+plus one unit in the last place at the output's largest magnitude (the store to the input dtype
+alone can cost that where the kernel and PyTorch round ``P`` differently); both errors are
+measured against :func:`fmha.reference.dense_attention`.  Rows whose reference is not finite
+(a NaN or inf in a key they see) must be non-finite in the output too, and only those rows.
+The LSE passes within 2e-3 of the reference's, ``-inf`` exactly where it is.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from . import reference
+
+# one unit in the last place at |o| = 1
+ULP = {torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}
+
+
+def to_bhsd(t, layout: str):
+    return t if layout == "bhsd" else t.transpose(1, 2)
+
+
+def torch_lowp(q, k, v, causal, causal_align, scale=None, window=(-1, -1), softcap=0.0, alibi_slopes=None):
+    """The same attention in PyTorch at the input precision (bhsd, float64 numpy out)."""
+    dt = q.dtype
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    scale = 1.0 / q.shape[-1] ** 0.5 if scale is None else scale
+    s = (q @ k.transpose(-1, -2)).float() * scale
+    if softcap or alibi_slopes is not None:
+        s = torch.from_numpy(reference.score_mods(s.cpu().double().numpy(), q.shape[2], k.shape[2], causal_align,
+                                                  softcap, alibi_slopes)).float().to(q.device)
+    mask = torch.from_numpy(reference.visible(q.shape[2], k.shape[2], causal, causal_align, window)).to(q.device)
+    s = s.masked_fill(~mask, float("-inf"))
+    p = torch.softmax(s, -1).nan_to_num(0.0).to(dt)
+    return (p @ v).double().cpu().numpy()
+
+
+def max_err(a, b) -> float:
+    return float(np.max(np.abs(np.asarray(a, dtype=np.float64) - b), initial=0.0))
+
+
+def check(o, q, k, v, causal, causal_align="top_left", layout="bhsd", scale=None, lse=None, **mods):
+    """Assert ``o`` (in ``layout``) and ``lse`` (when given, ``[batch, heads, seqlen_q]``) pass the
+    yardstick; ``mods``: window, softcap, alibi_slopes as the kernel got them.  Returns
+    ``(error, PyTorch's error)``."""
+    q, k, v, o = (to_bhsd(t, layout) for t in (q, k, v, o))
+    o = o.detach().cpu().double().numpy()
+    ref, ref_lse = reference.dense_attention(q, k, v, causal=causal, causal_align=causal_align, scale=scale,
+                                             return_lse=True, **mods)
+    bad_ref = ~np.isfinite(ref).all(axis=-1)
+    bad_out = ~np.isfinite(o).all(axis=-1)
+    assert (bad_out == bad_ref).all(), (f"non-finite output rows {np.argwhere(bad_out & ~bad_ref)[:4].tolist()} "
+                                        f"(unwritten or a broken guard), finite where the reference is not: "
+                                        f"{np.argwhere(bad_ref & ~bad_out)[:4].tolist()}")
+    keep = ~bad_ref[..., None]
+    ref, o = np.where(keep, ref, 0.0), np.where(keep, o, 0.0)
+    err = max_err(o, ref)
+    base = max_err(np.where(keep, torch_lowp(q, k, v, causal, causal_align, scale, **mods), 0.0), ref)
+    ulp = ULP[q.dtype] * max(1.0, float(np.abs(ref).max(initial=0.0)))
+    assert err <= 2 * base + ulp, f"error {err:.3g} > 2 x torch's {base:.3g} + {ulp:.3g}"
+    if lse is not None:
+        check_lse(lse, np.where(bad_ref, 0.0, ref_lse), skip=bad_ref)
+    return err, base
+
+
+def check_lse(lse, ref_lse, atol=2e-3, skip=None):
+    """``lse`` (a tensor) against the reference's: ``-inf`` exactly where it is, close elsewhere
+    (rows in the boolean mask ``skip`` are not compared)."""
+    got = lse.detach().cpu().double().numpy()
+    assert got.shape == ref_lse.shape, (got.shape, ref_lse.shape)
+    if skip is not None:
+        got = np.where(skip, 0.0, got)
+    np.testing.assert_array_equal(np.isneginf(got), np.isneginf(ref_lse))
+    fin = np.isfinite(ref_lse)
+    np.testing.assert_allclose(got[fin], ref_lse[fin], atol=atol, rtol=1e-3)

@@ -1,0 +1,40 @@
+"""The fuzzer on the CPU: its problems pass, a wrong kernel is caught, a failure line rebuilds its problem."""
+import io
+import json
+import random
+
+import pytest
+
+from conftest import DEVICE
+from fmha import fuzz
+
+
+def test_drawn_problems_pass_and_cover_the_patterns():
+    counts = fuzz.fuzz(None, 16, seed=5, device=DEVICE)
+    assert counts["run"] == 16 and counts.get("failed", 0) == 0, counts
+    assert sum(v for k, v in counts.items() if k.startswith("passed ")) == counts["passed"] >= 12
+    drawn = [fuzz.draw(random.Random(s), False, False) for s in range(200)]
+    assert {p.pattern for p in drawn} == set(fuzz.PATTERNS) and {p.entry for p in drawn} == {"attention", "varlen",
+                                                                                              "paged"}
+    assert {p.layout for p in drawn} == set(fuzz.LAYOUTS)
+
+
+def test_a_wrong_answer_is_reported_as_a_problem_that_rebuilds(monkeypatch):
+    real = fuzz.attention
+
+    def off_by_a_little(*args, **kwargs):  # a kernel whose output is 1% too large
+        o, lse = real(*args, **kwargs)
+        kwargs["out"].mul_(1.01)
+        return o, lse
+
+    monkeypatch.setattr(fuzz, "attention", off_by_a_little)
+    stream = io.StringIO()
+    counts = fuzz.fuzz(None, 10, seed=2, device=DEVICE, stream=stream)
+    assert counts.get("failed", 0) >= 3, counts
+    line = json.loads(stream.getvalue().splitlines()[0])
+    problem = fuzz.Problem(**line["problem"])
+    assert problem.entry == "attention" and "error" in line["error"] or "non-finite" in line["error"]
+    with pytest.raises(AssertionError):
+        fuzz.run(problem, DEVICE)
+    monkeypatch.setattr(fuzz, "attention", real)
+    fuzz.run(problem, DEVICE)  # the right kernel passes the same problem
