@@ -67,15 +67,18 @@ def test_paged_errors():
 @pytest.mark.parametrize("splits", [0, 2])
 def test_block_table_entries_in_use_are_checked(entry, splits):
     """A page number outside the pool, in an entry the keys reach, is an error naming the entry
-    (never a read outside the pool); the same number past the keys in use is never followed."""
+    (never a read outside the pool; on a GPU a device-side assert, see the test below); the same
+    number past the keys in use is never followed."""
     q, _, _ = make_qkv(2, 2, 2, 3, 32, 32, torch.float16)
     pool = torch.randn(4, 16, 2, 32, generator=torch.Generator().manual_seed(0)).half().to(DEVICE)
     table = torch.tensor([[0, 1, 2], [3, 2, 1]], dtype=torch.int32, device=DEVICE)
     lens = torch.tensor([40, 20], dtype=torch.int32, device=DEVICE)
-    bad = table.clone()
-    bad[1, 1] = entry  # keys 16..19 of sequence 1 live there
-    with pytest.raises(ValueError, match=rf"outside \[0, num_pages\): block_table\[1, 1\] = {entry} with num_pages = 4"):
-        fmha.attention_paged(q, pool, pool, bad, lens, num_splits=splits)
+    if DEVICE == "cpu":
+        bad = table.clone()
+        bad[1, 1] = entry  # keys 16..19 of sequence 1 live there
+        with pytest.raises(ValueError, match=rf"outside \[0, num_pages\): block_table\[1, 1\] = {entry} with "
+                                             rf"num_pages = 4"):
+            fmha.attention_paged(q, pool, pool, bad, lens, num_splits=splits)
     spare = table.clone()
     spare[1, 2] = entry  # past sequence 1's 20 keys: the kernel never reads it
     torch.testing.assert_close(fmha.attention_paged(q, pool, pool, spare, lens, num_splits=splits),
@@ -87,15 +90,18 @@ def test_cache_seqlens_past_the_table_is_an_error(n):
     q, _, _ = make_qkv(1, 2, 2, 1, 32, 32, torch.float16)
     pool = torch.zeros(4, 16, 2, 32, dtype=torch.float16, device=DEVICE)
     table = torch.tensor([[0, 1, 2]], dtype=torch.int32, device=DEVICE)
-    with pytest.raises(ValueError, match=rf"cache_seqlens\[0\] = {n}, the table holds 3 pages of 16 keys"):
-        fmha.attention_paged(q, pool, pool, table, torch.tensor([n], dtype=torch.int32, device=DEVICE))
+    if DEVICE == "cpu":  # on a GPU: a device-side assert, as for the block table
+        with pytest.raises(ValueError, match=rf"cache_seqlens\[0\] = {n}, the table holds 3 pages of 16 keys"):
+            fmha.attention_paged(q, pool, pool, table, torch.tensor([n], dtype=torch.int32, device=DEVICE))
     empty = fmha.attention_paged(q, pool, pool, table[:, :0], torch.zeros(1, dtype=torch.int32, device=DEVICE))
     torch.testing.assert_close(empty, torch.zeros_like(q))
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant,sq", [("tiled", 1), ("hopper", 256)])
-def test_bad_block_table_stops_the_gpu_stream(variant, sq):
+@pytest.mark.parametrize("variant,sq,lens,says", [("tiled", 1, 256, "block_table entry in use"),
+                                                  ("hopper", 256, 256, "block_table entry in use"),
+                                                  ("tiled", 1, 300, "cache_seqlens outside")])
+def test_bad_block_table_stops_the_gpu_stream(variant, sq, lens, says):
     """On the GPU the check runs in stream order (no host sync): a device-side assert naming the
     argument ends the process's CUDA context before the attention kernel reads; never a segfault
     or an answer."""
@@ -108,14 +114,14 @@ import torch, fmha
 q = torch.randn(1, 4, {sq}, 128, device="cuda", dtype=torch.bfloat16)
 pool = torch.randn(4, 128, 4, 128, device="cuda", dtype=torch.bfloat16)
 table = torch.tensor([[0, 1_000_000]], dtype=torch.int32, device="cuda")
-o = fmha.attention_paged(q, pool, pool, table, torch.tensor([256], dtype=torch.int32, device="cuda"),
+o = fmha.attention_paged(q, pool, pool, table, torch.tensor([{lens}], dtype=torch.int32, device="cuda"),
                          variant="{variant}")
 torch.cuda.synchronize()
 print("ANSWER", o.float().sum().item())
 """
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert run.returncode > 0 and "ANSWER" not in run.stdout, (run.returncode, run.stdout, run.stderr[-2000:])
-    assert "block_table entry in use" in run.stderr and "device-side assert" in run.stderr, run.stderr[-2000:]
+    assert says in run.stderr and "device-side assert" in run.stderr, run.stderr[-2000:]
 
 
 @pytest.mark.gpu
