@@ -18,9 +18,11 @@ BLOCK_TABLE_MESSAGE = tl.constexpr("fmha.attention_paged: a block_table entry in
 
 
 @triton.jit(debug=True)
-def _check_pages(BlockTable, SeqLens, Status, stride_bt, pages_per_seq, num_pages, page_size, BLOCK: tl.constexpr):
+def _check_pages(BlockTable, SeqLens, Status, stride_bt, pages_per_seq, num_pages, page_size, BLOCK: tl.constexpr,
+                 STATUS: tl.constexpr):
     """Sequence ``program_id(0)``: its key count fits its table row, and every page its keys
-    occupy (entries ``[0, ceil(n / page_size))``) is a page of the pool."""
+    occupy (entries ``[0, ceil(n / page_size))``) is a page of the pool.  STATUS: also store the
+    verdict (1: the key count, 2: a page) for the host to read."""
     b = tl.program_id(0)
     n = tl.load(SeqLens + b)
     len_ok = (n >= 0) & (n <= pages_per_seq * page_size)
@@ -34,8 +36,8 @@ def _check_pages(BlockTable, SeqLens, Status, stride_bt, pages_per_seq, num_page
         page_ok = (page >= 0) & (page < num_pages)
         tl.device_assert(page_ok, BLOCK_TABLE_MESSAGE)
         bad_pages += tl.sum((~page_ok).to(tl.int32))
-    status = tl.where(len_ok, 0, 1) + tl.where(bad_pages > 0, 2, 0)
-    tl.store(Status + b, status)
+    if STATUS:
+        tl.store(Status + b, tl.where(len_ok, 0, 1) + tl.where(bad_pages > 0, 2, 0))
 
 
 def check_pages(block_table: torch.Tensor, cache_seqlens: torch.Tensor, num_pages: int, page_size: int) -> None:
@@ -43,10 +45,11 @@ def check_pages(block_table: torch.Tensor, cache_seqlens: torch.Tensor, num_page
     (int32 ``[batch]``) against a pool of ``num_pages`` pages of ``page_size`` keys; on CPU tensors
     raise the ``ValueError`` at once."""
     batch, pages_per_seq = block_table.shape
-    status = torch.empty(batch, dtype=torch.int32, device=block_table.device)
+    on_host = block_table.device.type == "cpu"
+    status = torch.empty(batch, dtype=torch.int32) if on_host else block_table
     _check_pages[(batch,)](block_table, cache_seqlens, status, block_table.stride(0), pages_per_seq, num_pages,
-                           page_size, BLOCK=128)
-    if status.device.type == "cpu" and status.any():
+                           page_size, BLOCK=128, STATUS=on_host)
+    if on_host and status.any():
         b = int(status.nonzero()[0, 0])
         n = int(cache_seqlens[b])
         if int(status[b]) & 1:
