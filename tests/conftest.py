@@ -12,7 +12,6 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
-from fmha import reference  # noqa: E402
 from fmha.verify import check as check_against_reference, check_lse, max_err, to_bhsd, torch_lowp  # noqa: E402,F401
 
 # property tests draw the same examples on every run (CI's verdict reproducible);

@@ -80,7 +80,7 @@ def test_split_pieces_only_where_items_cost_the_same_and_memory_allows():
     """The split runs on persistent, non-causal calls without a window or lengths per sequence, and
     only while its float32 workspace stays within the output's size."""
     from dataclasses import replace
-    from fmha.kernels import Problem
+    from fmha.plan import Problem
     cfg = configs.KernelConfig(128, 128, 4, 2, split_tail=1)
     prob = Problem(1, 16, 16, 16384, 16384, 128, False, 0, 1.0)
     out_bytes = 16 * 16384 * 128 * 2

@@ -79,12 +79,12 @@ def test_merge_matches_float64():
 
 
 def test_split_count_follows_programs_per_sm(monkeypatch):
-    from fmha import api, configs, kernels
-    monkeypatch.setattr(kernels, "device_facts", lambda index: (9, 100))
-    prob = kernels.Problem(2, 8, 8, 1, 1 << 16, 128, False, 0, 1.0)  # 16 programs before the split
+    from fmha import configs, plan
+    monkeypatch.setattr(plan, "device_facts", lambda index: (9, 100))
+    prob = plan.Problem(2, 8, 8, 1, 1 << 16, 128, False, 0, 1.0)  # 16 programs before the split
     for per_sm, splits in ((0, 25), (2, 12), (3, 18), (8, 50)):
         cfg = configs.KernelConfig(16, 64, 4, 3, split_per_sm=per_sm)
-        split_len = api._split_len(0, "sm90", prob, cfg, torch.device("cuda", 0))
+        split_len = plan._split_len(0, "sm90", prob, cfg, torch.device("cuda", 0))
         count = -(-prob.seqlen_k // split_len)
         # the split length is rounded up to whole tiles: one split fewer at most, and never a
         # program past per_sm * SMs (no last wave of a few programs)

@@ -206,7 +206,9 @@ def test_hopper_split_tail_matches_reference(layout, shape):
     their LSE after the kernel; output and LSE as without the split."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("sm_90 only")
-    from fmha.kernels import Problem, device_facts, hopper
+    from fmha.device import device_facts
+    from fmha.kernels import hopper
+    from fmha.plan import Problem
     b, h, kvh, sq, sk, d = shape
     cfg = fmha.KernelConfig(192 if sq == 700 else 128, 128, 4, 2, split_tail=1, q_regs=int(d == 64 and sq != 700))
     q, k, v = make_qkv(b, h, kvh, sq, sk, d, torch.bfloat16, layout, seed=sk)
@@ -254,7 +256,9 @@ def test_hopper_cluster_matches_reference(cfg, dtype, layout, shape):
     q, k, v = make_qkv(b, h, kvh, sq, sk, d, dtype, layout, seed=sk)
     out = nan_like(q)
     if cfg.split_tail and h == 20:  # the shape meant to cut its last round: it does
-        from fmha.kernels import Problem, device_facts, hopper
+        from fmha.device import device_facts
+        from fmha.kernels import hopper
+        from fmha.plan import Problem
         pairs = -(-sq // hopper.item_rows(cfg)) * b * h
         assert hopper.split_pieces(Problem(b, h, kvh, sq, sk, d, False, 0, 1.0), cfg, pairs, device_facts(0)[1] // 2,
                                    out.numel() * out.element_size()) > 1

@@ -1,11 +1,9 @@
 """A paged KV cache gives the same attention as the contiguous cache it was cut from."""
-import numpy as np
 import pytest
 import torch
 
 import fmha
 from conftest import DEVICE, check_against_reference, make_qkv
-from fmha import reference
 
 
 def paginate(k, page, pages_per_seq, seed, fill=0.0):

@@ -171,7 +171,7 @@ def test_hopper_builds_a_standing_pivot():
 def test_multicast_pass_reads_what_it_rewrites():
     """The PTX pass changes only marked PTX, rewrites each 3-D TMA load and each marked arrive, and
     refuses what it cannot read."""
-    from fmha.kernels import multicast
+    from fmha.kernels.hopper import multicast
     load = ("\t@%p7 cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%r306], "
             "[%rd3, {%r335, %r338, %r339}], [%r305];")
     arrive = "\t@%p25 mbarrier.arrive.shared::cta.b64 _, [%r1220];"
@@ -199,7 +199,7 @@ def test_multicast_pass_stays_in_beside_another_stages_hook(monkeypatch):
     inside the pass's hook again, once, and the pass still rewrites the cluster build's PTX."""
     from triton import knobs
 
-    from fmha.kernels import multicast
+    from fmha.kernels.hopper import multicast
     calls = []
     monkeypatch.setattr(knobs.runtime, "add_stages_inspection_hook", lambda *args: calls.append(args[-1]))
     multicast.install()

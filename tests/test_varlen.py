@@ -59,10 +59,10 @@ def test_hopper_work_list_covers_every_block_longest_first(causal, align, window
     of every sequence exactly once, none past a sequence's end, costlier blocks first; and the
     programs' snake-wise deal (the kernel's ``_n_items``/``_tile``) hands out each item once."""
     from fmha import configs
-    from fmha.api import _band
-    from fmha.kernels import Problem, hopper
+    from fmha.kernels import hopper
+    from fmha.plan import Problem, band
     lens_q, lens_k = np.array([1000, 1, 0, 128, 300, 77, 2049]), np.array([1000, 300, 5, 128, 1, 0, 1537])
-    upper, causal_offset, window_offset = _band(causal, window, 0)
+    upper, causal_offset, window_offset = band(causal, window, 0)
     prob = Problem(len(lens_q), 4, 2, int(lens_q.sum()), int(lens_k.sum()), 128, upper, causal_offset, 1.0,
                    window_offset=window_offset, align_br=align == "bottom_right", varlen=True)
     cfg = configs.hopper_config(128, causal, int(lens_k.max()), per_sequence=True)

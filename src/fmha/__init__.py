@@ -1,5 +1,5 @@
 """fmha: exact flash-attention forward kernels in Triton, from the math up."""
-from . import library  # noqa: F401  registers torch.ops.fmha.attention for torch.compile
+from . import custom_op  # noqa: F401  registers torch.ops.fmha.attention for torch.compile
 from .api import attention, attention_paged, attention_varlen, select_variant, variants
 from .configs import KernelConfig
 

@@ -13,7 +13,7 @@ import torch
 
 import fmha
 from fmha import reference
-from fmha.api import interpreting
+from fmha.device import interpreting
 
 
 class UsageError(Exception):
@@ -171,7 +171,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from fmha.bench import grids, sweep
+    from fmha.bench import sweep
     device = _bench_device(args.device or ("cpu" if interpreting() else "cuda"))
     try:
         space = sweep.parse_space(args.space, args.variant)

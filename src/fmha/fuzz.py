@@ -25,7 +25,8 @@ import warnings
 import torch
 
 from . import configs, verify
-from .api import HEAD_DIMS, attention, attention_paged, attention_varlen
+from .api import attention, attention_paged, attention_varlen
+from .checks import HEAD_DIMS
 
 PATTERNS = ("normal", "rising", "late_spike", "late_first", "equal", "inf_key", "nan_key", "extreme")
 LAYOUTS = ("bhsd", "bshd", "hf-view", "fused-qkv")

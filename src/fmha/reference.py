@@ -11,7 +11,7 @@ Two independent computations of ``softmax(scale * Q K^T) V`` in NumPy float64:
 Shapes are ``[batch, heads, seqlen, head_dim]`` (``bhsd``); ``k`` and ``v`` may
 have fewer heads (GQA/MQA), ``heads`` a multiple of ``kv_heads``.  A query row
 with no visible key returns 0 (the ``l == 0`` guard) and log-sum-exp ``-inf``.
-This module imports nothing from the rest of fmha.
+This module imports nothing from the rest of fmha but its constants.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-LOG2E = math.log2(math.e)
+from .constants import LOG2E
 
 
 def causal_offset(seqlen_q: int, seqlen_k: int, causal_align: str) -> int:

@@ -69,7 +69,8 @@ def _hopper_source(head_dim: int, dtype: str, causal: bool, cfg, seqlen_k: int =
     from triton.backends.compiler import BaseBackend
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from .kernels import Problem, hopper
+    from .kernels import hopper
+    from .plan import Problem
     tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
     seqlen_k = seqlen_k or cfg.block_n
     page = 256 if lengths == "paged" else 0

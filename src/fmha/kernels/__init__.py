@@ -7,13 +7,11 @@ line in :data:`VARIANTS`.
 """
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass
-
 import torch
 import triton
 
-from . import guards, pipelined, singlewave, tiled
+from ..device import device_facts
+from . import pipelined, singlewave, tiled
 
 VARIANTS = {  # Triton: every target, and the CPU interpreter
     "singlewave": singlewave.KERNEL,
@@ -23,46 +21,6 @@ VARIANTS = {  # Triton: every target, and the CPU interpreter
 # Gluon: one GPU generation each, imported on first use (no interpreter)
 GLUON_VARIANTS = ("hopper",)
 ALL_VARIANTS = (*VARIANTS, *GLUON_VARIANTS)
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One attention call, checked: sizes, masking and the base-2 scale."""
-    batch: int
-    heads: int
-    kv_heads: int
-    seqlen_q: int
-    seqlen_k: int
-    head_dim: int
-    causal: bool          # the band has an upper edge: key j <= i + causal_offset
-    causal_offset: int
-    scale_log2: float
-    window_offset: int | None = None  # the band's lower edge: key j >= i + window_offset
-    align_offset: int = 0             # the diagonal (0, or seqlen_k - seqlen_q bottom-right)
-    softcap: float = 0.0
-    align_br: bool = False            # bottom-right: per sequence under varlen / seqused_k
-    varlen: bool = False              # packed sequences (cu_seqlens); seqlen_q/k are the packed totals
-    seqused: bool = False             # per-batch key lengths
-    page: int = 0                     # paged K/V: keys per page (0: contiguous K/V)
-    pack_gqa: bool = False            # a program's rows: the query heads of one KV head, interleaved
-
-    def grid(self, block_m: int, rows: int | None = None) -> tuple[int, int]:
-        """(row blocks, batch * heads per program axis) covering ``rows`` queries (default seqlen_q)."""
-        rows = self.seqlen_q if rows is None else rows
-        if self.pack_gqa:
-            return triton.cdiv(rows * (self.heads // self.kv_heads), block_m), self.batch * self.kv_heads
-        return triton.cdiv(rows, block_m), self.batch * self.heads
-
-    @property
-    def block_d(self) -> int:
-        return max(16, triton.next_power_of_2(self.head_dim))
-
-
-@functools.lru_cache(maxsize=None)
-def device_facts(index: int) -> tuple[int, int]:
-    """(compute capability major, SM count) of CUDA device ``index``, asked once (not per call)."""
-    props = torch.cuda.get_device_properties(index)
-    return props.major, props.multi_processor_count
 
 
 def strides_bhsd(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
@@ -83,7 +41,7 @@ def kv_view3d(t: torch.Tensor, layout: str):
     return t.view(b, s, h * d), 1, 0, d
 
 
-def unsupported(variant: str, cfg, prob: Problem, q, k, v, o, layout: str, alibi: bool = False) -> str | None:
+def unsupported(variant: str, cfg, prob, q, k, v, o, layout: str, alibi: bool = False) -> str | None:
     """Why ``variant`` cannot take this call, or None."""
     if variant == "hopper":
         from . import hopper
@@ -100,7 +58,7 @@ def unsupported(variant: str, cfg, prob: Problem, q, k, v, o, layout: str, alibi
     return None
 
 
-def launch(variant: str, cfg, prob: Problem, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None, None),
+def launch(variant: str, cfg, prob, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None, None),
            grid_m: int | None = None, split_len: int = 0, block_table=None, lengths=None) -> None:
     """Run ``variant`` with ``cfg`` on ``prob``: writes ``o`` (and ``lse`` if not None).
     ``seqs = (cu_seqlens_q, cu_seqlens_k, seqused_k)``; ``grid_m`` rows cover the longest sequence;

@@ -18,11 +18,13 @@ import os
 import triton
 import triton.language as tl
 
+from .. import constants
+
 # Triton 3.6's interpreter returns garbage for a bfloat16 tl.dot; float32 operands
 # give exact products.  Decided once, at import, as Triton decides interpretation.
 INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
-LN2 = tl.constexpr(0.6931471805599453)
-LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(constants.LN2)
+LOG2E = tl.constexpr(constants.LOG2E)
 
 
 @triton.jit

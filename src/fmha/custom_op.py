@@ -3,22 +3,25 @@
 The op ``fmha::attention`` takes the same arguments as :func:`fmha.attention`
 and returns ``(o, lse)`` (``lse`` empty unless asked for); its fake
 implementation gives shapes and dtypes without running a kernel.
-:func:`fmha.attention` routes through it while ``torch.compile`` is tracing.
+:func:`fmha.attention` routes through it while ``torch.compile`` is tracing; it runs the same
+checks and :func:`fmha.forward.dense` as the eager call.  fmha computes no gradients: the op's
+registered backward (``fmha::refused_backward``) raises when run.
 """
 from __future__ import annotations
 
 import torch
 
+from . import forward
+from .checks import check_inputs
 from .gradients import MESSAGE
 
 
 @torch.library.custom_op("fmha::attention", mutates_args=())
 def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None,
                  variant: str, causal_align: str, layout: str, return_lse: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    from .api import _attention, _check
-    _check(q, k, v, causal_align, layout, variant, scale)
-    o, lse = _attention(q, k, v, causal=causal, scale=scale, variant=variant, causal_align=causal_align,
-                        layout=layout, return_lse=return_lse, out=None, config=None)
+    check_inputs(q, k, v, causal_align, layout, variant, scale)
+    o, lse = forward.dense(q, k, v, causal=causal, scale=scale, variant=variant, causal_align=causal_align,
+                           layout=layout, return_lse=return_lse)
     if lse is None:
         lse = q.new_empty((0,), dtype=torch.float32)
     return o, lse
@@ -26,8 +29,8 @@ def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
 
 @attention_op.register_fake
 def _(q, k, v, causal, scale, variant, causal_align, layout, return_lse):
-    batch, heads, seqlen_q = (q.shape[0], q.shape[1], q.shape[2]) if layout == "bhsd" else \
-        (q.shape[0], q.shape[2], q.shape[1])
+    batch, heads, seqlen_q = (q.shape[0], q.shape[1], q.shape[2]) if layout == "bhsd" else (
+        q.shape[0], q.shape[2], q.shape[1])
     lse_shape = (batch, heads, seqlen_q) if return_lse else (0,)
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(lse_shape, dtype=torch.float32)
 

@@ -1,0 +1,173 @@
+"""Input validation: every error names the argument, what was given and what is accepted."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .device import interpreting
+
+HEAD_DIMS = (32, 64, 96, 128, 256)
+DTYPES = (torch.float16, torch.bfloat16)
+LAYOUTS = ("bhsd", "bshd")
+CAUSAL_ALIGNS = ("top_left", "bottom_right")
+
+
+def variants(interpreter: bool = False) -> list[str]:
+    """Names accepted by ``variant=`` (besides ``"auto"``); with ``interpreter=True`` only those
+    the CPU interpreter runs (the Triton ones, not the Gluon ones)."""
+    from . import kernels  # imported on first use: Triton fixes interpretation when a kernel is defined
+    return list(kernels.VARIANTS if interpreter else kernels.ALL_VARIANTS)
+
+
+def check_inputs(q, k, v, causal_align: str, layout: str, variant: str, scale) -> None:
+    """q, k, v of :func:`fmha.attention` (4-D in ``layout``) and its scalar choices."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if causal_align not in CAUSAL_ALIGNS:
+        raise ValueError(f"causal_align must be one of {CAUSAL_ALIGNS}, got {causal_align!r}")
+    if variant != "auto" and variant not in variants():
+        raise ValueError(f"variant must be 'auto' or one of {variants()}, got {variant!r}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must have 4 dimensions ({layout}), got shape {tuple(t.shape)}")
+        if t.dtype not in DTYPES:
+            raise TypeError(f"{name} has dtype {t.dtype}; fmha takes float16 or bfloat16 "
+                            f"(float32 inputs: cast them, accumulation is float32 anyway)")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if q.device.type == "cpu" and not interpreting():
+        raise RuntimeError("fmha got CPU tensors but Triton's interpreter is off: move the tensors "
+                           "to a GPU, or set TRITON_INTERPRET=1 before importing fmha to run the "
+                           "same kernels on the CPU (slowly)")
+    if q.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"fmha runs on CUDA/ROCm GPUs (or the CPU interpreter), got device {q.device}")
+    seq_dim, head_axis = (2, 1) if layout == "bhsd" else (1, 2)
+    b, h, d = q.shape[0], q.shape[head_axis], q.shape[3]
+    for name, t in (("k", k), ("v", v)):
+        if t.shape[0] != b:
+            raise ValueError(f"{name} has batch {t.shape[0]}, q has {b}")
+        if t.shape[3] != d:
+            raise ValueError(f"{name} has head_dim {t.shape[3]}, q has {d}")
+    if k.shape[head_axis] != v.shape[head_axis] or k.shape[seq_dim] != v.shape[seq_dim]:
+        raise ValueError(f"k and v must agree in kv_heads and seqlen_k ({layout}), got "
+                         f"{tuple(k.shape)} and {tuple(v.shape)}")
+    kv_heads = k.shape[head_axis]
+    if kv_heads == 0 and h != 0 or kv_heads and h % kv_heads:
+        raise ValueError(f"heads ({h}) must be a multiple of kv_heads ({kv_heads})")
+    if d not in HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {d}")
+    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a finite positive number or None, got {scale!r}")
+
+
+def check_features(q, layout: str, window, softcap, alibi_slopes) -> None:
+    """The score modifiers: a window, a softcap, ALiBi slopes."""
+    if (not isinstance(window, (tuple, list)) or len(window) != 2
+            or not all(isinstance(w, int) and w >= -1 for w in window)):
+        raise ValueError(f"window must be (left, right) with ints >= -1 (-1: unbounded), got {window!r}")
+    if not (isinstance(softcap, (int, float)) and math.isfinite(softcap) and softcap >= 0):
+        raise ValueError(f"softcap must be a finite number >= 0 (0: off), got {softcap!r}")
+    if alibi_slopes is not None:
+        heads = q.shape[1] if layout == "bhsd" else q.shape[2]
+        if (not isinstance(alibi_slopes, torch.Tensor) or alibi_slopes.shape != (heads,)
+                or alibi_slopes.dtype != torch.float32 or alibi_slopes.device != q.device):
+            got = ((tuple(alibi_slopes.shape), alibi_slopes.dtype, alibi_slopes.device)
+                   if isinstance(alibi_slopes, torch.Tensor) else type(alibi_slopes).__name__)
+            raise ValueError(f"alibi_slopes must be a float32 tensor of shape ({heads},) on {q.device}, got {got}")
+
+
+def check_index(t, name: str, shape: tuple, device) -> None:
+    """An int32 index tensor of ``shape`` on ``device`` (lengths, offsets, block tables)."""
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or tuple(t.shape) != shape or t.device != device:
+        got = (tuple(t.shape), t.dtype, t.device) if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ValueError(f"{name} must be an int32 tensor of shape {shape} on {device}, got {got}")
+
+
+def check_splits(num_splits) -> None:
+    if not isinstance(num_splits, int) or num_splits < 0:
+        raise ValueError(f"num_splits must be an int >= 0 (0: decide), got {num_splits!r}")
+
+
+def check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int):
+    """Packed sequences (:func:`fmha.attention_varlen`): 3-D q/k/v and their cu_seqlens, read on
+    the host (one device-to-host copy of both).  Returns each sequence's (query rows, keys)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 3:
+            raise ValueError(f"{name} must be a 3-dimensional tensor [total, heads, head_dim], got "
+                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+    if cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape != cu_seqlens_k.shape:
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must be 1-D of one length (batch + 1), got "
+                         f"{tuple(cu_seqlens_q.shape)} and {tuple(cu_seqlens_k.shape)}")
+    batch = cu_seqlens_q.shape[0] - 1
+    check_index(cu_seqlens_q, "cu_seqlens_q", (batch + 1,), q.device)
+    check_index(cu_seqlens_k, "cu_seqlens_k", (batch + 1,), q.device)
+    both = torch.stack([cu_seqlens_q, cu_seqlens_k]).cpu().numpy()  # one device-to-host copy
+    lengths = []
+    for name, host, total, longest in (("cu_seqlens_q", both[0], q.shape[0], max_seqlen_q),
+                                       ("cu_seqlens_k", both[1], k.shape[0], max_seqlen_k)):
+        lengths.append(host[1:] - host[:-1])
+        if batch < 0 or host[0] != 0 or host[-1] != total or (lengths[-1] < 0).any():
+            raise ValueError(f"{name} must start at 0, never decrease and end at {total} (the packed length), "
+                             f"got {host.tolist()}")
+        if batch and int(lengths[-1].max()) > longest:
+            raise ValueError(f"max_seqlen for {name} is {longest}, but a sequence has {int(lengths[-1].max())} rows")
+    if v.shape[0] != k.shape[0]:
+        raise ValueError(f"k and v must have the same packed length, got {k.shape[0]} and {v.shape[0]}")
+    return lengths
+
+
+def check_pages(q, k_cache, v_cache, block_table, cache_seqlens, layout: str) -> None:
+    """A paged cache (:func:`fmha.attention_paged`): page pools ``[num_pages, page_size, kv_heads, D]``
+    and an int32 block table ``[batch, pages_per_seq]``.  The table's entries and the lengths are
+    checked on the device (:mod:`fmha.kernels.guards`), not here."""
+    batch, heads = q.shape[0], (q.shape[1] if layout == "bhsd" else q.shape[2])
+    head_dim = q.shape[3]
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if (not isinstance(t, torch.Tensor) or t.dim() != 4 or t.shape[3] != head_dim or t.dtype != q.dtype
+                or t.device != q.device):
+            raise ValueError(f"{name} must be [num_pages, page_size, kv_heads, {head_dim}] {q.dtype} on {q.device}, "
+                             f"got {tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache and v_cache must have one shape, got {tuple(k_cache.shape)} and "
+                         f"{tuple(v_cache.shape)}")
+    page, kv_heads = k_cache.shape[1], k_cache.shape[2]
+    if page % 16 or page == 0:
+        raise ValueError(f"k_cache must be a page pool [num_pages, page_size, kv_heads, head_dim] with page_size a "
+                         f"multiple of 16, got shape {tuple(k_cache.shape)} (page_size {page}); a contiguous "
+                         f"[batch, kv_heads, seqlen, head_dim] cache goes to fmha.attention (with seqused_k)")
+    if kv_heads == 0 or heads % kv_heads:
+        raise ValueError(f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
+    if block_table.dim() != 2 or block_table.shape[0] != batch:
+        raise ValueError(f"block_table must be [batch={batch}, pages_per_seq], got {tuple(block_table.shape)}")
+    check_index(block_table, "block_table", tuple(block_table.shape), q.device)
+    check_index(cache_seqlens, "cache_seqlens", (batch,), q.device)
+
+
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+
+    def span(t):
+        lo = t.data_ptr()
+        hi = lo + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) * t.element_size()
+        return lo, hi + t.element_size()
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
+
+
+def check_out(out, q, k, v) -> None:
+    """``out=``: q's shape, dtype and device, overlapping no input."""
+    if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
+        raise ValueError(f"out must match q's shape, dtype and device {tuple(q.shape)}, {q.dtype}, "
+                         f"{q.device}; got {tuple(out.shape)}, {out.dtype}, {out.device}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if _overlaps(out, t):
+            raise ValueError(f"out overlaps {name}: the kernel reads {name} while writing out")

@@ -1,0 +1,42 @@
+"""What fmha knows of the machine: whether Triton's interpreter runs the kernels, and each CUDA
+device's compute capability and SM count (asked once, not per call)."""
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+
+import torch
+
+
+def interpreting() -> bool:
+    """True when Triton's CPU interpreter runs the kernels (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@functools.lru_cache(maxsize=None)
+def device_facts(index: int) -> tuple[int, int]:
+    """(compute capability major, SM count) of CUDA device ``index``."""
+    props = torch.cuda.get_device_properties(index)
+    return props.major, props.multi_processor_count
+
+
+def index_of(device: torch.device) -> int:
+    return torch.cuda.current_device() if device.index is None else device.index
+
+
+def arch_of(device: torch.device) -> str:
+    """The config-table key of ``device``: interpreter, sm90, sm80 (other CUDA) or hip."""
+    if interpreting():
+        return "interpreter"
+    if torch.version.hip:
+        return "hip"
+    major, _ = device_facts(index_of(device))
+    return "sm90" if major == 9 else "sm80"
+
+
+def on(device: torch.device):
+    """Make ``device`` current for a launch (a no-op, and cheap, when it already is)."""
+    if device.type != "cuda" or index_of(device) == torch.cuda.current_device():
+        return contextlib.nullcontext()
+    return torch.cuda.device(device)

@@ -1,0 +1,114 @@
+"""The checked call, written once for every entry point: allocate the outputs, answer the edges
+without a launch, plan, and launch (directly, or split over the keys with the partials merged by
+their LSE).  :mod:`fmha.api` calls these after the checks; so does the custom op."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from . import plan as planning
+from .device import on
+
+
+def dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse, out=None, config=None,
+          window=(-1, -1), softcap=0.0, alibi_slopes=None, seqused_k=None, num_splits=0):
+    """:func:`fmha.attention` on checked inputs.  Returns ``(o, lse or None)``."""
+    if layout == "bhsd":
+        batch, heads, seqlen_q, head_dim = q.shape
+        kv_heads, seqlen_k = k.shape[1], k.shape[2]
+    else:
+        batch, seqlen_q, heads, head_dim = q.shape
+        seqlen_k, kv_heads = k.shape[1], k.shape[2]
+    o = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out
+    lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device) if return_lse else None
+    if o.numel() == 0:
+        return o, lse
+    if seqlen_k == 0:
+        o.zero_()
+        if return_lse:
+            lse.fill_(-math.inf)
+        return o, lse
+    prob = planning.problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal=causal, scale=scale,
+                            window=window, causal_align=causal_align, softcap=softcap,
+                            seqused=seqused_k is not None)
+    p = planning.plan(prob, q, k, v, o, layout, variant, config, alibi_slopes, num_splits)
+    run(p, q, k, v, o, lse, layout, alibi_slopes, (None, None, seqused_k))
+    return o, lse
+
+
+def packed(q, k, v, cu_seqlens_q, cu_seqlens_k, lengths, max_seqlen_q, max_seqlen_k, *, causal, scale, variant,
+           causal_align, return_lse, window, softcap, alibi_slopes, config):
+    """:func:`fmha.attention_varlen` on checked inputs (``lengths``: each sequence's query rows and
+    keys, on the host).  Returns ``(o, lse or None)``."""
+    batch = cu_seqlens_q.shape[0] - 1
+    heads, kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
+    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((heads, q.shape[0]), dtype=torch.float32, device=q.device) if return_lse else None
+    if batch == 0 or q.shape[0] == 0 or heads == 0:
+        return o, lse
+    prob = planning.problem(batch, heads, kv_heads, q.shape[0], k.shape[0], head_dim, causal=causal, scale=scale,
+                            window=window, causal_align=causal_align, softcap=softcap, varlen=True)
+    q4, k4, v4, o4 = q[None], k[None], v[None], o[None]
+    p = planning.plan(prob, q4, k4, v4, o4, "bshd", variant, config, alibi_slopes, 1,
+                      longest=(int(max_seqlen_q), int(max_seqlen_k)))
+    from . import kernels
+    with on(q.device):
+        kernels.launch(p.variant, p.config, p.problem, q4, k4, v4, o4, lse, "bshd", alibi_slopes,
+                       (cu_seqlens_q, cu_seqlens_k, None), grid_m=max(int(max_seqlen_q), 1), lengths=lengths)
+    return o, lse
+
+
+def paged(q, k_cache, v_cache, block_table, cache_seqlens, *, causal, scale, causal_align, layout, return_lse,
+          window, softcap, alibi_slopes, num_splits, variant, config):
+    """:func:`fmha.attention_paged` on checked inputs: the block table and lengths checked on the
+    device first (:mod:`fmha.kernels.guards`).  Returns ``(o, lse or None)``."""
+    from .kernels import guards
+    batch, heads = q.shape[0], (q.shape[1] if layout == "bhsd" else q.shape[2])
+    seqlen_q, head_dim = (q.shape[2] if layout == "bhsd" else q.shape[1]), q.shape[3]
+    page, kv_heads = k_cache.shape[1], k_cache.shape[2]
+    if batch:
+        guards.check_pages(block_table, cache_seqlens, k_cache.shape[0], page)
+    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device) if return_lse else None
+    if o.numel() == 0 or block_table.shape[1] == 0:
+        o.zero_()
+        if lse is not None:
+            lse.fill_(-math.inf)
+        return o, lse
+    prob = planning.problem(batch, heads, kv_heads, seqlen_q, block_table.shape[1] * page, head_dim, causal=causal,
+                            scale=scale, window=window, causal_align=causal_align, softcap=softcap, seqused=True,
+                            page=page)
+    seqs = (None, None, cache_seqlens)
+    p = planning.plan(prob, q, k_cache, v_cache, o, layout, variant, config, alibi_slopes, num_splits)
+    if p.variant == "hopper":  # the page pools as they are: the kernel reads them through one descriptor each
+        run(p, q, k_cache, v_cache, o, lse, layout, alibi_slopes, seqs, block_table)
+        return o, lse
+    block_n = p.config.block_n
+    while page % block_n:  # a key tile must not straddle two pages
+        block_n //= 2
+    split_len = -(-p.split_len // page) * page if p.split_len else 0
+    p = dataclasses.replace(p, config=dataclasses.replace(p.config, block_n=block_n), split_len=split_len)
+    kv = (k_cache, v_cache) if layout == "bshd" else (k_cache.permute(0, 2, 1, 3), v_cache.permute(0, 2, 1, 3))
+    run(p, q, *kv, o, lse, layout, alibi_slopes, seqs, block_table)
+    return o, lse
+
+
+def run(p: planning.Plan, q, k, v, o, lse, layout, alibi, seqs, block_table=None) -> None:
+    """Launch ``p``: directly, or split over the keys into float32 partials merged by their LSE in
+    a second kernel (merging inside the split launch, stream-K and a programmatic dependent launch
+    of the merge all measured slower: docs/PERF.md, decoding)."""
+    from . import kernels
+    prob = p.problem
+    with on(q.device):
+        if not p.split_len:
+            kernels.launch(p.variant, p.config, prob, q, k, v, o, lse, layout, alibi, seqs, block_table=block_table)
+            return
+        from .kernels import merge
+        shape = (-(-prob.seqlen_k // p.split_len), prob.batch, prob.heads, prob.seqlen_q)
+        o_parts = torch.empty((*shape, prob.head_dim), dtype=torch.float32, device=q.device)
+        lse_parts = torch.empty(shape, dtype=torch.float32, device=q.device)
+        kernels.launch(p.variant, p.config, prob, q, k, v, o_parts, lse_parts, layout, alibi, seqs,
+                       split_len=p.split_len, block_table=block_table)
+        merge.launch(o_parts, lse_parts, o, lse, kernels.strides_bhsd(o, layout), prob.heads, prob.seqlen_q)

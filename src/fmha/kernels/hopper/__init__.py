@@ -1,0 +1,220 @@
+"""``hopper``: the sm_90 fast path, in Gluon (explicit wgmma, TMA, mbarriers, warp specialization).
+
+FlashAttention-3's shape, persistent: one program per SM (or per work item with
+``KernelConfig.persistent=0``) walks work items of ``BLOCK_M`` query rows of one
+(batch, head); a 1-warp producer streams Q and the
+K and V tiles by TMA into ``STAGES``-deep shared rings that carry on from one
+item to the next (the next item's first K tile and Q load overlap this item's
+last P V and epilogue); ``BLOCK_M / 64`` consumer warpgroups (1, 2 or 3) of 64 rows
+each run the recurrence and stage O in their own shared buffer.  ``KernelConfig.occupancy``
+puts that many programs on each SM (the persistent grid, and the registers each launches
+with, :func:`launch_regs`): with one consumer warpgroup a program is a 64-row item, and
+programs side by side overlap each other's softmax, loads and epilogues, which short causal
+items (a few key tiles each) cannot do within one.  Inside a
+consumer, the Q K^T of tile j+1 is issued before P V of tile j and waited on
+first, so the softmax of one tile can overlap the matrix unit's work on the other;
+ptxas moves the wait for P V above the exponentials unless ``KernelConfig.fence``
+puts a block edge between them (:func:`_fence`).  P stays in registers as the A
+operand of P V (narrowed two values at a time, :func:`_narrow`), and with
+``KernelConfig.q_regs`` so does each warpgroup's Q for Q K^T.  ``KernelConfig.lazy`` moves a row's
+pivot only when its max grows past it by more than 2**8, and a thread skips O's rescale while both
+its rows keep theirs (:func:`_rescale_lazy`).  ``KernelConfig.stale`` goes further: past an item's first
+key tile a row keeps its pivot and takes no max at all; a tile where some row of the warpgroup sums past
+2**15 (or to inf/NaN), or sees its first visible key, is multiplied again and takes the ordinary step
+(one ``bar.red`` vote a tile, :func:`_any_row_over`).  ``KernelConfig.pingpong=1`` adds
+FlashAttention-3's ping-pong: the consumer warpgroups take turns issuing their
+products (an mbarrier per warpgroup), so one's softmax runs under another's
+products (``configs.HOPPER`` takes it where it measured faster: D=128 non-causal
+up to 512 keys, and D=64 non-causal on 192 rows).  ``KernelConfig.cluster`` (D=128 non-causal,
+dense) makes a program a cluster of two CTAs on neighbouring query blocks that read each K/V
+tile from L2 once for both: each CTA's producer loads a column half, multicast to both, and a
+ring slot is refilled once the consumers of both CTAs have released it (the multicast and the
+arrivals on the other CTA are PTX that :mod:`.multicast` writes in, Gluon 3.6 having neither).
+
+The math is the seed's (Section 9) in the base-2 domain, with the same guards as
+``kernels/common.py``: a row that has seen no visible key keeps ``m = -inf`` and
+a pivot of 0, and ``1/l := 0`` at the end (with ``lazy`` the pivot may lag the row's max by up to
+8, with ``stale`` by up to 15: l, O and the LSE all use the same pivot, so the result is the same).
+Causal: the key loop stops at the block's last visible tile (Section 7) and only tiles that cross the diagonal are
+masked; causal work items run longest-first within each head, or, persistent, in
+pairs of equal cost (longest with shortest).  A sliding window also starts the
+loop at the block's first visible tile and masks the band's lower edge; softcap
+and ALiBi act on the raw scores ``q.k`` (:func:`_scores`, the same values as
+``common.scores`` before its scale).
+
+Shapes it takes (:func:`supports`): sm_90, head_dim 64 or 128, any seqlen_q and
+seqlen_k, q/k/v/out contiguous in bhsd or bshd, packed sequences (``VARLEN``,
+one packed bshd tensor; the work items come from a list the host builds from the
+lengths, :func:`varlen_items`, so none lies past a sequence's end) and per-batch
+key lengths (``SEQUSED``), also against a paged K/V cache (``PAGED``: pages of a
+multiple of ``BLOCK_N`` keys, each key tile's page read from the block table by the
+producer).  Rows of the last query block past the sequence's end are computed on
+whatever TMA reads there and never stored (a warpgroup that straddles the end, or
+every warpgroup where O cannot be staged in shared memory, stores from registers).  K and V are read
+through 3-D descriptors, one sequence per (batch, head), so a last key tile past
+seqlen_k holds zeros (never the next head's keys, which could hold anything, NaN
+included: a masked score times a NaN value is NaN) and is masked (``RAGGED``).
+Past a packed sequence's end or a seqused_k length the tile holds real memory
+(the next sequence's keys, or the cache's unused part): the scores are masked
+and the producer zeroes those rows of V in shared memory before the consumers
+see it (:func:`_zero_past`).  Anything else goes to ``tiled``.  Gluon
+kernels do not run in the interpreter.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from .. import kv_view3d, merge, strides_bhsd
+from . import multicast
+from ...constants import LOG2E
+from ...device import device_facts
+from .kernel import KERNEL, hopper_kernel  # noqa: F401
+from .resources import (REGS_SM, SMEM_LIMIT, SMEM_SM, SMEM_SPARE, consumer_regs, launch_options,  # noqa: F401
+                        launch_regs, o_staged, sm_bytes, smem_bytes)
+from .schedule import (ITEM_COST, _schedule, balanced_tail, block_tiles, item_rows, paired_block,  # noqa: F401
+                       per_sequence, split_pieces, tail_pieces, varlen_items)
+
+
+SMEM_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+
+
+KV_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
+
+
+# CLUSTER: the same layouts, whole in each CTA of the cluster
+SMEM_LAYOUT_2 = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2, cga_layout=[[0, 0]])
+
+
+KV_LAYOUT_2 = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3, cga_layout=[[0, 0, 0]])
+
+
+def _view2d(t: torch.Tensor, layout: str):
+    """The 2-D matrix TMA reads, and how (batch, head) map to its rows and columns."""
+    b, d = t.shape[0], t.shape[3]
+    if layout == "bhsd":
+        h, s = t.shape[1], t.shape[2]
+        return t.view(b * h * s, d), h * s, s, 0
+    s, h = t.shape[1], t.shape[2]
+    return t.view(b * s, h * d), s, 0, d
+
+
+def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
+    """None if the hopper kernel takes this call, else the reason it does not."""
+    if not q.is_cuda or device_facts(q.device.index)[0] != 9:
+        return "needs an sm_90 GPU"
+    if prob.head_dim not in (64, 128):
+        return f"head_dim {prob.head_dim} (takes 64 and 128)"
+    if cfg.block_m not in (64, 128, 192):
+        return f"block_m {cfg.block_m} (takes 64, 128 or 192: 1, 2 or 3 consumer warpgroups)"
+    if cfg.pingpong and cfg.block_m == 64:
+        return "ping-pong takes turns between 2 or 3 consumer warpgroups (block_m 128 or 192)"
+    if prob.page % cfg.block_n:
+        return f"page_size {prob.page} (takes multiples of its {cfg.block_n}-key tile: a tile must not straddle pages)"
+    smem = smem_bytes(prob.head_dim, cfg)
+    if smem + SMEM_SPARE > SMEM_LIMIT:
+        return f"needs {smem >> 10} KB of shared memory, sm_90 has {SMEM_LIMIT >> 10} KB"
+    if sm_bytes(prob.head_dim, cfg) > SMEM_SM:
+        return f"{cfg.occupancy} programs of {smem >> 10} KB of shared memory do not fit on one SM ({SMEM_SM >> 10} KB)"
+    for t in (q, k, v, o):
+        if not t.is_contiguous() or t.data_ptr() % 16:
+            return "needs contiguous, 16-byte aligned q, k, v and out"
+    if cfg.cluster:
+        if prob.causal or prob.window_offset is not None or per_sequence(prob) or prob.page:
+            return "clusters take dense non-causal calls without a window"
+        if prob.head_dim != 128 or cfg.block_n != 128:
+            return "clusters take head_dim 128 in 128-key tiles"
+        if cfg.block_m != 128 or cfg.pingpong or cfg.occupancy > 1 or cfg.persistent == 0:
+            return "clusters take 128-row persistent programs, one an SM, without ping-pong"
+    return None
+
+
+def descriptors(prob, cfg, q, k, v, o, layout: str) -> tuple:
+    """The four TMA descriptors and the row/column strides of (batch, head) in their 2-D views."""
+    (q2, qrb, qrh, qch), (o2, *_) = (_view2d(t, layout) for t in (q, o))
+    kv_layout = "bshd" if prob.page else layout  # a page pool [pages, page, kv_heads, D] reads as bshd
+    (k3, krb, krh, kch), (v3, *_) = (kv_view3d(t, kv_layout) for t in (k, v))
+    d = prob.head_dim
+    smem, kv, kv_d = (SMEM_LAYOUT_2, KV_LAYOUT_2, d // 2) if cfg.cluster else (SMEM_LAYOUT, KV_LAYOUT, d)
+    descs = (TensorDescriptor.from_tensor(q2, [64, d], smem),
+             TensorDescriptor.from_tensor(k3, [1, cfg.block_n, kv_d], kv),  # CLUSTER: a column half a CTA
+             TensorDescriptor.from_tensor(v3, [1, cfg.block_n, kv_d], kv),
+             TensorDescriptor.from_tensor(o2, [64, d], smem))
+    return descs, (qrb, qrh, qch, krb, krh, kch, o2.stride(0))
+
+
+def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None, None),
+           lengths=None, block_table=None) -> None:
+    """Run the kernel on ``prob``.  ``seqs = (cu_seqlens_q, cu_seqlens_k, seqused_k)`` as in
+    ``kernels.launch``; packed sequences (``prob.varlen``) also need their ``lengths`` on the host,
+    ``(query rows, keys)`` per sequence, for the work list (:func:`varlen_items`).  A paged cache
+    (``prob.page``): k and v are the page pools ``[pages, page, kv_heads, D]`` whatever ``layout``
+    says of q and o, with ``block_table`` int32 ``[batch, pages per sequence]``."""
+    descs, strides = descriptors(prob, cfg, q, k, v, o, layout)
+    # per-sequence lengths: the band's offsets go relative to the diagonal, each sequence adds its own
+    a = prob.align_offset if per_sequence(prob) else 0
+    causal_offset, window_offset = prob.causal_offset - a, (prob.window_offset or 0) - a
+    resident = device_facts(q.device.index)[1] * max(cfg.occupancy, 1)  # programs on the SMs at once
+    persistent = cfg.persistent != 0  # the default since the causal pairs (configs.HOPPER)
+    if prob.varlen:  # one packed sequence: the batch index picks rows through cu_seqlens, not a stride
+        qrb, qrh, qch, _, krh, kch, o_stride = strides
+        strides = (0, qrh, qch, 0, krh, kch, o_stride)
+        items = torch.from_numpy(varlen_items(*lengths, prob, cfg, causal_offset, window_offset)).to(q.device)
+        n_m, n_tiles = 1, items.numel() * prob.heads
+        if n_tiles == 0:  # every sequence is empty
+            return
+    else:
+        items = o
+        n_m = triton.cdiv(prob.seqlen_q, item_rows(cfg))
+        n_tiles = n_m * prob.batch * prob.heads
+    if cfg.cluster:  # a program is a cluster of two CTAs, on two SMs
+        resident //= 2
+    # persistent causal with more items than SMs runs them in pairs of equal cost (:func:`_tile`);
+    # a window's items cost about the same anyway; packed sequences come longest first instead
+    paired = bool(prob.causal and prob.window_offset is None and persistent and n_tiles > resident and not prob.varlen)
+    grid = (min(triton.cdiv(n_tiles, 2) if paired else n_tiles, resident) if persistent else n_tiles,)
+    balance = paired and bool(cfg.balance)
+    if balance:  # the last round or two of pairs dealt out longest item first to the least loaded program
+        grid = (min(n_tiles, resident),)
+        items = _schedule(q.device, n_m, n_tiles // n_m, grid[0], cfg.block_m, cfg.block_n, prob.seqlen_k,
+                          causal_offset)
+    pieces = split_pieces(prob, cfg, n_tiles, resident, o.numel() * o.element_size())
+    if pieces > 1:  # the last round's items in pieces, each piece's float32 result merged after the kernel
+        grid = (min(resident, n_tiles // resident * resident + n_tiles % resident * pieces),)
+        rows = n_tiles % grid[0] * item_rows(cfg)
+        w = torch.empty(pieces, rows, prob.head_dim, dtype=torch.float32, device=q.device)
+        wl = torch.empty(pieces, rows, dtype=torch.float32, device=q.device)
+        dest = torch.empty(rows, dtype=torch.int32, device=q.device)
+    else:
+        w = wl = dest = o
+    if cfg.cluster:  # the PTX pass must see the build: again, in case another stages hook replaced it since import
+        multicast.install()
+    scale = prob.scale_log2 / LOG2E
+    cap = prob.softcap or 1.0
+    cu_q, cu_k, seqused = (t if t is not None else o for t in seqs)
+    hopper_kernel[grid](*descs, o, lse if lse is not None else o, alibi.contiguous() if alibi is not None else o,
+                        cu_q, cu_k, seqused, items, prob.heads, prob.heads // prob.kv_heads, prob.seqlen_q,
+                        prob.seqlen_k, causal_offset, window_offset, prob.align_offset - a, scale / cap, cap / scale,
+                        1.0 / scale, prob.scale_log2, n_tiles, n_m, max(cfg.head_group, 1), *strides,
+                        block_table if block_table is not None else o,
+                        block_table.stride(0) if block_table is not None else 0, max(prob.page, 1), w, wl, dest,
+                        pieces, **constexprs(prob, cfg, lse is not None, paired, alibi is not None, pieces > 1,
+                                             balance),
+                        num_warps=4, **launch_options(cfg))
+    if pieces > 1:
+        merge.launch(w, wl, o, lse, strides_bhsd(o, layout), prob.heads, prob.seqlen_q, dest)
+
+
+def constexprs(prob, cfg, store_lse: bool, paired: bool = False, alibi: bool = False, split: bool = False,
+               balance: bool = False) -> dict:
+    return dict(HEAD=prob.head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.num_stages,
+                CONSUMER_REGS=consumer_regs(cfg), CAUSAL=prob.causal,
+                WINDOW=prob.window_offset is not None, SOFTCAP=prob.softcap > 0, ALIBI=alibi,
+                RAGGED=per_sequence(prob) or prob.seqlen_k % cfg.block_n != 0, PAIRED=paired,
+                PINGPONG=bool(cfg.pingpong), STORE_LSE=store_lse, VARLEN=prob.varlen, SEQUSED=prob.seqused,
+                ALIGN_BR=per_sequence(prob) and prob.align_br, PAGED=bool(prob.page),
+                O_SMEM=o_staged(prob.head_dim, cfg), Q_REGS=bool(cfg.q_regs),
+                FENCE=bool(cfg.fence), LAZY=bool(cfg.lazy), STALE=bool(cfg.stale), SPLIT=split, BALANCE=balance,
+                CLUSTER=bool(cfg.cluster))

@@ -1,0 +1,205 @@
+"""A consumer warpgroup: for each of its items, Q K^T and P V by wgmma over the key tiles with the online
+softmax between them (ping-pong turns between warpgroups when asked), then the epilogue."""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                               warpgroup_mma_wait)
+
+from .cluster import MMA_128_CLUSTER, _cluster_sync, _cta_rank, _release, _store, _wait_ring
+from .epilogue import _store_piece
+from .mask import _key_tiles, _mask_from, _scores, _sequence
+from .schedule import _n_items, _piece, _tile, _work
+from .softmax import _any_row_over, _fence, _first_seen, _lse, _narrow, _pivot, _rescale_lazy, _softmax
+
+
+@gluon.jit
+def _take_turn(turns, n_turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """Ping-pong (FlashAttention-3): wait until the previous consumer warpgroup has issued its
+    matrix products of this step, so the warpgroups' products alternate on the tensor cores
+    and one warpgroup's softmax runs under the other's products."""
+    if PINGPONG:
+        mbarrier.wait(turns.index(WG), n_turn & 1)
+
+
+@gluon.jit
+def _pass_turn(turns, WG: gl.constexpr, NUM_WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """Ping-pong: this warpgroup has issued its products; the next one may issue."""
+    if PINGPONG:
+        mbarrier.arrive(turns.index((WG + 1) % NUM_WG), count=1)
+
+
+@gluon.jit
+def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
+              v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset, window_offset,
+              align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m, head_group, q_rows_b, q_rows_h,
+              q_col_h, o_stride, W, WL, Rows, pieces, STAGES: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr, HEAD: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
+              SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, RAGGED: gl.constexpr, PAIRED: gl.constexpr,
+              PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr, VARLEN: gl.constexpr, SEQUSED: gl.constexpr,
+              ALIGN_BR: gl.constexpr, O_SMEM: gl.constexpr, Q_REGS: gl.constexpr, FENCE: gl.constexpr,
+              LAZY: gl.constexpr, STALE: gl.constexpr, SPLIT: gl.constexpr, BALANCE: gl.constexpr,
+              CLUSTER: gl.constexpr):
+    _cluster_sync(CLUSTER)
+    rank = _cta_rank(CLUSTER)
+    ROWS: gl.constexpr = 64
+    NUM_WG: gl.constexpr = BLOCK_M // ROWS
+    MASKED: gl.constexpr = CAUSAL or WINDOW or RAGGED  # a row may have seen no visible key yet
+    dtype: gl.constexpr = o_desc.dtype
+    if CLUSTER:  # each CTA of the cluster holds the whole tensor (128-key tiles, head_dim 128)
+        s_layout: gl.constexpr = MMA_128_CLUSTER
+        o_layout: gl.constexpr = MMA_128_CLUSTER
+    else:
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, HEAD, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    q_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    q_half = q_smem.index(WG)
+    it0 = 0  # position in the K/V rings, continued across work items
+    tc = 0
+    n_turn = 0  # ping-pong: the steps this warpgroup has taken its turn for
+    if PINGPONG and WG == NUM_WG - 1:
+        mbarrier.arrive(turns.index(0), count=1)  # warpgroup 0 goes first
+    for t_idx in range(_n_items(n_tiles, pieces, Items, PAIRED, VARLEN, SPLIT, BALANCE)):
+        g, part = _work(t_idx, n_tiles, pieces, Items, PAIRED, VARLEN, SPLIT, BALANCE)
+        pid_m, bh = _tile(g, n_m, n_tiles // n_m, head_group, Items, heads, rank, CAUSAL, PAIRED, VARLEN, CLUSTER)
+        b = bh // heads
+        h = bh % heads
+        start_m = pid_m * BLOCK_M
+        q0, sq, k0, sk, shift = _sequence(b, seqlen_q, seqlen_k, CuQ, CuK, SeqK, VARLEN, SEQUSED, ALIGN_BR)
+        row0 = start_m + WG * ROWS
+        co = causal_offset + shift  # the band's offsets on this sequence's diagonal
+        wo = window_offset + shift
+        ao = align_offset + shift
+        first, n_iters = _key_tiles(start_m, sk, co, wo, BLOCK_M, BLOCK_N, CAUSAL, WINDOW)
+        first, n_iters = _piece(first, n_iters, part, pieces, SPLIT)
+        slope = 0.0
+        if ALIBI:
+            slope = gl.load(Alibi + h) * alibi_scale
+        # tiles before mask_from are visible to every row of this warpgroup: no mask
+        mask_from = _mask_from(row0, sk, co, BLOCK_N, CAUSAL, RAGGED)
+        offs_m = row0 + gl.arange(0, ROWS, layout=row_layout)
+        acc = gl.zeros([ROWS, HEAD], gl.float32, o_layout)
+
+        # tile 0: 5.1-5.4 (no rescale yet)
+        s = it0 % STAGES
+        mbarrier.wait(q_bar, tc & 1)
+        if Q_REGS:  # Q into registers once: its shared slot goes back to the producer at once
+            q_op = q_half.load(q_layout)
+            mbarrier.arrive(q_empty, count=1)
+        else:
+            q_op = q_half
+        mbarrier.wait(k_ready.index(s), (it0 // STAGES) & 1)
+        _take_turn(turns, n_turn, WG, PINGPONG)
+        qk = warpgroup_mma(q_op, k_bufs.index(s).permute((1, 0)),
+                           gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+        _pass_turn(turns, WG, NUM_WG, PINGPONG)
+        n_turn += 1
+        qk, _k0 = warpgroup_mma_wait(0, deps=[qk, k_bufs.index(s)])
+        _release(k_empty.index(s), CLUSTER)
+        qk = _scores(qk, first, mask_from, offs_m, offs_n, sk, co, wo, ao, cap_in, cap_out, slope, BLOCK_N, CAUSAL,
+                     WINDOW, SOFTCAP, ALIBI, RAGGED)
+        m = gl.max(qk, axis=1) * scale_log2
+        p = gl.exp2(qk * scale_log2 - _pivot(m, MASKED)[:, None])
+        l = gl.sum(p, axis=1)
+        p16 = gl.convert_layout(_narrow(p, dtype), p_layout)
+        for i in range(1, n_iters):
+            s = (it0 + i) % STAGES
+            ph = ((it0 + i) // STAGES) & 1
+            sp = (it0 + i - 1) % STAGES
+            php = ((it0 + i - 1) // STAGES) & 1
+            # 5.1 of tile i issued, then 5.6 of tile i-1; wait for the scores only
+            _wait_ring(k_ready.index(s), ph, CLUSTER)
+            if PINGPONG:  # both operands in place before the turn is taken
+                mbarrier.wait(v_ready.index(sp), php)
+                _take_turn(turns, n_turn, WG, PINGPONG)
+            qk = warpgroup_mma(q_op, k_bufs.index(s).permute((1, 0)),
+                               gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+            if not PINGPONG:
+                mbarrier.wait(v_ready.index(sp), php)
+            acc = warpgroup_mma(p16, v_bufs.index(sp), acc, is_async=True)
+            _pass_turn(turns, WG, NUM_WG, PINGPONG)
+            n_turn += 1
+            qk = warpgroup_mma_wait(1, deps=[qk])
+            if not STALE:
+                _release(k_empty.index(s), CLUSTER)
+            # 5.2-5.4 of tile i while P V of tile i-1 runs
+            qk = _scores(qk, first + i, mask_from, offs_m, offs_n, sk, co, wo, ao, cap_in, cap_out, slope, BLOCK_N,
+                         CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
+            if STALE:  # the standing pivot, no row max; a row sum past STALE_SUM: the tile again, with its max
+                p = gl.exp2(qk * scale_log2 - _pivot(m, MASKED)[:, None])
+                l_tile = gl.sum(p, axis=1)
+                alpha = gl.full_like(l_tile, 1.0)
+                if _any_row_over(_first_seen(l_tile, m, MASKED), WG) != 0:
+                    qk2 = warpgroup_mma(q_op, k_bufs.index(s).permute((1, 0)),
+                                        gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+                    qk2 = warpgroup_mma_wait(0, deps=[qk2])
+                    qk2 = _scores(qk2, first + i, mask_from, offs_m, offs_n, sk, co, wo, ao, cap_in, cap_out, slope,
+                                  BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
+                    p, alpha, m = _softmax(qk2, m, scale_log2, MASKED, False)
+                    l_tile = gl.sum(p, axis=1)
+                _release(k_empty.index(s), CLUSTER)
+            else:
+                p, alpha, m = _softmax(qk, m, scale_log2, MASKED, LAZY)
+                l_tile = gl.sum(p, axis=1)
+            l = l * alpha + l_tile
+            if FENCE:
+                l = _fence(l)
+            acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
+            _release(v_empty.index(sp), CLUSTER)
+            # 5.5: rescale the accumulator once P V of tile i-1 has landed (under the next Q K^T instead,
+            # FlashAttention-3's place, 1-2% slower: run 20261130T010410-gpu1 against T010648-gpu1-old)
+            alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            if LAZY or STALE:
+                acc = _rescale_lazy(acc, alpha_o, HEAD)
+            else:
+                acc = acc * alpha_o
+            p16 = gl.convert_layout(_narrow(p, dtype), p_layout)
+        if not Q_REGS:  # every Q K^T of this item has retired: the producer may load the next item's Q
+            mbarrier.arrive(q_empty, count=1)
+        last = (it0 + n_iters - 1) % STAGES
+        mbarrier.wait(v_ready.index(last), ((it0 + n_iters - 1) // STAGES) & 1)
+        _take_turn(turns, n_turn, WG, PINGPONG)
+        acc = warpgroup_mma(p16, v_bufs.index(last), acc, is_async=True)
+        _pass_turn(turns, WG, NUM_WG, PINGPONG)
+        n_turn += 1
+        acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
+        _release(v_empty.index(last), CLUSTER)
+
+        # Section 6: o = acc / l with 1/l := 0 on an empty row
+        inv_l = gl.where(l == 0.0, 0.0, 1.0 / l)
+        acc = acc * gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout))[:, None]
+        o_row = b * q_rows_b + h * q_rows_h + q0 + row0
+        o_col = h * q_col_h
+        if SPLIT and part >= 0:  # a piece's float32 result and LSE, merged after the kernel
+            _store_piece(acc, l, m, W, WL, Rows, g, part, n_tiles, bh * seqlen_q + row0, row0, sq, rank, o_layout,
+                         row_layout, BLOCK_M, HEAD, WG, CLUSTER)
+        elif O_SMEM and row0 + ROWS <= sq:
+            o_half = o_smem.index(WG)
+            o_half.store(acc.to(dtype))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(o_desc, [o_row, o_col], o_half)
+            # o_half is read out before the next item writes it.  Waiting only before that next
+            # write (the store running under the next key loop) measured 1-4% slower on the short
+            # cells (run 20261129T165232, bf16 and fp16, against T164630 and T164454)
+            tma.store_wait(0)
+        else:  # from registers (O not staged, or the warpgroup straddles the end: only the rows that exist)
+            rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
+            cols = gl.arange(0, HEAD, layout=gl.SliceLayout(0, o_layout))
+            ptrs = O + (o_row + rows).to(gl.int64)[:, None] * o_stride + (o_col + cols)[None, :]
+            _store(ptrs, acc.to(dtype), (row0 + rows < sq)[:, None], CLUSTER)
+        if STORE_LSE and part < 0:
+            lse = _lse(m, l)
+            if VARLEN:  # [heads, total_q]
+                lse_row0 = h.to(gl.int64) * seqlen_q + q0
+            else:  # [batch, heads, seqlen_q]
+                lse_row0 = bh.to(gl.int64) * seqlen_q
+            _store(LSE + lse_row0 + offs_m, lse, offs_m < sq, CLUSTER)
+        it0 += n_iters
+        tc += 1
+    _cluster_sync(CLUSTER)

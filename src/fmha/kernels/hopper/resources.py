@@ -1,0 +1,76 @@
+"""What a program needs of an SM: shared memory (rings, Q, O's stage), registers per thread of the
+producer and the consumers (``setmaxnreg``), and the launch options that follow."""
+from __future__ import annotations
+
+from triton.experimental.gluon import language as gl
+
+
+SMEM_LIMIT = 232448  # bytes of shared memory one sm_90 block may use
+
+
+SMEM_SM = 233472  # bytes of shared memory on one SM, 1 KB of it reserved for each resident block
+
+
+REGS_SM = 65536  # 32-bit registers on one SM
+
+
+CONSUMER_REGS = {2: 240, 3: 160}  # setmaxnreg per consumer thread, by warpgroup count (one program per SM)
+
+
+PRODUCER_REGS = gl.constexpr(24)
+
+
+SMEM_SPARE = 1024  # bytes left for the mbarriers
+
+
+def o_staged(head_dim: int, cfg) -> bool:
+    """Whether O goes out through shared memory (a TMA store) beside Q and the K/V rings; where it
+    does not fit (D=128 with 3 stages), each thread stores its part of O from registers."""
+    return 2 * head_dim * (2 * cfg.block_m + 2 * cfg.num_stages * cfg.block_n) + SMEM_SPARE <= SMEM_LIMIT
+
+
+def smem_bytes(head_dim: int, cfg) -> int:
+    """Shared memory one program allocates (16-bit elements): Q, the K/V rings and, staged, O."""
+    o = cfg.block_m if o_staged(head_dim, cfg) else 0
+    return 2 * head_dim * (cfg.block_m + o + 2 * cfg.num_stages * cfg.block_n)
+
+
+def sm_bytes(head_dim: int, cfg) -> int:
+    """Shared memory ``cfg.occupancy`` programs take on one SM (each with its barriers and the 1 KB
+    the SM keeps for every resident block)."""
+    return max(cfg.occupancy, 1) * (smem_bytes(head_dim, cfg) + SMEM_SPARE + 1024)
+
+
+def launch_regs(cfg) -> int:
+    """Registers per thread a program launches with (``maxnreg``; 0: Triton's choice, where the
+    consumers' ``CONSUMER_REGS`` and the producer's 24 average out over the warpgroups).  The
+    producer's one warp is padded to a warpgroup, and the first consumer warpgroup, Gluon's default
+    partition, keeps what the others leave of ``warpgroups * maxnreg``: so with ``occupancy``
+    programs on an SM, or one consumer warpgroup, the launch count sets the consumers' share of the
+    SM's registers (setmaxnreg takes 24 to 256)."""
+    groups = cfg.block_m // 64 + 1
+    if cfg.block_m >= 128 and cfg.occupancy <= 1:
+        return 0
+    fair = REGS_SM // (max(cfg.occupancy, 1) * 128 * groups) // 8 * 8
+    return min(fair, (256 * (groups - 1) + int(PRODUCER_REGS)) // groups // 8 * 8)
+
+
+def consumer_regs(cfg) -> int:
+    """setmaxnreg of the consumer warpgroups that are workers (all but the first): the table's
+    ``maxnreg``, or an even share of what :func:`launch_regs` leaves beside the producer."""
+    if cfg.maxnreg:
+        return cfg.maxnreg
+    regs = launch_regs(cfg)
+    if not regs:
+        return CONSUMER_REGS[cfg.block_m // 64]
+    wgs = cfg.block_m // 64
+    return ((wgs + 1) * regs - int(PRODUCER_REGS)) // wgs // 8 * 8
+
+
+def launch_options(cfg) -> dict:
+    """The compile options beyond ``num_warps`` (``maxnreg`` where :func:`launch_regs` sets one)."""
+    regs = launch_regs(cfg)
+    options = {"maxnreg": regs} if regs else {}
+    if cfg.cluster:
+        options["num_ctas"] = 2
+    return options

@@ -1,0 +1,167 @@
+"""Planning one call: the problem, its visible band, the variant and config that run it, GQA packing
+and the key split.  Nothing here launches; :mod:`fmha.forward` does."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from . import configs
+from .constants import LOG2E
+from .device import arch_of, device_facts, index_of
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """One attention call, checked: sizes, masking and the base-2 scale."""
+    batch: int
+    heads: int
+    kv_heads: int
+    seqlen_q: int
+    seqlen_k: int
+    head_dim: int
+    causal: bool          # the band has an upper edge: key j <= i + causal_offset
+    causal_offset: int
+    scale_log2: float
+    window_offset: int | None = None  # the band's lower edge: key j >= i + window_offset
+    align_offset: int = 0             # the diagonal (0, or seqlen_k - seqlen_q bottom-right)
+    softcap: float = 0.0
+    align_br: bool = False            # bottom-right: per sequence under varlen / seqused_k
+    varlen: bool = False              # packed sequences (cu_seqlens); seqlen_q/k are the packed totals
+    seqused: bool = False             # per-batch key lengths
+    page: int = 0                     # paged K/V: keys per page (0: contiguous K/V)
+    pack_gqa: bool = False            # a program's rows: the query heads of one KV head, interleaved
+
+    def grid(self, block_m: int, rows: int | None = None) -> tuple[int, int]:
+        """(row blocks, batch * heads per program axis) covering ``rows`` queries (default seqlen_q)."""
+        rows = self.seqlen_q if rows is None else rows
+        if self.pack_gqa:
+            return -(-rows * (self.heads // self.kv_heads) // block_m), self.batch * self.kv_heads
+        return -(-rows // block_m), self.batch * self.heads
+
+    @property
+    def block_d(self) -> int:
+        return max(16, 1 << (self.head_dim - 1).bit_length())
+
+
+def band(causal: bool, window, align: int):
+    """(upper edge on?, upper offset, lower offset or None) of the visible band around ``i + align``."""
+    left, right = window
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    return right >= 0, (align + right if right >= 0 else 0), (align - left if left >= 0 else None)
+
+
+def problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, *, causal, scale, window=(-1, -1),
+            causal_align="top_left", softcap=0.0, varlen=False, seqused=False, page=0) -> Problem:
+    """The :class:`Problem` of a checked call: the band placed on the diagonal its alignment picks
+    (per sequence when ``varlen``), and ``scale`` (default ``1/sqrt(head_dim)``) folded with log2(e)."""
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    align = 0 if causal_align == "top_left" or varlen else seqlen_k - seqlen_q
+    upper, causal_offset, window_offset = band(causal, tuple(window), align)
+    return Problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, upper, causal_offset, scale * LOG2E,
+                   window_offset=window_offset, align_offset=align, softcap=float(softcap),
+                   align_br=causal_align == "bottom_right", varlen=varlen, seqused=seqused, page=page)
+
+
+def select_variant(arch: str, shape: dict | None = None) -> str:
+    """``variant="auto"``: the fastest correct variant measured on ``arch`` for a problem of
+    ``shape`` (keys ``head_dim``, ``seqlen_q``, ``seqlen_k``, ``causal``, and ``varlen``: packed
+    sequences, the lengths then the longest).  A call the chosen kernel cannot take (see
+    ``kernels.unsupported``) falls back to ``tiled``."""
+    shape = shape or {}
+    if shape.get("seqlen_q", 1 << 30) <= 16:
+        return "tiled"  # decoding: the keys split over programs (flash-decoding), GQA rows packed
+    if arch == "sm90" and shape.get("varlen") and shape.get("causal") and shape.get("head_dim") == 64:
+        return "tiled"  # packed causal D=64: hopper 0.85-1.00x tiled (docs/PERF.md, packed sequences)
+    if arch == "sm90" and shape.get("head_dim") in (64, 128):
+        return "hopper"
+    return "tiled"
+
+
+def _split_len(num_splits: int, arch: str, prob: Problem, cfg, device) -> int:
+    """Keys per split (a multiple of cfg.block_n), or 0 for no split."""
+    block_n = cfg.block_n
+    if num_splits == 0:  # decide: split short queries over long keys until each SM has its share of programs
+        if arch == "interpreter" or prob.seqlen_q > 16 or prob.seqlen_k < 4 * block_n:
+            return 0
+        programs = math.prod(prob.grid(cfg.block_m))
+        sms = device_facts(index_of(device))[1]
+        # a memory-bound loop: more programs keep more loads in flight; rounded down, so the programs
+        # never spill past per_sm * SMs into a last, nearly empty wave
+        per_sm = cfg.split_per_sm or 4
+        num_splits = min(per_sm * sms // programs, prob.seqlen_k // (4 * block_n))
+    if num_splits <= 1:
+        return 0
+    return -(-(-(-prob.seqlen_k // num_splits)) // block_n) * block_n
+
+
+def _pack_gqa(prob: Problem, alibi_slopes) -> Problem:
+    """Decoding with GQA (seqlen_q <= 16, several query heads per KV head): one program takes
+    the whole group's rows, so each K/V tile is read once per group (not with ALiBi, whose
+    slope is per head)."""
+    if prob.seqlen_q <= 16 and prob.heads > prob.kv_heads and alibi_slopes is None:
+        return dataclasses.replace(prob, pack_gqa=True)
+    return prob
+
+
+def _split_plan(num_splits: int, arch: str, prob: Problem, cfg, device, fixed: bool = False):
+    """(config, keys per split): a split launch on a GPU runs the decode config (a few query
+    rows: small blocks, the keys spread over programs) unless the caller fixed one."""
+    split_len = _split_len(num_splits, arch, prob, cfg, device)
+    if split_len and not fixed and arch != "interpreter":
+        rows = prob.seqlen_q * (prob.heads // prob.kv_heads if prob.pack_gqa else 1)
+        cfg = configs.decode_config(rows, prob.seqlen_k, prob.head_dim)
+        split_len = _split_len(num_splits, arch, prob, cfg, device)
+    return cfg, split_len
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    variant: str
+    config: configs.KernelConfig
+    problem: Problem
+    split_len: int = 0  # keys per split (flash-decoding), 0: none
+
+
+def plan(prob: Problem, q, k, v, o, layout: str, variant: str, config, alibi_slopes, num_splits: int,
+         longest=None) -> Plan:
+    """What runs a checked call: the variant (``auto`` picks, falling back to ``tiled`` when the pick
+    cannot take the call), its config, GQA packing for decoding and the key split (not for packed
+    sequences, whose ``longest`` query and key lengths stand for the shape)."""
+    from . import kernels
+    arch = arch_of(q.device)
+    seqlen_q, seqlen_k = longest or (prob.seqlen_q, prob.seqlen_k)
+    shape = {"head_dim": prob.head_dim, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k, "causal": bool(prob.causal),
+             "varlen": prob.varlen}
+    name = select_variant(arch, shape) if variant == "auto" else variant
+    modifiers = prob.window_offset is not None or prob.softcap > 0 or alibi_slopes is not None
+    cfg = config or configs.default_config(name, arch, prob.head_dim, prob.causal, seqlen_k, modifiers,
+                                           per_sequence=prob.varlen or prob.seqused, seqlen_q=seqlen_q)
+    reason = kernels.unsupported(name, cfg, prob, q, k, v, o, layout, alibi_slopes is not None)
+    if reason and variant == "auto":
+        name = "tiled"
+        cfg = configs.default_config(name, arch, prob.head_dim, prob.causal)
+    elif reason:
+        raise ValueError(f"variant {name!r} cannot take this call: {reason}")
+    split_len = 0
+    if name != "hopper" and not prob.varlen:
+        prob = _pack_gqa(prob, alibi_slopes)
+        cfg, split_len = _split_plan(num_splits, arch, prob, cfg, q.device, fixed=config is not None)
+        if cfg.tma and kernels.unsupported(name, cfg, prob, q, k, v, o, layout):  # the decode table's TMA
+            cfg = dataclasses.replace(cfg, tma=0)
+    return Plan(name, cfg, prob, split_len)
+
+
+def describe(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+             variant: str = "auto", window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+             alibi_slopes: torch.Tensor | None = None) -> str:
+    """What :func:`fmha.attention` runs for this call (bhsd, top-left): variant, config, and
+    GQA packing / key split when used.  For benchmark ledgers."""
+    batch, heads, seqlen_q, head_dim = q.shape
+    prob = problem(batch, heads, k.shape[1], seqlen_q, k.shape[2], head_dim, causal=causal, scale=None,
+                   window=window, softcap=softcap)
+    p = plan(prob, q, k, v, q, "bhsd", variant, None, alibi_slopes, 0)
+    extra = (" packed-gqa" if p.problem.pack_gqa else "") + (f" split {p.split_len}" if p.split_len else "")
+    return f"{p.variant} {p.config}{extra}"
