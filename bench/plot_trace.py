@@ -1,7 +1,7 @@
-"""Each CTA's work items on the timeline, from a trace of `bench/trace_tail.patch` (session 19): the table's
-cluster row against the same with the last round in pieces, at (1, 16, 16384, 128) bf16.
+"""Each CTA's work items on the timeline, from a trace of `bench/trace_tail.patch`: the table's cluster row
+against the same with the last round in pieces, at (1, 16, 16384, 128) bf16.
 
-`python bench/plot_trace.py bench/logs/2026-11-30-s19run3-trace.npz docs/plots/session19/tail_timeline.png`
+`python bench/plot_trace.py TRACE.npz OUT.png` (TRACE.npz: what `bench/trace_tail.py` writes)
 """
 import sys
 

@@ -6,8 +6,8 @@ one after the other for ``--seconds`` each, fmha and cuDNN on (B=1, H=16, S=1638
 8192^3 bf16 matrix product, while ``nvidia-smi`` samples the SM clock, the power draw and the clock event reasons
 every 100 ms; prints each phase's rate (TFLOP/s over the whole phase, launches back to back) beside the
 median clock and power of its samples and the reasons seen most.  First, each kernel's single call after
-3 s idle (a CUDA-graph replay, timed by CUDA events): a single call under Nsight Compute ran at 1.65 GHz and 733 TFLOP/s
-(session 12), the grids' sustained figure is 13% lower.
+3 s idle (a CUDA-graph replay, timed by CUDA events): a single call from idle runs faster than the
+same call sustained, under the 700 W cap.
 """
 import argparse
 import dataclasses

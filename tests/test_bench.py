@@ -47,9 +47,9 @@ def test_bench_cli_writes_complete_rows(tmp_path):
         assert float(r["tflops"]) == pytest.approx(flops / (float(r["ms"]) * 1e-3) / 1e12, rel=1e-3)
         assert float(r["error"]) < 1e-2
         if r["provider"].startswith("fmha:"):  # what ran: the variant (auto: the one it picked) and its tiles
-            variant, tiles = r["config"].split()[:2]
+            variant, tiles = r["config"].split()[0], r["config"].split()[1:3]
             assert variant == (r["provider"][5:] if r["provider"] != "fmha:auto" else "tiled"), r["config"]
-            assert tiles.startswith("m") and "n" in tiles, r["config"]
+            assert tiles[0].startswith("block_m=") and tiles[1].startswith("block_n="), r["config"]
     # appending never rewrites: a second run adds rows after the first
     before = path.read_text()
     ledger.append(path, [{"provider": "x", "note": "appended"}])
@@ -76,7 +76,7 @@ def test_modifier_cells_are_checked_and_named():
     assert notes[("fmha:tiled", "window=6 softcap=5")] == "ok"
     assert "no softcap" in notes[("sdpa:math", "window=6 softcap=5")]
     assert all(r["error"] < 1e-2 for r in rows if r["note"] == "ok")
-    assert all(r["config"].startswith("tiled m") for r in rows if r["provider"] == "fmha:tiled")  # what ran
+    assert all(r["config"].startswith("tiled block_m=") for r in rows if r["provider"] == "fmha:tiled")  # what ran
     table = report.grid_table(rows, focus="fmha:tiled")
     assert "features" in table.splitlines()[0] and "window=6 alibi" in table
 

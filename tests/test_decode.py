@@ -63,7 +63,7 @@ def test_packed_gqa_rows(variant, sq, heads, kv_heads, layout):
 
 def test_merge_matches_float64():
     # partials over disjoint keys, some rows reached by no partial at all
-    from fmha.merge import merge_stack
+    from fmha.distributed.merge import merge_stack
     g = torch.Generator().manual_seed(3)
     o = torch.randn(21, 3, 5, 24, generator=g)
     lse = 4 * torch.randn(21, 3, 5, generator=g)

@@ -94,7 +94,7 @@ def _hopper_source(head_dim: int, dtype: str, causal: bool, cfg, seqlen_k: int =
         elif name.endswith("_desc"):
             d = descs[("q_desc", "k_desc", "v_desc", "o_desc").index(name)]
             sig[name] = native_specialize_impl(BaseBackend, d, False, True, True)[0]
-        elif name in ("LSE", "Alibi", "W", "WL"):
+        elif name in ("LSE", "Alibi", "PieceO", "PieceLSE"):
             sig[name] = "*fp32"
         elif name in ("CuQ", "CuK", "SeqK", "Items", "Pages", "Rows"):
             sig[name] = "*i32"

@@ -3,10 +3,10 @@
 FlashAttention-4 (``flash_attn.cute``, flash-attn-4 4.0.0b36) is not installed on our GPU
 machine, so the Hopper issue's FA4 goal compares against the figures in
 ``shared/BENCH.md`` (one H200, 2026-11-29, TFLOP/s): a ratio across runs, which moves with the
-GPU's state by 5-10% (the same kernels gave 1.025x and 0.992x in runs 20261130T051346 and
-T062702, cuDNN 2-4% slower in the second alike).  BENCH.md also gives cuDNN's figure from FA4's
-run, so each shape's FA4/cuDNN ratio there can meet our/cuDNN ratio here: a ratio of ratios
-measured within each run (1.038x in both of those runs).
+GPU's state by 5-10% (the same kernels have given 1.025x and 0.992x in two runs, cuDNN 2-4% slower
+in the second alike).  BENCH.md also gives cuDNN's figure from FA4's run, so each shape's FA4/cuDNN
+ratio there can meet our/cuDNN ratio here: a ratio of ratios measured within each run (1.038x in
+both of those runs).
 """
 from __future__ import annotations
 

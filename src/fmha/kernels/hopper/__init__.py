@@ -67,7 +67,7 @@ import triton
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .. import kv_view3d, merge, strides_bhsd
+from .. import combine, kv_view3d, strides_bhsd
 from . import multicast
 from ...constants import LOG2E
 from ...device import device_facts
@@ -204,7 +204,7 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
                                              balance),
                         num_warps=4, **launch_options(cfg))
     if pieces > 1:
-        merge.launch(w, wl, o, lse, strides_bhsd(o, layout), prob.heads, prob.seqlen_q, dest)
+        combine.launch(w, wl, o, lse, strides_bhsd(o, layout), prob.heads, prob.seqlen_q, dest)
 
 
 def constexprs(prob, cfg, store_lse: bool, paired: bool = False, alibi: bool = False, split: bool = False,

@@ -34,13 +34,13 @@ def _pass_turn(turns, WG: gl.constexpr, NUM_WG: gl.constexpr, PINGPONG: gl.const
 def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
               v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset, window_offset,
               align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m, head_group, q_rows_b, q_rows_h,
-              q_col_h, o_stride, W, WL, Rows, pieces, STAGES: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr,
-              BLOCK_N: gl.constexpr, HEAD: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
-              SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, RAGGED: gl.constexpr, PAIRED: gl.constexpr,
-              PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr, VARLEN: gl.constexpr, SEQUSED: gl.constexpr,
-              ALIGN_BR: gl.constexpr, O_SMEM: gl.constexpr, Q_REGS: gl.constexpr, FENCE: gl.constexpr,
-              LAZY: gl.constexpr, STALE: gl.constexpr, SPLIT: gl.constexpr, BALANCE: gl.constexpr,
-              CLUSTER: gl.constexpr):
+              q_col_h, o_stride, PieceO, PieceLSE, Rows, pieces, STAGES: gl.constexpr, WG: gl.constexpr,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD: gl.constexpr, CAUSAL: gl.constexpr,
+              WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, RAGGED: gl.constexpr,
+              PAIRED: gl.constexpr, PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr, VARLEN: gl.constexpr,
+              SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, O_SMEM: gl.constexpr, Q_REGS: gl.constexpr,
+              FENCE: gl.constexpr, LAZY: gl.constexpr, STALE: gl.constexpr, SPLIT: gl.constexpr,
+              BALANCE: gl.constexpr, CLUSTER: gl.constexpr):
     _cluster_sync(CLUSTER)
     rank = _cta_rank(CLUSTER)
     ROWS: gl.constexpr = 64
@@ -60,8 +60,8 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     q_half = q_smem.index(WG)
-    it0 = 0  # position in the K/V rings, continued across work items
-    tc = 0
+    ring_pos = 0  # position in the K/V rings, continued across work items
+    items_done = 0
     n_turn = 0  # ping-pong: the steps this warpgroup has taken its turn for
     if PINGPONG and WG == NUM_WG - 1:
         mbarrier.arrive(turns.index(0), count=1)  # warpgroup 0 goes first
@@ -73,28 +73,28 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
         start_m = pid_m * BLOCK_M
         q0, sq, k0, sk, shift = _sequence(b, seqlen_q, seqlen_k, CuQ, CuK, SeqK, VARLEN, SEQUSED, ALIGN_BR)
         row0 = start_m + WG * ROWS
-        co = causal_offset + shift  # the band's offsets on this sequence's diagonal
-        wo = window_offset + shift
-        ao = align_offset + shift
-        first, n_iters = _key_tiles(start_m, sk, co, wo, BLOCK_M, BLOCK_N, CAUSAL, WINDOW)
+        seq_causal = causal_offset + shift  # the band's offsets on this sequence's diagonal
+        seq_window = window_offset + shift
+        seq_align = align_offset + shift
+        first, n_iters = _key_tiles(start_m, sk, seq_causal, seq_window, BLOCK_M, BLOCK_N, CAUSAL, WINDOW)
         first, n_iters = _piece(first, n_iters, part, pieces, SPLIT)
         slope = 0.0
         if ALIBI:
             slope = gl.load(Alibi + h) * alibi_scale
         # tiles before mask_from are visible to every row of this warpgroup: no mask
-        mask_from = _mask_from(row0, sk, co, BLOCK_N, CAUSAL, RAGGED)
+        mask_from = _mask_from(row0, sk, seq_causal, BLOCK_N, CAUSAL, RAGGED)
         offs_m = row0 + gl.arange(0, ROWS, layout=row_layout)
         acc = gl.zeros([ROWS, HEAD], gl.float32, o_layout)
 
         # tile 0: 5.1-5.4 (no rescale yet)
-        s = it0 % STAGES
-        mbarrier.wait(q_bar, tc & 1)
+        s = ring_pos % STAGES
+        mbarrier.wait(q_bar, items_done & 1)
         if Q_REGS:  # Q into registers once: its shared slot goes back to the producer at once
             q_op = q_half.load(q_layout)
             mbarrier.arrive(q_empty, count=1)
         else:
             q_op = q_half
-        mbarrier.wait(k_ready.index(s), (it0 // STAGES) & 1)
+        mbarrier.wait(k_ready.index(s), (ring_pos // STAGES) & 1)
         _take_turn(turns, n_turn, WG, PINGPONG)
         qk = warpgroup_mma(q_op, k_bufs.index(s).permute((1, 0)),
                            gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
@@ -102,35 +102,35 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
         n_turn += 1
         qk, _k0 = warpgroup_mma_wait(0, deps=[qk, k_bufs.index(s)])
         _release(k_empty.index(s), CLUSTER)
-        qk = _scores(qk, first, mask_from, offs_m, offs_n, sk, co, wo, ao, cap_in, cap_out, slope, BLOCK_N, CAUSAL,
-                     WINDOW, SOFTCAP, ALIBI, RAGGED)
+        qk = _scores(qk, first, mask_from, offs_m, offs_n, sk, seq_causal, seq_window, seq_align, cap_in, cap_out,
+                     slope, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
         m = gl.max(qk, axis=1) * scale_log2
         p = gl.exp2(qk * scale_log2 - _pivot(m, MASKED)[:, None])
         l = gl.sum(p, axis=1)
         p16 = gl.convert_layout(_narrow(p, dtype), p_layout)
         for i in range(1, n_iters):
-            s = (it0 + i) % STAGES
-            ph = ((it0 + i) // STAGES) & 1
-            sp = (it0 + i - 1) % STAGES
-            php = ((it0 + i - 1) // STAGES) & 1
+            s = (ring_pos + i) % STAGES
+            ph = ((ring_pos + i) // STAGES) & 1
+            prev_slot = (ring_pos + i - 1) % STAGES
+            prev_phase = ((ring_pos + i - 1) // STAGES) & 1
             # 5.1 of tile i issued, then 5.6 of tile i-1; wait for the scores only
             _wait_ring(k_ready.index(s), ph, CLUSTER)
             if PINGPONG:  # both operands in place before the turn is taken
-                mbarrier.wait(v_ready.index(sp), php)
+                mbarrier.wait(v_ready.index(prev_slot), prev_phase)
                 _take_turn(turns, n_turn, WG, PINGPONG)
             qk = warpgroup_mma(q_op, k_bufs.index(s).permute((1, 0)),
                                gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
             if not PINGPONG:
-                mbarrier.wait(v_ready.index(sp), php)
-            acc = warpgroup_mma(p16, v_bufs.index(sp), acc, is_async=True)
+                mbarrier.wait(v_ready.index(prev_slot), prev_phase)
+            acc = warpgroup_mma(p16, v_bufs.index(prev_slot), acc, is_async=True)
             _pass_turn(turns, WG, NUM_WG, PINGPONG)
             n_turn += 1
             qk = warpgroup_mma_wait(1, deps=[qk])
             if not STALE:
                 _release(k_empty.index(s), CLUSTER)
             # 5.2-5.4 of tile i while P V of tile i-1 runs
-            qk = _scores(qk, first + i, mask_from, offs_m, offs_n, sk, co, wo, ao, cap_in, cap_out, slope, BLOCK_N,
-                         CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
+            qk = _scores(qk, first + i, mask_from, offs_m, offs_n, sk, seq_causal, seq_window, seq_align, cap_in,
+                         cap_out, slope, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
             if STALE:  # the standing pivot, no row max; a row sum past STALE_SUM: the tile again, with its max
                 p = gl.exp2(qk * scale_log2 - _pivot(m, MASKED)[:, None])
                 l_tile = gl.sum(p, axis=1)
@@ -139,8 +139,8 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
                     qk2 = warpgroup_mma(q_op, k_bufs.index(s).permute((1, 0)),
                                         gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
                     qk2 = warpgroup_mma_wait(0, deps=[qk2])
-                    qk2 = _scores(qk2, first + i, mask_from, offs_m, offs_n, sk, co, wo, ao, cap_in, cap_out, slope,
-                                  BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
+                    qk2 = _scores(qk2, first + i, mask_from, offs_m, offs_n, sk, seq_causal, seq_window, seq_align,
+                                  cap_in, cap_out, slope, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
                     p, alpha, m = _softmax(qk2, m, scale_log2, MASKED, False)
                     l_tile = gl.sum(p, axis=1)
                 _release(k_empty.index(s), CLUSTER)
@@ -151,9 +151,9 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
             if FENCE:
                 l = _fence(l)
             acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
-            _release(v_empty.index(sp), CLUSTER)
+            _release(v_empty.index(prev_slot), CLUSTER)
             # 5.5: rescale the accumulator once P V of tile i-1 has landed (under the next Q K^T instead,
-            # FlashAttention-3's place, 1-2% slower: run 20261130T010410-gpu1 against T010648-gpu1-old)
+            # FlashAttention-3's place, measured 1-2% slower)
             alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
             if LAZY or STALE:
                 acc = _rescale_lazy(acc, alpha_o, HEAD)
@@ -162,8 +162,8 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
             p16 = gl.convert_layout(_narrow(p, dtype), p_layout)
         if not Q_REGS:  # every Q K^T of this item has retired: the producer may load the next item's Q
             mbarrier.arrive(q_empty, count=1)
-        last = (it0 + n_iters - 1) % STAGES
-        mbarrier.wait(v_ready.index(last), ((it0 + n_iters - 1) // STAGES) & 1)
+        last = (ring_pos + n_iters - 1) % STAGES
+        mbarrier.wait(v_ready.index(last), ((ring_pos + n_iters - 1) // STAGES) & 1)
         _take_turn(turns, n_turn, WG, PINGPONG)
         acc = warpgroup_mma(p16, v_bufs.index(last), acc, is_async=True)
         _pass_turn(turns, WG, NUM_WG, PINGPONG)
@@ -177,16 +177,15 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
         o_row = b * q_rows_b + h * q_rows_h + q0 + row0
         o_col = h * q_col_h
         if SPLIT and part >= 0:  # a piece's float32 result and LSE, merged after the kernel
-            _store_piece(acc, l, m, W, WL, Rows, g, part, n_tiles, bh * seqlen_q + row0, row0, sq, rank, o_layout,
-                         row_layout, BLOCK_M, HEAD, WG, CLUSTER)
+            _store_piece(acc, l, m, PieceO, PieceLSE, Rows, g, part, n_tiles, bh * seqlen_q + row0, row0, sq, rank,
+                         o_layout, row_layout, BLOCK_M, HEAD, WG, CLUSTER)
         elif O_SMEM and row0 + ROWS <= sq:
             o_half = o_smem.index(WG)
             o_half.store(acc.to(dtype))
             fence_async_shared()
             tma.async_copy_shared_to_global(o_desc, [o_row, o_col], o_half)
             # o_half is read out before the next item writes it.  Waiting only before that next
-            # write (the store running under the next key loop) measured 1-4% slower on the short
-            # cells (run 20261129T165232, bf16 and fp16, against T164630 and T164454)
+            # write (the store running under the next key loop) measured 1-4% slower on the short cells
             tma.store_wait(0)
         else:  # from registers (O not staged, or the warpgroup straddles the end: only the rows that exist)
             rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
@@ -200,6 +199,6 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
             else:  # [batch, heads, seqlen_q]
                 lse_row0 = bh.to(gl.int64) * seqlen_q
             _store(LSE + lse_row0 + offs_m, lse, offs_m < sq, CLUSTER)
-        it0 += n_iters
-        tc += 1
+        ring_pos += n_iters
+        items_done += 1
     _cluster_sync(CLUSTER)

@@ -10,14 +10,14 @@ from .softmax import _lse
 
 
 @gluon.jit
-def _store_piece(acc, l, m, W, WL, Rows, g, part, n_tiles, dest0, row0, sq, rank, o_layout: gl.constexpr,
+def _store_piece(acc, l, m, PieceO, PieceLSE, Rows, g, part, n_tiles, dest0, row0, sq, rank, o_layout: gl.constexpr,
                  row_layout: gl.constexpr, BLOCK_M: gl.constexpr, HEAD: gl.constexpr, WG: gl.constexpr,
                  CLUSTER: gl.constexpr):
     """Piece ``part`` of item ``g`` (:func:`_work`), its rows ``acc`` already over ``l``: float32
-    ``W[part, item * BLOCK_M + r, :]`` and the LSE ``WL[part, item * BLOCK_M + r]``, ``item`` being
+    ``PieceO[part, item * BLOCK_M + r, :]`` and the LSE ``PieceLSE[part, item * BLOCK_M + r]``, ``item`` being
     ``g``'s place among the last round's items; piece 0 also writes where row ``r`` goes in the
     output's (batch*head, row) order, ``Rows[item * BLOCK_M + r]`` (``dest0 + r``, or -1 past the
-    ``sq`` rows).  The merge after the kernel (``kernels/merge.py``) reads them.  CLUSTER: an item
+    ``sq`` rows).  The merge after the kernel (``kernels/combine.py``) reads them.  CLUSTER: an item
     has ``2 * BLOCK_M`` rows, this CTA's from ``rank * BLOCK_M``."""
     nprog = gl.num_programs(0)
     item = g - n_tiles // nprog * nprog
@@ -25,9 +25,9 @@ def _store_piece(acc, l, m, W, WL, Rows, g, part, n_tiles, dest0, row0, sq, rank
     cols = gl.arange(0, HEAD, layout=gl.SliceLayout(0, o_layout))
     UNIT: gl.constexpr = 2 * BLOCK_M if CLUSTER else BLOCK_M
     w_row = (part * (n_tiles % nprog) + item) * UNIT + rank * BLOCK_M + WG * 64
-    _store(W + (w_row + rows).to(gl.int64)[:, None] * HEAD + cols[None, :], acc, None, CLUSTER)
+    _store(PieceO + (w_row + rows).to(gl.int64)[:, None] * HEAD + cols[None, :], acc, None, CLUSTER)
     r = gl.arange(0, 64, layout=row_layout)
-    _store(WL + w_row + r, _lse(m, l), None, CLUSTER)
+    _store(PieceLSE + w_row + r, _lse(m, l), None, CLUSTER)
     if part == 0:
         _store(Rows + item * UNIT + rank * BLOCK_M + WG * 64 + r, gl.where(row0 + r < sq, dest0 + r, -1), None,
                CLUSTER)

@@ -14,7 +14,7 @@ run on the PTX between Triton's ``ptx`` and ``cubin`` stages (a pipeline-stages 
   CTA-scope release, as CUTLASS's cluster barrier does: with ``.release.cluster`` the kernel ran
   13-15% slower (configs.HOPPER).  ptxas places the remote arrive of each K release below the
   softmax that follows; pinned beside the local one (the arrivals ending a loop that never
-  repeats) the kernel ran 1.5-3% slower (runs 20261130T111302-gpu0-v6 and T111324-gpu0-v6, pass "v6");
+  repeats) the kernel ran 1.5-3% slower;
 - the warpgroup ``bar.sync`` that Triton puts before each marked arrive (so that one thread arrives for
   all 128) and before each wait that follows :data:`UNSYNCED` goes: CUTLASS's pipelines have neither.
   Every marked arrive follows a ``wgmma.wait_group``, and a wgmma is one operation of the whole

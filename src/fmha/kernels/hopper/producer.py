@@ -56,8 +56,7 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_
                                                      h * q_col_h], q_bar, q_smem.index(g))
         if VARLEN or SEQUSED:
             # the previous item's last V tile, zeroed past its end only now, once this item's first
-            # K and Q are on their way (waiting for it at once measured the same: varlen rows of
-            # bench/logs/2026-11-29-s6run1-* against s6run2-*)
+            # K and Q are on their way (waiting for it at once measured the same)
             if tail:
                 _zero_past(v_bufs.index(tail_slot), tail_valid, v_tail, n_tail, v_ready.index(tail_slot))
                 n_tail += 1
