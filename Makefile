@@ -21,9 +21,12 @@ demo: setup
 test: setup
 	$(PY) -m pytest -q -n $(JOBS) tests
 
-# on a GPU machine with torch and triton already there (no venv): the compiled kernels
+# on a GPU machine with torch and triton already there (no venv): the compiled kernels.  One NumPy
+# thread per worker: the float64 references of GPU-sized cases would otherwise oversubscribe the cores.
+GPU_JOBS ?= 15
 gpu-test:
-	PYTHONPATH=src $(PYTHON) -m pytest -q tests
+	PYTHONPATH=src OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 \
+		$(PYTHON) -m pytest -q -n $(GPU_JOBS) -p no:cacheprovider -rf tests
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info
