@@ -6,7 +6,8 @@
 * :func:`scores` -- scale, softcap, ALiBi, and the key-boundary, causal and window masks (5.2);
 * :func:`window_start` -- the sliding window's whole-tile skip;
 * :func:`causal_stop` -- the early exit (Section 7);
-* :func:`online_softmax_step` -- one tile of the recurrence (5.3-5.6);
+* :func:`softmax_weights`, :func:`online_softmax_step`, :func:`pv_half` -- one tile of the
+  recurrence (5.3-5.6), the product with V whole or a half of the head dimension at a time;
 * :func:`write_output` -- the epilogue with the ``l == 0`` guard (Section 6) and LSE.
 
 Scores live in the base-2 domain: ``s = scale_log2 * q.k`` with
@@ -231,22 +232,37 @@ def full_stop(row_lo, seqlen_k, causal_offset, BLOCK_N: tl.constexpr, CAUSAL: tl
 
 
 @triton.jit
-def online_softmax_step(acc, l, m, s, v):
-    """One key tile of the recurrence (seed 5.3-5.6), ``s`` already scaled and masked.
-
-    ``m_new = max(m, rowmax s)``, ``alpha = exp2(m - m_new)``, ``p = exp2(s - m_new)``,
-    ``l = alpha l + rowsum p``, ``acc = alpha acc + p @ v``.  A row that has seen
-    only masked keys keeps ``m = -inf``; its pivot is taken as 0 so that no
-    ``-inf - -inf`` appears, and its ``p``, ``l`` and ``acc`` stay 0.
-    """
+def softmax_weights(l, m, s):
+    """Steps 5.3-5.5 of one key tile, ``s`` already scaled and masked: ``m_new = max(m, rowmax s)``,
+    ``alpha = exp2(m - m_new)``, ``p = exp2(s - m_new)``, ``l = alpha l + rowsum p``.  Returns
+    ``(p, alpha, l, m_new)``.  A row that has seen only masked keys keeps ``m = -inf``; its pivot
+    is taken as 0 so that no ``-inf - -inf`` appears, and its ``p`` and ``l`` stay 0."""
     m_new = tl.maximum(m, tl.max(s, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.math.exp2(m - m_safe)
     p = tl.math.exp2(s - m_safe[:, None])
     l = l * alpha + tl.sum(p, 1)
+    return p, alpha, l, m_new
+
+
+@triton.jit
+def online_softmax_step(acc, l, m, s, v):
+    """One key tile of the recurrence (seed 5.3-5.6): :func:`softmax_weights`, then
+    ``acc = alpha acc + p @ v``."""
+    p, alpha, l, m = softmax_weights(l, m, s)
     acc = acc * alpha[:, None]
     acc = mma(p.to(v.dtype), v, acc)
-    return acc, l, m_new
+    return acc, l, m
+
+
+@triton.jit
+def pv_half(acc, alpha, p, v_ptrs, cols, seqlen_k, offs_h, HEAD_COLS: tl.constexpr, HALF: tl.constexpr):
+    """Step 5.6 for one half of the head dimension (the seed's ``n_dk`` split of the accumulator):
+    ``acc = alpha acc + p @ v`` over ``HALF`` columns of V and O, ``HEAD_COLS`` of them real.  Only
+    this half's V tile is live, in the matrix unit's operand layout, beside the two accumulators:
+    at head_dim 128 the whole tile and the whole accumulator do not fit gfx1151's 256 VGPRs."""
+    v = load_rows(v_ptrs, cols, seqlen_k, offs_h, HEAD_COLS, HALF, True)
+    return mma(p.to(v.dtype), v, acc * alpha[:, None])
 
 
 @triton.jit

@@ -2,15 +2,16 @@
 
 One warp per program (``num_warps=1``), 16 query rows, 16-key tiles: the
 16x16x16 matrix-instruction shape of gfx1151's ``v_wmma_f32_16x16x16_f16``.
-The running ``m``, ``l``, ``acc`` ride the key loop; the loop stops at the last
-tile any row of the block can see (causal early exit), and every tile is masked
-elementwise (a no-op except on the causal diagonal and the last, ragged tile).
+The running ``m``, ``l``, ``acc`` ride the key loop in registers (``acc`` and each V tile in two
+halves of the head dimension, as the seed's ``n_dk`` loop splits them, so D=128 fits gfx1151's 256
+VGPRs); the loop stops at the last tile any row of the block can see (causal early exit), and every
+tile is masked elementwise (a no-op except on the causal diagonal and the last, ragged tile).
 """
 import triton
 import triton.language as tl
 
-from .common import (causal_stop, head_slope, initial_state, load_rows, mma, online_softmax_step,
-                     program_start, scores, split_keys, window_start, write_output)
+from .common import (causal_stop, head_slope, initial_state, load_rows, mma, program_start, pv_half, scores,
+                     softmax_weights, split_keys, window_start, write_output)
 
 
 @triton.jit
@@ -40,10 +41,13 @@ def singlewave_kernel(
         return
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
+    HALF: tl.constexpr = BLOCK_D // 2  # the accumulator and V in two column halves (pv_half)
+    offs_h = tl.arange(0, HALF)
     k_ptrs = k_base + offs_n[:, None] * stride_ks + offs_d[None, :] * stride_kd
-    v_ptrs = v_base + offs_n[:, None] * stride_vs + offs_d[None, :] * stride_vd
+    v_ptrs = v_base + offs_n[:, None] * stride_vs + offs_h[None, :] * stride_vd
 
-    m, l, acc = initial_state(BLOCK_M, BLOCK_D)
+    m, l, acc = initial_state(BLOCK_M, HALF)
+    acc_hi = tl.zeros([BLOCK_M, HALF], tl.float32)
     slope = head_slope(Alibi, tl.program_id(1), heads, ALIBI)
     first = window_start(row_lo, window_offset, BLOCK_N, WINDOW)
     stop = causal_stop(row_hi, seqlen_k, causal_offset, CAUSAL)
@@ -58,14 +62,16 @@ def singlewave_kernel(
         # 5.2 scale into base 2, mask
         s = scores(qk, offs_m, cols, seqlen_k, scale_log2, softcap, slope, causal_offset, window_offset,
                    align_offset, True, CAUSAL, WINDOW, SOFTCAP, ALIBI)
-        # 5.3-5.6 running max, alpha, p, l, acc += P V
-        v = load_rows(v_ptrs, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, True)
-        acc, l, m = online_softmax_step(acc, l, m, s, v)
+        # 5.3-5.5 running max, alpha, p, l; 5.6 acc += P V, a half of the head dimension at a time
+        p, alpha, l, m = softmax_weights(l, m, s)
+        acc = pv_half(acc, alpha, p, v_ptrs, cols, seqlen_k, offs_h, HALF, HALF)
+        acc_hi = pv_half(acc_hi, alpha, p, v_ptrs + HALF * stride_vd, cols, seqlen_k, offs_h, HEAD_DIM - HALF, HALF)
         # 5.7 next tile
         k_ptrs += BLOCK_N * stride_ks
         v_ptrs += BLOCK_N * stride_vs
-    write_output(o_rows, LSE, lse_rows, acc, l, m, offs_m, seqlen_q, offs_d, stride_od,
-                 HEAD_DIM, BLOCK_D, STORE_LSE)
+    write_output(o_rows, LSE, lse_rows, acc, l, m, offs_m, seqlen_q, offs_h, stride_od, HALF, HALF, STORE_LSE)
+    write_output(o_rows + HALF * stride_od, LSE, lse_rows, acc_hi, l, m, offs_m, seqlen_q, offs_h, stride_od,
+                 HEAD_DIM - HALF, HALF, False)
 
 
 KERNEL = singlewave_kernel
