@@ -126,8 +126,9 @@ def _flash_attn(module: str) -> Provider:
         import importlib
         fn = importlib.import_module(module).flash_attn_func
         qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))  # bshd, outside the timing
-        kw = modifiers(cell, q.device)  # FlashAttention's own names for them
-        kw = {**kw, "window_size": kw.pop("window")} if "window" in kw else kw
+        kw = modifiers(cell, q.device)  # FlashAttention's own names for them, but the window's
+        if "window" in kw:
+            kw["window_size"] = kw.pop("window")
 
         def run():
             o = fn(qt, kt, vt, causal=cell.causal, **kw)

@@ -1,0 +1,106 @@
+"""FlashAttention's entry points on fmha: its argument names and conventions, for code written for it.
+
+``fmha.compat.flash_attn_func``, ``flash_attn_varlen_func`` and ``flash_attn_with_kvcache`` take
+FlashAttention 2's arguments: tensors ``[batch, seqlen, heads, head_dim]`` (bshd), ``softmax_scale``,
+``window_size=(left, right)``, ``softcap``, ``alibi_slopes`` and causal masks aligned bottom-right (the
+new queries are the last positions of the keys), as FlashAttention does since 2.1.  What fmha cannot do
+is refused by name rather than ignored: dropout, returning the attention probabilities' matrix,
+rotary embeddings inside the call, cache batch indices and left padding.  Each call is forward only
+(:mod:`fmha.gradients`).
+"""
+from __future__ import annotations
+
+import torch
+
+from .api import attention, attention_paged, attention_varlen
+
+
+def _refuse(**given) -> None:
+    for name, value in given.items():
+        if value is not None and (isinstance(value, torch.Tensor) or value):
+            raise NotImplementedError(f"fmha.compat takes no {name} (got {value!r}): fmha computes exact attention "
+                                      f"in the forward pass only, with no dropout, rotary or cache indexing inside")
+
+
+def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: float | None = None, causal: bool = False,
+                    window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
+                    deterministic: bool = False, return_attn_probs: bool = False,
+                    return_softmax_lse: bool = False):
+    """``flash_attn.flash_attn_func``: q ``[batch, seqlen_q, heads, D]``, k/v ``[batch, seqlen_k,
+    kv_heads, D]``.  Returns the output, or with ``return_softmax_lse`` (or FlashAttention 2's
+    ``return_attn_probs``) ``(out, lse)`` with the LSE ``[batch, heads, seqlen_q]`` (and ``None`` for
+    the probabilities FlashAttention 2 returns third: fmha never forms them)."""
+    _refuse(dropout_p=dropout_p)
+    out = attention(q, k, v, causal=causal, scale=softmax_scale, causal_align="bottom_right", layout="bshd",
+                    window=tuple(window_size), softcap=softcap, alibi_slopes=alibi_slopes,
+                    return_lse=return_softmax_lse or return_attn_probs)
+    if return_attn_probs:
+        return (*out, None)
+    return out
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
+                           dropout_p: float = 0.0, softmax_scale: float | None = None, causal: bool = False,
+                           window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
+                           deterministic: bool = False, return_attn_probs: bool = False,
+                           return_softmax_lse: bool = False, block_table=None):
+    """``flash_attn.flash_attn_varlen_func``: packed q ``[total_q, heads, D]``, k/v ``[total_k,
+    kv_heads, D]``, int32 ``cu_seqlens``; the LSE (when asked) is ``[heads, total_q]``."""
+    _refuse(dropout_p=dropout_p, block_table=block_table)
+    out = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
+                           scale=softmax_scale, causal_align="bottom_right", window=tuple(window_size),
+                           softcap=softcap, alibi_slopes=alibi_slopes,
+                           return_lse=return_softmax_lse or return_attn_probs)
+    if return_attn_probs:
+        return (*out, None)
+    return out
+
+
+def _append(k_cache, v_cache, k, v, cache_seqlens, block_table) -> None:
+    """Write the new keys and values into the cache in place, sequence b's at positions
+    ``cache_seqlens[b] ...`` (through the block table for a paged cache), on the device."""
+    batch, new = k.shape[0], k.shape[1]
+    pos = cache_seqlens.to(torch.int64)[:, None] + torch.arange(new, device=k.device)[None, :]  # [batch, new]
+    if block_table is None:
+        rows = torch.arange(batch, device=k.device)[:, None].expand(batch, new)
+        k_cache[rows, pos], v_cache[rows, pos] = k, v
+    else:
+        page = k_cache.shape[1]
+        pages = torch.gather(block_table.to(torch.int64), 1, pos // page)
+        k_cache[pages, pos % page], v_cache[pages, pos % page] = k, v
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
+                            softmax_scale: float | None = None, causal: bool = False,
+                            window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                            rotary_interleaved: bool = True, alibi_slopes=None, num_splits: int = 0,
+                            return_softmax_lse: bool = False):
+    """``flash_attn.flash_attn_with_kvcache``: q ``[batch, seqlen_q, heads, D]`` against a cache
+    ``[batch, seqlen_cache, kv_heads, D]``, or a page pool ``[num_pages, page_size, kv_heads, D]``
+    with an int32 ``block_table [batch, pages_per_seq]``.  ``cache_seqlens`` (int32 ``[batch]`` or an
+    int; default: the whole cache) are the keys in use; new ``k``/``v`` ``[batch, seqlen_new,
+    kv_heads, D]`` are first written into the cache after them (in place, as FlashAttention does),
+    and attention then runs over ``cache_seqlens + seqlen_new`` keys.  ``num_splits`` as in
+    :func:`fmha.attention` (0: decide)."""
+    _refuse(rotary_cos=rotary_cos, rotary_sin=rotary_sin, cache_batch_idx=cache_batch_idx,
+            cache_leftpad=cache_leftpad)
+    batch = q.shape[0]
+    if isinstance(cache_seqlens, int):
+        cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
+    if (k is None) != (v is None):
+        raise ValueError("flash_attn_with_kvcache: give both k and v to append, or neither")
+    if k is not None:
+        if cache_seqlens is None:
+            raise ValueError("flash_attn_with_kvcache: appending k/v needs cache_seqlens (where they go)")
+        _append(k_cache, v_cache, k, v, cache_seqlens, block_table)
+        cache_seqlens = cache_seqlens + k.shape[1]
+    kw = dict(causal=causal, scale=softmax_scale, causal_align="bottom_right", layout="bshd",
+              window=tuple(window_size), softcap=softcap, alibi_slopes=alibi_slopes, num_splits=num_splits,
+              return_lse=return_softmax_lse)
+    if block_table is not None:
+        if cache_seqlens is None:
+            cache_seqlens = torch.full((batch,), block_table.shape[1] * k_cache.shape[1], dtype=torch.int32,
+                                       device=q.device)
+        return attention_paged(q, k_cache, v_cache, block_table, cache_seqlens, **kw)
+    return attention(q, k_cache, v_cache, seqused_k=cache_seqlens, **kw)

@@ -1,0 +1,94 @@
+"""FlashAttention's entry points (``fmha.compat``): its names and conventions (bshd, bottom-right causal,
+``window_size``, ``softmax_scale``, the kv-cache append) against the float64 reference."""
+import pytest
+import torch
+
+from conftest import DEVICE, check_against_reference, check_varlen, packed
+from fmha import compat
+from fmha.bench import grids, providers
+
+F16 = torch.float16
+
+
+def bshd(batch, heads, seqlen, d, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, seqlen, heads, d, generator=g).to(F16).to(DEVICE)
+
+
+@pytest.mark.parametrize("causal,window,softcap,alibi", [(True, (-1, -1), 0.0, False), (False, (7, 3), 0.0, False),
+                                                         (True, (9, -1), 4.0, True)])
+def test_flash_attn_func_is_bottom_right_bshd(causal, window, softcap, alibi):
+    q, k, v = bshd(2, 4, 17, 32, 0), bshd(2, 2, 40, 32, 1), bshd(2, 2, 40, 32, 2)
+    slopes = torch.rand(4, generator=torch.Generator().manual_seed(3)).to(DEVICE) if alibi else None
+    out, lse = compat.flash_attn_func(q, k, v, softmax_scale=0.2, causal=causal, window_size=window, softcap=softcap,
+                                      alibi_slopes=slopes, return_softmax_lse=True)
+    assert out.shape == q.shape and lse.shape == (2, 4, 17)
+    check_against_reference(out, q, k, v, causal, "bottom_right", "bshd", scale=0.2, lse=lse, window=window,
+                            softcap=softcap, alibi_slopes=slopes)
+    o2, lse2, probs = compat.flash_attn_func(q, k, v, softmax_scale=0.2, causal=causal, window_size=window,
+                                             softcap=softcap, alibi_slopes=slopes, return_attn_probs=True)
+    assert probs is None and torch.equal(o2, out) and torch.equal(lse2, lse)
+
+
+def test_flash_attn_varlen_func_is_bottom_right():
+    lens_q, lens_k = [17, 3], [40, 9]
+    q, cu_q = packed(lens_q, 2, 32, F16, 4)
+    k, cu_k = packed(lens_k, 2, 32, F16, 5)
+    v, _ = packed(lens_k, 2, 32, F16, 6)
+    o, lse = compat.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 17, 40, causal=True, return_softmax_lse=True)
+    check_varlen(o, lse, q, k, v, cu_q, cu_k, causal=True, causal_align="bottom_right")
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_flash_attn_with_kvcache_appends_then_attends(paged):
+    batch, heads, kv_heads, d, cap, page = 2, 4, 2, 32, 64, 16
+    lens = torch.tensor([20, 33], dtype=torch.int32, device=DEVICE)
+    cache_k, cache_v = bshd(batch, kv_heads, cap, d, 7), bshd(batch, kv_heads, cap, d, 8)
+    q, k_new, v_new = bshd(batch, heads, 3, d, 9), bshd(batch, kv_heads, 3, d, 10), bshd(batch, kv_heads, 3, d, 11)
+    if paged:  # the cache cut into shuffled pages
+        perm = torch.randperm(batch * cap // page, generator=torch.Generator().manual_seed(0))
+        table = perm.view(batch, cap // page).to(torch.int32).to(DEVICE)
+        pools = []
+        for t in (cache_k, cache_v):
+            pool = torch.empty(batch * cap // page, page, kv_heads, d, dtype=F16, device=DEVICE)
+            pool[perm.to(DEVICE)] = t.reshape(batch * cap // page, page, kv_heads, d)
+            pools.append(pool)
+        kc, vc, extra = pools[0], pools[1], {"block_table": table}
+    else:
+        kc, vc, extra = cache_k.clone(), cache_v.clone(), {}
+    out = compat.flash_attn_with_kvcache(q, kc, vc, k=k_new, v=v_new, cache_seqlens=lens, causal=True, **extra)
+    for b, n in enumerate(lens.tolist()):  # the reference: the old keys in use, then the new ones
+        keys = torch.cat([cache_k[b:b + 1, :n], k_new[b:b + 1]], 1)
+        vals = torch.cat([cache_v[b:b + 1, :n], v_new[b:b + 1]], 1)
+        check_against_reference(out[b:b + 1], q[b:b + 1], keys, vals, True, "bottom_right", "bshd")
+        if not paged:  # appended in place, nothing else touched
+            torch.testing.assert_close(kc[b, n:n + 3], k_new[b], atol=0, rtol=0)
+            torch.testing.assert_close(kc[b, :n], cache_k[b, :n], atol=0, rtol=0)
+    if paged:
+        flat = kc[table.long().cpu()].reshape(batch, cap, kv_heads, d)
+        for b, n in enumerate(lens.tolist()):
+            torch.testing.assert_close(flat[b, n:n + 3], k_new[b], atol=0, rtol=0)
+
+
+def test_what_fmha_does_not_take_is_refused_by_name():
+    q = bshd(1, 2, 4, 32, 0)
+    with pytest.raises(NotImplementedError, match="no dropout_p"):
+        compat.flash_attn_func(q, q, q, dropout_p=0.1)
+    with pytest.raises(NotImplementedError, match="no rotary_cos"):
+        compat.flash_attn_with_kvcache(q, q, q, rotary_cos=torch.ones(4, 16), rotary_sin=torch.ones(4, 16))
+    with pytest.raises(ValueError, match="give both k and v"):
+        compat.flash_attn_with_kvcache(q, q.clone(), q.clone(), k=q, cache_seqlens=1)
+
+
+def test_flash_attn_provider_passes_window_size_only(monkeypatch):
+    """The bench's FlashAttention provider renames ``window`` to FlashAttention's ``window_size``."""
+    import sys
+    import types
+    seen = {}
+    fake = types.ModuleType("fake_flash")
+    fake.flash_attn_func = lambda q, k, v, **kw: seen.update(kw) or q
+    monkeypatch.setitem(sys.modules, "fake_flash", fake)
+    cell = grids.Cell(1, 2, 2, 16, 16, 32, True, window=6)
+    q = torch.zeros(1, 2, 16, 32)
+    providers._flash_attn("fake_flash").make(q, q, q, cell)()
+    assert seen == {"causal": True, "window_size": (6, -1)}
