@@ -45,8 +45,10 @@ def forward_only(entry):
     (under ``torch.compile`` the custom op's registered backward refuses instead)."""
     @functools.wraps(entry)
     def call(*args, **kwargs):
+        if not torch.is_grad_enabled() or torch.compiler.is_compiling():  # the common case, checked first
+            return entry(*args, **kwargs)
         tensors = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor) and t.is_floating_point()]
-        if torch.compiler.is_compiling() or not needs_refusal(*tensors):
+        if not needs_refusal(*tensors):
             return entry(*args, **kwargs)
         single = []
 
