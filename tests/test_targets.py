@@ -35,6 +35,11 @@ def test_seed_kernels_on_gfx1151_use_wmma_wave32_without_spills(builds, variant,
     assert r.matrix_instructions[instr] >= head_dim // 8
     assert r.wave_size == 32 and b.metadata["warp_size"] == 32 and b.config["num_warps"] == 1
     assert r.spilled_registers == 0 and r.scratch_bytes == 0
+    # one 16 x 16 key tile an iteration: D/8 WMMAs (Q K^T and P V), the K and V tiles read once
+    # (2 x 16 keys x D x 2 bytes), 16 FLOP per byte read, nothing from scratch
+    t = r.loop_tile
+    assert t["wmma"] == head_dim // 8 and t["global_bytes"] == 2 * 16 * head_dim * 2 and t["scratch"] == 0
+    assert t["flop_per_byte"] == 16.0
 
 
 def test_nvidia_and_cdna_builds(builds):

@@ -233,6 +233,12 @@ def _format_report(r) -> str:
              f"  occupancy estimate   {occ}",
              "  key loop memory      " + (", ".join(f"{k} x{v}" for k, v in r.loop_memory.items()) or "none"),
              "  key loop reductions  " + (", ".join(f"{k} x{v}" for k, v in r.loop_reductions.items()) or "none")]
+    if r.loop_tile:
+        t = r.loop_tile
+        lines.append(f"  per key tile         {t['rows']} rows x {t['keys']} keys: {t['instructions']} instructions "
+                     f"(WMMA {t['wmma']}, other VALU {t['valu']}, SALU {t['salu']}, LDS {t['lds']}, global "
+                     f"{t['global']}, scratch {t['scratch']}); {t['flops']} FLOP on {t['global_bytes']} bytes from "
+                     f"global memory: {t['flop_per_byte']} FLOP/byte")
     if r.sass_matrix_instructions is not None:
         lines.append("  SASS matrix          " + ", ".join(f"{k} x{v}" for k, v in r.sass_matrix_instructions.items()))
     if r.files:

@@ -150,6 +150,7 @@ class Report:
     occupancy: dict = field(default_factory=dict)
     loop_memory: dict = field(default_factory=dict)
     loop_reductions: dict = field(default_factory=dict)
+    loop_tile: dict = field(default_factory=dict)  # AMD: one key tile's work, from the loop body (see tile_work)
     sass_matrix_instructions: dict | None = None
     files: list = field(default_factory=list)
 
@@ -253,6 +254,34 @@ REDUCTIONS = {
 }
 LABEL = {"hip": r"^(\.LBB\d+_\d+):", "cuda": r"^(\$L__BB\d+_\d+):"}
 BRANCH = {"hip": r"\bs_c?branch\w*\s+(\.LBB\d+_\d+)", "cuda": r"\bbra(?:\.uni)?\s+(\$L__BB\d+_\d+);"}
+
+
+# the bytes one lane moves per memory instruction, by its width suffix
+WIDTH_BYTES = {"b32": 4, "b64": 8, "b96": 12, "b128": 16, "u16": 2, "d16_hi": 2, "u8": 1, "dword": 4,
+               "dwordx2": 8, "dwordx4": 16}
+
+
+def tile_work(loop: str, wave_size: int, rows: int, key_tile: int) -> dict:
+    """One key tile's work in an AMD key loop that runs one tile an iteration (``singlewave``,
+    ``pipelined``): its instructions by kind, the FLOPs of its matrix instructions (a 16x16x16
+    WMMA is 2 * 16**3 per wave), the bytes it reads from global memory (width x lanes), and their
+    ratio, the arithmetic intensity to hold against a chip's FLOP/byte ridge (peak rate over DRAM
+    bandwidth: below it, the tile waits on its operands)."""
+    pattern = re.compile(r"\s+([sv]_|global_|ds_|scratch_|buffer_)")
+    instr = [line.split()[0] for line in loop.splitlines() if pattern.match(line)]
+    wmma = sum(1 for i in instr if i.startswith("v_wmma_"))
+    flops = 2 * 16 * 16 * 16 * wmma
+
+    def moved(prefix):
+        return sum(WIDTH_BYTES.get(i.rsplit("_", 1)[-1], 4) * wave_size for i in instr if i.startswith(prefix))
+
+    global_bytes = moved("global_load")
+    return {"instructions": len(instr), "wmma": wmma, "valu": sum(i.startswith("v_") for i in instr) - wmma,
+            "salu": sum(i.startswith("s_") for i in instr),
+            "lds": sum(i.startswith("ds_") for i in instr), "global": sum(i.startswith("global_") for i in instr),
+            "scratch": sum(i.startswith("scratch_") for i in instr), "flops": flops, "global_bytes": global_bytes,
+            "flop_per_byte": round(flops / global_bytes, 1) if global_bytes else None,
+            "rows": rows, "keys": key_tile}
 
 
 def _count(pattern: str, text: str) -> dict:
@@ -398,6 +427,8 @@ def report(b: Build) -> Report:
     loop = key_loop(asm, chip.backend)
     r.loop_memory = _count(MEMORY[chip.backend], loop)
     r.loop_reductions = _count(REDUCTIONS[chip.backend], loop)
+    if chip.backend == "hip" and b.variant in ("singlewave", "pipelined"):
+        r.loop_tile = tile_work(loop, r.wave_size, b.config["block_m"], b.config["block_n"])
     return r
 
 
