@@ -92,9 +92,9 @@ def draw(rng: random.Random, on_gpu: bool, hopper: bool) -> Problem:
     if pattern == "late_first":  # the first visible key of most rows lies many tiles in
         seqlen_k = max(seqlen_k, seqlen_q + rng.randint(1, top))
         causal, align, window = True, "bottom_right", (rng.randint(0, 40), -1)
-    variants = (["auto", "auto", "tiled"] + (["hopper", "hopper"] if hopper and head_dim in (64, 128) else [])) \
-        if on_gpu else \
-        ["auto", "singlewave", "pipelined", "tiled"]
+    variants = ["auto", "auto", "tiled", "singlewave", "pipelined"]
+    if on_gpu and hopper and head_dim in (64, 128):
+        variants += ["hopper", "hopper"]
     variant = rng.choice(variants if entry == "attention" else [v for v in variants if v in ("auto", "tiled",
                                                                                               "hopper")])
     table = _table_configs(variant, head_dim, causal)
