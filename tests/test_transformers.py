@@ -50,24 +50,58 @@ def test_decode_with_cache_matches_sdpa(models):
     assert torch.equal(ga, gb)
 
 
-def test_padding_goes_to_sdpa_with_the_mask(models, monkeypatch):
-    """A padded batch carries a real mask: the integration hands it to SDPA with that mask (never
-    fmha without it), and each sequence's logits equal those of the sequence run alone."""
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_padded_batch_runs_as_packed_sequences(models, monkeypatch, side):
+    """A padded batch carries a padding mask: the integration runs the real tokens as packed
+    sequences (never SDPA), and each sequence's logits equal those of the sequence run alone."""
     import fmha.integrations.transformers as fmha_hf
     from transformers.integrations import sdpa_attention
-    fmha_calls, sdpa_masks = [], []
-    real_fmha, real_sdpa = fmha_hf.fmha.attention, sdpa_attention.sdpa_attention_forward
-    monkeypatch.setattr(fmha_hf.fmha, "attention", lambda *a, **kw: fmha_calls.append(kw) or real_fmha(*a, **kw))
-    monkeypatch.setattr(sdpa_attention, "sdpa_attention_forward",
-                        lambda m, q, k, v, mask, **kw: sdpa_masks.append(mask) or real_sdpa(m, q, k, v, mask, **kw))
-    ref, ours = models
+    varlen_calls, sdpa_calls = [], []
+    real_varlen = fmha_hf.fmha.attention_varlen
+    monkeypatch.setattr(fmha_hf.fmha, "attention_varlen",
+                        lambda *a, **kw: varlen_calls.append(kw) or real_varlen(*a, **kw))
+    monkeypatch.setattr(sdpa_attention, "sdpa_attention_forward", lambda *a, **kw: sdpa_calls.append(kw))
+    _, ours = models
     ids = torch.randint(0, 101, (2, 16), generator=torch.Generator().manual_seed(3)).to(DEVICE)
     mask = torch.ones_like(ids)
-    mask[0, :5] = 0
+    pad = slice(0, 5) if side == "left" else slice(11, 16)
+    mask[0, pad] = 0
     with torch.no_grad():
         b = ours(ids, attention_mask=mask).logits
-        assert not fmha_calls and len(sdpa_masks) == 2 and all(m is not None for m in sdpa_masks)
-        alone = [ours(ids[i:i + 1, 5 * (i == 0):]).logits for i in range(2)]  # no padding: fmha
-    assert len(fmha_calls) == 4
-    torch.testing.assert_close(b[0, 5:].float(), alone[0][0].float(), atol=3e-2, rtol=3e-2)
+        assert len(varlen_calls) == 2 and not sdpa_calls  # one per layer
+        alone = [ours(ids[0:1, 5:] if side == "left" else ids[0:1, :11]).logits, ours(ids[1:2]).logits]
+    real = b[0, 5:] if side == "left" else b[0, :11]
+    torch.testing.assert_close(real.float(), alone[0][0].float(), atol=3e-2, rtol=3e-2)
     torch.testing.assert_close(b[1].float(), alone[1][0].float(), atol=3e-2, rtol=3e-2)
+
+
+def test_only_padding_masks_are_unpadded():
+    """key_padding recognises causal + one run of real keys per sequence (left or right), with the
+    layer's window; a hole in the middle, a mask off the band, or a float mask goes to SDPA."""
+    from fmha.integrations.transformers import key_padding
+    q, k = 6, 6
+    causal = torch.ones(q, k, dtype=torch.bool).tril()
+    valid = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]], dtype=torch.bool)
+    mask = (causal[None] & valid[:, None, :])[:, None]
+    assert torch.equal(key_padding(mask, q, k, True, (-1, -1)), valid)
+    windowed = mask & (torch.arange(k)[None, :] >= torch.arange(q)[:, None] - 2)
+    assert torch.equal(key_padding(windowed, q, k, True, (2, -1)), valid)
+    assert key_padding(windowed, q, k, True, (-1, -1)) is None
+    holes = valid.clone()
+    holes[0, 3] = False
+    assert key_padding((causal[None] & holes[:, None, :])[:, None], q, k, True, (-1, -1)) is None
+    assert key_padding(torch.ones(2, 1, q, k, dtype=torch.bool), q, k, True, (-1, -1)) is None  # not causal
+    assert key_padding(mask.float(), q, k, True, (-1, -1)) is None
+
+
+def test_other_masks_go_to_sdpa(monkeypatch):
+    import fmha.integrations.transformers as fmha_hf
+    from transformers.integrations import sdpa_attention
+    sdpa_masks = []
+    monkeypatch.setattr(sdpa_attention, "sdpa_attention_forward",
+                        lambda module, q, k, v, mask, **kw: sdpa_masks.append(mask) or (q.transpose(1, 2), None))
+    q = torch.randn(1, 2, 5, 32, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16).to(DEVICE)
+    mask = torch.rand(1, 1, 5, 5, generator=torch.Generator().manual_seed(1)).to(DEVICE) > 0.5
+    module = torch.nn.Module()
+    fmha_hf.attention_forward(module, q, q, q, mask)
+    assert len(sdpa_masks) == 1 and sdpa_masks[0] is mask

@@ -5,9 +5,11 @@
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="fmha")
 
 Calls without a mask (causal or bidirectional, prefill or decode with a KV cache,
-sliding-window layers, Gemma-style soft-capping) run fmha.  A call that carries a
-real mask (padding in the batch, or any other pattern) goes to torch SDPA with
-that mask, so nothing is computed wrong; dropout in training is refused.
+sliding-window layers, Gemma-style soft-capping) run fmha.  A padded batch (a mask that is
+exactly the causal band, the layer's window and one contiguous run of real tokens per sequence)
+runs as packed sequences: the real tokens gathered, :func:`fmha.attention_varlen`, scattered
+back, with zeros on padded query rows.  Any other mask goes to torch SDPA with that mask, so
+nothing is computed wrong; dropout in training is refused.
 """
 from __future__ import annotations
 
@@ -25,20 +27,57 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     ``[batch, seq, heads, head_dim]`` out."""
     if dropout and module.training:
         raise NotImplementedError("fmha has no attention dropout; use attn_implementation='sdpa' to train with it")
-    if attention_mask is not None:
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     causal = bool(causal) and query.shape[2] > 1  # one new token sees the whole cache
     sliding = kwargs.get("sliding_window")
     window = (sliding - 1, -1) if sliding else (-1, -1)
-    softcap = kwargs.get("softcap") or 0.0
+    softcap = float(kwargs.get("softcap") or 0.0)
     # transformers' q/k/v are transposed views of [batch, seq, heads, dim] projections: read them as bshd
-    out = fmha.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal=causal,
-                         scale=scaling, causal_align="bottom_right", layout="bshd", window=window,
-                         softcap=float(softcap))
-    return out, None
+    q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+    if attention_mask is None:
+        out = fmha.attention(q, k, v, causal=causal, scale=scaling, causal_align="bottom_right", layout="bshd",
+                             window=window, softcap=softcap)
+        return out, None
+    valid = key_padding(attention_mask, q.shape[1], k.shape[1], causal, window)
+    if valid is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    return unpadded_attention(q, k, v, valid, causal=causal, scale=scaling, window=window, softcap=softcap), None
+
+
+def key_padding(mask: torch.Tensor, q_len: int, k_len: int, causal: bool, window) -> torch.Tensor | None:
+    """The real keys, bool ``[batch, k_len]``, when the bool mask ``[batch, 1, q_len, k_len]`` is
+    exactly the causal band (bottom-right), the window and one contiguous run of real keys per
+    sequence (padding on the left or the right); otherwise None.  One comparison on the device,
+    read once on the host."""
+    if mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[2:] != (q_len, k_len):
+        return None
+    valid = mask[:, 0].any(dim=1)  # a real key is seen by some query
+    i = torch.arange(q_len, device=mask.device)[:, None] + (k_len - q_len)
+    j = torch.arange(k_len, device=mask.device)[None, :]
+    band = torch.ones(q_len, k_len, dtype=torch.bool, device=mask.device)
+    if causal:
+        band &= j <= i
+    if window[0] >= 0:
+        band &= j >= i - window[0]
+    runs = (valid[:, 1:] & ~valid[:, :-1]).sum(1) + valid[:, 0]  # starts of runs of real keys
+    same = torch.equal(mask[:, 0], band[None] & valid[:, None, :]) and bool((runs <= 1).all())
+    return valid if same else None
+
+
+def unpadded_attention(q, k, v, valid, *, causal, scale, window, softcap):
+    """Attention over the real tokens of a padded bshd batch: each sequence's real queries (the
+    last ``q_len`` key positions that are real) and keys packed, one varlen call, the result
+    scattered back; padded query rows get zeros."""
+    q_valid = valid[:, valid.shape[1] - q.shape[1]:]
+    lens_q, lens_k = q_valid.sum(1, dtype=torch.int32), valid.sum(1, dtype=torch.int32)
+    cu = [torch.nn.functional.pad(n.cumsum(0, dtype=torch.int32), (1, 0)) for n in (lens_q, lens_k)]
+    packed = fmha.attention_varlen(q[q_valid], k[valid], v[valid], *cu, q.shape[1], k.shape[1], causal=causal,
+                                   scale=scale, causal_align="bottom_right", window=window, softcap=softcap)
+    out = q.new_zeros(q.shape)
+    out[q_valid] = packed
+    return out
 
 
 def register() -> None:
