@@ -81,6 +81,24 @@ def test_modifier_cells_are_checked_and_named():
     assert "features" in table.splitlines()[0] and "window=6 alibi" in table
 
 
+def test_layout_cells_run_the_same_values_in_their_own_strides():
+    """A models-grid cell in each layout: q, k, v hold the cell's values in that layout's strides, every
+    provider is checked on them, and the ``features`` column names the layout."""
+    provs = [p for p in providers.providers("cpu") if p.name in ("fmha:tiled", "sdpa:math")]
+    base = grids.Cell(1, 4, 2, 24, 24, 32, True)
+    q0, k0, v0, *_ = runner.cell_inputs(base, torch.float16, "cpu")
+    for layout in ("hf-view", "fused-qkv", "kv-cache"):
+        cell = grids.Cell(1, 4, 2, 24, 24, 32, True, layout=layout)
+        q, k, v, *_ = runner.cell_inputs(cell, torch.float16, "cpu")
+        assert all(torch.equal(a, b) for a, b in ((q, q0), (k, k0), (v, v0)))
+        assert (q.stride(), k.stride()) != (q0.stride(), k0.stride())
+        rows = runner.run_cell(cell, torch.float16, provs, "cpu", peak=1.0)
+        assert {r["features"] for r in rows} == {f"layout={layout}"}
+        assert all(r["note"] == "ok" for r in rows), rows
+    models = grids.where(grids.models_grid(), "layout=fused-qkv heads=28")
+    assert models and all(c.layout == "fused-qkv" and c.kv_heads == 4 for c in models)
+
+
 def test_a_ledger_from_before_a_new_column_takes_the_longer_header(tmp_path):
     path = tmp_path / "ledger.csv"
     old = ledger.COLUMNS[:-1]

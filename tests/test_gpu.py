@@ -130,16 +130,45 @@ def test_hopper_refuses_what_does_not_fit():
 
 
 def test_decode_reads_kv_by_tma_where_it_can():
-    """Decoding on sm_90 takes the decode table's K/V by TMA for contiguous K/V and drops it for
-    strided ones (TMA needs the 3-D view); both agree with the reference."""
+    """Decoding on sm_90 takes the decode table's K/V by TMA where the strides allow it (contiguous, every
+    other row of a wider buffer) and drops it where they do not (264-byte rows: not a multiple of 16
+    bytes); all agree with the reference."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("sm_90 only")
-    for contiguous, tma in ((True, True), (False, False)):
-        q, k, v = make_qkv(2, 8, 2, 1, 4096, 128, torch.bfloat16, contiguous=contiguous, seed=7)
-        assert ("tma=1" in fmha.api.describe(q, k, v)) == tma, fmha.api.describe(q, k, v)
+    q, k, v = make_qkv(2, 8, 2, 1, 4096, 128, torch.bfloat16, contiguous=False, seed=7)
+    narrow = [torch.zeros(*t.shape[:3], 132, dtype=t.dtype, device=t.device) for t in (k, v)]
+    for t, w in zip(narrow, (k, v)):
+        t[..., :128] = w
+    for kk, vv, tma in ((k.contiguous(), v.contiguous(), True), (k, v, True),
+                        (narrow[0][..., :128], narrow[1][..., :128], False)):
+        assert ("tma=1" in fmha.api.describe(q, kk, vv)) == tma, fmha.api.describe(q, kk, vv)
         out = nan_like(q)
-        fmha.attention(q, k, v, out=out)
-        check_against_reference(out, q, k, v, False)
+        fmha.attention(q, kk, vv, out=out)
+        check_against_reference(out, q, kk, vv, False)
+
+
+@pytest.mark.parametrize("arrangement", ["hf-view", "fused-qkv", "kv-cache", "strided-out"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d,dtype", [(64, torch.float16), (128, torch.bfloat16)], ids=str)
+def test_hopper_reads_views_in_place(d, dtype, causal, arrangement):
+    """``auto`` runs transformers' transposed views, slices of a fused qkv projection and a cache with
+    spare capacity on the Gluon kernel, with no copy, in both layout arguments, and writes an ``out`` that
+    is itself a strided view; rows outside what is attended stay untouched."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("sm_90 only")
+    from fmha.bench.layouts import arrange
+    q, k, v = make_qkv(2, 8, 2, 1000, 1000, d, dtype, seed=d)
+    if arrangement != "strided-out":
+        q, k, v = arrange(q, k, v, arrangement)
+    for layout in ("bhsd", "bshd"):
+        qq, kk, vv = (t if layout == "bhsd" else t.transpose(1, 2) for t in (q, k, v))
+        assert fmha.api.describe(qq, kk, vv, causal=causal, layout=layout).startswith("hopper")
+        buf = torch.full((2, 1000, 3, 8, d), float("nan"), dtype=dtype, device="cuda")  # out in its middle third
+        out = buf[:, :, 1].transpose(1, 2) if layout == "bhsd" else buf[:, :, 1]
+        fmha.attention(qq, kk, vv, causal=causal, layout=layout, out=out)
+        torch.cuda.synchronize()
+        check_against_reference(out, qq, kk, vv, causal, "top_left", layout)
+        assert buf[:, :, 0].isnan().all() and buf[:, :, 2].isnan().all()
 
 
 @pytest.mark.parametrize("head_dim,seqlen_k", [(128, 8192), (128, 8193), (64, 16384), (256, 8192), (96, 8192)])

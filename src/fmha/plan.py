@@ -156,12 +156,13 @@ def plan(prob: Problem, q, k, v, o, layout: str, variant: str, config, alibi_slo
 
 def describe(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
              variant: str = "auto", window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
-             alibi_slopes: torch.Tensor | None = None) -> str:
-    """What :func:`fmha.attention` runs for this call (bhsd, top-left): variant, config, and
+             alibi_slopes: torch.Tensor | None = None, layout: str = "bhsd") -> str:
+    """What :func:`fmha.attention` runs for this call (top-left): variant, config, and
     GQA packing / key split when used.  For benchmark ledgers."""
-    batch, heads, seqlen_q, head_dim = q.shape
-    prob = problem(batch, heads, k.shape[1], seqlen_q, k.shape[2], head_dim, causal=causal, scale=None,
+    qb, kb = (t if layout == "bhsd" else t.transpose(1, 2) for t in (q, k))
+    batch, heads, seqlen_q, head_dim = qb.shape
+    prob = problem(batch, heads, kb.shape[1], seqlen_q, kb.shape[2], head_dim, causal=causal, scale=None,
                    window=window, softcap=softcap)
-    p = plan(prob, q, k, v, q, "bhsd", variant, None, alibi_slopes, 0)
+    p = plan(prob, q, k, v, q, layout, variant, None, alibi_slopes, 0)
     extra = (" packed-gqa" if p.problem.pack_gqa else "") + (f" split {p.split_len}" if p.split_len else "")
     return f"{p.variant} {p.config}{extra}"

@@ -17,13 +17,21 @@ class Cell:
     window: int = -1   # keys this far back from the diagonal and no further (-1: no window)
     softcap: int = 0   # softcap * tanh(s / softcap) on the scores (0: off)
     alibi: int = 0     # 1: ALiBi slopes 2^(-8 (h + 1) / heads)
+    layout: str = "contiguous"  # how q, k, v lie in memory (:mod:`.layouts`)
 
     @property
     def features(self) -> str:
-        """The modifiers, as the ledger's ``features`` column writes them ("" for none)."""
+        """The modifiers and a layout other than contiguous, as the ledger's ``features`` column writes
+        them ("" for none)."""
         parts = [f"window={self.window}"] if self.window >= 0 else []
         parts += [f"softcap={self.softcap}"] if self.softcap else []
-        return " ".join(parts + (["alibi"] if self.alibi else []))
+        parts += ["alibi"] if self.alibi else []
+        return " ".join(parts + ([f"layout={self.layout}"] if self.layout != "contiguous" else []))
+
+    @property
+    def modified(self) -> bool:
+        """True when the scores carry a window, softcap or ALiBi."""
+        return self.window >= 0 or bool(self.softcap) or bool(self.alibi)
 
     def __str__(self):
         return (f"B{self.batch} H{self.heads}/{self.kv_heads} Sq{self.seqlen_q} Sk{self.seqlen_k} "
@@ -65,33 +73,46 @@ def ragged_grid() -> list[Cell]:
             for d in (64, 128) for c in (False, True) for s in (1000, 3000, 9000)]
 
 
+def models_grid() -> list[Cell]:
+    """Causal prefill at real models' head counts (Llama-3-8B's 32/8, Qwen2-7B's 28/4; D=128), batch 1-8
+    at 16k-1k tokens, q/k/v as real programs pass them: contiguous, transformers' transposed views,
+    slices of a fused qkv projection."""
+    return [Cell(b, h, kvh, s, s, 128, True, layout=lay) for h, kvh in ((32, 8), (28, 4))
+            for b, s in ((1, 16384), (2, 8192), (4, 4096), (8, 1024)) for lay in ("contiguous", "hf-view", "fused-qkv")]
+
+
 def quick_grid() -> list[Cell]:
     """Tiny shapes the CPU interpreter runs in seconds (its times mean nothing)."""
     return [Cell(1, 2, 2, 33, 33, 32, False), Cell(1, 2, 1, 17, 40, 64, True), Cell(2, 2, 2, 16, 16, 64, True)]
 
 
-def parse_fields(text: str | None, fields, kind: str) -> dict[str, list[int]]:
+def parse_fields(text: str | None, fields, kind: str, convert=int) -> dict[str, list]:
     """``"name=1,2 other=3"`` -> ``{"name": [1, 2], "other": [3]}``; every name must be in ``fields``."""
     out = {}
     for part in (text or "").split():
         key, _, vals = part.partition("=")
         if key not in fields:
             raise ValueError(f"unknown {kind} field {key!r}; fields: {sorted(fields)}")
-        out[key] = [int(x) for x in vals.split(",") if x]
+        out[key] = [convert(x) for x in vals.split(",") if x]
     return out
 
 
+def _value(cell: Cell, field: str) -> str:
+    x = getattr(cell, field)
+    return str(int(x)) if isinstance(x, (bool, int)) else x
+
+
 def where(cells: list[Cell], text: str | None) -> list[Cell]:
-    """The cells whose fields take the listed values: ``"seqlen_q=1,4 causal=1"``."""
-    keep = parse_fields(text, Cell.__dataclass_fields__, "cell")
-    return [c for c in cells if all(int(getattr(c, key)) in vals for key, vals in keep.items())]
+    """The cells whose fields take the listed values: ``"seqlen_q=1,4 causal=1 layout=hf-view"``."""
+    keep = parse_fields(text, Cell.__dataclass_fields__, "cell", convert=str)
+    return [c for c in cells if all(_value(c, key) in vals for key, vals in keep.items())]
 
 
 def values(cells: list[Cell]) -> str:
     """What ``--where`` can select in ``cells``: each field's values, for an error message."""
-    fields = {f: sorted({int(getattr(c, f)) for c in cells}) for f in Cell.__dataclass_fields__}
-    return "values here: " + " ".join(f"{f}={','.join(map(str, v))}" for f, v in fields.items())
+    fields = {f: sorted({_value(c, f) for c in cells}, key=lambda x: (len(x), x)) for f in Cell.__dataclass_fields__}
+    return "values here: " + " ".join(f"{f}={','.join(v)}" for f, v in fields.items())
 
 
 GRIDS = {"default": default_grid, "decode": decode_grid, "extra": extra_grid, "features": features_grid,
-         "ragged": ragged_grid, "quick": quick_grid}
+         "ragged": ragged_grid, "models": models_grid, "quick": quick_grid}

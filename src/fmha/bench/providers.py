@@ -64,7 +64,7 @@ def _table_config(variant: str, cell):
     to 16 query rows, whose GQA rows are packed; else the sm_90 row)."""
     from fmha import configs
     if variant == "hopper":
-        return configs.hopper_config(cell.head_dim, cell.causal, cell.seqlen_k, modifiers=bool(cell.features),
+        return configs.hopper_config(cell.head_dim, cell.causal, cell.seqlen_k, modifiers=cell.modified,
                                      seqlen_q=cell.seqlen_q)
     if cell.seqlen_q <= 16:
         return configs.decode_config(cell.seqlen_q * cell.heads // cell.kv_heads, cell.seqlen_k, cell.head_dim)
@@ -111,7 +111,7 @@ def _sdpa(backend_name: str, max_score_bytes: float | None = None) -> Provider:
         gqa = cell.heads != cell.kv_heads
         if cell.softcap:
             raise RuntimeError("skipped: SDPA has no softcap")
-        mask = _sdpa_mask(q, cell) if cell.features else None
+        mask = _sdpa_mask(q, cell) if cell.modified else None
 
         def run():
             with sdpa_kernel(backend):
@@ -125,7 +125,10 @@ def _flash_attn(module: str) -> Provider:
     def make(q, k, v, cell):
         import importlib
         fn = importlib.import_module(module).flash_attn_func
-        qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))  # bshd, outside the timing
+        # bshd: a contiguous cell's copy (FlashAttention's own layout) made outside the timing; the
+        # other layouts as they lie (transformers' views are contiguous bshd; fused qkv slices are strided)
+        qt, kt, vt = (t.transpose(1, 2) if cell.layout != "contiguous" else t.transpose(1, 2).contiguous()
+                      for t in (q, k, v))
         kw = modifiers(cell, q.device)  # FlashAttention's own names for them, but the window's
         if "window" in kw:
             kw["window_size"] = kw.pop("window")

@@ -11,6 +11,7 @@ import torch
 from . import ledger
 from .flops import attention_bytes, attention_flops
 from .grids import Cell
+from .layouts import arrange
 from .providers import Provider, modifiers
 from .timing import graph_median_ms, median_ms, tflops
 
@@ -52,7 +53,7 @@ def ceilings(device: str) -> list[dict]:
 def _reference(q, k, v, cell: Cell) -> torch.Tensor:
     """Float32 attention through SDPA's exact backends (no low-precision rounding); a cell with
     modifiers through :func:`fmha.reference.dense_attention` (float64, host), a batch at a time."""
-    if cell.features:
+    if cell.modified:
         from fmha import reference
         kw = modifiers(cell, "cpu")
         out = [torch.from_numpy(reference.dense_attention(*(t[b:b + 1].cpu() for t in (q, k, v)), causal=cell.causal,
@@ -66,12 +67,14 @@ def _reference(q, k, v, cell: Cell) -> torch.Tensor:
 
 
 def cell_inputs(cell: Cell, dtype: torch.dtype, device: str, seed: int = 0):
-    """Random normal q, k, v (bhsd) for ``cell``, its float32 reference output, and its FLOPs."""
+    """Random normal q, k, v (bhsd views, in the cell's memory layout) for ``cell``, its float32 reference
+    output, and its FLOPs."""
     g = torch.Generator(device=device).manual_seed(seed)
     shape = lambda h, s: (cell.batch, h, s, cell.head_dim)  # noqa: E731
     q = torch.randn(shape(cell.heads, cell.seqlen_q), generator=g, device=device, dtype=dtype)
     k = torch.randn(shape(cell.kv_heads, cell.seqlen_k), generator=g, device=device, dtype=dtype)
     v = torch.randn(shape(cell.kv_heads, cell.seqlen_k), generator=g, device=device, dtype=dtype)
+    q, k, v = arrange(q, k, v, cell.layout)
     flops = attention_flops(cell.batch, cell.heads, cell.seqlen_q, cell.seqlen_k, cell.head_dim, cell.causal,
                             window=cell.window)
     return q, k, v, _reference(q, k, v, cell), flops

@@ -11,7 +11,7 @@ import torch
 import triton
 
 from ..device import device_facts
-from . import pipelined, singlewave, tiled
+from . import pipelined, singlewave, tiled, tma
 
 VARIANTS = {  # Triton: every target, and the CPU interpreter
     "singlewave": singlewave.KERNEL,
@@ -29,18 +29,6 @@ def strides_bhsd(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
     return (s[0], s[1], s[2], s[3]) if layout == "bhsd" else (s[0], s[2], s[1], s[3])
 
 
-def kv_view3d(t: torch.Tensor, layout: str):
-    """K or V (contiguous) as the 3-D tensor TMA reads, [batch*heads or batch, seqlen, *] (so a box
-    past seqlen is zero-filled, never the next head's keys), and how (batch, head) map to its first
-    coordinate and its last."""
-    b, d = t.shape[0], t.shape[3]
-    if layout == "bhsd":
-        h, s = t.shape[1], t.shape[2]
-        return t.view(b * h, s, d), h, 1, 0
-    s, h = t.shape[1], t.shape[2]
-    return t.view(b, s, h * d), 1, 0, d
-
-
 def unsupported(variant: str, cfg, prob, q, k, v, o, layout: str, alibi: bool = False) -> str | None:
     """Why ``variant`` cannot take this call, or None."""
     if variant == "hopper":
@@ -51,8 +39,9 @@ def unsupported(variant: str, cfg, prob, q, k, v, o, layout: str, alibi: bool = 
             return "K/V by TMA (config tma=1) is the tiled variant's"
         if prob.varlen or prob.page or prob.block_d != prob.head_dim:
             return "K/V by TMA take one (batch, head) sequence of a power-of-two head_dim (not varlen or paged)"
-        if not (k.is_contiguous() and v.is_contiguous()) or k.data_ptr() % 16 or v.data_ptr() % 16:
-            return "K/V by TMA need contiguous, 16-byte aligned k and v"
+        why = tma.kv_reason(k, v, layout)
+        if why:
+            return why
         if q.is_cuda and device_facts(q.device.index)[0] < 9:
             return "K/V by TMA need an sm_90 GPU or newer"
     return None
@@ -81,8 +70,10 @@ def launch(variant: str, cfg, prob, q, k, v, o, lse, layout: str, alibi=None, se
     kv_tma = bool(cfg.tma)
     if kv_tma:  # K/V as 3-D TMA descriptors: boxes [1, BLOCK_N, D] of one (batch, kv head)
         from triton.tools.tensor_descriptor import TensorDescriptor
-        (k3, *kv_place), (v3, *_) = (kv_view3d(t, layout) for t in (k, v))
-        k_desc, v_desc = (TensorDescriptor.from_tensor(t, [1, cfg.block_n, prob.head_dim]) for t in (k3, v3))
+        kv = [(t, tma.kv_view(t, layout)) for t in (k, v)]
+        k_desc, v_desc = (TensorDescriptor(t, list(w.shape), list(w.strides), [1, cfg.block_n, prob.head_dim])
+                          for t, w in kv)
+        kv_place = (kv[0][1].batch, kv[0][1].head, kv[0][1].col)
     else:
         k_desc, v_desc, kv_place = k, v, (0, 0, 0)
     kernel[grid](

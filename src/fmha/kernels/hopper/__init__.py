@@ -67,7 +67,7 @@ import triton
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .. import combine, kv_view3d, strides_bhsd
+from .. import combine, strides_bhsd, tma
 from . import multicast
 from ...constants import LOG2E
 from ...device import device_facts
@@ -91,16 +91,6 @@ SMEM_LAYOUT_2 = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16
 KV_LAYOUT_2 = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3, cga_layout=[[0, 0, 0]])
 
 
-def _view2d(t: torch.Tensor, layout: str):
-    """The 2-D matrix TMA reads, and how (batch, head) map to its rows and columns."""
-    b, d = t.shape[0], t.shape[3]
-    if layout == "bhsd":
-        h, s = t.shape[1], t.shape[2]
-        return t.view(b * h * s, d), h * s, s, 0
-    s, h = t.shape[1], t.shape[2]
-    return t.view(b * s, h * d), s, 0, d
-
-
 def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
     """None if the hopper kernel takes this call, else the reason it does not."""
     if not q.is_cuda or device_facts(q.device.index)[0] != 9:
@@ -118,9 +108,9 @@ def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
         return f"needs {smem >> 10} KB of shared memory, sm_90 has {SMEM_LIMIT >> 10} KB"
     if sm_bytes(prob.head_dim, cfg) > SMEM_SM:
         return f"{cfg.occupancy} programs of {smem >> 10} KB of shared memory do not fit on one SM ({SMEM_SM >> 10} KB)"
-    for t in (q, k, v, o):
-        if not t.is_contiguous() or t.data_ptr() % 16:
-            return "needs contiguous, 16-byte aligned q, k, v and out"
+    why = tma.reason((q, k, v, o), layout, "bshd" if prob.page else layout)
+    if why:
+        return why
     if cfg.cluster:
         if prob.causal or prob.window_offset is not None or per_sequence(prob) or prob.page:
             return "clusters take dense non-causal calls without a window"
@@ -132,17 +122,21 @@ def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
 
 
 def descriptors(prob, cfg, q, k, v, o, layout: str) -> tuple:
-    """The four TMA descriptors and the row/column strides of (batch, head) in their 2-D views."""
-    (q2, qrb, qrh, qch), (o2, *_) = (_view2d(t, layout) for t in (q, o))
+    """The four TMA descriptors over q, k, v and out as they lie (:mod:`..tma`), and how (batch, head)
+    place a tile in each: Q's rows and columns, K/V's first index and columns, O's rows and columns
+    and its row stride."""
     kv_layout = "bshd" if prob.page else layout  # a page pool [pages, page, kv_heads, D] reads as bshd
-    (k3, krb, krh, kch), (v3, *_) = (kv_view3d(t, kv_layout) for t in (k, v))
+    (qw, ow), (kw, vw) = (tma.rows_view(t, layout) for t in (q, o)), (tma.kv_view(t, kv_layout) for t in (k, v))
     d = prob.head_dim
     smem, kv, kv_d = (SMEM_LAYOUT_2, KV_LAYOUT_2, d // 2) if cfg.cluster else (SMEM_LAYOUT, KV_LAYOUT, d)
-    descs = (TensorDescriptor.from_tensor(q2, [64, d], smem),
-             TensorDescriptor.from_tensor(k3, [1, cfg.block_n, kv_d], kv),  # CLUSTER: a column half a CTA
-             TensorDescriptor.from_tensor(v3, [1, cfg.block_n, kv_d], kv),
-             TensorDescriptor.from_tensor(o2, [64, d], smem))
-    return descs, (qrb, qrh, qch, krb, krh, kch, o2.stride(0))
+
+    def desc(t, w, box, layout):
+        return TensorDescriptor(t, list(w.shape), list(w.strides), box, layout)
+    descs = (desc(q, qw, [64, d], smem),
+             desc(k, kw, [1, cfg.block_n, kv_d], kv),  # CLUSTER: a column half a CTA
+             desc(v, vw, [1, cfg.block_n, kv_d], kv),
+             desc(o, ow, [64, d], smem))
+    return descs, (qw.batch, qw.head, qw.col, kw.batch, kw.head, kw.col, ow.batch, ow.head, ow.col, ow.strides[0])
 
 
 def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None, None),
@@ -159,8 +153,8 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
     resident = device_facts(q.device.index)[1] * max(cfg.occupancy, 1)  # programs on the SMs at once
     persistent = cfg.persistent != 0  # the default since the causal pairs (configs.HOPPER)
     if prob.varlen:  # one packed sequence: the batch index picks rows through cu_seqlens, not a stride
-        qrb, qrh, qch, _, krh, kch, o_stride = strides
-        strides = (0, qrh, qch, 0, krh, kch, o_stride)
+        qrb, qrh, qch, _, krh, kch, orb, orh, och, o_stride = strides
+        strides = (0, qrh, qch, 0, krh, kch, 0, orh, och, o_stride)
         items = torch.from_numpy(varlen_items(*lengths, prob, cfg, causal_offset, window_offset)).to(q.device)
         n_m, n_tiles = 1, items.numel() * prob.heads
         if n_tiles == 0:  # every sequence is empty

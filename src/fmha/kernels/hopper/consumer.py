@@ -33,8 +33,8 @@ def _pass_turn(turns, WG: gl.constexpr, NUM_WG: gl.constexpr, PINGPONG: gl.const
 @gluon.jit
 def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
               v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset, window_offset,
-              align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m, head_group, q_rows_b, q_rows_h,
-              q_col_h, o_stride, PieceO, PieceLSE, Rows, pieces, STAGES: gl.constexpr, WG: gl.constexpr,
+              align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m, head_group, o_rows_b, o_rows_h,
+              o_col_h, o_stride, PieceO, PieceLSE, Rows, pieces, STAGES: gl.constexpr, WG: gl.constexpr,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD: gl.constexpr, CAUSAL: gl.constexpr,
               WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, RAGGED: gl.constexpr,
               PAIRED: gl.constexpr, PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr, VARLEN: gl.constexpr,
@@ -174,8 +174,8 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
         # Section 6: o = acc / l with 1/l := 0 on an empty row
         inv_l = gl.where(l == 0.0, 0.0, 1.0 / l)
         acc = acc * gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout))[:, None]
-        o_row = b * q_rows_b + h * q_rows_h + q0 + row0
-        o_col = h * q_col_h
+        o_row = b * o_rows_b + h * o_rows_h + q0 + row0
+        o_col = h * o_col_h
         if SPLIT and part >= 0:  # a piece's float32 result and LSE, merged after the kernel
             _store_piece(acc, l, m, PieceO, PieceLSE, Rows, g, part, n_tiles, bh * seqlen_q + row0, row0, sq, rank,
                          o_layout, row_layout, BLOCK_M, HEAD, WG, CLUSTER)

@@ -1,0 +1,189 @@
+"""Real model code with ``attn_implementation="fmha"`` against ``"sdpa"``: transformers' Llama, Qwen2,
+Gemma 2 and Mistral built from configs (their real widths and head counts, a few layers, random
+weights, bf16), eager.
+
+    PYTHONPATH=src python3 bench/model_speed.py [--models llama qwen2 gemma2 mistral] [--layers 4]
+        [--seqlens 1024 4096 16384] [--batches 1 8] [--new-tokens 32] [--ledger bench/ledger.csv]
+
+Per model, batch and prompt length, for each implementation: the prefill forward's time, the time
+inside attention (CUDA events around every attention call of that forward, summed), and the
+time per token of greedy ``generate()`` after that prompt; fmha's rows say which variants ran, and
+whether its greedy tokens equal SDPA's.  Rows go to the ledger (``provider`` ``transformers:<impl>``,
+``features`` ``part=forward|attention|decode``, ``ratio_best_peer`` against SDPA's row).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import fmha.plan  # noqa: E402
+import fmha.integrations.transformers as fmha_hf  # noqa: E402
+from fmha.bench import ledger  # noqa: E402
+
+VOCAB = 32000  # real embedding tables would only add one large GEMM
+
+
+def model_configs(layers: int) -> dict:
+    """Each family at a real size's widths (Llama-3.2-1B, Qwen2-7B, Gemma-2-9B, Mistral-7B)."""
+    import transformers as tf
+    common = dict(vocab_size=VOCAB, num_hidden_layers=layers, max_position_embeddings=32768)
+    return {
+        "llama": (tf.LlamaForCausalLM, tf.LlamaConfig(hidden_size=2048, intermediate_size=8192,
+                                                      num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+                                                      rope_theta=500000.0, **common)),
+        "qwen2": (tf.Qwen2ForCausalLM, tf.Qwen2Config(hidden_size=3584, intermediate_size=18944,
+                                                      num_attention_heads=28, num_key_value_heads=4, **common)),
+        "gemma2": (tf.Gemma2ForCausalLM, tf.Gemma2Config(hidden_size=3584, intermediate_size=14336,
+                                                         num_attention_heads=16, num_key_value_heads=8, head_dim=256,
+                                                         sliding_window=4096, attn_logit_softcapping=50.0,
+                                                         query_pre_attn_scalar=256, **common)),
+        "mistral": (tf.MistralForCausalLM, tf.MistralConfig(hidden_size=4096, intermediate_size=14336,
+                                                            num_attention_heads=32, num_key_value_heads=8,
+                                                            head_dim=128, sliding_window=4096, **common)),
+    }
+
+
+RAN: set[str] = set()  # the variants fmha's plans chose since last cleared
+
+
+def _record_plans() -> None:
+    plan = fmha.plan.plan
+
+    def recorded(*a, **kw):
+        p = plan(*a, **kw)
+        RAN.add(p.variant)
+        return p
+    fmha.plan.plan = recorded
+
+
+class Timed:
+    """An attention implementation wrapped in CUDA events (while ``on``)."""
+
+    def __init__(self, fn):
+        self.fn, self.on, self.events = fn, False, []
+
+    def __call__(self, module, query, key, value, attention_mask, **kw):
+        if not self.on:
+            return self.fn(module, query, key, value, attention_mask, **kw)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = self.fn(module, query, key, value, attention_mask, **kw)
+        end.record()
+        self.events.append((start, end))
+        return out
+
+    def take_ms(self) -> float:
+        torch.cuda.synchronize()
+        ms = sum(s.elapsed_time(e) for s, e in self.events)
+        self.events = []
+        return ms
+
+
+def register() -> dict[str, Timed]:
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    fmha_hf.register()
+    _record_plans()
+    timed = {"fmha": Timed(fmha_hf.attention_forward), "sdpa": Timed(sdpa_attention_forward)}
+    for name, t in timed.items():
+        AttentionInterface.register(f"timed-{name}", t)
+        AttentionMaskInterface.register(f"timed-{name}", sdpa_mask)
+    return timed
+
+
+def median_ms(fn, reps: int = 5) -> float:
+    fn()
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        torch.cuda.synchronize()
+        times.append(s.elapsed_time(e))
+    return statistics.median(times)
+
+
+def measure(model, timer: Timed, ids, new_tokens: int) -> dict:
+    with torch.no_grad():
+        forward = median_ms(lambda: model(ids, use_cache=False))
+        timer.on = True
+        model(ids, use_cache=False)
+        timer.on = False
+        attention = timer.take_ms()
+        gen = lambda n: model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)  # noqa: E731
+        one = median_ms(lambda: gen(1), reps=3)
+        many = median_ms(lambda: gen(1 + new_tokens), reps=3)
+        tokens = gen(1 + new_tokens)[:, ids.shape[1]:]
+    return {"forward": forward, "attention": attention, "decode": (many - one) / new_tokens, "tokens": tokens}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", nargs="+", default=["llama", "qwen2", "gemma2", "mistral"])
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--seqlens", nargs="+", type=int, default=[1024, 4096, 16384])
+    p.add_argument("--batches", nargs="+", type=int, default=[1, 8])
+    p.add_argument("--max-tokens", type=int, default=32768, help="skip batch*seqlen above this")
+    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--ledger", default=None)
+    args = p.parse_args()
+    timed = register()
+    env = ledger.environment("cuda")
+    configs = model_configs(args.layers)
+    print(f"{'model':8} {'B':>2} {'S':>6} | {'fwd fmha/sdpa ms':>17} {'x':>5} | {'attn fmha/sdpa ms':>17} {'x':>5} | "
+          f"{'token fmha/sdpa ms':>18} {'x':>5} | same tokens | fmha ran")
+    for name in args.models:
+        cls, cfg = configs[name]
+        torch.manual_seed(0)
+        models = {}
+        for impl in timed:
+            models[impl] = cls._from_config(copy.deepcopy(cfg), attn_implementation=f"timed-{impl}",
+                                            torch_dtype=torch.bfloat16)
+        models["fmha"].load_state_dict(models["sdpa"].state_dict())
+        for m in models.values():
+            m.to("cuda").eval()
+        heads, kvh = cfg.num_attention_heads, cfg.num_key_value_heads
+        d = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        for b in args.batches:
+            for s in args.seqlens:
+                if b * s > args.max_tokens:
+                    continue
+                ids = torch.randint(0, VOCAB, (b, s), device="cuda", generator=torch.Generator("cuda").manual_seed(s))
+                RAN.clear()
+                res = {impl: measure(models[impl], timed[impl], ids, args.new_tokens) for impl in models}
+                same = int((res["fmha"]["tokens"] == res["sdpa"]["tokens"]).all(dim=0).cumprod(0).sum())
+                ran = "+".join(sorted(RAN)) or "-"
+                ratio = {part: res["sdpa"][part] / res["fmha"][part] for part in ("forward", "attention", "decode")}
+                print(f"{name:8} {b:>2} {s:>6} | {res['fmha']['forward']:8.2f}/{res['sdpa']['forward']:<8.2f} "
+                      f"{ratio['forward']:5.2f} | {res['fmha']['attention']:8.2f}/{res['sdpa']['attention']:<8.2f} "
+                      f"{ratio['attention']:5.2f} | {res['fmha']['decode']:8.2f}/{res['sdpa']['decode']:<9.2f} "
+                      f"{ratio['decode']:5.2f} | {same:>3}/{args.new_tokens + 1:<3}     | {ran}", flush=True)
+                rows = []
+                what = {"fmha": f"{name} {args.layers} layers ({ran})", "sdpa": f"{name} {args.layers} layers"}
+                for impl, r in res.items():
+                    for part in ("forward", "attention", "decode"):
+                        rows.append(dict(env, provider=f"transformers:{impl}", dtype="bfloat16", batch=b, heads=heads,
+                                         kv_heads=kvh, seqlen_q=s if part != "decode" else 1, seqlen_k=s,
+                                         head_dim=d, causal=1, ms=r[part], features=f"part={part}",
+                                         config=what[impl],
+                                         ratio_best_peer=ratio[part] if impl == "fmha" else 1.0,
+                                         note=(f"greedy tokens equal sdpa's: first {same} of {args.new_tokens + 1}"
+                                               if impl == "fmha" and part == "decode" else "ok")))
+                ledger.append(args.ledger, rows)
+                torch.cuda.empty_cache()
+        del models
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

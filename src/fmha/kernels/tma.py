@@ -1,0 +1,111 @@
+"""How a ``(batch, head, seq, dim)`` tensor of any strides is read and written by TMA.
+
+A TMA descriptor is a strided box over global memory: its last dimension unit-stride, every other
+stride a multiple of 16 bytes.  The kernels address Q and O as one 2-D matrix (rows, columns) and
+K and V as a 3-D one (a first index, key rows, columns), and put (batch, head) into those
+coordinates with three integers each.  The views below derive the matrix and the three integers
+from the tensor's real strides, so contiguous bhsd and bshd, transformers' transposed views,
+slices of a fused qkv projection and a KV cache with spare capacity all read in place.
+
+Two placements of the heads exist: along the rows (or K/V's first index), when a head's stride is a
+multiple of a sequence row's (bhsd-like storage), or along the columns, when the heads of one
+sequence row lie side by side within it (bshd-like storage).  The batch stride must then be a
+multiple of the row stride (of the head stride, for K/V with heads along the first index).  A
+layout that meets neither is not described, and :func:`reason` says why.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class View:
+    """A descriptor's ``shape`` and ``strides`` over the tensor's storage (elements), and how batch
+    ``b`` and head ``h`` place a tile: rows (Q/O) or first index (K/V) ``b * batch + h * head``,
+    columns ``h * col``."""
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    batch: int
+    head: int
+    col: int
+
+
+def _sizes_strides(t: torch.Tensor, layout: str):
+    """(b, h, s, d) and their strides, the stride of a dimension of size 1 set to 0 (it never moves)."""
+    shape, st = t.shape, t.stride()
+    order = (0, 1, 2, 3) if layout == "bhsd" else (0, 2, 1, 3)
+    sizes = tuple(shape[i] for i in order)
+    strides = tuple(st[i] if shape[i] > 1 else 0 for i in order)
+    return sizes, strides
+
+
+def _aligned(t: torch.Tensor, *strides: int) -> bool:
+    return t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0 for s in strides)
+
+
+def _multiple(a: int, b: int) -> bool:
+    return b > 0 and a % b == 0
+
+
+def rows_view(t: torch.Tensor, layout: str) -> View | None:
+    """Q or O as the 2-D matrix ``[rows, columns]``; None if its strides do not allow one."""
+    (b, h, s, d), (sb, sh, ss, sd) = _sizes_strides(t, layout)
+    if d > 1 and sd != 1:
+        return None
+    row = ss or sh or sb or d  # a row's stride: a sequence position's, else whatever moves next
+    if row < d or not _multiple(sb, row) and sb:
+        return None
+    if _multiple(sh, row) or not sh:  # heads along the rows
+        rb, rh, ch = sb // row, sh // row, 0
+    elif sh >= d and (h - 1) * sh + d <= row:  # heads side by side within a row
+        rb, rh, ch = sb // row, 0, sh
+    else:
+        return None
+    if not _aligned(t, row):
+        return None
+    shape = ((b - 1) * rb + (h - 1) * rh + s, (h - 1) * ch + d)
+    return View(shape, (row, 1), rb, rh, ch)
+
+
+def kv_view(t: torch.Tensor, layout: str) -> View | None:
+    """K or V as the 3-D tensor ``[first, seqlen, columns]`` (a box past seqlen is filled with zeros,
+    never the next head's keys); None if its strides do not allow one."""
+    (b, h, s, d), (sb, sh, ss, sd) = _sizes_strides(t, layout)
+    if d > 1 and sd != 1:
+        return None
+    row = ss or max(d, 8)  # one key: any aligned stride does, past it is outside the view
+    if h > 1 and 0 < sh < row and sh >= d and (h - 1) * sh + d <= row:  # heads side by side within a row
+        first = sb or row * s
+        shape, strides, fb, fh, ch = (b, s, (h - 1) * sh + d), (first, row, 1), 1, 0, sh
+    else:  # heads along the first index
+        first = sh or sb or row * s
+        if sb and not _multiple(sb, first):
+            return None
+        fb, fh = sb // first, 1 if sh else 0
+        shape, strides, ch = ((b - 1) * fb + (h - 1) * fh + 1, s, d), (first, row, 1), 0
+    if row < d or not _aligned(t, first, row):
+        return None
+    return View(shape, strides, fb, fh, ch)
+
+
+def reason(tensors, layout: str, kv_layout: str | None = None) -> str | None:
+    """None if TMA can read ``q, k, v, out`` in place, else why not."""
+    q, k, v, o = tensors
+    kv_layout = kv_layout or layout
+    for name, t, view in (("q", q, rows_view), ("k", k, kv_view), ("v", v, kv_view), ("out", o, rows_view)):
+        if view(t, kv_layout if name in "kv" else layout) is None:
+            return (f"{name} with strides {tuple(t.stride())}: TMA needs a unit-stride last dimension, 16-byte "
+                    f"aligned pointer and strides, and heads either along the rows or side by side within one")
+    return kv_reason(k, v, kv_layout)
+
+
+def kv_reason(k: torch.Tensor, v: torch.Tensor, layout: str) -> str | None:
+    """None if K and V have views that place (batch, head) alike (the kernels compute one place for both)."""
+    kw, vw = kv_view(k, layout), kv_view(v, layout)
+    if kw is None or vw is None:
+        return "K/V by TMA need a unit-stride head_dim, 16-byte aligned pointers and strides"
+    if (kw.batch, kw.head, kw.col) != (vw.batch, vw.head, vw.col):
+        return f"k and v place their heads differently (strides {tuple(k.stride())} and {tuple(v.stride())})"
+    return None

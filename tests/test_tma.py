@@ -1,0 +1,78 @@
+"""The TMA views (:mod:`fmha.kernels.tma`) on the host: every element a kernel addresses through a view
+is the tensor's own, the view stays inside the storage, and layouts TMA cannot read are refused."""
+import pytest
+import torch
+
+from fmha.bench.layouts import LAYOUTS, arrange
+from fmha.kernels import tma
+
+SHAPES = [(2, 4, 2, 48, 64), (1, 3, 3, 1, 128), (3, 1, 1, 17, 64), (1, 8, 1, 5, 128)]  # (b, h, kv_heads, s, d)
+
+
+def _through(t, view, kind):
+    """``t`` (bhsd) gathered element by element through ``view``, as the kernels address it."""
+    base = torch.as_strided(t, view.shape, view.strides)  # raises if the view leaves the storage
+    b, h, s, d = t.shape
+    out = torch.empty_like(t)
+    for i in range(b):
+        for j in range(h):
+            first = i * view.batch + j * view.head
+            cols = slice(j * view.col, j * view.col + d)
+            out[i, j] = base[first:first + s, cols] if kind == "rows" else base[first, :s, cols]
+    return out
+
+
+def _bhsd_as(t, layout):
+    return t if layout == "bhsd" else t.transpose(1, 2)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("arrangement", LAYOUTS)
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_views_address_the_tensor(layout, arrangement, shape):
+    b, h, kvh, s, d = shape
+    g = torch.Generator().manual_seed(s)
+    q = torch.randn(b, h, s, d, generator=g, dtype=torch.float16)
+    k, v = (torch.randn(b, kvh, s, d, generator=g, dtype=torch.float16) for _ in range(2))
+    q, k, v = arrange(q, k, v, arrangement)
+    for t, view, kind in ((q, tma.rows_view, "rows"), (k, tma.kv_view, "kv"), (v, tma.kv_view, "kv")):
+        w = view(_bhsd_as(t, layout), layout)
+        assert w is not None, (arrangement, t.stride())
+        assert torch.equal(_through(t, w, kind), t)
+    assert tma.reason((_bhsd_as(q, layout), _bhsd_as(k, layout), _bhsd_as(v, layout), _bhsd_as(q, layout)),
+                      layout) is None
+
+
+def test_a_page_pool_reads_as_bshd():
+    pool = torch.randn(3, 64, 2, 128, dtype=torch.bfloat16)  # [pages, page, kv_heads, D]
+    w = tma.kv_view(pool, "bshd")
+    assert torch.equal(_through(pool.transpose(1, 2), w, "kv"), pool.transpose(1, 2))
+
+
+def test_decode_keys_of_a_concatenated_cache_read_as_bshd_views():
+    """transformers' cache after a decode step: bhsd storage, handed over as a bshd view."""
+    k = torch.randn(2, 4, 33, 64, dtype=torch.float16)
+    w = tma.kv_view(k.transpose(1, 2), "bshd")
+    assert torch.equal(_through(k, w, "kv"), k)
+
+
+@pytest.mark.parametrize("case", ["last dim strided", "misaligned pointer", "misaligned row stride",
+                                  "heads interleaved within d"])
+def test_views_refuse_what_tma_cannot_read(case):
+    x = torch.randn(2, 4, 32, 128, dtype=torch.float16)
+    if case == "last dim strided":
+        t = x[..., ::2]
+    elif case == "misaligned pointer":
+        t = x[..., 1:65]  # 2 bytes past a 16-byte boundary
+    elif case == "misaligned row stride":
+        t = torch.randn(2, 4, 32, 68, dtype=torch.float16)[..., :64]  # 136-byte rows
+    else:  # two heads' dims interleaved: head h at column h, stride 2 between a head's columns is not TMA's
+        t = torch.randn(2, 32, 64, 4, dtype=torch.float16).permute(0, 3, 1, 2)
+    assert tma.rows_view(t, "bhsd") is None and tma.kv_view(t, "bhsd") is None
+    assert "TMA" in tma.reason((t, t, t, t), "bhsd")
+
+
+def test_k_and_v_must_place_heads_alike():
+    k = torch.randn(1, 4, 64, 64, dtype=torch.float16)
+    v = torch.randn(1, 64, 4, 64, dtype=torch.float16).transpose(1, 2)
+    assert "differently" in tma.kv_reason(k, v, "bhsd")
