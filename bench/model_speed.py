@@ -146,12 +146,11 @@ def main():
         cls, cfg = configs[name]
         torch.manual_seed(0)
         models = {}
-        for impl in timed:
-            models[impl] = cls._from_config(copy.deepcopy(cfg), attn_implementation=f"timed-{impl}",
-                                            torch_dtype=torch.bfloat16)
+        with torch.device("cuda"):  # initialised where they run
+            for impl in timed:
+                models[impl] = cls._from_config(copy.deepcopy(cfg), attn_implementation=f"timed-{impl}",
+                                                torch_dtype=torch.bfloat16).eval()
         models["fmha"].load_state_dict(models["sdpa"].state_dict())
-        for m in models.values():
-            m.to("cuda").eval()
         heads, kvh = cfg.num_attention_heads, cfg.num_key_value_heads
         d = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
         for b in args.batches:

@@ -96,7 +96,8 @@ def test_split_count_follows_programs_per_sm(monkeypatch):
 def test_kv_by_tma(sq, layout, causal):
     """``tiled`` with K/V read by TMA (config tma=1): split decoding with packed GQA and prefill,
     both layouts, per-batch key lengths whose padding holds NaN, against the float64 reference;
-    what it cannot take (strided K/V, another variant) is refused with the reason."""
+    strided K/V read in place; what it cannot take (rows that are not a multiple of 16 bytes, another
+    variant) is refused with the reason."""
     b, h, kvh, sk, d = 2, 8, 2, 300, 64
     q, k, v = make_qkv(b, h, kvh, sq, sk, d, torch.bfloat16, layout=layout, seed=sq)
     used = [300, 131]
@@ -115,8 +116,12 @@ def test_kv_by_tma(sq, layout, causal):
         bhsd = [t if layout == "bhsd" else t.transpose(1, 2) for t in (q[own], k[keys], v[keys])]
         _, ref_lse = reference.dense_attention(*bhsd, causal=causal, causal_align="bottom_right", return_lse=True)
         np.testing.assert_allclose(lse[own].cpu().double().numpy(), ref_lse, atol=2e-3)
-    with pytest.raises(ValueError, match="need contiguous, 16-byte aligned k and v"):
-        strided = make_qkv(b, h, kvh, sq, sk, d, torch.bfloat16, layout=layout, contiguous=False)
-        fmha.attention(*strided, layout=layout, variant="tiled", config=cfg)
+    strided = make_qkv(b, h, kvh, sq, sk, d, torch.bfloat16, layout=layout, contiguous=False)
+    out = nan_like(strided[0])
+    fmha.attention(*strided, layout=layout, variant="tiled", config=cfg, out=out)
+    check_against_reference(out, *strided, False, "top_left", layout)
+    narrow = [torch.zeros(*t.shape[:3], d + 4, dtype=t.dtype, device=t.device) for t in strided[1:]]  # 136-byte rows
+    with pytest.raises(ValueError, match="16-byte aligned pointers and strides"):
+        fmha.attention(q, *(t[..., :d] for t in narrow), layout=layout, variant="tiled", config=cfg)
     with pytest.raises(ValueError, match="is the tiled variant's"):
         fmha.attention(q, k, v, layout=layout, variant="pipelined", config=cfg)

@@ -57,7 +57,7 @@ def test_decode_keys_of_a_concatenated_cache_read_as_bshd_views():
 
 
 @pytest.mark.parametrize("case", ["last dim strided", "misaligned pointer", "misaligned row stride",
-                                  "heads interleaved within d"])
+                                  "misaligned head stride", "heads interleaved within d"])
 def test_views_refuse_what_tma_cannot_read(case):
     x = torch.randn(2, 4, 32, 128, dtype=torch.float16)
     if case == "last dim strided":
@@ -66,6 +66,8 @@ def test_views_refuse_what_tma_cannot_read(case):
         t = x[..., 1:65]  # 2 bytes past a 16-byte boundary
     elif case == "misaligned row stride":
         t = torch.randn(2, 4, 32, 68, dtype=torch.float16)[..., :64]  # 136-byte rows
+    elif case == "misaligned head stride":  # heads side by side 136 bytes apart: head 1's box starts off 16 bytes
+        t = torch.randn(2, 32, 4, 68, dtype=torch.float16)[..., :64].transpose(1, 2)
     else:  # two heads' dims interleaved: head h at column h, stride 2 between a head's columns is not TMA's
         t = torch.randn(2, 32, 64, 4, dtype=torch.float16).permute(0, 3, 1, 2)
     assert tma.rows_view(t, "bhsd") is None and tma.kv_view(t, "bhsd") is None

@@ -63,7 +63,7 @@ def rows_view(t: torch.Tensor, layout: str) -> View | None:
         rb, rh, ch = sb // row, 0, sh
     else:
         return None
-    if not _aligned(t, row):
+    if not _aligned(t, row, ch):  # (a head's first column too: a box starts on 16 bytes)
         return None
     shape = ((b - 1) * rb + (h - 1) * rh + s, (h - 1) * ch + d)
     return View(shape, (row, 1), rb, rh, ch)
@@ -85,7 +85,7 @@ def kv_view(t: torch.Tensor, layout: str) -> View | None:
             return None
         fb, fh = sb // first, 1 if sh else 0
         shape, strides, ch = ((b - 1) * fb + (h - 1) * fh + 1, s, d), (first, row, 1), 0
-    if row < d or not _aligned(t, first, row):
+    if row < d or not _aligned(t, first, row, ch):
         return None
     return View(shape, strides, fb, fh, ch)
 
