@@ -426,7 +426,9 @@ def test_auto_takes_hopper_for_lengths_per_sequence():
     """On sm_90, ``auto`` runs varlen and seqused_k prefill on the Gluon kernel (and agrees with tiled)."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("sm_90 only")
+    from fmha import replay
     from fmha.kernels import hopper
+    replay.clear()  # the first call of each kind plans and launches through hopper.launch
     calls = []
     launch = hopper.launch
     hopper.launch = lambda *a, **kw: calls.append(1) or launch(*a, **kw)
@@ -542,3 +544,63 @@ def test_features_at_gpu_sizes():
     qd, kd, vd = make_qkv(4, 32, 8, 1, 16384, 128, torch.bfloat16, seed=12)
     split = fmha.attention(qd, kd, vd)  # auto splits the keys for a single query row
     check_against_reference(split, qd, kd, vd, False)
+
+
+def _replay_cases():
+    """Calls of each path ``auto`` takes on a GPU: (inputs from a seed, the call on them)."""
+    def dense(sizes=(300, 700, 128), **kw):
+        return (lambda seed: make_qkv(2, 8, 2, *sizes, torch.bfloat16, seed=seed),
+                lambda qkv: fmha.attention(*qkv, **kw))
+
+    def varlen_inputs(seed):
+        q, cu_q = packed([300, 129], 8, 128, torch.bfloat16, seed)
+        k, cu_k = packed([500, 129], 2, 128, torch.bfloat16, seed + 1)
+        v, _ = packed([500, 129], 2, 128, torch.bfloat16, seed + 2)
+        return q, k, v, cu_q, cu_k, 300, 500
+
+    def paged(seqlen_q):
+        def inputs(seed):
+            g = torch.Generator(device="cuda").manual_seed(seed)
+            kc, vc = (torch.randn(12, 256, 2, 128, generator=g, device="cuda", dtype=torch.bfloat16) for _ in "kv")
+            table = torch.randperm(12, generator=g, device="cuda").to(torch.int32).view(3, 4)
+            lens = torch.tensor([1000, 300, 1024], dtype=torch.int32, device="cuda")
+            q = torch.randn(3, 8, seqlen_q, 128, generator=g, device="cuda", dtype=torch.bfloat16)
+            return q, kc, vc, table, lens
+        return inputs, lambda a: fmha.attention_paged(*a, causal=True)
+    return {"prefill": dense(causal=True), "prefill-lse": dense(return_lse=True),
+            "decode-split": dense(sizes=(1, 8192, 128)), "tiled-d96": dense(sizes=(200, 300, 96), causal=True),
+            "window": dense(causal=True, window=(64, 0), softcap=20.0),
+            "varlen": (varlen_inputs, lambda a: fmha.attention_varlen(*a, causal=True, return_lse=True)),
+            "paged-decode": paged(1), "paged-prefill": paged(256)}
+
+
+@pytest.mark.parametrize("case", list(_replay_cases()))
+def test_later_calls_replay_the_first(case):
+    """The second and third calls of a kind replay the first one's launches (the planner is not called
+    again) over their own tensors, into new outputs, and give what the ordinary path gives; a
+    replayed dense or paged call makes no host-device synchronization."""
+    from fmha import plan, replay
+    make, call = _replay_cases()[case]
+    inputs = [make(seed) for seed in range(3)]
+    torch.cuda.synchronize()
+    replay.clear()
+    first = call(inputs[0])
+    plans = []
+    real = plan.plan
+    plan.plan = lambda *a, **kw: plans.append(1) or real(*a, **kw)
+    try:
+        if case != "varlen":  # (attention_varlen reads cu_seqlens on the host, by design)
+            torch.cuda.set_sync_debug_mode("error")
+        again = [call(inputs[1]), call(inputs[2])]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+        plan.plan = real
+    assert not plans
+    replay.clear()
+    fresh = [call(inputs[1]), call(inputs[2])]
+    as_list = lambda x: list(x) if isinstance(x, tuple) else [x]  # noqa: E731
+    for a, b in zip(again, fresh):
+        for x, y in zip(as_list(a), as_list(b)):
+            assert torch.equal(x, y)
+    assert as_list(again[0])[0].data_ptr() != as_list(again[1])[0].data_ptr()
+    assert not torch.equal(as_list(first)[0], as_list(again[0])[0])

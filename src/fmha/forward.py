@@ -1,6 +1,7 @@
 """The checked call, written once for every entry point: allocate the outputs, answer the edges
 without a launch, plan, and launch (directly, or split over the keys with the partials merged by
-their LSE).  :mod:`fmha.api` calls these after the checks; so does the custom op."""
+their LSE).  :mod:`fmha.api` calls these after the checks; so does the custom op.  On a GPU the
+first call of each kind is recorded and later ones replay its launches (:mod:`fmha.replay`)."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,20 +10,36 @@ import math
 import torch
 
 from . import plan as planning
+from . import replay
 from .device import on
 
 
 def dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse, out=None, config=None,
           window=(-1, -1), softcap=0.0, alibi_slopes=None, seqused_k=None, num_splits=0):
     """:func:`fmha.attention` on checked inputs.  Returns ``(o, lse or None)``."""
+    def call():
+        return _dense(q, k, v, causal=causal, scale=scale, variant=variant, causal_align=causal_align,
+                      layout=layout, return_lse=return_lse, out=out, config=config, window=window, softcap=softcap,
+                      alibi_slopes=alibi_slopes, seqused_k=seqused_k, num_splits=num_splits)
+    if not q.is_cuda:
+        return call()
+    inputs = (q, k, v, out, alibi_slopes, seqused_k)
+    kind = replay.key("dense", inputs, causal, scale, variant, causal_align, layout, return_lse, config, window,
+                      softcap, num_splits)
+    return tuple(replay.call(kind, inputs, q.device, call))
+
+
+def _dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse, out, config, window, softcap,
+           alibi_slopes, seqused_k, num_splits):
     if layout == "bhsd":
         batch, heads, seqlen_q, head_dim = q.shape
         kv_heads, seqlen_k = k.shape[1], k.shape[2]
     else:
         batch, seqlen_q, heads, head_dim = q.shape
         seqlen_k, kv_heads = k.shape[1], k.shape[2]
-    o = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out
-    lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device) if return_lse else None
+    o = replay.buffer(torch.empty_like(q, memory_format=torch.contiguous_format)) if out is None else out
+    lse = replay.buffer(torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device)) \
+        if return_lse else None
     if o.numel() == 0:
         return o, lse
     if seqlen_k == 0:
@@ -42,10 +59,24 @@ def packed(q, k, v, cu_seqlens_q, cu_seqlens_k, lengths, max_seqlen_q, max_seqle
            causal_align, return_lse, window, softcap, alibi_slopes, config):
     """:func:`fmha.attention_varlen` on checked inputs (``lengths``: each sequence's query rows and
     keys, on the host).  Returns ``(o, lse or None)``."""
+    def call():
+        return _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, lengths, max_seqlen_q, max_seqlen_k, causal=causal,
+                       scale=scale, variant=variant, causal_align=causal_align, return_lse=return_lse, window=window,
+                       softcap=softcap, alibi_slopes=alibi_slopes, config=config)
+    if not q.is_cuda:
+        return call()
+    inputs = (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
+    kind = replay.key("packed", inputs, lengths[0].tobytes(), lengths[1].tobytes(), int(max_seqlen_q),
+                      int(max_seqlen_k), causal, scale, variant, causal_align, return_lse, window, softcap, config)
+    return tuple(replay.call(kind, inputs, q.device, call))
+
+
+def _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, lengths, max_seqlen_q, max_seqlen_k, *, causal, scale, variant,
+            causal_align, return_lse, window, softcap, alibi_slopes, config):
     batch = cu_seqlens_q.shape[0] - 1
     heads, kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
-    o = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = torch.empty((heads, q.shape[0]), dtype=torch.float32, device=q.device) if return_lse else None
+    o = replay.buffer(torch.empty_like(q, memory_format=torch.contiguous_format))
+    lse = replay.buffer(torch.empty((heads, q.shape[0]), dtype=torch.float32, device=q.device)) if return_lse else None
     if batch == 0 or q.shape[0] == 0 or heads == 0:
         return o, lse
     prob = planning.problem(batch, heads, kv_heads, q.shape[0], k.shape[0], head_dim, causal=causal, scale=scale,
@@ -64,14 +95,29 @@ def paged(q, k_cache, v_cache, block_table, cache_seqlens, *, causal, scale, cau
           window, softcap, alibi_slopes, num_splits, variant, config):
     """:func:`fmha.attention_paged` on checked inputs: the block table and lengths checked on the
     device first (:mod:`fmha.kernels.guards`).  Returns ``(o, lse or None)``."""
+    def call():
+        return _paged(q, k_cache, v_cache, block_table, cache_seqlens, causal=causal, scale=scale,
+                      causal_align=causal_align, layout=layout, return_lse=return_lse, window=window, softcap=softcap,
+                      alibi_slopes=alibi_slopes, num_splits=num_splits, variant=variant, config=config)
+    if not q.is_cuda:
+        return call()
+    inputs = (q, k_cache, v_cache, block_table, cache_seqlens, alibi_slopes)
+    kind = replay.key("paged", inputs, causal, scale, causal_align, layout, return_lse, window, softcap, num_splits,
+                      variant, config)
+    return tuple(replay.call(kind, inputs, q.device, call))
+
+
+def _paged(q, k_cache, v_cache, block_table, cache_seqlens, *, causal, scale, causal_align, layout, return_lse,
+           window, softcap, alibi_slopes, num_splits, variant, config):
     from .kernels import guards
     batch, heads = q.shape[0], (q.shape[1] if layout == "bhsd" else q.shape[2])
     seqlen_q, head_dim = (q.shape[2] if layout == "bhsd" else q.shape[1]), q.shape[3]
     page, kv_heads = k_cache.shape[1], k_cache.shape[2]
     if batch:
         guards.check_pages(block_table, cache_seqlens, k_cache.shape[0], page)
-    o = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device) if return_lse else None
+    o = replay.buffer(torch.empty_like(q, memory_format=torch.contiguous_format))
+    lse = replay.buffer(torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device)) \
+        if return_lse else None
     if o.numel() == 0 or block_table.shape[1] == 0:
         o.zero_()
         if lse is not None:
@@ -107,8 +153,8 @@ def run(p: planning.Plan, q, k, v, o, lse, layout, alibi, seqs, block_table=None
             return
         from .kernels import combine
         shape = (-(-prob.seqlen_k // p.split_len), prob.batch, prob.heads, prob.seqlen_q)
-        o_parts = torch.empty((*shape, prob.head_dim), dtype=torch.float32, device=q.device)
-        lse_parts = torch.empty(shape, dtype=torch.float32, device=q.device)
+        o_parts = replay.buffer(torch.empty((*shape, prob.head_dim), dtype=torch.float32, device=q.device))
+        lse_parts = replay.buffer(torch.empty(shape, dtype=torch.float32, device=q.device))
         kernels.launch(p.variant, p.config, prob, q, k, v, o_parts, lse_parts, layout, alibi, seqs,
                        split_len=p.split_len, block_table=block_table)
         combine.launch(o_parts, lse_parts, o, lse, kernels.strides_bhsd(o, layout), prob.heads, prob.seqlen_q)

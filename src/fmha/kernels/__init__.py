@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from .. import replay
 from ..device import device_facts
 from . import pipelined, singlewave, tiled, tma
 
@@ -76,8 +77,8 @@ def launch(variant: str, cfg, prob, q, k, v, o, lse, layout: str, alibi=None, se
         kv_place = (kv[0][1].batch, kv[0][1].head, kv[0][1].col)
     else:
         k_desc, v_desc, kv_place = k, v, (0, 0, 0)
-    kernel[grid](
-        q, k, v, o, lse if lse is not None else o, *strides[0], *strides[1], *strides[2], *strides[3],
+    replay.launch(
+        kernel, grid, q, k, v, o, lse if lse is not None else o, *strides[0], *strides[1], *strides[2], *strides[3],
         prob.heads, prob.heads // prob.kv_heads, prob.seqlen_q, prob.seqlen_k,
         prob.causal_offset - a, prob.scale_log2,
         (prob.window_offset or 0) - a, 0, prob.softcap, alibi if alibi is not None else o,

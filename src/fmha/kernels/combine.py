@@ -10,6 +10,7 @@ gives ``o = 0`` and ``lse = -inf``.
 import triton
 import triton.language as tl
 
+from .. import replay
 from .common import LN2, LOG2E
 
 
@@ -66,7 +67,7 @@ def launch(o_parts, lse_parts, o, lse, o_strides, heads: int = 1, seqlen_q: int 
     n_rows = lse_parts[0].numel()
     if n_rows == 0 or n == 0:
         return
-    merge_kernel[(n_rows,)](o_parts, lse_parts, o, lse if lse is not None else lse_parts,
+    replay.launch(merge_kernel, (n_rows,), o_parts, lse_parts, o, lse if lse is not None else lse_parts,
                             rows if rows is not None else lse_parts, n, heads, seqlen_q or n_rows,
                             o_parts.stride(0), lse_parts.stride(0), *o_strides,
                             HEAD_DIM=d, BLOCK_D=max(16, triton.next_power_of_2(d)),

@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import replay
+
 SEQLENS_MESSAGE = tl.constexpr("fmha.attention_paged: cache_seqlens outside [0, pages_per_seq * page_size]")
 BLOCK_TABLE_MESSAGE = tl.constexpr("fmha.attention_paged: a block_table entry in use (covering keys below "
                                    "cache_seqlens) outside [0, num_pages)")
@@ -47,8 +49,8 @@ def check_pages(block_table: torch.Tensor, cache_seqlens: torch.Tensor, num_page
     batch, pages_per_seq = block_table.shape
     on_host = block_table.device.type == "cpu"
     status = torch.empty(batch, dtype=torch.int32) if on_host else block_table
-    _check_pages[(batch,)](block_table, cache_seqlens, status, block_table.stride(0), pages_per_seq, num_pages,
-                           page_size, BLOCK=128, STATUS=on_host)
+    replay.launch(_check_pages, (batch,), block_table, cache_seqlens, status, block_table.stride(0), pages_per_seq,
+                  num_pages, page_size, BLOCK=128, STATUS=on_host)
     if on_host and status.any():
         b = int(status.nonzero()[0, 0])
         n = int(cache_seqlens[b])

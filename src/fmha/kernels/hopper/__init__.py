@@ -67,6 +67,7 @@ import triton
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from ... import replay
 from .. import combine, strides_bhsd, tma
 from . import multicast
 from ...constants import LOG2E
@@ -155,7 +156,8 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
     if prob.varlen:  # one packed sequence: the batch index picks rows through cu_seqlens, not a stride
         qrb, qrh, qch, _, krh, kch, orb, orh, och, o_stride = strides
         strides = (0, qrh, qch, 0, krh, kch, 0, orh, och, o_stride)
-        items = torch.from_numpy(varlen_items(*lengths, prob, cfg, causal_offset, window_offset)).to(q.device)
+        items = replay.constant(
+            torch.from_numpy(varlen_items(*lengths, prob, cfg, causal_offset, window_offset)).to(q.device))
         n_m, n_tiles = 1, items.numel() * prob.heads
         if n_tiles == 0:  # every sequence is empty
             return
@@ -172,15 +174,15 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
     balance = paired and bool(cfg.balance)
     if balance:  # the last round or two of pairs dealt out longest item first to the least loaded program
         grid = (min(n_tiles, resident),)
-        items = _schedule(q.device, n_m, n_tiles // n_m, grid[0], cfg.block_m, cfg.block_n, prob.seqlen_k,
-                          causal_offset)
+        items = replay.constant(_schedule(q.device, n_m, n_tiles // n_m, grid[0], cfg.block_m, cfg.block_n,
+                                          prob.seqlen_k, causal_offset))
     pieces = split_pieces(prob, cfg, n_tiles, resident, o.numel() * o.element_size())
     if pieces > 1:  # the last round's items in pieces, each piece's float32 result merged after the kernel
         grid = (min(resident, n_tiles // resident * resident + n_tiles % resident * pieces),)
         rows = n_tiles % grid[0] * item_rows(cfg)
-        w = torch.empty(pieces, rows, prob.head_dim, dtype=torch.float32, device=q.device)
-        wl = torch.empty(pieces, rows, dtype=torch.float32, device=q.device)
-        dest = torch.empty(rows, dtype=torch.int32, device=q.device)
+        w = replay.buffer(torch.empty(pieces, rows, prob.head_dim, dtype=torch.float32, device=q.device))
+        wl = replay.buffer(torch.empty(pieces, rows, dtype=torch.float32, device=q.device))
+        dest = replay.buffer(torch.empty(rows, dtype=torch.int32, device=q.device))
     else:
         w = wl = dest = o
     if cfg.cluster:  # the PTX pass must see the build: again, in case another stages hook replaced it since import
@@ -188,15 +190,16 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
     scale = prob.scale_log2 / LOG2E
     cap = prob.softcap or 1.0
     cu_q, cu_k, seqused = (t if t is not None else o for t in seqs)
-    hopper_kernel[grid](*descs, o, lse if lse is not None else o, alibi.contiguous() if alibi is not None else o,
-                        cu_q, cu_k, seqused, items, prob.heads, prob.heads // prob.kv_heads, prob.seqlen_q,
-                        prob.seqlen_k, causal_offset, window_offset, prob.align_offset - a, scale / cap, cap / scale,
-                        1.0 / scale, prob.scale_log2, n_tiles, n_m, max(cfg.head_group, 1), *strides,
-                        block_table if block_table is not None else o,
-                        block_table.stride(0) if block_table is not None else 0, max(prob.page, 1), w, wl, dest,
-                        pieces, **constexprs(prob, cfg, lse is not None, paired, alibi is not None, pieces > 1,
-                                             balance),
-                        num_warps=4, **launch_options(cfg))
+    replay.launch(hopper_kernel, grid, *descs, o, lse if lse is not None else o,
+                  alibi.contiguous() if alibi is not None else o,
+                  cu_q, cu_k, seqused, items, prob.heads, prob.heads // prob.kv_heads, prob.seqlen_q,
+                  prob.seqlen_k, causal_offset, window_offset, prob.align_offset - a, scale / cap, cap / scale,
+                  1.0 / scale, prob.scale_log2, n_tiles, n_m, max(cfg.head_group, 1), *strides,
+                  block_table if block_table is not None else o,
+                  block_table.stride(0) if block_table is not None else 0, max(prob.page, 1), w, wl, dest,
+                  pieces, **constexprs(prob, cfg, lse is not None, paired, alibi is not None, pieces > 1,
+                                       balance),
+                  num_warps=4, **launch_options(cfg))
     if pieces > 1:
         combine.launch(w, wl, o, lse, strides_bhsd(o, layout), prob.heads, prob.seqlen_q, dest)
 

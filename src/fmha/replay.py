@@ -1,0 +1,183 @@
+"""The eager host path: a call's launches recorded once, replayed for every later call of the same kind.
+
+The first call with a given :func:`key` (shapes, strides, dtypes, devices, pointer alignment, flags)
+runs the ordinary path (checks, plan, configs, TMA views, Triton's dispatch) with every launch
+recorded (:func:`launch`): the compiled kernel, its grid and its arguments.  What may differ in a
+later call with the same key is only where the tensors lie, so the recipe keeps each argument as
+it was except the tensors, which it names: an input of the call, a buffer the call allocated
+(:func:`buffer`: allocated again, same shape and dtype, at each replay), a tensor whose contents
+follow from the key alone (:func:`constant`: a work list built on the host, kept), or a TMA
+descriptor over one of them (rebuilt over the new pointer).  Every integer argument is a function
+of the key, so Triton's specialization (integers on ``== 1`` and divisibility by 16, pointers on
+16-byte alignment: both in the key) is the one the compiled kernel was built for.  A replay
+allocates, then launches each compiled kernel directly; no host-device synchronization, no planning.
+
+A call is recorded only when each of its tensor arguments can be named; otherwise (and under the
+interpreter) calls keep the ordinary path.  Triton's launch hooks (a profiler's) see replayed launches
+as they see any other.
+"""
+from __future__ import annotations
+
+import copy
+import threading
+from dataclasses import dataclass
+
+import torch
+from triton import knobs
+
+from .device import on
+
+_RECIPES: dict = {}
+_MAX_RECIPES = 4096  # a long-running server's distinct call kinds; past it the table starts again
+_local = threading.local()
+UNRECORDABLE = object()  # the key of a call that was recorded and could not be replayed
+
+
+def key(kind: str, tensors, *flags) -> tuple:
+    """What decides a call's launches: each tensor's shape, strides, dtype, device and pointer
+    alignment (None for an absent one), and ``flags`` (hashable)."""
+    return (kind, *[None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
+                    for t in tensors], *flags)
+
+
+def launch(kernel, grid, *args, **kwargs) -> None:
+    """``kernel[grid](*args, **kwargs)``, recorded when a call is being recorded."""
+    compiled = kernel[grid](*args, **kwargs)
+    steps = getattr(_local, "steps", None)
+    if steps is not None:
+        steps.append((kernel, compiled, grid, args, kwargs))
+
+
+def buffer(t: torch.Tensor) -> torch.Tensor:
+    """``t``, a tensor the call allocated whose contents its launches write: a replay allocates its own."""
+    if getattr(_local, "steps", None) is not None:
+        _local.buffers.append(t)
+    return t
+
+
+def constant(t: torch.Tensor) -> torch.Tensor:
+    """``t``, a tensor whose contents follow from the call's key alone: a replay passes this one."""
+    if getattr(_local, "steps", None) is not None:
+        _local.constants.append(t)
+    return t
+
+
+@dataclass(frozen=True)
+class _Input:
+    index: int
+
+
+@dataclass(frozen=True)
+class _Buffer:
+    index: int
+
+
+@dataclass(frozen=True)
+class _Descriptor:
+    template: object  # the recorded descriptor; its base is replaced by ``base``'s tensor
+    base: object      # an _Input or a _Buffer
+
+
+class Recipe:
+    """The launches of one kind of call, with the tensors named (:mod:`fmha.replay`)."""
+
+    def __init__(self, steps, inputs, outputs, buffers, constants):
+        self.buffers = []  # (shape, dtype) of each buffer the call allocates
+        self.steps = []    # (compiled kernel, its launcher, function and packed metadata, grid, argument
+        #                    template, [(position, slot)])
+        self.constants = constants  # kept alive: the templates hold them
+        named = {id(t): _Input(i) for i, t in enumerate(inputs) if t is not None}
+        keep = {id(t) for t in constants}
+        for t in buffers:
+            if id(t) not in named:
+                if not t.is_contiguous():
+                    raise LookupError("a strided buffer")
+                named[id(t)] = _Buffer(len(self.buffers))
+                self.buffers.append((tuple(t.shape), t.dtype))
+        tensors = [t for t in (*inputs, *buffers) if t is not None]
+        self._at = {t.data_ptr(): named[id(t)] for t in tensors}  # views made inside the call start there
+        for kernel, compiled, grid, args, kwargs in steps:
+            full = list(args) + [kwargs[n] if n in kwargs else p.default
+                                 for n, p in zip(kernel.arg_names[len(args):], kernel.params[len(args):])]
+            slots = []  # the template keeps no tensor of the recorded call alive
+            for pos, a in enumerate(full):
+                if isinstance(a, torch.Tensor) and id(a) not in keep:
+                    slots.append((pos, self._name(named, a)))
+                    full[pos] = None
+                elif hasattr(a, "base") and hasattr(a, "block_shape") and id(a.base) not in keep:  # TMA
+                    template = copy.copy(a)
+                    template.base = None
+                    slots.append((pos, _Descriptor(template, self._name(named, a.base))))
+                    full[pos] = None
+            grid = tuple(grid) + (1,) * (3 - len(grid))
+            self.steps.append((compiled, compiled.run, compiled.function, compiled.packed_metadata, grid, full, slots))
+        self.outputs = [None if t is None else self._name(named, t) for t in outputs]
+
+    def _name(self, named, t):
+        """An input or buffer by identity, else the one that starts where ``t`` starts (a view made
+        inside the call: the kernels take a pointer, and the strides are in the template)."""
+        slot = named.get(id(t)) or self._at.get(t.data_ptr())
+        if slot is None:
+            raise LookupError("a tensor the recipe cannot name")
+        return slot
+
+    def run(self, inputs, device: torch.device):
+        """Launch the recorded kernels over ``inputs`` (in the recorded order); returns the outputs."""
+        with on(device):
+            return self._run(inputs, device)
+
+    def _run(self, inputs, device):
+        buffers = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in self.buffers]
+        stream = _stream(device)
+
+        def tensor(slot):
+            return inputs[slot.index] if isinstance(slot, _Input) else buffers[slot.index]
+        enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook  # a profiler's, as Triton's
+        for compiled, launcher, function, packed, grid, template, slots in self.steps:
+            args = template.copy()
+            for pos, slot in slots:
+                if isinstance(slot, _Descriptor):
+                    d = copy.copy(slot.template)
+                    d.base = tensor(slot.base)
+                    args[pos] = d
+                else:
+                    args[pos] = tensor(slot)
+            meta = compiled.launch_metadata(grid, stream, *args) if enter is not None else None
+            launcher(grid[0], grid[1], grid[2], stream, function, packed, meta, enter, leave, *args)
+        return [None if s is None else tensor(s) for s in self.outputs]
+
+
+def _stream(device: torch.device) -> int:
+    return torch._C._cuda_getCurrentRawStream(device.index)
+
+
+def call(k: tuple, inputs, device: torch.device, run):
+    """``run()`` (returning the call's outputs) for the first call of kind ``k``, recorded; the recipe
+    for every later one.  Returns the outputs."""
+    recipe = _RECIPES.get(k)
+    if recipe is not None and recipe is not UNRECORDABLE:
+        return recipe.run(inputs, device)
+    if recipe is UNRECORDABLE or getattr(_local, "steps", None) is not None:
+        return run()
+    _local.steps, _local.buffers, _local.constants = steps, buffers, constants = [], [], []
+    try:
+        outputs = run()
+    finally:
+        _local.steps = _local.buffers = _local.constants = None
+    if not steps or any(s[1] is None for s in steps):  # an edge answered without a launch; the interpreter
+        return outputs
+    ptrs = [t.data_ptr() for t in inputs if t is not None]
+    if len(set(ptrs)) < len(ptrs):  # inputs that alias: a later call's distinct ones could not be told apart
+        return outputs
+    if len(_RECIPES) >= _MAX_RECIPES:
+        _RECIPES.clear()
+    try:
+        _RECIPES[k] = Recipe(steps, inputs, outputs, buffers, constants)
+    except LookupError:
+        _RECIPES[k] = UNRECORDABLE
+    return outputs
+
+
+def clear() -> None:
+    """Forget every recipe (the next call of each kind takes the ordinary path again)."""
+    _RECIPES.clear()

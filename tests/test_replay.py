@@ -1,0 +1,140 @@
+"""The recorded call path (:mod:`fmha.replay`) with stand-in kernels on the host: a replay passes the new
+call's tensors where the recorded call's were, allocates its own buffers, rebuilds descriptors over
+the new pointers, keeps nothing of the recorded call alive, and refuses to record what it could not
+replay correctly.  The GPU tests run it on the real kernels."""
+import gc
+import weakref
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from fmha import replay
+
+
+@dataclass
+class Desc:  # a TMA descriptor's shape: a base tensor and a box
+    base: object
+    block_shape: list
+
+
+class Param:
+    def __init__(self, default):
+        self.default = default
+
+
+class FakeKernel:
+    """``kernel[grid](*args, **kw)`` returning a compiled stand-in whose launcher logs its arguments."""
+
+    arg_names = ["X", "Y", "D", "n", "BLOCK"]
+    params = [Param(None)] * 4 + [Param(16)]
+
+    def __init__(self):
+        self.launches = []
+
+    def __getitem__(self, grid):
+        def run(*args, **kw):
+            full = list(args) + [kw.get("BLOCK", 16)]
+            self.launches.append(("jit", grid, full))
+            return self
+        return run
+
+    @property
+    def run(self):
+        return lambda gx, gy, gz, stream, fn, meta, lm, enter, exit_, *args: self.launches.append(
+            ("direct", (gx, gy, gz), list(args)))
+
+    function = packed_metadata = None
+
+    def launch_metadata(self, grid, stream, *args):
+        return None
+
+
+@pytest.fixture(autouse=True)
+def fresh(monkeypatch):
+    replay.clear()
+    monkeypatch.setattr(replay, "_stream", lambda device: 0)
+    yield
+    replay.clear()
+
+
+def _call(kernel, x, y):
+    """A call of one kind: allocates an output, launches over x (a view of it), y's descriptor, the output."""
+    out = replay.buffer(torch.empty(4))
+    replay.launch(kernel, (2,), x[None], out, Desc(y, [8]), 7, BLOCK=32)
+    return out, None
+
+
+def _kind(x, y):
+    return replay.key("fake", (x, y), "flag")
+
+
+def test_a_replay_launches_over_the_new_tensors():
+    kernel = FakeKernel()
+    x, y = torch.zeros(4), torch.ones(4)
+    out1, _ = replay.call(_kind(x, y), (x, y), torch.device("cpu"), lambda: _call(kernel, x, y))
+    x2, y2 = torch.zeros(4), torch.ones(4)
+    out2, lse = replay.call(_kind(x2, y2), (x2, y2), torch.device("cpu"), lambda: pytest.fail("not replayed"))
+    (how1, grid1, a1), (how2, grid2, a2) = kernel.launches
+    assert (how1, how2) == ("jit", "direct") and grid2 == (2, 1, 1)
+    assert a2[0] is x2 and a2[2].base is y2 and a2[2].block_shape == [8] and a2[3:] == [7, 32]
+    assert a2[1] is out2 and out2 is not out1 and out2.shape == out1.shape and lse is None
+
+
+def _record_once(kernel):
+    x, y = torch.zeros(4), torch.ones(4)
+    kind = _kind(x, y)
+    out, _ = replay.call(kind, (x, y), torch.device("cpu"), lambda: _call(kernel, x, y))
+    return kind, [weakref.ref(t) for t in (x, y, out)]
+
+
+def test_a_recipe_keeps_nothing_of_the_recorded_call():
+    kernel = FakeKernel()
+    kind, refs = _record_once(kernel)
+    kernel.launches.clear()
+    gc.collect()
+    assert all(r() is None for r in refs)
+    assert kind in replay._RECIPES
+
+
+def test_what_cannot_be_replayed_is_not_recorded():
+    kernel = FakeKernel()
+    x = torch.zeros(4)
+    dev = torch.device("cpu")
+    replay.call(_kind(x, x), (x, x), dev, lambda: _call(kernel, x, x))  # aliased inputs
+    assert not replay._RECIPES
+    y = torch.ones(4)
+    replay.call(_kind(x, y), (x, y), dev, lambda: (torch.empty(4), None))  # an edge answered without a launch
+    assert not replay._RECIPES
+
+    def stranger():  # a tensor that is neither an input, a buffer nor a constant
+        replay.launch(kernel, (1,), x, torch.ones(4), Desc(y, [8]), 7)
+        return x, None
+    kind = replay.key("other", (x, y))
+    replay.call(kind, (x, y), dev, stranger)
+    assert replay._RECIPES[kind] is replay.UNRECORDABLE
+    n = len(kernel.launches)
+    replay.call(kind, (x, y), dev, stranger)  # the ordinary path again
+    assert kernel.launches[n][0] == "jit"
+
+
+def test_constants_are_passed_as_they_are():
+    kernel = FakeKernel()
+    x, y = torch.zeros(4), torch.ones(4)
+    work = torch.arange(3)
+
+    def with_work():
+        replay.launch(kernel, (1,), x, replay.constant(work), Desc(y, [8]), 1)
+        return x, None
+    replay.call(replay.key("w", (x, y)), (x, y), torch.device("cpu"), with_work)
+    x2, y2 = torch.zeros(4), torch.ones(4)
+    replay.call(replay.key("w", (x2, y2)), (x2, y2), torch.device("cpu"), with_work)
+    assert kernel.launches[-1][2][1] is work and kernel.launches[-1][2][0] is x2
+
+
+def test_the_key_tells_layouts_and_alignment_apart():
+    x = torch.zeros(2, 3, 8)
+    assert replay.key("k", (x,)) == replay.key("k", (torch.ones(2, 3, 8),))
+    assert replay.key("k", (x,)) != replay.key("k", (x.transpose(0, 1).contiguous().transpose(0, 1),))
+    assert replay.key("k", (x,)) != replay.key("k", (torch.zeros(2 * 3 * 8 + 1)[1:].view(2, 3, 8),))
+    assert replay.key("k", (x,)) != replay.key("k", (x.half(),))
