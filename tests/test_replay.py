@@ -13,9 +13,12 @@ from fmha import replay
 
 
 @dataclass
-class Desc:  # a TMA descriptor's shape: a base tensor and a box
+class Desc:  # a TMA descriptor: a base tensor, the view over it, a box
     base: object
     block_shape: list
+    shape: tuple = (4,)
+    strides: tuple = (1,)
+    padding: str = "zero"
 
 
 class Param:
@@ -77,7 +80,9 @@ def test_a_replay_launches_over_the_new_tensors():
     out2, lse = replay.call(_kind(x2, y2), (x2, y2), torch.device("cpu"), lambda: pytest.fail("not replayed"))
     (how1, grid1, a1), (how2, grid2, a2) = kernel.launches
     assert (how1, how2) == ("jit", "direct") and grid2 == (2, 1, 1)
-    assert a2[0] is x2 and a2[2].base is y2 and a2[2].block_shape == [8] and a2[3:] == [7, 32]
+    d = a2[2]
+    assert a2[0] is x2 and d.base is y2 and (d.shape, d.strides, d.padding) == ((4,), (1,), "zero")
+    assert a2[3:] == [7, 32]
     assert a2[1] is out2 and out2 is not out1 and out2.shape == out1.shape and lse is None
 
 

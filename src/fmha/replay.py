@@ -18,7 +18,6 @@ as they see any other.
 """
 from __future__ import annotations
 
-import copy
 import threading
 from dataclasses import dataclass
 
@@ -72,10 +71,12 @@ class _Buffer:
     index: int
 
 
-@dataclass(frozen=True)
 class _Descriptor:
-    template: object  # the recorded descriptor; its base is replaced by ``base``'s tensor
-    base: object      # an _Input or a _Buffer
+    """What Triton's launcher reads of a TMA descriptor (base, shape, strides, padding), over a new base."""
+    __slots__ = ("base", "shape", "strides", "padding")
+
+    def __init__(self, base, shape, strides, padding):
+        self.base, self.shape, self.strides, self.padding = base, shape, strides, padding
 
 
 class Recipe:
@@ -83,8 +84,9 @@ class Recipe:
 
     def __init__(self, steps, inputs, outputs, buffers, constants):
         self.buffers = []  # (shape, dtype) of each buffer the call allocates
-        self.steps = []    # (compiled kernel, its launcher, function and packed metadata, grid, argument
-        #                    template, [(position, slot)])
+        # per launch: (compiled kernel, its launcher, function and packed metadata, grid, argument template,
+        # [(position, is an input, index)], [(position, is an input, index, shape, strides, padding)])
+        self.steps = []
         self.constants = constants  # kept alive: the templates hold them
         named = {id(t): _Input(i) for i, t in enumerate(inputs) if t is not None}
         keep = {id(t) for t in constants}
@@ -95,31 +97,28 @@ class Recipe:
                 named[id(t)] = _Buffer(len(self.buffers))
                 self.buffers.append((tuple(t.shape), t.dtype))
         tensors = [t for t in (*inputs, *buffers) if t is not None]
-        self._at = {t.data_ptr(): named[id(t)] for t in tensors}  # views made inside the call start there
+        at = {t.data_ptr(): named[id(t)] for t in tensors}  # views made inside the call start there
+
+        def name(t):
+            slot = named.get(id(t)) or at.get(t.data_ptr())
+            if slot is None:
+                raise LookupError("a tensor the recipe cannot name")
+            return isinstance(slot, _Input), slot.index
         for kernel, compiled, grid, args, kwargs in steps:
             full = list(args) + [kwargs[n] if n in kwargs else p.default
                                  for n, p in zip(kernel.arg_names[len(args):], kernel.params[len(args):])]
-            slots = []  # the template keeps no tensor of the recorded call alive
+            plain, descs = [], []  # the template keeps no tensor of the recorded call alive
             for pos, a in enumerate(full):
                 if isinstance(a, torch.Tensor) and id(a) not in keep:
-                    slots.append((pos, self._name(named, a)))
+                    plain.append((pos, *name(a)))
                     full[pos] = None
                 elif hasattr(a, "base") and hasattr(a, "block_shape") and id(a.base) not in keep:  # TMA
-                    template = copy.copy(a)
-                    template.base = None
-                    slots.append((pos, _Descriptor(template, self._name(named, a.base))))
+                    descs.append((pos, *name(a.base), a.shape, a.strides, a.padding))
                     full[pos] = None
             grid = tuple(grid) + (1,) * (3 - len(grid))
-            self.steps.append((compiled, compiled.run, compiled.function, compiled.packed_metadata, grid, full, slots))
-        self.outputs = [None if t is None else self._name(named, t) for t in outputs]
-
-    def _name(self, named, t):
-        """An input or buffer by identity, else the one that starts where ``t`` starts (a view made
-        inside the call: the kernels take a pointer, and the strides are in the template)."""
-        slot = named.get(id(t)) or self._at.get(t.data_ptr())
-        if slot is None:
-            raise LookupError("a tensor the recipe cannot name")
-        return slot
+            self.steps.append((compiled, compiled.run, compiled.function, compiled.packed_metadata, grid, full,
+                               plain, descs))
+        self.outputs = [None if t is None else name(t) for t in outputs]
 
     def run(self, inputs, device: torch.device):
         """Launch the recorded kernels over ``inputs`` (in the recorded order); returns the outputs."""
@@ -129,22 +128,16 @@ class Recipe:
     def _run(self, inputs, device):
         buffers = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in self.buffers]
         stream = _stream(device)
-
-        def tensor(slot):
-            return inputs[slot.index] if isinstance(slot, _Input) else buffers[slot.index]
         enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook  # a profiler's, as Triton's
-        for compiled, launcher, function, packed, grid, template, slots in self.steps:
+        for compiled, launcher, function, packed, grid, template, plain, descs in self.steps:
             args = template.copy()
-            for pos, slot in slots:
-                if isinstance(slot, _Descriptor):
-                    d = copy.copy(slot.template)
-                    d.base = tensor(slot.base)
-                    args[pos] = d
-                else:
-                    args[pos] = tensor(slot)
+            for pos, is_input, i in plain:
+                args[pos] = inputs[i] if is_input else buffers[i]
+            for pos, is_input, i, shape, strides, padding in descs:
+                args[pos] = _Descriptor(inputs[i] if is_input else buffers[i], shape, strides, padding)
             meta = compiled.launch_metadata(grid, stream, *args) if enter is not None else None
             launcher(grid[0], grid[1], grid[2], stream, function, packed, meta, enter, leave, *args)
-        return [None if s is None else tensor(s) for s in self.outputs]
+        return [None if o is None else (inputs[o[1]] if o[0] else buffers[o[1]]) for o in self.outputs]
 
 
 def _stream(device: torch.device) -> int:
