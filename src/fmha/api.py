@@ -1,5 +1,6 @@
 """The public entry points, thin: check the inputs, then run the one checked call of
-:mod:`fmha.forward` (which plans and launches).  Each is forward only (:mod:`fmha.gradients`)."""
+:mod:`fmha.forward` (which plans and launches), through autograd when it records the call
+(:mod:`fmha.gradients`)."""
 from __future__ import annotations
 
 import torch
@@ -7,13 +8,12 @@ import torch
 from . import configs, forward
 from .checks import (check_features, check_index, check_inputs, check_out, check_packed, check_pages, check_splits,
                      variants)
-from .gradients import forward_only
+from . import gradients
 from .plan import describe, select_variant
 
 __all__ = ["attention", "attention_varlen", "attention_paged", "describe", "select_variant", "variants"]
 
 
-@forward_only
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
               scale: float | None = None, variant: str = "auto", causal_align: str = "top_left",
               layout: str = "bhsd", return_lse: bool = False, out: torch.Tensor | None = None,
@@ -70,10 +70,19 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         check_out(out, q, k, v)
     modifiers = (tuple(window) != (-1, -1) or softcap > 0 or alibi_slopes is not None or seqused_k is not None
                  or num_splits > 1)
+    grad = gradients.needs_grad(q, k, v)
     if torch.compiler.is_compiling() and out is None and config is None and not modifiers:
         from .custom_op import attention_op
         o, lse = attention_op(q, k, v, bool(causal), None if scale is None else float(scale), variant,
-                              causal_align, layout, return_lse)
+                              causal_align, layout, return_lse or grad)
+        lse = lse if return_lse else None
+    elif grad:
+        if out is not None:
+            raise ValueError("out= is not differentiable: drop it, or run under torch.no_grad()")
+        kw = dict(causal=causal, scale=scale, variant=variant, causal_align=causal_align, layout=layout, config=config,
+                  window=tuple(window), softcap=float(softcap), num_splits=num_splits)
+        o, lse = gradients.Attention.apply(q, k, v, alibi_slopes, seqused_k, kw)
+        lse = lse if return_lse else None
     else:
         o, lse = forward.dense(q, k, v, causal=causal, scale=scale, variant=variant, causal_align=causal_align,
                                layout=layout, return_lse=return_lse, out=out, config=config, window=tuple(window),
@@ -82,7 +91,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     return (o, lse) if return_lse else o
 
 
-@forward_only
 def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                      cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, *, causal: bool = False,
                      scale: float | None = None, variant: str = "auto", causal_align: str = "bottom_right",
@@ -107,13 +115,19 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     lengths = check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     check_inputs(q[None], k[None], v[None], causal_align, "bshd", variant, scale)
     check_features(q[None], "bshd", window, softcap, alibi_slopes)
+    if gradients.needs_grad(q, k, v):
+        kw = dict(causal=causal, scale=scale, variant=variant, causal_align=causal_align, window=tuple(window),
+                  softcap=float(softcap), config=config)
+        o, lse = gradients.AttentionVarlen.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, lengths,
+                                                 max_seqlen_q, max_seqlen_k, kw)
+        return (o, lse) if return_lse else o
     o, lse = forward.packed(q, k, v, cu_seqlens_q, cu_seqlens_k, lengths, max_seqlen_q, max_seqlen_k, causal=causal,
                             scale=scale, variant=variant, causal_align=causal_align, return_lse=return_lse,
                             window=tuple(window), softcap=float(softcap), alibi_slopes=alibi_slopes, config=config)
     return (o, lse) if return_lse else o
 
 
-@forward_only
+@gradients.inference_only
 def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                     cache_seqlens: torch.Tensor, *, causal: bool = False, scale: float | None = None,
                     causal_align: str = "bottom_right", layout: str = "bhsd", return_lse: bool = False,

@@ -1,19 +1,19 @@
 """``fmha.attention`` as a ``torch.library`` custom op, so ``torch.compile`` can trace around it.
 
 The op ``fmha::attention`` takes the same arguments as :func:`fmha.attention`
-and returns ``(o, lse)`` (``lse`` empty unless asked for); its fake
-implementation gives shapes and dtypes without running a kernel.
+and returns ``(o, lse)`` (``lse`` empty unless asked for: :func:`fmha.attention` asks whenever
+autograd records the call); its fake implementation gives shapes and dtypes without running a kernel.
 :func:`fmha.attention` routes through it while ``torch.compile`` is tracing; it runs the same
-checks and :func:`fmha.forward.dense` as the eager call.  fmha computes no gradients: the op's
-registered backward (``fmha::refused_backward``) raises when run.
+checks and :func:`fmha.forward.dense` as the eager call.  Its registered backward is the op
+``fmha::attention_backward`` (:func:`fmha.backward.dense`), so ``torch.compile(fullgraph=True)``
+traces forward and backward.
 """
 from __future__ import annotations
 
 import torch
 
-from . import forward
+from . import backward, forward
 from .checks import check_inputs
-from .gradients import MESSAGE
 
 
 @torch.library.custom_op("fmha::attention", mutates_args=())
@@ -35,26 +35,27 @@ def _(q, k, v, causal, scale, variant, causal_align, layout, return_lse):
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(lse_shape, dtype=torch.float32)
 
 
-@torch.library.custom_op("fmha::refused_backward", mutates_args=())
-def refused_backward(grad_o: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-                     v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The backward of ``fmha::attention``: fmha computes no gradients, so running it raises
-    (tracing it under ``torch.compile`` does not: the fake gives the gradients' shapes).  It takes
-    ``grad_o`` so that the partitioner keeps it in the backward graph."""
-    raise RuntimeError(MESSAGE)
+@torch.library.custom_op("fmha::attention_backward", mutates_args=())
+def attention_backward_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                          lse: torch.Tensor, causal: bool, scale: float | None, causal_align: str,
+                          layout: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward of ``fmha::attention``: :func:`fmha.backward.dense` on its saved O and LSE."""
+    return backward.dense(do, q, k, v, o, lse, causal=causal, scale=scale, causal_align=causal_align, layout=layout)
 
 
-@refused_backward.register_fake
-def _(grad_o, q, k, v):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+@attention_backward_op.register_fake
+def _(do, q, k, v, o, lse, causal, scale, causal_align, layout):
+    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
 
 
-def _save_inputs(ctx, inputs, output):
-    ctx.save_for_backward(*inputs[:3])
+def _save(ctx, inputs, output):
+    q, k, v, causal, scale, _, causal_align, layout, _ = inputs
+    ctx.save_for_backward(q, k, v, *output)
+    ctx.args = (causal, scale, causal_align, layout)
 
 
 def _backward(ctx, grad_o, grad_lse):
-    return (*refused_backward(grad_o, *ctx.saved_tensors), None, None, None, None, None, None)
+    return (*attention_backward_op(grad_o, *ctx.saved_tensors, *ctx.args), None, None, None, None, None, None)
 
 
-attention_op.register_autograd(_backward, setup_context=_save_inputs)
+attention_op.register_autograd(_backward, setup_context=_save)

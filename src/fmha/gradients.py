@@ -1,23 +1,69 @@
-"""fmha computes no gradients yet: an output that autograd would differentiate refuses its backward.
+"""Autograd: :func:`fmha.attention` and :func:`fmha.attention_varlen` are differentiable.
 
-A model run in training mode without ``torch.no_grad()`` still gets its forward (people run models
-that way), but the output carries a ``grad_fn`` whose backward raises, so ``loss.backward()`` stops
-with a clear error instead of training every layer but attention's projections in silence.
+A call that autograd records (grad mode on, q, k or v requiring grad) runs the forward with its LSE,
+saves only q, k, v, O and the LSE (memory O(seqlen), no score matrix), and its backward runs
+:mod:`fmha.backward`.  The LSE a caller asks for is not differentiable; a second derivative is
+refused.  :func:`fmha.attention_paged` (paged caches, split decoding) is inference-only: a call
+that autograd would record refuses its backward with :data:`PAGED_MESSAGE`.
 """
 from __future__ import annotations
 
 import functools
 
 import torch
+from torch.autograd.function import once_differentiable
 
-MESSAGE = ("fmha computes the attention forward only, without gradients: this output feeds a backward pass "
-           "(its q, k or v require grad). Train with torch.nn.functional.scaled_dot_product_attention (or "
-           "attn_implementation='sdpa'), or run fmha under torch.no_grad() / torch.inference_mode().")
+from . import backward, forward
+
+PAGED_MESSAGE = ("fmha.attention_paged is inference-only (paged KV caches and split decoding have no backward): "
+                 "run it under torch.no_grad() / torch.inference_mode(), or train with fmha.attention or "
+                 "fmha.attention_varlen.")
 
 
-def needs_refusal(*tensors) -> bool:
+def needs_grad(*tensors) -> bool:
     """True when autograd records this call: grad mode on and a tensor that requires grad."""
     return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
+class Attention(torch.autograd.Function):
+    """:func:`fmha.forward.dense` with its backward; ``kw`` its keyword arguments but the tensors."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, alibi_slopes, seqused_k, kw):
+        o, lse = forward.dense(q, k, v, return_lse=True, alibi_slopes=alibi_slopes, seqused_k=seqused_k, **kw)
+        ctx.save_for_backward(q, k, v, o, lse, alibi_slopes, seqused_k)
+        ctx.kw = kw
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, do, _):
+        q, k, v, o, lse, alibi_slopes, seqused_k = ctx.saved_tensors
+        kw = {n: ctx.kw[n] for n in ("causal", "scale", "causal_align", "layout", "window", "softcap")}
+        dq, dk, dv = backward.dense(do, q, k, v, o, lse, alibi_slopes=alibi_slopes, seqused_k=seqused_k, **kw)
+        return dq, dk, dv, None, None, None
+
+
+class AttentionVarlen(torch.autograd.Function):
+    """:func:`fmha.forward.packed` with its backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, lengths, max_seqlen_q, max_seqlen_k, kw):
+        o, lse = forward.packed(q, k, v, cu_seqlens_q, cu_seqlens_k, lengths, max_seqlen_q, max_seqlen_k,
+                                return_lse=True, alibi_slopes=alibi_slopes, **kw)
+        ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
+        ctx.kw, ctx.longest = kw, (max_seqlen_q, max_seqlen_k)
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, do, _):
+        q, k, v, o, lse, cu_q, cu_k, alibi_slopes = ctx.saved_tensors
+        kw = {n: ctx.kw[n] for n in ("causal", "scale", "causal_align", "window", "softcap")}
+        dq, dk, dv = backward.packed(do, q, k, v, o, lse, cu_q, cu_k, *ctx.longest, alibi_slopes=alibi_slopes, **kw)
+        return dq, dk, dv, None, None, None, None, None, None, None
 
 
 class _Refused(torch.autograd.Function):
@@ -31,24 +77,18 @@ class _Refused(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        raise RuntimeError(MESSAGE)
+        raise RuntimeError(PAGED_MESSAGE)
 
 
-def refuse_backward(run, *inputs):
-    """Call ``run()`` (returning a tuple of tensors: the output first, then non-differentiable extras
-    such as the LSE) so that the first result's backward raises :data:`MESSAGE`."""
-    return _Refused.apply(run, *inputs)
-
-
-def forward_only(entry):
-    """Wrap a public entry point: calls that autograd records go through :func:`refuse_backward`
-    (under ``torch.compile`` the custom op's registered backward refuses instead)."""
+def inference_only(entry):
+    """Wrap an entry point without a backward: a call that autograd records still computes its
+    forward, but its output's backward raises :data:`PAGED_MESSAGE`."""
     @functools.wraps(entry)
     def call(*args, **kwargs):
-        if not torch.is_grad_enabled() or torch.compiler.is_compiling():  # the common case, checked first
+        if not torch.is_grad_enabled():  # the common case, checked first
             return entry(*args, **kwargs)
         tensors = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor) and t.is_floating_point()]
-        if not needs_refusal(*tensors):
+        if not needs_grad(*tensors):
             return entry(*args, **kwargs)
         single = []
 
@@ -57,6 +97,6 @@ def forward_only(entry):
             single.append(isinstance(result, torch.Tensor))
             return (result,) if single[0] else tuple(result)
 
-        outputs = refuse_backward(run, *tensors)
+        outputs = _Refused.apply(run, *tensors)
         return outputs[0] if single[0] else outputs
     return call

@@ -7,6 +7,8 @@ Two independent computations of ``softmax(scale * Q K^T) V`` in NumPy float64:
 * :func:`online_attention` -- the tile-by-tile online-softmax recurrence (seed
   Sections 3, 5, 6, 9), step for step with the seed's names ``m``, ``l``,
   ``acc``, ``alpha``, ``p``, ``scale_log2``, and the tile width a parameter.
+* :func:`dense_attention_backward` -- the gradients of the definition, as the backward
+  kernels compute them (checked in the tests against float64 autograd).
 
 Shapes are ``[batch, heads, seqlen, head_dim]`` (``bhsd``); ``k`` and ``v`` may
 have fewer heads (GQA/MQA), ``heads`` a multiple of ``kv_heads``.  A query row
@@ -110,6 +112,42 @@ def dense_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     with np.errstate(divide="ignore"):
         lse = (row_max_safe + np.log(denom))[..., 0]
     return o, lse
+
+
+def dense_attention_backward(q, k, v, do, *, causal: bool = False, scale: float | None = None,
+                             causal_align: str = "top_left", window=(-1, -1), softcap: float = 0.0,
+                             alibi_slopes=None):
+    """(c) The gradients ``(dq, dk, dv)`` of :func:`dense_attention` for the incoming ``do``, in float64,
+    written as the kernels compute them (docs/BACKWARD.md): ``P`` from the scores, ``dV = P^T dO``,
+    ``dP = dO V^T``, ``delta = rowsum(dO * O)``, ``dZ = P (dP - delta)``, then through the softcap's
+    ``1 - tanh^2`` and the scale to ``dQ = dS K``, ``dK = dS^T Q``; dK and dV summed over each KV head's
+    query heads.  Rows with no visible key have ``P = 0``: zero gradients."""
+    q, k, v, do = _as_f64(q), _as_f64(k), _as_f64(v), _as_f64(do)
+    group = q.shape[1] // k.shape[1]
+    ke, ve = _expand_kv(q, k, v)
+    seqlen_q, seqlen_k, head_dim = q.shape[2], k.shape[2], q.shape[3]
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+    raw = scale * (q @ ke.swapaxes(-1, -2))
+    z = score_mods(raw, seqlen_q, seqlen_k, causal_align, softcap, alibi_slopes)
+    z = np.where(visible(seqlen_q, seqlen_k, causal, causal_align, window), z, -np.inf)
+    row_max = z.max(axis=-1, keepdims=True, initial=-np.inf)
+    w = np.exp(z - np.where(np.isfinite(row_max), row_max, 0.0))
+    denom = w.sum(axis=-1, keepdims=True)
+    p = w / np.where(denom == 0, 1.0, denom)
+    o = p @ ve
+    dv = p.swapaxes(-1, -2) @ do
+    dp = do @ ve.swapaxes(-1, -2)
+    delta = (do * o).sum(axis=-1, keepdims=True)
+    ds = p * (dp - delta)
+    if softcap:
+        ds = ds * (1.0 - np.tanh(raw / softcap) ** 2)
+    ds = ds * scale
+    dq = ds @ ke
+    dk = ds.swapaxes(-1, -2) @ q
+
+    def per_kv_head(g):  # [B, H, S, D] -> [B, H / group, S, D], summing each group
+        return g.reshape(g.shape[0], g.shape[1] // group, group, *g.shape[2:]).sum(axis=2)
+    return dq, per_kv_head(dk), per_kv_head(dv)
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """The pieces every Triton variant shares, written once (seed Sections 3, 5, 6, 7).
 
 * :func:`mma` -- the one matrix product, with the interpreter switch;
-* :func:`program_start`, :func:`initial_state` -- what a program owns, and m, l, acc at t = 0;
+* :func:`program_start`, :func:`sequence`, :func:`initial_state` -- what a program owns, its
+  sequence's place and lengths, and m, l, acc at t = 0;
 * :func:`load_rows` -- a masked ``[rows, head_dim]`` tile load;
 * :func:`scores` -- scale, softcap, ALiBi, and the key-boundary, causal and window masks (5.2);
 * :func:`window_start` -- the sliding window's whole-tile skip;
@@ -81,24 +82,11 @@ def program_start(Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride
         offs_m = rows
         row_lo = start_m
         row_hi = start_m + BLOCK_M
+    q0, krow0, sq, sk, align = sequence(b, seqlen_q, seqlen_k, CuQ, CuK, SeqK, VARLEN, SEQUSED, ALIGN_BR)
     if VARLEN:
-        q0 = tl.load(CuQ + b)
-        k0 = tl.load(CuK + b)
-        sq = tl.load(CuQ + b + 1) - q0
-        sk = tl.load(CuK + b + 1) - k0
         lse_rows = h.to(tl.int64) * seqlen_q + q0 + offs_m  # seqlen_q is the packed total here
-        krow0 = k0.to(tl.int64)
     else:
-        q0 = 0
-        krow0 = 0
-        sq = seqlen_q
-        sk = seqlen_k
-        if SEQUSED:
-            sk = tl.minimum(tl.load(SeqK + b), seqlen_k)
         lse_rows = (b * heads + h).to(tl.int64) * seqlen_q + offs_m
-    align = 0
-    if ALIGN_BR:
-        align = sk - sq
     b = b.to(tl.int64)
     h = h.to(tl.int64)
     seq = (q0 + offs_m).to(tl.int64)
@@ -117,6 +105,31 @@ def program_start(Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride
     q = load_rows(q_rows[:, None] + offs_d[None, :] * stride_qd, offs_m, sq, offs_d, HEAD_DIM, BLOCK_D, True)
     return (row_lo, row_hi, offs_m, q, k_base, v_base, o_rows, lse_rows, sq, sk, causal_offset + align,
             window_offset + align, align_offset + align)
+
+
+@triton.jit
+def sequence(b, seqlen_q, seqlen_k, CuQ, CuK, SeqK, VARLEN: tl.constexpr, SEQUSED: tl.constexpr,
+             ALIGN_BR: tl.constexpr):
+    """Batch ``b``'s sequence: ``(q0, k0, sq, sk, align)``, its first query and key rows in the
+    packed tensors (0 unless VARLEN), its lengths (SEQUSED: the first ``seqused_k[b]`` keys), and the
+    shift of its diagonal (``sk - sq`` bottom-right, else 0)."""
+    if VARLEN:
+        q0 = tl.load(CuQ + b)
+        first_key = tl.load(CuK + b)
+        sq = tl.load(CuQ + b + 1) - q0
+        sk = tl.load(CuK + b + 1) - first_key
+        k0 = first_key.to(tl.int64)
+    else:
+        q0 = 0
+        k0 = 0
+        sq = seqlen_q
+        sk = seqlen_k
+        if SEQUSED:
+            sk = tl.minimum(tl.load(SeqK + b), seqlen_k)
+    align = 0
+    if ALIGN_BR:
+        align = sk - sq
+    return q0, k0, sq, sk, align
 
 
 @triton.jit

@@ -1,0 +1,92 @@
+"""The checked backward, written once for :func:`fmha.attention` and :func:`fmha.attention_varlen`:
+allocate the gradients, then ``delta``, dK/dV and dQ (:mod:`fmha.kernels.backward`) from the
+forward's O and LSE.  :mod:`fmha.gradients` calls it from autograd; so does the custom op."""
+from __future__ import annotations
+
+import torch
+import triton
+
+from . import plan as planning
+from .device import interpreting, on
+from .kernels import strides_bhsd
+from .kernels import backward as kernels
+
+
+def _blocks(head_dim: int) -> dict:
+    """Tile sizes and warps: small tiles under the interpreter, 64 (32 past head_dim 128) on a GPU."""
+    if interpreting():
+        return dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
+    block = 64 if head_dim <= 128 else 32
+    return dict(BLOCK_M=block, BLOCK_N=block, num_warps=4 if head_dim <= 64 else 8, num_stages=2)
+
+
+def _unit_last(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def dense(do, q, k, v, o, lse, *, causal, scale, causal_align, layout, window=(-1, -1), softcap=0.0,
+          alibi_slopes=None, seqused_k=None):
+    """Gradients ``(dq, dk, dv)`` of :func:`fmha.attention` (``lse``: its float32 ``[batch, heads,
+    seqlen_q]``), each in the layout and strides order of its input."""
+    if layout == "bhsd":
+        batch, heads, seqlen_q, head_dim = q.shape
+        kv_heads, seqlen_k = k.shape[1], k.shape[2]
+    else:
+        batch, seqlen_q, heads, head_dim = q.shape
+        seqlen_k, kv_heads = k.shape[1], k.shape[2]
+    prob = planning.problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal=causal, scale=scale,
+                            window=window, causal_align=causal_align, softcap=softcap,
+                            seqused=seqused_k is not None)
+    return _run(prob, do, q, k, v, o, lse, layout, alibi_slopes, (None, None, seqused_k), seqlen_q, seqlen_k)
+
+
+def packed(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal, scale,
+           causal_align, window=(-1, -1), softcap=0.0, alibi_slopes=None):
+    """Gradients ``(dq, dk, dv)`` of :func:`fmha.attention_varlen` (``lse`` ``[heads, total_q]``)."""
+    batch = cu_seqlens_q.shape[0] - 1
+    heads, kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
+    prob = planning.problem(batch, heads, kv_heads, q.shape[0], k.shape[0], head_dim, causal=causal, scale=scale,
+                            window=window, causal_align=causal_align, softcap=softcap, varlen=True)
+    grads = _run(prob, do[None], q[None], k[None], v[None], o[None], lse, "bshd", alibi_slopes,
+                 (cu_seqlens_q, cu_seqlens_k, None), int(max_seqlen_q), int(max_seqlen_k))
+    return tuple(g[0] for g in grads)
+
+
+def _run(prob, do, q, k, v, o, lse, layout, alibi, seqs, rows, keys):
+    """The three launches over ``rows`` query rows and ``keys`` keys per sequence (the longest, when
+    packed)."""
+    do, q, k, v, o = (_unit_last(t) for t in (do, q, k, v, o))
+    dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+    if 0 in (prob.batch, prob.heads, rows, keys, prob.head_dim) or q.numel() == 0:
+        for g in (dq, dk, dv):
+            g.zero_()
+        return dq, dk, dv
+    delta = torch.empty_like(lse)
+    blocks = _blocks(prob.head_dim)
+    bm, bn = blocks["BLOCK_M"], blocks["BLOCK_N"]
+    cu_q, cu_k, seqused = (t if t is not None else lse for t in seqs)
+    strides = {name: list(strides_bhsd(t, layout)[:3]) for name, t in
+               (("q", q), ("k", k), ("v", v), ("do", do), ("o", o), ("dq", dq), ("dk", dk), ("dv", dv))}
+    if prob.varlen:  # the batch index picks a sequence through cu_seqlens, not a stride
+        for st in strides.values():
+            st[0] = 0
+    a = prob.align_offset  # the kernels add each sequence's own diagonal back
+    band = (prob.causal_offset - a, (prob.window_offset or 0) - a, 0, prob.scale_log2, prob.softcap or 1.0,
+            alibi if alibi is not None else lse, cu_q, cu_k, seqused)
+    flags = dict(HEAD_DIM=prob.head_dim, BLOCK_D=prob.block_d, CAUSAL=prob.causal,
+                 WINDOW=prob.window_offset is not None, SOFTCAP=prob.softcap > 0, ALIBI=alibi is not None,
+                 VARLEN=prob.varlen, SEQUSED=prob.seqused, ALIGN_BR=prob.align_br)
+    group = prob.heads // prob.kv_heads
+    with on(q.device):
+        kernels.delta_kernel[(triton.cdiv(rows, bm), prob.batch * prob.heads)](
+            o, do, delta, *strides["o"], *strides["do"], prob.heads, prob.seqlen_q, cu_q,
+            HEAD_DIM=prob.head_dim, BLOCK_D=prob.block_d, BLOCK_M=bm, VARLEN=prob.varlen,
+            num_warps=blocks["num_warps"])
+        sizes = (prob.heads, group, prob.seqlen_q, prob.seqlen_k)
+        kernels.dkdv_kernel[(triton.cdiv(keys, bn), prob.batch * prob.kv_heads)](
+            q, k, v, do, lse, delta, dk, dv, *strides["q"], *strides["k"], *strides["v"], *strides["do"],
+            *strides["dk"], *strides["dv"], *sizes, *band, **flags, **blocks)
+        kernels.dq_kernel[(triton.cdiv(rows, bm), prob.batch * prob.heads)](
+            q, k, v, do, lse, delta, dq, *strides["q"], *strides["k"], *strides["v"], *strides["do"],
+            *strides["dq"], *sizes, *band, **flags, **blocks)
+    return dq, dk, dv

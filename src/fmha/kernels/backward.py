@@ -1,0 +1,205 @@
+"""The backward pass, FlashAttention-2's (docs/BACKWARD.md derives it), in three Triton kernels that
+run on every target and in the interpreter.
+
+With ``z`` the natural-unit scores (after softcap and ALiBi, masked), ``P = softmax(z)`` recomputed
+from the forward's LSE, ``O = P V`` and the incoming ``dO``:
+
+* :func:`delta_kernel`: ``delta_i = sum_d dO_id O_id`` (the row sum of ``P * dP``);
+* :func:`dkdv_kernel`, a program per key block of one (batch, KV head), over the query blocks of
+  every query head of its group: ``dV = P^T dO``, ``dP = dO V^T``, ``dZ = P (dP - delta)``,
+  ``dK = scale dZ'^T Q`` (GQA's group summed in the program: no atomics);
+* :func:`dq_kernel`, a program per query block: ``dQ = scale dZ' K``.
+
+``dZ' = dZ`` times the softcap's derivative ``1 - tanh^2(scale q.k / softcap)`` when capped.  Masks
+and modifiers are the forward's (:func:`.common.scores`); a row that sees no key (LSE ``-inf``) has
+``P = 0`` and so zero gradients.  Work is deterministic: each output element is written by one
+program, in a fixed order.
+"""
+import triton
+import triton.language as tl
+
+from .common import LOG2E, head_slope, load_rows, mma, scores, sequence
+
+
+@triton.jit
+def delta_kernel(O, DO, Delta, stride_ob, stride_oh, stride_os, stride_gb, stride_gh, stride_gs, heads,
+                 seqlen_q, CuQ, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                 VARLEN: tl.constexpr):
+    """``Delta[row] = sum_d dO * O`` (float32), rows laid out as the forward's LSE."""
+    bh = tl.program_id(1)
+    b = bh // heads
+    h = bh % heads
+    q0, sq = 0, seqlen_q
+    if VARLEN:
+        q0 = tl.load(CuQ + b)
+        sq = tl.load(CuQ + b + 1) - q0
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    if tl.program_id(0) * BLOCK_M >= sq:
+        return
+    offs_d = tl.arange(0, BLOCK_D)
+    seq = (q0 + offs_m).to(tl.int64)
+    base_o = O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + seq[:, None] * stride_os
+    base_g = DO + b.to(tl.int64) * stride_gb + h.to(tl.int64) * stride_gh + seq[:, None] * stride_gs
+    o = load_rows(base_o + offs_d[None, :], offs_m, sq, offs_d, HEAD_DIM, BLOCK_D, True).to(tl.float32)
+    g = load_rows(base_g + offs_d[None, :], offs_m, sq, offs_d, HEAD_DIM, BLOCK_D, True).to(tl.float32)
+    if VARLEN:
+        rows = h.to(tl.int64) * seqlen_q + q0 + offs_m
+    else:
+        rows = bh.to(tl.int64) * seqlen_q + offs_m
+    tl.store(Delta + rows, tl.sum(o * g, 1), mask=offs_m < sq)
+
+
+@triton.jit
+def _probs(q, k, lse2, offs_m, offs_n, seqlen_k, scale_log2, softcap, slope, causal_offset, window_offset,
+           align_offset, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+           ALIBI: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``P`` of a (query block, key block) tile from the saved base-2 LSE, and the factor that turns
+    ``dZ`` into the gradient of ``scale q.k`` (the softcap's ``1 - tanh^2``, else 1)."""
+    qk = mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
+    s = scores(qk, offs_m, offs_n, seqlen_k, scale_log2, softcap, slope, causal_offset, window_offset,
+               align_offset, True, CAUSAL, WINDOW, SOFTCAP, ALIBI)
+    p = tl.math.exp2(s - lse2[:, None])
+    dcap = tl.full([BLOCK_M, BLOCK_N], 1.0, tl.float32)
+    if SOFTCAP:
+        x = qk * (scale_log2 / (LOG2E * softcap))
+        th = 1.0 - 2.0 / (tl.math.exp2((2.0 * LOG2E) * x) + 1.0)
+        dcap = 1.0 - th * th
+    return p, dcap
+
+
+@triton.jit
+def _row_stats(LSE, Delta, rows, offs_m, sq):
+    """Each query row's base-2 LSE (``+inf`` past the rows: P = 0 there; 0 for a row that saw no key,
+    whose scores are all ``-inf``) and its delta."""
+    lse = tl.load(LSE + rows, mask=offs_m < sq, other=float("inf"))
+    lse2 = tl.where(lse == float("-inf"), 0.0, lse * LOG2E)
+    delta = tl.load(Delta + rows, mask=offs_m < sq, other=0.0)
+    return lse2, delta
+
+
+@triton.jit
+def dkdv_kernel(Q, K, V, DO, LSE, Delta, DK, DV,
+                stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
+                stride_gb, stride_gh, stride_gs, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh,
+                stride_dvs, heads, group, seqlen_q, seqlen_k, causal_offset, window_offset, align_offset, scale_log2,
+                softcap, Alibi, CuQ, CuK, SeqK,
+                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+                VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr):
+    """dK and dV of key block ``program_id(0)`` of (batch, KV head) ``program_id(1)``."""
+    kv_heads = heads // group
+    b = tl.program_id(1) // kv_heads
+    kvh = tl.program_id(1) % kv_heads
+    q0, k0, sq, sk, align = sequence(b, seqlen_q, seqlen_k, CuQ, CuK, SeqK, VARLEN, SEQUSED, ALIGN_BR)
+    causal_offset += align
+    window_offset += align
+    align_offset += align
+    start_n = tl.program_id(0) * BLOCK_N
+    if start_n >= sk:
+        return
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    b64 = b.to(tl.int64)
+    keys = (k0 + offs_n).to(tl.int64)
+    k = load_rows(K + b64 * stride_kb + kvh.to(tl.int64) * stride_kh + keys[:, None] * stride_ks + offs_d[None, :],
+                  offs_n, sk, offs_d, HEAD_DIM, BLOCK_D, True)
+    v = load_rows(V + b64 * stride_vb + kvh.to(tl.int64) * stride_vh + keys[:, None] * stride_vs + offs_d[None, :],
+                  offs_n, sk, offs_d, HEAD_DIM, BLOCK_D, True)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    # the query rows that can see this block: from the diagonal (causal) to the window's end
+    lo = 0
+    if CAUSAL:
+        lo = tl.maximum(start_n - causal_offset, 0) // BLOCK_M * BLOCK_M
+    hi = sq
+    if WINDOW:
+        hi = tl.minimum(tl.maximum(start_n + BLOCK_N - window_offset, 0), sq)
+    for g in range(group):
+        h = kvh * group + g
+        slope = head_slope(Alibi, h, heads, ALIBI)
+        q_base = Q + b64 * stride_qb + h.to(tl.int64) * stride_qh
+        g_base = DO + b64 * stride_gb + h.to(tl.int64) * stride_gh
+        for start_m in range(lo, hi, BLOCK_M):
+            offs_m = start_m + tl.arange(0, BLOCK_M)
+            seq = (q0 + offs_m).to(tl.int64)
+            q = load_rows(q_base + seq[:, None] * stride_qs + offs_d[None, :], offs_m, sq, offs_d, HEAD_DIM, BLOCK_D,
+                          True)
+            do = load_rows(g_base + seq[:, None] * stride_gs + offs_d[None, :], offs_m, sq, offs_d, HEAD_DIM,
+                           BLOCK_D, True)
+            if VARLEN:
+                rows = h.to(tl.int64) * seqlen_q + q0 + offs_m
+            else:
+                rows = (b * heads + h).to(tl.int64) * seqlen_q + offs_m
+            lse2, delta = _row_stats(LSE, Delta, rows, offs_m, sq)
+            p, dcap = _probs(q, k, lse2, offs_m, offs_n, sk, scale_log2, softcap, slope, causal_offset,
+                             window_offset, align_offset, CAUSAL, WINDOW, SOFTCAP, ALIBI, BLOCK_M, BLOCK_N)
+            dv = mma(tl.trans(p.to(do.dtype)), do, dv)
+            dp = mma(do, tl.trans(v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
+            dz = p * (dp - delta[:, None]) * dcap
+            dk = mma(tl.trans(dz.to(q.dtype)), q, dk)
+    dk = dk * (scale_log2 / LOG2E)
+    keep = (offs_n[:, None] < sk) & (offs_d[None, :] < HEAD_DIM)
+    tl.store(DK + b64 * stride_dkb + kvh.to(tl.int64) * stride_dkh + keys[:, None] * stride_dks + offs_d[None, :],
+             dk.to(DK.dtype.element_ty), mask=keep)
+    tl.store(DV + b64 * stride_dvb + kvh.to(tl.int64) * stride_dvh + keys[:, None] * stride_dvs + offs_d[None, :],
+             dv.to(DV.dtype.element_ty), mask=keep)
+
+
+@triton.jit
+def dq_kernel(Q, K, V, DO, LSE, Delta, DQ,
+              stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
+              stride_gb, stride_gh, stride_gs, stride_dqb, stride_dqh, stride_dqs, heads, group, seqlen_q, seqlen_k,
+              causal_offset, window_offset, align_offset, scale_log2, softcap, Alibi, CuQ, CuK, SeqK,
+              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+              VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr):
+    """dQ of query block ``program_id(0)`` of (batch, head) ``program_id(1)``."""
+    b = tl.program_id(1) // heads
+    h = tl.program_id(1) % heads
+    kvh = h // group
+    q0, k0, sq, sk, align = sequence(b, seqlen_q, seqlen_k, CuQ, CuK, SeqK, VARLEN, SEQUSED, ALIGN_BR)
+    causal_offset += align
+    window_offset += align
+    align_offset += align
+    start_m = tl.program_id(0) * BLOCK_M
+    if start_m >= sq:
+        return
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    b64 = b.to(tl.int64)
+    seq = (q0 + offs_m).to(tl.int64)
+    q = load_rows(Q + b64 * stride_qb + h.to(tl.int64) * stride_qh + seq[:, None] * stride_qs + offs_d[None, :],
+                  offs_m, sq, offs_d, HEAD_DIM, BLOCK_D, True)
+    do = load_rows(DO + b64 * stride_gb + h.to(tl.int64) * stride_gh + seq[:, None] * stride_gs + offs_d[None, :],
+                   offs_m, sq, offs_d, HEAD_DIM, BLOCK_D, True)
+    if VARLEN:
+        rows = h.to(tl.int64) * seqlen_q + q0 + offs_m
+    else:
+        rows = tl.program_id(1).to(tl.int64) * seqlen_q + offs_m
+    lse2, delta = _row_stats(LSE, Delta, rows, offs_m, sq)
+    slope = head_slope(Alibi, h, heads, ALIBI)
+    k_base = K + b64 * stride_kb + kvh.to(tl.int64) * stride_kh
+    v_base = V + b64 * stride_vb + kvh.to(tl.int64) * stride_vh
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    # the key blocks this block's rows can see: from the window's start to the diagonal (causal)
+    lo = 0
+    if WINDOW:
+        lo = tl.maximum(start_m + window_offset, 0) // BLOCK_N * BLOCK_N
+    hi = sk
+    if CAUSAL:
+        hi = tl.minimum(tl.maximum(start_m + BLOCK_M + causal_offset, 0), sk)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        keys = (k0 + offs_n).to(tl.int64)
+        k = load_rows(k_base + keys[:, None] * stride_ks + offs_d[None, :], offs_n, sk, offs_d, HEAD_DIM, BLOCK_D,
+                      True)
+        v = load_rows(v_base + keys[:, None] * stride_vs + offs_d[None, :], offs_n, sk, offs_d, HEAD_DIM, BLOCK_D,
+                      True)
+        p, dcap = _probs(q, k, lse2, offs_m, offs_n, sk, scale_log2, softcap, slope, causal_offset, window_offset,
+                         align_offset, CAUSAL, WINDOW, SOFTCAP, ALIBI, BLOCK_M, BLOCK_N)
+        dp = mma(do, tl.trans(v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
+        dz = p * (dp - delta[:, None]) * dcap
+        dq = mma(dz.to(k.dtype), k, dq)
+    dq = dq * (scale_log2 / LOG2E)
+    tl.store(DQ + b64 * stride_dqb + h.to(tl.int64) * stride_dqh + seq[:, None] * stride_dqs + offs_d[None, :],
+             dq.to(DQ.dtype.element_ty), mask=(offs_m[:, None] < sq) & (offs_d[None, :] < HEAD_DIM))
