@@ -604,3 +604,15 @@ def test_later_calls_replay_the_first(case):
             assert torch.equal(x, y)
     assert as_list(again[0])[0].data_ptr() != as_list(again[1])[0].data_ptr()
     assert not torch.equal(as_list(first)[0], as_list(again[0])[0])
+
+
+@pytest.mark.parametrize("shape", [(2, 8, 2, 1000, 1000, 128), (1, 4, 4, 777, 1500, 64), (1, 2, 1, 300, 300, 256),
+                                   (2, 4, 2, 513, 513, 96)], ids=lambda s: "b{}h{}kv{}-q{}k{}-d{}".format(*s))
+@pytest.mark.parametrize("causal,align", [(False, "top_left"), (True, "bottom_right")])
+def test_gradients_at_gpu_sizes(causal, align, shape):
+    from fmha.verify import check_grads
+    q, k, v = (t.requires_grad_(True) for t in make_qkv(*shape, torch.bfloat16, seed=shape[3]))
+    o = fmha.attention(q, k, v, causal=causal, causal_align=align)
+    do = torch.randn_like(o)
+    o.backward(do)
+    check_grads((q.grad, k.grad, v.grad), q, k, v, do, causal, align)

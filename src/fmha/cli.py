@@ -246,6 +246,25 @@ def _format_report(r) -> str:
     return "\n".join(lines)
 
 
+def cmd_train_demo(args) -> int:
+    from fmha import train_demo
+    device = args.device or ("cuda" if torch.cuda.is_available() and not interpreting() else "cpu")
+    if device == "cpu" and not interpreting():
+        raise UsageError("the CPU runs fmha's kernels only through Triton's interpreter: set TRITON_INTERPRET=1")
+    steps = args.steps or (60 if device == "cpu" else 300)
+    size = args.size or ("tiny" if device == "cpu" else "small")
+    out = train_demo.run(steps, size, device, args.seed, args.plot)
+    every = max(1, steps // 10)
+    print(f"{'step':>5} {'sdpa':>8} {'fmha':>8}")
+    for i in list(range(0, steps, every)) + [steps - 1]:
+        print(f"{i + 1:>5} {out['sdpa'][i]:8.4f} {out['fmha'][i]:8.4f}")
+    print(f"max |loss difference| over {steps} steps: {out['max_diff']:.4g}; first loss {out['sdpa'][0]:.3f}, "
+          f"last {out['sdpa'][-1]:.3f} (sdpa) / {out['fmha'][-1]:.3f} (fmha); "
+          f"{out['seconds']['sdpa']:.0f} s / {out['seconds']['fmha']:.0f} s"
+          + (f"; plot: {args.plot}" if args.plot else ""))
+    return 0
+
+
 def cmd_compile(args) -> int:
     from fmha import targets
     names = list(targets.TARGETS) if args.target == "all" else [args.target]
@@ -331,6 +350,15 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--seed", type=int, default=0)
     f.add_argument("--device", choices=["cuda", "cpu"], default=None)
     f.set_defaults(fn=cmd_fuzz)
+
+    t = sub.add_parser("train-demo", help="train a small LM with fmha and with SDPA from one seed; compare the losses")
+    t.add_argument("--steps", type=int, default=None, help="default: 60 on the CPU, 300 on a GPU")
+    t.add_argument("--size", choices=["tiny", "small", "real"], default=None,
+                   help="default: tiny on the CPU, small on a GPU")
+    t.add_argument("--device", choices=["cuda", "cpu"], default=None)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--plot", default=None, help="write the two loss curves to this PNG")
+    t.set_defaults(fn=cmd_train_demo)
 
     pl = sub.add_parser("plot", help="PNG plots of a ledger run")
     pl.add_argument("--ledger", default=str(ledger.DEFAULT_LEDGER))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from . import backward, forward
 
@@ -23,6 +22,15 @@ PAGED_MESSAGE = ("fmha.attention_paged is inference-only (paged KV caches and sp
 def needs_grad(*tensors) -> bool:
     """True when autograd records this call: grad mode on and a tensor that requires grad."""
     return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
+SECOND_ORDER = "fmha's backward is first-order only: a second derivative (create_graph=True) is not supported"
+
+
+def _first_order_only() -> None:
+    """Raise :data:`SECOND_ORDER` when the backward itself is being recorded (``create_graph=True``)."""
+    if torch.is_grad_enabled():
+        raise RuntimeError(SECOND_ORDER)
 
 
 class Attention(torch.autograd.Function):
@@ -37,8 +45,8 @@ class Attention(torch.autograd.Function):
         return o, lse
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, do, _):
+        _first_order_only()
         q, k, v, o, lse, alibi_slopes, seqused_k = ctx.saved_tensors
         kw = {n: ctx.kw[n] for n in ("causal", "scale", "causal_align", "layout", "window", "softcap")}
         dq, dk, dv = backward.dense(do, q, k, v, o, lse, alibi_slopes=alibi_slopes, seqused_k=seqused_k, **kw)
@@ -58,8 +66,8 @@ class AttentionVarlen(torch.autograd.Function):
         return o, lse
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, do, _):
+        _first_order_only()
         q, k, v, o, lse, cu_q, cu_k, alibi_slopes = ctx.saved_tensors
         kw = {n: ctx.kw[n] for n in ("causal", "scale", "causal_align", "window", "softcap")}
         dq, dk, dv = backward.packed(do, q, k, v, o, lse, cu_q, cu_k, *ctx.longest, alibi_slopes=alibi_slopes, **kw)

@@ -1,4 +1,4 @@
-"""The error yardstick: a kernel's answer against the float64 reference.
+"""The error yardstick: a kernel's answer (and its gradients) against the float64 reference.
 
 An output passes when its error is at most twice the error PyTorch makes computing the same
 attention at the input precision (scores and ``P V`` in the input dtype, softmax in float32),
@@ -77,3 +77,46 @@ def check_lse(lse, ref_lse, atol=2e-3, skip=None):
     np.testing.assert_array_equal(np.isneginf(got), np.isneginf(ref_lse))
     fin = np.isfinite(ref_lse)
     np.testing.assert_allclose(got[fin], ref_lse[fin], atol=atol, rtol=1e-3)
+
+
+def torch_lowp_grads(q, k, v, do, causal, causal_align, scale=None, window=(-1, -1), softcap=0.0,
+                     alibi_slopes=None):
+    """The gradients of :func:`torch_lowp`'s attention by PyTorch's autograd at the input precision
+    (bhsd; float64 numpy out)."""
+    dt = q.dtype
+    q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    group = q.shape[1] // k.shape[1]
+    scale = 1.0 / q.shape[-1] ** 0.5 if scale is None else scale
+    s = (q @ k.repeat_interleave(group, 1).transpose(-1, -2)).float() * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    if alibi_slopes is not None:
+        offset = reference.causal_offset(q.shape[2], k.shape[2], causal_align)
+        i = torch.arange(q.shape[2], device=q.device)[:, None] + offset
+        dist = (i - torch.arange(k.shape[2], device=q.device)[None, :]).abs().float()
+        s = s - alibi_slopes.float()[None, :, None, None] * dist
+    mask = torch.from_numpy(reference.visible(q.shape[2], k.shape[2], causal, causal_align, window)).to(q.device)
+    p = torch.softmax(s.masked_fill(~mask, float("-inf")), -1).nan_to_num(0.0).to(dt)
+    (p @ v.repeat_interleave(group, 1)).backward(do.to(dt))
+    return tuple(t.grad.double().cpu().numpy() for t in (q, k, v))
+
+
+def check_grads(grads, q, k, v, do, causal, causal_align="top_left", layout="bhsd", scale=None, **mods):
+    """Assert the gradients ``(dq, dk, dv)`` (in ``layout``) of attention on ``q, k, v`` for ``do`` pass the
+    yardstick against :func:`fmha.reference.dense_attention_backward`: each within twice PyTorch's own
+    error at the input precision plus one unit in the last place at its largest magnitude, and finite.
+    Returns the errors."""
+    q, k, v, do = (to_bhsd(t, layout).detach() for t in (q, k, v, do))
+    refs = reference.dense_attention_backward(q, k, v, do, causal=causal, causal_align=causal_align, scale=scale,
+                                              **mods)
+    lowp = torch_lowp_grads(q, k, v, do, causal, causal_align, scale, **mods)
+    errs = []
+    for name, g, ref, base in zip("qkv", grads, refs, lowp):
+        got = to_bhsd(g, layout).detach().cpu().double().numpy()
+        assert got.shape == ref.shape, (name, got.shape, ref.shape)
+        assert np.isfinite(got).all(), f"d{name} is not finite"
+        err, torch_err = max_err(got, ref), max_err(base, ref)
+        ulp = ULP[q.dtype] * max(1.0, float(np.abs(ref).max(initial=0.0)))
+        assert err <= 2 * torch_err + ulp, f"d{name}: error {err:.3g} > 2 x torch's {torch_err:.3g} + {ulp:.3g}"
+        errs.append(err)
+    return errs

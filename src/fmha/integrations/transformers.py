@@ -9,7 +9,9 @@ sliding-window layers, Gemma-style soft-capping) run fmha.  A padded batch (a ma
 exactly the causal band, the layer's window and one contiguous run of real tokens per sequence)
 runs as packed sequences: the real tokens gathered, :func:`fmha.attention_varlen`, scattered
 back, with zeros on padded query rows.  Any other mask goes to torch SDPA with that mask, so
-nothing is computed wrong; dropout in training is refused.
+nothing is computed wrong.  Training works (gradients through :mod:`fmha.gradients`), under autocast
+too (float32 q, k, v are cast to the autocast dtype, as autocast casts SDPA's); attention dropout
+is refused.
 """
 from __future__ import annotations
 
@@ -34,6 +36,9 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     softcap = float(kwargs.get("softcap") or 0.0)
     # transformers' q/k/v are transposed views of [batch, seq, heads, dim] projections: read them as bshd
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+    dev = q.device.type
+    if q.dtype == torch.float32 and torch.is_autocast_enabled(dev):  # mixed precision: as autocast casts SDPA's
+        q, k, v = (t.to(torch.get_autocast_dtype(dev)) for t in (q, k, v))
     if attention_mask is None:
         out = fmha.attention(q, k, v, causal=causal, scale=scaling, causal_align="bottom_right", layout="bshd",
                              window=window, softcap=softcap)

@@ -95,12 +95,16 @@ def dkdv_kernel(Q, K, V, DO, LSE, Delta, DK, DV,
     window_offset += align
     align_offset += align
     start_n = tl.program_id(0) * BLOCK_N
-    if start_n >= sk:
+    if VARLEN and start_n >= sk:  # past this sequence's keys: the next sequence's rows
         return
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     b64 = b.to(tl.int64)
     keys = (k0 + offs_n).to(tl.int64)
+    dk_ptrs = DK + b64 * stride_dkb + kvh.to(tl.int64) * stride_dkh + keys[:, None] * stride_dks + offs_d[None, :]
+    dv_ptrs = DV + b64 * stride_dvb + kvh.to(tl.int64) * stride_dvh + keys[:, None] * stride_dvs + offs_d[None, :]
+    # every key row of the tensor gets written: past a seqused_k length the gradients are 0
+    keep = (offs_n[:, None] < (sk if VARLEN else seqlen_k)) & (offs_d[None, :] < HEAD_DIM)
     k = load_rows(K + b64 * stride_kb + kvh.to(tl.int64) * stride_kh + keys[:, None] * stride_ks + offs_d[None, :],
                   offs_n, sk, offs_d, HEAD_DIM, BLOCK_D, True)
     v = load_rows(V + b64 * stride_vb + kvh.to(tl.int64) * stride_vh + keys[:, None] * stride_vs + offs_d[None, :],
@@ -138,11 +142,8 @@ def dkdv_kernel(Q, K, V, DO, LSE, Delta, DK, DV,
             dz = p * (dp - delta[:, None]) * dcap
             dk = mma(tl.trans(dz.to(q.dtype)), q, dk)
     dk = dk * (scale_log2 / LOG2E)
-    keep = (offs_n[:, None] < sk) & (offs_d[None, :] < HEAD_DIM)
-    tl.store(DK + b64 * stride_dkb + kvh.to(tl.int64) * stride_dkh + keys[:, None] * stride_dks + offs_d[None, :],
-             dk.to(DK.dtype.element_ty), mask=keep)
-    tl.store(DV + b64 * stride_dvb + kvh.to(tl.int64) * stride_dvh + keys[:, None] * stride_dvs + offs_d[None, :],
-             dv.to(DV.dtype.element_ty), mask=keep)
+    tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=keep)
+    tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=keep)
 
 
 @triton.jit
