@@ -5,6 +5,8 @@ train through it; what has no backward says so."""
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import fmha
 from conftest import DEVICE, make_qkv, packed
@@ -88,6 +90,48 @@ def test_strided_inputs_and_rows_that_see_no_key():
     (dq, dk, dv), do = grads_of(o, (q, k, v))
     check_grads((dq, dk, dv), q, k, v, do, True, "bottom_right")
     assert not dq[:, :, :18].any()
+
+
+@st.composite
+def problems(draw):
+    kv_heads = draw(st.integers(1, 2))
+    return dict(batch=draw(st.integers(1, 2)), kv_heads=kv_heads, heads=kv_heads * draw(st.sampled_from([1, 2, 3])),
+                seqlen_q=draw(st.integers(1, 40)), seqlen_k=draw(st.integers(1, 40)),
+                head_dim=draw(st.sampled_from([32, 64, 96])), dtype=draw(st.sampled_from([torch.float16,
+                                                                                          torch.bfloat16])),
+                layout=draw(st.sampled_from(["bhsd", "bshd"])), contiguous=draw(st.booleans()),
+                causal=draw(st.booleans()), align=draw(st.sampled_from(["top_left", "bottom_right"])),
+                window=(draw(st.integers(-1, 45)), draw(st.integers(-1, 45))),
+                softcap=draw(st.sampled_from([0.0, 0.0, 4.0])), alibi=draw(st.booleans()),
+                seqused=draw(st.booleans()), seed=draw(st.integers(0, 2 ** 16)))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(p=problems())
+def test_random_problems_have_the_reference_gradients(p):
+    """Shapes, layouts, alignments and every modifier drawn together; with ``seqused``, keys past each
+    batch's drawn length hold NaN, which must never reach a gradient."""
+    q, k, v = make_qkv(p["batch"], p["heads"], p["kv_heads"], p["seqlen_q"], p["seqlen_k"], p["head_dim"],
+                       p["dtype"], p["layout"], p["contiguous"], seed=p["seed"])
+    g = torch.Generator().manual_seed(p["seed"])
+    mods = dict(window=p["window"], softcap=p["softcap"],
+                alibi_slopes=torch.rand(p["heads"], generator=g).to(DEVICE) if p["alibi"] else None)
+    used = torch.randint(0, p["seqlen_k"] + 1, (p["batch"],), generator=g, dtype=torch.int32) if p["seqused"] \
+        else torch.full((p["batch"],), p["seqlen_k"], dtype=torch.int32)
+    seq = 2 if p["layout"] == "bhsd" else 1
+    with torch.no_grad():
+        for b, n in enumerate(used.tolist()):
+            k.select(0, b).narrow(seq - 1, n, p["seqlen_k"] - n).fill_(float("nan"))
+            v.select(0, b).narrow(seq - 1, n, p["seqlen_k"] - n).fill_(float("nan"))
+    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+    o = fmha.attention(q, k, v, causal=p["causal"], causal_align=p["align"], layout=p["layout"],
+                       seqused_k=used.to(DEVICE) if p["seqused"] else None, **mods)
+    (dq, dk, dv), do = grads_of(o, (q, k, v), seed=p["seed"])
+    for b, n in enumerate(used.tolist()):
+        keys = (slice(b, b + 1), slice(None), slice(0, n)) if p["layout"] == "bhsd" else (slice(b, b + 1), slice(0, n))
+        own = slice(b, b + 1)
+        check_grads((dq[own], dk[keys], dv[keys]), q[own], k[keys], v[keys], do[own], p["causal"], p["align"],
+                    p["layout"], **mods)
 
 
 def test_only_what_requires_grad_gets_it():

@@ -116,12 +116,13 @@ def dense_attention(q, k, v, *, causal: bool = False, scale: float | None = None
 
 def dense_attention_backward(q, k, v, do, *, causal: bool = False, scale: float | None = None,
                              causal_align: str = "top_left", window=(-1, -1), softcap: float = 0.0,
-                             alibi_slopes=None):
+                             alibi_slopes=None, o=None):
     """(c) The gradients ``(dq, dk, dv)`` of :func:`dense_attention` for the incoming ``do``, in float64,
     written as the kernels compute them (docs/BACKWARD.md): ``P`` from the scores, ``dV = P^T dO``,
     ``dP = dO V^T``, ``delta = rowsum(dO * O)``, ``dZ = P (dP - delta)``, then through the softcap's
     ``1 - tanh^2`` and the scale to ``dQ = dS K``, ``dK = dS^T Q``; dK and dV summed over each KV head's
-    query heads.  Rows with no visible key have ``P = 0``: zero gradients."""
+    query heads.  Rows with no visible key have ``P = 0``: zero gradients.  ``o``: the output to take
+    ``delta`` from (default the exact one; the kernels take the stored, rounded one)."""
     q, k, v, do = _as_f64(q), _as_f64(k), _as_f64(v), _as_f64(do)
     group = q.shape[1] // k.shape[1]
     ke, ve = _expand_kv(q, k, v)
@@ -134,7 +135,7 @@ def dense_attention_backward(q, k, v, do, *, causal: bool = False, scale: float 
     w = np.exp(z - np.where(np.isfinite(row_max), row_max, 0.0))
     denom = w.sum(axis=-1, keepdims=True)
     p = w / np.where(denom == 0, 1.0, denom)
-    o = p @ ve
+    o = p @ ve if o is None else _as_f64(o)
     dv = p.swapaxes(-1, -2) @ do
     dp = do @ ve.swapaxes(-1, -2)
     delta = (do * o).sum(axis=-1, keepdims=True)
