@@ -99,6 +99,27 @@ def test_layout_cells_run_the_same_values_in_their_own_strides():
     assert models and all(c.layout == "fused-qkv" and c.kv_heads == 4 for c in models)
 
 
+def test_backward_pass_cells_check_gradients_and_count_their_flops():
+    """``--pass bwd`` and ``fwd+bwd``: each provider's gradients checked against float32 autograd before
+    it is timed, TFLOP/s over 2.5 or 3.5 times the forward's FLOPs, the ``pass`` column filled; a provider
+    whose output carries no gradient is recorded as failed."""
+    cell = grids.Cell(1, 2, 1, 17, 40, 64, True)
+    detached = providers.Provider("detached", lambda q, k, v, c: (lambda: q.detach() * 1.0), peer=True)
+    provs = [p for p in providers.providers("cpu") if p.name in ("fmha:auto", "sdpa:math")] + [detached]
+    for pass_, factor in (("bwd", 2.5), ("fwd+bwd", 3.5)):
+        rows = runner.run_cell(cell, torch.bfloat16, provs, "cpu", peak=1.0, pass_=pass_)
+        by = {r["provider"]: r for r in rows}
+        assert {r["pass"] for r in rows} == {pass_}
+        for name in ("fmha:auto", "sdpa:math"):
+            assert by[name]["note"] == "ok" and by[name]["error"] < 2e-2, by[name]
+            flops = factor * attention_flops(1, 2, 17, 40, 64, True)
+            assert by[name]["tflops"] == pytest.approx(flops / (by[name]["ms"] * 1e-3) / 1e12, rel=1e-3)
+        assert by["detached"]["note"].startswith("failed"), by["detached"]
+    with pytest.raises(ValueError, match="without a window"):
+        runner.run_cell(grids.Cell(1, 2, 2, 16, 16, 32, True, window=4), torch.float16, provs, "cpu", 1.0,
+                        pass_="bwd")
+
+
 def test_a_ledger_from_before_a_new_column_takes_the_longer_header(tmp_path):
     path = tmp_path / "ledger.csv"
     old = ledger.COLUMNS[:-1]

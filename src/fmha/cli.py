@@ -160,10 +160,15 @@ def cmd_bench(args) -> int:
     cells = _cells(grid, args.where, device)
     dtypes = [DTYPES[d] for d in args.dtype]
     ledger_path = _ledger(args.ledger, device)
-    print(f"fmha bench: grid={grid} ({len(cells)} cells x {len(dtypes)} dtypes), device={device}, "
+    if args.pass_ != "fwd" and any(c.modified for c in cells):
+        raise UsageError(f"--pass {args.pass_} times cells without a window, softcap or ALiBi; grid {grid} has them")
+    print(f"fmha bench: grid={grid} ({len(cells)} cells x {len(dtypes)} dtypes), pass={args.pass_}, device={device}, "
           f"providers={[p.name for p in provs]}, ledger={ledger_path or 'none (CPU times mean nothing)'}",
           flush=True)
-    ceil, rows = runner.run_grid(cells, dtypes, provs, device, ledger_path, graphs=args.cuda_graphs)
+    if args.pass_ != "fwd" and args.cuda_graphs:
+        raise UsageError("--cuda-graphs times the forward only; the backward passes are timed eagerly")
+    ceil, rows = runner.run_grid(cells, dtypes, provs, device, ledger_path, graphs=args.cuda_graphs,
+                                 pass_=args.pass_)
     print(f"ceilings this run: matmul {ceil[0]['tflops']:.0f} TFLOP/s ({ceil[0]['config']}), "
           f"copy {ceil[1]['tbps']:.2f} TB/s")
     print(report.grid_table(rows, timing_means_nothing=device == "cpu"))
@@ -329,6 +334,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--cuda-graphs", action="store_true",
                    help="time CUDA-graph replays (GPU time without the host's launch cost; every provider alike)")
     b.add_argument("--where", default=None, help='only the cells with these values, e.g. "head_dim=64 causal=1"')
+    b.add_argument("--pass", dest="pass_", choices=["fwd", "bwd", "fwd+bwd"], default="fwd",
+                   help="what is timed: the forward, the backward (gradients of q, k, v), or both; TFLOP/s count "
+                        "1, 2.5 or 3.5 times the forward's FLOPs")
     b.set_defaults(fn=cmd_bench)
 
     s = sub.add_parser("sweep", help="walk a variant's config space; every attempt goes to the ledger")

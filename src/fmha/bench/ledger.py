@@ -1,7 +1,8 @@
 """The iteration ledger: one CSV, a fixed schema, rows only ever appended.
 
 Rows of one ``fmha bench`` or ``fmha sweep`` invocation share a ``run_id``; ratios
-compare rows of the same run only.  Ceiling rows (``provider`` ``ceiling:matmul``
+compare rows of the same run only.  ``pass`` says what was timed: ``fwd``, ``bwd`` or ``fwd+bwd``
+(empty in rows from before the column: the forward).  Ceiling rows (``provider`` ``ceiling:matmul``
 and ``ceiling:copy``) record what the GPU reached that run.
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 COLUMNS = [
     "timestamp", "run_id", "git_sha", "gpu", "torch", "triton", "provider", "config", "dtype",
     "batch", "heads", "kv_heads", "seqlen_q", "seqlen_k", "head_dim", "causal",
-    "ms", "tflops", "tbps", "pct_peak", "ratio_best_peer", "error", "note", "features",
+    "ms", "tflops", "tbps", "pct_peak", "ratio_best_peer", "error", "note", "features", "pass",
 ]
 DEFAULT_LEDGER = Path("bench/ledger.csv")
 

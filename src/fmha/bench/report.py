@@ -49,7 +49,8 @@ def grid_table(rows: list[dict], focus: str = "fmha:auto", timing_means_nothing:
     if ratios and not timing_means_nothing:
         out.append(f"{focus} >= 1.0x the best SDPA backend in {sum(r >= 1.0 for r in ratios)} of {len(ratios)} "
                    f"cells (ratios {min(ratios):.2f}-{max(ratios):.2f}).")
-    fa4 = None if timing_means_nothing else published.fa4_geomean(rows, focus)
+    forward = all(r.get("pass", "fwd") in ("fwd", "") for r in rows)  # FA4's published figures are forward
+    fa4 = None if timing_means_nothing or not forward else published.fa4_geomean(rows, focus)
     if fa4 is not None:
         within = "" if fa4[2] is None else (f"; each run against its own cuDNN ({focus}/cuDNN here over "
                                             f"FA4/cuDNN there): {fa4[2]:.3f}x")

@@ -1,4 +1,8 @@
-"""Run a grid of cells over providers: time, check, and turn results into ledger rows."""
+"""Run a grid of cells over providers: time, check, and turn results into ledger rows.
+
+A run times one pass: ``fwd`` (the forward), ``bwd`` (the gradients of q, k and v from an output whose
+forward ran once, untimed), or ``fwd+bwd``.  TFLOP/s count the forward's FLOPs times 1, 2.5 or 3.5
+(the backward's five matrix products against the forward's two, BENCH.md's convention)."""
 from __future__ import annotations
 
 import math
@@ -87,23 +91,62 @@ def cell_columns(cell: Cell, dtype: torch.dtype) -> dict:
             "causal": int(cell.causal), "features": cell.features}
 
 
+PASSES = {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}  # FLOPs against the forward's
+
+
+def _reference_grads(q, k, v, do, cell: Cell):
+    """Float32 gradients of q, k, v through SDPA's exact backends (cells without modifiers)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    leaves = [t.detach().float().requires_grad_(True) for t in (q, k, v)]
+    backends = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH] if q.is_cuda else [SDPBackend.MATH]
+    with sdpa_kernel(backends):
+        o = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=cell.causal,
+                                                             enable_gqa=cell.heads != cell.kv_heads)
+    return torch.autograd.grad(o, leaves, do.float())
+
+
+def _checked(p: Provider, q, k, v, cell: Cell, ref, pass_: str, do, ref_grads):
+    """The provider's timed callable for ``pass_``, after checking its output (fwd) or its gradients
+    (bwd, fwd+bwd) against the float32 reference; returns (callable, relative error)."""
+    fn = p.make(q, k, v, cell)
+    o = fn()
+    if pass_ == "fwd":
+        err = ((o.float() - ref).norm() / ref.norm()).item()
+    else:
+        grads = torch.autograd.grad(o, (q, k, v), do)
+        err = max(((g.float() - r).norm() / r.norm()).item() for g, r in zip(grads, ref_grads))
+    if not math.isfinite(err) or err > 5e-2:
+        raise RuntimeError(f"wrong {'result' if pass_ == 'fwd' else 'gradients'}: relative error {err:.2e}")
+    if pass_ == "fwd":
+        return fn, err
+    if pass_ == "bwd":
+        out = fn()  # one forward, its graph kept: each timed call runs the backward alone
+        return (lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True)), err
+    return (lambda: torch.autograd.grad(fn(), (q, k, v), do)), err
+
+
 def run_cell(cell: Cell, dtype: torch.dtype, provs: list[Provider], device: str, peak: float,
-             seed: int = 0, tick: Callable[[str], None] = lambda s: None, graphs: bool = False) -> list[dict]:
+             seed: int = 0, tick: Callable[[str], None] = lambda s: None, graphs: bool = False,
+             pass_: str = "fwd") -> list[dict]:
     """Every provider on one cell: rows with ms, TFLOP/s, % of peak, error (ratios filled later)."""
     q, k, v, ref, flops = cell_inputs(cell, dtype, device, seed)
+    flops = int(flops * PASSES[pass_])
+    do = ref_grads = None
+    if pass_ != "fwd":
+        if cell.modified:
+            raise ValueError("the backward passes are timed on cells without a window, softcap or ALiBi")
+        q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
+        do = torch.randn(ref.shape, generator=torch.Generator(device=device).manual_seed(seed + 1), device=device,
+                         dtype=dtype)
+        ref_grads = _reference_grads(q, k, v, do, cell)
     nbytes = attention_bytes(cell.batch, cell.heads, cell.kv_heads, cell.seqlen_q, cell.seqlen_k,
                              cell.head_dim, q.element_size())
-    base = cell_columns(cell, dtype)
+    base = dict(cell_columns(cell, dtype), **{"pass": pass_})
     rows, ready = [], []
     for p in provs:  # first every provider once: compile, check; a failure is recorded, the run goes on
         row = dict(base, provider=p.name, config=_config_of(p, cell, q, k, v), _peer=p.peer)
         try:
-            fn = p.make(q, k, v, cell)
-            o = fn()
-            err = ((o.float() - ref).norm() / ref.norm()).item()
-            if not math.isfinite(err) or err > 5e-2:
-                raise RuntimeError(f"wrong result: relative error {err:.2e}")
-            row["error"] = err
+            fn, row["error"] = _checked(p, q, k, v, cell, ref, pass_, do, ref_grads)
             ready.append((row, fn))
         except Exception as e:
             row.update(note=f"failed: {type(e).__name__}: {' '.join(str(e).split())[:160]}")
@@ -147,7 +190,8 @@ def _fill_ratios(rows: list[dict]) -> None:
 
 
 def run_grid(cells: list[Cell], dtypes: list[torch.dtype], provs: list[Provider], device: str,
-             ledger_path, show_progress: bool = True, graphs: bool = False) -> tuple[list[dict], list[dict]]:
+             ledger_path, show_progress: bool = True, graphs: bool = False,
+             pass_: str = "fwd") -> tuple[list[dict], list[dict]]:
     """Measure the ceilings, then every (cell, dtype); append all rows to the ledger."""
     env = ledger.environment(device)
     ceil = [dict(env, **r) for r in ceilings(device)]
@@ -164,7 +208,8 @@ def run_grid(cells: list[Cell], dtypes: list[torch.dtype], provs: list[Provider]
 
     rows = []
     for cell, dt in todo:
-        cell_rows = [dict(env, **r) for r in run_cell(cell, dt, provs, device, peak, tick=tick, graphs=graphs)]
+        cell_rows = [dict(env, **r) for r in run_cell(cell, dt, provs, device, peak, tick=tick, graphs=graphs,
+                                                      pass_=pass_)]
         ledger.append(ledger_path, cell_rows)
         rows += cell_rows
         if device == "cuda":
