@@ -10,6 +10,7 @@ from .checks import (check_features, check_index, check_inputs, check_out, check
                      variants)
 from . import gradients
 from .plan import describe, select_variant
+from .sinks import attach as attach_sinks
 
 __all__ = ["attention", "attention_varlen", "attention_paged", "describe", "select_variant", "variants"]
 
@@ -18,7 +19,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
               scale: float | None = None, variant: str = "auto", causal_align: str = "top_left",
               layout: str = "bhsd", return_lse: bool = False, out: torch.Tensor | None = None,
               window: tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None,
-              seqused_k: torch.Tensor | None = None, num_splits: int = 0,
+              seqused_k: torch.Tensor | None = None, num_splits: int = 0, sinks: torch.Tensor | None = None,
               config: configs.KernelConfig | None = None):
     """Exact attention ``softmax(scale * q k^T) v``, computed flash-style (no score matrix).
 
@@ -56,21 +57,24 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     ``seqused_k`` (int32 ``[batch]``): batch b uses only its first ``seqused_k[b]`` keys
     (key padding; values past seqlen_k are clamped); bottom-right alignment then uses
     that length.  For packed variable-length batches see :func:`attention_varlen`.
+    ``sinks`` (float32 ``[heads]``, learnable attention sinks as in gpt-oss): head h's logit joins every
+    row's softmax denominator and brings no value (not scaled; a row that sees no key returns 0 and LSE
+    ``sink_h``); differentiable (:mod:`fmha.sinks`).
 
     ``num_splits``: split the keys over that many programs per query block and merge
     the partials by their LSE (flash-decoding); 0 (default) decides: on a GPU, short
     queries (seqlen_q <= 16) against long keys are split to fill the chip; 1 never splits.
     """
     check_inputs(q, k, v, causal_align, layout, variant, scale)
-    check_features(q, layout, window, softcap, alibi_slopes)
+    check_features(q, layout, window, softcap, alibi_slopes, sinks)
     if seqused_k is not None:
         check_index(seqused_k, "seqused_k", (q.shape[0],), q.device)
     check_splits(num_splits)
     if out is not None:
         check_out(out, q, k, v)
     modifiers = (tuple(window) != (-1, -1) or softcap > 0 or alibi_slopes is not None or seqused_k is not None
-                 or num_splits > 1)
-    grad = gradients.needs_grad(q, k, v)
+                 or num_splits > 1 or sinks is not None)
+    grad = gradients.needs_grad(q, k, v, sinks)
     if torch.compiler.is_compiling() and out is None and config is None and not modifiers:
         from .custom_op import attention_op
         o, lse = attention_op(q, k, v, bool(causal), None if scale is None else float(scale), variant,
@@ -81,13 +85,15 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
             raise ValueError("out= is not differentiable: drop it, or run under torch.no_grad()")
         kw = dict(causal=causal, scale=scale, variant=variant, causal_align=causal_align, layout=layout, config=config,
                   window=tuple(window), softcap=float(softcap), num_splits=num_splits)
-        o, lse = gradients.Attention.apply(q, k, v, alibi_slopes, seqused_k, kw)
+        o, lse = gradients.Attention.apply(q, k, v, alibi_slopes, seqused_k, sinks, kw)
         lse = lse if return_lse else None
     else:
         o, lse = forward.dense(q, k, v, causal=causal, scale=scale, variant=variant, causal_align=causal_align,
-                               layout=layout, return_lse=return_lse, out=out, config=config, window=tuple(window),
-                               softcap=float(softcap), alibi_slopes=alibi_slopes, seqused_k=seqused_k,
-                               num_splits=num_splits)
+                               layout=layout, return_lse=return_lse or sinks is not None, out=out, config=config,
+                               window=tuple(window), softcap=float(softcap), alibi_slopes=alibi_slopes,
+                               seqused_k=seqused_k, num_splits=num_splits)
+        if sinks is not None:
+            o, lse = attach_sinks(o, lse, sinks, layout)
     return (o, lse) if return_lse else o
 
 
@@ -95,7 +101,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                      cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, *, causal: bool = False,
                      scale: float | None = None, variant: str = "auto", causal_align: str = "bottom_right",
                      return_lse: bool = False, window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
-                     alibi_slopes: torch.Tensor | None = None, config: configs.KernelConfig | None = None):
+                     alibi_slopes: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
+                     config: configs.KernelConfig | None = None):
     """Attention over packed sequences of different lengths (``flash_attn_varlen_func``'s shape).
 
     ``q`` ``[total_q, heads, head_dim]``, ``k``/``v`` ``[total_k, kv_heads, head_dim]``;
@@ -114,16 +121,19 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     """
     lengths = check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     check_inputs(q[None], k[None], v[None], causal_align, "bshd", variant, scale)
-    check_features(q[None], "bshd", window, softcap, alibi_slopes)
-    if gradients.needs_grad(q, k, v):
+    check_features(q[None], "bshd", window, softcap, alibi_slopes, sinks)
+    if gradients.needs_grad(q, k, v, sinks):
         kw = dict(causal=causal, scale=scale, variant=variant, causal_align=causal_align, window=tuple(window),
                   softcap=float(softcap), config=config)
-        o, lse = gradients.AttentionVarlen.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, lengths,
+        o, lse = gradients.AttentionVarlen.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, lengths,
                                                  max_seqlen_q, max_seqlen_k, kw)
         return (o, lse) if return_lse else o
     o, lse = forward.packed(q, k, v, cu_seqlens_q, cu_seqlens_k, lengths, max_seqlen_q, max_seqlen_k, causal=causal,
-                            scale=scale, variant=variant, causal_align=causal_align, return_lse=return_lse,
-                            window=tuple(window), softcap=float(softcap), alibi_slopes=alibi_slopes, config=config)
+                            scale=scale, variant=variant, causal_align=causal_align,
+                            return_lse=return_lse or sinks is not None, window=tuple(window), softcap=float(softcap),
+                            alibi_slopes=alibi_slopes, config=config)
+    if sinks is not None:
+        o, lse = attach_sinks(o, lse, sinks, "packed")
     return (o, lse) if return_lse else o
 
 
@@ -133,7 +143,7 @@ def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     causal_align: str = "bottom_right", layout: str = "bhsd", return_lse: bool = False,
                     window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                     alibi_slopes: torch.Tensor | None = None, num_splits: int = 0, variant: str = "auto",
-                    config=None):
+                    sinks: torch.Tensor | None = None, config=None):
     """Attention against a paged KV cache (vLLM's and ``flash_attn_with_kvcache``'s layout).
 
     ``q``: ``[batch, heads, seqlen_q, head_dim]`` (or ``bshd``); ``k_cache``/``v_cache``:
@@ -149,11 +159,13 @@ def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if variant not in ("auto", "tiled", "hopper"):
         raise ValueError(f"attention_paged runs variant 'auto', 'tiled' or 'hopper', got {variant!r}")
     check_inputs(q, q, q, causal_align, layout, variant, scale)
-    check_features(q, layout, window, softcap, alibi_slopes)
+    check_features(q, layout, window, softcap, alibi_slopes, sinks)
     check_pages(q, k_cache, v_cache, block_table, cache_seqlens, layout)
     check_splits(num_splits)
     o, lse = forward.paged(q, k_cache, v_cache, block_table, cache_seqlens, causal=causal, scale=scale,
-                           causal_align=causal_align, layout=layout, return_lse=return_lse, window=tuple(window),
-                           softcap=float(softcap), alibi_slopes=alibi_slopes, num_splits=num_splits,
-                           variant=variant, config=config)
+                           causal_align=causal_align, layout=layout, return_lse=return_lse or sinks is not None,
+                           window=tuple(window), softcap=float(softcap), alibi_slopes=alibi_slopes,
+                           num_splits=num_splits, variant=variant, config=config)
+    if sinks is not None:
+        o, lse = attach_sinks(o, lse, sinks, layout)
     return (o, lse) if return_lse else o

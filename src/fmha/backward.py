@@ -10,6 +10,7 @@ from . import plan as planning
 from .device import interpreting, on
 from .kernels import strides_bhsd
 from .kernels import backward as kernels
+from .sinks import grad as sink_grad
 
 
 def _blocks(head_dim: int) -> dict:
@@ -25,9 +26,9 @@ def _unit_last(t: torch.Tensor) -> torch.Tensor:
 
 
 def dense(do, q, k, v, o, lse, *, causal, scale, causal_align, layout, window=(-1, -1), softcap=0.0,
-          alibi_slopes=None, seqused_k=None):
-    """Gradients ``(dq, dk, dv)`` of :func:`fmha.attention` (``lse``: its float32 ``[batch, heads,
-    seqlen_q]``), each in the layout and strides order of its input."""
+          alibi_slopes=None, seqused_k=None, sinks=None):
+    """Gradients ``(dq, dk, dv, dsinks or None)`` of :func:`fmha.attention` (``lse``: its float32
+    ``[batch, heads, seqlen_q]``, the sinks included), each in the layout and strides order of its input."""
     if layout == "bhsd":
         batch, heads, seqlen_q, head_dim = q.shape
         kv_heads, seqlen_k = k.shape[1], k.shape[2]
@@ -37,30 +38,31 @@ def dense(do, q, k, v, o, lse, *, causal, scale, causal_align, layout, window=(-
     prob = planning.problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal=causal, scale=scale,
                             window=window, causal_align=causal_align, softcap=softcap,
                             seqused=seqused_k is not None)
-    return _run(prob, do, q, k, v, o, lse, layout, alibi_slopes, (None, None, seqused_k), seqlen_q, seqlen_k)
+    return _run(prob, do, q, k, v, o, lse, layout, alibi_slopes, (None, None, seqused_k), seqlen_q, seqlen_k, sinks)
 
 
 def packed(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal, scale,
-           causal_align, window=(-1, -1), softcap=0.0, alibi_slopes=None):
-    """Gradients ``(dq, dk, dv)`` of :func:`fmha.attention_varlen` (``lse`` ``[heads, total_q]``)."""
+           causal_align, window=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None):
+    """Gradients ``(dq, dk, dv, dsinks or None)`` of :func:`fmha.attention_varlen` (``lse`` ``[heads,
+    total_q]``)."""
     batch = cu_seqlens_q.shape[0] - 1
     heads, kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
     prob = planning.problem(batch, heads, kv_heads, q.shape[0], k.shape[0], head_dim, causal=causal, scale=scale,
                             window=window, causal_align=causal_align, softcap=softcap, varlen=True)
-    grads = _run(prob, do[None], q[None], k[None], v[None], o[None], lse, "bshd", alibi_slopes,
-                 (cu_seqlens_q, cu_seqlens_k, None), int(max_seqlen_q), int(max_seqlen_k))
-    return tuple(g[0] for g in grads)
+    dq, dk, dv, dsinks = _run(prob, do[None], q[None], k[None], v[None], o[None], lse, "bshd", alibi_slopes,
+                              (cu_seqlens_q, cu_seqlens_k, None), int(max_seqlen_q), int(max_seqlen_k), sinks)
+    return dq[0], dk[0], dv[0], dsinks
 
 
-def _run(prob, do, q, k, v, o, lse, layout, alibi, seqs, rows, keys):
+def _run(prob, do, q, k, v, o, lse, layout, alibi, seqs, rows, keys, sinks):
     """The three launches over ``rows`` query rows and ``keys`` keys per sequence (the longest, when
-    packed)."""
+    packed); the sinks' gradient from ``delta`` (:mod:`fmha.sinks`)."""
     do, q, k, v, o = (_unit_last(t) for t in (do, q, k, v, o))
     dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
     if 0 in (prob.batch, prob.heads, rows, keys, prob.head_dim) or q.numel() == 0:
         for g in (dq, dk, dv):
             g.zero_()
-        return dq, dk, dv
+        return dq, dk, dv, None if sinks is None else torch.zeros_like(sinks)
     delta = torch.empty_like(lse)
     blocks = _blocks(prob.head_dim)
     bm, bn = blocks["BLOCK_M"], blocks["BLOCK_N"]
@@ -89,4 +91,4 @@ def _run(prob, do, q, k, v, o, lse, layout, alibi, seqs, rows, keys):
         kernels.dq_kernel[(triton.cdiv(rows, bm), prob.batch * prob.heads)](
             q, k, v, do, lse, delta, dq, *strides["q"], *strides["k"], *strides["v"], *strides["do"],
             *strides["dq"], *sizes, *band, **flags, **blocks)
-    return dq, dk, dv
+    return dq, dk, dv, None if sinks is None else sink_grad(sinks, lse, delta)

@@ -65,8 +65,8 @@ def check_inputs(q, k, v, causal_align: str, layout: str, variant: str, scale) -
         raise ValueError(f"scale must be a finite positive number or None, got {scale!r}")
 
 
-def check_features(q, layout: str, window, softcap, alibi_slopes) -> None:
-    """The score modifiers: a window, a softcap, ALiBi slopes."""
+def check_features(q, layout: str, window, softcap, alibi_slopes, sinks=None) -> None:
+    """The score modifiers: a window, a softcap, ALiBi slopes; and attention sinks."""
     if (not isinstance(window, (tuple, list)) or len(window) != 2
             or not all(isinstance(w, int) and w >= -1 for w in window)):
         raise ValueError(f"window must be (left, right) with ints >= -1 (-1: unbounded), got {window!r}")
@@ -79,6 +79,13 @@ def check_features(q, layout: str, window, softcap, alibi_slopes) -> None:
             got = ((tuple(alibi_slopes.shape), alibi_slopes.dtype, alibi_slopes.device)
                    if isinstance(alibi_slopes, torch.Tensor) else type(alibi_slopes).__name__)
             raise ValueError(f"alibi_slopes must be a float32 tensor of shape ({heads},) on {q.device}, got {got}")
+    if sinks is not None:
+        heads = q.shape[1] if layout == "bhsd" else q.shape[2]
+        if (not isinstance(sinks, torch.Tensor) or sinks.shape != (heads,) or sinks.dtype != torch.float32
+                or sinks.device != q.device):
+            got = (tuple(sinks.shape), sinks.dtype, sinks.device) if isinstance(sinks, torch.Tensor) \
+                else type(sinks).__name__
+            raise ValueError(f"sinks must be a float32 tensor of shape ({heads},) on {q.device}, got {got}")
 
 
 def check_index(t, name: str, shape: tuple, device) -> None:

@@ -40,7 +40,8 @@ def attention_backward_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
                           lse: torch.Tensor, causal: bool, scale: float | None, causal_align: str,
                           layout: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward of ``fmha::attention``: :func:`fmha.backward.dense` on its saved O and LSE."""
-    return backward.dense(do, q, k, v, o, lse, causal=causal, scale=scale, causal_align=causal_align, layout=layout)
+    return backward.dense(do, q, k, v, o, lse, causal=causal, scale=scale, causal_align=causal_align,
+                          layout=layout)[:3]
 
 
 @attention_backward_op.register_fake

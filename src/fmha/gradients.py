@@ -1,6 +1,6 @@
 """Autograd: :func:`fmha.attention` and :func:`fmha.attention_varlen` are differentiable.
 
-A call that autograd records (grad mode on, q, k or v requiring grad) runs the forward with its LSE,
+A call that autograd records (grad mode on, q, k, v or the sinks requiring grad) runs the forward with its LSE,
 saves only q, k, v, O and the LSE (memory O(seqlen), no score matrix), and its backward runs
 :mod:`fmha.backward`.  The LSE a caller asks for is not differentiable; a second derivative is
 refused.  :func:`fmha.attention_paged` (paged caches, split decoding) is inference-only: a call
@@ -12,7 +12,7 @@ import functools
 
 import torch
 
-from . import backward, forward
+from . import backward, forward, sinks as sink_mod
 
 PAGED_MESSAGE = ("fmha.attention_paged is inference-only (paged KV caches and split decoding have no backward): "
                  "run it under torch.no_grad() / torch.inference_mode(), or train with fmha.attention or "
@@ -33,13 +33,26 @@ def _first_order_only() -> None:
         raise RuntimeError(SECOND_ORDER)
 
 
+def dense(q, k, v, alibi_slopes, seqused_k, sinks, kw):
+    """:func:`fmha.forward.dense` with the sinks attached (:mod:`fmha.sinks`): ``(o, lse)``."""
+    o, lse = forward.dense(q, k, v, return_lse=True, alibi_slopes=alibi_slopes, seqused_k=seqused_k, **kw)
+    return (o, lse) if sinks is None else sink_mod.attach(o, lse, sinks, kw["layout"])
+
+
+def packed(q, k, v, cu_seqlens_q, cu_seqlens_k, lengths, max_seqlen_q, max_seqlen_k, alibi_slopes, sinks, kw):
+    """:func:`fmha.forward.packed` with the sinks attached: ``(o, lse)``."""
+    o, lse = forward.packed(q, k, v, cu_seqlens_q, cu_seqlens_k, lengths, max_seqlen_q, max_seqlen_k,
+                            return_lse=True, alibi_slopes=alibi_slopes, **kw)
+    return (o, lse) if sinks is None else sink_mod.attach(o, lse, sinks, "packed")
+
+
 class Attention(torch.autograd.Function):
-    """:func:`fmha.forward.dense` with its backward; ``kw`` its keyword arguments but the tensors."""
+    """:func:`dense` with its backward; ``kw`` the forward's keyword arguments but the tensors."""
 
     @staticmethod
-    def forward(ctx, q, k, v, alibi_slopes, seqused_k, kw):
-        o, lse = forward.dense(q, k, v, return_lse=True, alibi_slopes=alibi_slopes, seqused_k=seqused_k, **kw)
-        ctx.save_for_backward(q, k, v, o, lse, alibi_slopes, seqused_k)
+    def forward(ctx, q, k, v, alibi_slopes, seqused_k, sinks, kw):
+        o, lse = dense(q, k, v, alibi_slopes, seqused_k, sinks, kw)
+        ctx.save_for_backward(q, k, v, o, lse, alibi_slopes, seqused_k, sinks)
         ctx.kw = kw
         ctx.mark_non_differentiable(lse)
         return o, lse
@@ -47,20 +60,22 @@ class Attention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, _):
         _first_order_only()
-        q, k, v, o, lse, alibi_slopes, seqused_k = ctx.saved_tensors
+        q, k, v, o, lse, alibi_slopes, seqused_k, sinks = ctx.saved_tensors
         kw = {n: ctx.kw[n] for n in ("causal", "scale", "causal_align", "layout", "window", "softcap")}
-        dq, dk, dv = backward.dense(do, q, k, v, o, lse, alibi_slopes=alibi_slopes, seqused_k=seqused_k, **kw)
-        return dq, dk, dv, None, None, None
+        dq, dk, dv, dsinks = backward.dense(do, q, k, v, o, lse, alibi_slopes=alibi_slopes, seqused_k=seqused_k,
+                                            sinks=sinks, **kw)
+        return dq, dk, dv, None, None, dsinks, None
 
 
 class AttentionVarlen(torch.autograd.Function):
-    """:func:`fmha.forward.packed` with its backward."""
+    """:func:`packed` with its backward."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, lengths, max_seqlen_q, max_seqlen_k, kw):
-        o, lse = forward.packed(q, k, v, cu_seqlens_q, cu_seqlens_k, lengths, max_seqlen_q, max_seqlen_k,
-                                return_lse=True, alibi_slopes=alibi_slopes, **kw)
-        ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, lengths, max_seqlen_q, max_seqlen_k,
+                kw):
+        o, lse = packed(q, k, v, cu_seqlens_q, cu_seqlens_k, lengths, max_seqlen_q, max_seqlen_k, alibi_slopes,
+                        sinks, kw)
+        ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks)
         ctx.kw, ctx.longest = kw, (max_seqlen_q, max_seqlen_k)
         ctx.mark_non_differentiable(lse)
         return o, lse
@@ -68,10 +83,11 @@ class AttentionVarlen(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, _):
         _first_order_only()
-        q, k, v, o, lse, cu_q, cu_k, alibi_slopes = ctx.saved_tensors
+        q, k, v, o, lse, cu_q, cu_k, alibi_slopes, sinks = ctx.saved_tensors
         kw = {n: ctx.kw[n] for n in ("causal", "scale", "causal_align", "window", "softcap")}
-        dq, dk, dv = backward.packed(do, q, k, v, o, lse, cu_q, cu_k, *ctx.longest, alibi_slopes=alibi_slopes, **kw)
-        return dq, dk, dv, None, None, None, None, None, None, None
+        dq, dk, dv, dsinks = backward.packed(do, q, k, v, o, lse, cu_q, cu_k, *ctx.longest, alibi_slopes=alibi_slopes,
+                                             sinks=sinks, **kw)
+        return dq, dk, dv, None, None, None, dsinks, None, None, None, None
 
 
 class _Refused(torch.autograd.Function):

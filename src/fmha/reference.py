@@ -87,13 +87,33 @@ def _expand_kv(q: np.ndarray, k: np.ndarray, v: np.ndarray):
     return np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
 
 
+def _softmax(z: np.ndarray, sinks=None):
+    """Rows of ``z`` ``[B, H, Sq, Sk]`` (``-inf`` masked) -> ``(P, natural-log LSE)``; ``sinks`` (one logit a
+    head) join each row's denominator with no value.  A row with nothing visible: P = 0, LSE -inf (or the sink)."""
+    row_max = z.max(axis=-1, keepdims=True, initial=-np.inf)
+    extra = 0.0
+    if sinks is not None:
+        s = _as_f64(sinks)[None, :, None, None]
+        row_max = np.maximum(row_max, s)
+    row_max_safe = np.where(np.isfinite(row_max), row_max, 0.0)
+    if sinks is not None:
+        extra = np.exp(s - row_max_safe)
+    w = np.exp(z - row_max_safe)
+    denom = w.sum(axis=-1, keepdims=True) + extra
+    p = w / np.where(denom == 0, 1.0, denom)
+    with np.errstate(divide="ignore"):
+        lse = (row_max_safe + np.log(denom))[..., 0]
+    return p, lse
+
+
 def dense_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
                     causal_align: str = "top_left", return_lse: bool = False, window=(-1, -1),
-                    softcap: float = 0.0, alibi_slopes=None):
+                    softcap: float = 0.0, alibi_slopes=None, sinks=None):
     """(a) ``softmax(scale * Q K^T) V`` in float64, the whole score matrix at once.
 
     Returns ``o`` ``[B, H, Sq, D]`` float64 (and the natural-log LSE ``[B, H, Sq]``
-    when ``return_lse``).  Rows with no visible key give 0 and LSE ``-inf``.
+    when ``return_lse``).  Rows with no visible key give 0 and LSE ``-inf``.  ``sinks``: one
+    logit a head in every row's denominator, with no value (gpt-oss's attention sinks).
     """
     q, k, v = _as_f64(q), _as_f64(k), _as_f64(v)
     k, v = _expand_kv(q, k, v)
@@ -101,28 +121,21 @@ def dense_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
     s = score_mods(scale * (q @ k.swapaxes(-1, -2)), seqlen_q, seqlen_k, causal_align, softcap, alibi_slopes)
     mask = visible(seqlen_q, seqlen_k, causal, causal_align, window)
-    s = np.where(mask, s, -np.inf)
-    row_max = s.max(axis=-1, keepdims=True, initial=-np.inf)
-    row_max_safe = np.where(np.isfinite(row_max), row_max, 0.0)
-    w = np.exp(s - row_max_safe)
-    denom = w.sum(axis=-1, keepdims=True)
-    o = (w @ v) / np.where(denom == 0, 1.0, denom)
-    if not return_lse:
-        return o
-    with np.errstate(divide="ignore"):
-        lse = (row_max_safe + np.log(denom))[..., 0]
-    return o, lse
+    p, lse = _softmax(np.where(mask, s, -np.inf), sinks)
+    o = p @ v
+    return (o, lse) if return_lse else o
 
 
 def dense_attention_backward(q, k, v, do, *, causal: bool = False, scale: float | None = None,
                              causal_align: str = "top_left", window=(-1, -1), softcap: float = 0.0,
-                             alibi_slopes=None, o=None):
+                             alibi_slopes=None, o=None, sinks=None):
     """(c) The gradients ``(dq, dk, dv)`` of :func:`dense_attention` for the incoming ``do``, in float64,
     written as the kernels compute them (docs/BACKWARD.md): ``P`` from the scores, ``dV = P^T dO``,
     ``dP = dO V^T``, ``delta = rowsum(dO * O)``, ``dZ = P (dP - delta)``, then through the softcap's
     ``1 - tanh^2`` and the scale to ``dQ = dS K``, ``dK = dS^T Q``; dK and dV summed over each KV head's
     query heads.  Rows with no visible key have ``P = 0``: zero gradients.  ``o``: the output to take
-    ``delta`` from (default the exact one; the kernels take the stored, rounded one)."""
+    ``delta`` from (default the exact one; the kernels take the stored, rounded one).  With ``sinks``
+    also ``d sink_h = -sum_i P_sink,i delta_i``, a fourth result."""
     q, k, v, do = _as_f64(q), _as_f64(k), _as_f64(v), _as_f64(do)
     group = q.shape[1] // k.shape[1]
     ke, ve = _expand_kv(q, k, v)
@@ -131,10 +144,7 @@ def dense_attention_backward(q, k, v, do, *, causal: bool = False, scale: float 
     raw = scale * (q @ ke.swapaxes(-1, -2))
     z = score_mods(raw, seqlen_q, seqlen_k, causal_align, softcap, alibi_slopes)
     z = np.where(visible(seqlen_q, seqlen_k, causal, causal_align, window), z, -np.inf)
-    row_max = z.max(axis=-1, keepdims=True, initial=-np.inf)
-    w = np.exp(z - np.where(np.isfinite(row_max), row_max, 0.0))
-    denom = w.sum(axis=-1, keepdims=True)
-    p = w / np.where(denom == 0, 1.0, denom)
+    p, lse = _softmax(z, sinks)
     o = p @ ve if o is None else _as_f64(o)
     dv = p.swapaxes(-1, -2) @ do
     dp = do @ ve.swapaxes(-1, -2)
@@ -148,7 +158,10 @@ def dense_attention_backward(q, k, v, do, *, causal: bool = False, scale: float 
 
     def per_kv_head(g):  # [B, H, S, D] -> [B, H / group, S, D], summing each group
         return g.reshape(g.shape[0], g.shape[1] // group, group, *g.shape[2:]).sum(axis=2)
-    return dq, per_kv_head(dk), per_kv_head(dv)
+    if sinks is None:
+        return dq, per_kv_head(dk), per_kv_head(dv)
+    p_sink = np.exp(_as_f64(sinks)[None, :, None] - lse)
+    return dq, per_kv_head(dk), per_kv_head(dv), -(p_sink * delta[..., 0]).sum(axis=(0, 2))
 
 
 @dataclass

@@ -23,7 +23,16 @@ def to_bhsd(t, layout: str):
     return t if layout == "bhsd" else t.transpose(1, 2)
 
 
-def torch_lowp(q, k, v, causal, causal_align, scale=None, window=(-1, -1), softcap=0.0, alibi_slopes=None):
+def _softmax_lowp(s, sinks):
+    """float32 softmax over the last axis, ``sinks`` (one logit a head) joining the denominator."""
+    if sinks is None:
+        return torch.softmax(s, -1)
+    col = sinks.float()[None, :, None, None].expand(*s.shape[:-1], 1)
+    return torch.softmax(torch.cat([s, col], -1), -1)[..., :-1]
+
+
+def torch_lowp(q, k, v, causal, causal_align, scale=None, window=(-1, -1), softcap=0.0, alibi_slopes=None,
+               sinks=None):
     """The same attention in PyTorch at the input precision (bhsd, float64 numpy out)."""
     dt = q.dtype
     group = q.shape[1] // k.shape[1]
@@ -35,7 +44,7 @@ def torch_lowp(q, k, v, causal, causal_align, scale=None, window=(-1, -1), softc
                                                   softcap, alibi_slopes)).float().to(q.device)
     mask = torch.from_numpy(reference.visible(q.shape[2], k.shape[2], causal, causal_align, window)).to(q.device)
     s = s.masked_fill(~mask, float("-inf"))
-    p = torch.softmax(s, -1).nan_to_num(0.0).to(dt)
+    p = _softmax_lowp(s, sinks).nan_to_num(0.0).to(dt)
     return (p @ v).double().cpu().numpy()
 
 
@@ -80,7 +89,7 @@ def check_lse(lse, ref_lse, atol=2e-3, skip=None):
 
 
 def torch_lowp_grads(q, k, v, do, causal, causal_align, scale=None, window=(-1, -1), softcap=0.0,
-                     alibi_slopes=None):
+                     alibi_slopes=None, sinks=None):
     """The gradients of :func:`torch_lowp`'s attention by PyTorch's autograd at the input precision
     (bhsd; float64 numpy out)."""
     dt = q.dtype
@@ -96,7 +105,7 @@ def torch_lowp_grads(q, k, v, do, causal, causal_align, scale=None, window=(-1, 
         dist = (i - torch.arange(k.shape[2], device=q.device)[None, :]).abs().float()
         s = s - alibi_slopes.float()[None, :, None, None] * dist
     mask = torch.from_numpy(reference.visible(q.shape[2], k.shape[2], causal, causal_align, window)).to(q.device)
-    p = torch.softmax(s.masked_fill(~mask, float("-inf")), -1).nan_to_num(0.0).to(dt)
+    p = _softmax_lowp(s.masked_fill(~mask, float("-inf")), sinks).nan_to_num(0.0).to(dt)
     (p @ v.repeat_interleave(group, 1)).backward(do.to(dt))
     return tuple(t.grad.double().cpu().numpy() for t in (q, k, v))
 
@@ -109,9 +118,9 @@ def check_grads(grads, q, k, v, do, causal, causal_align="top_left", layout="bhs
     plus one unit in the last place at its largest magnitude; and finite.  Returns the errors."""
     q, k, v, do = (to_bhsd(t, layout).detach() for t in (q, k, v, do))
     kw = dict(causal=causal, causal_align=causal_align, scale=scale, **mods)
-    refs = reference.dense_attention_backward(q, k, v, do, **kw)
+    refs = reference.dense_attention_backward(q, k, v, do, **kw)[:3]
     stored = torch.from_numpy(reference.dense_attention(q, k, v, **kw)).to(q.dtype)
-    from_stored = reference.dense_attention_backward(q, k, v, do, o=stored, **kw)
+    from_stored = reference.dense_attention_backward(q, k, v, do, o=stored, **kw)[:3]
     lowp = torch_lowp_grads(q, k, v, do, causal, causal_align, scale, **mods)
     errs = []
     for name, g, ref, base, rounded in zip("qkv", grads, refs, lowp, from_stored):

@@ -5,11 +5,12 @@
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="fmha")
 
 Calls without a mask (causal or bidirectional, prefill or decode with a KV cache,
-sliding-window layers, Gemma-style soft-capping) run fmha.  A padded batch (a mask that is
-exactly the causal band, the layer's window and one contiguous run of real tokens per sequence)
-runs as packed sequences: the real tokens gathered, :func:`fmha.attention_varlen`, scattered
-back, with zeros on padded query rows.  Any other mask goes to torch SDPA with that mask, so
-nothing is computed wrong.  Training works (gradients through :mod:`fmha.gradients`), under autocast
+sliding-window layers, Gemma-style soft-capping, gpt-oss's attention sinks) run fmha.  A padded
+batch (a mask that is exactly the causal band, the layer's window and one contiguous run of real
+tokens per sequence) runs as packed sequences: the real tokens gathered,
+:func:`fmha.attention_varlen`, scattered back, with zeros on padded query rows.  Any other mask goes
+to torch SDPA with that mask, so nothing is computed wrong (with sinks, which SDPA lacks, such a
+mask is refused).  Training works (gradients through :mod:`fmha.gradients`), under autocast
 too (float32 q, k, v are cast to the autocast dtype, as autocast casts SDPA's); attention dropout
 is refused.
 """
@@ -34,6 +35,8 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     sliding = kwargs.get("sliding_window")
     window = (sliding - 1, -1) if sliding else (-1, -1)
     softcap = float(kwargs.get("softcap") or 0.0)
+    sinks = kwargs.get("s_aux")  # gpt-oss's attention sinks, one logit a head
+    sinks = sinks.float() if sinks is not None else None
     # transformers' q/k/v are transposed views of [batch, seq, heads, dim] projections: read them as bshd
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
     dev = q.device.type
@@ -41,14 +44,18 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         q, k, v = (t.to(torch.get_autocast_dtype(dev)) for t in (q, k, v))
     if attention_mask is None:
         out = fmha.attention(q, k, v, causal=causal, scale=scaling, causal_align="bottom_right", layout="bshd",
-                             window=window, softcap=softcap)
+                             window=window, softcap=softcap, sinks=sinks)
         return out, None
     valid = key_padding(attention_mask, q.shape[1], k.shape[1], causal, window)
     if valid is None:
+        if sinks is not None:  # SDPA has no sinks: running it would drop them
+            raise NotImplementedError("fmha takes attention sinks with causal, sliding-window and padding masks "
+                                      "only; for this mask use attn_implementation='eager'")
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
-    return unpadded_attention(q, k, v, valid, causal=causal, scale=scaling, window=window, softcap=softcap), None
+    return unpadded_attention(q, k, v, valid, causal=causal, scale=scaling, window=window, softcap=softcap,
+                              sinks=sinks), None
 
 
 def key_padding(mask: torch.Tensor, q_len: int, k_len: int, causal: bool, window) -> torch.Tensor | None:
@@ -71,7 +78,7 @@ def key_padding(mask: torch.Tensor, q_len: int, k_len: int, causal: bool, window
     return valid if same else None
 
 
-def unpadded_attention(q, k, v, valid, *, causal, scale, window, softcap):
+def unpadded_attention(q, k, v, valid, *, causal, scale, window, softcap, sinks=None):
     """Attention over the real tokens of a padded bshd batch: each sequence's real queries (the
     last ``q_len`` key positions that are real) and keys packed, one varlen call, the result
     scattered back; padded query rows get zeros."""
@@ -79,7 +86,8 @@ def unpadded_attention(q, k, v, valid, *, causal, scale, window, softcap):
     lens_q, lens_k = q_valid.sum(1, dtype=torch.int32), valid.sum(1, dtype=torch.int32)
     cu = [torch.nn.functional.pad(n.cumsum(0, dtype=torch.int32), (1, 0)) for n in (lens_q, lens_k)]
     packed = fmha.attention_varlen(q[q_valid], k[valid], v[valid], *cu, q.shape[1], k.shape[1], causal=causal,
-                                   scale=scale, causal_align="bottom_right", window=window, softcap=softcap)
+                                   scale=scale, causal_align="bottom_right", window=window, softcap=softcap,
+                                   sinks=sinks)
     out = q.new_zeros(q.shape)
     out[q_valid] = packed
     return out
