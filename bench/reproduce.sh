@@ -19,3 +19,7 @@ python3 -m fmha bench --cuda-graphs --ledger "$ledger" --grid features --dtype b
 python3 bench/varlen_speed.py --ledger "$ledger"
 python3 bench/paged_speed.py --ledger "$ledger"
 python3 bench/guard_cost.py --ledger "$ledger"
+bench --grid models --dtype bfloat16     # real models' head counts in contiguous, transformers-view and fused-qkv layouts
+python3 -m fmha bench --pass bwd --ledger "$ledger" --dtype bfloat16 --providers fmha:auto sdpa:cudnn sdpa:flash
+python3 bench/host_profile.py --ledger "$ledger"
+python3 bench/model_speed.py --ledger "$ledger"
