@@ -54,6 +54,29 @@ def make_qkv(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, dtype, layout
     return one(heads, seqlen_q), one(kv_heads, seqlen_k), one(kv_heads, seqlen_k)
 
 
+def poison_past(k, v, used, layout):
+    """NaN in every key and value past batch b's first ``used[b]`` (a list): rows a kernel must never read."""
+    seq = 1 if layout == "bhsd" else 0
+    with torch.no_grad():
+        for b, n in enumerate(used):
+            for t in (k, v):
+                t.select(0, b).narrow(seq, n, t.shape[seq + 1] - n).fill_(float("nan"))
+
+
+def drawn_inputs(p):
+    """q, k, v, the modifiers and the keys used per batch of a hypothesis-drawn problem ``p`` (keys
+    past those used hold NaN when ``p["seqused"]``)."""
+    q, k, v = make_qkv(p["batch"], p["heads"], p["kv_heads"], p["seqlen_q"], p["seqlen_k"], p["head_dim"],
+                       p["dtype"], p["layout"], p["contiguous"], seed=p["seed"])
+    g = torch.Generator().manual_seed(p["seed"])
+    mods = dict(window=p["window"], softcap=p["softcap"],
+                alibi_slopes=torch.rand(p["heads"], generator=g).to(DEVICE) if p["alibi"] else None)
+    used = torch.randint(0, p["seqlen_k"] + 1, (p["batch"],), generator=g, dtype=torch.int32) if p["seqused"] \
+        else torch.full((p["batch"],), p["seqlen_k"], dtype=torch.int32)
+    poison_past(k, v, used.tolist(), p["layout"])
+    return q, k, v, mods, used
+
+
 def nan_like(q):
     return torch.full_like(q, float("nan"))
 

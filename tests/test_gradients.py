@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fmha
-from conftest import DEVICE, make_qkv, packed
+from conftest import DEVICE, make_qkv, packed, drawn_inputs
 from fmha import reference
 from fmha.gradients import PAGED_MESSAGE
 from fmha.verify import check_grads
@@ -111,18 +111,7 @@ def problems(draw):
 def test_random_problems_have_the_reference_gradients(p):
     """Shapes, layouts, alignments and every modifier drawn together; with ``seqused``, keys past each
     batch's drawn length hold NaN, which must never reach a gradient."""
-    q, k, v = make_qkv(p["batch"], p["heads"], p["kv_heads"], p["seqlen_q"], p["seqlen_k"], p["head_dim"],
-                       p["dtype"], p["layout"], p["contiguous"], seed=p["seed"])
-    g = torch.Generator().manual_seed(p["seed"])
-    mods = dict(window=p["window"], softcap=p["softcap"],
-                alibi_slopes=torch.rand(p["heads"], generator=g).to(DEVICE) if p["alibi"] else None)
-    used = torch.randint(0, p["seqlen_k"] + 1, (p["batch"],), generator=g, dtype=torch.int32) if p["seqused"] \
-        else torch.full((p["batch"],), p["seqlen_k"], dtype=torch.int32)
-    seq = 2 if p["layout"] == "bhsd" else 1
-    with torch.no_grad():
-        for b, n in enumerate(used.tolist()):
-            k.select(0, b).narrow(seq - 1, n, p["seqlen_k"] - n).fill_(float("nan"))
-            v.select(0, b).narrow(seq - 1, n, p["seqlen_k"] - n).fill_(float("nan"))
+    q, k, v, mods, used = drawn_inputs(p)
     q, k, v = (t.requires_grad_(True) for t in (q, k, v))
     o = fmha.attention(q, k, v, causal=p["causal"], causal_align=p["align"], layout=p["layout"],
                        seqused_k=used.to(DEVICE) if p["seqused"] else None, **mods)

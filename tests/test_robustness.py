@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fmha
-from conftest import DEVICE, check_against_reference, make_qkv, nan_like
+from conftest import DEVICE, check_against_reference, make_qkv, nan_like, drawn_inputs
 from fmha import reference
 from fmha.kernels import VARIANTS
 
@@ -41,17 +41,7 @@ def problems(draw):
 def test_random_problems_match_reference(p):
     """Shapes, layouts, alignments, the key split and every modifier drawn together; with
     ``seqused``, each batch uses a drawn number of its keys (the rest hold NaN, never read)."""
-    q, k, v = make_qkv(p["batch"], p["heads"], p["kv_heads"], p["seqlen_q"], p["seqlen_k"], p["head_dim"],
-                       p["dtype"], p["layout"], p["contiguous"], seed=p["seed"])
-    g = torch.Generator().manual_seed(p["seed"])
-    mods = dict(window=p["window"], softcap=p["softcap"],
-                alibi_slopes=torch.rand(p["heads"], generator=g).to(DEVICE) if p["alibi"] else None)
-    used = torch.randint(0, p["seqlen_k"] + 1, (p["batch"],), generator=g, dtype=torch.int32) if p["seqused"] \
-        else torch.full((p["batch"],), p["seqlen_k"], dtype=torch.int32)
-    seq = 2 if p["layout"] == "bhsd" else 1
-    for b, n in enumerate(used.tolist()):  # keys past seqused_k hold NaN: never read
-        k.select(0, b).narrow(seq - 1, n, p["seqlen_k"] - n).fill_(float("nan"))
-        v.select(0, b).narrow(seq - 1, n, p["seqlen_k"] - n).fill_(float("nan"))
+    q, k, v, mods, used = drawn_inputs(p)
     out = nan_like(q)
     _, lse = fmha.attention(q, k, v, causal=p["causal"], causal_align=p["align"], layout=p["layout"],
                             variant=p["variant"], out=out, num_splits=p["num_splits"], return_lse=True,

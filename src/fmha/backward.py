@@ -29,12 +29,7 @@ def dense(do, q, k, v, o, lse, *, causal, scale, causal_align, layout, window=(-
           alibi_slopes=None, seqused_k=None, sinks=None):
     """Gradients ``(dq, dk, dv, dsinks or None)`` of :func:`fmha.attention` (``lse``: its float32
     ``[batch, heads, seqlen_q]``, the sinks included), each in the layout and strides order of its input."""
-    if layout == "bhsd":
-        batch, heads, seqlen_q, head_dim = q.shape
-        kv_heads, seqlen_k = k.shape[1], k.shape[2]
-    else:
-        batch, seqlen_q, heads, head_dim = q.shape
-        seqlen_k, kv_heads = k.shape[1], k.shape[2]
+    batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim = planning.sizes(q, k, layout)
     prob = planning.problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal=causal, scale=scale,
                             window=window, causal_align=causal_align, softcap=softcap,
                             seqused=seqused_k is not None)

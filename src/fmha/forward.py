@@ -14,6 +14,15 @@ from . import replay
 from .device import on
 
 
+def _replayed(kind: str, inputs, call, *flags):
+    """``call()`` on a CPU; on a GPU through :mod:`fmha.replay`, the call's kind being ``kind``, its
+    tensors ``inputs`` (q first) and ``flags``."""
+    q = inputs[0]
+    if not q.is_cuda:
+        return call()
+    return tuple(replay.call(replay.key(kind, inputs, *flags), inputs, q.device, call))
+
+
 def dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse, out=None, config=None,
           window=(-1, -1), softcap=0.0, alibi_slopes=None, seqused_k=None, num_splits=0):
     """:func:`fmha.attention` on checked inputs.  Returns ``(o, lse or None)``."""
@@ -21,22 +30,13 @@ def dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse, 
         return _dense(q, k, v, causal=causal, scale=scale, variant=variant, causal_align=causal_align,
                       layout=layout, return_lse=return_lse, out=out, config=config, window=window, softcap=softcap,
                       alibi_slopes=alibi_slopes, seqused_k=seqused_k, num_splits=num_splits)
-    if not q.is_cuda:
-        return call()
-    inputs = (q, k, v, out, alibi_slopes, seqused_k)
-    kind = replay.key("dense", inputs, causal, scale, variant, causal_align, layout, return_lse, config, window,
-                      softcap, num_splits)
-    return tuple(replay.call(kind, inputs, q.device, call))
+    return _replayed("dense", (q, k, v, out, alibi_slopes, seqused_k), call, causal, scale, variant, causal_align,
+                     layout, return_lse, config, window, softcap, num_splits)
 
 
 def _dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse, out, config, window, softcap,
            alibi_slopes, seqused_k, num_splits):
-    if layout == "bhsd":
-        batch, heads, seqlen_q, head_dim = q.shape
-        kv_heads, seqlen_k = k.shape[1], k.shape[2]
-    else:
-        batch, seqlen_q, heads, head_dim = q.shape
-        seqlen_k, kv_heads = k.shape[1], k.shape[2]
+    batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim = planning.sizes(q, k, layout)
     o = replay.buffer(torch.empty_like(q, memory_format=torch.contiguous_format)) if out is None else out
     lse = replay.buffer(torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device)) \
         if return_lse else None
@@ -63,12 +63,9 @@ def packed(q, k, v, cu_seqlens_q, cu_seqlens_k, lengths, max_seqlen_q, max_seqle
         return _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, lengths, max_seqlen_q, max_seqlen_k, causal=causal,
                        scale=scale, variant=variant, causal_align=causal_align, return_lse=return_lse, window=window,
                        softcap=softcap, alibi_slopes=alibi_slopes, config=config)
-    if not q.is_cuda:
-        return call()
-    inputs = (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
-    kind = replay.key("packed", inputs, lengths[0].tobytes(), lengths[1].tobytes(), int(max_seqlen_q),
-                      int(max_seqlen_k), causal, scale, variant, causal_align, return_lse, window, softcap, config)
-    return tuple(replay.call(kind, inputs, q.device, call))
+    return _replayed("packed", (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes), call, lengths[0].tobytes(),
+                     lengths[1].tobytes(), int(max_seqlen_q), int(max_seqlen_k), causal, scale, variant, causal_align,
+                     return_lse, window, softcap, config)
 
 
 def _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, lengths, max_seqlen_q, max_seqlen_k, *, causal, scale, variant,
@@ -99,12 +96,8 @@ def paged(q, k_cache, v_cache, block_table, cache_seqlens, *, causal, scale, cau
         return _paged(q, k_cache, v_cache, block_table, cache_seqlens, causal=causal, scale=scale,
                       causal_align=causal_align, layout=layout, return_lse=return_lse, window=window, softcap=softcap,
                       alibi_slopes=alibi_slopes, num_splits=num_splits, variant=variant, config=config)
-    if not q.is_cuda:
-        return call()
-    inputs = (q, k_cache, v_cache, block_table, cache_seqlens, alibi_slopes)
-    kind = replay.key("paged", inputs, causal, scale, causal_align, layout, return_lse, window, softcap, num_splits,
-                      variant, config)
-    return tuple(replay.call(kind, inputs, q.device, call))
+    return _replayed("paged", (q, k_cache, v_cache, block_table, cache_seqlens, alibi_slopes), call, causal, scale,
+                     causal_align, layout, return_lse, window, softcap, num_splits, variant, config)
 
 
 def _paged(q, k_cache, v_cache, block_table, cache_seqlens, *, causal, scale, causal_align, layout, return_lse,

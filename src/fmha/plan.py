@@ -45,6 +45,13 @@ class Problem:
         return max(16, 1 << (self.head_dim - 1).bit_length())
 
 
+def sizes(q, k, layout: str) -> tuple[int, int, int, int, int, int]:
+    """``(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim)`` of q and k in ``layout``."""
+    if layout == "bhsd":
+        return q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3]
+    return q.shape[0], q.shape[2], k.shape[2], q.shape[1], k.shape[1], q.shape[3]
+
+
 def band(causal: bool, window, align: int):
     """(upper edge on?, upper offset, lower offset or None) of the visible band around ``i + align``."""
     left, right = window
@@ -159,10 +166,7 @@ def describe(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
              alibi_slopes: torch.Tensor | None = None, layout: str = "bhsd") -> str:
     """What :func:`fmha.attention` runs for this call (top-left): variant, config, and
     GQA packing / key split when used.  For benchmark ledgers."""
-    qb, kb = (t if layout == "bhsd" else t.transpose(1, 2) for t in (q, k))
-    batch, heads, seqlen_q, head_dim = qb.shape
-    prob = problem(batch, heads, kb.shape[1], seqlen_q, kb.shape[2], head_dim, causal=causal, scale=None,
-                   window=window, softcap=softcap)
+    prob = problem(*sizes(q, k, layout), causal=causal, scale=None, window=window, softcap=softcap)
     p = plan(prob, q, k, v, q, layout, variant, None, alibi_slopes, 0)
     extra = (" packed-gqa" if p.problem.pack_gqa else "") + (f" split {p.split_len}" if p.split_len else "")
     return f"{p.variant} {p.config}{extra}"
