@@ -124,11 +124,11 @@ def test_a_ledger_from_before_a_new_column_takes_the_longer_header(tmp_path):
     path = tmp_path / "ledger.csv"
     old = ledger.COLUMNS[:-1]
     path.write_text(",".join(old) + "\r\n" + ",".join("x" for _ in old) + "\r\n")
-    ledger.append(path, [{"provider": "new", "features": "window=8"}])
+    ledger.append(path, [{"provider": "new", "features": "window=8", "pass": "bwd"}])
     rows = ledger.read(path)
     assert list(rows[0]) == ledger.COLUMNS
-    assert rows[0]["note"] == "x" and not rows[0]["features"]
-    assert rows[1]["provider"] == "new" and rows[1]["features"] == "window=8"
+    assert rows[0]["features"] == "x" and not rows[0]["pass"]
+    assert rows[1]["provider"] == "new" and rows[1]["features"] == "window=8" and rows[1]["pass"] == "bwd"
 
 
 def test_a_failing_provider_does_not_stop_the_run():

@@ -223,3 +223,26 @@ def test_train_demo_curves_agree():
     out = train_demo.run(3, "tiny", DEVICE, seed=1)
     assert len(out["fmha"]) == len(out["sdpa"]) == 3 and out["max_diff"] < 2e-2, out
     assert out["fmha"][-1] < out["fmha"][0]
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="float32 kernels are exact only in the interpreter (ieee dots)")
+@pytest.mark.parametrize("mods", [dict(causal=True, causal_align="bottom_right", softcap=2.0), dict(window=(2, 1))],
+                         ids=str)
+def test_gradcheck_through_the_interpreter(mods):
+    """``torch.autograd.gradcheck`` on the autograd function itself (the entry points take only fp16/bf16):
+    float64 inputs, float32 kernels in the interpreter, finite differences against the backward kernels,
+    the sinks' gradient included."""
+    from fmha import gradients
+    kw = dict(causal=False, scale=None, variant="auto", causal_align="top_left", layout="bhsd", config=None,
+              window=(-1, -1), softcap=0.0, num_splits=0)
+    kw.update(mods)
+
+    def f(q, k, v, sinks):
+        o, _ = gradients.Attention.apply(q.float(), k.float(), v.float(), None, None, sinks.float(), kw)
+        return o.double()
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(1, 2, 3, 16, generator=g, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(1, 1, 5, 16, generator=g, dtype=torch.float64, requires_grad=True) for _ in "kv")
+    sinks = torch.tensor([0.3, -1.0], dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(f, (q, k, v, sinks), eps=1e-3, atol=2e-3, rtol=2e-3)
+    assert torch.autograd.gradcheck(f, (q, k, v, sinks), eps=1e-3, atol=2e-3, rtol=2e-3, fast_mode=True)
