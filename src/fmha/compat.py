@@ -6,8 +6,7 @@ FlashAttention 2's arguments: tensors ``[batch, seqlen, heads, head_dim]`` (bshd
 new queries are the last positions of the keys), as FlashAttention does since 2.1.  What fmha cannot do
 is refused by name rather than ignored: dropout, returning the attention probabilities' matrix,
 rotary embeddings inside the call, cache batch indices and left padding.  ``flash_attn_func`` and
-``flash_attn_varlen_func`` are differentiable (:mod:`fmha.gradients`); ``flash_attn_with_kvcache`` is
-inference-only, as in FlashAttention.
+``flash_attn_varlen_func`` are differentiable (:mod:`fmha.gradients`).
 """
 from __future__ import annotations
 
