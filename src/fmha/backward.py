@@ -13,7 +13,7 @@ from .kernels import backward as kernels
 from .sinks import grad as sink_grad
 
 
-def _blocks(head_dim: int) -> dict:
+def _blocks(head_dim: int) -> dict:  # (the larger of q/k's and v's)
     """Tile sizes and warps: small tiles under the interpreter, 64 (32 past head_dim 128) on a GPU."""
     if interpreting():
         return dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
@@ -32,7 +32,7 @@ def dense(do, q, k, v, o, lse, *, causal, scale, causal_align, layout, window=(-
     batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim = planning.sizes(q, k, layout)
     prob = planning.problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal=causal, scale=scale,
                             window=window, causal_align=causal_align, softcap=softcap,
-                            seqused=seqused_k is not None)
+                            seqused=seqused_k is not None, head_dim_v=v.shape[3])
     return _run(prob, do, q, k, v, o, lse, layout, alibi_slopes, (None, None, seqused_k), seqlen_q, seqlen_k, sinks)
 
 
@@ -43,7 +43,8 @@ def packed(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     batch = cu_seqlens_q.shape[0] - 1
     heads, kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
     prob = planning.problem(batch, heads, kv_heads, q.shape[0], k.shape[0], head_dim, causal=causal, scale=scale,
-                            window=window, causal_align=causal_align, softcap=softcap, varlen=True)
+                            window=window, causal_align=causal_align, softcap=softcap, varlen=True,
+                            head_dim_v=v.shape[2])
     dq, dk, dv, dsinks = _run(prob, do[None], q[None], k[None], v[None], o[None], lse, "bshd", alibi_slopes,
                               (cu_seqlens_q, cu_seqlens_k, None), int(max_seqlen_q), int(max_seqlen_k), sinks)
     return dq[0], dk[0], dv[0], dsinks
@@ -54,12 +55,12 @@ def _run(prob, do, q, k, v, o, lse, layout, alibi, seqs, rows, keys, sinks):
     packed); the sinks' gradient from ``delta`` (:mod:`fmha.sinks`)."""
     do, q, k, v, o = (_unit_last(t) for t in (do, q, k, v, o))
     dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
-    if 0 in (prob.batch, prob.heads, rows, keys, prob.head_dim) or q.numel() == 0:
+    if 0 in (prob.batch, prob.heads, rows, keys) or q.numel() == 0:
         for g in (dq, dk, dv):
             g.zero_()
         return dq, dk, dv, None if sinks is None else torch.zeros_like(sinks)
     delta = torch.empty_like(lse)
-    blocks = _blocks(prob.head_dim)
+    blocks = _blocks(max(prob.head_dim, prob.dv))
     bm, bn = blocks["BLOCK_M"], blocks["BLOCK_N"]
     cu_q, cu_k, seqused = (t if t is not None else lse for t in seqs)
     strides = {name: list(strides_bhsd(t, layout)[:3]) for name, t in
@@ -72,12 +73,13 @@ def _run(prob, do, q, k, v, o, lse, layout, alibi, seqs, rows, keys, sinks):
             alibi if alibi is not None else lse, cu_q, cu_k, seqused)
     flags = dict(HEAD_DIM=prob.head_dim, BLOCK_D=prob.block_d, CAUSAL=prob.causal,
                  WINDOW=prob.window_offset is not None, SOFTCAP=prob.softcap > 0, ALIBI=alibi is not None,
-                 VARLEN=prob.varlen, SEQUSED=prob.seqused, ALIGN_BR=prob.align_br)
+                 VARLEN=prob.varlen, SEQUSED=prob.seqused, ALIGN_BR=prob.align_br, HEAD_V=prob.dv,
+                 BLOCK_DV=prob.block_dv)
     group = prob.heads // prob.kv_heads
     with on(q.device):
         kernels.delta_kernel[(triton.cdiv(rows, bm), prob.batch * prob.heads)](
             o, do, delta, *strides["o"], *strides["do"], prob.heads, prob.seqlen_q, cu_q,
-            HEAD_DIM=prob.head_dim, BLOCK_D=prob.block_d, BLOCK_M=bm, VARLEN=prob.varlen,
+            HEAD_DIM=prob.dv, BLOCK_D=prob.block_dv, BLOCK_M=bm, VARLEN=prob.varlen,
             num_warps=blocks["num_warps"])
         sizes = (prob.heads, group, prob.seqlen_q, prob.seqlen_k)
         kernels.dkdv_kernel[(triton.cdiv(keys, bn), prob.batch * prob.kv_heads)](

@@ -7,7 +7,7 @@ import torch
 
 from .device import interpreting
 
-HEAD_DIMS = (32, 64, 96, 128, 256)
+HEAD_DIMS = (32, 64, 96, 128, 192, 256)
 DTYPES = (torch.float16, torch.bfloat16)
 LAYOUTS = ("bhsd", "bshd")
 CAUSAL_ALIGNS = ("top_left", "bottom_right")
@@ -51,8 +51,8 @@ def check_inputs(q, k, v, causal_align: str, layout: str, variant: str, scale) -
     for name, t in (("k", k), ("v", v)):
         if t.shape[0] != b:
             raise ValueError(f"{name} has batch {t.shape[0]}, q has {b}")
-        if t.shape[3] != d:
-            raise ValueError(f"{name} has head_dim {t.shape[3]}, q has {d}")
+    if k.shape[3] != d:
+        raise ValueError(f"k has head_dim {k.shape[3]}, q has {d}")
     if k.shape[head_axis] != v.shape[head_axis] or k.shape[seq_dim] != v.shape[seq_dim]:
         raise ValueError(f"k and v must agree in kv_heads and seqlen_k ({layout}), got "
                          f"{tuple(k.shape)} and {tuple(v.shape)}")
@@ -61,6 +61,8 @@ def check_inputs(q, k, v, causal_align: str, layout: str, variant: str, scale) -
         raise ValueError(f"heads ({h}) must be a multiple of kv_heads ({kv_heads})")
     if d not in HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {d}")
+    if v.shape[3] not in HEAD_DIMS:
+        raise ValueError(f"v's head_dim must be one of {HEAD_DIMS}, got {v.shape[3]}")
     if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale must be a finite positive number or None, got {scale!r}")
 
@@ -171,9 +173,10 @@ def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def check_out(out, q, k, v) -> None:
-    """``out=``: q's shape, dtype and device, overlapping no input."""
-    if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
-        raise ValueError(f"out must match q's shape, dtype and device {tuple(q.shape)}, {q.dtype}, "
+    """``out=``: q's shape with v's head dim, q's dtype and device, overlapping no input."""
+    shape = (*q.shape[:-1], v.shape[-1])
+    if tuple(out.shape) != shape or out.dtype != q.dtype or out.device != q.device:
+        raise ValueError(f"out must have q's shape with v's head_dim, dtype and device {shape}, {q.dtype}, "
                          f"{q.device}; got {tuple(out.shape)}, {out.dtype}, {out.device}")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if _overlaps(out, t):

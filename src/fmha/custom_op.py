@@ -32,7 +32,7 @@ def _(q, k, v, causal, scale, variant, causal_align, layout, return_lse):
     batch, heads, seqlen_q = (q.shape[0], q.shape[1], q.shape[2]) if layout == "bhsd" else (
         q.shape[0], q.shape[2], q.shape[1])
     lse_shape = (batch, heads, seqlen_q) if return_lse else (0,)
-    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(lse_shape, dtype=torch.float32)
+    return q.new_empty((*q.shape[:-1], v.shape[-1])), q.new_empty(lse_shape, dtype=torch.float32)
 
 
 @torch.library.custom_op("fmha::attention_backward", mutates_args=())

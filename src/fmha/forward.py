@@ -14,6 +14,11 @@ from . import replay
 from .device import on
 
 
+def output(q: torch.Tensor, head_dim_v: int) -> torch.Tensor:
+    """The output of a call on ``q``: q's shape with V's head dimension last, contiguous, q's dtype."""
+    return torch.empty((*q.shape[:-1], head_dim_v), dtype=q.dtype, device=q.device)
+
+
 def _replayed(kind: str, inputs, call, *flags):
     """``call()`` on a CPU; on a GPU through :mod:`fmha.replay`, the call's kind being ``kind``, its
     tensors ``inputs`` (q first) and ``flags``."""
@@ -37,7 +42,7 @@ def dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse, 
 def _dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse, out, config, window, softcap,
            alibi_slopes, seqused_k, num_splits):
     batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim = planning.sizes(q, k, layout)
-    o = replay.buffer(torch.empty_like(q, memory_format=torch.contiguous_format)) if out is None else out
+    o = replay.buffer(output(q, v.shape[3])) if out is None else out
     lse = replay.buffer(torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device)) \
         if return_lse else None
     if o.numel() == 0:
@@ -49,7 +54,7 @@ def _dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse,
         return o, lse
     prob = planning.problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal=causal, scale=scale,
                             window=window, causal_align=causal_align, softcap=softcap,
-                            seqused=seqused_k is not None)
+                            seqused=seqused_k is not None, head_dim_v=v.shape[3])
     p = planning.plan(prob, q, k, v, o, layout, variant, config, alibi_slopes, num_splits)
     run(p, q, k, v, o, lse, layout, alibi_slopes, (None, None, seqused_k))
     return o, lse
@@ -72,12 +77,13 @@ def _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, lengths, max_seqlen_q, max_seql
             causal_align, return_lse, window, softcap, alibi_slopes, config):
     batch = cu_seqlens_q.shape[0] - 1
     heads, kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
-    o = replay.buffer(torch.empty_like(q, memory_format=torch.contiguous_format))
+    o = replay.buffer(output(q, v.shape[2]))
     lse = replay.buffer(torch.empty((heads, q.shape[0]), dtype=torch.float32, device=q.device)) if return_lse else None
     if batch == 0 or q.shape[0] == 0 or heads == 0:
         return o, lse
     prob = planning.problem(batch, heads, kv_heads, q.shape[0], k.shape[0], head_dim, causal=causal, scale=scale,
-                            window=window, causal_align=causal_align, softcap=softcap, varlen=True)
+                            window=window, causal_align=causal_align, softcap=softcap, varlen=True,
+                            head_dim_v=v.shape[2])
     q4, k4, v4, o4 = q[None], k[None], v[None], o[None]
     p = planning.plan(prob, q4, k4, v4, o4, "bshd", variant, config, alibi_slopes, 1,
                       longest=(int(max_seqlen_q), int(max_seqlen_k)))
@@ -108,7 +114,7 @@ def _paged(q, k_cache, v_cache, block_table, cache_seqlens, *, causal, scale, ca
     page, kv_heads = k_cache.shape[1], k_cache.shape[2]
     if batch:
         guards.check_pages(block_table, cache_seqlens, k_cache.shape[0], page)
-    o = replay.buffer(torch.empty_like(q, memory_format=torch.contiguous_format))
+    o = replay.buffer(output(q, v_cache.shape[3]))
     lse = replay.buffer(torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device)) \
         if return_lse else None
     if o.numel() == 0 or block_table.shape[1] == 0:
@@ -146,7 +152,7 @@ def run(p: planning.Plan, q, k, v, o, lse, layout, alibi, seqs, block_table=None
             return
         from .kernels import combine
         shape = (-(-prob.seqlen_k // p.split_len), prob.batch, prob.heads, prob.seqlen_q)
-        o_parts = replay.buffer(torch.empty((*shape, prob.head_dim), dtype=torch.float32, device=q.device))
+        o_parts = replay.buffer(torch.empty((*shape, prob.dv), dtype=torch.float32, device=q.device))
         lse_parts = replay.buffer(torch.empty(shape, dtype=torch.float32, device=q.device))
         kernels.launch(p.variant, p.config, prob, q, k, v, o_parts, lse_parts, layout, alibi, seqs,
                        split_len=p.split_len, block_table=block_table)

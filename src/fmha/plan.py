@@ -32,6 +32,7 @@ class Problem:
     seqused: bool = False             # per-batch key lengths
     page: int = 0                     # paged K/V: keys per page (0: contiguous K/V)
     pack_gqa: bool = False            # a program's rows: the query heads of one KV head, interleaved
+    head_dim_v: int = 0               # V's and O's head dimension when it differs from q/k's (MLA), else 0
 
     def grid(self, block_m: int, rows: int | None = None) -> tuple[int, int]:
         """(row blocks, batch * heads per program axis) covering ``rows`` queries (default seqlen_q)."""
@@ -43,6 +44,15 @@ class Problem:
     @property
     def block_d(self) -> int:
         return max(16, 1 << (self.head_dim - 1).bit_length())
+
+    @property
+    def dv(self) -> int:
+        """V's and O's head dimension."""
+        return self.head_dim_v or self.head_dim
+
+    @property
+    def block_dv(self) -> int:
+        return max(16, 1 << (self.dv - 1).bit_length())
 
 
 def sizes(q, k, layout: str) -> tuple[int, int, int, int, int, int]:
@@ -61,7 +71,7 @@ def band(causal: bool, window, align: int):
 
 
 def problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, *, causal, scale, window=(-1, -1),
-            causal_align="top_left", softcap=0.0, varlen=False, seqused=False, page=0) -> Problem:
+            causal_align="top_left", softcap=0.0, varlen=False, seqused=False, page=0, head_dim_v=0) -> Problem:
     """The :class:`Problem` of a checked call: the band placed on the diagonal its alignment picks
     (per sequence when ``varlen``), and ``scale`` (default ``1/sqrt(head_dim)``) folded with log2(e)."""
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
@@ -69,7 +79,8 @@ def problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, *, causal, sca
     upper, causal_offset, window_offset = band(causal, tuple(window), align)
     return Problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, upper, causal_offset, scale * LOG2E,
                    window_offset=window_offset, align_offset=align, softcap=float(softcap),
-                   align_br=causal_align == "bottom_right", varlen=varlen, seqused=seqused, page=page)
+                   align_br=causal_align == "bottom_right", varlen=varlen, seqused=seqused, page=page,
+                   head_dim_v=head_dim_v if head_dim_v != head_dim else 0)
 
 
 def select_variant(arch: str, shape: dict | None = None) -> str:

@@ -208,6 +208,8 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
                  BLOCK_N=cfg.block_n, CAUSAL=causal, STORE_LSE=False, WINDOW=False, SOFTCAP=False, ALIBI=False,
                  VARLEN=False, SEQUSED=False, ALIGN_BR=False, SPLIT=False, PAGED=False, PAGE=1,
                  PACK_GQA=False, KV_TMA=False)
+    if "HEAD_V" in kernel.arg_names:  # tiled: V's head dim (q/k's here)
+        const.update(HEAD_V=const["HEAD_DIM"], BLOCK_DV=const["BLOCK_D"])
     sig, attrs = {}, {}
     for i, name in enumerate(kernel.arg_names):
         if name in const:

@@ -35,10 +35,12 @@ def unsupported(variant: str, cfg, prob, q, k, v, o, layout: str, alibi: bool = 
     if variant == "hopper":
         from . import hopper
         return hopper.supports(prob, cfg, q, k, v, o, layout)
+    if prob.head_dim_v and variant != "tiled":
+        return "a V head dim other than q/k's is the tiled variant's"
     if cfg.tma:
         if variant != "tiled":
             return "K/V by TMA (config tma=1) is the tiled variant's"
-        if prob.varlen or prob.page or prob.block_d != prob.head_dim:
+        if prob.varlen or prob.page or prob.block_d != prob.head_dim or prob.head_dim_v:
             return "K/V by TMA take one (batch, head) sequence of a power-of-two head_dim (not varlen or paged)"
         why = tma.kv_reason(k, v, layout)
         if why:
@@ -91,4 +93,5 @@ def launch(variant: str, cfg, prob, q, k, v, o, lse, layout: str, alibi=None, se
         SOFTCAP=prob.softcap > 0, ALIBI=alibi is not None, VARLEN=prob.varlen, SEQUSED=prob.seqused,
         ALIGN_BR=prob.align_br, SPLIT=bool(split_len), PAGED=bool(prob.page), PAGE=max(prob.page, 1),
         PACK_GQA=prob.pack_gqa, KV_TMA=kv_tma,
+        **(dict(HEAD_V=prob.dv, BLOCK_DV=prob.block_dv) if variant == "tiled" else {}),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)

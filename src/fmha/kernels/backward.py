@@ -85,8 +85,10 @@ def dkdv_kernel(Q, K, V, DO, LSE, Delta, DK, DV,
                 softcap, Alibi, CuQ, CuK, SeqK,
                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-                VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr):
-    """dK and dV of key block ``program_id(0)`` of (batch, KV head) ``program_id(1)``."""
+                VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr, HEAD_V: tl.constexpr,
+                BLOCK_DV: tl.constexpr):
+    """dK and dV of key block ``program_id(0)`` of (batch, KV head) ``program_id(1)`` (HEAD_V: V's, O's and
+    dO's head dimension)."""
     kv_heads = heads // group
     b = tl.program_id(1) // kv_heads
     kvh = tl.program_id(1) % kv_heads
@@ -99,18 +101,19 @@ def dkdv_kernel(Q, K, V, DO, LSE, Delta, DK, DV,
         return
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
     b64 = b.to(tl.int64)
     keys = (k0 + offs_n).to(tl.int64)
     dk_ptrs = DK + b64 * stride_dkb + kvh.to(tl.int64) * stride_dkh + keys[:, None] * stride_dks + offs_d[None, :]
-    dv_ptrs = DV + b64 * stride_dvb + kvh.to(tl.int64) * stride_dvh + keys[:, None] * stride_dvs + offs_d[None, :]
+    dv_ptrs = DV + b64 * stride_dvb + kvh.to(tl.int64) * stride_dvh + keys[:, None] * stride_dvs + offs_dv[None, :]
     # every key row of the tensor gets written: past a seqused_k length the gradients are 0
-    keep = (offs_n[:, None] < (sk if VARLEN else seqlen_k)) & (offs_d[None, :] < HEAD_DIM)
+    rows_kept = offs_n[:, None] < (sk if VARLEN else seqlen_k)
     k = load_rows(K + b64 * stride_kb + kvh.to(tl.int64) * stride_kh + keys[:, None] * stride_ks + offs_d[None, :],
                   offs_n, sk, offs_d, HEAD_DIM, BLOCK_D, True)
-    v = load_rows(V + b64 * stride_vb + kvh.to(tl.int64) * stride_vh + keys[:, None] * stride_vs + offs_d[None, :],
-                  offs_n, sk, offs_d, HEAD_DIM, BLOCK_D, True)
+    v = load_rows(V + b64 * stride_vb + kvh.to(tl.int64) * stride_vh + keys[:, None] * stride_vs + offs_dv[None, :],
+                  offs_n, sk, offs_dv, HEAD_V, BLOCK_DV, True)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
     # the query rows that can see this block: from the diagonal (causal) to the window's end
     lo = 0
     if CAUSAL:
@@ -128,8 +131,8 @@ def dkdv_kernel(Q, K, V, DO, LSE, Delta, DK, DV,
             seq = (q0 + offs_m).to(tl.int64)
             q = load_rows(q_base + seq[:, None] * stride_qs + offs_d[None, :], offs_m, sq, offs_d, HEAD_DIM, BLOCK_D,
                           True)
-            do = load_rows(g_base + seq[:, None] * stride_gs + offs_d[None, :], offs_m, sq, offs_d, HEAD_DIM,
-                           BLOCK_D, True)
+            do = load_rows(g_base + seq[:, None] * stride_gs + offs_dv[None, :], offs_m, sq, offs_dv, HEAD_V,
+                           BLOCK_DV, True)
             if VARLEN:
                 rows = h.to(tl.int64) * seqlen_q + q0 + offs_m
             else:
@@ -142,8 +145,8 @@ def dkdv_kernel(Q, K, V, DO, LSE, Delta, DK, DV,
             dz = p * (dp - delta[:, None]) * dcap
             dk = mma(tl.trans(dz.to(q.dtype)), q, dk)
     dk = dk * (scale_log2 / LOG2E)
-    tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=keep)
-    tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=keep)
+    tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=rows_kept & (offs_d[None, :] < HEAD_DIM))
+    tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=rows_kept & (offs_dv[None, :] < HEAD_V))
 
 
 @triton.jit
@@ -153,7 +156,8 @@ def dq_kernel(Q, K, V, DO, LSE, Delta, DQ,
               causal_offset, window_offset, align_offset, scale_log2, softcap, Alibi, CuQ, CuK, SeqK,
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-              VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr):
+              VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr, HEAD_V: tl.constexpr,
+              BLOCK_DV: tl.constexpr):
     """dQ of query block ``program_id(0)`` of (batch, head) ``program_id(1)``."""
     b = tl.program_id(1) // heads
     h = tl.program_id(1) % heads
@@ -167,12 +171,13 @@ def dq_kernel(Q, K, V, DO, LSE, Delta, DQ,
         return
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
     b64 = b.to(tl.int64)
     seq = (q0 + offs_m).to(tl.int64)
     q = load_rows(Q + b64 * stride_qb + h.to(tl.int64) * stride_qh + seq[:, None] * stride_qs + offs_d[None, :],
                   offs_m, sq, offs_d, HEAD_DIM, BLOCK_D, True)
-    do = load_rows(DO + b64 * stride_gb + h.to(tl.int64) * stride_gh + seq[:, None] * stride_gs + offs_d[None, :],
-                   offs_m, sq, offs_d, HEAD_DIM, BLOCK_D, True)
+    do = load_rows(DO + b64 * stride_gb + h.to(tl.int64) * stride_gh + seq[:, None] * stride_gs + offs_dv[None, :],
+                   offs_m, sq, offs_dv, HEAD_V, BLOCK_DV, True)
     if VARLEN:
         rows = h.to(tl.int64) * seqlen_q + q0 + offs_m
     else:
@@ -194,7 +199,7 @@ def dq_kernel(Q, K, V, DO, LSE, Delta, DQ,
         keys = (k0 + offs_n).to(tl.int64)
         k = load_rows(k_base + keys[:, None] * stride_ks + offs_d[None, :], offs_n, sk, offs_d, HEAD_DIM, BLOCK_D,
                       True)
-        v = load_rows(v_base + keys[:, None] * stride_vs + offs_d[None, :], offs_n, sk, offs_d, HEAD_DIM, BLOCK_D,
+        v = load_rows(v_base + keys[:, None] * stride_vs + offs_dv[None, :], offs_n, sk, offs_dv, HEAD_V, BLOCK_DV,
                       True)
         p, dcap = _probs(q, k, lse2, offs_m, offs_n, sk, scale_log2, softcap, slope, causal_offset, window_offset,
                          align_offset, CAUSAL, WINDOW, SOFTCAP, ALIBI, BLOCK_M, BLOCK_N)

@@ -14,23 +14,23 @@ from .common import (causal_stop, full_stop, head_slope, initial_state, load_row
 
 
 @triton.jit
-def _key_range(acc, l, m, q, k_base, v_base, lo, hi, offs_m, offs_n, offs_d,
+def _key_range(acc, l, m, q, k_base, v_base, lo, hi, offs_m, offs_n, offs_d, offs_dv,
                stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, causal_offset, scale_log2,
                window_offset, align_offset, softcap, slope, BlockTable, b, stride_bt, max_pages, stride_kb, stride_vb,
                K_desc, V_desc, kv_seq, kv_col,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
                SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr,
-               KV_TMA: tl.constexpr):
+               KV_TMA: tl.constexpr, HEAD_V: tl.constexpr, BLOCK_DV: tl.constexpr):
     first = (lo + offs_n).to(tl.int64)
     k_ptrs = k_base + first[:, None] * stride_ks + offs_d[None, :] * stride_kd
-    v_ptrs = v_base + first[:, None] * stride_vs + offs_d[None, :] * stride_vd
+    v_ptrs = v_base + first[:, None] * stride_vs + offs_dv[None, :] * stride_vd
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         if PAGED:  # each tile through the block table
             k_ptrs = paged_rows(k_base, BlockTable, b, start_n, offs_n, offs_d, stride_bt, max_pages, stride_kb,
                                 stride_ks, stride_kd, PAGE)
-            v_ptrs = paged_rows(v_base, BlockTable, b, start_n, offs_n, offs_d, stride_bt, max_pages, stride_vb,
+            v_ptrs = paged_rows(v_base, BlockTable, b, start_n, offs_n, offs_dv, stride_bt, max_pages, stride_vb,
                                 stride_vs, stride_vd, PAGE)
         if KV_TMA:  # a box of the 3-D descriptor; keys past the tensor's end come back 0
             k = K_desc.load([kv_seq, start_n, kv_col]).reshape([BLOCK_N, BLOCK_D])
@@ -40,11 +40,11 @@ def _key_range(acc, l, m, q, k_base, v_base, lo, hi, offs_m, offs_n, offs_d,
         s = scores(qk, offs_m, cols, seqlen_k, scale_log2, softcap, slope, causal_offset, window_offset, align_offset,
                    MASKED, CAUSAL and MASKED, WINDOW and MASKED, SOFTCAP, ALIBI)
         if KV_TMA:
-            v = V_desc.load([kv_seq, start_n, kv_col]).reshape([BLOCK_N, BLOCK_D])
+            v = V_desc.load([kv_seq, start_n, kv_col]).reshape([BLOCK_N, BLOCK_DV])
             if MASKED:  # rows past seqlen_k (seqused_k) hold real memory: 0 * NaN would be NaN
                 v = tl.where((cols < seqlen_k)[:, None], v, 0.0)
         else:
-            v = load_rows(v_ptrs, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, MASKED)
+            v = load_rows(v_ptrs, cols, seqlen_k, offs_dv, HEAD_V, BLOCK_DV, MASKED)
         acc, l, m = online_softmax_step(acc, l, m, s, v)
         k_ptrs += BLOCK_N * stride_ks
         v_ptrs += BLOCK_N * stride_vs
@@ -65,7 +65,8 @@ def tiled_kernel(
         CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
         ALIBI: tl.constexpr, VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr,
         SPLIT: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr, PACK_GQA: tl.constexpr,
-        KV_TMA: tl.constexpr):
+        KV_TMA: tl.constexpr, HEAD_V: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """HEAD_V, BLOCK_DV: V's and O's head dimension (DeepSeek's MLA: 128 against q/k's 192), else HEAD_DIM's."""
     (row_lo, row_hi, offs_m, q, k_base, v_base, o_rows, lse_rows, seqlen_q, seqlen_k, causal_offset, window_offset,
      align_offset) = program_start(
         Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh,
@@ -79,7 +80,8 @@ def tiled_kernel(
         return
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    m, l, acc = initial_state(BLOCK_M, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    m, l, acc = initial_state(BLOCK_M, BLOCK_DV)
     slope = head_slope(Alibi, tl.program_id(1), heads, ALIBI)
     b = tl.program_id(1) // (heads // group if PACK_GQA else heads)
     kvh = tl.program_id(1) % (heads // group) if PACK_GQA else tl.program_id(1) % heads // group
@@ -94,19 +96,19 @@ def tiled_kernel(
     u0, u1 = split_keys(first, lo, split_len, SPLIT)
     lo, hi = split_keys(lo, hi, split_len, SPLIT)
     # tiles every row sees: no mask
-    acc, l, m = _key_range(acc, l, m, q, k_base, v_base, u0, u1, offs_m, offs_n, offs_d,
+    acc, l, m = _key_range(acc, l, m, q, k_base, v_base, u0, u1, offs_m, offs_n, offs_d, offs_dv,
                            stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, causal_offset, scale_log2,
                            window_offset, align_offset, softcap, slope, BlockTable, b, stride_bt, max_pages,
                            stride_kb, stride_vb, K_desc, V_desc, kv_seq, kv_col, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
-                           False, CAUSAL, WINDOW, SOFTCAP, ALIBI, PAGED, PAGE, KV_TMA)
+                           False, CAUSAL, WINDOW, SOFTCAP, ALIBI, PAGED, PAGE, KV_TMA, HEAD_V, BLOCK_DV)
     # the diagonal, the band's edges and the ragged end, up to the early exit: masked
-    acc, l, m = _key_range(acc, l, m, q, k_base, v_base, lo, hi, offs_m, offs_n, offs_d,
+    acc, l, m = _key_range(acc, l, m, q, k_base, v_base, lo, hi, offs_m, offs_n, offs_d, offs_dv,
                            stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, causal_offset, scale_log2,
                            window_offset, align_offset, softcap, slope, BlockTable, b, stride_bt, max_pages,
                            stride_kb, stride_vb, K_desc, V_desc, kv_seq, kv_col, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
-                           True, CAUSAL, WINDOW, SOFTCAP, ALIBI, PAGED, PAGE, KV_TMA)
-    write_output(o_rows, LSE, lse_rows, acc, l, m, offs_m, seqlen_q, offs_d, stride_od,
-                 HEAD_DIM, BLOCK_D, STORE_LSE)
+                           True, CAUSAL, WINDOW, SOFTCAP, ALIBI, PAGED, PAGE, KV_TMA, HEAD_V, BLOCK_DV)
+    write_output(o_rows, LSE, lse_rows, acc, l, m, offs_m, seqlen_q, offs_dv, stride_od,
+                 HEAD_V, BLOCK_DV, STORE_LSE)
 
 
 KERNEL = tiled_kernel

@@ -96,8 +96,9 @@ def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
     """None if the hopper kernel takes this call, else the reason it does not."""
     if not q.is_cuda or device_facts(q.device.index)[0] != 9:
         return "needs an sm_90 GPU"
-    if prob.head_dim not in (64, 128):
-        return f"head_dim {prob.head_dim} (takes 64 and 128)"
+    if prob.head_dim not in (64, 128) or prob.head_dim_v:
+        v_dim = f" with V's {prob.dv}" if prob.head_dim_v else ""
+        return f"head_dim {prob.head_dim}{v_dim} (takes 64 and 128, q/k/v alike)"
     if cfg.block_m not in (64, 128, 192):
         return f"block_m {cfg.block_m} (takes 64, 128 or 192: 1, 2 or 3 consumer warpgroups)"
     if cfg.pingpong and cfg.block_m == 64:

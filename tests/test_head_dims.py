@@ -1,0 +1,66 @@
+"""q/k and v head dims that differ (DeepSeek-V3's MLA prefill: 192 and 128), and head_dim 192 alike, against
+the float64 reference: forward on every path that takes it, split decoding, packed sequences, gradients."""
+import pytest
+import torch
+
+import fmha
+from conftest import DEVICE, check_against_reference, nan_like, packed
+from fmha.verify import check_grads
+
+
+def qkv(b, h, kvh, sq, sk, d, dv, layout, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    shape = (lambda n, s, x: (b, n, s, x)) if layout == "bhsd" else (lambda n, s, x: (b, s, n, x))
+    return tuple(torch.randn(shape(n, s, x), generator=g).to(torch.bfloat16).to(DEVICE)
+                 for n, s, x in ((h, sq, d), (kvh, sk, d), (kvh, sk, dv)))
+
+
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("causal,align", [(False, "top_left"), (True, "bottom_right")])
+def test_v_head_dim_other_than_qk(causal, align, layout):
+    q, k, v = qkv(2, 4, 2, 21, 30, 192, 128, layout)
+    out = torch.full((*q.shape[:-1], 128), float("nan"), dtype=q.dtype, device=DEVICE)
+    _, lse = fmha.attention(q, k, v, causal=causal, causal_align=align, layout=layout, out=out, return_lse=True)
+    check_against_reference(out, q, k, v, causal, align, layout, lse=lse)
+    assert fmha.api.describe(q, k, v, layout=layout).startswith("tiled")
+
+
+def test_split_decoding_and_packed_sequences():
+    q, k, v = qkv(2, 8, 2, 1, 300, 192, 128, "bhsd", seed=1)
+    o = fmha.attention(q, k, v, num_splits=3)
+    check_against_reference(o, q, k, v, False)
+    lens_q, lens_k = [5, 17], [9, 30]
+    q, cu_q = packed(lens_q, 4, 192, torch.bfloat16, 2)
+    k, cu_k = packed(lens_k, 2, 192, torch.bfloat16, 3)
+    v, _ = packed(lens_k, 2, 128, torch.bfloat16, 4)
+    o = fmha.attention_varlen(q, k, v, cu_q, cu_k, 17, 30, causal=True)
+    assert o.shape == (22, 4, 128)
+    for b in range(2):
+        rq, rk = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+        check_against_reference(o[rq][None], q[rq][None], k[rk][None], v[rk][None], True, "bottom_right", "bshd")
+
+
+def test_gradients_with_v_head_dim_other_than_qk():
+    q, k, v = (t.requires_grad_(True) for t in qkv(1, 4, 2, 19, 25, 192, 128, "bshd", seed=5))
+    o = fmha.attention(q, k, v, causal=True, layout="bshd", softcap=10.0)
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(6)).to(o)
+    o.backward(do)
+    check_grads((q.grad, k.grad, v.grad), q, k, v, do, True, "top_left", "bshd", softcap=10.0)
+
+
+@pytest.mark.parametrize("variant", ["singlewave", "pipelined", "tiled"])
+def test_head_dim_192_on_every_variant(variant):
+    q, k, v = qkv(1, 2, 1, 33, 40, 192, 192, "bhsd", seed=7)
+    out = nan_like(q)
+    fmha.attention(q, k, v, causal=True, variant=variant, out=out)
+    check_against_reference(out, q, k, v, True)
+
+
+def test_what_differs_is_checked():
+    q, k, v = qkv(1, 2, 1, 8, 8, 192, 128, "bhsd")
+    with pytest.raises(ValueError, match="cannot take this call: a V head dim other than q/k's is the tiled"):
+        fmha.attention(q, k, v, variant="singlewave")
+    with pytest.raises(ValueError, match=r"out must have q's shape with v's head_dim"):
+        fmha.attention(q, k, v, out=torch.empty_like(q))
+    with pytest.raises(ValueError, match="v's head_dim must be one of"):
+        fmha.attention(q, k, v[..., :100])
