@@ -64,13 +64,14 @@ def poison_past(k, v, used, layout):
 
 
 def drawn_inputs(p):
-    """q, k, v, the modifiers and the keys used per batch of a hypothesis-drawn problem ``p`` (keys
-    past those used hold NaN when ``p["seqused"]``)."""
+    """q, k, v, the modifiers (attention sinks among them) and the keys used per batch of a
+    hypothesis-drawn problem ``p`` (keys past those used hold NaN when ``p["seqused"]``)."""
     q, k, v = make_qkv(p["batch"], p["heads"], p["kv_heads"], p["seqlen_q"], p["seqlen_k"], p["head_dim"],
                        p["dtype"], p["layout"], p["contiguous"], seed=p["seed"])
     g = torch.Generator().manual_seed(p["seed"])
     mods = dict(window=p["window"], softcap=p["softcap"],
-                alibi_slopes=torch.rand(p["heads"], generator=g).to(DEVICE) if p["alibi"] else None)
+                alibi_slopes=torch.rand(p["heads"], generator=g).to(DEVICE) if p["alibi"] else None,
+                sinks=(3 * torch.randn(p["heads"], generator=g)).to(DEVICE) if p.get("sinks") else None)
     used = torch.randint(0, p["seqlen_k"] + 1, (p["batch"],), generator=g, dtype=torch.int32) if p["seqused"] \
         else torch.full((p["batch"],), p["seqlen_k"], dtype=torch.int32)
     poison_past(k, v, used.tolist(), p["layout"])

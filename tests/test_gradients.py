@@ -103,7 +103,7 @@ def problems(draw):
                 causal=draw(st.booleans()), align=draw(st.sampled_from(["top_left", "bottom_right"])),
                 window=(draw(st.integers(-1, 45)), draw(st.integers(-1, 45))),
                 softcap=draw(st.sampled_from([0.0, 0.0, 4.0])), alibi=draw(st.booleans()),
-                seqused=draw(st.booleans()), seed=draw(st.integers(0, 2 ** 16)))
+                seqused=draw(st.booleans()), sinks=draw(st.booleans()), seed=draw(st.integers(0, 2 ** 16)))
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

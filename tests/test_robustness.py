@@ -32,6 +32,7 @@ def problems(draw):
         softcap=draw(st.sampled_from([0.0, 0.0, 4.0])),
         alibi=draw(st.booleans()),
         seqused=draw(st.booleans()),
+        sinks=draw(st.booleans()),
         seed=draw(st.integers(0, 2 ** 16)),
     )
 
@@ -39,7 +40,7 @@ def problems(draw):
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(p=problems())
 def test_random_problems_match_reference(p):
-    """Shapes, layouts, alignments, the key split and every modifier drawn together; with
+    """Shapes, layouts, alignments, the key split, every modifier and attention sinks drawn together; with
     ``seqused``, each batch uses a drawn number of its keys (the rest hold NaN, never read)."""
     q, k, v, mods, used = drawn_inputs(p)
     out = nan_like(q)
