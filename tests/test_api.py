@@ -39,7 +39,7 @@ def test_out_must_not_alias_an_input():
     q, k, v = make_qkv(1, 2, 2, 16, 16, 64, F16)
     with pytest.raises(ValueError, match="out overlaps q"):
         fmha.attention(q, k, v, out=q)
-    with pytest.raises(ValueError, match="out must match"):
+    with pytest.raises(ValueError, match="out must have q's shape with v's head_dim"):
         fmha.attention(q, k, v, out=torch.empty_like(q)[:, :1])
 
 

@@ -69,6 +69,8 @@ def check_inputs(q, k, v, causal_align: str, layout: str, variant: str, scale) -
 
 def check_features(q, layout: str, window, softcap, alibi_slopes, sinks=None) -> None:
     """The score modifiers: a window, a softcap, ALiBi slopes; and attention sinks."""
+    if window == (-1, -1) and softcap == 0.0 and alibi_slopes is None and sinks is None:  # none: nothing to check
+        return
     if (not isinstance(window, (tuple, list)) or len(window) != 2
             or not all(isinstance(w, int) and w >= -1 for w in window)):
         raise ValueError(f"window must be (left, right) with ints >= -1 (-1: unbounded), got {window!r}")

@@ -20,8 +20,13 @@ PAGED_MESSAGE = ("fmha.attention_paged is inference-only (paged KV caches and sp
 
 
 def needs_grad(*tensors) -> bool:
-    """True when autograd records this call: grad mode on and a tensor that requires grad."""
-    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+    """True when autograd records this call: grad mode on and a tensor (None: absent) that requires grad."""
+    if not torch.is_grad_enabled():
+        return False
+    for t in tensors:
+        if t is not None and t.requires_grad:
+            return True
+    return False
 
 
 SECOND_ORDER = "fmha's backward is first-order only: a second derivative (create_graph=True) is not supported"
