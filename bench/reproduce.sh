@@ -23,3 +23,4 @@ bench --grid models --dtype bfloat16     # real models' head counts in contiguou
 python3 -m fmha bench --pass bwd --ledger "$ledger" --dtype bfloat16 --providers fmha:auto sdpa:cudnn sdpa:flash
 python3 bench/host_profile.py --ledger "$ledger"
 python3 bench/model_speed.py --ledger "$ledger"
+bench --grid mla --dtype bfloat16        # DeepSeek-V3 prefill heads: q/k 192, v 128 (FA4 takes it when installed)

@@ -120,6 +120,18 @@ def test_backward_pass_cells_check_gradients_and_count_their_flops():
                         pass_="bwd")
 
 
+def test_mla_cells_run_with_v_head_dim_other_than_qk():
+    """An MLA cell (q/k 192, v 128): v drawn with its own head dim, outputs checked, FLOPs over both dims,
+    the features column naming it."""
+    provs = [p for p in providers.providers("cpu") if p.name in ("fmha:auto", "sdpa:math")]
+    cell = grids.Cell(1, 2, 2, 24, 24, 192, True, head_dim_v=128)
+    q, k, v, ref, flops = runner.cell_inputs(cell, torch.bfloat16, "cpu")
+    assert v.shape[-1] == 128 and ref.shape[-1] == 128 and flops == 2 * 2 * 300 * (192 + 128)
+    rows = runner.run_cell(cell, torch.bfloat16, provs, "cpu", peak=1.0)
+    assert all(r["note"] == "ok" and r["features"] == "head_dim_v=128" for r in rows), rows
+    assert all(c.head_dim == 192 and c.head_dim_v == 128 for c in grids.mla_grid())
+
+
 def test_a_ledger_from_before_a_new_column_takes_the_longer_header(tmp_path):
     path = tmp_path / "ledger.csv"
     old = ledger.COLUMNS[:-1]

@@ -29,12 +29,14 @@ def visible_pairs(seqlen_q: int, seqlen_k: int, causal: bool, causal_align: str 
 
 
 def attention_flops(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int,
-                    causal: bool, causal_align: str = "top_left", window: int = -1) -> int:
-    """4 * B * H * (visible pairs) * D: two matmuls (QK^T and PV) of 2 FLOPs per multiply-add."""
-    return 4 * batch * heads * visible_pairs(seqlen_q, seqlen_k, causal, causal_align, window) * head_dim
+                    causal: bool, causal_align: str = "top_left", window: int = -1, head_dim_v: int = 0) -> int:
+    """2 * B * H * (visible pairs) * (D + Dv): two matmuls (QK^T over q/k's D, PV over v's Dv, Dv = D unless
+    given) of 2 FLOPs per multiply-add."""
+    pairs = visible_pairs(seqlen_q, seqlen_k, causal, causal_align, window)
+    return 2 * batch * heads * pairs * (head_dim + (head_dim_v or head_dim))
 
 
 def attention_bytes(batch: int, heads: int, kv_heads: int, seqlen_q: int, seqlen_k: int,
-                    head_dim: int, elem_bytes: int = 2) -> int:
-    """Fewest bytes moved: Q, K, V read once, O written once."""
-    return elem_bytes * batch * head_dim * (2 * heads * seqlen_q + 2 * kv_heads * seqlen_k)
+                    head_dim: int, elem_bytes: int = 2, head_dim_v: int = 0) -> int:
+    """Fewest bytes moved: Q, K (head_dim), V (head_dim_v, default head_dim) read once, O written once."""
+    return elem_bytes * batch * (head_dim + (head_dim_v or head_dim)) * (heads * seqlen_q + kv_heads * seqlen_k)

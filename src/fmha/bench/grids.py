@@ -18,6 +18,7 @@ class Cell:
     softcap: int = 0   # softcap * tanh(s / softcap) on the scores (0: off)
     alibi: int = 0     # 1: ALiBi slopes 2^(-8 (h + 1) / heads)
     layout: str = "contiguous"  # how q, k, v lie in memory (:mod:`.layouts`)
+    head_dim_v: int = 0  # v's head dim when it differs from q/k's (MLA), else 0
 
     @property
     def features(self) -> str:
@@ -26,6 +27,7 @@ class Cell:
         parts = [f"window={self.window}"] if self.window >= 0 else []
         parts += [f"softcap={self.softcap}"] if self.softcap else []
         parts += ["alibi"] if self.alibi else []
+        parts += [f"head_dim_v={self.head_dim_v}"] if self.head_dim_v else []
         return " ".join(parts + ([f"layout={self.layout}"] if self.layout != "contiguous" else []))
 
     @property
@@ -81,6 +83,12 @@ def models_grid() -> list[Cell]:
             for b, s in ((1, 16384), (2, 8192), (4, 4096), (8, 1024)) for lay in ("contiguous", "hf-view", "fused-qkv")]
 
 
+def mla_grid() -> list[Cell]:
+    """DeepSeek-V3's prefill attention on one GPU of eight (16 of its 128 heads): q/k head dim 192
+    (128 + 64 rotary), v's 128, causal, B*S = 16k at 1k-16k tokens."""
+    return [Cell(16384 // s, 16, 16, s, s, 192, True, head_dim_v=128) for s in (1024, 4096, 16384)]
+
+
 def quick_grid() -> list[Cell]:
     """Tiny shapes the CPU interpreter runs in seconds (its times mean nothing)."""
     return [Cell(1, 2, 2, 33, 33, 32, False), Cell(1, 2, 1, 17, 40, 64, True), Cell(2, 2, 2, 16, 16, 64, True)]
@@ -115,4 +123,4 @@ def values(cells: list[Cell]) -> str:
 
 
 GRIDS = {"default": default_grid, "decode": decode_grid, "extra": extra_grid, "features": features_grid,
-         "ragged": ragged_grid, "models": models_grid, "quick": quick_grid}
+         "ragged": ragged_grid, "models": models_grid, "mla": mla_grid, "quick": quick_grid}

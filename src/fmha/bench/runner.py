@@ -77,10 +77,11 @@ def cell_inputs(cell: Cell, dtype: torch.dtype, device: str, seed: int = 0):
     shape = lambda h, s: (cell.batch, h, s, cell.head_dim)  # noqa: E731
     q = torch.randn(shape(cell.heads, cell.seqlen_q), generator=g, device=device, dtype=dtype)
     k = torch.randn(shape(cell.kv_heads, cell.seqlen_k), generator=g, device=device, dtype=dtype)
-    v = torch.randn(shape(cell.kv_heads, cell.seqlen_k), generator=g, device=device, dtype=dtype)
+    v = torch.randn((*shape(cell.kv_heads, cell.seqlen_k)[:3], cell.head_dim_v or cell.head_dim), generator=g,
+                    device=device, dtype=dtype)
     q, k, v = arrange(q, k, v, cell.layout)
     flops = attention_flops(cell.batch, cell.heads, cell.seqlen_q, cell.seqlen_k, cell.head_dim, cell.causal,
-                            window=cell.window)
+                            window=cell.window, head_dim_v=cell.head_dim_v)
     return q, k, v, _reference(q, k, v, cell), flops
 
 
@@ -140,7 +141,7 @@ def run_cell(cell: Cell, dtype: torch.dtype, provs: list[Provider], device: str,
                          dtype=dtype)
         ref_grads = _reference_grads(q, k, v, do, cell)
     nbytes = attention_bytes(cell.batch, cell.heads, cell.kv_heads, cell.seqlen_q, cell.seqlen_k,
-                             cell.head_dim, q.element_size())
+                             cell.head_dim, q.element_size(), cell.head_dim_v)
     base = dict(cell_columns(cell, dtype), **{"pass": pass_})
     rows, ready = [], []
     for p in provs:  # first every provider once: compile, check; a failure is recorded, the run goes on
