@@ -31,14 +31,14 @@ def _per_head(x: torch.Tensor, layout: str) -> torch.Tensor:
     return x.transpose(0, 1)[..., None]
 
 
-def _sink_rows(sinks: torch.Tensor, lse: torch.Tensor, packed: bool) -> torch.Tensor:
-    """``sinks`` broadcast over the LSE's rows."""
+def _sink_rows(sinks: torch.Tensor, packed: bool) -> torch.Tensor:
+    """``sinks`` broadcast over the LSE's rows (``[batch, heads, rows]``, or ``[heads, total]`` packed)."""
     return sinks[:, None] if packed else sinks[None, :, None]
 
 
 def attach(o: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor, layout: str):
     """The result with the sinks in the denominator: ``o`` rescaled in place, and the new LSE."""
-    s = _sink_rows(sinks.float(), lse, layout == "packed")
+    s = _sink_rows(sinks.float(), layout == "packed")
     total = torch.logaddexp(lse, s)
     o.mul_(_per_head(torch.exp(lse - total), layout))  # in float32, rounded once to o's dtype
     return o, total
@@ -47,5 +47,5 @@ def attach(o: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor, layout: str)
 def grad(sinks: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
     """``d sink_h = -sum_i exp(sink_h - L_i) delta_i`` (``lse`` and ``delta`` laid out alike)."""
     packed = lse.dim() == 2
-    w = torch.exp(_sink_rows(sinks.float(), lse, packed) - lse) * delta
+    w = torch.exp(_sink_rows(sinks.float(), packed) - lse) * delta
     return -(w.sum(dim=1) if packed else w.sum(dim=(0, 2))).to(sinks.dtype)
