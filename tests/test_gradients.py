@@ -39,7 +39,7 @@ def test_gradients_match_the_reference(causal, align, shape):
     i = SHAPES.index(shape) + ALIGNS.index((causal, align))
     dtype, layout = (torch.float16, torch.bfloat16)[i % 2], ("bhsd", "bshd")[i // 2 % 2]
     q, k, v = leaves(*make_qkv(*shape, dtype, layout, seed=i))
-    o = fmha.attention(q, k, v, causal=causal, causal_align=align, layout=layout)
+    o = fmha.attention(q, k, v, causal=causal, causal_align=align, layout=layout, deterministic=i % 3 == 0)
     grads, do = grads_of(o, (q, k, v), seed=i)
     check_grads(grads, q, k, v, do, causal, align, layout)
 
@@ -67,13 +67,14 @@ def test_seqused_k_keys_get_no_gradient_past_their_length():
     assert not dk[1, :, 13:].any() and not dv[1, :, 13:].any()
 
 
-def test_varlen_gradients_are_each_sequence_alone():
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_varlen_gradients_are_each_sequence_alone(deterministic):
     lens_q, lens_k = [5, 17, 1], [9, 17, 30]
     q, cu_q = packed(lens_q, 4, 64, torch.bfloat16, 5)
     k, cu_k = packed(lens_k, 2, 64, torch.bfloat16, 6)
     v, _ = packed(lens_k, 2, 64, torch.bfloat16, 7)
     q, k, v = leaves(q, k, v)
-    o = fmha.attention_varlen(q, k, v, cu_q, cu_k, 17, 30, causal=True)
+    o = fmha.attention_varlen(q, k, v, cu_q, cu_k, 17, 30, causal=True, deterministic=deterministic)
     (dq, dk, dv), do = grads_of(o, (q, k, v))
     for b in range(3):
         rq, rk = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
@@ -103,7 +104,8 @@ def problems(draw):
                 causal=draw(st.booleans()), align=draw(st.sampled_from(["top_left", "bottom_right"])),
                 window=(draw(st.integers(-1, 45)), draw(st.integers(-1, 45))),
                 softcap=draw(st.sampled_from([0.0, 0.0, 4.0])), alibi=draw(st.booleans()),
-                seqused=draw(st.booleans()), sinks=draw(st.booleans()), seed=draw(st.integers(0, 2 ** 16)))
+                seqused=draw(st.booleans()), sinks=draw(st.booleans()), deterministic=draw(st.booleans()),
+                seed=draw(st.integers(0, 2 ** 16)))
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -114,13 +116,27 @@ def test_random_problems_have_the_reference_gradients(p):
     q, k, v, mods, used = drawn_inputs(p)
     q, k, v = (t.requires_grad_(True) for t in (q, k, v))
     o = fmha.attention(q, k, v, causal=p["causal"], causal_align=p["align"], layout=p["layout"],
-                       seqused_k=used.to(DEVICE) if p["seqused"] else None, **mods)
+                       seqused_k=used.to(DEVICE) if p["seqused"] else None, deterministic=p["deterministic"], **mods)
     (dq, dk, dv), do = grads_of(o, (q, k, v), seed=p["seed"])
     for b, n in enumerate(used.tolist()):
         keys = (slice(b, b + 1), slice(None), slice(0, n)) if p["layout"] == "bhsd" else (slice(b, b + 1), slice(0, n))
         own = slice(b, b + 1)
         check_grads((dq[own], dk[keys], dv[keys]), q[own], k[keys], v[keys], do[own], p["causal"], p["align"],
                     p["layout"], **mods)
+
+
+def test_deterministic_repeats_bit_for_bit():
+    """``deterministic=True``: the same gradients on every run; the atomic dQ agrees with it within rounding
+    (float32 sums in another order)."""
+    q, k, v = make_qkv(2, 4, 2, 70, 90, 64, torch.bfloat16, seed=9)
+    runs = []
+    for deterministic in (True, True, False):
+        leaf = leaves(q, k, v)
+        o = fmha.attention(*leaf, causal=True, causal_align="bottom_right", deterministic=deterministic)
+        runs.append(grads_of(o, leaf)[0])
+    assert all(torch.equal(a, b) for a, b in zip(runs[0], runs[1]))
+    assert all(torch.equal(a, b) for a, b in zip(runs[0][1:], runs[2][1:]))  # dK, dV: no atomics either way
+    torch.testing.assert_close(runs[2][0], runs[0][0], rtol=1e-2, atol=1e-2)
 
 
 def test_only_what_requires_grad_gets_it():
@@ -226,9 +242,9 @@ def test_train_demo_curves_agree():
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="float32 kernels are exact only in the interpreter (ieee dots)")
-@pytest.mark.parametrize("mods", [dict(causal=True, causal_align="bottom_right", softcap=2.0), dict(window=(2, 1))],
-                         ids=str)
-def test_gradcheck_through_the_interpreter(mods):
+@pytest.mark.parametrize("mods,deterministic", [(dict(causal=True, causal_align="bottom_right", softcap=2.0), False),
+                                               (dict(window=(2, 1)), True)], ids=str)
+def test_gradcheck_through_the_interpreter(mods, deterministic):
     """``torch.autograd.gradcheck`` on the autograd function itself (the entry points take only fp16/bf16):
     float64 inputs, float32 kernels in the interpreter, finite differences against the backward kernels,
     the sinks' gradient included."""
@@ -238,7 +254,7 @@ def test_gradcheck_through_the_interpreter(mods):
     kw.update(mods)
 
     def f(q, k, v, sinks):
-        o, _ = gradients.Attention.apply(q.float(), k.float(), v.float(), None, None, sinks.float(), kw)
+        o, _ = gradients.Attention.apply(q.float(), k.float(), v.float(), None, None, sinks.float(), kw, deterministic)
         return o.double()
     g = torch.Generator().manual_seed(2)
     q = torch.randn(1, 2, 3, 16, generator=g, dtype=torch.float64, requires_grad=True)

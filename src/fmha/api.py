@@ -20,7 +20,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
               layout: str = "bhsd", return_lse: bool = False, out: torch.Tensor | None = None,
               window: tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None,
               seqused_k: torch.Tensor | None = None, num_splits: int = 0, sinks: torch.Tensor | None = None,
-              config: configs.KernelConfig | None = None):
+              deterministic: bool = False, config: configs.KernelConfig | None = None):
     """Exact attention ``softmax(scale * q k^T) v``, computed flash-style (no score matrix).
 
     Shapes (``layout="bhsd"``): ``q`` ``[batch, heads, seqlen_q, head_dim]``, ``k`` and
@@ -64,6 +64,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     ``num_splits``: split the keys over that many programs per query block and merge
     the partials by their LSE (flash-decoding); 0 (default) decides: on a GPU, short
     queries (seqlen_q <= 16) against long keys are split to fill the chip; 1 never splits.
+
+    Differentiable (:mod:`fmha.gradients`, docs/BACKWARD.md) when autograd records the call;
+    ``deterministic=True`` makes the backward's dQ bit for bit the same on every run (its own pass
+    over the keys instead of atomic adds, as FlashAttention's flag does).
     """
     check_inputs(q, k, v, causal_align, layout, variant, scale)
     check_features(q, layout, window, softcap, alibi_slopes, sinks)
@@ -78,14 +82,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     if torch.compiler.is_compiling() and out is None and config is None and not modifiers:
         from .custom_op import attention_op
         o, lse = attention_op(q, k, v, bool(causal), None if scale is None else float(scale), variant,
-                              causal_align, layout, return_lse or grad)
+                              causal_align, layout, return_lse or grad, bool(deterministic))
         lse = lse if return_lse else None
     elif grad:
         if out is not None:
             raise ValueError("out= is not differentiable: drop it, or run under torch.no_grad()")
         kw = dict(causal=causal, scale=scale, variant=variant, causal_align=causal_align, layout=layout, config=config,
                   window=tuple(window), softcap=float(softcap), num_splits=num_splits)
-        o, lse = gradients.Attention.apply(q, k, v, alibi_slopes, seqused_k, sinks, kw)
+        o, lse = gradients.Attention.apply(q, k, v, alibi_slopes, seqused_k, sinks, kw, bool(deterministic))
         lse = lse if return_lse else None
     else:
         o, lse = forward.dense(q, k, v, causal=causal, scale=scale, variant=variant, causal_align=causal_align,
@@ -102,7 +106,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                      scale: float | None = None, variant: str = "auto", causal_align: str = "bottom_right",
                      return_lse: bool = False, window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                      alibi_slopes: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
-                     config: configs.KernelConfig | None = None):
+                     deterministic: bool = False, config: configs.KernelConfig | None = None):
     """Attention over packed sequences of different lengths (``flash_attn_varlen_func``'s shape).
 
     ``q`` ``[total_q, heads, head_dim]``, ``k``/``v`` ``[total_k, kv_heads, head_dim]``;
@@ -117,7 +121,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     once: no padded work beyond the last tile of each sequence.  ``auto`` picks the variant as
     :func:`attention` would for the longest sequences (``hopper`` on sm_90 at head_dim 64 and
     128); ``config`` overrides its config, as in :func:`attention`.  The cu_seqlens are checked on
-    the host (one device-to-host copy of both).
+    the host (one device-to-host copy of both).  Differentiable, with ``deterministic`` as in
+    :func:`attention`.
     """
     lengths = check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     check_inputs(q[None], k[None], v[None], causal_align, "bshd", variant, scale)
@@ -126,7 +131,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
         kw = dict(causal=causal, scale=scale, variant=variant, causal_align=causal_align, window=tuple(window),
                   softcap=float(softcap), config=config)
         o, lse = gradients.AttentionVarlen.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, lengths,
-                                                 max_seqlen_q, max_seqlen_k, kw)
+                                                 max_seqlen_q, max_seqlen_k, kw, bool(deterministic))
         return (o, lse) if return_lse else o
     o, lse = forward.packed(q, k, v, cu_seqlens_q, cu_seqlens_k, lengths, max_seqlen_q, max_seqlen_k, causal=causal,
                             scale=scale, variant=variant, causal_align=causal_align,

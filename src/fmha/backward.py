@@ -13,12 +13,21 @@ from .kernels import backward as kernels
 from .sinks import grad as sink_grad
 
 
-def _blocks(head_dim: int) -> dict:  # (the larger of q/k's and v's)
-    """Tile sizes and warps: small tiles under the interpreter, 64 (32 past head_dim 128) on a GPU."""
+def tiles(head_dim: int) -> tuple[dict, dict]:  # (the larger of q/k's and v's)
+    """Tile sizes, warps and stages of ``(dkdv_kernel, dq_kernel)``: small tiles under the interpreter.
+    On a GPU the dK/dV program holds a tall key block and walks short query blocks, the dQ program the
+    other way round."""
     if interpreting():
-        return dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
-    block = 64 if head_dim <= 128 else 32
-    return dict(BLOCK_M=block, BLOCK_N=block, num_warps=4 if head_dim <= 64 else 8, num_stages=2)
+        small = dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
+        return small, small
+    if head_dim <= 64:
+        return (dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=2),
+                dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2))
+    if head_dim <= 128:
+        return (dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=2),
+                dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2))
+    return (dict(BLOCK_M=32, BLOCK_N=64, num_warps=8, num_stages=1),
+            dict(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=1))
 
 
 def _unit_last(t: torch.Tensor) -> torch.Tensor:
@@ -26,42 +35,48 @@ def _unit_last(t: torch.Tensor) -> torch.Tensor:
 
 
 def dense(do, q, k, v, o, lse, *, causal, scale, causal_align, layout, window=(-1, -1), softcap=0.0,
-          alibi_slopes=None, seqused_k=None, sinks=None):
+          alibi_slopes=None, seqused_k=None, sinks=None, deterministic=False):
     """Gradients ``(dq, dk, dv, dsinks or None)`` of :func:`fmha.attention` (``lse``: its float32
-    ``[batch, heads, seqlen_q]``, the sinks included), each in the layout and strides order of its input."""
+    ``[batch, heads, seqlen_q]``, the sinks included), each in the layout and strides order of its input.
+    ``deterministic``: dQ from its own kernel, bit for bit the same every run; else added up atomically
+    by the dK/dV kernel (:mod:`fmha.kernels.backward`)."""
     batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim = planning.sizes(q, k, layout)
     prob = planning.problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal=causal, scale=scale,
                             window=window, causal_align=causal_align, softcap=softcap,
                             seqused=seqused_k is not None, head_dim_v=v.shape[3])
-    return _run(prob, do, q, k, v, o, lse, layout, alibi_slopes, (None, None, seqused_k), seqlen_q, seqlen_k, sinks)
+    return _run(prob, do, q, k, v, o, lse, layout, alibi_slopes, (None, None, seqused_k), seqlen_q, seqlen_k, sinks,
+                deterministic)
 
 
 def packed(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal, scale,
-           causal_align, window=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None):
+           causal_align, window=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None, deterministic=False):
     """Gradients ``(dq, dk, dv, dsinks or None)`` of :func:`fmha.attention_varlen` (``lse`` ``[heads,
-    total_q]``)."""
+    total_q]``); ``deterministic`` as in :func:`dense`."""
     batch = cu_seqlens_q.shape[0] - 1
     heads, kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
     prob = planning.problem(batch, heads, kv_heads, q.shape[0], k.shape[0], head_dim, causal=causal, scale=scale,
                             window=window, causal_align=causal_align, softcap=softcap, varlen=True,
                             head_dim_v=v.shape[2])
     dq, dk, dv, dsinks = _run(prob, do[None], q[None], k[None], v[None], o[None], lse, "bshd", alibi_slopes,
-                              (cu_seqlens_q, cu_seqlens_k, None), int(max_seqlen_q), int(max_seqlen_k), sinks)
+                              (cu_seqlens_q, cu_seqlens_k, None), int(max_seqlen_q), int(max_seqlen_k), sinks,
+                              deterministic)
     return dq[0], dk[0], dv[0], dsinks
 
 
-def _run(prob, do, q, k, v, o, lse, layout, alibi, seqs, rows, keys, sinks):
-    """The three launches over ``rows`` query rows and ``keys`` keys per sequence (the longest, when
+def _run(prob, do, q, k, v, o, lse, layout, alibi, seqs, rows, keys, sinks, deterministic):
+    """The launches over ``rows`` query rows and ``keys`` keys per sequence (the longest, when
     packed); the sinks' gradient from ``delta`` (:mod:`fmha.sinks`)."""
     do, q, k, v, o = (_unit_last(t) for t in (do, q, k, v, o))
-    dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+    dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (k, v))
+    # atomically: a float32 dQ the key blocks add into, cast once at the end
+    dq = (torch.empty_like(q, memory_format=torch.contiguous_format) if deterministic
+          else torch.zeros(q.shape, dtype=torch.float32, device=q.device))
     if 0 in (prob.batch, prob.heads, rows, keys) or q.numel() == 0:
         for g in (dq, dk, dv):
             g.zero_()
-        return dq, dk, dv, None if sinks is None else torch.zeros_like(sinks)
+        return dq.to(q.dtype), dk, dv, None if sinks is None else torch.zeros_like(sinks)
     delta = torch.empty_like(lse)
-    blocks = _blocks(max(prob.head_dim, prob.dv))
-    bm, bn = blocks["BLOCK_M"], blocks["BLOCK_N"]
+    kv_tiles, q_tiles = tiles(max(prob.head_dim, prob.dv))
     cu_q, cu_k, seqused = (t if t is not None else lse for t in seqs)
     strides = {name: list(strides_bhsd(t, layout)[:3]) for name, t in
                (("q", q), ("k", k), ("v", v), ("do", do), ("o", o), ("dq", dq), ("dk", dk), ("dv", dv))}
@@ -77,15 +92,20 @@ def _run(prob, do, q, k, v, o, lse, layout, alibi, seqs, rows, keys, sinks):
                  BLOCK_DV=prob.block_dv)
     group = prob.heads // prob.kv_heads
     with on(q.device):
+        bm = q_tiles["BLOCK_M"]
         kernels.delta_kernel[(triton.cdiv(rows, bm), prob.batch * prob.heads)](
             o, do, delta, *strides["o"], *strides["do"], prob.heads, prob.seqlen_q, cu_q,
             HEAD_DIM=prob.dv, BLOCK_D=prob.block_dv, BLOCK_M=bm, VARLEN=prob.varlen,
-            num_warps=blocks["num_warps"])
+            num_warps=q_tiles["num_warps"])
         sizes = (prob.heads, group, prob.seqlen_q, prob.seqlen_k)
-        kernels.dkdv_kernel[(triton.cdiv(keys, bn), prob.batch * prob.kv_heads)](
-            q, k, v, do, lse, delta, dk, dv, *strides["q"], *strides["k"], *strides["v"], *strides["do"],
-            *strides["dk"], *strides["dv"], *sizes, *band, **flags, **blocks)
-        kernels.dq_kernel[(triton.cdiv(rows, bm), prob.batch * prob.heads)](
-            q, k, v, do, lse, delta, dq, *strides["q"], *strides["k"], *strides["v"], *strides["do"],
-            *strides["dq"], *sizes, *band, **flags, **blocks)
+        kernels.dkdv_kernel[(triton.cdiv(keys, kv_tiles["BLOCK_N"]), prob.batch * prob.kv_heads)](
+            q, k, v, do, lse, delta, dk, dv, dq, *strides["q"], *strides["k"], *strides["v"], *strides["do"],
+            *strides["dk"], *strides["dv"], *strides["dq"], *sizes, *band, **flags, **kv_tiles,
+            ATOMIC_DQ=not deterministic)
+        if deterministic:
+            kernels.dq_kernel[(triton.cdiv(rows, bm), prob.batch * prob.heads)](
+                q, k, v, do, lse, delta, dq, *strides["q"], *strides["k"], *strides["v"], *strides["do"],
+                *strides["dq"], *sizes, *band, **flags, **q_tiles)
+    if not deterministic:
+        dq = dq.to(q.dtype)
     return dq, dk, dv, None if sinks is None else sink_grad(sinks, lse, delta)

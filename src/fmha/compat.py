@@ -32,7 +32,7 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: float | None
     the probabilities FlashAttention 2 returns third: fmha never forms them)."""
     _refuse(dropout_p=dropout_p)
     out = attention(q, k, v, causal=causal, scale=softmax_scale, causal_align="bottom_right", layout="bshd",
-                    window=tuple(window_size), softcap=softcap, alibi_slopes=alibi_slopes,
+                    window=tuple(window_size), softcap=softcap, alibi_slopes=alibi_slopes, deterministic=deterministic,
                     return_lse=return_softmax_lse or return_attn_probs)
     if return_attn_probs:
         return (*out, None)
@@ -49,7 +49,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     _refuse(dropout_p=dropout_p, block_table=block_table)
     out = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
                            scale=softmax_scale, causal_align="bottom_right", window=tuple(window_size),
-                           softcap=softcap, alibi_slopes=alibi_slopes,
+                           softcap=softcap, alibi_slopes=alibi_slopes, deterministic=deterministic,
                            return_lse=return_softmax_lse or return_attn_probs)
     if return_attn_probs:
         return (*out, None)

@@ -55,10 +55,10 @@ class Attention(torch.autograd.Function):
     """:func:`dense` with its backward; ``kw`` the forward's keyword arguments but the tensors."""
 
     @staticmethod
-    def forward(ctx, q, k, v, alibi_slopes, seqused_k, sinks, kw):
+    def forward(ctx, q, k, v, alibi_slopes, seqused_k, sinks, kw, deterministic):
         o, lse = dense(q, k, v, alibi_slopes, seqused_k, sinks, kw)
         ctx.save_for_backward(q, k, v, o, lse, alibi_slopes, seqused_k, sinks)
-        ctx.kw = kw
+        ctx.kw, ctx.deterministic = kw, deterministic
         ctx.mark_non_differentiable(lse)
         return o, lse
 
@@ -68,8 +68,8 @@ class Attention(torch.autograd.Function):
         q, k, v, o, lse, alibi_slopes, seqused_k, sinks = ctx.saved_tensors
         kw = {n: ctx.kw[n] for n in ("causal", "scale", "causal_align", "layout", "window", "softcap")}
         dq, dk, dv, dsinks = backward.dense(do, q, k, v, o, lse, alibi_slopes=alibi_slopes, seqused_k=seqused_k,
-                                            sinks=sinks, **kw)
-        return dq, dk, dv, None, None, dsinks, None
+                                            sinks=sinks, deterministic=ctx.deterministic, **kw)
+        return dq, dk, dv, None, None, dsinks, None, None
 
 
 class AttentionVarlen(torch.autograd.Function):
@@ -77,11 +77,11 @@ class AttentionVarlen(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, lengths, max_seqlen_q, max_seqlen_k,
-                kw):
+                kw, deterministic):
         o, lse = packed(q, k, v, cu_seqlens_q, cu_seqlens_k, lengths, max_seqlen_q, max_seqlen_k, alibi_slopes,
                         sinks, kw)
         ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks)
-        ctx.kw, ctx.longest = kw, (max_seqlen_q, max_seqlen_k)
+        ctx.kw, ctx.longest, ctx.deterministic = kw, (max_seqlen_q, max_seqlen_k), deterministic
         ctx.mark_non_differentiable(lse)
         return o, lse
 
@@ -91,8 +91,8 @@ class AttentionVarlen(torch.autograd.Function):
         q, k, v, o, lse, cu_q, cu_k, alibi_slopes, sinks = ctx.saved_tensors
         kw = {n: ctx.kw[n] for n in ("causal", "scale", "causal_align", "window", "softcap")}
         dq, dk, dv, dsinks = backward.packed(do, q, k, v, o, lse, cu_q, cu_k, *ctx.longest, alibi_slopes=alibi_slopes,
-                                             sinks=sinks, **kw)
-        return dq, dk, dv, None, None, None, dsinks, None, None, None, None
+                                             sinks=sinks, deterministic=ctx.deterministic, **kw)
+        return dq, dk, dv, None, None, None, dsinks, None, None, None, None, None
 
 
 class _Refused(torch.autograd.Function):

@@ -8,12 +8,14 @@ from the forward's LSE, ``O = P V`` and the incoming ``dO``:
 * :func:`dkdv_kernel`, a program per key block of one (batch, KV head), over the query blocks of
   every query head of its group: ``dV = P^T dO``, ``dP = dO V^T``, ``dZ = P (dP - delta)``,
   ``dK = scale dZ'^T Q`` (GQA's group summed in the program: no atomics);
-* :func:`dq_kernel`, a program per query block: ``dQ = scale dZ' K``.
+* :func:`dq_kernel`, a program per query block: ``dQ = scale dZ' K``; or, with ``ATOMIC_DQ``, no
+  such kernel: :func:`dkdv_kernel` adds each tile's ``scale dZ' K`` into a float32 dQ with atomics
+  (two matmuls and one ``exp2`` a score fewer, in an order that varies from run to run).
 
 ``dZ' = dZ`` times the softcap's derivative ``1 - tanh^2(scale q.k / softcap)`` when capped.  Masks
 and modifiers are the forward's (:func:`.common.scores`); a row that sees no key (LSE ``-inf``) has
-``P = 0`` and so zero gradients.  Work is deterministic: each output element is written by one
-program, in a fixed order.
+``P = 0`` and so zero gradients.  Without ``ATOMIC_DQ`` the work is deterministic: each output
+element is written by one program, in a fixed order.
 """
 import triton
 import triton.language as tl
@@ -78,17 +80,17 @@ def _row_stats(LSE, Delta, rows, offs_m, sq):
 
 
 @triton.jit
-def dkdv_kernel(Q, K, V, DO, LSE, Delta, DK, DV,
+def dkdv_kernel(Q, K, V, DO, LSE, Delta, DK, DV, DQ,
                 stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
                 stride_gb, stride_gh, stride_gs, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh,
-                stride_dvs, heads, group, seqlen_q, seqlen_k, causal_offset, window_offset, align_offset, scale_log2,
-                softcap, Alibi, CuQ, CuK, SeqK,
+                stride_dvs, stride_dqb, stride_dqh, stride_dqs, heads, group, seqlen_q, seqlen_k, causal_offset,
+                window_offset, align_offset, scale_log2, softcap, Alibi, CuQ, CuK, SeqK,
                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
                 VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr, HEAD_V: tl.constexpr,
-                BLOCK_DV: tl.constexpr):
+                BLOCK_DV: tl.constexpr, ATOMIC_DQ: tl.constexpr):
     """dK and dV of key block ``program_id(0)`` of (batch, KV head) ``program_id(1)`` (HEAD_V: V's, O's and
-    dO's head dimension)."""
+    dO's head dimension); with ``ATOMIC_DQ`` also this block's share of dQ, added into the float32 ``DQ``."""
     kv_heads = heads // group
     b = tl.program_id(1) // kv_heads
     kvh = tl.program_id(1) % kv_heads
@@ -144,6 +146,11 @@ def dkdv_kernel(Q, K, V, DO, LSE, Delta, DK, DV,
             dp = mma(do, tl.trans(v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
             dz = p * (dp - delta[:, None]) * dcap
             dk = mma(tl.trans(dz.to(q.dtype)), q, dk)
+            if ATOMIC_DQ:
+                dq = mma(dz.to(k.dtype), k, tl.zeros([BLOCK_M, BLOCK_D], tl.float32)) * (scale_log2 / LOG2E)
+                dq_ptrs = DQ + b64 * stride_dqb + h.to(tl.int64) * stride_dqh + seq[:, None] * stride_dqs
+                tl.atomic_add(dq_ptrs + offs_d[None, :], dq, mask=(offs_m[:, None] < sq) & (offs_d[None, :] < HEAD_DIM),
+                              sem="relaxed")
     dk = dk * (scale_log2 / LOG2E)
     tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=rows_kept & (offs_d[None, :] < HEAD_DIM))
     tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=rows_kept & (offs_dv[None, :] < HEAD_V))
