@@ -13,21 +13,28 @@ from .kernels import backward as kernels
 from .sinks import grad as sink_grad
 
 
-def tiles(head_dim: int) -> tuple[dict, dict]:  # (the larger of q/k's and v's)
-    """Tile sizes, warps and stages of ``(dkdv_kernel, dq_kernel)``: small tiles under the interpreter.
-    On a GPU the dK/dV program holds a tall key block and walks short query blocks, the dQ program the
-    other way round."""
+def _t(block_m, block_n, warps, stages) -> dict:
+    return dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages)
+
+
+def tiles(head_dim: int, causal: bool, deterministic: bool) -> tuple[dict, dict | None]:
+    """Tiles, warps and stages of ``(dkdv_kernel, dq_kernel)``; ``None`` for the second: dQ added
+    atomically by the first.  ``head_dim``: the larger of q/k's and v's.
+
+    Not ``deterministic``, the faster dQ of bench/backward_tiles.py's sweep on the H200 (ledger): the dQ
+    kernel at head_dim 128 (atomics cost more than its two recomputed matmuls), atomics for causal
+    head_dim <= 64 and past 128.  Under the interpreter, atomics whenever allowed (the CPU tests cover both)."""
     if interpreting():
-        small = dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
-        return small, small
+        small = _t(16, 16, 4, 1)
+        return small, small if deterministic else None
     if head_dim <= 64:
-        return (dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=2),
-                dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2))
+        atomic = causal and not deterministic
+        return _t(64, 64, 4, 3), None if atomic else _t(128, 64, 8, 2)
     if head_dim <= 128:
-        return (dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=2),
-                dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2))
-    return (dict(BLOCK_M=32, BLOCK_N=64, num_warps=8, num_stages=1),
-            dict(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=1))
+        return _t(64, 64, 4, 2), _t(128, 64, 8, 2)
+    if deterministic:
+        return _t(32, 64, 4, 1), _t(64, 32, 4, 2)
+    return _t(64, 64, 8, 1), None
 
 
 def _unit_last(t: torch.Tensor) -> torch.Tensor:
@@ -38,8 +45,8 @@ def dense(do, q, k, v, o, lse, *, causal, scale, causal_align, layout, window=(-
           alibi_slopes=None, seqused_k=None, sinks=None, deterministic=False):
     """Gradients ``(dq, dk, dv, dsinks or None)`` of :func:`fmha.attention` (``lse``: its float32
     ``[batch, heads, seqlen_q]``, the sinks included), each in the layout and strides order of its input.
-    ``deterministic``: dQ from its own kernel, bit for bit the same every run; else added up atomically
-    by the dK/dV kernel (:mod:`fmha.kernels.backward`)."""
+    ``deterministic``: dQ from its own kernel, bit for bit the same every run; else that or dQ added up
+    atomically by the dK/dV kernel, whichever :func:`tiles` finds faster (:mod:`fmha.kernels.backward`)."""
     batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim = planning.sizes(q, k, layout)
     prob = planning.problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal=causal, scale=scale,
                             window=window, causal_align=causal_align, softcap=softcap,
@@ -67,16 +74,17 @@ def _run(prob, do, q, k, v, o, lse, layout, alibi, seqs, rows, keys, sinks, dete
     """The launches over ``rows`` query rows and ``keys`` keys per sequence (the longest, when
     packed); the sinks' gradient from ``delta`` (:mod:`fmha.sinks`)."""
     do, q, k, v, o = (_unit_last(t) for t in (do, q, k, v, o))
+    kv_tiles, q_tiles = tiles(max(prob.head_dim, prob.dv), prob.causal, deterministic)
+    atomic = q_tiles is None
     dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (k, v))
     # atomically: a float32 dQ the key blocks add into, cast once at the end
-    dq = (torch.empty_like(q, memory_format=torch.contiguous_format) if deterministic
-          else torch.zeros(q.shape, dtype=torch.float32, device=q.device))
+    dq = (torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic
+          else torch.empty_like(q, memory_format=torch.contiguous_format))
     if 0 in (prob.batch, prob.heads, rows, keys) or q.numel() == 0:
         for g in (dq, dk, dv):
             g.zero_()
         return dq.to(q.dtype), dk, dv, None if sinks is None else torch.zeros_like(sinks)
     delta = torch.empty_like(lse)
-    kv_tiles, q_tiles = tiles(max(prob.head_dim, prob.dv))
     cu_q, cu_k, seqused = (t if t is not None else lse for t in seqs)
     strides = {name: list(strides_bhsd(t, layout)[:3]) for name, t in
                (("q", q), ("k", k), ("v", v), ("do", do), ("o", o), ("dq", dq), ("dk", dk), ("dv", dv))}
@@ -92,20 +100,18 @@ def _run(prob, do, q, k, v, o, lse, layout, alibi, seqs, rows, keys, sinks, dete
                  BLOCK_DV=prob.block_dv)
     group = prob.heads // prob.kv_heads
     with on(q.device):
-        bm = q_tiles["BLOCK_M"]
-        kernels.delta_kernel[(triton.cdiv(rows, bm), prob.batch * prob.heads)](
+        kernels.delta_kernel[(triton.cdiv(rows, 64), prob.batch * prob.heads)](
             o, do, delta, *strides["o"], *strides["do"], prob.heads, prob.seqlen_q, cu_q,
-            HEAD_DIM=prob.dv, BLOCK_D=prob.block_dv, BLOCK_M=bm, VARLEN=prob.varlen,
-            num_warps=q_tiles["num_warps"])
+            HEAD_DIM=prob.dv, BLOCK_D=prob.block_dv, BLOCK_M=64, VARLEN=prob.varlen, num_warps=4)
         sizes = (prob.heads, group, prob.seqlen_q, prob.seqlen_k)
         kernels.dkdv_kernel[(triton.cdiv(keys, kv_tiles["BLOCK_N"]), prob.batch * prob.kv_heads)](
             q, k, v, do, lse, delta, dk, dv, dq, *strides["q"], *strides["k"], *strides["v"], *strides["do"],
             *strides["dk"], *strides["dv"], *strides["dq"], *sizes, *band, **flags, **kv_tiles,
-            ATOMIC_DQ=not deterministic)
-        if deterministic:
-            kernels.dq_kernel[(triton.cdiv(rows, bm), prob.batch * prob.heads)](
+            ATOMIC_DQ=atomic)
+        if not atomic:
+            kernels.dq_kernel[(triton.cdiv(rows, q_tiles["BLOCK_M"]), prob.batch * prob.heads)](
                 q, k, v, do, lse, delta, dq, *strides["q"], *strides["k"], *strides["v"], *strides["do"],
                 *strides["dq"], *sizes, *band, **flags, **q_tiles)
-    if not deterministic:
+    if atomic:
         dq = dq.to(q.dtype)
     return dq, dk, dv, None if sinks is None else sink_grad(sinks, lse, delta)
