@@ -137,6 +137,52 @@ def test_constants_are_passed_as_they_are():
     assert kernel.launches[-1][2][1] is work and kernel.launches[-1][2][0] is x2
 
 
+class RawKernel(FakeKernel):
+    """A compiled stand-in with Triton's CUDA launcher's shape: a raw launch function behind the
+    tensor-descriptor wrapper, no scratch memory, one descriptor lowered to a CUtensorMap."""
+
+    class metadata:
+        tensordesc_meta = [dict(swizzle=3, elem_size=2, elem_type=8, block_size=[8], fp4_padded=False)]
+
+    @property
+    def run(self):
+        kernel = self
+
+        def launcher(*args):  # the C function's arguments: 13 fixed ones, then the flattened kernel's
+            kernel.launches.append(("raw", args[:3], list(args[13:])))
+
+        def inner(*args):  # Triton's wrapper, holding the C function as ``launcher``
+            return launcher(*args)
+
+        def through_triton(self, gx, gy, gz, stream, fn, meta, lm, enter, exit_, *args):
+            kernel.launches.append(("direct", (gx, gy, gz), list(args)))
+        return type("Launcher", (), dict(launch=staticmethod(inner), global_scratch_size=0, profile_scratch_size=0,
+                                         launch_cooperative_grid=False, launch_pdl=False,
+                                         __call__=through_triton))()
+
+
+def test_without_hooks_a_replay_drives_the_raw_launcher(monkeypatch):
+    """Pointers as integers, the descriptor filled over the new base (once per base), shape and strides
+    after it; an installed launch hook takes Triton's path (where Triton calls it)."""
+    fills = []
+    monkeypatch.setattr(replay, "_fill_descriptor", lambda ptr, *fill: fills.append((ptr, fill)) or ("map", ptr))
+    kernel = RawKernel()
+    x, y = torch.zeros(4), torch.ones(4)
+    replay.call(_kind(x, y), (x, y), torch.device("cpu"), lambda: _call(kernel, x, y))
+    x2, y2 = torch.zeros(4), torch.ones(4)
+    for _ in range(2):
+        out, _ = replay.call(_kind(x2, y2), (x2, y2), torch.device("cpu"), lambda: pytest.fail("not replayed"))
+    how, grid, args = kernel.launches[-1]
+    assert how == "raw" and grid == (2, 1, 1)
+    assert args == [x2.data_ptr(), out.data_ptr(), ("map", y2.data_ptr()), 4, 1, 7, 32]
+    assert [f[0] for f in fills] == [y2.data_ptr()]
+    assert fills[0][1] == (3, 2, 10, [8], [4], [1], 0)
+    monkeypatch.setattr(replay.knobs.runtime, "launch_enter_hook", replay.knobs.HookChain())
+    replay.knobs.runtime.launch_enter_hook.add(lambda meta: None)
+    replay.call(_kind(x2, y2), (x2, y2), torch.device("cpu"), lambda: pytest.fail("not replayed"))
+    assert kernel.launches[-1][0] == "direct"
+
+
 def test_the_key_tells_layouts_and_alignment_apart():
     x = torch.zeros(2, 3, 8)
     assert replay.key("k", (x,)) == replay.key("k", (torch.ones(2, 3, 8),))

@@ -69,13 +69,22 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     ``deterministic=True`` makes the backward's dQ bit for bit the same on every run (its own pass
     over the keys instead of atomic adds, as FlashAttention's flag does).
     """
-    check_inputs(q, k, v, causal_align, layout, variant, scale)
-    check_features(q, layout, window, softcap, alibi_slopes, sinks)
-    if seqused_k is not None:
-        check_index(seqused_k, "seqused_k", (q.shape[0],), q.device)
-    check_splits(num_splits)
-    if out is not None:
-        check_out(out, q, k, v)
+    def checks():
+        check_inputs(q, k, v, causal_align, layout, variant, scale)
+        check_features(q, layout, window, softcap, alibi_slopes, sinks)
+        if seqused_k is not None:
+            check_index(seqused_k, "seqused_k", (q.shape[0],), q.device)
+        check_splits(num_splits)
+        if out is not None:
+            check_out(out, q, k, v)
+    if (out is None and sinks is None and _replayable(q, k, v, alibi_slopes, seqused_k, window=window, softcap=softcap)
+            and not gradients.needs_grad(q, k, v) and not torch.compiler.is_compiling()):
+        o, lse = forward.dense(q, k, v, causal=causal, scale=scale, variant=variant, causal_align=causal_align,
+                               layout=layout, return_lse=return_lse, config=config, window=window,
+                               softcap=float(softcap), alibi_slopes=alibi_slopes, seqused_k=seqused_k,
+                               num_splits=num_splits, checks=checks)
+        return (o, lse) if return_lse else o
+    checks()
     modifiers = (tuple(window) != (-1, -1) or softcap > 0 or alibi_slopes is not None or seqused_k is not None
                  or num_splits > 1 or sinks is not None)
     grad = gradients.needs_grad(q, k, v, sinks)
@@ -142,6 +151,16 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     return (o, lse) if return_lse else o
 
 
+def _replayable(*tensors, window, softcap) -> bool:
+    """A call the replay table can answer (:mod:`fmha.replay`): CUDA tensors (None for an absent one), a window
+    tuple and a numeric softcap.  The checks of such a call are a function of its replay key: they run on the
+    first call of each kind only."""
+    for t in tensors:
+        if t is not None and not isinstance(t, torch.Tensor):
+            return False
+    return tensors[0].is_cuda and type(window) is tuple and isinstance(softcap, (int, float))
+
+
 @gradients.inference_only
 def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                     cache_seqlens: torch.Tensor, *, causal: bool = False, scale: float | None = None,
@@ -161,16 +180,21 @@ def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     queries) when ``page_size`` is a multiple of its 128-key tile, else ``tiled``, where short
     queries split the keys as :func:`attention` does.
     """
-    if variant not in ("auto", "tiled", "hopper"):
-        raise ValueError(f"attention_paged runs variant 'auto', 'tiled' or 'hopper', got {variant!r}")
-    check_inputs(q, q, q, causal_align, layout, variant, scale)
-    check_features(q, layout, window, softcap, alibi_slopes, sinks)
-    check_pages(q, k_cache, v_cache, block_table, cache_seqlens, layout)
-    check_splits(num_splits)
+    def checks():
+        if variant not in ("auto", "tiled", "hopper"):
+            raise ValueError(f"attention_paged runs variant 'auto', 'tiled' or 'hopper', got {variant!r}")
+        check_inputs(q, q, q, causal_align, layout, variant, scale)
+        check_features(q, layout, window, softcap, alibi_slopes, sinks)
+        check_pages(q, k_cache, v_cache, block_table, cache_seqlens, layout)
+        check_splits(num_splits)
+    if not (sinks is None and _replayable(q, k_cache, v_cache, block_table, cache_seqlens, alibi_slopes,
+                                          window=window, softcap=softcap)):
+        checks()
+        checks = None
     o, lse = forward.paged(q, k_cache, v_cache, block_table, cache_seqlens, causal=causal, scale=scale,
                            causal_align=causal_align, layout=layout, return_lse=return_lse or sinks is not None,
                            window=tuple(window), softcap=float(softcap), alibi_slopes=alibi_slopes,
-                           num_splits=num_splits, variant=variant, config=config)
+                           num_splits=num_splits, variant=variant, config=config, checks=checks)
     if sinks is not None:
         o, lse = attach_sinks(o, lse, sinks, layout)
     return (o, lse) if return_lse else o

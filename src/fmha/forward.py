@@ -19,24 +19,28 @@ def output(q: torch.Tensor, head_dim_v: int) -> torch.Tensor:
     return torch.empty((*q.shape[:-1], head_dim_v), dtype=q.dtype, device=q.device)
 
 
-def _replayed(kind: str, inputs, call, *flags):
+def _replayed(kind: str, inputs, call, *flags, checks=None):
     """``call()`` on a CPU; on a GPU through :mod:`fmha.replay`, the call's kind being ``kind``, its
-    tensors ``inputs`` (q first) and ``flags``."""
+    tensors ``inputs`` (q first) and ``flags``.  ``checks()`` (the entry point's, when they are a function
+    of the kind) runs before a call that is not replayed."""
     q = inputs[0]
     if not q.is_cuda:
+        if checks is not None:
+            checks()
         return call()
-    return tuple(replay.call(replay.key(kind, inputs, *flags), inputs, q.device, call))
+    return tuple(replay.call(replay.key(kind, inputs, *flags), inputs, q.device, call, checks))
 
 
 def dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse, out=None, config=None,
-          window=(-1, -1), softcap=0.0, alibi_slopes=None, seqused_k=None, num_splits=0):
-    """:func:`fmha.attention` on checked inputs.  Returns ``(o, lse or None)``."""
+          window=(-1, -1), softcap=0.0, alibi_slopes=None, seqused_k=None, num_splits=0, checks=None):
+    """:func:`fmha.attention` on checked inputs (or with their ``checks``, run unless the call is
+    replayed).  Returns ``(o, lse or None)``."""
     def call():
         return _dense(q, k, v, causal=causal, scale=scale, variant=variant, causal_align=causal_align,
                       layout=layout, return_lse=return_lse, out=out, config=config, window=window, softcap=softcap,
                       alibi_slopes=alibi_slopes, seqused_k=seqused_k, num_splits=num_splits)
     return _replayed("dense", (q, k, v, out, alibi_slopes, seqused_k), call, causal, scale, variant, causal_align,
-                     layout, return_lse, config, window, softcap, num_splits)
+                     layout, return_lse, config, window, softcap, num_splits, checks=checks)
 
 
 def _dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse, out, config, window, softcap,
@@ -95,15 +99,15 @@ def _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, lengths, max_seqlen_q, max_seql
 
 
 def paged(q, k_cache, v_cache, block_table, cache_seqlens, *, causal, scale, causal_align, layout, return_lse,
-          window, softcap, alibi_slopes, num_splits, variant, config):
-    """:func:`fmha.attention_paged` on checked inputs: the block table and lengths checked on the
-    device first (:mod:`fmha.kernels.guards`).  Returns ``(o, lse or None)``."""
+          window, softcap, alibi_slopes, num_splits, variant, config, checks=None):
+    """:func:`fmha.attention_paged` on checked inputs (or with ``checks``, as :func:`dense`): the block
+    table and lengths checked on the device first (:mod:`fmha.kernels.guards`).  Returns ``(o, lse or None)``."""
     def call():
         return _paged(q, k_cache, v_cache, block_table, cache_seqlens, causal=causal, scale=scale,
                       causal_align=causal_align, layout=layout, return_lse=return_lse, window=window, softcap=softcap,
                       alibi_slopes=alibi_slopes, num_splits=num_splits, variant=variant, config=config)
     return _replayed("paged", (q, k_cache, v_cache, block_table, cache_seqlens, alibi_slopes), call, causal, scale,
-                     causal_align, layout, return_lse, window, softcap, num_splits, variant, config)
+                     causal_align, layout, return_lse, window, softcap, num_splits, variant, config, checks=checks)
 
 
 def _paged(q, k_cache, v_cache, block_table, cache_seqlens, *, causal, scale, causal_align, layout, return_lse,

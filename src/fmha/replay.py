@@ -11,6 +11,9 @@ descriptor over one of them (rebuilt over the new pointer).  Every integer argum
 of the key, so Triton's specialization (integers on ``== 1`` and divisibility by 16, pointers on
 16-byte alignment: both in the key) is the one the compiled kernel was built for.  A replay
 allocates, then launches each compiled kernel directly; no host-device synchronization, no planning.
+With no launch hook installed it goes further (:class:`_Launch`): the argument list Triton's launcher
+takes is flattened once, tensors become raw pointers and TMA descriptors are filled only when their
+pointer moves, so a replayed launch is one call into the compiled launcher.
 
 A call is recorded only when each of its tensor arguments can be named; otherwise (and under the
 interpreter) calls keep the ordinary path.  Triton's launch hooks (a profiler's) see replayed launches
@@ -119,6 +122,10 @@ class Recipe:
             self.steps.append((compiled, compiled.run, compiled.function, compiled.packed_metadata, grid, full,
                                plain, descs))
         self.outputs = [None if t is None else name(t) for t in outputs]
+        try:
+            self.fast = [_Launch(*step) for step in self.steps]
+        except LookupError:  # a launcher this module does not know how to drive: Triton's own path
+            self.fast = None
 
     def run(self, inputs, device: torch.device):
         """Launch the recorded kernels over ``inputs`` (in the recorded order); returns the outputs."""
@@ -129,6 +136,12 @@ class Recipe:
         buffers = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in self.buffers]
         stream = _stream(device)
         enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook  # a profiler's, as Triton's
+        if self.fast is not None and not _hooked(enter) and not _hooked(leave):
+            ptrs = [None if t is None else t.data_ptr() for t in inputs]
+            ptrs += [t.data_ptr() for t in buffers]
+            for step in self.fast:
+                step(ptrs, len(inputs), stream)
+            return [None if o is None else (inputs[o[1]] if o[0] else buffers[o[1]]) for o in self.outputs]
         for compiled, launcher, function, packed, grid, template, plain, descs in self.steps:
             args = template.copy()
             for pos, is_input, i in plain:
@@ -140,16 +153,101 @@ class Recipe:
         return [None if o is None else (inputs[o[1]] if o[0] else buffers[o[1]]) for o in self.outputs]
 
 
+def _hooked(chain) -> bool:
+    """A launch hook is installed (Triton's hooks are chains, empty when nobody listens)."""
+    return chain is not None and bool(getattr(chain, "calls", True))
+
+
+def _raw_launcher(launcher):
+    """The compiled C launch function behind Triton's :class:`CudaLauncher` (its tensor-descriptor
+    wrapper holds it as ``launcher``); LookupError when there is scratch memory to allocate per launch."""
+    if torch.version.hip:
+        raise LookupError("ROCm's launcher")
+    if getattr(launcher, "global_scratch_size", 1) or getattr(launcher, "profile_scratch_size", 1):
+        raise LookupError("a launch with scratch memory")
+    fn = launcher.launch
+    closure = getattr(fn, "__closure__", None)
+    if closure is not None:
+        cells = dict(zip(fn.__code__.co_freevars, closure))
+        if "launcher" not in cells:
+            raise LookupError("an unknown launcher wrapper")
+        fn = cells["launcher"].cell_contents
+    return fn
+
+
+class _Launch:
+    """One recorded launch, driven through the raw launcher: the flattened argument list (Triton's own
+    expansion of a tensor descriptor: the filled CUtensorMap, or the base pointer, then shape and strides)
+    with the slots that change between calls: pointers, and descriptors re-filled when their base moves."""
+    __slots__ = ("launch", "head", "flat", "ptr_slots", "desc_slots", "filled")
+
+    def __init__(self, compiled, launcher, function, packed, grid, template, plain, descs):
+        from triton.backends.nvidia import driver as nv
+        self.launch = _raw_launcher(launcher)
+        self.head = (grid[0], grid[1], grid[2], None, function, launcher.launch_cooperative_grid,
+                     launcher.launch_pdl, None, None, packed, None, None, None)
+        metas = list(getattr(compiled.metadata, "tensordesc_meta", None) or [])
+        at = {pos: (is_input, i, shape, strides, padding) for pos, is_input, i, shape, strides, padding in descs}
+        ptr_at = {pos: (is_input, i) for pos, is_input, i in plain}
+        self.flat, self.ptr_slots, self.desc_slots = [], [], []
+        for pos, a in enumerate(template):
+            if pos in ptr_at:
+                self.ptr_slots.append((len(self.flat), *ptr_at[pos]))
+                self.flat.append(None)
+            elif pos in at:
+                is_input, i, shape, strides, padding = at[pos]
+                meta = metas.pop(0) if metas else None
+                if meta is None:
+                    self.desc_slots.append((len(self.flat), is_input, i, None))
+                    self.flat += [None, *shape, *strides, padding == "nan", *shape, *strides]
+                else:
+                    if meta.get("fp4_padded"):
+                        raise LookupError("an fp4 descriptor")
+                    fill = (meta["swizzle"], meta["elem_size"], nv.TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]],
+                            meta["block_size"], list(shape), list(strides), 1 if padding == "nan" else 0)
+                    self.desc_slots.append((len(self.flat), is_input, i, fill))
+                    self.flat += [None, *shape, *strides]
+            else:
+                self.flat.append(a)
+        self.filled = {}  # flat position -> (base pointer, its filled descriptor)
+
+    def __call__(self, ptrs, n_inputs, stream):
+        flat = self.flat.copy()
+        for at, is_input, i in self.ptr_slots:
+            flat[at] = ptrs[i if is_input else n_inputs + i]
+        for at, is_input, i, fill in self.desc_slots:
+            ptr = ptrs[i if is_input else n_inputs + i]
+            if fill is None:
+                flat[at] = ptr
+                continue
+            last = self.filled.get(at)
+            if last is None or last[0] != ptr:
+                last = (ptr, _fill_descriptor(ptr, *fill))
+                self.filled[at] = last
+            flat[at] = last[1]
+        head = self.head
+        self.launch(head[0], head[1], head[2], stream, *head[4:], *flat)
+
+
+def _fill_descriptor(ptr, *fill):
+    """A CUtensorMap over ``ptr`` (Triton's filler, as its launcher calls it)."""
+    from triton.runtime import driver
+    return driver.active.utils.fill_tma_descriptor(ptr, *fill)
+
+
 def _stream(device: torch.device) -> int:
     return torch._C._cuda_getCurrentRawStream(device.index)
 
 
-def call(k: tuple, inputs, device: torch.device, run):
+def call(k: tuple, inputs, device: torch.device, run, checks=None):
     """``run()`` (returning the call's outputs) for the first call of kind ``k``, recorded; the recipe
-    for every later one.  Returns the outputs."""
+    for every later one.  ``checks()``, a function of the kind, runs before any call not replayed: a recipe
+    exists only for a kind whose checks passed.  Returns the outputs."""
     recipe = _RECIPES.get(k)
     if recipe is not None and recipe is not UNRECORDABLE:
         return recipe.run(inputs, device)
+    if checks is not None:
+        checks()
     if recipe is UNRECORDABLE or getattr(_local, "steps", None) is not None:
         return run()
     _local.steps, _local.buffers, _local.constants = steps, buffers, constants = [], [], []
