@@ -162,20 +162,27 @@ class RawKernel(FakeKernel):
 
 
 def test_without_hooks_a_replay_drives_the_raw_launcher(monkeypatch):
-    """Pointers as integers, the descriptor filled over the new base (once per base), shape and strides
-    after it; an installed launch hook takes Triton's path (where Triton calls it)."""
+    """Pointers as integers (a buffer the call does not return in one scratch block), the descriptor filled
+    over the new base (once per base), shape and strides after it; an installed launch hook takes Triton's
+    path (where Triton calls it)."""
     fills = []
     monkeypatch.setattr(replay, "_fill_descriptor", lambda ptr, *fill: fills.append((ptr, fill)) or ("map", ptr))
     kernel = RawKernel()
     x, y = torch.zeros(4), torch.ones(4)
-    replay.call(_kind(x, y), (x, y), torch.device("cpu"), lambda: _call(kernel, x, y))
+
+    def with_partials():  # a buffer the call does not return: the replay's one scratch block holds it
+        out, _ = _call(kernel, x, y)
+        replay.launch(kernel, (1,), x, replay.buffer(torch.empty(3)), Desc(y, [8]), 5)
+        return out, None
+    replay.call(_kind(x, y), (x, y), torch.device("cpu"), with_partials)
     x2, y2 = torch.zeros(4), torch.ones(4)
     for _ in range(2):
         out, _ = replay.call(_kind(x2, y2), (x2, y2), torch.device("cpu"), lambda: pytest.fail("not replayed"))
-    how, grid, args = kernel.launches[-1]
+    (how, grid, args), (_, _, partial_args) = kernel.launches[-2:]
     assert how == "raw" and grid == (2, 1, 1)
     assert args == [x2.data_ptr(), out.data_ptr(), ("map", y2.data_ptr()), 4, 1, 7, 32]
-    assert [f[0] for f in fills] == [y2.data_ptr()]
+    assert isinstance(partial_args[1], int) and partial_args[1] not in (out.data_ptr(), x2.data_ptr())
+    assert [f[0] for f in fills] == [y2.data_ptr()] * 2  # one a launch, not one a replay
     assert fills[0][1] == (3, 2, 10, [8], [4], [1], 0)
     monkeypatch.setattr(replay.knobs.runtime, "launch_enter_hook", replay.knobs.HookChain())
     replay.knobs.runtime.launch_enter_hook.add(lambda meta: None)

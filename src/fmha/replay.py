@@ -21,6 +21,7 @@ as they see any other.
 """
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass
 
@@ -122,6 +123,14 @@ class Recipe:
             self.steps.append((compiled, compiled.run, compiled.function, compiled.packed_metadata, grid, full,
                                plain, descs))
         self.outputs = [None if t is None else name(t) for t in outputs]
+        # the fast path allocates the buffers it returns, and one block for the others (partials of a split)
+        returned = {o[1] for o in self.outputs if o is not None and not o[0]}
+        self.returned = [(i, shape, dtype) for i, (shape, dtype) in enumerate(self.buffers) if i in returned]
+        self.scratch, self.scratch_bytes = [], 0
+        for i, (shape, dtype) in enumerate(self.buffers):
+            if i not in returned:
+                self.scratch.append((i, self.scratch_bytes))
+                self.scratch_bytes += -(-math.prod(shape) * dtype.itemsize // 256) * 256
         try:
             self.fast = [_Launch(*step) for step in self.steps]
         except LookupError:  # a launcher this module does not know how to drive: Triton's own path
@@ -133,15 +142,24 @@ class Recipe:
             return self._run(inputs, device)
 
     def _run(self, inputs, device):
-        buffers = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in self.buffers]
         stream = _stream(device)
         enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook  # a profiler's, as Triton's
         if self.fast is not None and not _hooked(enter) and not _hooked(leave):
-            ptrs = [None if t is None else t.data_ptr() for t in inputs]
-            ptrs += [t.data_ptr() for t in buffers]
+            n = len(inputs)
+            ptrs = [None if t is None else t.data_ptr() for t in inputs] + [None] * len(self.buffers)
+            buffers = [None] * len(self.buffers)
+            for i, shape, dtype in self.returned:
+                buffers[i] = torch.empty(shape, dtype=dtype, device=device)
+                ptrs[n + i] = buffers[i].data_ptr()
+            if self.scratch_bytes:  # freed when this returns: the stream's later work reuses it in order
+                scratch = torch.empty(self.scratch_bytes, dtype=torch.uint8, device=device)
+                base = scratch.data_ptr()
+                for i, offset in self.scratch:
+                    ptrs[n + i] = base + offset
             for step in self.fast:
-                step(ptrs, len(inputs), stream)
+                step(ptrs, n, stream)
             return [None if o is None else (inputs[o[1]] if o[0] else buffers[o[1]]) for o in self.outputs]
+        buffers = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in self.buffers]
         for compiled, launcher, function, packed, grid, template, plain, descs in self.steps:
             args = template.copy()
             for pos, is_input, i in plain:
