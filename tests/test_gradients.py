@@ -186,6 +186,51 @@ def test_torch_compile_traces_forward_and_backward():
         torch.testing.assert_close(a.grad, b.grad)
 
 
+class TinyAttention(torch.nn.Module):
+    """A projection to q, k, v, fmha's causal attention and a projection out: a step of it trains
+    fmha's backward through whatever compiles the module."""
+
+    def __init__(self, dim=64, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.Linear(dim, 3 * dim, bias=False)
+        self.out = torch.nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, d // self.heads).unbind(2)
+        return self.out(fmha.attention(q, k, v, causal=True, layout="bshd").reshape(b, s, d))
+
+
+def train_steps(model, x, steps=3):
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = (model(x).float() ** 2).mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_torch_compile_trains_a_step():
+    """torch.compile(fullgraph=True) of a module around fmha takes optimizer steps: its losses and weights
+    follow the eager module's from the same start."""
+    torch.manual_seed(0)
+    eager = TinyAttention().to(DEVICE, torch.bfloat16)
+    compiled_model = TinyAttention().to(DEVICE, torch.bfloat16)
+    compiled_model.load_state_dict(eager.state_dict())
+    x = torch.randn(2, 24, 64, device=DEVICE, dtype=torch.bfloat16)
+    backend = "inductor" if DEVICE == "cuda" else "aot_eager"
+    got = train_steps(torch.compile(compiled_model, backend=backend, fullgraph=True), x)
+    want = train_steps(eager, x)
+    assert got[-1] < got[0]
+    np.testing.assert_allclose(got, want, rtol=2e-2)
+    for a, b in zip(compiled_model.parameters(), eager.parameters()):
+        torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
+
+
 def test_reference_backward_is_float64_autograd():
     """The float64 backward written out (P, dV, dP, delta, dS) equals autograd of the definition."""
     g = torch.Generator().manual_seed(9)
