@@ -46,6 +46,18 @@ def test_compile_all_builds_the_targets_a_variant_has(tmp_path):
     assert '"target": "sm_90"' in out.stdout
 
 
+def test_compile_records_a_build_row(tmp_path):
+    import csv
+    rows_at = tmp_path / "builds.csv"
+    out = fmha("compile", "--variant", "singlewave", "--target", "gfx1151", "--head-dim", "64", "--ledger",
+               str(rows_at), "--note", "the table")
+    assert out.returncode == 0, out.stderr[-2000:]
+    (row,) = list(csv.DictReader(rows_at.open(newline="")))
+    assert (row["provider"], row["head_dim"], row["dtype"], row["ms"]) == ("build:gfx1151", "64", "float16", "")
+    assert row["config"].startswith("singlewave block_m=16 block_n=16 num_warps=1")
+    assert row["note"].startswith("the table; vgpr=") and "spilled=0 " in row["note"] and "wmma=8" in row["note"]
+
+
 def test_a_cpu_bench_records_nothing_unless_asked(tmp_path):
     work = tmp_path / "work"
     (work / "bench").mkdir(parents=True)

@@ -13,6 +13,7 @@ import torch
 
 import fmha
 from fmha import reference
+from fmha.checks import HEAD_DIMS
 from fmha.device import interpreting
 
 
@@ -270,6 +271,21 @@ def cmd_train_demo(args) -> int:
     return 0
 
 
+def build_row(r, env: dict, note: str = "") -> dict:
+    """A build as a ledger row: ``provider`` ``build:<target>``, the config, registers, spills and the key
+    loop's per-tile mix in ``note`` (no time: ``ms`` stays empty)."""
+    regs = " ".join(f"{k}={v}" for k, v in r.registers.items())
+    tile = " ".join(f"{k}={v}" for k, v in r.loop_tile.items() if isinstance(v, int))
+    shape = ("block_m", "block_n", "num_warps", "num_stages")
+    fields = " ".join(f"{k}={v}" for k, v in r.config.items() if k in shape or v not in (0, -1))
+    return {**env, "gpu": f"built for {r.target}", "provider": f"build:{r.target}",
+            "config": f"{r.variant} {fields}", "dtype": r.dtype,
+            "head_dim": r.head_dim, "causal": int(r.causal),
+            "note": "; ".join(x for x in (note, f"{regs} spilled={r.spilled_registers} scratch={r.scratch_bytes}B",
+                                          f"tile: {tile}" if tile else "") if x),
+            "features": "part=build"}
+
+
 def cmd_compile(args) -> int:
     from fmha import targets
     names = list(targets.TARGETS) if args.target == "all" else [args.target]
@@ -295,6 +311,9 @@ def cmd_compile(args) -> int:
         if args.out:
             targets.write(b, r, Path(args.out))
         reports.append(r)
+    if args.ledger:
+        from fmha.bench import ledger
+        ledger.append(args.ledger, [build_row(r, ledger.environment("cpu"), args.note) for r in reports])
     if args.json:
         print(json.dumps([r.as_dict() for r in reports] if len(reports) > 1 else reports[0].as_dict(), indent=2))
     else:
@@ -313,11 +332,13 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compile", help="build a variant ahead of time for a chip (no GPU needed) and report")
     c.add_argument("--target", required=True, help="gfx1151, gfx1100, gfx942, sm_80, sm_90 or all")
     c.add_argument("--variant", required=True)
-    c.add_argument("--head-dim", type=int, default=128, choices=[32, 64, 96, 128, 256])
+    c.add_argument("--head-dim", type=int, default=128, choices=list(HEAD_DIMS))
     c.add_argument("--dtype", choices=list(DTYPES), default="float16")
     c.add_argument("--causal", action="store_true")
     c.add_argument("--out", default=None, help="write binary, assembly and report.json here")
     c.add_argument("--json", action="store_true", help="print the report as JSON")
+    c.add_argument("--ledger", default=None, help="append each build as a row (registers, spills, the loop's mix)")
+    c.add_argument("--note", default="", help="what this build tries (a lever), in the ledger row")
     c.set_defaults(fn=cmd_compile)
 
     from fmha.bench import grids, ledger
