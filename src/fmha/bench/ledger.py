@@ -23,7 +23,7 @@ DEFAULT_LEDGER = Path("bench/ledger.csv")
 
 def git_sha() -> str:
     """The commit measured: ``FMHA_GIT_SHA`` when set (a copied work tree can carry a stale
-    .git), else git's HEAD, ``+dirty`` with uncommitted changes."""
+    .git), else git's HEAD, ``+dirty`` with uncommitted changes (to anything but the ledger)."""
     if os.environ.get("FMHA_GIT_SHA"):
         return os.environ["FMHA_GIT_SHA"]
     try:
@@ -31,7 +31,8 @@ def git_sha() -> str:
                              cwd=Path(__file__).resolve().parent, timeout=10)
         sha = out.stdout.strip()
         if sha:
-            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ":(top)",
+                                    ":(top,exclude)bench/ledger.csv"],  # appended rows change no code
                                    capture_output=True, text=True, timeout=10,
                                    cwd=Path(__file__).resolve().parent).stdout.strip()
             return sha + ("+dirty" if dirty else "")
