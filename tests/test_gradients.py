@@ -172,12 +172,19 @@ def test_what_has_no_backward_says_so():
     assert "inference-only" in PAGED_MESSAGE
 
 
-def test_torch_compile_traces_forward_and_backward():
-    q, k, v = leaves(*make_qkv(1, 2, 2, 17, 23, 64, torch.bfloat16))
+@pytest.mark.parametrize("modified", [False, True], ids=["plain", "window-softcap-alibi-seqused"])
+def test_torch_compile_traces_forward_and_backward(modified):
+    """fullgraph=True: the custom op and its backward op carry every modifier but the sinks."""
+    q, k, v = leaves(*make_qkv(2, 2, 2, 17, 23, 64, torch.bfloat16))
     eager = leaves(q, k, v)
+    mods = {}
+    if modified:
+        mods = dict(causal_align="bottom_right", window=(5, 0), softcap=4.0,
+                    alibi_slopes=torch.tensor([0.5, 0.25], device=DEVICE),
+                    seqused_k=torch.tensor([23, 9], dtype=torch.int32, device=DEVICE))
 
     def block(q, k, v):
-        return (fmha.attention(q * 1.0, k, v, causal=True).float() ** 2).sum()
+        return (fmha.attention(q * 1.0, k, v, causal=True, **mods).float() ** 2).sum()
 
     compiled = torch.compile(block, backend="aot_eager", fullgraph=True)
     compiled(q, k, v).backward()

@@ -105,3 +105,66 @@ def test_other_masks_go_to_sdpa(monkeypatch):
     module = torch.nn.Module()
     fmha_hf.attention_forward(module, q, q, q, mask)
     assert len(sdpa_masks) == 1 and sdpa_masks[0] is mask
+
+
+@pytest.fixture(scope="module")
+def sliding_models():
+    """A small Mistral (sliding window of 8 keys) with SDPA and with fmha, the same weights."""
+    import fmha.integrations.transformers as fmha_hf
+    fmha_hf.register()
+    cfg = transformers.MistralConfig(vocab_size=101, hidden_size=128, intermediate_size=192, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                     sliding_window=8)
+    torch.manual_seed(0)
+    ref = transformers.MistralForCausalLM._from_config(copy.deepcopy(cfg), attn_implementation="sdpa",
+                                                       dtype=torch.bfloat16)
+    ours = transformers.MistralForCausalLM._from_config(copy.deepcopy(cfg), attn_implementation="fmha",
+                                                        dtype=torch.bfloat16)
+    ours.load_state_dict(ref.state_dict())
+    return ref.to(DEVICE).eval(), ours.to(DEVICE).eval()
+
+
+def test_sliding_window_decoding_asks_for_no_mask(sliding_models, monkeypatch):
+    """Past the window, generate() (with its all-ones attention mask) still reaches fmha.attention with the
+    layer's window and no mask: no unpadding, no SDPA; the tokens are SDPA's."""
+    import fmha.integrations.transformers as fmha_hf
+    from transformers.integrations import sdpa_attention
+    calls, other = [], []
+    real = fmha_hf.fmha.attention
+    monkeypatch.setattr(fmha_hf.fmha, "attention", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
+    monkeypatch.setattr(fmha_hf.fmha, "attention_varlen", lambda *a, **kw: other.append("varlen"))
+    monkeypatch.setattr(sdpa_attention, "sdpa_attention_forward", lambda *a, **kw: other.append("sdpa"))
+    ref, ours = sliding_models
+    ids = torch.randint(0, 101, (1, 12), generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    with torch.no_grad():
+        want = ref.generate(ids, max_new_tokens=6, do_sample=False)
+        got = ours.generate(ids, max_new_tokens=6, do_sample=False)
+    assert torch.equal(got, want) and not other
+    assert len(calls) == 2 * 6 and all(c["window"] == (7, -1) for c in calls)
+
+
+def test_compiled_layers_trace_whole(sliding_models):
+    """Each decoder layer compiled with fullgraph=True (a graph break would raise): prefill and decoding
+    past the window trace fmha's call through its custom op, and the tokens are SDPA's."""
+    import torch._dynamo
+    ref, ours = sliding_models
+    compiled = copy.deepcopy(ours)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+    for layer in compiled.model.layers:
+        layer.forward = torch.compile(layer.forward, backend=backend, fullgraph=True)
+    ids = torch.randint(0, 101, (1, 12), generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    limit = torch._dynamo.config.recompile_limit
+    torch._dynamo.config.recompile_limit = 64  # transformers' cache guards recompile the shared layer code
+    try:
+        with torch.no_grad():
+            want = ref.generate(ids, max_new_tokens=6, do_sample=False)
+            got = compiled.generate(ids, max_new_tokens=6, do_sample=False)
+    finally:
+        torch._dynamo.config.recompile_limit = limit
+        torch._dynamo.reset()
+    assert torch.equal(got, want) and graphs
+    assert any("fmha.attention" in str(g.graph) for g in graphs)

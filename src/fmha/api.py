@@ -46,7 +46,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     shape, dtype and device to write into (any strides; it must not overlap an input).
     CPU tensors run only under Triton's interpreter (``TRITON_INTERPRET=1``).
     Under ``torch.compile`` the call goes through the custom op ``fmha::attention``
-    (:mod:`fmha.custom_op`); ``out``, ``config`` and the modifiers below are not available there.
+    (:mod:`fmha.custom_op`), the modifiers below with it; a call with ``out``, ``config`` or ``sinks``
+    runs eagerly there (a graph break).
 
     Modifiers (every variant takes them):
     ``window=(left, right)``: query i sees keys ``i + d - left <= j <= i + d + right``
@@ -85,13 +86,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
                                num_splits=num_splits, checks=checks)
         return (o, lse) if return_lse else o
     checks()
-    modifiers = (tuple(window) != (-1, -1) or softcap > 0 or alibi_slopes is not None or seqused_k is not None
-                 or num_splits > 1 or sinks is not None)
     grad = gradients.needs_grad(q, k, v, sinks)
-    if torch.compiler.is_compiling() and out is None and config is None and not modifiers:
+    if torch.compiler.is_compiling() and out is None and config is None and sinks is None:
         from .custom_op import attention_op
         o, lse = attention_op(q, k, v, bool(causal), None if scale is None else float(scale), variant,
-                              causal_align, layout, return_lse or grad, bool(deterministic))
+                              causal_align, layout, return_lse or grad, bool(deterministic), int(window[0]),
+                              int(window[1]), float(softcap), alibi_slopes, seqused_k, int(num_splits))
         lse = lse if return_lse else None
     elif grad:
         if out is not None:

@@ -1,35 +1,44 @@
 """``fmha.attention`` as a ``torch.library`` custom op, so ``torch.compile`` can trace around it.
 
-The op ``fmha::attention`` takes the same arguments as :func:`fmha.attention`
-and returns ``(o, lse)`` (``lse`` empty unless asked for: :func:`fmha.attention` asks whenever
-autograd records the call); its fake implementation gives shapes and dtypes without running a kernel.
-:func:`fmha.attention` routes through it while ``torch.compile`` is tracing; it runs the same
-checks and :func:`fmha.forward.dense` as the eager call.  Its registered backward is the op
-``fmha::attention_backward`` (:func:`fmha.backward.dense`), so ``torch.compile(fullgraph=True)``
-traces forward and backward.
+The op ``fmha::attention`` takes :func:`fmha.attention`'s arguments but ``out``, ``config`` and the
+sinks (the window as its two sides) and returns ``(o, lse)`` (``lse`` empty unless asked for:
+:func:`fmha.attention` asks whenever autograd records the call); its fake implementation gives shapes
+and dtypes without running a kernel.  :func:`fmha.attention` routes through it while ``torch.compile``
+is tracing; it runs the same checks and :func:`fmha.forward.dense` as the eager call.  Its registered
+backward is the op ``fmha::attention_backward`` (:func:`fmha.backward.dense`), so
+``torch.compile(fullgraph=True)`` traces forward and backward, modifiers included.
 """
 from __future__ import annotations
 
 import torch
 
 from . import backward, forward
-from .checks import check_inputs
+from .checks import check_features, check_index, check_inputs, check_splits
 
 
 @torch.library.custom_op("fmha::attention", mutates_args=())
 def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None,
-                 variant: str, causal_align: str, layout: str, return_lse: bool,
-                 deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                 variant: str, causal_align: str, layout: str, return_lse: bool, deterministic: bool = False,
+                 window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
+                 alibi_slopes: torch.Tensor | None = None, seqused_k: torch.Tensor | None = None,
+                 num_splits: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    window = (window_left, window_right)
     check_inputs(q, k, v, causal_align, layout, variant, scale)
+    check_features(q, layout, window, softcap, alibi_slopes)
+    if seqused_k is not None:
+        check_index(seqused_k, "seqused_k", (q.shape[0],), q.device)
+    check_splits(num_splits)
     o, lse = forward.dense(q, k, v, causal=causal, scale=scale, variant=variant, causal_align=causal_align,
-                           layout=layout, return_lse=return_lse)
+                           layout=layout, return_lse=return_lse, window=window, softcap=softcap,
+                           alibi_slopes=alibi_slopes, seqused_k=seqused_k, num_splits=num_splits)
     if lse is None:
         lse = q.new_empty((0,), dtype=torch.float32)
     return o, lse
 
 
 @attention_op.register_fake
-def _(q, k, v, causal, scale, variant, causal_align, layout, return_lse, deterministic=False):
+def _(q, k, v, causal, scale, variant, causal_align, layout, return_lse, deterministic=False, window_left=-1,
+      window_right=-1, softcap=0.0, alibi_slopes=None, seqused_k=None, num_splits=0):
     batch, heads, seqlen_q = (q.shape[0], q.shape[1], q.shape[2]) if layout == "bhsd" else (
         q.shape[0], q.shape[2], q.shape[1])
     lse_shape = (batch, heads, seqlen_q) if return_lse else (0,)
@@ -39,25 +48,32 @@ def _(q, k, v, causal, scale, variant, causal_align, layout, return_lse, determi
 @torch.library.custom_op("fmha::attention_backward", mutates_args=())
 def attention_backward_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                           lse: torch.Tensor, causal: bool, scale: float | None, causal_align: str,
-                          layout: str, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                          layout: str, deterministic: bool, window_left: int, window_right: int, softcap: float,
+                          alibi_slopes: torch.Tensor | None,
+                          seqused_k: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward of ``fmha::attention``: :func:`fmha.backward.dense` on its saved O and LSE."""
     return backward.dense(do, q, k, v, o, lse, causal=causal, scale=scale, causal_align=causal_align,
-                          layout=layout, deterministic=deterministic)[:3]
+                          layout=layout, deterministic=deterministic, window=(window_left, window_right),
+                          softcap=softcap, alibi_slopes=alibi_slopes, seqused_k=seqused_k)[:3]
 
 
 @attention_backward_op.register_fake
-def _(do, q, k, v, o, lse, causal, scale, causal_align, layout, deterministic):
+def _(do, q, k, v, o, lse, causal, scale, causal_align, layout, deterministic, window_left, window_right, softcap,
+      alibi_slopes, seqused_k):
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
 
 
 def _save(ctx, inputs, output):
-    q, k, v, causal, scale, _, causal_align, layout, _, deterministic = inputs
-    ctx.save_for_backward(q, k, v, *output)
-    ctx.args = (causal, scale, causal_align, layout, deterministic)
+    (q, k, v, causal, scale, _, causal_align, layout, _, deterministic, window_left, window_right, softcap,
+     alibi_slopes, seqused_k, _) = inputs
+    ctx.save_for_backward(q, k, v, *output, alibi_slopes, seqused_k)
+    ctx.args = (causal, scale, causal_align, layout, deterministic, window_left, window_right, softcap)
 
 
 def _backward(ctx, grad_o, grad_lse):
-    return (*attention_backward_op(grad_o, *ctx.saved_tensors, *ctx.args), None, None, None, None, None, None, None)
+    q, k, v, o, lse, alibi_slopes, seqused_k = ctx.saved_tensors
+    grads = attention_backward_op(grad_o, q, k, v, o, lse, *ctx.args, alibi_slopes, seqused_k)
+    return (*grads, *[None] * 13)
 
 
 attention_op.register_autograd(_backward, setup_context=_save)

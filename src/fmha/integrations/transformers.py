@@ -5,7 +5,10 @@
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="fmha")
 
 Calls without a mask (causal or bidirectional, prefill or decode with a KV cache,
-sliding-window layers, Gemma-style soft-capping, gpt-oss's attention sinks) run fmha.  A padded
+sliding-window layers, Gemma-style soft-capping, gpt-oss's attention sinks) run fmha.  The mask
+function registered beside it (:func:`mask`) asks for no mask whenever the causal band and the
+layer's window are all there is (no padding, the queries the last positions of the keys), under
+``torch.compile`` too, so those calls make no host checks and trace whole.  A padded
 batch (a mask that is exactly the causal band, the layer's window and one contiguous run of real
 tokens per sequence) runs as packed sequences: the real tokens gathered,
 :func:`fmha.attention_varlen`, scattered back, with zeros on padded query rows.  Any other mask goes
@@ -93,9 +96,40 @@ def unpadded_attention(q, k, v, valid, *, causal, scale, window, softcap, sinks=
     return out
 
 
+def mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None, attention_mask=None,
+         local_size=None, allow_is_causal_skip=True, **kwargs):
+    """transformers' mask interface for ``"fmha"``: None (fmha applies the band itself, bottom-right) when
+    the mask would be the causal band or a sliding-window one and nothing else: no padding, nothing
+    added to the band (transformers then forbids the skip), and the queries the last positions of the
+    keys.  Otherwise SDPA's mask, which :func:`attention_forward` unpads or hands to SDPA."""
+    from transformers.masking_utils import causal_mask_function, prepare_padding_mask, sdpa_mask
+    mask_function = mask_function or causal_mask_function
+    band = mask_function is causal_mask_function if local_size is None else _sliding_window(mask_function)
+    if allow_is_causal_skip and band and q_offset + q_length == kv_offset + kv_length:
+        padding = prepare_padding_mask(attention_mask, kv_length, kv_offset)
+        # an all-ones padding mask (generate() passes one) read once a forward, as SDPA's skip reads it
+        if padding is None or not torch.compiler.is_compiling() and bool(padding.all()):
+            return None
+    return sdpa_mask(batch_size, q_length, kv_length, q_offset=q_offset, kv_offset=kv_offset,
+                     mask_function=mask_function, attention_mask=attention_mask, local_size=local_size,
+                     allow_is_causal_skip=allow_is_causal_skip, **kwargs)
+
+
+def _sliding_window(mask_function) -> bool:
+    """Whether ``mask_function`` is transformers' sliding-window causal mask (its window overlay and the
+    causal mask, joined by ``and_masks``), not another local pattern such as chunked attention."""
+    from transformers.masking_utils import causal_mask_function
+    for cell in getattr(mask_function, "__closure__", None) or ():
+        parts = cell.cell_contents
+        if isinstance(parts, tuple) and len(parts) == 2:
+            overlay, causal = parts
+            return causal is causal_mask_function and "sliding_window_overlay" in getattr(overlay, "__qualname__", "")
+    return False
+
+
 def register() -> None:
     """Register ``"fmha"`` with transformers' attention and mask interfaces."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
     AttentionInterface.register(NAME, attention_forward)
-    AttentionMaskInterface.register(NAME, sdpa_mask)  # None when the mask is plain causal: the fmha path
+    AttentionMaskInterface.register(NAME, mask)
