@@ -571,6 +571,7 @@ def _replay_cases():
             "decode-split": dense(sizes=(1, 8192, 128)), "tiled-d96": dense(sizes=(200, 300, 96), causal=True),
             "window": dense(causal=True, window=(64, 0), softcap=20.0),
             "varlen": (varlen_inputs, lambda a: fmha.attention_varlen(*a, causal=True, return_lse=True)),
+            "varlen-tiled": (varlen_inputs, lambda a: fmha.attention_varlen(*a, causal=True, variant="tiled")),
             "paged-decode": paged(1), "paged-prefill": paged(256)}
 
 
@@ -578,7 +579,7 @@ def _replay_cases():
 def test_later_calls_replay_the_first(case):
     """The second and third calls of a kind replay the first one's launches (the planner is not called
     again) over their own tensors, into new outputs, and give what the ordinary path gives; a
-    replayed dense or paged call makes no host-device synchronization."""
+    replayed call makes no host-device synchronization, but packed sequences on ``hopper`` (its work list)."""
     from fmha import plan, replay
     make, call = _replay_cases()[case]
     inputs = [make(seed) for seed in range(3)]
@@ -589,7 +590,7 @@ def test_later_calls_replay_the_first(case):
     real = plan.plan
     plan.plan = lambda *a, **kw: plans.append(1) or real(*a, **kw)
     try:
-        if case != "varlen":  # (attention_varlen reads cu_seqlens on the host, by design)
+        if case != "varlen":  # (hopper's work list: attention_varlen reads cu_seqlens on the host)
             torch.cuda.set_sync_debug_mode("error")
         again = [call(inputs[1]), call(inputs[2])]
     finally:

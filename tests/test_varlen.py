@@ -52,6 +52,23 @@ def test_varlen_errors():
         fmha.attention(q[None], q[None], q[None], seqused_k=torch.ones(2, dtype=torch.int32, device=DEVICE))
 
 
+def test_only_hopper_reads_the_lengths_on_the_host(monkeypatch):
+    """The variants that read cu_seqlens on the device check them there (:mod:`fmha.kernels.guards`): the host
+    never reads them; ``hopper``'s work list needs the lengths on the host."""
+    from fmha import api, checks
+    q, cu = packed([3, 4], 2, 32, F16, 0)
+    monkeypatch.setattr(api, "check_packed", lambda *a: pytest.fail("the lengths were read on the host"))
+    o = fmha.attention_varlen(q, q, q, cu, cu, 4, 4, variant="tiled")
+    for b in range(2):
+        seq = q[int(cu[b]):int(cu[b + 1])].transpose(0, 1)[None]
+        ref = reference.dense_attention(seq, seq, seq)
+        assert max_err(o[int(cu[b]):int(cu[b + 1])].transpose(0, 1)[None].cpu().double().numpy(), ref) < 4e-3
+    with pytest.raises(ValueError, match="must start at 0, never decrease and end at 7"):  # the device check's
+        fmha.attention_varlen(q, q, q, cu.flip(0), cu, 4, 4, variant="tiled")
+    assert api._packed_on_host(q, q, "hopper", True, 4, 4) and not api._packed_on_host(q, q, "tiled", True, 4, 4)
+    assert checks.check_cu_seqlens(torch.stack([cu, cu]).cpu().numpy(), 7, 7, 4, 4)[0].tolist() == [3, 4]
+
+
 @pytest.mark.parametrize("causal,align,window", [(False, "top_left", (-1, -1)), (True, "top_left", (-1, -1)),
                                                  (True, "bottom_right", (-1, -1)), (True, "bottom_right", (300, -1))])
 def test_hopper_work_list_covers_every_block_longest_first(causal, align, window):

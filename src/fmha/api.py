@@ -6,8 +6,9 @@ from __future__ import annotations
 import torch
 
 from . import configs, forward
-from .checks import (check_features, check_index, check_inputs, check_out, check_packed, check_pages, check_splits,
-                     variants)
+from .checks import (check_features, check_index, check_inputs, check_out, check_packed, check_packed_shapes,
+                     check_pages, check_splits, variants)
+from .device import arch_of
 from . import gradients
 from .plan import describe, select_variant
 from .sinks import attach as attach_sinks
@@ -129,11 +130,16 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     ``[heads, total_q]``).  Programs (or ``hopper``'s work items) past a sequence's end exit at
     once: no padded work beyond the last tile of each sequence.  ``auto`` picks the variant as
     :func:`attention` would for the longest sequences (``hopper`` on sm_90 at head_dim 64 and
-    128); ``config`` overrides its config, as in :func:`attention`.  The cu_seqlens are checked on
-    the host (one device-to-host copy of both).  Differentiable, with ``deterministic`` as in
-    :func:`attention`.
+    128); ``config`` overrides its config, as in :func:`attention`.  ``hopper`` builds its work list
+    from the lengths on the host (one device-to-host copy of both cu_seqlens, checked there); the
+    other variants read the cu_seqlens on the device only, checked there in stream order (a failed
+    check stops the stream with an assert that names it), so the call never waits for the GPU.
+    Differentiable, with ``deterministic`` as in :func:`attention`.
     """
-    lengths = check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    check_packed_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    lengths = None
+    if _packed_on_host(q, k, variant, causal, max_seqlen_q, max_seqlen_k):
+        lengths = check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     check_inputs(q[None], k[None], v[None], causal_align, "bshd", variant, scale)
     check_features(q[None], "bshd", window, softcap, alibi_slopes, sinks)
     if gradients.needs_grad(q, k, v, sinks):
@@ -149,6 +155,15 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     if sinks is not None:
         o, lse = attach_sinks(o, lse, sinks, "packed")
     return (o, lse) if return_lse else o
+
+
+def _packed_on_host(q, k, variant: str, causal: bool, max_seqlen_q: int, max_seqlen_k: int) -> bool:
+    """Whether packed sequences need their lengths on the host: for ``hopper``'s work list."""
+    if variant == "auto":
+        variant = select_variant(arch_of(q.device), {"head_dim": q.shape[2], "seqlen_q": int(max_seqlen_q),
+                                                     "seqlen_k": int(max_seqlen_k), "causal": bool(causal),
+                                                     "varlen": True})
+    return variant == "hopper"
 
 
 def _replayable(*tensors, window, softcap) -> bool:

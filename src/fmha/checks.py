@@ -105,8 +105,17 @@ def check_splits(num_splits) -> None:
 
 
 def check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int):
-    """Packed sequences (:func:`fmha.attention_varlen`): 3-D q/k/v and their cu_seqlens, read on
-    the host (one device-to-host copy of both).  Returns each sequence's (query rows, keys)."""
+    """Packed sequences (:func:`fmha.attention_varlen`): :func:`check_packed_shapes`, then the
+    cu_seqlens read on the host (one device-to-host copy of both).  Returns each sequence's (query rows,
+    keys)."""
+    check_packed_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    both = torch.stack([cu_seqlens_q, cu_seqlens_k]).cpu().numpy()  # one device-to-host copy
+    return check_cu_seqlens(both, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k)
+
+
+def check_packed_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k) -> None:
+    """What of packed sequences the host knows without reading the device: 3-D q/k/v of one packed
+    key length, int32 cu_seqlens of one length on q's device."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 3:
             raise ValueError(f"{name} must be a 3-dimensional tensor [total, heads, head_dim], got "
@@ -117,18 +126,27 @@ def check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seq
     batch = cu_seqlens_q.shape[0] - 1
     check_index(cu_seqlens_q, "cu_seqlens_q", (batch + 1,), q.device)
     check_index(cu_seqlens_k, "cu_seqlens_k", (batch + 1,), q.device)
-    both = torch.stack([cu_seqlens_q, cu_seqlens_k]).cpu().numpy()  # one device-to-host copy
+    if batch < 0:
+        raise ValueError(f"cu_seqlens_q must start at 0, never decrease and end at {q.shape[0]} (the packed "
+                         f"length), got []")
+    if v.shape[0] != k.shape[0]:
+        raise ValueError(f"k and v must have the same packed length, got {k.shape[0]} and {v.shape[0]}")
+
+
+def check_cu_seqlens(both, total_q: int, total_k: int, max_seqlen_q: int, max_seqlen_k: int):
+    """The values of both cu_seqlens, on the host (``both``: ``[2, batch + 1]``): start at 0, never
+    decrease, end at the packed lengths, no sequence past its ``max_seqlen``.  Returns each sequence's
+    (query rows, keys)."""
+    batch = both.shape[1] - 1
     lengths = []
-    for name, host, total, longest in (("cu_seqlens_q", both[0], q.shape[0], max_seqlen_q),
-                                       ("cu_seqlens_k", both[1], k.shape[0], max_seqlen_k)):
+    for name, host, total, longest in (("cu_seqlens_q", both[0], total_q, max_seqlen_q),
+                                       ("cu_seqlens_k", both[1], total_k, max_seqlen_k)):
         lengths.append(host[1:] - host[:-1])
         if batch < 0 or host[0] != 0 or host[-1] != total or (lengths[-1] < 0).any():
             raise ValueError(f"{name} must start at 0, never decrease and end at {total} (the packed length), "
                              f"got {host.tolist()}")
         if batch and int(lengths[-1].max()) > longest:
             raise ValueError(f"max_seqlen for {name} is {longest}, but a sequence has {int(lengths[-1].max())} rows")
-    if v.shape[0] != k.shape[0]:
-        raise ValueError(f"k and v must have the same packed length, got {k.shape[0]} and {v.shape[0]}")
     return lengths
 
 

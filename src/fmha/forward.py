@@ -67,20 +67,26 @@ def _dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse,
 def packed(q, k, v, cu_seqlens_q, cu_seqlens_k, lengths, max_seqlen_q, max_seqlen_k, *, causal, scale, variant,
            causal_align, return_lse, window, softcap, alibi_slopes, config):
     """:func:`fmha.attention_varlen` on checked inputs (``lengths``: each sequence's query rows and
-    keys, on the host).  Returns ``(o, lse or None)``."""
+    keys, on the host; None: the cu_seqlens are checked on the device first, :mod:`fmha.kernels.guards`).
+    Returns ``(o, lse or None)``."""
     def call():
         return _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, lengths, max_seqlen_q, max_seqlen_k, causal=causal,
                        scale=scale, variant=variant, causal_align=causal_align, return_lse=return_lse, window=window,
                        softcap=softcap, alibi_slopes=alibi_slopes, config=config)
-    return _replayed("packed", (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes), call, lengths[0].tobytes(),
-                     lengths[1].tobytes(), int(max_seqlen_q), int(max_seqlen_k), causal, scale, variant, causal_align,
-                     return_lse, window, softcap, config)
+    on_host = lengths is not None  # the launches depend on the lengths only through hopper's work list
+    return _replayed("packed", (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes), call,
+                     on_host and lengths[0].tobytes(), on_host and lengths[1].tobytes(), int(max_seqlen_q),
+                     int(max_seqlen_k), causal, scale, variant, causal_align, return_lse, window, softcap, config)
 
 
 def _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, lengths, max_seqlen_q, max_seqlen_k, *, causal, scale, variant,
             causal_align, return_lse, window, softcap, alibi_slopes, config):
     batch = cu_seqlens_q.shape[0] - 1
     heads, kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
+    if lengths is None:
+        from .kernels import guards
+        guards.check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], int(max_seqlen_q),
+                                int(max_seqlen_k))
     o = replay.buffer(output(q, v.shape[2]))
     lse = replay.buffer(torch.empty((heads, q.shape[0]), dtype=torch.float32, device=q.device)) if return_lse else None
     if batch == 0 or q.shape[0] == 0 or heads == 0:

@@ -61,3 +61,46 @@ def check_pages(block_table: torch.Tensor, cache_seqlens: torch.Tensor, num_page
         bad = ((used < 0) | (used >= num_pages)).nonzero()[:, 0].tolist()
         raise ValueError(f"{BLOCK_TABLE_MESSAGE.value}: block_table[{b}, {bad[0]}] = {int(used[bad[0]])} with "
                          f"num_pages = {num_pages} ({len(bad)} such entries in row {b})")
+
+
+CU_SEQLENS_MESSAGE = tl.constexpr("fmha.attention_varlen: cu_seqlens must start at 0, never decrease and end at "
+                                  "the packed length")
+MAX_SEQLEN_MESSAGE = tl.constexpr("fmha.attention_varlen: a sequence is longer than its max_seqlen")
+
+
+@triton.jit(debug=True)
+def _check_cu_seqlens(CuQ, CuK, Status, n, total_q, total_k, max_q, max_k, BLOCK: tl.constexpr,
+                      STATUS: tl.constexpr):
+    """Both cu_seqlens (``n`` entries each): start at 0, never decrease, end at the totals, and no
+    sequence longer than its max_seqlen.  STATUS: also store the verdict (nonzero: a failure)."""
+    bad = 0
+    for which in tl.static_range(2):
+        cu = CuQ if which == 0 else CuK
+        total = total_q if which == 0 else total_k
+        longest = max_q if which == 0 else max_k
+        for start in range(0, n, BLOCK):
+            idx = start + tl.arange(0, BLOCK)
+            here = tl.load(cu + idx, mask=idx < n, other=0)
+            after = tl.load(cu + idx + 1, mask=idx + 1 < n, other=0)
+            step = after - here
+            shape_ok = ((idx != 0) | (here == 0)) & ((idx != n - 1) | (here == total)) & ((idx + 1 >= n) | (step >= 0))
+            tl.device_assert(shape_ok | (idx >= n), CU_SEQLENS_MESSAGE)
+            long_ok = (idx + 1 >= n) | (step <= longest)
+            tl.device_assert(long_ok, MAX_SEQLEN_MESSAGE)
+            bad += tl.sum((~shape_ok & (idx < n)).to(tl.int32)) + tl.sum((~long_ok).to(tl.int32))
+    if STATUS:
+        tl.store(Status, bad)
+
+
+def check_cu_seqlens(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, total_q: int, total_k: int,
+                     max_seqlen_q: int, max_seqlen_k: int) -> None:
+    """Queue the check of packed sequences' cu_seqlens (int32 ``[batch + 1]`` each) against the packed
+    lengths and the max_seqlens, in stream order; on CPU tensors raise :func:`fmha.checks.check_cu_seqlens`'s
+    ``ValueError`` at once."""
+    on_host = cu_seqlens_q.device.type == "cpu"
+    status = torch.zeros(1, dtype=torch.int32) if on_host else cu_seqlens_q
+    replay.launch(_check_cu_seqlens, (1,), cu_seqlens_q, cu_seqlens_k, status, cu_seqlens_q.shape[0], total_q,
+                  total_k, max_seqlen_q, max_seqlen_k, BLOCK=256, STATUS=on_host)
+    if on_host and int(status[0]):
+        from ..checks import check_cu_seqlens as on_the_host
+        on_the_host(torch.stack([cu_seqlens_q, cu_seqlens_k]).numpy(), total_q, total_k, max_seqlen_q, max_seqlen_k)
