@@ -282,6 +282,17 @@ def test_hopper_provider_with_changed_fields():
         providers.select(providers.providers("cpu"), ["fmha:hopper[pingpong=1]"])
 
 
+def test_the_deterministic_backward_is_a_provider_by_name(monkeypatch):
+    """``fmha:deterministic`` (asked for by name, not in the default list) calls fmha with deterministic=True."""
+    assert "fmha:deterministic" not in [p.name for p in providers.providers("cpu")]
+    (p,) = providers.select(providers.providers("cpu"), ["fmha:deterministic"])
+    seen = []
+    monkeypatch.setattr(providers.fmha, "attention", lambda *a, **kw: seen.append(kw))
+    x = torch.zeros(1)
+    p.make(x, x, x, grids.Cell(1, 2, 2, 16, 16, 64, True))()
+    assert p.name == "fmha:deterministic" and seen[0]["deterministic"] is True and seen[0]["variant"] == "auto"
+
+
 def test_run_tag_keeps_streams_of_one_second_apart(monkeypatch):
     monkeypatch.setenv("FMHA_GIT_SHA", "abc1234")
     monkeypatch.delenv("FMHA_RUN_TAG", raising=False)

@@ -52,11 +52,14 @@ def _sdpa_mask(q, cell) -> torch.Tensor:
     return mask
 
 
-def _fmha(variant: str) -> Provider:
+def _fmha(variant: str, deterministic: bool = False) -> Provider:
+    """``fmha:<variant>``; ``fmha:deterministic``: ``auto`` with the deterministic backward (the forward is
+    ``auto``'s), asked for by name."""
     def make(q, k, v, cell):
         kw = modifiers(cell, q.device)
-        return lambda: fmha.attention(q, k, v, causal=cell.causal, variant=variant, **kw)
-    return Provider(f"fmha:{variant}", make, peer=False)
+        return lambda: fmha.attention(q, k, v, causal=cell.causal, variant=variant, deterministic=deterministic,
+                                      **kw)
+    return Provider("fmha:deterministic" if deterministic else f"fmha:{variant}", make, peer=False)
 
 
 def _table_config(variant: str, cell):
@@ -164,6 +167,7 @@ def select(all_providers: list[Provider], names: list[str] | None) -> list[Provi
         return all_providers
     known = {p.name: p for p in all_providers}
     known.update({n: _changed(n) for n in names if re.match(r"fmha:(hopper|tiled)\[", n) and n.split("[")[0] in known})
+    known["fmha:deterministic"] = _fmha("auto", deterministic=True)
     unknown = [n for n in names if n not in known]
     if unknown:
         raise ValueError(f"unknown provider(s) {unknown}; available here: {sorted(known)}")
