@@ -158,7 +158,9 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
 
 
 def _packed_on_host(q, k, variant: str, causal: bool, max_seqlen_q: int, max_seqlen_k: int) -> bool:
-    """Whether packed sequences need their lengths on the host: for ``hopper``'s work list."""
+    """Whether packed sequences need their lengths on the host: for ``hopper``'s work list (a GPU's)."""
+    if not q.is_cuda:
+        return False
     if variant == "auto":
         variant = select_variant(arch_of(q.device), {"head_dim": q.shape[2], "seqlen_q": int(max_seqlen_q),
                                                      "seqlen_k": int(max_seqlen_k), "causal": bool(causal),
