@@ -97,6 +97,9 @@ def _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, lengths, max_seqlen_q, max_seql
     q4, k4, v4, o4 = q[None], k[None], v[None], o[None]
     p = planning.plan(prob, q4, k4, v4, o4, "bshd", variant, config, alibi_slopes, 1,
                       longest=(int(max_seqlen_q), int(max_seqlen_k)))
+    if p.variant == "hopper" and lengths is None:  # the entry point decides the lengths' reading by the same pick
+        raise RuntimeError("fmha.attention_varlen: the plan chose hopper, whose work list needs the lengths on "
+                           "the host, but they were not read; please report this call")
     from . import kernels
     with on(q.device):
         kernels.launch(p.variant, p.config, p.problem, q4, k4, v4, o4, lse, "bshd", alibi_slopes,
