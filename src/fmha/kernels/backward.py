@@ -80,6 +80,15 @@ def _row_stats(LSE, Delta, rows, offs_m, sq):
 
 
 @triton.jit
+def _sequence_band(b, seqlen_q, seqlen_k, CuQ, CuK, SeqK, causal_offset, window_offset, align_offset,
+                   VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr):
+    """Batch ``b``'s sequence (:func:`.common.sequence`: its first query row and key, its lengths) and the
+    band's offsets with that sequence's own diagonal added back."""
+    q0, k0, sq, sk, align = sequence(b, seqlen_q, seqlen_k, CuQ, CuK, SeqK, VARLEN, SEQUSED, ALIGN_BR)
+    return q0, k0, sq, sk, causal_offset + align, window_offset + align, align_offset + align
+
+
+@triton.jit
 def dkdv_kernel(Q, K, V, DO, LSE, Delta, DK, DV, DQ,
                 stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
                 stride_gb, stride_gh, stride_gs, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh,
@@ -94,10 +103,8 @@ def dkdv_kernel(Q, K, V, DO, LSE, Delta, DK, DV, DQ,
     kv_heads = heads // group
     b = tl.program_id(1) // kv_heads
     kvh = tl.program_id(1) % kv_heads
-    q0, k0, sq, sk, align = sequence(b, seqlen_q, seqlen_k, CuQ, CuK, SeqK, VARLEN, SEQUSED, ALIGN_BR)
-    causal_offset += align
-    window_offset += align
-    align_offset += align
+    q0, k0, sq, sk, causal_offset, window_offset, align_offset = _sequence_band(
+        b, seqlen_q, seqlen_k, CuQ, CuK, SeqK, causal_offset, window_offset, align_offset, VARLEN, SEQUSED, ALIGN_BR)
     start_n = tl.program_id(0) * BLOCK_N
     if VARLEN and start_n >= sk:  # past this sequence's keys: the next sequence's rows
         return
@@ -169,10 +176,8 @@ def dq_kernel(Q, K, V, DO, LSE, Delta, DQ,
     b = tl.program_id(1) // heads
     h = tl.program_id(1) % heads
     kvh = h // group
-    q0, k0, sq, sk, align = sequence(b, seqlen_q, seqlen_k, CuQ, CuK, SeqK, VARLEN, SEQUSED, ALIGN_BR)
-    causal_offset += align
-    window_offset += align
-    align_offset += align
+    q0, k0, sq, sk, causal_offset, window_offset, align_offset = _sequence_band(
+        b, seqlen_q, seqlen_k, CuQ, CuK, SeqK, causal_offset, window_offset, align_offset, VARLEN, SEQUSED, ALIGN_BR)
     start_m = tl.program_id(0) * BLOCK_M
     if start_m >= sq:
         return
