@@ -1,6 +1,6 @@
 """Host time of one eager call, fmha beside SDPA, for each path ``auto`` takes, and where fmha's goes.
 
-    PYTHONPATH=src python3 bench/host_profile.py [--cases decode prefill varlen paged] [--calls 300]
+    PYTHONPATH=src python3 bench/host_profile.py [--cases decode prefill varlen varlen-tiled paged] [--calls 300]
         [--profile decode] [--ledger bench/ledger.csv]
 
 A case times ``--calls`` calls back to back on the launching side (the GPU kept busy behind them, so
@@ -46,6 +46,9 @@ def cases(dt=torch.bfloat16) -> dict:
     out["varlen"] = (lambda: fmha.attention_varlen(qv, kv_, vv, cu, cu, max(lens), max(lens), causal=True),
                      lambda: SDPA(qpad, kpad, vpad, is_causal=True, enable_gqa=True),
                      (len(lens), 32, 8, max(lens), max(lens), 128))
+    out["varlen-tiled"] = (lambda: fmha.attention_varlen(qv, kv_, vv, cu, cu, max(lens), max(lens), causal=True,
+                                                         variant="tiled"),
+                           out["varlen"][1], out["varlen"][2])  # the cu_seqlens checked on the device
     page, pages = 256, 16
     kc, vc = (torch.randn(4 * pages, page, 8, 128, device=dev, dtype=dt) for _ in range(2))
     table = torch.arange(4 * pages, device=dev, dtype=torch.int32).view(4, pages)
@@ -71,7 +74,7 @@ def host_us(fn, calls: int) -> float:
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--cases", nargs="+", default=["decode", "prefill", "varlen", "paged"])
+    p.add_argument("--cases", nargs="+", default=["decode", "prefill", "varlen", "varlen-tiled", "paged"])
     p.add_argument("--calls", type=int, default=300)
     p.add_argument("--profile", default=None, help="print cProfile's top entries for this case")
     p.add_argument("--ledger", default=None)
