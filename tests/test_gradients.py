@@ -172,25 +172,28 @@ def test_what_has_no_backward_says_so():
     assert "inference-only" in PAGED_MESSAGE
 
 
-@pytest.mark.parametrize("modified", [False, True], ids=["plain", "window-softcap-alibi-seqused"])
+@pytest.mark.parametrize("modified", [False, True], ids=["plain", "window-softcap-alibi-seqused-sinks"])
 def test_torch_compile_traces_forward_and_backward(modified):
-    """fullgraph=True: the custom op and its backward op carry every modifier but the sinks."""
+    """fullgraph=True: the custom op and its backward op carry every modifier and the sinks (their gradient
+    included)."""
     q, k, v = leaves(*make_qkv(2, 2, 2, 17, 23, 64, torch.bfloat16))
     eager = leaves(q, k, v)
-    mods = {}
+    mods, sinks = {}, [None, None]
     if modified:
         mods = dict(causal_align="bottom_right", window=(5, 0), softcap=4.0,
                     alibi_slopes=torch.tensor([0.5, 0.25], device=DEVICE),
                     seqused_k=torch.tensor([23, 9], dtype=torch.int32, device=DEVICE))
+        sinks = leaves(torch.tensor([0.7, -0.4], device=DEVICE), torch.tensor([0.7, -0.4], device=DEVICE))
 
-    def block(q, k, v):
-        return (fmha.attention(q * 1.0, k, v, causal=True, **mods).float() ** 2).sum()
+    def block(q, k, v, sinks):
+        return (fmha.attention(q * 1.0, k, v, causal=True, sinks=sinks, **mods).float() ** 2).sum()
 
     compiled = torch.compile(block, backend="aot_eager", fullgraph=True)
-    compiled(q, k, v).backward()
-    block(*eager).backward()
-    for a, b in zip((q, k, v), eager):
-        torch.testing.assert_close(a.grad, b.grad)
+    compiled(q, k, v, sinks[0]).backward()
+    block(*eager, sinks[1]).backward()
+    for a, b in zip((q, k, v, *sinks[:1]), (*eager, *sinks[1:])):
+        if a is not None:
+            torch.testing.assert_close(a.grad, b.grad)
 
 
 class TinyAttention(torch.nn.Module):

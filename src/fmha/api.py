@@ -47,7 +47,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     shape, dtype and device to write into (any strides; it must not overlap an input).
     CPU tensors run only under Triton's interpreter (``TRITON_INTERPRET=1``).
     Under ``torch.compile`` the call goes through the custom op ``fmha::attention``
-    (:mod:`fmha.custom_op`), the modifiers below with it; a call with ``out``, ``config`` or ``sinks``
+    (:mod:`fmha.custom_op`), the modifiers and sinks below with it; a call with ``out`` or ``config``
     runs eagerly there (a graph break).
 
     Modifiers (every variant takes them):
@@ -88,11 +88,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         return (o, lse) if return_lse else o
     checks()
     grad = gradients.needs_grad(q, k, v, sinks)
-    if torch.compiler.is_compiling() and out is None and config is None and sinks is None:
+    if torch.compiler.is_compiling() and out is None and config is None:
         from .custom_op import attention_op
         o, lse = attention_op(q, k, v, bool(causal), None if scale is None else float(scale), variant,
                               causal_align, layout, return_lse or grad, bool(deterministic), int(window[0]),
-                              int(window[1]), float(softcap), alibi_slopes, seqused_k, int(num_splits))
+                              int(window[1]), float(softcap), alibi_slopes, seqused_k, int(num_splits), sinks)
         lse = lse if return_lse else None
     elif grad:
         if out is not None:

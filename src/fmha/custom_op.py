@@ -1,18 +1,18 @@
 """``fmha.attention`` as a ``torch.library`` custom op, so ``torch.compile`` can trace around it.
 
-The op ``fmha::attention`` takes :func:`fmha.attention`'s arguments but ``out``, ``config`` and the
-sinks (the window as its two sides) and returns ``(o, lse)`` (``lse`` empty unless asked for:
+The op ``fmha::attention`` takes :func:`fmha.attention`'s arguments but ``out`` and ``config`` (the
+window as its two sides) and returns ``(o, lse)`` (``lse`` empty unless asked for:
 :func:`fmha.attention` asks whenever autograd records the call); its fake implementation gives shapes
 and dtypes without running a kernel.  :func:`fmha.attention` routes through it while ``torch.compile``
 is tracing; it runs the same checks and :func:`fmha.forward.dense` as the eager call.  Its registered
 backward is the op ``fmha::attention_backward`` (:func:`fmha.backward.dense`), so
-``torch.compile(fullgraph=True)`` traces forward and backward, modifiers included.
+``torch.compile(fullgraph=True)`` traces forward and backward, modifiers and sinks included.
 """
 from __future__ import annotations
 
 import torch
 
-from . import backward, forward
+from . import backward, forward, sinks as sink_mod
 from .checks import check_features, check_index, check_inputs, check_splits
 
 
@@ -21,24 +21,26 @@ def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
                  variant: str, causal_align: str, layout: str, return_lse: bool, deterministic: bool = False,
                  window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
                  alibi_slopes: torch.Tensor | None = None, seqused_k: torch.Tensor | None = None,
-                 num_splits: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                 num_splits: int = 0, sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     window = (window_left, window_right)
     check_inputs(q, k, v, causal_align, layout, variant, scale)
-    check_features(q, layout, window, softcap, alibi_slopes)
+    check_features(q, layout, window, softcap, alibi_slopes, sinks)
     if seqused_k is not None:
         check_index(seqused_k, "seqused_k", (q.shape[0],), q.device)
     check_splits(num_splits)
     o, lse = forward.dense(q, k, v, causal=causal, scale=scale, variant=variant, causal_align=causal_align,
-                           layout=layout, return_lse=return_lse, window=window, softcap=softcap,
+                           layout=layout, return_lse=return_lse or sinks is not None, window=window, softcap=softcap,
                            alibi_slopes=alibi_slopes, seqused_k=seqused_k, num_splits=num_splits)
-    if lse is None:
+    if sinks is not None:
+        o, lse = sink_mod.attach(o, lse, sinks, layout)
+    if not return_lse:
         lse = q.new_empty((0,), dtype=torch.float32)
     return o, lse
 
 
 @attention_op.register_fake
 def _(q, k, v, causal, scale, variant, causal_align, layout, return_lse, deterministic=False, window_left=-1,
-      window_right=-1, softcap=0.0, alibi_slopes=None, seqused_k=None, num_splits=0):
+      window_right=-1, softcap=0.0, alibi_slopes=None, seqused_k=None, num_splits=0, sinks=None):
     batch, heads, seqlen_q = (q.shape[0], q.shape[1], q.shape[2]) if layout == "bhsd" else (
         q.shape[0], q.shape[2], q.shape[1])
     lse_shape = (batch, heads, seqlen_q) if return_lse else (0,)
@@ -49,31 +51,34 @@ def _(q, k, v, causal, scale, variant, causal_align, layout, return_lse, determi
 def attention_backward_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                           lse: torch.Tensor, causal: bool, scale: float | None, causal_align: str,
                           layout: str, deterministic: bool, window_left: int, window_right: int, softcap: float,
-                          alibi_slopes: torch.Tensor | None,
-                          seqused_k: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The backward of ``fmha::attention``: :func:`fmha.backward.dense` on its saved O and LSE."""
-    return backward.dense(do, q, k, v, o, lse, causal=causal, scale=scale, causal_align=causal_align,
-                          layout=layout, deterministic=deterministic, window=(window_left, window_right),
-                          softcap=softcap, alibi_slopes=alibi_slopes, seqused_k=seqused_k)[:3]
+                          alibi_slopes: torch.Tensor | None, seqused_k: torch.Tensor | None,
+                          sinks: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward of ``fmha::attention``: :func:`fmha.backward.dense` on its saved O and LSE; the sinks'
+    gradient last (empty without sinks)."""
+    dq, dk, dv, dsinks = backward.dense(do, q, k, v, o, lse, causal=causal, scale=scale, causal_align=causal_align,
+                                        layout=layout, deterministic=deterministic, window=(window_left, window_right),
+                                        softcap=softcap, alibi_slopes=alibi_slopes, seqused_k=seqused_k, sinks=sinks)
+    return dq, dk, dv, dsinks if dsinks is not None else q.new_empty((0,), dtype=torch.float32)
 
 
 @attention_backward_op.register_fake
 def _(do, q, k, v, o, lse, causal, scale, causal_align, layout, deterministic, window_left, window_right, softcap,
-      alibi_slopes, seqused_k):
-    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+      alibi_slopes, seqused_k, sinks):
+    grads = tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+    return (*grads, torch.empty_like(sinks) if sinks is not None else q.new_empty((0,), dtype=torch.float32))
 
 
 def _save(ctx, inputs, output):
     (q, k, v, causal, scale, _, causal_align, layout, _, deterministic, window_left, window_right, softcap,
-     alibi_slopes, seqused_k, _) = inputs
-    ctx.save_for_backward(q, k, v, *output, alibi_slopes, seqused_k)
+     alibi_slopes, seqused_k, _, sinks) = inputs
+    ctx.save_for_backward(q, k, v, *output, alibi_slopes, seqused_k, sinks)
     ctx.args = (causal, scale, causal_align, layout, deterministic, window_left, window_right, softcap)
 
 
 def _backward(ctx, grad_o, grad_lse):
-    q, k, v, o, lse, alibi_slopes, seqused_k = ctx.saved_tensors
-    grads = attention_backward_op(grad_o, q, k, v, o, lse, *ctx.args, alibi_slopes, seqused_k)
-    return (*grads, *[None] * 13)
+    q, k, v, o, lse, alibi_slopes, seqused_k, sinks = ctx.saved_tensors
+    dq, dk, dv, dsinks = attention_backward_op(grad_o, q, k, v, o, lse, *ctx.args, alibi_slopes, seqused_k, sinks)
+    return (dq, dk, dv, *[None] * 13, dsinks if sinks is not None else None)
 
 
 attention_op.register_autograd(_backward, setup_context=_save)
