@@ -68,7 +68,7 @@ def train(model, stream: torch.Tensor, steps: int, size: str, device: str, lr: f
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        losses.append(float(loss))
+        losses.append(loss.item())
         tick(step, losses[-1])
     return losses
 
