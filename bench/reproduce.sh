@@ -20,7 +20,10 @@ python3 bench/varlen_speed.py --ledger "$ledger"
 python3 bench/paged_speed.py --ledger "$ledger"
 python3 bench/guard_cost.py --ledger "$ledger"
 bench --grid models --dtype bfloat16     # real models' head counts in contiguous, transformers-view and fused-qkv layouts
-python3 -m fmha bench --pass bwd --ledger "$ledger" --dtype bfloat16 --providers fmha:auto sdpa:cudnn sdpa:flash
+python3 -m fmha bench --pass bwd --ledger "$ledger" --dtype bfloat16 float16 \
+    --providers fmha:auto fmha:deterministic sdpa:cudnn sdpa:flash    # the backward, both dQ modes
+python3 -m fmha bench --pass bwd --ledger "$ledger" --grid mla --dtype bfloat16 --providers fmha:auto sdpa:cudnn
+python3 bench/backward_tiles.py --ledger "$ledger"                    # the backward's tile table, swept
 python3 bench/host_profile.py --ledger "$ledger"
 python3 bench/model_speed.py --ledger "$ledger"
 bench --grid mla --dtype bfloat16        # DeepSeek-V3 prefill heads: q/k 192, v 128 (FA4 takes it when installed)
