@@ -115,12 +115,12 @@ def test_seqlen_one_both_sides(variant):
 
 def test_auto_picks_by_shape_on_sm90():
     """The measured choices (``select_variant``): decoding and packed causal D=64 on ``tiled``,
-    other D=64/128 prefill on the Gluon kernel, other head dims on ``tiled``."""
+    other prefill on the Gluon kernel, every head dim."""
     pick = fmha.select_variant
     prefill = {"head_dim": 128, "seqlen_q": 4096, "seqlen_k": 4096, "causal": True}
     assert pick("sm90", prefill) == "hopper"
     assert pick("sm90", dict(prefill, seqlen_q=1)) == "tiled"
-    assert pick("sm90", dict(prefill, head_dim=96)) == "tiled"
+    assert pick("sm90", dict(prefill, head_dim=96)) == "hopper"
     assert pick("sm90", dict(prefill, varlen=True)) == "hopper"
     assert pick("sm90", dict(prefill, varlen=True, head_dim=64)) == "tiled"
     assert pick("sm90", dict(prefill, varlen=True, head_dim=64, causal=False)) == "hopper"

@@ -19,8 +19,6 @@ def fmha(*args, cwd=ROOT):
 
 @pytest.mark.parametrize("args,says", [
     (("compile", "--variant", "hopper", "--target", "gfx1151"), "variant 'hopper' builds for sm_90 only"),
-    (("compile", "--variant", "hopper", "--target", "all", "--head-dim", "96"), "takes head_dim 64 or 128, not 96"),
-    (("compile", "--variant", "hopper", "--target", "sm_90", "--head-dim", "96"), "takes head_dim 64 or 128"),
     (("plot", "--ledger", "missing.csv"), "--ledger missing.csv: no such file"),
     (("demo", "--row", "100"), "--row 100: the demo's query rows are 0..39"),
     (("bench", "--providers", "fmha:nosuch"), "unknown provider(s) ['fmha:nosuch']; available here:"),

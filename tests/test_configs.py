@@ -12,7 +12,7 @@ def test_every_hopper_row_is_reachable():
         assert configs.hopper_config(d, causal, longest if longest is not None else 1 << 20) == cfg
 
 
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [32, 64, 96, 128, 192, 256])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("seqlen_k", [128, 512, 1000, 1024, 4096, 8192, 9000, 16384, 131072])
 @pytest.mark.parametrize("modifiers", [False, True])
@@ -32,7 +32,7 @@ def test_hopper_answers_fit_the_kernel(head_dim, causal, seqlen_k, modifiers, pe
         assert cfg.block_m <= 128
     assert configs.default_config("hopper", "sm90", head_dim, causal, seqlen_k, modifiers, per_sequence) == cfg
     if cfg.cluster:  # clusters only where the kernel takes them (hopper.supports)
-        assert head_dim == 128 and not causal and not modifiers and not per_sequence
+        assert head_dim in (96, 128) and not causal and not modifiers and not per_sequence
         assert (cfg.block_m, cfg.block_n, cfg.pingpong, cfg.occupancy) == (128, 128, 0, 0)
     # a cluster runs two query blocks: none where the rows make an odd number of them
     for seqlen_q, paired in [(1, False), (128, False), (129, True), (300, False), (1000, True), (4096, True)]:
@@ -48,6 +48,11 @@ def test_o_is_staged_where_it_fits():
                                (64, kc(192, 128, 4, 3), True, 144), (64, kc(128, 128, 4, 4), True, 160)]:
         assert hopper.o_staged(d, cfg) is staged
         assert hopper.smem_bytes(d, cfg) == kb << 10
+    # 256-wide tiles (head_dim 192 and 256; DeepSeek's 192 with V's 128): O staged only beside V's narrower ring
+    for d, dv, staged, kb in [(256, 256, False, 192), (192, 192, False, 192), (192, 128, True, 192)]:
+        cfg = configs.hopper_config(d, False, 4096)
+        assert hopper.o_staged(d, cfg, dv) is staged
+        assert hopper.smem_bytes(d, cfg, dv) == kb << 10
 
 
 @pytest.mark.parametrize("rows", [1, 4, 16, 17, 64])

@@ -171,6 +171,44 @@ def test_hopper_reads_views_in_place(d, dtype, causal, arrangement):
         assert buf[:, :, 0].isnan().all() and buf[:, :, 2].isnan().all()
 
 
+def _arranged(b, h, kvh, s, d, dv, arrangement, seed):
+    """bf16 q, k, v (bhsd views; v of head dim ``dv``) as a program holds them: ``contiguous`` bhsd,
+    transformers' ``hf-view`` (bshd storage) or slices of one ``fused-qkv`` projection."""
+    g = torch.Generator().manual_seed(seed)
+    widths = (h * d, kvh * d, kvh * dv)
+    fused = torch.randn(b, s, sum(widths), generator=g).to(torch.bfloat16).cuda()
+    parts = [p.view(b, s, n, x).transpose(1, 2) for p, n, x in zip(fused.split(widths, -1), (h, kvh, kvh), (d, d, dv))]
+    if arrangement == "fused-qkv":
+        return parts
+    if arrangement == "hf-view":
+        return [p.transpose(1, 2).contiguous().transpose(1, 2) for p in parts]
+    return [p.contiguous() for p in parts]
+
+
+@pytest.mark.parametrize("arrangement", ["contiguous", "hf-view", "fused-qkv"])
+@pytest.mark.parametrize("causal,align", [(False, "top_left"), (True, "bottom_right")])
+@pytest.mark.parametrize("d,dv", [(32, 32), (96, 96), (192, 192), (256, 256), (192, 128)], ids=str)
+def test_hopper_takes_every_head_dim(d, dv, causal, align, arrangement):
+    """head_dim 32, 96, 192, 256 and DeepSeek's 192/128 on the Gluon kernel, in tiles padded to a power of
+    two.  kv head 1's first key is NaN: heads 2 and 3 (which read it) come out NaN, heads 0 and 1 match the
+    reference, so a box padded past head_dim never reads the next head's columns (side by side in a row in
+    the hf-view and fused-qkv arrangements) nor writes them."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("sm_90 only")
+    q, k, v = _arranged(2, 4, 2, 1000, 1000, d, dv, arrangement, seed=d + dv)
+    k[:, 1, 0] = float("nan")
+    assert fmha.api.describe(q, k, v, causal=causal).startswith("hopper")
+    for layout in ("bhsd", "bshd"):
+        qq, kk, vv = (t if layout == "bhsd" else t.transpose(1, 2) for t in (q, k, v))
+        buf = torch.full((2, 1000, 3, 4, dv), float("nan"), dtype=q.dtype, device="cuda")  # out in its middle third
+        out = buf[:, :, 1].transpose(1, 2) if layout == "bhsd" else buf[:, :, 1]
+        _, lse = fmha.attention(qq, kk, vv, causal=causal, causal_align=align, layout=layout, out=out,
+                                return_lse=True)
+        torch.cuda.synchronize()
+        check_against_reference(out, qq, kk, vv, causal, align, layout, lse=lse)  # NaN rows where the reference's
+        assert buf[:, :, 0].isnan().all() and buf[:, :, 2].isnan().all()
+
+
 @pytest.mark.parametrize("head_dim,seqlen_k", [(128, 8192), (128, 8193), (64, 16384), (256, 8192), (96, 8192)])
 @pytest.mark.parametrize("seqlen_q,kv_heads", [(1, 2), (3, 8), (16, 2)])
 def test_decode_long_keys_match_reference(head_dim, seqlen_k, seqlen_q, kv_heads):

@@ -59,9 +59,9 @@ def test_hopper_builds_for_sm90_with_wgmma_and_tma():
     r = targets.report(b)
     ptx = b.asm["ptx"]
     assert any(k.startswith("wgmma.mma_async") for k in r.matrix_instructions)
-    assert "cp.async.bulk.tensor.2d.shared::cluster.global" in ptx  # TMA loads of Q
-    assert "cp.async.bulk.tensor.3d.shared::cluster.global" in ptx  # and of K, V: boxes of a (b, h) past seqlen_k are 0
-    assert "cp.async.bulk.tensor.2d.global.shared::cta" in ptx      # the TMA store of O
+    assert "cp.async.bulk.tensor.3d.shared::cluster.global" in ptx  # TMA loads of Q
+    assert "cp.async.bulk.tensor.4d.shared::cluster.global" in ptx  # and of K, V: boxes of a (b, h) past seqlen_k are 0
+    assert "cp.async.bulk.tensor.3d.global.shared::cta" in ptx      # the TMA store of O
     assert r.spilled_registers == 0 and r.scratch_bytes == 0
     # a seqlen_k off the key tile (the table's config for it): the ragged key mask, still no spills
     ragged = targets.build("hopper", "sm_90", 128, "bfloat16", True, configs.hopper_config(128, True, 1000),
@@ -70,7 +70,7 @@ def test_hopper_builds_for_sm90_with_wgmma_and_tma():
     # 3 K/V stages at D=128: O leaves from registers (no room to stage it), still no spills
     deep = targets.build("hopper", "sm_90", 128, "bfloat16", False, configs.KernelConfig(128, 128, 4, 3))
     deep_r = targets.report(deep)
-    assert "cp.async.bulk.tensor.2d.global.shared::cta" not in deep.asm["ptx"]
+    assert "cp.async.bulk.tensor.3d.global.shared::cta" not in deep.asm["ptx"]
     assert deep_r.spilled_registers == 0 and deep_r.shared_bytes <= 232448
     # ping-pong: every consumer warpgroup waits for its turn before each of its 3 issue points
     turns = targets.build("hopper", "sm_90", 128, "bfloat16", True, configs.KernelConfig(128, 128, 4, 2, pingpong=1))
@@ -176,11 +176,11 @@ def test_hopper_builds_a_standing_pivot():
 
 
 def test_multicast_pass_reads_what_it_rewrites():
-    """The PTX pass changes only marked PTX, rewrites each 3-D TMA load and each marked arrive, and
+    """The PTX pass changes only marked PTX, rewrites each 4-D TMA load and each marked arrive, and
     refuses what it cannot read."""
     from fmha.kernels.hopper import multicast
-    load = ("\t@%p7 cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%r306], "
-            "[%rd3, {%r335, %r338, %r339}], [%r305];")
+    load = ("\t@%p7 cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%r306], "
+            "[%rd3, {%r335, %r338, %r339, %r340}], [%r305];")
     arrive = "\t@%p25 mbarrier.arrive.shared::cta.b64 _, [%r1220];"
     assert multicast.rewrite(load + "\n" + arrive) == load + "\n" + arrive
     ptx = "\n".join([multicast.KERNEL_MARK, load, arrive, multicast.BOTH, "\tadd.s32 %r1, %r2, 8;", arrive])
@@ -213,8 +213,8 @@ def test_multicast_pass_stays_in_beside_another_stages_hook(monkeypatch):
     hook = knobs.runtime.add_stages_inspection_hook
     multicast.install()
     assert knobs.runtime.add_stages_inspection_hook is hook
-    load = ("\tcp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%r1], "
-            "[%rd3, {%r2, %r3, %r4}], [%r5];")
+    load = ("\tcp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%r1], "
+            "[%rd3, {%r2, %r3, %r4, %r7}], [%r5];")
     arrive = "\tmbarrier.arrive.shared::cta.b64 _, [%r6];"
     stages = {"ptx": lambda src, metadata: "\n".join([multicast.KERNEL_MARK, src, multicast.BOTH, arrive])}
     hook(None, stages, None, None, 90)

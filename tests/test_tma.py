@@ -43,6 +43,29 @@ def test_views_address_the_tensor(layout, arrangement, shape):
                       layout) is None
 
 
+@pytest.mark.parametrize("d", [64, 96])
+@pytest.mark.parametrize("arrangement", LAYOUTS)
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_exact_descriptors_end_at_head_dim(layout, arrangement, d):
+    """The descriptors the Gluon kernel reads (one rank above the view, head_dim its own dimension) address
+    the tensor's elements, and the last dimension ends at head_dim: a box padded past it (96 in 128) reads
+    TMA's zeros, never the next head's columns."""
+    g = torch.Generator().manual_seed(d)
+    q = torch.randn(2, 4, 40, d, generator=g, dtype=torch.float16)
+    k, v = (torch.randn(2, 2, 40, d, generator=g, dtype=torch.float16) for _ in range(2))
+    for t, view, kind in zip(arrange(q, k, v, arrangement), (tma.rows_view, tma.kv_view, tma.kv_view),
+                             ("rows", "kv", "kv")):
+        w = view(_bhsd_as(t, layout), layout)
+        shape, strides = tma.exact(_bhsd_as(t, layout), w, layout)
+        assert shape[-1] == d and strides[-1] == 1
+        base = torch.as_strided(t, shape, strides)
+        for i in range(t.shape[0]):
+            for j in range(t.shape[1]):
+                at, first = j if w.col else 0, i * w.batch + j * w.head
+                got = base[at, first:first + t.shape[2]] if kind == "rows" else base[at, first, :t.shape[2]]
+                assert torch.equal(got, t[i, j])
+
+
 def test_a_page_pool_reads_as_bshd():
     pool = torch.randn(3, 64, 2, 128, dtype=torch.bfloat16)  # [pages, page, kv_heads, D]
     w = tma.kv_view(pool, "bshd")

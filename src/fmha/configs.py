@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+from .kernels.hopper.resources import padded
+
 
 @dataclass(frozen=True)
 class KernelConfig:
@@ -81,12 +83,17 @@ HOPPER = [
     (128, True, 512, KernelConfig(64, 64, 4, 2, q_regs=1, occupancy=2, stale=1)),  # 2 short programs an SM
     (128, True, 16384, KernelConfig(128, 128, 4, 2, q_regs=1)),
     (128, True, None, KernelConfig(128, 128, 4, 3, q_regs=1)),
+    # 256-wide tiles (head_dim 192 and 256): O's 64 x 256 accumulator takes 128 registers a thread,
+    # so 64-key tiles, Q in shared memory and O stored from registers (Q and the rings fill it)
+    (256, False, None, KernelConfig(128, 64, 4, 2)),
+    (256, True, None, KernelConfig(128, 64, 4, 2)),
 ]
 
 
 def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = False,
                   per_sequence: bool = False, seqlen_q: int = 0) -> KernelConfig:
-    """The ``hopper`` entry for this shape (head dims other than 64 take the 128 rows; with
+    """The ``hopper`` entry for this shape (a head dim takes the rows of its tile width,
+    ``hopper.padded``: 32 and 64 the 64 rows, 96 and 128 the 128 rows, 192 and 256 the 256 rows; with
     ``per_sequence`` lengths, varlen or seqused_k, ``seqlen_k`` is the longest).  With a window,
     softcap or ALiBi, or key lengths off the key tile (per sequence: any), 192 rows become 128:
     three consumer warpgroups at 160 registers spill on the extra live values (up to 117
@@ -96,7 +103,7 @@ def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = 
     clusters (``hopper.supports``), nor where ``seqlen_q`` (0: not known) makes an odd number of
     query blocks (FlashAttention-3's rule): a cluster runs two blocks, and the partner of a last
     lone block would compute rows that do not exist (a 2x loss where a head has one block)."""
-    d = 64 if head_dim == 64 else 128
+    d = padded(head_dim)
     for key_d, key_causal, longest, cfg in HOPPER:
         if key_d == d and key_causal == bool(causal) and (longest is None or seqlen_k <= longest):
             narrow = modifiers or per_sequence or seqlen_k % cfg.block_n

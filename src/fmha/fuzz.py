@@ -27,6 +27,7 @@ import torch
 from . import configs, verify
 from .api import attention, attention_paged, attention_varlen
 from .checks import HEAD_DIMS
+from .kernels.hopper.resources import padded
 
 PATTERNS = ("normal", "rising", "late_spike", "late_first", "equal", "inf_key", "nan_key", "extreme")
 LAYOUTS = ("bhsd", "bshd", "hf-view", "fused-qkv")
@@ -69,8 +70,8 @@ def _length(rng: random.Random, top: int, tile: int) -> int:
 
 
 def _table_configs(variant: str, head_dim: int, causal: bool) -> list[dict]:
-    if variant == "hopper" and head_dim in (64, 128):
-        return [cfg.as_dict() for d, c, _, cfg in configs.HOPPER if d == head_dim and c == causal]
+    if variant == "hopper":
+        return [cfg.as_dict() for d, c, _, cfg in configs.HOPPER if d == padded(head_dim) and c == causal]
     if variant == "tiled":
         return [cfg.as_dict() for arch, max_d, cfg in configs.TILED if arch == "sm90" and head_dim <= max_d]
     return []
@@ -93,7 +94,7 @@ def draw(rng: random.Random, on_gpu: bool, hopper: bool) -> Problem:
         seqlen_k = max(seqlen_k, seqlen_q + rng.randint(1, top))
         causal, align, window = True, "bottom_right", (rng.randint(0, 40), -1)
     variants = ["auto", "auto", "tiled", "singlewave", "pipelined"]
-    if on_gpu and hopper and head_dim in (64, 128):
+    if on_gpu and hopper:
         variants += ["hopper", "hopper"]
     variant = rng.choice(variants if entry == "attention" else [v for v in variants if v in ("auto", "tiled",
                                                                                               "hopper")])

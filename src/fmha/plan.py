@@ -93,7 +93,7 @@ def select_variant(arch: str, shape: dict | None = None) -> str:
         return "tiled"  # decoding: the keys split over programs (flash-decoding), GQA rows packed
     if arch == "sm90" and shape.get("varlen") and shape.get("causal") and shape.get("head_dim") == 64:
         return "tiled"  # packed causal D=64: hopper 0.85-1.00x tiled (docs/PERF.md, packed sequences)
-    if arch == "sm90" and shape.get("head_dim") in (64, 128):
+    if arch == "sm90":
         return "hopper"
     return "tiled"
 

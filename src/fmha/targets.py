@@ -26,6 +26,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from .checks import HEAD_DIMS
+
 
 @dataclass(frozen=True)
 class Chip:
@@ -163,11 +165,9 @@ class Report:
 
 def unbuildable(variant: str, target: str, head_dim: int) -> str | None:
     """Why ``variant`` has no build for ``target`` at ``head_dim``, or None: the Gluon kernel is
-    written for one chip and its head dims."""
+    written for one chip."""
     if variant == "hopper" and target != "sm_90":
         return f"variant 'hopper' builds for sm_90 only, not {target!r}"
-    if variant == "hopper" and head_dim not in (64, 128):
-        return f"variant 'hopper' takes head_dim 64 or 128, not {head_dim}"
     return None
 
 
@@ -185,7 +185,7 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
     _check_choice("target", target, list(TARGETS))
     _check_choice("variant", variant, variants())
     _check_choice("dtype", dtype, list(DTYPES))
-    _check_choice("head_dim", head_dim, (32, 64, 96, 128, 256))
+    _check_choice("head_dim", head_dim, HEAD_DIMS)
     _check_choice("lengths", lengths, ("dense", "varlen", "seqused", "paged"))
     reason = unbuildable(variant, target, head_dim)
     if reason:

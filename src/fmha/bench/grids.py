@@ -83,6 +83,13 @@ def models_grid() -> list[Cell]:
             for b, s in ((1, 16384), (2, 8192), (4, 4096), (8, 1024)) for lay in ("contiguous", "hf-view", "fused-qkv")]
 
 
+def head_dims_grid() -> list[Cell]:
+    """The head dims beside the default grid's 64 and 128 (32; 96 as in Phi; 256 as in Gemma 2 and 3):
+    B*S = 16k at 1k-16k tokens, heads = 2048 // D, causal off and on."""
+    return [Cell(16384 // s, 2048 // d, 2048 // d, s, s, d, c)
+            for d in (32, 96, 256) for c in (False, True) for s in (1024, 4096, 16384)]
+
+
 def mla_grid() -> list[Cell]:
     """DeepSeek-V3's prefill attention on one GPU of eight (16 of its 128 heads): q/k head dim 192
     (128 + 64 rotary), v's 128, causal, B*S = 16k at 1k-16k tokens."""
@@ -123,4 +130,4 @@ def values(cells: list[Cell]) -> str:
 
 
 GRIDS = {"default": default_grid, "decode": decode_grid, "extra": extra_grid, "features": features_grid,
-         "ragged": ragged_grid, "models": models_grid, "mla": mla_grid, "quick": quick_grid}
+         "ragged": ragged_grid, "models": models_grid, "head-dims": head_dims_grid, "mla": mla_grid, "quick": quick_grid}

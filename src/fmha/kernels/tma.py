@@ -90,6 +90,18 @@ def kv_view(t: torch.Tensor, layout: str) -> View | None:
     return View(shape, strides, fb, fh, ch)
 
 
+def exact(t: torch.Tensor, view: View, layout: str) -> tuple[list[int], list[int]]:
+    """``view`` (of :func:`rows_view` or :func:`kv_view`) as a descriptor one rank higher whose last
+    dimension is exactly head_dim: the heads that lie side by side within a row get a leading
+    dimension of their own (of size 1 where heads lie along the rows), so a box wider than head_dim
+    (a head_dim padded to a power of two) reads zeros past it and writes nothing there.  (shape,
+    strides); a tile of head ``h`` starts at ``h`` along the leading dimension when ``view.col``,
+    else at 0."""
+    h, d = _sizes_strides(t, layout)[0][1::2]
+    lead = (h, view.col) if view.col else (1, view.strides[0])  # (any aligned stride for a dimension of one)
+    return [lead[0], *view.shape[:-1], d], [lead[1], *view.strides[:-1], 1]
+
+
 def reason(tensors, layout: str, kv_layout: str | None = None) -> str | None:
     """None if TMA can read ``q, k, v, out`` in place, else why not."""
     q, k, v, o = tensors

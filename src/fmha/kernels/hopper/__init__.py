@@ -70,45 +70,48 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from ... import replay
 from .. import combine, strides_bhsd, tma
 from . import multicast
+from ...checks import HEAD_DIMS
 from ...constants import LOG2E
 from ...device import device_facts
 from .kernel import KERNEL, hopper_kernel  # noqa: F401
 from .resources import (REGS_SM, SMEM_LIMIT, SMEM_SM, SMEM_SPARE, consumer_regs, launch_options,  # noqa: F401
-                        launch_regs, o_staged, sm_bytes, smem_bytes)
+                        launch_regs, o_staged, padded, sm_bytes, smem_bytes)
 from .schedule import (ITEM_COST, _schedule, balanced_tail, block_tiles, item_rows, paired_block,  # noqa: F401
                        per_sequence, split_pieces, tail_pieces, varlen_items)
 
 
-SMEM_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+# the TMA boxes: Q and O [1, 64, HEAD] of a 3-D descriptor, K and V [1, 1, BLOCK_N, HEAD] of a 4-D one
+# (:func:`descriptors`); the buffers they land in are 2-D tiles (``kernel.TILE``)
+ROWS_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
 
 
-KV_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
+KV_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
 
 
 # CLUSTER: the same layouts, whole in each CTA of the cluster
-SMEM_LAYOUT_2 = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2, cga_layout=[[0, 0]])
+ROWS_LAYOUT_2 = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3, cga_layout=[[0, 0, 0]])
 
 
-KV_LAYOUT_2 = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3, cga_layout=[[0, 0, 0]])
+KV_LAYOUT_2 = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4, cga_layout=[[0, 0, 0, 0]])
 
 
 def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
     """None if the hopper kernel takes this call, else the reason it does not."""
     if not q.is_cuda or device_facts(q.device.index)[0] != 9:
         return "needs an sm_90 GPU"
-    if prob.head_dim not in (64, 128) or prob.head_dim_v:
+    if prob.head_dim not in HEAD_DIMS or prob.dv not in HEAD_DIMS or prob.dv > prob.head_dim:
         v_dim = f" with V's {prob.dv}" if prob.head_dim_v else ""
-        return f"head_dim {prob.head_dim}{v_dim} (takes 64 and 128, q/k/v alike)"
+        return f"head_dim {prob.head_dim}{v_dim} (takes {', '.join(map(str, HEAD_DIMS))}, V's no larger than q/k's)"
     if cfg.block_m not in (64, 128, 192):
         return f"block_m {cfg.block_m} (takes 64, 128 or 192: 1, 2 or 3 consumer warpgroups)"
     if cfg.pingpong and cfg.block_m == 64:
         return "ping-pong takes turns between 2 or 3 consumer warpgroups (block_m 128 or 192)"
     if prob.page % cfg.block_n:
         return f"page_size {prob.page} (takes multiples of its {cfg.block_n}-key tile: a tile must not straddle pages)"
-    smem = smem_bytes(prob.head_dim, cfg)
+    smem = smem_bytes(prob.head_dim, cfg, prob.dv)
     if smem + SMEM_SPARE > SMEM_LIMIT:
         return f"needs {smem >> 10} KB of shared memory, sm_90 has {SMEM_LIMIT >> 10} KB"
-    if sm_bytes(prob.head_dim, cfg) > SMEM_SM:
+    if sm_bytes(prob.head_dim, cfg, prob.dv) > SMEM_SM:
         return f"{cfg.occupancy} programs of {smem >> 10} KB of shared memory do not fit on one SM ({SMEM_SM >> 10} KB)"
     why = tma.reason((q, k, v, o), layout, "bshd" if prob.page else layout)
     if why:
@@ -116,29 +119,29 @@ def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
     if cfg.cluster:
         if prob.causal or prob.window_offset is not None or per_sequence(prob) or prob.page:
             return "clusters take dense non-causal calls without a window"
-        if prob.head_dim != 128 or cfg.block_n != 128:
-            return "clusters take head_dim 128 in 128-key tiles"
+        if padded(prob.head_dim) != 128 or padded(prob.dv) != 128 or cfg.block_n != 128:
+            return "clusters take head_dim 96 or 128 in 128-key tiles"
         if cfg.block_m != 128 or cfg.pingpong or cfg.occupancy > 1 or cfg.persistent == 0:
             return "clusters take 128-row persistent programs, one an SM, without ping-pong"
     return None
 
 
 def descriptors(prob, cfg, q, k, v, o, layout: str) -> tuple:
-    """The four TMA descriptors over q, k, v and out as they lie (:mod:`..tma`), and how (batch, head)
-    place a tile in each: Q's rows and columns, K/V's first index and columns, O's rows and columns
-    and its row stride."""
+    """The four TMA descriptors over q, k, v and out as they lie (:mod:`..tma`), each one rank above
+    its view with head_dim a dimension of its own (:func:`tma.exact`), and how (batch, head) place a
+    tile in each: Q's rows and leading index (0 or the head), K/V's first index and leading index,
+    O's rows, columns (elements, for stores from registers) and row stride."""
     kv_layout = "bshd" if prob.page else layout  # a page pool [pages, page, kv_heads, D] reads as bshd
-    (qw, ow), (kw, vw) = (tma.rows_view(t, layout) for t in (q, o)), (tma.kv_view(t, kv_layout) for t in (k, v))
-    d = prob.head_dim
-    smem, kv, kv_d = (SMEM_LAYOUT_2, KV_LAYOUT_2, d // 2) if cfg.cluster else (SMEM_LAYOUT, KV_LAYOUT, d)
-
-    def desc(t, w, box, layout):
-        return TensorDescriptor(t, list(w.shape), list(w.strides), box, layout)
-    descs = (desc(q, qw, [64, d], smem),
-             desc(k, kw, [1, cfg.block_n, kv_d], kv),  # CLUSTER: a column half a CTA
-             desc(v, vw, [1, cfg.block_n, kv_d], kv),
-             desc(o, ow, [64, d], smem))
-    return descs, (qw.batch, qw.head, qw.col, kw.batch, kw.head, kw.col, ow.batch, ow.head, ow.col, ow.strides[0])
+    views = [(q, tma.rows_view(q, layout), layout), (k, tma.kv_view(k, kv_layout), kv_layout),
+             (v, tma.kv_view(v, kv_layout), kv_layout), (o, tma.rows_view(o, layout), layout)]
+    d, dv = padded(prob.head_dim), padded(prob.dv)
+    rows, kv, split = (ROWS_LAYOUT_2, KV_LAYOUT_2, 2) if cfg.cluster else (ROWS_LAYOUT, KV_LAYOUT, 1)
+    boxes = ([1, 64, d], [1, 1, cfg.block_n, d // split], [1, 1, cfg.block_n, dv // split], [1, 64, dv])  # CLUSTER:
+    descs = tuple(TensorDescriptor(t, *tma.exact(t, w, lay), box, rows if len(box) == 3 else kv)  # a column half
+                  for (t, w, lay), box in zip(views, boxes))
+    qw, kw, ow = views[0][1], views[1][1], views[3][1]
+    return descs, (qw.batch, qw.head, int(qw.col > 0), kw.batch, kw.head, int(kw.col > 0), ow.batch, ow.head,
+                   ow.col, ow.strides[0])
 
 
 def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None, None),
@@ -155,8 +158,8 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
     resident = device_facts(q.device.index)[1] * max(cfg.occupancy, 1)  # programs on the SMs at once
     persistent = cfg.persistent != 0  # the default since the causal pairs (configs.HOPPER)
     if prob.varlen:  # one packed sequence: the batch index picks rows through cu_seqlens, not a stride
-        qrb, qrh, qch, _, krh, kch, orb, orh, och, o_stride = strides
-        strides = (0, qrh, qch, 0, krh, kch, 0, orh, och, o_stride)
+        qrb, qrh, q_lead, _, krh, kv_lead, orb, orh, och, o_stride = strides
+        strides = (0, qrh, q_lead, 0, krh, kv_lead, 0, orh, och, o_stride)
         items = replay.constant(
             torch.from_numpy(varlen_items(*lengths, prob, cfg, causal_offset, window_offset)).to(q.device))
         n_m, n_tiles = 1, items.numel() * prob.heads
@@ -181,7 +184,7 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
     if pieces > 1:  # the last round's items in pieces, each piece's float32 result merged after the kernel
         grid = (min(resident, n_tiles // resident * resident + n_tiles % resident * pieces),)
         rows = n_tiles % grid[0] * item_rows(cfg)
-        w = replay.buffer(torch.empty(pieces, rows, prob.head_dim, dtype=torch.float32, device=q.device))
+        w = replay.buffer(torch.empty(pieces, rows, prob.dv, dtype=torch.float32, device=q.device))
         wl = replay.buffer(torch.empty(pieces, rows, dtype=torch.float32, device=q.device))
         dest = replay.buffer(torch.empty(rows, dtype=torch.int32, device=q.device))
     else:
@@ -207,12 +210,13 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
 
 def constexprs(prob, cfg, store_lse: bool, paired: bool = False, alibi: bool = False, split: bool = False,
                balance: bool = False) -> dict:
-    return dict(HEAD=prob.head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.num_stages,
+    return dict(HEAD=padded(prob.head_dim), HEAD_V=padded(prob.dv), DV=prob.dv, BLOCK_M=cfg.block_m,
+                BLOCK_N=cfg.block_n, STAGES=cfg.num_stages,
                 CONSUMER_REGS=consumer_regs(cfg), CAUSAL=prob.causal,
                 WINDOW=prob.window_offset is not None, SOFTCAP=prob.softcap > 0, ALIBI=alibi,
                 RAGGED=per_sequence(prob) or prob.seqlen_k % cfg.block_n != 0, PAIRED=paired,
                 PINGPONG=bool(cfg.pingpong), STORE_LSE=store_lse, VARLEN=prob.varlen, SEQUSED=prob.seqused,
                 ALIGN_BR=per_sequence(prob) and prob.align_br, PAGED=bool(prob.page),
-                O_SMEM=o_staged(prob.head_dim, cfg), Q_REGS=bool(cfg.q_regs),
+                O_SMEM=o_staged(prob.head_dim, cfg, prob.dv), Q_REGS=bool(cfg.q_regs),
                 FENCE=bool(cfg.fence), LAZY=bool(cfg.lazy), STALE=bool(cfg.stale), SPLIT=split, BALANCE=balance,
                 CLUSTER=bool(cfg.cluster))

@@ -31,11 +31,12 @@ def _pass_turn(turns, WG: gl.constexpr, NUM_WG: gl.constexpr, PINGPONG: gl.const
 
 
 @gluon.jit
-def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
+def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
               v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset, window_offset,
               align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m, head_group, o_rows_b, o_rows_h,
               o_col_h, o_stride, PieceO, PieceLSE, Rows, pieces, STAGES: gl.constexpr, WG: gl.constexpr,
-              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD: gl.constexpr, CAUSAL: gl.constexpr,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_V: gl.constexpr, DV: gl.constexpr,
+              CAUSAL: gl.constexpr,
               WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, RAGGED: gl.constexpr,
               PAIRED: gl.constexpr, PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr, VARLEN: gl.constexpr,
               SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, O_SMEM: gl.constexpr, Q_REGS: gl.constexpr,
@@ -54,7 +55,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, HEAD, 16])
+                                                           instr_shape=[16, HEAD_V, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     q_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -84,7 +85,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
         # tiles before mask_from are visible to every row of this warpgroup: no mask
         mask_from = _mask_from(row0, sk, seq_causal, BLOCK_N, CAUSAL, RAGGED)
         offs_m = row0 + gl.arange(0, ROWS, layout=row_layout)
-        acc = gl.zeros([ROWS, HEAD], gl.float32, o_layout)
+        acc = gl.zeros([ROWS, HEAD_V], gl.float32, o_layout)
 
         # tile 0: 5.1-5.4 (no rescale yet)
         s = ring_pos % STAGES
@@ -156,7 +157,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
             # FlashAttention-3's place, measured 1-2% slower)
             alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
             if LAZY or STALE:
-                acc = _rescale_lazy(acc, alpha_o, HEAD)
+                acc = _rescale_lazy(acc, alpha_o, HEAD_V)
             else:
                 acc = acc * alpha_o
             p16 = gl.convert_layout(_narrow(p, dtype), p_layout)
@@ -178,20 +179,26 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_em
         o_col = h * o_col_h
         if SPLIT and part >= 0:  # a piece's float32 result and LSE, merged after the kernel
             _store_piece(acc, l, m, PieceO, PieceLSE, Rows, g, part, n_tiles, bh * seqlen_q + row0, row0, sq, rank,
-                         o_layout, row_layout, BLOCK_M, HEAD, WG, CLUSTER)
+                         o_layout, row_layout, BLOCK_M, HEAD_V, WG, CLUSTER)
         elif O_SMEM and row0 + ROWS <= sq:
             o_half = o_smem.index(WG)
             o_half.store(acc.to(dtype))
             fence_async_shared()
-            tma.async_copy_shared_to_global(o_desc, [o_row, o_col], o_half)
+            o_at = 0  # O's box [1, 64, HEAD_V]: its leading index is the head where heads lie side by side
+            if o_col_h != 0:
+                o_at = h
+            tma.async_copy_shared_to_global(o_desc, [o_at, o_row, 0], o_box.index(WG))
             # o_half is read out before the next item writes it.  Waiting only before that next
             # write (the store running under the next key loop) measured 1-4% slower on the short cells
             tma.store_wait(0)
-        else:  # from registers (O not staged, or the warpgroup straddles the end: only the rows that exist)
+        else:  # from registers (O not staged, or the warpgroup straddles the end: the rows and columns that exist)
             rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
-            cols = gl.arange(0, HEAD, layout=gl.SliceLayout(0, o_layout))
+            cols = gl.arange(0, HEAD_V, layout=gl.SliceLayout(0, o_layout))
             ptrs = O + (o_row + rows).to(gl.int64)[:, None] * o_stride + (o_col + cols)[None, :]
-            _store(ptrs, acc.to(dtype), (row0 + rows < sq)[:, None], CLUSTER)
+            keep = (row0 + rows < sq)[:, None]
+            if DV < HEAD_V:
+                keep = keep & (cols < DV)[None, :]
+            _store(ptrs, acc.to(dtype), keep, CLUSTER)
         if STORE_LSE and part < 0:
             lse = _lse(m, l)
             if VARLEN:  # [heads, total_q]

@@ -11,7 +11,7 @@ from .softmax import _lse
 
 @gluon.jit
 def _store_piece(acc, l, m, PieceO, PieceLSE, Rows, g, part, n_tiles, dest0, row0, sq, rank, o_layout: gl.constexpr,
-                 row_layout: gl.constexpr, BLOCK_M: gl.constexpr, HEAD: gl.constexpr, WG: gl.constexpr,
+                 row_layout: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_V: gl.constexpr, WG: gl.constexpr,
                  CLUSTER: gl.constexpr):
     """Piece ``part`` of item ``g`` (:func:`_work`), its rows ``acc`` already over ``l``: float32
     ``PieceO[part, item * BLOCK_M + r, :]`` and the LSE ``PieceLSE[part, item * BLOCK_M + r]``, ``item`` being
@@ -22,10 +22,10 @@ def _store_piece(acc, l, m, PieceO, PieceLSE, Rows, g, part, n_tiles, dest0, row
     nprog = gl.num_programs(0)
     item = g - n_tiles // nprog * nprog
     rows = gl.arange(0, 64, layout=gl.SliceLayout(1, o_layout))
-    cols = gl.arange(0, HEAD, layout=gl.SliceLayout(0, o_layout))
+    cols = gl.arange(0, HEAD_V, layout=gl.SliceLayout(0, o_layout))
     UNIT: gl.constexpr = 2 * BLOCK_M if CLUSTER else BLOCK_M
     w_row = (part * (n_tiles % nprog) + item) * UNIT + rank * BLOCK_M + WG * 64
-    _store(PieceO + (w_row + rows).to(gl.int64)[:, None] * HEAD + cols[None, :], acc, None, CLUSTER)
+    _store(PieceO + (w_row + rows).to(gl.int64)[:, None] * HEAD_V + cols[None, :], acc, None, CLUSTER)
     r = gl.arange(0, 64, layout=row_layout)
     _store(PieceLSE + w_row + r, _lse(m, l), None, CLUSTER)
     if part == 0:

@@ -12,14 +12,22 @@ from .producer import _producer
 from .resources import PRODUCER_REGS
 
 
+# the 2-D tiles the TMA boxes land in and the wgmma read (CLUSTER: whole in each CTA of the cluster)
+TILE = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
+
+
+TILE_CLUSTER = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2,
+                                                 cga_layout=[[0, 0]]))
+
+
 @gluon.jit
 def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK, Items, heads, group, seqlen_q,
                   seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2,
-                  n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h, kv_col_h, o_rows_b,
+                  n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_lead, kv_seq_b, kv_seq_h, kv_lead, o_rows_b,
                   o_rows_h, o_col_h, o_stride,
                   Pages, pages_b, page, PieceO, PieceLSE, Rows, pieces,
-                  HEAD: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                  CONSUMER_REGS: gl.constexpr,
+                  HEAD: gl.constexpr, HEAD_V: gl.constexpr, DV: gl.constexpr, BLOCK_M: gl.constexpr,
+                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                   CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                   RAGGED: gl.constexpr, PAIRED: gl.constexpr, PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr,
                   VARLEN: gl.constexpr, SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, PAGED: gl.constexpr,
@@ -29,27 +37,34 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
     :func:`_tile`; the K/V rings and the barrier phases carry on from one item to the
     next, so the next item's first loads overlap this one's epilogue.  CLUSTER: a program is a
     cluster of two CTAs that share each K/V tile (:mod:`.multicast`); its producer has a whole
-    warpgroup, so that every warp runs a partition (the cluster barrier counts every thread)."""
+    warpgroup, so that every warp runs a partition (the cluster barrier counts every thread).
+    HEAD and HEAD_V: q/k's and v's tile widths (``resources.padded``), DV: v's head dim."""
     NUM_WG: gl.constexpr = BLOCK_M // 64
     if CLUSTER:  # each CTA of the cluster holds all of every buffer
         bar_layout: gl.constexpr = BARRIER_CLUSTER
         spare_layout: gl.constexpr = SPARE_CLUSTER
+        tile: gl.constexpr = TILE_CLUSTER
     else:
         bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
         spare_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG, 64, HEAD], q_desc.layout)  # a 64-row box per warpgroup
+        tile: gl.constexpr = TILE
+    # Q and O: a [1, 64, HEAD] TMA box per warpgroup, read and written as its [64, HEAD] tile
+    q_box = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG, 1, 64, HEAD], q_desc.layout)
+    q_smem = q_box._reinterpret(q_desc.dtype, [NUM_WG, 64, HEAD], tile)
     if O_SMEM:
-        o_smem = gl.allocate_shared_memory(o_desc.dtype, [NUM_WG, 64, HEAD], o_desc.layout)
-    else:  # never used: a placeholder for the partitions' argument lists
-        o_smem = gl.allocate_shared_memory(o_desc.dtype, [1, 8, 8], spare_layout)
+        o_box = gl.allocate_shared_memory(o_desc.dtype, [NUM_WG, 1, 64, HEAD_V], o_desc.layout)
+        o_smem = o_box._reinterpret(o_desc.dtype, [NUM_WG, 64, HEAD_V], tile)
+    else:  # never used: placeholders for the partitions' argument lists
+        o_box = gl.allocate_shared_memory(o_desc.dtype, [1, 8, 8], spare_layout)
+        o_smem = o_box
     if CLUSTER:  # the rings in column halves, a TMA box each (a CTA loads one, both get it), whole for the wgmma
-        k_load = gl.allocate_shared_memory(k_desc.dtype, [2 * STAGES, 1, BLOCK_N, HEAD // 2], k_desc.layout)
-        v_load = gl.allocate_shared_memory(v_desc.dtype, [2 * STAGES, 1, BLOCK_N, HEAD // 2], v_desc.layout)
-        k_bufs = k_load._reinterpret(k_desc.dtype, [STAGES, BLOCK_N, HEAD], q_desc.layout)
-        v_bufs = v_load._reinterpret(v_desc.dtype, [STAGES, BLOCK_N, HEAD], q_desc.layout)
+        k_load = gl.allocate_shared_memory(k_desc.dtype, [2 * STAGES, 1, 1, BLOCK_N, HEAD // 2], k_desc.layout)
+        v_load = gl.allocate_shared_memory(v_desc.dtype, [2 * STAGES, 1, 1, BLOCK_N, HEAD_V // 2], v_desc.layout)
+        k_bufs = k_load._reinterpret(k_desc.dtype, [STAGES, BLOCK_N, HEAD], tile)
+        v_bufs = v_load._reinterpret(v_desc.dtype, [STAGES, BLOCK_N, HEAD_V], tile)
     else:
-        k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD], q_desc.layout)  # 2-D slots
-        v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD], q_desc.layout)
+        k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD], tile)  # 2-D slots
+        v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_V], tile)
         k_load = k_bufs
         v_load = v_bufs
     q_bar = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
@@ -73,62 +88,68 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
     # (the partition arguments are spelled out: a tuple would lose their constexpr-ness)
     if NUM_WG == 3:
         gl.warp_specialize([
-            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
+            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows, pieces, STAGES, 0,
-                         BLOCK_M, BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE,
-                         VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER)),
-            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
+                         BLOCK_M, BLOCK_N, HEAD_V, DV, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG,
+                         STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, STALE, SPLIT, BALANCE,
+                         CLUSTER)),
+            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows, pieces, STAGES, 1,
-                         BLOCK_M, BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE,
-                         VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER)),
-            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
+                         BLOCK_M, BLOCK_N, HEAD_V, DV, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG,
+                         STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, STALE, SPLIT, BALANCE,
+                         CLUSTER)),
+            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows, pieces, STAGES, 2,
-                         BLOCK_M, BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE,
-                         VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER)),
-            (_producer, (q_desc, k_desc, v_desc, q_smem, k_load, v_load, q_bar, q_empty, k_ready, k_empty, v_ready,
+                         BLOCK_M, BLOCK_N, HEAD_V, DV, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG,
+                         STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, STALE, SPLIT, BALANCE,
+                         CLUSTER)),
+            (_producer, (q_desc, k_desc, v_desc, q_box, k_load, v_load, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
-                         window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
-                         kv_col_h, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
+                         window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_lead, kv_seq_b, kv_seq_h,
+                         kv_lead, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
                          PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE, CLUSTER)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     elif NUM_WG == 2:
         gl.warp_specialize([
-            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
+            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows, pieces, STAGES, 0,
-                         BLOCK_M, BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE,
-                         VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER)),
-            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
+                         BLOCK_M, BLOCK_N, HEAD_V, DV, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG,
+                         STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, STALE, SPLIT, BALANCE,
+                         CLUSTER)),
+            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows, pieces, STAGES, 1,
-                         BLOCK_M, BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE,
-                         VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER)),
-            (_producer, (q_desc, k_desc, v_desc, q_smem, k_load, v_load, q_bar, q_empty, k_ready, k_empty, v_ready,
+                         BLOCK_M, BLOCK_N, HEAD_V, DV, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG,
+                         STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, STALE, SPLIT, BALANCE,
+                         CLUSTER)),
+            (_producer, (q_desc, k_desc, v_desc, q_box, k_load, v_load, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
-                         window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
-                         kv_col_h, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
+                         window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_lead, kv_seq_b, kv_seq_h,
+                         kv_lead, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
                          PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE, CLUSTER)),
         ], [4, 4 if CLUSTER else 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:  # one consumer warpgroup: it is the default partition, with the registers the producer gives up
         gl.warp_specialize([
-            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
+            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
                          head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows, pieces, STAGES, 0,
-                         BLOCK_M, BLOCK_N, HEAD, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE,
-                         VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER)),
-            (_producer, (q_desc, k_desc, v_desc, q_smem, k_load, v_load, q_bar, q_empty, k_ready, k_empty, v_ready,
+                         BLOCK_M, BLOCK_N, HEAD_V, DV, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG,
+                         STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, STALE, SPLIT, BALANCE,
+                         CLUSTER)),
+            (_producer, (q_desc, k_desc, v_desc, q_box, k_load, v_load, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
-                         window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h,
-                         kv_col_h, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
+                         window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_lead, kv_seq_b, kv_seq_h,
+                         kv_lead, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
                          PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE, CLUSTER)),
         ], [1], [PRODUCER_REGS])
 

@@ -5,7 +5,7 @@ once from L2 for both (TMA multicast).  Gluon 3.6 has no multicast operand on it
 shared-memory addresses, so the hopper kernel's ``CLUSTER`` build marks what it needs and this pass,
 run on the PTX between Triton's ``ptx`` and ``cubin`` stages (a pipeline-stages hook), rewrites it:
 
-- every 3-D TMA load (the K and V tiles: Q and O use 2-D descriptors) gets ``.multicast::cluster`` to
+- every 4-D TMA load (the K and V tiles: Q and O use 3-D descriptors) gets ``.multicast::cluster`` to
   both CTAs: each CTA loads one column half of the tile, and each half lands, with its bytes counted
   on the ready barrier, at the same offset in both CTAs' shared memory;
 - the ``mbarrier.arrive`` that follows each :data:`BOTH` marker arrives on the barrier and on the
@@ -35,12 +35,12 @@ import re
 
 from triton import knobs
 
-KERNEL_MARK = "// fmha.multicast v7"
-BOTH = "// fmha.arrive-both v7"
-UNSYNCED = "// fmha.unsynced-wait v7"
+KERNEL_MARK = "// fmha.multicast v8"
+BOTH = "// fmha.arrive-both v8"
+UNSYNCED = "// fmha.unsynced-wait v8"
 
 _LOAD = re.compile(r"^(\s*)(@%p\d+ )?"
-                   r"(cp\.async\.bulk\.tensor\.3d\.shared::cluster\.global\.mbarrier::complete_tx::bytes)"
+                   r"(cp\.async\.bulk\.tensor\.4d\.shared::cluster\.global\.mbarrier::complete_tx::bytes)"
                    r" (\[[^\]]+\], \[[^\]]+\], \[[^\]]+\]);\s*$")
 _ARRIVE = re.compile(r"^(\s*)(@%p\d+ )?mbarrier\.arrive\.shared::cta\.b64 _, \[(%r\d+)\];\s*$")
 _WG_SYNC = re.compile(r"^\s*bar\.sync\s+\d+, 128;\s*$")
@@ -63,10 +63,10 @@ def rewrite(ptx: str) -> str:
             continue
         if "mbarrier.try_wait" in line or "mbarrier.arrive" in line:
             unsync = False
-        if "cp.async.bulk.tensor.3d" in line:
+        if "cp.async.bulk.tensor.4d" in line:
             m = _LOAD.match(line)
             if not m:
-                raise RuntimeError(f"multicast pass: a 3-D TMA load it cannot read: {line.strip()}")
+                raise RuntimeError(f"multicast pass: a 4-D TMA load it cannot read: {line.strip()}")
             indent, pred, op, operands = m.groups()
             lines[i] = (f"{indent}{{ .reg .b16 %fmha_mc; mov.b16 %fmha_mc, 3; "
                         f"{pred or ''}{op}.multicast::cluster {operands}, %fmha_mc; }}")

@@ -12,9 +12,9 @@ from .schedule import _n_items, _piece, _tile, _work
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
+def _producer(q_desc, k_desc, v_desc, q_box, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
               v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset, window_offset, n_tiles,
-              n_m, head_group, q_rows_b, q_rows_h, q_col_h, kv_seq_b, kv_seq_h, kv_col_h, Pages, pages_b, page, pieces,
+              n_m, head_group, q_rows_b, q_rows_h, q_lead, kv_seq_b, kv_seq_h, kv_lead, Pages, pages_b, page, pieces,
               NUM_WG: gl.constexpr, STAGES: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               CAUSAL: gl.constexpr, WINDOW: gl.constexpr, PAIRED: gl.constexpr, VARLEN: gl.constexpr,
               SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, PAGED: gl.constexpr, SPLIT: gl.constexpr,
@@ -38,22 +38,23 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_
         first, n_iters = _key_tiles(start_m, sk, causal_offset + shift, window_offset + shift, BLOCK_M, BLOCK_N,
                                     CAUSAL, WINDOW)
         first, n_iters = _piece(first, n_iters, part, pieces, SPLIT)
-        # K/V boxes [1, BLOCK_N, HEAD] of the 3-D view [batch*kv_heads or batch, seqlen_k, *]: keys past
-        # seqlen_k are outside the view, and TMA fills them with zeros (PAGED: [pages, page, *], :func:`_kv_place`)
+        # K/V boxes [1, 1, BLOCK_N, HEAD] of the 4-D view [kv_heads side by side in a row or 1, batch*kv_heads
+        # or batch, seqlen_k, head_dim]: keys past seqlen_k and columns past head_dim are outside the view, and
+        # TMA fills them with zeros (PAGED: [*, pages, page, head_dim], :func:`_kv_place`)
         kv_seq = b * kv_seq_b + kvh * kv_seq_h
-        kv_col = kvh * kv_col_h
+        kv_at = kvh * kv_lead
         # the first K tile goes out before Q: it may overlap the consumers' previous epilogue
         s = it % STAGES
         kv_s, row = _kv_place(b, kv_seq, k0, first, Pages, pages_b, page, BLOCK_N, PAGED)
         mbarrier.wait(k_empty.index(s), ((it // STAGES) & 1) ^ 1)
-        _load_kv(k_desc, [kv_s, row, kv_col], k_ready.index(s), k_bufs, s, rank, CLUSTER)
-        # Q in 64-row boxes (TMA boxes are powers of two; 192 rows is three), once every
+        _load_kv(k_desc, [kv_at, kv_s, row, 0], k_ready.index(s), k_bufs, s, rank, CLUSTER)
+        # Q in 64-row boxes [1, 64, HEAD] (TMA boxes are powers of two; 192 rows is three), once every
         # consumer has issued its last Q K^T of the previous item
         mbarrier.wait(q_empty, (tc & 1) ^ 1)
         mbarrier.expect(q_bar, NUM_WG * q_desc.block_type.nbytes)
         for g in gl.static_range(NUM_WG):
-            tma.async_copy_global_to_shared(q_desc, [b * q_rows_b + h * q_rows_h + q0 + start_m + 64 * g,
-                                                     h * q_col_h], q_bar, q_smem.index(g))
+            tma.async_copy_global_to_shared(q_desc, [h * q_lead, b * q_rows_b + h * q_rows_h + q0 + start_m + 64 * g,
+                                                     0], q_bar, q_box.index(g))
         if VARLEN or SEQUSED:
             # the previous item's last V tile, zeroed past its end only now, once this item's first
             # K and Q are on their way (waiting for it at once measured the same)
@@ -67,7 +68,7 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_
             if i > 0:  # (tile 0's place is the first K load's)
                 kv_s, row = _kv_place(b, kv_seq, k0, first + i, Pages, pages_b, page, BLOCK_N, PAGED)  # before the wait
                 mbarrier.wait(k_empty.index(s), ph ^ 1)
-                _load_kv(k_desc, [kv_s, row, kv_col], k_ready.index(s), k_bufs, s, rank, CLUSTER)
+                _load_kv(k_desc, [kv_at, kv_s, row, 0], k_ready.index(s), k_bufs, s, rank, CLUSTER)
             mbarrier.wait(v_empty.index(s), ph ^ 1)
             if VARLEN or SEQUSED:
                 # keys past this sequence's end are another sequence's or unused cache (NaN, maybe):
@@ -75,14 +76,14 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_
                 # last tile only; it lands on v_tail, and v_ready waits for the zeros)
                 valid = sk - (first + i) * BLOCK_N
                 if valid < BLOCK_N:
-                    _load(v_desc, [kv_s, row, kv_col], v_tail, v_bufs.index(s))
+                    _load(v_desc, [kv_at, kv_s, row, 0], v_tail, v_bufs.index(s))
                     tail = 1
                     tail_slot = s
                     tail_valid = valid
                 else:
-                    _load(v_desc, [kv_s, row, kv_col], v_ready.index(s), v_bufs.index(s))
+                    _load(v_desc, [kv_at, kv_s, row, 0], v_ready.index(s), v_bufs.index(s))
             else:
-                _load_kv(v_desc, [kv_s, row, kv_col], v_ready.index(s), v_bufs, s, rank, CLUSTER)
+                _load_kv(v_desc, [kv_at, kv_s, row, 0], v_ready.index(s), v_bufs, s, rank, CLUSTER)
             it += 1
         tc += 1
     if VARLEN or SEQUSED:
@@ -94,7 +95,7 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_
 @gluon.jit
 def _kv_place(b, kv_seq, k0, tile, Pages, pages_b, page, BLOCK_N: gl.constexpr, PAGED: gl.constexpr):
     """Where key tile ``tile`` of batch ``b`` lies in the K/V descriptors: (first coordinate, row).
-    PAGED: a page pool [pages, page, kv_heads * HEAD], the page from row ``b`` of the block table
+    PAGED: a page pool [pages, page, kv_heads, head_dim], the page from row ``b`` of the block table
     ``Pages`` (``page`` a multiple of BLOCK_N, so a tile never straddles two pages)."""
     if PAGED:
         key = tile * BLOCK_N
@@ -108,7 +109,7 @@ def _kv_place(b, kv_seq, k0, tile, Pages, pages_b, page, BLOCK_N: gl.constexpr, 
 
 @gluon.jit
 def _load(desc, coord, ready, buf):
-    """One TMA box (``buf``, a 2-D ring slot, as the box of the 3-D descriptor) onto ``ready``."""
+    """One TMA box (``buf``, a 2-D ring slot, as the box of the 4-D descriptor) onto ``ready``."""
     mbarrier.expect(ready, desc.block_type.nbytes)
     tma.async_copy_global_to_shared(desc, coord, ready, _box(buf))
 
@@ -121,8 +122,8 @@ def _load_kv(desc, coord, ready, ring, s, rank, CLUSTER: gl.constexpr):
     to both CTAs, and the barrier waits for both halves."""
     if CLUSTER:
         mbarrier.expect(ready, 2 * desc.block_type.nbytes)
-        half = ring.shape[3]
-        tma.async_copy_global_to_shared(desc, [coord[0], coord[1], coord[2] + rank * half], ready,
+        half = ring.shape[4]
+        tma.async_copy_global_to_shared(desc, [coord[0], coord[1], coord[2], coord[3] + rank * half], ready,
                                         ring.index(2 * s + rank))
     else:
         _load(desc, coord, ready, ring.index(s))
@@ -151,5 +152,5 @@ def _zero_past(buf, valid, landed, n_landed, ready):
 
 @gluon.jit
 def _box(buf):
-    """A [BLOCK_N, HEAD] ring slot as the [1, BLOCK_N, HEAD] box of the 3-D K/V descriptors."""
-    return buf.reshape([1, buf.shape[0], buf.shape[1]])
+    """A [BLOCK_N, HEAD] ring slot as the [1, 1, BLOCK_N, HEAD] box of the 4-D K/V descriptors."""
+    return buf.reshape([1, 1, buf.shape[0], buf.shape[1]])

@@ -23,22 +23,35 @@ PRODUCER_REGS = gl.constexpr(24)
 SMEM_SPARE = 1024  # bytes left for the mbarriers
 
 
-def o_staged(head_dim: int, cfg) -> bool:
+def padded(head_dim: int) -> int:
+    """The tile width a head dim runs in: a power of two, 64 at least (TMA fills the columns past
+    head_dim with zeros, and stores none of them)."""
+    return max(64, 1 << (head_dim - 1).bit_length())
+
+
+def _tiles(head_dim: int, head_dim_v: int | None) -> tuple[int, int]:
+    """q/k's and v's tile widths."""
+    return padded(head_dim), padded(head_dim_v or head_dim)
+
+
+def o_staged(head_dim: int, cfg, head_dim_v: int | None = None) -> bool:
     """Whether O goes out through shared memory (a TMA store) beside Q and the K/V rings; where it
-    does not fit (D=128 with 3 stages), each thread stores its part of O from registers."""
-    return 2 * head_dim * (2 * cfg.block_m + 2 * cfg.num_stages * cfg.block_n) + SMEM_SPARE <= SMEM_LIMIT
+    does not fit (D=128 with 3 stages, D=256), each thread stores its part of O from registers."""
+    d, dv = _tiles(head_dim, head_dim_v)
+    return 2 * (cfg.block_m * (d + dv) + cfg.num_stages * cfg.block_n * (d + dv)) + SMEM_SPARE <= SMEM_LIMIT
 
 
-def smem_bytes(head_dim: int, cfg) -> int:
+def smem_bytes(head_dim: int, cfg, head_dim_v: int | None = None) -> int:
     """Shared memory one program allocates (16-bit elements): Q, the K/V rings and, staged, O."""
-    o = cfg.block_m if o_staged(head_dim, cfg) else 0
-    return 2 * head_dim * (cfg.block_m + o + 2 * cfg.num_stages * cfg.block_n)
+    d, dv = _tiles(head_dim, head_dim_v)
+    o = cfg.block_m * dv if o_staged(head_dim, cfg, head_dim_v) else 0
+    return 2 * (cfg.block_m * d + o + cfg.num_stages * cfg.block_n * (d + dv))
 
 
-def sm_bytes(head_dim: int, cfg) -> int:
+def sm_bytes(head_dim: int, cfg, head_dim_v: int | None = None) -> int:
     """Shared memory ``cfg.occupancy`` programs take on one SM (each with its barriers and the 1 KB
     the SM keeps for every resident block)."""
-    return max(cfg.occupancy, 1) * (smem_bytes(head_dim, cfg) + SMEM_SPARE + 1024)
+    return max(cfg.occupancy, 1) * (smem_bytes(head_dim, cfg, head_dim_v) + SMEM_SPARE + 1024)
 
 
 def launch_regs(cfg) -> int:

@@ -136,9 +136,10 @@ def split_pieces(prob, cfg, n_tiles: int, programs: int, out_bytes: int) -> int:
     """How many pieces ``launch`` cuts each item of the last round into (1: none): with
     ``cfg.split_tail``, persistent and non-causal without a window or lengths per sequence (items
     of one cost), and a float32 workspace of pieces x the last round's rows no larger than the
-    output (``out_bytes``): the split never more than doubles what the call allocates."""
+    output (``out_bytes``): the split never more than doubles what the call allocates; and a head
+    dim of its own tile width, q/k's and v's alike (the merge reads whole rows)."""
     if not cfg.split_tail or cfg.persistent == 0 or prob.causal or prob.window_offset is not None \
-            or per_sequence(prob):
+            or per_sequence(prob) or prob.head_dim_v or prob.head_dim & (prob.head_dim - 1) or prob.head_dim < 64:
         return 1
     rest_bytes = n_tiles % programs * item_rows(cfg) * prob.head_dim * 4
     return tail_pieces(n_tiles, programs, triton.cdiv(prob.seqlen_k, cfg.block_n),
