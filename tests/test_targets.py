@@ -143,8 +143,9 @@ def test_hopper_builds_clusters_with_multicast():
     b = targets.build("hopper", "sm_90", 128, "bfloat16", False, cfg, seqlen_k=16384)
     ptx = b.asm["ptx"]
     assert b.metadata["num_ctas"] == 2 and targets.report(b).spilled_registers == 0
-    loads = re.findall(r"cp\.async\.bulk\.tensor\.3d\S*", ptx)
+    loads = re.findall(r"cp\.async\.bulk\.tensor\.4d\S*", ptx)  # K and V (Q and O are 3-D, each CTA its own)
     assert loads and all(op.endswith(".multicast::cluster") for op in loads)
+    assert not any(op.endswith(".multicast::cluster") for op in re.findall(r"cp\.async\.bulk\.tensor\.3d\S*", ptx))
     assert "mbarrier.arrive.expect_tx.shared.b64 _, [%r" in ptx and ", 32768;" in ptx
     assert ptx.count("mapa.shared::cluster") >= 4 and "mbarrier.arrive.shared::cluster.b64" in ptx
     assert ptx.count("barrier.cluster.wait") == 6  # each of the three partitions, at its start and its end

@@ -101,3 +101,7 @@ def test_k_and_v_must_place_heads_alike():
     k = torch.randn(1, 4, 64, 64, dtype=torch.float16)
     v = torch.randn(1, 64, 4, 64, dtype=torch.float16).transpose(1, 2)
     assert "differently" in tma.kv_reason(k, v, "bhsd")
+    # bshd K and V of head dims 192 and 128: heads side by side at different column strides; one leading
+    # index each through the exact descriptors
+    k, v = torch.randn(1, 64, 4, 192, dtype=torch.float16), torch.randn(1, 64, 4, 128, dtype=torch.float16)
+    assert "differently" in tma.kv_reason(k, v, "bshd") and tma.kv_reason(k, v, "bshd", exact=True) is None

@@ -40,10 +40,11 @@ def test_seqused_k_is_key_padding(variant, causal, align):
 
 def test_varlen_errors():
     q, cu = packed([3, 4], 2, 32, F16, 0)
-    with pytest.raises(ValueError, match="must start at 0, never decrease and end at 7"):
-        fmha.attention_varlen(q, q, q, cu.flip(0), cu, 4, 4)
-    with pytest.raises(ValueError, match="max_seqlen for cu_seqlens_q is 3, but a sequence has 4 rows"):
-        fmha.attention_varlen(q, q, q, cu, cu, 3, 4)
+    if DEVICE == "cpu":  # on a GPU the device check's assert (test_bad_cu_seqlens_stop_the_gpu_stream)
+        with pytest.raises(ValueError, match="must start at 0, never decrease and end at 7"):
+            fmha.attention_varlen(q, q, q, cu.flip(0), cu, 4, 4)
+        with pytest.raises(ValueError, match="max_seqlen for cu_seqlens_q is 3, but a sequence has 4 rows"):
+            fmha.attention_varlen(q, q, q, cu, cu, 3, 4)
     with pytest.raises(ValueError, match="int32 tensor"):
         fmha.attention_varlen(q, q, q, cu.long(), cu.long(), 4, 4)
     with pytest.raises(ValueError, match="3-dimensional"):
@@ -63,11 +64,34 @@ def test_only_hopper_reads_the_lengths_on_the_host(monkeypatch):
         seq = q[int(cu[b]):int(cu[b + 1])].transpose(0, 1)[None]
         ref = reference.dense_attention(seq, seq, seq)
         assert max_err(o[int(cu[b]):int(cu[b + 1])].transpose(0, 1)[None].cpu().double().numpy(), ref) < 4e-3
-    with pytest.raises(ValueError, match="must start at 0, never decrease and end at 7"):  # the device check's
-        fmha.attention_varlen(q, q, q, cu.flip(0), cu, 4, 4, variant="tiled")
+    if DEVICE == "cpu":  # the device check's verdict (on a GPU its assert: test_bad_cu_seqlens_stop_the_gpu_stream)
+        with pytest.raises(ValueError, match="must start at 0, never decrease and end at 7"):
+            fmha.attention_varlen(q, q, q, cu.flip(0), cu, 4, 4, variant="tiled")
     assert api._packed_on_host(q, q, "hopper", True, 4, 4) == q.is_cuda  # (the interpreter runs no hopper)
     assert not api._packed_on_host(q, q, "tiled", True, 4, 4)
     assert checks.check_cu_seqlens(torch.stack([cu, cu]).cpu().numpy(), 7, 7, 4, 4)[0].tolist() == [3, 4]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cu,max_q,says", [("[0, 4, 3]", 4, "cu_seqlens must start at 0, never decrease"),
+                                           ("[0, 3, 7]", 3, "a sequence is longer than its max_seqlen")])
+def test_bad_cu_seqlens_stop_the_gpu_stream(cu, max_q, says):
+    """On the GPU the packed lengths are checked in stream order (no host read): a device-side assert
+    naming the argument ends the process's CUDA context before the attention kernel reads."""
+    import subprocess
+    import sys
+    script = f"""
+import torch, fmha
+q = torch.randn(7, 2, 32, device="cuda", dtype=torch.float16)
+cu_q = torch.tensor({cu}, dtype=torch.int32, device="cuda")
+cu_k = torch.tensor([0, 3, 7], dtype=torch.int32, device="cuda")
+o = fmha.attention_varlen(q, q, q, cu_q, cu_k, {max_q}, 4, variant="tiled")
+torch.cuda.synchronize()
+print("ANSWER", o.float().sum().item())
+"""
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert run.returncode > 0 and "ANSWER" not in run.stdout, (run.returncode, run.stdout, run.stderr[-2000:])
+    assert says in run.stderr and "device-side assert" in run.stderr, run.stderr[-2000:]
 
 
 @pytest.mark.parametrize("causal,align,window", [(False, "top_left", (-1, -1)), (True, "top_left", (-1, -1)),

@@ -130,4 +130,5 @@ def values(cells: list[Cell]) -> str:
 
 
 GRIDS = {"default": default_grid, "decode": decode_grid, "extra": extra_grid, "features": features_grid,
-         "ragged": ragged_grid, "models": models_grid, "head-dims": head_dims_grid, "mla": mla_grid, "quick": quick_grid}
+         "ragged": ragged_grid, "models": models_grid, "head-dims": head_dims_grid, "mla": mla_grid,
+         "quick": quick_grid}

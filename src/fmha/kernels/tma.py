@@ -102,22 +102,25 @@ def exact(t: torch.Tensor, view: View, layout: str) -> tuple[list[int], list[int
     return [lead[0], *view.shape[:-1], d], [lead[1], *view.strides[:-1], 1]
 
 
-def reason(tensors, layout: str, kv_layout: str | None = None) -> str | None:
-    """None if TMA can read ``q, k, v, out`` in place, else why not."""
+def reason(tensors, layout: str, kv_layout: str | None = None, exact: bool = False) -> str | None:
+    """None if TMA can read ``q, k, v, out`` in place, else why not (``exact``: through :func:`exact`'s
+    descriptors)."""
     q, k, v, o = tensors
     kv_layout = kv_layout or layout
     for name, t, view in (("q", q, rows_view), ("k", k, kv_view), ("v", v, kv_view), ("out", o, rows_view)):
         if view(t, kv_layout if name in "kv" else layout) is None:
             return (f"{name} with strides {tuple(t.stride())}: TMA needs a unit-stride last dimension, 16-byte "
                     f"aligned pointer and strides, and heads either along the rows or side by side within one")
-    return kv_reason(k, v, kv_layout)
+    return kv_reason(k, v, kv_layout, exact)
 
 
-def kv_reason(k: torch.Tensor, v: torch.Tensor, layout: str) -> str | None:
-    """None if K and V have views that place (batch, head) alike (the kernels compute one place for both)."""
+def kv_reason(k: torch.Tensor, v: torch.Tensor, layout: str, exact: bool = False) -> str | None:
+    """None if K and V have views that place (batch, head) alike (the kernels compute one place for both;
+    through :func:`exact`'s descriptors a head side by side in a row is a leading index, whatever its
+    column stride, so K and V of different head dims place theirs alike)."""
     kw, vw = kv_view(k, layout), kv_view(v, layout)
     if kw is None or vw is None:
         return "K/V by TMA need a unit-stride head_dim, 16-byte aligned pointers and strides"
-    if (kw.batch, kw.head, kw.col) != (vw.batch, vw.head, vw.col):
+    if (kw.batch, kw.head, bool(kw.col) if exact else kw.col) != (vw.batch, vw.head, bool(vw.col) if exact else vw.col):
         return f"k and v place their heads differently (strides {tuple(k.stride())} and {tuple(v.stride())})"
     return None

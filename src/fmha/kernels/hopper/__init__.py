@@ -113,7 +113,7 @@ def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
         return f"needs {smem >> 10} KB of shared memory, sm_90 has {SMEM_LIMIT >> 10} KB"
     if sm_bytes(prob.head_dim, cfg, prob.dv) > SMEM_SM:
         return f"{cfg.occupancy} programs of {smem >> 10} KB of shared memory do not fit on one SM ({SMEM_SM >> 10} KB)"
-    why = tma.reason((q, k, v, o), layout, "bshd" if prob.page else layout)
+    why = tma.reason((q, k, v, o), layout, "bshd" if prob.page else layout, exact=True)
     if why:
         return why
     if cfg.cluster:
