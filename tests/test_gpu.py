@@ -187,12 +187,15 @@ def _arranged(b, h, kvh, s, d, dv, arrangement, seed):
 
 @pytest.mark.parametrize("arrangement", ["contiguous", "hf-view", "fused-qkv"])
 @pytest.mark.parametrize("causal,align", [(False, "top_left"), (True, "bottom_right")])
-@pytest.mark.parametrize("d,dv", [(32, 32), (96, 96), (192, 192), (256, 256), (192, 128)], ids=str)
-def test_hopper_takes_every_head_dim(d, dv, causal, align, arrangement):
+@pytest.mark.parametrize("d,dv,config", [(32, 32, None), (96, 96, None), (192, 192, None), (256, 256, None),
+                                         (192, 128, None), (32, 32, fmha.KernelConfig(128, 128, 4, 2)),
+                                         (96, 96, fmha.KernelConfig(128, 128, 4, 2))], ids=str)
+def test_hopper_takes_every_head_dim(d, dv, config, causal, align, arrangement):
     """head_dim 32, 96, 192, 256 and DeepSeek's 192/128 on the Gluon kernel, in tiles padded to a power of
-    two.  kv head 1's first key is NaN: heads 2 and 3 (which read it) come out NaN, heads 0 and 1 match the
-    reference, so a box padded past head_dim never reads the next head's columns (side by side in a row in
-    the hf-view and fused-qkv arrangements) nor writes them."""
+    two (Q in shared memory: Q K^T over the head dim's own columns, in slices).  kv head 1's first key is
+    NaN: heads 2 and 3 (which read it) come out NaN, heads 0 and 1 match the reference, so a box padded
+    past head_dim never reads the next head's columns (side by side in a row in the hf-view and fused-qkv
+    arrangements) nor writes them."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("sm_90 only")
     q, k, v = _arranged(2, 4, 2, 1000, d, dv, arrangement, seed=d + dv)
@@ -203,7 +206,7 @@ def test_hopper_takes_every_head_dim(d, dv, causal, align, arrangement):
         buf = torch.full((2, 1000, 3, 4, dv), float("nan"), dtype=q.dtype, device="cuda")  # out in its middle third
         out = buf[:, :, 1].transpose(1, 2) if layout == "bhsd" else buf[:, :, 1]
         _, lse = fmha.attention(qq, kk, vv, causal=causal, causal_align=align, layout=layout, out=out,
-                                return_lse=True)
+                                return_lse=True, variant="hopper", config=config)
         torch.cuda.synchronize()
         check_against_reference(out, qq, kk, vv, causal, align, layout, lse=lse)  # NaN rows where the reference's
         assert buf[:, :, 0].isnan().all() and buf[:, :, 2].isnan().all()

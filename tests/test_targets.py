@@ -308,3 +308,22 @@ def test_cli_report_and_errors(tmp_path):
     assert bad.returncode == 2 and "unsupported target 'gfx9000'; valid: gfx1151" in bad.stderr
     bad = run("--target", "sm_90", "--variant", "fastest")
     assert bad.returncode == 2 and "unsupported variant 'fastest'; valid:" in bad.stderr
+
+
+@pytest.mark.parametrize("head_dim", [32, 96, 192, 256])
+def test_hopper_builds_every_head_dim(head_dim):
+    """Head dims off 64 and 128 build for sm_90 in tiles padded to a power of two, without spills; with Q
+    in shared memory, Q K^T runs over the head dim's own columns (192: twelve 16-column steps, 128 + 64)."""
+    from dataclasses import replace
+
+    from fmha import configs
+    from fmha.kernels import hopper
+    cfg = replace(configs.hopper_config(head_dim, True, 4096), q_regs=0)
+    b = targets.build("hopper", "sm_90", head_dim, "bfloat16", True, cfg, seqlen_k=4096)
+    assert targets.report(b).spilled_registers == 0
+    hi, lo = hopper.qk_slices(head_dim, cfg)
+    assert (hi, lo) == {32: (32, 0), 96: (64, 32), 192: (128, 64), 256: (0, 0)}[head_dim]
+    if head_dim == 192:  # Q K^T (64 x 64 tiles) against P V (64 x 256): 12 steps against 4 a key tile
+        mix = targets.report(b).matrix_instructions
+        assert mix["wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16"] == 3 * mix[
+            "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16"]

@@ -208,9 +208,21 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
         combine.launch(w, wl, o, lse, strides_bhsd(o, layout), prob.heads, prob.seqlen_q, dest)
 
 
+def qk_slices(head_dim: int, cfg) -> tuple[int, int]:
+    """(QK_HI, QK_LO): Q K^T over a padded head dim's own columns, in two slices of powers of two (192 as
+    128 + 64, 96 as 64 + 32, 32 as 32 + 0); (0, 0): over the whole tile (a head dim of its own tile's
+    width, or Q in registers, whose operand does not slice)."""
+    if head_dim == padded(head_dim) or cfg.q_regs:
+        return 0, 0
+    hi = 1 << (head_dim.bit_length() - 1)
+    return hi, head_dim - hi
+
+
 def constexprs(prob, cfg, store_lse: bool, paired: bool = False, alibi: bool = False, split: bool = False,
                balance: bool = False) -> dict:
-    return dict(HEAD=padded(prob.head_dim), HEAD_V=padded(prob.dv), DV=prob.dv, BLOCK_M=cfg.block_m,
+    qk_hi, qk_lo = qk_slices(prob.head_dim, cfg)
+    return dict(HEAD=padded(prob.head_dim), HEAD_V=padded(prob.dv), DV=prob.dv, QK_HI=qk_hi, QK_LO=qk_lo,
+                BLOCK_M=cfg.block_m,
                 BLOCK_N=cfg.block_n, STAGES=cfg.num_stages,
                 CONSUMER_REGS=consumer_regs(cfg), CAUSAL=prob.causal,
                 WINDOW=prob.window_offset is not None, SOFTCAP=prob.softcap > 0, ALIBI=alibi,
