@@ -99,7 +99,9 @@ def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = 
     three consumer warpgroups at 160 registers spill on the extra live values (up to 117
     registers with the modifiers, 48 stores with the ragged key mask, sm_90 build), two at 240
     do not.  With the modifiers at D=128, Q stays in shared memory (in registers, 23 spilled
-    registers with window, softcap and ALiBi, causal); with them or lengths per sequence, no
+    registers with window, softcap and ALiBi, causal); so it does for a causal head dim padded to
+    its tile (96, 32), whose Q K^T then skips the zero columns (``hopper.qk_slices``: 1-3% faster
+    at D=96, docs/PERF.md); with them or lengths per sequence, no
     clusters (``hopper.supports``), nor where ``seqlen_q`` (0: not known) makes an odd number of
     query blocks (FlashAttention-3's rule): a cluster runs two blocks, and the partner of a last
     lone block would compute rows that do not exist (a 2x loss where a head has one block)."""
@@ -107,7 +109,7 @@ def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = 
     for key_d, key_causal, longest, cfg in HOPPER:
         if key_d == d and key_causal == bool(causal) and (longest is None or seqlen_k <= longest):
             narrow = modifiers or per_sequence or seqlen_k % cfg.block_n
-            if modifiers and d == 128:
+            if modifiers and d == 128 or causal and head_dim != d:
                 cfg = replace(cfg, q_regs=0)
             if modifiers or per_sequence or -(-seqlen_q // cfg.block_m) % 2:
                 cfg = replace(cfg, cluster=0)
