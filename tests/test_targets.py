@@ -323,6 +323,8 @@ def test_hopper_builds_every_head_dim(head_dim):
     assert targets.report(b).spilled_registers == 0
     hi, lo = hopper.qk_slices(head_dim, cfg)
     assert (hi, lo) == {32: (32, 0), 96: (64, 32), 192: (128, 64), 256: (0, 0)}[head_dim]
+    assert hopper.qk_slices(head_dim, replace(cfg, cluster=1)) == (0, 0)  # Gluon 3.6 slices no cluster tile
+    assert configs.hopper_config(head_dim, True, 4096).q_regs == 0  # a causal padded head dim: Q in shared memory
     if head_dim == 192:  # Q K^T (64 x 64 tiles) against P V (64 x 256): 12 steps against 4 a key tile
         mix = targets.report(b).matrix_instructions
         assert mix["wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16"] == 3 * mix[
