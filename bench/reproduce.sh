@@ -27,3 +27,4 @@ python3 bench/backward_tiles.py --ledger "$ledger"                    # the back
 python3 bench/host_profile.py --ledger "$ledger"
 python3 bench/model_speed.py --ledger "$ledger"
 bench --grid mla --dtype bfloat16        # DeepSeek-V3 prefill heads: q/k 192, v 128 (FA4 takes it when installed)
+bench --grid head-dims --dtype bfloat16  # head dims 32, 96, 256 on the Gluon kernel

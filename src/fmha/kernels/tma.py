@@ -11,7 +11,9 @@ Two placements of the heads exist: along the rows (or K/V's first index), when a
 multiple of a sequence row's (bhsd-like storage), or along the columns, when the heads of one
 sequence row lie side by side within it (bshd-like storage).  The batch stride must then be a
 multiple of the row stride (of the head stride, for K/V with heads along the first index).  A
-layout that meets neither is not described, and :func:`reason` says why.
+layout that meets neither is not described, and :func:`reason` says why.  The ``tiled`` kernel's K/V
+descriptors are these views; the Gluon kernel's are one rank higher (:func:`exact`), heads side by
+side becoming a leading index, so that a box padded past head_dim reads zeros.
 """
 from __future__ import annotations
 

@@ -42,16 +42,21 @@ loop at the block's first visible tile and masks the band's lower edge; softcap
 and ALiBi act on the raw scores ``q.k`` (:func:`_scores`, the same values as
 ``common.scores`` before its scale).
 
-Shapes it takes (:func:`supports`): sm_90, head_dim 64 or 128, any seqlen_q and
-seqlen_k, q/k/v/out contiguous in bhsd or bshd, packed sequences (``VARLEN``,
+Shapes it takes (:func:`supports`): sm_90, head_dim 32, 64, 96, 128, 192 or 256 and
+V's no larger than q/k's (DeepSeek's 192/128), any seqlen_q and seqlen_k, q/k/v/out in
+any strides TMA can read (:mod:`..tma`), packed sequences (``VARLEN``,
 one packed bshd tensor; the work items come from a list the host builds from the
 lengths, :func:`varlen_items`, so none lies past a sequence's end) and per-batch
 key lengths (``SEQUSED``), also against a paged K/V cache (``PAGED``: pages of a
 multiple of ``BLOCK_N`` keys, each key tile's page read from the block table by the
-producer).  Rows of the last query block past the sequence's end are computed on
+producer).  A head dim runs in tiles of the next power of two, 64 at least
+(:func:`padded`): Q and O go through 3-D descriptors and K and V through 4-D ones whose
+last dimension ends at head_dim (:func:`tma.exact`), so the columns of a box past it
+read zeros and are never written, and Q K^T skips them where Q stays in shared memory
+(:func:`qk_slices`).  Rows of the last query block past the sequence's end are computed on
 whatever TMA reads there and never stored (a warpgroup that straddles the end, or
-every warpgroup where O cannot be staged in shared memory, stores from registers).  K and V are read
-through 3-D descriptors, one sequence per (batch, head), so a last key tile past
+every warpgroup where O cannot be staged in shared memory, stores from registers).  K and V
+hold one sequence per (batch, head) in their descriptors, so a last key tile past
 seqlen_k holds zeros (never the next head's keys, which could hold anything, NaN
 included: a masked score times a NaN value is NaN) and is masked (``RAGGED``).
 Past a packed sequence's end or a seqused_k length the tile holds real memory
