@@ -132,6 +132,14 @@ def test_mla_cells_run_with_v_head_dim_other_than_qk():
     assert all(c.head_dim == 192 and c.head_dim_v == 128 for c in grids.mla_grid())
 
 
+def test_head_dims_grid_holds_the_other_head_dims():
+    """``--grid head-dims``: 32, 96 and 256 as the default grid holds 64 and 128 (B*S = 16k, heads * D
+    about 2048), causal and not."""
+    cells = grids.GRIDS["head-dims"]()
+    assert sorted({c.head_dim for c in cells}) == [32, 96, 256] and {c.causal for c in cells} == {False, True}
+    assert all(c.batch * c.seqlen_q == 16384 and 2048 - c.head_dim < c.heads * c.head_dim <= 2048 for c in cells)
+
+
 def test_a_ledger_from_before_a_new_column_takes_the_longer_header(tmp_path):
     path = tmp_path / "ledger.csv"
     old = ledger.COLUMNS[:-1]
