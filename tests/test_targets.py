@@ -25,10 +25,12 @@ def builds():
 
 @pytest.mark.parametrize("dtype,instr", [("float16", "v_wmma_f32_16x16x16_f16"),
                                          ("bfloat16", "v_wmma_f32_16x16x16_bf16")])
-@pytest.mark.parametrize("variant,head_dim", [("singlewave", 64), ("pipelined", 64), ("singlewave", 128)])
+@pytest.mark.parametrize("variant,head_dim", [("singlewave", 64), ("pipelined", 64), ("singlewave", 128),
+                                              ("pipelined", 128)])
 def test_seed_kernels_on_gfx1151_use_wmma_wave32_without_spills(builds, variant, head_dim, dtype, instr):
     """The seed's kernels keep m, l and the accumulator in registers for the whole key loop: no
-    spills, no scratch (at D=128 the accumulator and V come in two halves of the head dimension)."""
+    spills, no scratch (at D=128 the accumulator and V come in two halves of the head dimension, and
+    pipelined's scores wait for the next tile's Q K^T, so its K operand dies before the softmax)."""
     b, r = builds(variant, "gfx1151", head_dim, dtype)
     assert set(r.matrix_instructions) == {instr}
     # D/16 WMMAs for Q K^T and D/16 for P V per key tile, at least once each in the loop

@@ -210,6 +210,8 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
                  PACK_GQA=False, KV_TMA=False)
     if "HEAD_V" in kernel.arg_names:  # tiled: V's head dim (q/k's here)
         const.update(HEAD_V=const["HEAD_DIM"], BLOCK_DV=const["BLOCK_D"])
+    if "AMD" in kernel.arg_names:  # pipelined: the build orders its loop for gfx11's WMMA registers
+        const.update(AMD=chip.backend == "hip")
     sig, attrs = {}, {}
     for i, name in enumerate(kernel.arg_names):
         if name in const:

@@ -93,5 +93,6 @@ def launch(variant: str, cfg, prob, q, k, v, o, lse, layout: str, alibi=None, se
         SOFTCAP=prob.softcap > 0, ALIBI=alibi is not None, VARLEN=prob.varlen, SEQUSED=prob.seqused,
         ALIGN_BR=prob.align_br, SPLIT=bool(split_len), PAGED=bool(prob.page), PAGE=max(prob.page, 1),
         PACK_GQA=prob.pack_gqa, KV_TMA=kv_tma,
-        **(dict(HEAD_V=prob.dv, BLOCK_DV=prob.block_dv) if variant == "tiled" else {}),
+        **(dict(HEAD_V=prob.dv, BLOCK_DV=prob.block_dv) if "HEAD_V" in kernel.arg_names else {}),
+        **(dict(AMD=torch.version.hip is not None and q.is_cuda) if "AMD" in kernel.arg_names else {}),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)

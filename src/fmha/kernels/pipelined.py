@@ -5,12 +5,20 @@ independent work reordered: the QK product of tile ``t + 1`` is issued before
 the softmax of tile ``t``, so the matrix unit has work while the exponentials
 and reductions of tile ``t`` run.  As in ``singlewave``, ``acc`` and each V tile come in two
 halves of the head dimension.
+
+On gfx11 a WMMA operand is held twice (both half-waves), so at head_dim 128 Q (64 VGPRs), the
+accumulator (64) and the next tile's K operand (64) leave no room for the softmax if the compiler
+sinks the next tile's Q K^T below it, as LLVM's scheduler does: it then spills Q to scratch and
+reads it back every tile.  ``AMD`` builds make this tile's scores wait for the next tile's Q K^T
+(:func:`after`), the order the seed pipelines in, so K's operand dies before the softmax; with
+the causal mask's registers besides, the second half's P V also waits for the first's: no spills
+(docs/SEED_MAP.md).
 """
 import triton
 import triton.language as tl
 
-from .common import (causal_stop, head_slope, initial_state, load_rows, mma, program_start, pv_half, scores,
-                     softmax_weights, split_keys, window_start, write_output)
+from .common import (INTERPRET, causal_stop, head_slope, initial_state, load_rows, mma, program_start, pv_half,
+                     scores, softmax_weights, split_keys, window_start, write_output)
 
 
 @triton.jit
@@ -27,7 +35,7 @@ def pipelined_kernel(
         CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
         ALIBI: tl.constexpr, VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr,
         SPLIT: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr, PACK_GQA: tl.constexpr,
-        KV_TMA: tl.constexpr):
+        KV_TMA: tl.constexpr, AMD: tl.constexpr):
     (row_lo, row_hi, offs_m, q, k_base, v_base, o_rows, lse_rows, seqlen_q, seqlen_k, causal_offset, window_offset,
      align_offset) = program_start(
         Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh,
@@ -62,11 +70,13 @@ def pipelined_kernel(
         k_ptrs += BLOCK_N * stride_ks
         k_next = load_rows(k_ptrs, cols + BLOCK_N, stop, offs_d, HEAD_DIM, BLOCK_D, True)
         qk_next = mma(q, tl.trans(k_next), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
-        # 5.2-5.6 for tile t
-        s = scores(qk, offs_m, cols, seqlen_k, scale_log2, softcap, slope, causal_offset, window_offset,
-                   align_offset, True, CAUSAL, WINDOW, SOFTCAP, ALIBI)
+        # 5.2-5.6 for tile t, once 5.1 of tile t+1 is done
+        s = scores(after(qk, qk_next, AMD), offs_m, cols, seqlen_k, scale_log2, softcap, slope, causal_offset,
+                   window_offset, align_offset, True, CAUSAL, WINDOW, SOFTCAP, ALIBI)
         p, alpha, l, m = softmax_weights(l, m, s)
         acc = pv_half(acc, alpha, p, v_ptrs, cols, seqlen_k, offs_h, HALF, HALF)
+        if AMD and CAUSAL and BLOCK_D > 64:  # the mask's registers: the second half's V waits for the first's P V
+            p = after(p, tl.max(acc, 1)[:, None], AMD)
         acc_hi = pv_half(acc_hi, alpha, p, v_ptrs + HALF * stride_vd, cols, seqlen_k, offs_h, HEAD_DIM - HALF, HALF)
         # 5.7 carry, the next scores included
         v_ptrs += BLOCK_N * stride_vs
@@ -74,6 +84,17 @@ def pipelined_kernel(
     write_output(o_rows, LSE, lse_rows, acc, l, m, offs_m, seqlen_q, offs_h, stride_od, HALF, HALF, STORE_LSE)
     write_output(o_rows + HALF * stride_od, LSE, lse_rows, acc_hi, l, m, offs_m, seqlen_q, offs_h, stride_od,
                  HEAD_DIM - HALF, HALF, False)
+
+
+@triton.jit
+def after(x, dep, AMD: tl.constexpr):
+    """``x``, computed no earlier than ``dep`` on an AMD GPU (an opaque copy that reads ``dep``: the
+    compiler cannot move ``dep``'s instructions below ``x``'s uses); elsewhere ``x``."""
+    if AMD and not INTERPRET:
+        return tl.inline_asm_elementwise("v_mov_b32 $0, $1", "=v,v,v", [x, dep], dtype=tl.float32, is_pure=True,
+                                         pack=1)
+    else:
+        return x
 
 
 KERNEL = pipelined_kernel
