@@ -83,15 +83,72 @@ def test_only_padding_masks_are_unpadded():
     causal = torch.ones(q, k, dtype=torch.bool).tril()
     valid = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]], dtype=torch.bool)
     mask = (causal[None] & valid[:, None, :])[:, None]
-    assert torch.equal(key_padding(mask, q, k, True, (-1, -1)), valid)
+    found = key_padding(mask, q, k, True, (-1, -1))
+    assert torch.equal(found.valid, valid) and not found.last and found.used is None
     windowed = mask & (torch.arange(k)[None, :] >= torch.arange(q)[:, None] - 2)
-    assert torch.equal(key_padding(windowed, q, k, True, (2, -1)), valid)
+    assert torch.equal(key_padding(windowed, q, k, True, (2, -1)).valid, valid)
     assert key_padding(windowed, q, k, True, (-1, -1)) is None
     holes = valid.clone()
     holes[0, 3] = False
     assert key_padding((causal[None] & holes[:, None, :])[:, None], q, k, True, (-1, -1)) is None
     assert key_padding(torch.ones(2, 1, q, k, dtype=torch.bool), q, k, True, (-1, -1)) is None  # not causal
     assert key_padding(mask.float(), q, k, True, (-1, -1)) is None
+
+
+@pytest.mark.parametrize("q", [1, 3])
+def test_a_static_cache_mask_reads_its_queries_as_the_last_real_keys(q):
+    """A static cache's mask: the real keys a prefix, the slots after them unused, the q queries each
+    sequence's last real keys (not the last key columns).  Read as such (``used``: seqused_k), never
+    as queries at unused slots, whose output would be zeros; with left padding too (``last``, packed)."""
+    from fmha.integrations.transformers import key_padding
+    k = 10
+    ends = torch.tensor([6, 9])
+    j = torch.arange(k)
+    pos = ends[:, None] - q + torch.arange(q)[None, :]  # each query's position: the sequence's last real keys
+    used_mask = (j[None, None, :] <= pos[..., None]) & (j[None, None, :] < ends[:, None, None])
+    found = key_padding(used_mask[:, None], q, k, q > 1, (-1, -1))
+    assert found.last and torch.equal(found.used, ends.to(torch.int32))
+    left = used_mask & (j[None, None, :] >= torch.tensor([0, 2])[:, None, None])  # sequence 1 starts at key 2
+    found = key_padding(left[:, None], q, k, q > 1, (-1, -1))
+    assert found.last and found.used is None and torch.equal(found.valid, left.any(1))
+    off = used_mask.clone()
+    off[0, :, 2] = False  # a hole among sequence 0's real keys: not this structure
+    assert key_padding(off[:, None], q, k, q > 1, (-1, -1)) is None
+
+
+def test_a_mask_is_read_once_a_forward():
+    """Every layer passes the same mask: its verdict is read on the host once, and again once the mask
+    changes in place."""
+    from fmha.integrations import transformers as fmha_hf
+    mask = torch.ones(2, 1, 4, 4, dtype=torch.bool).tril()
+    first = fmha_hf.key_padding(mask, 4, 4, True, (-1, -1))
+    assert fmha_hf.key_padding(mask, 4, 4, True, (-1, -1)) is first
+    mask[0, 0, :, 0] = False  # the first key of sequence 0 now padding
+    again = fmha_hf.key_padding(mask, 4, 4, True, (-1, -1))
+    assert again is not first and not again.valid[0, 0]
+
+
+def test_static_cache_generation_matches_sdpa(models, monkeypatch):
+    """generate() with a static cache: its prefill and decode masks (the unused slots after the real keys)
+    run fmha with seqused_k, no SDPA and no gathers, and the tokens are SDPA's.  (SDPA skips the prefill's
+    mask for its top-left is_causal; read bottom-right, the prompt's queries would see the empty slots.)"""
+    import fmha.integrations.transformers as fmha_hf
+    from transformers.integrations import sdpa_attention
+    used, other = [], []
+    real = fmha_hf.fmha.attention
+    monkeypatch.setattr(fmha_hf.fmha, "attention",
+                        lambda *a, **kw: used.append(kw.get("seqused_k") is not None) or real(*a, **kw))
+    monkeypatch.setattr(fmha_hf.fmha, "attention_varlen", lambda *a, **kw: other.append("varlen"))
+    monkeypatch.setattr(sdpa_attention, "sdpa_attention_forward", lambda *a, **kw: other.append("sdpa"))
+    ref, ours = models
+    ids = torch.randint(0, 101, (2, 12), generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    with torch.no_grad():
+        want = ref.generate(ids, max_new_tokens=5, do_sample=False, cache_implementation="static",
+                            attention_mask=torch.ones_like(ids))
+        got = ours.generate(ids, max_new_tokens=5, do_sample=False, cache_implementation="static",
+                            attention_mask=torch.ones_like(ids))
+    assert torch.equal(got, want) and not other
+    assert used == [True] * 2 * 5  # every layer of the prefill and the 4 decode steps
 
 
 def test_other_masks_go_to_sdpa(monkeypatch):

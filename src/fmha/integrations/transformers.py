@@ -11,13 +11,17 @@ layer's window are all there is (no padding, the queries the last positions of t
 ``torch.compile`` too, so those calls make no host checks and trace whole.  A padded
 batch (a mask that is exactly the causal band, the layer's window and one contiguous run of real
 tokens per sequence) runs as packed sequences: the real tokens gathered,
-:func:`fmha.attention_varlen`, scattered back, with zeros on padded query rows.  Any other mask goes
+:func:`fmha.attention_varlen`, scattered back, with zeros on padded query rows; a static cache's mask
+(the real keys a prefix, the queries the last of them, the unused slots after) runs with ``seqused_k``.  Any other mask goes
 to torch SDPA with that mask, so nothing is computed wrong (with sinks, which SDPA lacks, such a
 mask is refused).  Training works (gradients through :mod:`fmha.gradients`), under autocast
 too (float32 q, k, v are cast to the autocast dtype, as autocast casts SDPA's); attention dropout
 is refused.
 """
 from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
 
 import torch
 
@@ -49,43 +53,85 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         out = fmha.attention(q, k, v, causal=causal, scale=scaling, causal_align="bottom_right", layout="bshd",
                              window=window, softcap=softcap, sinks=sinks)
         return out, None
-    valid = key_padding(attention_mask, q.shape[1], k.shape[1], causal, window)
-    if valid is None:
+    padding = key_padding(attention_mask, q.shape[1], k.shape[1], causal, window)
+    if padding is None:
         if sinks is not None:  # SDPA has no sinks: running it would drop them
             raise NotImplementedError("fmha takes attention sinks with causal, sliding-window and padding masks "
                                       "only; for this mask use attn_implementation='eager'")
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
-    return unpadded_attention(q, k, v, valid, causal=causal, scale=scaling, window=window, softcap=softcap,
-                              sinks=sinks), None
+    kw = dict(causal=causal, scale=scaling, window=window, softcap=softcap, sinks=sinks)
+    if padding.used is not None:  # each sequence's real keys a prefix, its queries the last of them
+        return fmha.attention(q, k, v, causal_align="bottom_right", layout="bshd", seqused_k=padding.used, **kw), None
+    return unpadded_attention(q, k, v, padding.valid, last=padding.last, **kw), None
 
 
-def key_padding(mask: torch.Tensor, q_len: int, k_len: int, causal: bool, window) -> torch.Tensor | None:
-    """The real keys, bool ``[batch, k_len]``, when the bool mask ``[batch, 1, q_len, k_len]`` is
-    exactly the causal band (bottom-right), the window and one contiguous run of real keys per
-    sequence (padding on the left or the right); otherwise None.  One comparison on the device,
-    read once on the host."""
+@dataclass(frozen=True)
+class Padding:
+    """What :func:`key_padding` found: ``valid``, bool ``[batch, k_len]``, the real keys (one run a
+    sequence); ``last``: the queries are each sequence's last ``q_len`` real keys (a static cache, whose
+    unused slots follow the real keys), else query row i is key column ``k_len - q_len + i``; ``used``:
+    int32 ``[batch]`` real keys a sequence when each run starts at key 0 and the queries are its last
+    keys (no gathering needed: ``seqused_k``), else None."""
+    valid: torch.Tensor
+    last: bool
+    used: torch.Tensor | None
+
+
+_seen: dict = {}  # key_padding's verdicts on the masks of the current forward (every layer passes the same)
+
+
+def key_padding(mask: torch.Tensor, q_len: int, k_len: int, causal: bool, window) -> Padding | None:
+    """The real keys when the bool mask ``[batch, 1, q_len, k_len]`` is exactly the causal band and
+    the layer's window over one contiguous run of real keys per sequence, with the queries either at
+    the last ``q_len`` key columns (bottom-right: left or right padding, or none) or at the last
+    ``q_len`` real keys of each sequence (a static cache: its unused slots follow); otherwise None.
+    Computed on the device, read once on the host (one read a forward: the layers share the mask)."""
     if mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[2:] != (q_len, k_len):
         return None
-    valid = mask[:, 0].any(dim=1)  # a real key is seen by some query
-    i = torch.arange(q_len, device=mask.device)[:, None] + (k_len - q_len)
-    j = torch.arange(k_len, device=mask.device)[None, :]
-    band = torch.ones(q_len, k_len, dtype=torch.bool, device=mask.device)
-    if causal:
-        band &= j <= i
-    if window[0] >= 0:
-        band &= j >= i - window[0]
+    key = (id(mask), mask._version, q_len, k_len, causal, tuple(window))
+    compiling = torch.compiler.is_compiling()
+    if not compiling and key in _seen and _seen[key][0]() is mask:
+        return _seen[key][1]
+    m = mask[:, 0]
+    valid = m.any(dim=1)  # a real key is seen by some query
+    j = torch.arange(k_len, device=mask.device)
     runs = (valid[:, 1:] & ~valid[:, :-1]).sum(1) + valid[:, 0]  # starts of runs of real keys
-    same = torch.equal(mask[:, 0], band[None] & valid[:, None, :]) and bool((runs <= 1).all())
-    return valid if same else None
+    end = torch.where(valid, j + 1, 0).amax(1)  # one past each sequence's last real key
+    start = torch.where(valid, j, k_len).amin(1)
+    aligned = (m == _band(torch.arange(q_len, device=mask.device)[None, :] + (k_len - q_len), j, causal, window)
+               & valid[:, None, :]).all()
+    last_pos = end[:, None] - q_len + torch.arange(q_len, device=mask.device)[None, :]  # [batch, q_len]
+    last = (m == (_band(last_pos, j, causal, window) & valid[:, None, :])).all() & ((end - start) >= q_len).all()
+    one_run, aligned, last, prefix = torch.stack([(runs <= 1).all(), aligned, last, (start == 0).all()]).tolist()
+    padding = None
+    if one_run and (aligned or last):
+        last = last and not (aligned and q_len == k_len)  # (rows and key columns coincide: the aligned reading)
+        padding = Padding(valid, last, end.to(torch.int32) if last and prefix else None)
+    if not compiling:
+        if len(_seen) > 8:
+            _seen.clear()
+        _seen[key] = (weakref.ref(mask), padding)
+    return padding
 
 
-def unpadded_attention(q, k, v, valid, *, causal, scale, window, softcap, sinks=None):
-    """Attention over the real tokens of a padded bshd batch: each sequence's real queries (the
-    last ``q_len`` key positions that are real) and keys packed, one varlen call, the result
-    scattered back; padded query rows get zeros."""
-    q_valid = valid[:, valid.shape[1] - q.shape[1]:]
+def _band(pos: torch.Tensor, j: torch.Tensor, causal: bool, window) -> torch.Tensor:
+    """Keys ``j`` a query at position ``pos`` (``[batch or 1, q_len]``) sees: ``[.., q_len, k_len]``."""
+    band = torch.ones(*pos.shape, j.shape[0], dtype=torch.bool, device=j.device)
+    if causal:
+        band &= j <= pos[..., None]
+    if window[0] >= 0:
+        band &= j >= pos[..., None] - window[0]
+    return band
+
+
+def unpadded_attention(q, k, v, valid, *, last=False, causal, scale, window, softcap, sinks=None):
+    """Attention over the real tokens of a padded bshd batch: each sequence's real queries (the query
+    rows at real key columns, or all of them when ``last``: they are each sequence's last real keys)
+    and keys packed, one varlen call, the result scattered back; padded query rows get zeros."""
+    q_valid = torch.ones(q.shape[:2], dtype=torch.bool, device=q.device) if last else \
+        valid[:, valid.shape[1] - q.shape[1]:]
     lens_q, lens_k = q_valid.sum(1, dtype=torch.int32), valid.sum(1, dtype=torch.int32)
     cu = [torch.nn.functional.pad(n.cumsum(0, dtype=torch.int32), (1, 0)) for n in (lens_q, lens_k)]
     packed = fmha.attention_varlen(q[q_valid], k[valid], v[valid], *cu, q.shape[1], k.shape[1], causal=causal,
@@ -101,7 +147,8 @@ def mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function
     """transformers' mask interface for ``"fmha"``: None (fmha applies the band itself, bottom-right) when
     the mask would be the causal band or a sliding-window one and nothing else: no padding, nothing
     added to the band (transformers then forbids the skip), and the queries the last positions of the
-    keys.  Otherwise SDPA's mask, which :func:`attention_forward` unpads or hands to SDPA."""
+    keys.  Otherwise SDPA's mask, which :func:`attention_forward` unpads or hands to SDPA (never SDPA's skip
+    that relies on its top-left alignment)."""
     from transformers.masking_utils import causal_mask_function, prepare_padding_mask, sdpa_mask
     mask_function = mask_function or causal_mask_function
     band = mask_function is causal_mask_function if local_size is None else _sliding_window(mask_function)
@@ -110,9 +157,11 @@ def mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function
         # an all-ones padding mask (generate() passes one) read once a forward, as SDPA's skip reads it
         if padding is None or not torch.compiler.is_compiling() and bool(padding.all()):
             return None
+    # SDPA skips a static cache's prefill mask (12 queries, 17 slots) for its top-left is_causal; fmha reads no
+    # mask as bottom-right, so it skips only where the two agree
     return sdpa_mask(batch_size, q_length, kv_length, q_offset=q_offset, kv_offset=kv_offset,
                      mask_function=mask_function, attention_mask=attention_mask, local_size=local_size,
-                     allow_is_causal_skip=allow_is_causal_skip, **kwargs)
+                     allow_is_causal_skip=allow_is_causal_skip and q_length in (1, kv_length), **kwargs)
 
 
 def _sliding_window(mask_function) -> bool:
