@@ -12,11 +12,11 @@ layer's window are all there is (no padding, the queries the last positions of t
 batch (a mask that is exactly the causal band, the layer's window and one contiguous run of real
 tokens per sequence) runs as packed sequences: the real tokens gathered,
 :func:`fmha.attention_varlen`, scattered back, with zeros on padded query rows; a static cache's mask
-(the real keys a prefix, the queries the last of them, the unused slots after) runs with ``seqused_k``.  Any other mask goes
-to torch SDPA with that mask, so nothing is computed wrong (with sinks, which SDPA lacks, such a
-mask is refused).  Training works (gradients through :mod:`fmha.gradients`), under autocast
-too (float32 q, k, v are cast to the autocast dtype, as autocast casts SDPA's); attention dropout
-is refused.
+(the real keys a prefix, the queries the last of them, the unused slots after) runs with
+``seqused_k``.  Any other mask goes to torch SDPA with that mask, so nothing is computed wrong (with
+sinks, which SDPA lacks, such a mask is refused).  Training works (gradients through
+:mod:`fmha.gradients`), under autocast too (float32 q, k, v are cast to the autocast dtype, as
+autocast casts SDPA's); attention dropout is refused.
 """
 from __future__ import annotations
 
