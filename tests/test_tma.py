@@ -105,3 +105,27 @@ def test_k_and_v_must_place_heads_alike():
     # index each through the exact descriptors
     k, v = torch.randn(1, 64, 4, 192, dtype=torch.float16), torch.randn(1, 64, 4, 128, dtype=torch.float16)
     assert "differently" in tma.kv_reason(k, v, "bshd") and tma.kv_reason(k, v, "bshd", exact=True) is None
+
+
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("d,dv", [(96, 96), (192, 128), (32, 32)])
+def test_hopper_descriptors_end_at_each_head_dim(layout, d, dv):
+    """The Gluon kernel's four descriptors: Q/O 3-D with 64-row boxes, K/V 4-D with key-tile boxes, each box
+    as wide as its head dim's tile (a power of two) over a last dimension of exactly q/k's or v's head dim."""
+    from fmha import configs
+    from fmha.kernels import hopper
+    from fmha.plan import Problem
+    prob = Problem(2, 4, 2, 100, 100, d, True, 0, 1.0, head_dim_v=dv if dv != d else 0)
+    cfg = configs.hopper_config(d, True, 100)
+
+    def t(heads, dim):
+        shape = (2, heads, 100, dim) if layout == "bhsd" else (2, 100, heads, dim)
+        return torch.empty(shape, dtype=torch.bfloat16)
+    descs, place = hopper.descriptors(prob, cfg, t(4, d), t(2, d), t(2, dv), t(4, dv), layout)
+    assert [len(x.shape) for x in descs] == [3, 4, 4, 3]
+    assert [x.shape[-1] for x in descs] == [d, d, dv, dv]
+    assert [x.block_shape for x in descs] == [[1, 64, hopper.padded(d)], [1, 1, cfg.block_n, hopper.padded(d)],
+                                              [1, 1, cfg.block_n, hopper.padded(dv)], [1, 64, hopper.padded(dv)]]
+    side = layout == "bshd"  # heads side by side in a row: a leading index of their own
+    assert [x.shape[0] for x in descs] == ([4, 2, 2, 4] if side else [1, 1, 1, 1])
+    assert (place[2], place[5]) == (int(side), int(side))
