@@ -141,8 +141,9 @@ def descriptors(prob, cfg, q, k, v, o, layout: str) -> tuple:
              (v, tma.kv_view(v, kv_layout), kv_layout), (o, tma.rows_view(o, layout), layout)]
     d, dv = padded(prob.head_dim), padded(prob.dv)
     rows, kv, split = (ROWS_LAYOUT_2, KV_LAYOUT_2, 2) if cfg.cluster else (ROWS_LAYOUT, KV_LAYOUT, 1)
-    boxes = ([1, 64, d], [1, 1, cfg.block_n, d // split], [1, 1, cfg.block_n, dv // split], [1, 64, dv])  # CLUSTER:
-    descs = tuple(TensorDescriptor(t, *tma.exact(t, w, lay), box, rows if len(box) == 3 else kv)  # a column half
+    # CLUSTER: each CTA loads a column half of every K/V tile
+    boxes = ([1, 64, d], [1, 1, cfg.block_n, d // split], [1, 1, cfg.block_n, dv // split], [1, 64, dv])
+    descs = tuple(TensorDescriptor(t, *tma.exact(t, w, lay), box, rows if len(box) == 3 else kv)
                   for (t, w, lay), box in zip(views, boxes))
     qw, kw, ow = views[0][1], views[1][1], views[3][1]
     return descs, (qw.batch, qw.head, int(qw.col > 0), kw.batch, kw.head, int(kw.col > 0), ow.batch, ow.head,
