@@ -126,6 +126,11 @@ def test_a_mask_is_read_once_a_forward():
     mask[0, 0, :, 0] = False  # the first key of sequence 0 now padding
     again = fmha_hf.key_padding(mask, 4, 4, True, (-1, -1))
     assert again is not first and not again.valid[0, 0]
+    with torch.inference_mode():  # no version counter to tell a change in place: read every time
+        frozen = torch.ones(2, 1, 4, 4, dtype=torch.bool).tril()
+        assert fmha_hf.key_padding(frozen, 4, 4, True, (-1, -1)).valid.all()
+        frozen[0, 0, :, 0] = False
+        assert not fmha_hf.key_padding(frozen, 4, 4, True, (-1, -1)).valid[0, 0]
 
 
 def test_static_cache_generation_matches_sdpa(models, monkeypatch):

@@ -90,9 +90,10 @@ def key_padding(mask: torch.Tensor, q_len: int, k_len: int, causal: bool, window
     Computed on the device, read once on the host (one read a forward: the layers share the mask)."""
     if mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[2:] != (q_len, k_len):
         return None
-    key = (id(mask), mask._version, q_len, k_len, causal, tuple(window))
-    compiling = torch.compiler.is_compiling()
-    if not compiling and key in _seen and _seen[key][0]() is mask:
+    # an inference tensor keeps no version counter: its verdict is not kept (nothing tells a change in place)
+    remember = not torch.compiler.is_compiling() and not mask.is_inference()
+    key = (id(mask), mask._version if remember else 0, q_len, k_len, causal, tuple(window))
+    if remember and key in _seen and _seen[key][0]() is mask:
         return _seen[key][1]
     m = mask[:, 0]
     valid = m.any(dim=1)  # a real key is seen by some query
@@ -109,7 +110,7 @@ def key_padding(mask: torch.Tensor, q_len: int, k_len: int, causal: bool, window
     if one_run and (aligned or last):
         last = last and not (aligned and q_len == k_len)  # (rows and key columns coincide: the aligned reading)
         padding = Padding(valid, last, end.to(torch.int32) if last and prefix else None)
-    if not compiling:
+    if remember:
         if len(_seen) > 8:
             _seen.clear()
         _seen[key] = (weakref.ref(mask), padding)
