@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from . import configs, forward
-from .checks import (check_features, check_index, check_inputs, check_out, check_packed, check_packed_shapes,
-                     check_pages, check_splits, variants)
+from .checks import (check_features, check_fp8, check_index, check_inputs, check_out, check_packed,
+                     check_packed_shapes, check_pages, check_splits, variants)
 from .device import arch_of
 from . import gradients
 from .plan import describe, select_variant
@@ -21,7 +21,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
               layout: str = "bhsd", return_lse: bool = False, out: torch.Tensor | None = None,
               window: tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None,
               seqused_k: torch.Tensor | None = None, num_splits: int = 0, sinks: torch.Tensor | None = None,
-              deterministic: bool = False, config: configs.KernelConfig | None = None):
+              deterministic: bool = False, config: configs.KernelConfig | None = None,
+              q_descale: torch.Tensor | None = None, k_descale: torch.Tensor | None = None,
+              v_descale: torch.Tensor | None = None):
     """Exact attention ``softmax(scale * q k^T) v``, computed flash-style (no score matrix).
 
     Shapes (``layout="bhsd"``): ``q`` ``[batch, heads, seqlen_q, head_dim]``, ``k`` and
@@ -67,26 +69,40 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     the partials by their LSE (flash-decoding); 0 (default) decides: on a GPU, short
     queries (seqlen_q <= 16) against long keys are split to fill the chip; 1 never splits.
 
+    Float8: ``k`` and ``v`` ``torch.float8_e4m3fn`` (an FP8 KV cache), ``q`` float8 too or 16-bit, with
+    FlashAttention-3's descale factors ``q_descale``, ``k_descale``, ``v_descale`` (float32 ``[batch, kv_heads]``,
+    1 where not given): the attention of ``q * q_descale``, ``k * k_descale``, ``v * v_descale``; the output is
+    bfloat16 for float8 q.  The ``tiled`` variant runs it, K and V read as float8 (half the bytes) and
+    dequantized on load; forward only, not under ``torch.compile``.
+
     Differentiable (:mod:`fmha.gradients`, docs/BACKWARD.md) when autograd records the call;
     ``deterministic=True`` makes the backward's dQ bit for bit the same on every run (its own pass
     over the keys instead of atomic adds, as FlashAttention's flag does).
     """
+    descales = (q_descale, k_descale, v_descale)
+
     def checks():
-        check_inputs(q, k, v, causal_align, layout, variant, scale)
+        check_inputs(q, k, v, causal_align, layout, variant, scale, fp8=True)
+        check_fp8(q, k, layout, descales, sinks, gradients.needs_grad(q, k, v))
         check_features(q, layout, window, softcap, alibi_slopes, sinks)
         if seqused_k is not None:
             check_index(seqused_k, "seqused_k", (q.shape[0],), q.device)
         check_splits(num_splits)
         if out is not None:
             check_out(out, q, k, v)
-    if (out is None and sinks is None and _replayable(q, k, v, alibi_slopes, seqused_k, window=window, softcap=softcap)
+    if (out is None and sinks is None and not any(t is not None for t in descales)
+            and _replayable(q, k, v, alibi_slopes, seqused_k, window=window, softcap=softcap)
             and not gradients.needs_grad(q, k, v) and not torch.compiler.is_compiling()):
         o, lse = forward.dense(q, k, v, causal=causal, scale=scale, variant=variant, causal_align=causal_align,
                                layout=layout, return_lse=return_lse, config=config, window=window,
                                softcap=float(softcap), alibi_slopes=alibi_slopes, seqused_k=seqused_k,
-                               num_splits=num_splits, checks=checks)
+                               num_splits=num_splits, descale=forward.descale_table(q, k, layout, descales),
+                               checks=checks)
         return (o, lse) if return_lse else o
     checks()
+    descale = forward.descale_table(q, k, layout, descales)
+    if descale is not None and torch.compiler.is_compiling():
+        raise NotImplementedError("float8 attention does not run under torch.compile: call it eagerly")
     grad = gradients.needs_grad(q, k, v, sinks)
     if torch.compiler.is_compiling() and out is None and config is None:
         from .custom_op import attention_op
@@ -105,7 +121,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         o, lse = forward.dense(q, k, v, causal=causal, scale=scale, variant=variant, causal_align=causal_align,
                                layout=layout, return_lse=return_lse or sinks is not None, out=out, config=config,
                                window=tuple(window), softcap=float(softcap), alibi_slopes=alibi_slopes,
-                               seqused_k=seqused_k, num_splits=num_splits)
+                               seqused_k=seqused_k, num_splits=num_splits, descale=descale)
         if sinks is not None:
             o, lse = attach_sinks(o, lse, sinks, layout)
     return (o, lse) if return_lse else o

@@ -9,6 +9,7 @@ from .device import interpreting
 
 HEAD_DIMS = (32, 64, 96, 128, 192, 256)
 DTYPES = (torch.float16, torch.bfloat16)
+FP8 = torch.float8_e4m3fn  # K and V (and q) of :func:`fmha.attention` with descale factors
 LAYOUTS = ("bhsd", "bshd")
 CAUSAL_ALIGNS = ("top_left", "bottom_right")
 
@@ -20,8 +21,9 @@ def variants(interpreter: bool = False) -> list[str]:
     return list(kernels.VARIANTS if interpreter else kernels.ALL_VARIANTS)
 
 
-def check_inputs(q, k, v, causal_align: str, layout: str, variant: str, scale) -> None:
-    """q, k, v of :func:`fmha.attention` (4-D in ``layout``) and its scalar choices."""
+def check_inputs(q, k, v, causal_align: str, layout: str, variant: str, scale, fp8: bool = False) -> None:
+    """q, k, v of :func:`fmha.attention` (4-D in ``layout``) and its scalar choices; with ``fp8``, float8
+    K and V (and q) are taken too (:func:`check_fp8`)."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if causal_align not in CAUSAL_ALIGNS:
@@ -33,10 +35,15 @@ def check_inputs(q, k, v, causal_align: str, layout: str, variant: str, scale) -
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 4:
             raise ValueError(f"{name} must have 4 dimensions ({layout}), got shape {tuple(t.shape)}")
-        if t.dtype not in DTYPES:
-            raise TypeError(f"{name} has dtype {t.dtype}; fmha takes float16 or bfloat16 "
+        if t.dtype not in DTYPES and not (t.dtype == FP8 and fp8):
+            where = "" if fp8 or t.dtype != FP8 else " (float8 inputs run through fmha.attention, forward only)"
+            raise TypeError(f"{name} has dtype {t.dtype}; fmha takes float16 or bfloat16{where} "
                             f"(float32 inputs: cast them, accumulation is float32 anyway)")
-    if not (q.dtype == k.dtype == v.dtype):
+    if k.dtype == FP8 or q.dtype == FP8:
+        if not (k.dtype == v.dtype == FP8):
+            raise TypeError(f"float8 attention takes float8_e4m3fn k and v (q float8 or 16-bit), got {q.dtype}, "
+                            f"{k.dtype}, {v.dtype}")
+    elif not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
@@ -192,12 +199,49 @@ def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a0 < b1 and b0 < a1
 
 
+def output_dtype(q) -> torch.dtype:
+    """The output's dtype: q's, bfloat16 for float8 q."""
+    return torch.bfloat16 if q.dtype == FP8 else q.dtype
+
+
 def check_out(out, q, k, v) -> None:
-    """``out=``: q's shape with v's head dim, q's dtype and device, overlapping no input."""
+    """``out=``: q's shape with v's head dim, the output's dtype (:func:`output_dtype`) and q's device,
+    overlapping no input."""
     shape = (*q.shape[:-1], v.shape[-1])
-    if tuple(out.shape) != shape or out.dtype != q.dtype or out.device != q.device:
-        raise ValueError(f"out must have q's shape with v's head_dim, dtype and device {shape}, {q.dtype}, "
+    dtype = output_dtype(q)
+    if tuple(out.shape) != shape or out.dtype != dtype or out.device != q.device:
+        raise ValueError(f"out must have q's shape with v's head_dim, dtype and device {shape}, {dtype}, "
                          f"{q.device}; got {tuple(out.shape)}, {out.dtype}, {out.device}")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if _overlaps(out, t):
             raise ValueError(f"out overlaps {name}: the kernel reads {name} while writing out")
+
+
+def check_fp8(q, k, layout: str, descales, sinks, grad: bool) -> None:
+    """Float8 attention (k and v float8_e4m3fn, q float8 or 16-bit): each descale factor float32
+    ``[batch, kv_heads]`` on q's device (FlashAttention-3's ``q_descale``, ``k_descale``, ``v_descale``),
+    forward only, no sinks; 16-bit inputs take no descale factors."""
+    names = ("q_descale", "k_descale", "v_descale")
+    if k.dtype != FP8:
+        given = [n for n, t in zip(names, descales) if t is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} scale float8 inputs; q, k, v are {q.dtype}")
+        return
+    if grad:
+        raise NotImplementedError("float8 attention has no backward: run it under torch.no_grad() "
+                                  "(or train in bfloat16)")
+    if sinks is not None:
+        raise NotImplementedError("float8 attention takes no attention sinks")
+    if q.is_cuda and (torch.version.hip or torch.cuda.get_device_capability(q.device) < (8, 9)):
+        raise NotImplementedError("float8_e4m3fn K/V need an NVIDIA GPU of compute capability 8.9 or newer "
+                                  "(Triton's float8 conversions)")
+    if q.dtype != FP8 and descales[0] is not None:
+        raise ValueError(f"q_descale scales a float8 q; q is {q.dtype}")
+    kv_heads = k.shape[1] if layout == "bhsd" else k.shape[2]
+    shape = (q.shape[0], kv_heads)
+    for name, t in zip(names, descales):
+        if t is not None and (not isinstance(t, torch.Tensor) or t.dtype != torch.float32
+                              or tuple(t.shape) != shape or t.device != q.device):
+            got = f"{t.dtype} {tuple(t.shape)} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{name} must be a float32 tensor of shape [batch, kv_heads] = {list(shape)} on "
+                             f"{q.device}, got {got}")

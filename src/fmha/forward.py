@@ -11,12 +11,24 @@ import torch
 
 from . import plan as planning
 from . import replay
+from .checks import FP8, output_dtype
 from .device import on
 
 
 def output(q: torch.Tensor, head_dim_v: int) -> torch.Tensor:
-    """The output of a call on ``q``: q's shape with V's head dimension last, contiguous, q's dtype."""
-    return torch.empty((*q.shape[:-1], head_dim_v), dtype=q.dtype, device=q.device)
+    """The output of a call on ``q``: q's shape with V's head dimension last, contiguous, q's dtype
+    (bfloat16 for float8 q)."""
+    return torch.empty((*q.shape[:-1], head_dim_v), dtype=output_dtype(q), device=q.device)
+
+
+def descale_table(q, k, layout: str, descales) -> torch.Tensor | None:
+    """Float8 K/V's descale factors as the tiled kernel reads them: float32 ``[batch * kv_heads, 3]``,
+    each (batch, kv head)'s q, k and v factors (1 where not given); None for 16-bit K/V."""
+    if k.dtype != FP8:
+        return None
+    shape = (k.shape[0], k.shape[1] if layout == "bhsd" else k.shape[2])
+    return torch.stack([t if t is not None else torch.ones(shape, dtype=torch.float32, device=k.device)
+                        for t in descales], dim=-1).reshape(-1, 3)
 
 
 def _replayed(kind: str, inputs, call, *flags, checks=None):
@@ -32,19 +44,19 @@ def _replayed(kind: str, inputs, call, *flags, checks=None):
 
 
 def dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse, out=None, config=None,
-          window=(-1, -1), softcap=0.0, alibi_slopes=None, seqused_k=None, num_splits=0, checks=None):
+          window=(-1, -1), softcap=0.0, alibi_slopes=None, seqused_k=None, num_splits=0, descale=None, checks=None):
     """:func:`fmha.attention` on checked inputs (or with their ``checks``, run unless the call is
-    replayed).  Returns ``(o, lse or None)``."""
+    replayed); ``descale``: float8 K/V's factors (:func:`descale_table`).  Returns ``(o, lse or None)``."""
     def call():
         return _dense(q, k, v, causal=causal, scale=scale, variant=variant, causal_align=causal_align,
                       layout=layout, return_lse=return_lse, out=out, config=config, window=window, softcap=softcap,
-                      alibi_slopes=alibi_slopes, seqused_k=seqused_k, num_splits=num_splits)
-    return _replayed("dense", (q, k, v, out, alibi_slopes, seqused_k), call, causal, scale, variant, causal_align,
-                     layout, return_lse, config, window, softcap, num_splits, checks=checks)
+                      alibi_slopes=alibi_slopes, seqused_k=seqused_k, num_splits=num_splits, descale=descale)
+    return _replayed("dense", (q, k, v, out, alibi_slopes, seqused_k, descale), call, causal, scale, variant,
+                     causal_align, layout, return_lse, config, window, softcap, num_splits, checks=checks)
 
 
 def _dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse, out, config, window, softcap,
-           alibi_slopes, seqused_k, num_splits):
+           alibi_slopes, seqused_k, num_splits, descale):
     batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim = planning.sizes(q, k, layout)
     o = replay.buffer(output(q, v.shape[3])) if out is None else out
     lse = replay.buffer(torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device)) \
@@ -58,9 +70,9 @@ def _dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse,
         return o, lse
     prob = planning.problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal=causal, scale=scale,
                             window=window, causal_align=causal_align, softcap=softcap,
-                            seqused=seqused_k is not None, head_dim_v=v.shape[3])
+                            seqused=seqused_k is not None, head_dim_v=v.shape[3], fp8=descale is not None)
     p = planning.plan(prob, q, k, v, o, layout, variant, config, alibi_slopes, num_splits)
-    run(p, q, k, v, o, lse, layout, alibi_slopes, (None, None, seqused_k))
+    run(p, q, k, v, o, lse, layout, alibi_slopes, (None, None, seqused_k), descale=descale)
     return o, lse
 
 
@@ -153,7 +165,7 @@ def _paged(q, k_cache, v_cache, block_table, cache_seqlens, *, causal, scale, ca
     return o, lse
 
 
-def run(p: planning.Plan, q, k, v, o, lse, layout, alibi, seqs, block_table=None) -> None:
+def run(p: planning.Plan, q, k, v, o, lse, layout, alibi, seqs, block_table=None, descale=None) -> None:
     """Launch ``p``: directly, or split over the keys into float32 partials merged by their LSE in
     a second kernel (merging inside the split launch, stream-K and a programmatic dependent launch
     of the merge all measured slower: docs/PERF.md, decoding)."""
@@ -161,12 +173,13 @@ def run(p: planning.Plan, q, k, v, o, lse, layout, alibi, seqs, block_table=None
     prob = p.problem
     with on(q.device):
         if not p.split_len:
-            kernels.launch(p.variant, p.config, prob, q, k, v, o, lse, layout, alibi, seqs, block_table=block_table)
+            kernels.launch(p.variant, p.config, prob, q, k, v, o, lse, layout, alibi, seqs, block_table=block_table,
+                           descale=descale)
             return
         from .kernels import combine
         shape = (-(-prob.seqlen_k // p.split_len), prob.batch, prob.heads, prob.seqlen_q)
         o_parts = replay.buffer(torch.empty((*shape, prob.dv), dtype=torch.float32, device=q.device))
         lse_parts = replay.buffer(torch.empty(shape, dtype=torch.float32, device=q.device))
         kernels.launch(p.variant, p.config, prob, q, k, v, o_parts, lse_parts, layout, alibi, seqs,
-                       split_len=p.split_len, block_table=block_table)
+                       split_len=p.split_len, block_table=block_table, descale=descale)
         combine.launch(o_parts, lse_parts, o, lse, kernels.strides_bhsd(o, layout), prob.heads, prob.seqlen_q)

@@ -33,6 +33,7 @@ class Problem:
     page: int = 0                     # paged K/V: keys per page (0: contiguous K/V)
     pack_gqa: bool = False            # a program's rows: the query heads of one KV head, interleaved
     head_dim_v: int = 0               # V's and O's head dimension when it differs from q/k's (MLA), else 0
+    fp8: bool = False                 # float8 K and V (and q), dequantized on load by their descale factors
 
     def grid(self, block_m: int, rows: int | None = None) -> tuple[int, int]:
         """(row blocks, batch * heads per program axis) covering ``rows`` queries (default seqlen_q)."""
@@ -71,7 +72,8 @@ def band(causal: bool, window, align: int):
 
 
 def problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, *, causal, scale, window=(-1, -1),
-            causal_align="top_left", softcap=0.0, varlen=False, seqused=False, page=0, head_dim_v=0) -> Problem:
+            causal_align="top_left", softcap=0.0, varlen=False, seqused=False, page=0, head_dim_v=0,
+            fp8=False) -> Problem:
     """The :class:`Problem` of a checked call: the band placed on the diagonal its alignment picks
     (per sequence when ``varlen``), and ``scale`` (default ``1/sqrt(head_dim)``) folded with log2(e)."""
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
@@ -80,7 +82,7 @@ def problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, *, causal, sca
     return Problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, upper, causal_offset, scale * LOG2E,
                    window_offset=window_offset, align_offset=align, softcap=float(softcap),
                    align_br=causal_align == "bottom_right", varlen=varlen, seqused=seqused, page=page,
-                   head_dim_v=head_dim_v if head_dim_v != head_dim else 0)
+                   head_dim_v=head_dim_v if head_dim_v != head_dim else 0, fp8=fp8)
 
 
 def select_variant(arch: str, shape: dict | None = None) -> str:
@@ -89,6 +91,8 @@ def select_variant(arch: str, shape: dict | None = None) -> str:
     sequences, the lengths then the longest).  A call the chosen kernel cannot take (see
     ``kernels.unsupported``) falls back to ``tiled``."""
     shape = shape or {}
+    if shape.get("fp8"):
+        return "tiled"  # float8 K/V: dequantized on load, the tiled kernel's
     if shape.get("seqlen_q", 1 << 30) <= 16:
         return "tiled"  # decoding: the keys split over programs (flash-decoding), GQA rows packed
     if arch == "sm90" and shape.get("varlen") and shape.get("causal") and shape.get("head_dim") == 64:
@@ -152,7 +156,7 @@ def plan(prob: Problem, q, k, v, o, layout: str, variant: str, config, alibi_slo
     arch = arch_of(q.device)
     seqlen_q, seqlen_k = longest or (prob.seqlen_q, prob.seqlen_k)
     shape = {"head_dim": prob.head_dim, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k, "causal": bool(prob.causal),
-             "varlen": prob.varlen}
+             "varlen": prob.varlen, "fp8": prob.fp8}
     name = select_variant(arch, shape) if variant == "auto" else variant
     modifiers = prob.window_offset is not None or prob.softcap > 0 or alibi_slopes is not None
     cfg = config or configs.default_config(name, arch, prob.head_dim, prob.causal, seqlen_k, modifiers,

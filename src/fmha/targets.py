@@ -212,6 +212,8 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
         const.update(HEAD_V=const["HEAD_DIM"], BLOCK_DV=const["BLOCK_D"])
     if "AMD" in kernel.arg_names:  # pipelined: the build orders its loop for gfx11's WMMA registers
         const.update(AMD=chip.backend == "hip")
+    if "FP8" in kernel.arg_names:  # tiled: 16-bit K/V (float8 ones are dequantized on load)
+        const.update(FP8=False)
     sig, attrs = {}, {}
     for i, name in enumerate(kernel.arg_names):
         if name in const:
@@ -222,7 +224,7 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
             sig[name], attrs[(i,)] = "*" + DTYPES[dtype], [["tt.divisibility", 16]]
         elif name in ("CuQ", "CuK", "SeqK", "BlockTable"):
             sig[name] = "*i32"
-        elif name in ("LSE", "Alibi"):
+        elif name in ("LSE", "Alibi", "Descale"):
             sig[name], attrs[(i,)] = "*fp32", [["tt.divisibility", 16]]
         elif name in ("scale_log2", "softcap"):
             sig[name] = "fp32"

@@ -32,6 +32,8 @@ def strides_bhsd(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
 
 def unsupported(variant: str, cfg, prob, q, k, v, o, layout: str, alibi: bool = False) -> str | None:
     """Why ``variant`` cannot take this call, or None."""
+    if prob.fp8 and variant != "tiled":
+        return "float8 K/V run on the tiled variant (dequantized on load)"
     if variant == "hopper":
         from . import hopper
         return hopper.supports(prob, cfg, q, k, v, o, layout)
@@ -40,7 +42,7 @@ def unsupported(variant: str, cfg, prob, q, k, v, o, layout: str, alibi: bool = 
     if cfg.tma:
         if variant != "tiled":
             return "K/V by TMA (config tma=1) is the tiled variant's"
-        if prob.varlen or prob.page or prob.block_d != prob.head_dim or prob.head_dim_v:
+        if prob.varlen or prob.page or prob.block_d != prob.head_dim or prob.head_dim_v or prob.fp8:
             return "K/V by TMA take one (batch, head) sequence of a power-of-two head_dim (not varlen or paged)"
         why = tma.kv_reason(k, v, layout)
         if why:
@@ -51,12 +53,13 @@ def unsupported(variant: str, cfg, prob, q, k, v, o, layout: str, alibi: bool = 
 
 
 def launch(variant: str, cfg, prob, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None, None),
-           grid_m: int | None = None, split_len: int = 0, block_table=None, lengths=None) -> None:
+           grid_m: int | None = None, split_len: int = 0, block_table=None, lengths=None, descale=None) -> None:
     """Run ``variant`` with ``cfg`` on ``prob``: writes ``o`` (and ``lse`` if not None).
     ``seqs = (cu_seqlens_q, cu_seqlens_k, seqused_k)``; ``grid_m`` rows cover the longest sequence;
     ``lengths``: packed sequences' (query rows, keys) on the host (``hopper``'s work list).
     ``split_len > 0``: keys split in chunks of that many (flash-decoding); ``o`` is then a float32
-    ``[splits, batch, heads, seqlen_q, D]`` workspace and ``lse`` ``[splits, batch, heads, seqlen_q]``."""
+    ``[splits, batch, heads, seqlen_q, D]`` workspace and ``lse`` ``[splits, batch, heads, seqlen_q]``.
+    ``descale`` (``prob.fp8``): float32 ``[batch * kv_heads, 3]``, each (batch, kv head)'s q, k and v factors."""
     if variant == "hopper":
         from . import hopper
         return hopper.launch(prob, cfg, q, k, v, o, lse, layout, alibi, seqs, lengths, block_table)
@@ -94,5 +97,6 @@ def launch(variant: str, cfg, prob, q, k, v, o, lse, layout: str, alibi=None, se
         ALIGN_BR=prob.align_br, SPLIT=bool(split_len), PAGED=bool(prob.page), PAGE=max(prob.page, 1),
         PACK_GQA=prob.pack_gqa, KV_TMA=kv_tma,
         **(dict(HEAD_V=prob.dv, BLOCK_DV=prob.block_dv) if "HEAD_V" in kernel.arg_names else {}),
+        **(dict(Descale=descale if descale is not None else o, FP8=prob.fp8) if "FP8" in kernel.arg_names else {}),
         **(dict(AMD=torch.version.hip is not None and q.is_cuda) if "AMD" in kernel.arg_names else {}),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)

@@ -21,7 +21,7 @@ def _key_range(acc, l, m, q, k_base, v_base, lo, hi, offs_m, offs_n, offs_d, off
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
                SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr,
-               KV_TMA: tl.constexpr, HEAD_V: tl.constexpr, BLOCK_DV: tl.constexpr):
+               KV_TMA: tl.constexpr, HEAD_V: tl.constexpr, BLOCK_DV: tl.constexpr, FP8: tl.constexpr):
     first = (lo + offs_n).to(tl.int64)
     k_ptrs = k_base + first[:, None] * stride_ks + offs_d[None, :] * stride_kd
     v_ptrs = v_base + first[:, None] * stride_vs + offs_dv[None, :] * stride_vd
@@ -36,6 +36,8 @@ def _key_range(acc, l, m, q, k_base, v_base, lo, hi, offs_m, offs_n, offs_d, off
             k = K_desc.load([kv_seq, start_n, kv_col]).reshape([BLOCK_N, BLOCK_D])
         else:
             k = load_rows(k_ptrs, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, MASKED)
+        if FP8:  # float8 values are exact in 16 bits (q's type); their descale factors act on the scores and O
+            k = k.to(q.dtype)
         qk = mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
         s = scores(qk, offs_m, cols, seqlen_k, scale_log2, softcap, slope, causal_offset, window_offset, align_offset,
                    MASKED, CAUSAL and MASKED, WINDOW and MASKED, SOFTCAP, ALIBI)
@@ -45,6 +47,8 @@ def _key_range(acc, l, m, q, k_base, v_base, lo, hi, offs_m, offs_n, offs_d, off
                 v = tl.where((cols < seqlen_k)[:, None], v, 0.0)
         else:
             v = load_rows(v_ptrs, cols, seqlen_k, offs_dv, HEAD_V, BLOCK_DV, MASKED)
+        if FP8:
+            v = v.to(q.dtype)
         acc, l, m = online_softmax_step(acc, l, m, s, v)
         k_ptrs += BLOCK_N * stride_ks
         v_ptrs += BLOCK_N * stride_vs
@@ -65,8 +69,11 @@ def tiled_kernel(
         CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
         ALIBI: tl.constexpr, VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr,
         SPLIT: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr, PACK_GQA: tl.constexpr,
-        KV_TMA: tl.constexpr, HEAD_V: tl.constexpr, BLOCK_DV: tl.constexpr):
-    """HEAD_V, BLOCK_DV: V's and O's head dimension (DeepSeek's MLA: 128 against q/k's 192), else HEAD_DIM's."""
+        KV_TMA: tl.constexpr, HEAD_V: tl.constexpr, BLOCK_DV: tl.constexpr, Descale, FP8: tl.constexpr):
+    """HEAD_V, BLOCK_DV: V's and O's head dimension (DeepSeek's MLA: 128 against q/k's 192), else HEAD_DIM's.
+    FP8: float8 K and V (q float8 or 16-bit), dequantized on load to q's 16 bits (bfloat16 for float8 q);
+    ``Descale`` holds each (batch, kv head)'s q, k and v factors: q's and k's scale the scores (with
+    ``scale_log2``), v's the output."""
     (row_lo, row_hi, offs_m, q, k_base, v_base, o_rows, lse_rows, seqlen_q, seqlen_k, causal_offset, window_offset,
      align_offset) = program_start(
         Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh,
@@ -87,6 +94,11 @@ def tiled_kernel(
     kvh = tl.program_id(1) % (heads // group) if PACK_GQA else tl.program_id(1) % heads // group
     kv_seq = b * kv_seq_b + kvh * kv_seq_h  # KV_TMA: this program's place in the K/V descriptors
     kv_col = kvh * kv_col_h
+    if FP8:
+        factors = Descale + (b * (heads // group) + kvh) * 3
+        scale_log2 = scale_log2 * tl.load(factors) * tl.load(factors + 1)
+        if q.dtype == tl.float8e4nv:
+            q = q.to(tl.bfloat16)
     first = window_start(row_lo, window_offset, BLOCK_N, WINDOW)
     if WINDOW:  # a band: every visited tile is masked
         lo = first
@@ -100,13 +112,15 @@ def tiled_kernel(
                            stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, causal_offset, scale_log2,
                            window_offset, align_offset, softcap, slope, BlockTable, b, stride_bt, max_pages,
                            stride_kb, stride_vb, K_desc, V_desc, kv_seq, kv_col, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
-                           False, CAUSAL, WINDOW, SOFTCAP, ALIBI, PAGED, PAGE, KV_TMA, HEAD_V, BLOCK_DV)
+                           False, CAUSAL, WINDOW, SOFTCAP, ALIBI, PAGED, PAGE, KV_TMA, HEAD_V, BLOCK_DV, FP8)
     # the diagonal, the band's edges and the ragged end, up to the early exit: masked
     acc, l, m = _key_range(acc, l, m, q, k_base, v_base, lo, hi, offs_m, offs_n, offs_d, offs_dv,
                            stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, causal_offset, scale_log2,
                            window_offset, align_offset, softcap, slope, BlockTable, b, stride_bt, max_pages,
                            stride_kb, stride_vb, K_desc, V_desc, kv_seq, kv_col, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
-                           True, CAUSAL, WINDOW, SOFTCAP, ALIBI, PAGED, PAGE, KV_TMA, HEAD_V, BLOCK_DV)
+                           True, CAUSAL, WINDOW, SOFTCAP, ALIBI, PAGED, PAGE, KV_TMA, HEAD_V, BLOCK_DV, FP8)
+    if FP8:
+        acc = acc * tl.load(factors + 2)
     write_output(o_rows, LSE, lse_rows, acc, l, m, offs_m, seqlen_q, offs_dv, stride_od,
                  HEAD_V, BLOCK_DV, STORE_LSE)
 

@@ -1,0 +1,97 @@
+"""Float8 K and V (an FP8 KV cache; q float8 too or 16-bit) with FlashAttention-3's descale factors,
+against the float64 reference of the dequantized inputs, beside PyTorch's bfloat16 attention of the
+same values rounded to bfloat16."""
+import numpy as np
+import pytest
+import torch
+
+import fmha
+from conftest import DEVICE
+from fmha import reference
+from fmha.verify import max_err, torch_lowp
+
+F8 = torch.float8_e4m3fn
+
+
+def fp8_inputs(b, h, kvh, sq, sk, d, q_dtype, seed=0):
+    """float8 k, v (q float8 or ``q_dtype``) in bhsd, per-(batch, kv head) descale factors, and the
+    dequantized float64 tensors they stand for."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(b, n, s, d, generator=g) * x for n, s, x in ((h, sq, 1.0), (kvh, sk, 3.0), (kvh, sk, 2.0)))
+    scales = [torch.rand(b, kvh, generator=g) + 0.5 for _ in range(3)]
+    q8 = q.to(F8) if q_dtype == F8 else q.to(q_dtype)
+    k8, v8 = k.to(F8), v.to(F8)
+    qs = scales[0] if q_dtype == F8 else torch.ones(b, kvh)
+    full = [t.double() * s.double().repeat_interleave(t.shape[1] // kvh, 1)[:, :, None, None]
+            for t, s in ((q8, qs), (k8, scales[1]), (v8, scales[2]))]
+    descales = [s.to(DEVICE) for s in scales]
+    if q_dtype != F8:
+        descales[0] = None
+    return (q8.to(DEVICE), k8.to(DEVICE), v8.to(DEVICE)), descales, full
+
+
+def check_fp8(o, full, causal, align="top_left", **mods):
+    """``o`` against the float64 reference of the dequantized inputs: within twice PyTorch's bfloat16
+    attention of them (rounded to bfloat16) plus one bfloat16 step of the output's size."""
+    ref = reference.dense_attention(*full, causal=causal, causal_align=align, **mods)
+    base = max_err(torch_lowp(*(t.to(torch.bfloat16) for t in full), causal, align, **mods), ref)
+    err = max_err(o.detach().cpu().double().numpy(), ref)
+    assert err <= 2 * base + 2.0 ** -8 * np.abs(ref).max(), (err, base)
+    return err, base
+
+
+@pytest.mark.parametrize("q_dtype", [F8, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("causal,align", [(False, "top_left"), (True, "bottom_right")])
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_fp8_matches_the_dequantized_reference(q_dtype, causal, align, layout):
+    (q, k, v), descales, full = fp8_inputs(2, 4, 2, 37, 53, 64, q_dtype, seed=3)
+    qq, kk, vv = (t if layout == "bhsd" else t.transpose(1, 2).contiguous() for t in (q, k, v))
+    dtype = torch.bfloat16 if q_dtype == F8 else q_dtype
+    out = torch.full((*qq.shape[:-1], 64), float("nan"), dtype=dtype, device=DEVICE)
+    o, lse = fmha.attention(qq, kk, vv, causal=causal, causal_align=align, layout=layout, out=out, return_lse=True,
+                            q_descale=descales[0], k_descale=descales[1], v_descale=descales[2])
+    assert o is out and o.dtype == dtype
+    o = o if layout == "bhsd" else o.transpose(1, 2)
+    check_fp8(o, full, causal, align)
+    _, ref_lse = reference.dense_attention(*full, causal=causal, causal_align=align, return_lse=True)
+    assert max_err(lse.cpu().double().numpy(), ref_lse) < 2e-3
+    assert fmha.api.describe(q, k, v, causal=causal).startswith("tiled")
+
+
+def test_fp8_decoding_splits_the_keys_and_takes_the_modifiers():
+    """One query row against 300 keys split three ways (each split's partial carries v's factor), and
+    the score modifiers on the descaled scores."""
+    (q, k, v), descales, full = fp8_inputs(2, 8, 2, 1, 300, 128, F8, seed=4)
+    o = fmha.attention(q, k, v, num_splits=3, q_descale=descales[0], k_descale=descales[1], v_descale=descales[2])
+    check_fp8(o, full, False)
+    o = fmha.attention(q, k, v, causal=True, causal_align="bottom_right", window=(40, -1), softcap=20.0,
+                       q_descale=descales[0], k_descale=descales[1], v_descale=descales[2])
+    check_fp8(o, full, True, "bottom_right", window=(40, -1), softcap=20.0)
+
+
+def test_fp8_without_factors_reads_the_values_as_they_are():
+    (q, k, v), _, _ = fp8_inputs(1, 2, 1, 16, 40, 32, F8, seed=5)
+    full = [q.cpu().double(), k.cpu().double(), v.cpu().double()]  # factors of 1
+    check_fp8(fmha.attention(q, k, v, causal=True), full, True)
+
+
+def test_what_fp8_does_not_take_is_refused():
+    (q, k, v), descales, _ = fp8_inputs(1, 2, 1, 8, 8, 32, F8)
+    with pytest.raises(NotImplementedError, match="float8 attention has no backward"):
+        fmha.attention(q.to(torch.bfloat16).requires_grad_(True), k, v)
+    with pytest.raises(NotImplementedError, match="no attention sinks"):
+        fmha.attention(q, k, v, sinks=torch.zeros(2, device=DEVICE))
+    with pytest.raises(ValueError, match=r"k_descale must be a float32 tensor of shape \[batch, kv_heads\] = \[1, 1\]"):
+        fmha.attention(q, k, v, k_descale=torch.ones(2, device=DEVICE))
+    with pytest.raises(ValueError, match="q_descale scales a float8 q"):
+        fmha.attention(q.to(torch.bfloat16), k, v, q_descale=descales[0])
+    with pytest.raises(ValueError, match="scale float8 inputs"):
+        fmha.attention(q.to(torch.bfloat16), k.to(torch.bfloat16), v.to(torch.bfloat16), v_descale=descales[2])
+    with pytest.raises(TypeError, match="float8_e4m3fn k and v"):
+        fmha.attention(q, k, v.to(torch.bfloat16))
+    with pytest.raises(ValueError, match="variant 'singlewave' cannot take this call: float8 K/V run on the tiled"):
+        fmha.attention(q, k, v, variant="singlewave")
+    with pytest.raises(TypeError, match="float8 inputs run through fmha.attention"):
+        fmha.attention_varlen(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1),
+                              torch.tensor([0, 8], dtype=torch.int32, device=DEVICE),
+                              torch.tensor([0, 8], dtype=torch.int32, device=DEVICE), 8, 8)
