@@ -331,3 +331,18 @@ def test_hopper_builds_every_head_dim(head_dim):
         mix = targets.report(b).matrix_instructions
         assert mix["wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16"] == 3 * mix[
             "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16"]
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_fp8_builds_for_sm90_on_tiled(head_dim):
+    """``fmha compile --dtype float8_e4m3fn``: the tiled kernel reads float8 q/k/v, converts them to 16 bits
+    for the matrix unit and writes bfloat16, with its float8 table entry: no spills.  Nothing else builds it."""
+    b = targets.build("tiled", "sm_90", head_dim, "float8_e4m3fn", True)
+    r = targets.report(b)
+    assert b.config["block_n"] == 64 and r.spilled_registers == 0
+    ptx = b.asm["ptx"]
+    assert "e4m3x2" in ptx and any(k.startswith("wgmma") for k in r.matrix_instructions)
+    for variant, target, says in (("hopper", "sm_90", "run on the tiled variant"),
+                                  ("tiled", "sm_80", "builds for sm_90"), ("tiled", "gfx942", "builds for sm_90")):
+        with pytest.raises(ValueError, match=says):
+            targets.build(variant, target, head_dim, "float8_e4m3fn", True)

@@ -296,12 +296,12 @@ def cmd_compile(args) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     if args.target == "all":  # every target this variant builds for
-        skipped = [n for n in names if targets.unbuildable(args.variant, n, args.head_dim)]
+        skipped = [n for n in names if targets.unbuildable(args.variant, n, args.head_dim, args.dtype)]
         names = [n for n in names if n not in skipped]
         if skipped and names:
             print(f"{args.variant} does not build for {', '.join(skipped)}: skipped", file=sys.stderr)
-    reasons = [targets.unbuildable(args.variant, n, args.head_dim) for n in names] or \
-        [targets.unbuildable(args.variant, "sm_90", args.head_dim)]
+    reasons = [targets.unbuildable(args.variant, n, args.head_dim, args.dtype) for n in names] or \
+        [targets.unbuildable(args.variant, "sm_90", args.head_dim, args.dtype)]
     if any(reasons):
         raise UsageError(next(r for r in reasons if r))
     reports = []
@@ -333,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--target", required=True, help="gfx1151, gfx1100, gfx942, sm_80, sm_90 or all")
     c.add_argument("--variant", required=True)
     c.add_argument("--head-dim", type=int, default=128, choices=list(HEAD_DIMS))
-    c.add_argument("--dtype", choices=list(DTYPES), default="float16")
+    c.add_argument("--dtype", choices=["float16", "bfloat16", "float8_e4m3fn"], default="float16")
     c.add_argument("--causal", action="store_true")
     c.add_argument("--out", default=None, help="write binary, assembly and report.json here")
     c.add_argument("--json", action="store_true", help="print the report as JSON")

@@ -132,8 +132,18 @@ def decode_config(rows: int, seqlen_k: int, head_dim: int = 128) -> KernelConfig
     return KernelConfig(16, 64, 4, 3, split_per_sm=1, tma=1)
 
 
-def tiled_config(arch: str, head_dim: int) -> KernelConfig:
-    """The ``tiled`` entry for ``arch`` at ``head_dim`` (padded to a power of two)."""
+# float8 K/V (dequantized on load): the 16-bit copies of the float8 tiles beside 128-key tiles spill 16-18
+# registers at head_dim 96-128 (sm_90 build), 64-key tiles in 8 warps none from 32 to 128; the rest as TILED
+TILED_FP8 = [
+    ("sm90", 128, KernelConfig(128, 64, 8, 3)),
+]
+
+
+def tiled_config(arch: str, head_dim: int, fp8: bool = False) -> KernelConfig:
+    """The ``tiled`` entry for ``arch`` at ``head_dim`` (padded to a power of two); ``fp8``: float8 K/V's."""
+    for key, max_d, cfg in TILED_FP8 if fp8 else ():
+        if key == arch and head_dim <= max_d:
+            return cfg
     for key, max_d, cfg in TILED:
         if key == arch and head_dim <= max_d:
             return cfg
@@ -144,11 +154,12 @@ def tiled_config(arch: str, head_dim: int) -> KernelConfig:
 
 
 def default_config(variant: str, arch: str, head_dim: int, causal: bool = False, seqlen_k: int = 0,
-                   modifiers: bool = False, per_sequence: bool = False, seqlen_q: int = 0) -> KernelConfig:
+                   modifiers: bool = False, per_sequence: bool = False, seqlen_q: int = 0,
+                   fp8: bool = False) -> KernelConfig:
     if variant in ("singlewave", "pipelined"):
         return SEED
     if variant == "tiled":
-        return tiled_config(arch, head_dim)
+        return tiled_config(arch, head_dim, fp8)
     if variant == "hopper":
         return hopper_config(head_dim, causal, seqlen_k, modifiers, per_sequence, seqlen_q)
     raise ValueError(f"no config table for variant {variant!r}")

@@ -53,7 +53,7 @@ TARGETS = {
     "sm_80": Chip("cuda", 80, 32, 65536, 256, 64, 167936, max_blocks=32),
     "sm_90": Chip("cuda", 90, 32, 65536, 256, 64, 233472, max_blocks=32),
 }
-DTYPES = {"float16": "fp16", "bfloat16": "bf16"}
+DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float8_e4m3fn": "fp8e4nv"}  # float8: K/V (and q), tiled
 
 
 def variants() -> list[str]:
@@ -163,11 +163,16 @@ class Report:
         return json.dumps(self.as_dict(), indent=2)
 
 
-def unbuildable(variant: str, target: str, head_dim: int) -> str | None:
-    """Why ``variant`` has no build for ``target`` at ``head_dim``, or None: the Gluon kernel is
-    written for one chip."""
+def unbuildable(variant: str, target: str, head_dim: int, dtype: str = "float16") -> str | None:
+    """Why ``variant`` has no build for ``target`` at ``head_dim`` in ``dtype``, or None: the Gluon
+    kernel is written for one chip; float8 K/V run on ``tiled``, on NVIDIA GPUs of sm_89 or newer."""
     if variant == "hopper" and target != "sm_90":
         return f"variant 'hopper' builds for sm_90 only, not {target!r}"
+    if dtype == "float8_e4m3fn":
+        if variant != "tiled":
+            return f"float8 K/V run on the tiled variant (dequantized on load), not {variant!r}"
+        if target != "sm_90":
+            return f"float8_e4m3fn builds for sm_90 (of these targets), not {target!r}"
     return None
 
 
@@ -187,14 +192,14 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
     _check_choice("dtype", dtype, list(DTYPES))
     _check_choice("head_dim", head_dim, HEAD_DIMS)
     _check_choice("lengths", lengths, ("dense", "varlen", "seqused", "paged"))
-    reason = unbuildable(variant, target, head_dim)
+    reason = unbuildable(variant, target, head_dim, dtype)
     if reason:
         raise ValueError(reason)
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         return _build_elsewhere(variant, target, head_dim, dtype, causal, config, seqlen_k, lengths)
     chip = TARGETS[target]
     arch_key = "hip" if chip.backend == "hip" else ("sm90" if chip.arch == 90 else "sm80")
-    cfg = config or configs.default_config(variant, arch_key, head_dim, causal)
+    cfg = config or configs.default_config(variant, arch_key, head_dim, causal, fp8=dtype == "float8_e4m3fn")
     if variant == "hopper":
         from .kernels import hopper
         compiled = triton.compile(_hopper_source(head_dim, dtype, causal, cfg, seqlen_k, lengths),
@@ -212,8 +217,9 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
         const.update(HEAD_V=const["HEAD_DIM"], BLOCK_DV=const["BLOCK_D"])
     if "AMD" in kernel.arg_names:  # pipelined: the build orders its loop for gfx11's WMMA registers
         const.update(AMD=chip.backend == "hip")
-    if "FP8" in kernel.arg_names:  # tiled: 16-bit K/V (float8 ones are dequantized on load)
-        const.update(FP8=False)
+    fp8 = dtype == "float8_e4m3fn"
+    if "FP8" in kernel.arg_names:  # tiled: float8 K/V (and q) dequantized on load, the output bfloat16
+        const.update(FP8=fp8)
     sig, attrs = {}, {}
     for i, name in enumerate(kernel.arg_names):
         if name in const:
@@ -221,7 +227,7 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
         elif name.startswith("stride_") and name.endswith("d"):  # unit stride, as launches specialise it
             sig[name], const[name] = "constexpr", 1
         elif name in ("Q", "K", "V", "O"):
-            sig[name], attrs[(i,)] = "*" + DTYPES[dtype], [["tt.divisibility", 16]]
+            sig[name], attrs[(i,)] = "*" + ("bf16" if fp8 and name == "O" else DTYPES[dtype]), [["tt.divisibility", 16]]
         elif name in ("CuQ", "CuK", "SeqK", "BlockTable"):
             sig[name] = "*i32"
         elif name in ("LSE", "Alibi", "Descale"):
