@@ -70,13 +70,50 @@ def packed(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     return dq[0], dk[0], dv[0], dsinks
 
 
+def kernel(prob, q, k, v, do, layout: str, alibi, deterministic: bool) -> str:
+    """Which backward runs: ``"hopper"`` (the Gluon kernel, :mod:`fmha.kernels.hopper.backward`) where it
+    takes the call, else ``"triton"`` (:mod:`fmha.kernels.backward`)."""
+    if interpreting() or not q.is_cuda:
+        return "triton"
+    from .kernels.hopper import backward as hopper
+    return "triton" if hopper.supports(prob, q, k, v, do, layout, alibi is not None, deterministic) else "hopper"
+
+
+def _delta(prob, o, do, lse, layout, cu_q, rows):
+    """``delta`` (float32, laid out as the LSE): the row sums of dO * O."""
+    delta = torch.empty_like(lse)
+    so, sg = (list(strides_bhsd(t, layout)[:3]) for t in (o, do))
+    if prob.varlen:
+        so[0] = sg[0] = 0
+    kernels.delta_kernel[(triton.cdiv(rows, 64), prob.batch * prob.heads)](
+        o, do, delta, *so, *sg, prob.heads, prob.seqlen_q, cu_q, HEAD_DIM=prob.dv, BLOCK_D=prob.block_dv,
+        BLOCK_M=64, VARLEN=prob.varlen, num_warps=4)
+    return delta
+
+
+def _hopper(prob, do, q, k, v, o, lse, dk, dv, layout, sinks):
+    """The Gluon backward: dK, dV in place, dQ through its float32 buffer, cast into q's layout."""
+    from .kernels.hopper import backward as hopper
+    with on(q.device):
+        delta = _delta(prob, o, do, lse, layout, lse, prob.seqlen_q)
+        acc = hopper.launch(prob, q, k, v, do, lse, delta, dk, dv, layout,
+                            {name: strides_bhsd(t, layout)[:3] for name, t in (("dk", dk), ("dv", dv))})
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    view = dq if layout == "bhsd" else dq.transpose(1, 2)
+    view.copy_(acc.view(prob.batch, prob.heads, prob.seqlen_q, -1)[..., :prob.head_dim])
+    return dq, dk, dv, None if sinks is None else sink_grad(sinks, lse, delta)
+
+
 def _run(prob, do, q, k, v, o, lse, layout, alibi, seqs, rows, keys, sinks, deterministic):
     """The launches over ``rows`` query rows and ``keys`` keys per sequence (the longest, when
     packed); the sinks' gradient from ``delta`` (:mod:`fmha.sinks`)."""
     do, q, k, v, o = (_unit_last(t) for t in (do, q, k, v, o))
+    dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (k, v))
+    if 0 not in (prob.batch, prob.heads, rows, keys) and q.numel() and kernel(prob, q, k, v, do, layout, alibi,
+                                                                              deterministic) == "hopper":
+        return _hopper(prob, do, q, k, v, o, lse, dk, dv, layout, sinks)
     kv_tiles, q_tiles = tiles(max(prob.head_dim, prob.dv), prob.causal, deterministic)
     atomic = q_tiles is None
-    dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (k, v))
     # atomically: a float32 dQ the key blocks add into, cast once at the end
     dq = (torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic
           else torch.empty_like(q, memory_format=torch.contiguous_format))
@@ -84,7 +121,6 @@ def _run(prob, do, q, k, v, o, lse, layout, alibi, seqs, rows, keys, sinks, dete
         for g in (dq, dk, dv):
             g.zero_()
         return dq.to(q.dtype), dk, dv, None if sinks is None else torch.zeros_like(sinks)
-    delta = torch.empty_like(lse)
     cu_q, cu_k, seqused = (t if t is not None else lse for t in seqs)
     strides = {name: list(strides_bhsd(t, layout)[:3]) for name, t in
                (("q", q), ("k", k), ("v", v), ("do", do), ("o", o), ("dq", dq), ("dk", dk), ("dv", dv))}
@@ -100,9 +136,7 @@ def _run(prob, do, q, k, v, o, lse, layout, alibi, seqs, rows, keys, sinks, dete
                  BLOCK_DV=prob.block_dv)
     group = prob.heads // prob.kv_heads
     with on(q.device):
-        kernels.delta_kernel[(triton.cdiv(rows, 64), prob.batch * prob.heads)](
-            o, do, delta, *strides["o"], *strides["do"], prob.heads, prob.seqlen_q, cu_q,
-            HEAD_DIM=prob.dv, BLOCK_D=prob.block_dv, BLOCK_M=64, VARLEN=prob.varlen, num_warps=4)
+        delta = _delta(prob, o, do, lse, layout, cu_q, rows)
         sizes = (prob.heads, group, prob.seqlen_q, prob.seqlen_k)
         kernels.dkdv_kernel[(triton.cdiv(keys, kv_tiles["BLOCK_N"]), prob.batch * prob.kv_heads)](
             q, k, v, do, lse, delta, dk, dv, dq, *strides["q"], *strides["k"], *strides["v"], *strides["do"],

@@ -3,7 +3,7 @@
 FlashAttention-3 runs its D >= 128 non-causal forward in clusters of two CTAs that read each K/V tile
 once from L2 for both (TMA multicast).  Gluon 3.6 has no multicast operand on its TMA copy and no
 shared-memory addresses, so the hopper kernel's ``CLUSTER`` build marks what it needs and this pass,
-run on the PTX between Triton's ``ptx`` and ``cubin`` stages (a pipeline-stages hook), rewrites it:
+run on the PTX between Triton's ``ptx`` and ``cubin`` stages (:mod:`.ptx_passes`), rewrites it:
 
 - every 4-D TMA load (the K and V tiles: Q and O use 3-D descriptors) gets ``.multicast::cluster`` to
   both CTAs: each CTA loads one column half of the tile, and each half lands, with its bytes counted
@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import re
 
-from triton import knobs
+from . import ptx_passes
 
 KERNEL_MARK = "// fmha.multicast v8"
 BOTH = "// fmha.arrive-both v8"
@@ -95,17 +95,5 @@ def rewrite(ptx: str) -> str:
 
 
 def install() -> None:
-    """Add :func:`rewrite` after Triton's ``ptx`` stage, keeping any stages hook already set."""
-    previous = knobs.runtime.add_stages_inspection_hook
-    if getattr(previous, "fmha_multicast", False):
-        return
-
-    def hook(backend, stages, options, language, capability):
-        if previous is not None:
-            previous(backend, stages, options, language, capability)
-        if "ptx" in stages:
-            make_ptx = stages["ptx"]
-            stages["ptx"] = lambda src, metadata: rewrite(make_ptx(src, metadata))
-
-    hook.fmha_multicast = True
-    knobs.runtime.add_stages_inspection_hook = hook
+    """Run :func:`rewrite` on every build from now on (:mod:`.ptx_passes`)."""
+    ptx_passes.install("multicast", rewrite)

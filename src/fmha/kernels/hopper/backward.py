@@ -1,0 +1,290 @@
+"""``hopper``'s backward: FlashAttention-3's shape in Gluon (TMA, wgmma, warp specialization), with
+the math of :mod:`..backward` (docs/BACKWARD.md).
+
+A program owns one block of ``BLOCK_N = 128`` keys of one (batch, KV head) and walks the 64-row
+query tiles of every query head of its group that see those keys (causal: from the first tile at
+or past the block's diagonal).  A one-warp producer loads K and V once and streams each tile's Q
+and dO by TMA into a ``STAGES``-deep ring; two consumer warpgroups own 64 keys each, with dK and dV
+in registers (wgmma accumulators) for the whole walk.  Per tile a consumer computes, transposed so
+that its keys are the rows:
+
+* ``S^T = K Q^T`` and ``dP^T = V dO^T``;
+* ``P^T = exp2(scale_log2 S^T - lse2)`` from the forward's LSE, zero above the causal diagonal;
+* ``dS^T = scale P^T (dP^T - delta)``;
+* ``dV += P^T dO`` and ``dK += dS^T Q``, P and dS the A operands straight from registers;
+* dQ: dS^T goes to shared memory, and ``dQ += dS K`` runs on it as a transposed A operand.  At
+  head_dim 128 the two warpgroups take a column half each over all 128 keys (a barrier pair
+  between them: both halves of dS^T in place, and both done with it); at 64, each its own keys
+  over every column.  The float32 tile goes to shared memory and is added into a float32 dQ
+  buffer by a TMA reduce-add (``cp.reduce.async.bulk.tensor``: Gluon 3.6 has only the TMA store,
+  so the build marks itself and :mod:`.reduce_pass` turns its stores into reduce-adds), an
+  order that varies from run to run: ``deterministic`` calls take the Triton kernels.
+
+Q and dO are read through 4-D descriptors that hold one (batch, head) sequence each (the K/V
+views of :mod:`..tma`), so the rows of a last tile past seqlen_q are TMA's zeros, never the next
+head's rows, which could hold NaN; their LSE loads as ``+inf`` and their P is 0.  Keys past
+seqlen_k are zeros too and their dK/dV rows are not stored.  A row that saw no key (LSE ``-inf``)
+has P = 0.  Takes (:func:`supports`): sm_90, head_dim 32-128 with V's the same (tiles of 64 or 128
+columns, zeros past head_dim), no window, softcap, ALiBi, packed sequences or seqused_k, causal in
+either alignment; anything else runs on the Triton kernels.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                               warpgroup_mma_wait)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from ...constants import LOG2E as LOG2E_VALUE
+from ...device import device_facts
+from .. import tma as views
+from . import reduce_pass
+from .resources import padded
+
+BLOCK_N = gl.constexpr(128)  # keys a program owns: 64 a consumer warpgroup
+BLOCK_M = gl.constexpr(64)  # query rows a tile
+STAGES = gl.constexpr(2)  # Q/dO tiles in flight
+LOG2E = gl.constexpr(LOG2E_VALUE)
+
+TILE = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
+TILE_F32 = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))
+REDUCE_MARK = gl.constexpr(f"{reduce_pass.KERNEL_MARK}\n\tmov.u32 $0, 0;")
+
+IN_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
+DQ_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=3)
+
+
+@gluon.jit
+def _first_tile(pid_n, causal_offset, CAUSAL: gl.constexpr):
+    """The first query tile that sees a key of block ``pid_n`` (causal: query i sees key j <= i + offset)."""
+    first = 0
+    if CAUSAL:
+        first = gl.maximum(pid_n * BLOCK_N - causal_offset, 0) // BLOCK_M
+    return first
+
+
+@gluon.jit
+def _box(buf):
+    """A [rows, HEAD] tile as the [1, 1, rows, HEAD] box of a 4-D descriptor."""
+    return buf.reshape([1, 1, buf.shape[0], buf.shape[1]])
+
+
+@gluon.jit
+def _producer(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, kv_ready, q_ready, q_empty,
+              kv_heads, group, n_m, causal_offset, place, CAUSAL: gl.constexpr):
+    """K and V of the block once, then Q and dO of each (head, query tile) into the ring."""
+    pid_n = gl.program_id(0)
+    b = gl.program_id(1) // kv_heads
+    kvh = gl.program_id(1) % kv_heads
+    kv_bytes: gl.constexpr = k_desc.block_type.nbytes + v_desc.block_type.nbytes
+    mbarrier.expect(kv_ready, kv_bytes)
+    tma.async_copy_global_to_shared(k_desc, [kvh * place[6], b * place[7] + kvh * place[8], pid_n * BLOCK_N, 0],
+                                    kv_ready, _box(k_smem))
+    tma.async_copy_global_to_shared(v_desc, [kvh * place[9], b * place[10] + kvh * place[11], pid_n * BLOCK_N, 0],
+                                    kv_ready, _box(v_smem))
+    q_bytes: gl.constexpr = q_desc.block_type.nbytes + do_desc.block_type.nbytes
+    first = _first_tile(pid_n, causal_offset, CAUSAL)
+    it = 0
+    for gi in range(group):
+        h = kvh * group + gi
+        for m in range(first, n_m):
+            s = it % STAGES
+            mbarrier.wait(q_empty.index(s), ((it // STAGES) & 1) ^ 1)
+            mbarrier.expect(q_ready.index(s), q_bytes)
+            tma.async_copy_global_to_shared(q_desc, [h * place[0], b * place[1] + h * place[2], m * BLOCK_M, 0],
+                                            q_ready.index(s), _box(q_bufs.index(s)))
+            tma.async_copy_global_to_shared(do_desc, [h * place[3], b * place[4] + h * place[5], m * BLOCK_M, 0],
+                                            q_ready.index(s), _box(do_bufs.index(s)))
+            it += 1
+
+
+@gluon.jit
+def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready, q_ready, q_empty, ds_ready, ds_free,
+              dq_desc, LSE, Delta, DK, DV, heads, kv_heads, group, seqlen_q, seqlen_k, n_m, causal_offset, scale_log2,
+              scale, dk_strides, dv_strides, WG: gl.constexpr, HEAD: gl.constexpr, D: gl.constexpr,
+              CAUSAL: gl.constexpr):
+    KEYS: gl.constexpr = BLOCK_N // 2  # this warpgroup's keys
+    SPLIT_COLS: gl.constexpr = HEAD == 128  # dQ: a column half each over all keys, else own keys, all columns
+    DQ_COLS: gl.constexpr = HEAD // 2 if SPLIT_COLS else HEAD
+    dtype: gl.constexpr = k_smem.dtype
+    gl.inline_asm_elementwise(REDUCE_MARK, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, KEYS, 16])
+    g_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD, 16])
+    q_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, DQ_COLS, 16])
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    pid_n = gl.program_id(0)
+    b = gl.program_id(1) // kv_heads
+    kvh = gl.program_id(1) % kv_heads
+    key0 = pid_n * BLOCK_N + WG * KEYS
+    k_w = k_smem.slice(WG * KEYS, KEYS, dim=0)
+    v_w = v_smem.slice(WG * KEYS, KEYS, dim=0)
+    p_w = p_smem.slice(WG * KEYS, KEYS, dim=1)  # [query rows, this warpgroup's keys]
+    ds_w = ds_smem.slice(WG * KEYS, KEYS, dim=1)
+    if SPLIT_COLS:  # dQ[:, cols] = dS[:, all keys] K[all keys, cols]
+        ds_a = ds_smem
+        k_b = k_smem.slice(WG * DQ_COLS, DQ_COLS, dim=1)
+        dq_col = WG * DQ_COLS
+    else:  # dQ[:, all] += dS[:, own keys] K[own keys, all]
+        ds_a = ds_w
+        k_b = k_w
+        dq_col = 0
+    dq_tile = dq_box.index(WG)._reinterpret(gl.float32, [BLOCK_M, DQ_COLS], TILE_F32)
+    offs_q = gl.arange(0, BLOCK_M, layout=row_layout)
+    offs_k = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(0, s_layout))
+    dk = gl.zeros([KEYS, HEAD], gl.float32, g_layout)
+    dv = gl.zeros([KEYS, HEAD], gl.float32, g_layout)
+    first = _first_tile(pid_n, causal_offset, CAUSAL)
+    mbarrier.wait(kv_ready, 0)
+    it = 0
+    for gi in range(group):
+        bh = b * heads + kvh * group + gi
+        for m in range(first, n_m):
+            s = it % STAGES
+            rows = m * BLOCK_M + offs_q
+            stat = bh.to(gl.int64) * seqlen_q + rows
+            lse = gl.load(LSE + stat, mask=rows < seqlen_q, other=float("inf"))
+            lse2 = gl.where(lse == float("-inf"), float("inf"), lse * LOG2E)  # P = 0 for a row that saw no key
+            delta = gl.load(Delta + stat, mask=rows < seqlen_q, other=0.0)
+            q_s = q_bufs.index(s)
+            do_s = do_bufs.index(s)
+            mbarrier.wait(q_ready.index(s), (it // STAGES) & 1)
+            zeros = gl.zeros([BLOCK_M, KEYS], gl.float32, s_layout)
+            qk = warpgroup_mma(q_s, k_w.permute((1, 0)), zeros, use_acc=False, is_async=True)
+            dp = warpgroup_mma(do_s, v_w.permute((1, 0)), zeros, use_acc=False, is_async=True)
+            qk = warpgroup_mma_wait(1, deps=[qk])
+            p = gl.exp2(qk * scale_log2 - lse2[:, None])
+            if CAUSAL:
+                if m * BLOCK_M + causal_offset < key0 + KEYS - 1:  # the tile crosses the diagonal
+                    p = gl.where(offs_k[None, :] <= rows[:, None] + causal_offset, p, 0.0)
+            # P and dS into shared memory (the A operands of dV and dK transposed, of dQ as they are), once
+            # both warpgroups are done with the previous tile's
+            mbarrier.wait(ds_free, (it & 1) ^ 1)
+            p_w.store(p.to(dtype))
+            dp = warpgroup_mma_wait(0, deps=[dp])
+            ds_w.store((p * (dp - delta[:, None]) * scale).to(dtype))
+            fence_async_shared()
+            mbarrier.arrive(ds_ready, count=1)
+            dv = warpgroup_mma(p_w.permute((1, 0)), do_s, dv, is_async=True)
+            dk = warpgroup_mma(ds_w.permute((1, 0)), q_s, dk, is_async=True)
+            if SPLIT_COLS:
+                mbarrier.wait(ds_ready, it & 1)
+            dq = warpgroup_mma(ds_a, k_b, gl.zeros([BLOCK_M, DQ_COLS], gl.float32, q_layout), use_acc=False,
+                               is_async=True)
+            dq, dv, dk = warpgroup_mma_wait(0, deps=[dq, dv, dk])
+            mbarrier.arrive(q_empty.index(s), count=1)
+            mbarrier.arrive(ds_free, count=1)
+            tma.store_wait(0)  # the previous tile's reduce-add has read the buffer
+            dq_tile.store(dq)
+            fence_async_shared()
+            tma.async_copy_shared_to_global(dq_desc, [bh, m * BLOCK_M, dq_col], dq_box.index(WG))
+            it += 1
+    tma.store_wait(0)
+    _store_rows(dk, DK, b, kvh, seqlen_k, dk_strides, key0, g_layout, KEYS, HEAD, D)
+    _store_rows(dv, DV, b, kvh, seqlen_k, dv_strides, key0, g_layout, KEYS, HEAD, D)
+
+
+@gluon.jit
+def _store_rows(acc, Ptr, b, h, seqlen, strides, row0, layout: gl.constexpr, ROWS: gl.constexpr, HEAD: gl.constexpr,
+                D: gl.constexpr):
+    """A [ROWS, HEAD] accumulator into rows ``row0..`` of (b, h) of a 16-bit tensor: the rows and columns that exist."""
+    rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, HEAD, layout=gl.SliceLayout(0, layout))
+    base = Ptr + b.to(gl.int64) * strides[0] + h.to(gl.int64) * strides[1]
+    ptrs = base + rows.to(gl.int64)[:, None] * strides[2] + cols[None, :]
+    gl.store(ptrs, acc.to(Ptr.dtype.element_ty), mask=(rows < seqlen)[:, None] & (cols < D)[None, :])
+
+
+@gluon.jit
+def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, Delta, DK, DV, heads, kv_heads, group, seqlen_q,
+                    seqlen_k, n_m, causal_offset, scale_log2, scale, q_lead, q_first_b, q_first_h, do_lead,
+                    do_first_b, do_first_h, k_lead, k_first_b, k_first_h, v_lead, v_first_b, v_first_h, dk_b, dk_h,
+                    dk_s, dv_b, dv_h, dv_s, HEAD: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr):
+    """dK and dV of key block ``program_id(0)`` of (batch, KV head) ``program_id(1)``, and its share of dQ
+    added into ``dq_desc``'s float32 buffer.  HEAD: the tile width (head_dim padded), D: head_dim."""
+    dtype: gl.constexpr = q_desc.dtype
+    q_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD], TILE)
+    do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD], TILE)
+    k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD], TILE)
+    v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD], TILE)
+    p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], TILE)
+    ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], TILE)
+    DQ_COLS: gl.constexpr = HEAD // 2 if HEAD == 128 else HEAD
+    dq_box = gl.allocate_shared_memory(gl.float32, [2, 1, BLOCK_M, DQ_COLS], dq_desc.layout)
+    kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ds_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ds_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_ready, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=2)
+    mbarrier.init(ds_ready, count=2)
+    mbarrier.init(ds_free, count=2)
+    place = (q_lead, q_first_b, q_first_h, do_lead, do_first_b, do_first_h, k_lead, k_first_b, k_first_h, v_lead,
+             v_first_b, v_first_h)
+    gl.warp_specialize([
+        (_consumer, (k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready, q_ready, q_empty, ds_ready, ds_free,
+                     dq_desc, LSE, Delta, DK, DV, heads, kv_heads, group, seqlen_q, seqlen_k, n_m, causal_offset,
+                     scale_log2, scale, (dk_b, dk_h, dk_s), (dv_b, dv_h, dv_s), 0, HEAD, D, CAUSAL)),
+        (_consumer, (k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready, q_ready, q_empty, ds_ready, ds_free,
+                     dq_desc, LSE, Delta, DK, DV, heads, kv_heads, group, seqlen_q, seqlen_k, n_m, causal_offset,
+                     scale_log2, scale, (dk_b, dk_h, dk_s), (dv_b, dv_h, dv_s), 1, HEAD, D, CAUSAL)),
+        (_producer, (q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, kv_ready, q_ready, q_empty,
+                     kv_heads, group, n_m, causal_offset, place, CAUSAL)),
+    ], [4, 1], [240, 24])
+
+
+def supports(prob, q, k, v, do, layout: str, alibi: bool, deterministic: bool) -> str | None:
+    """None if the Gluon backward takes this call, else why not."""
+    if not q.is_cuda or device_facts(q.device.index)[0] != 9:
+        return "needs an sm_90 GPU"
+    if deterministic:
+        return "deterministic: the reduce-adds of dQ come in any order"
+    if prob.head_dim > 128 or prob.dv != prob.head_dim:
+        return f"head_dim {prob.head_dim} (V's {prob.dv}): takes 32-128, V's the same"
+    if prob.window_offset is not None or prob.softcap > 0 or alibi or prob.varlen or prob.seqused:
+        return "windows, softcap, ALiBi, packed sequences and seqused_k run on the Triton kernels"
+    for name, t in (("q", q), ("k", k), ("v", v), ("dO", do)):
+        if _place(t, layout) is None:
+            return f"{name} with strides {tuple(t.stride())}: TMA cannot read it"
+    return None
+
+
+def _place(t: torch.Tensor, layout: str):
+    """A 4-D descriptor over one (batch, head) sequence per index of ``t`` as it lies, and its placement
+    (leading index per head, first index per batch and per head); None where TMA cannot read it."""
+    view = views.kv_view(t, layout)
+    if view is None:
+        return None
+    shape, strides = views.exact(t, view, layout)
+    return shape, strides, (int(view.col > 0), view.batch, view.head)
+
+
+def launch(prob, q, k, v, do, lse, delta, dk, dv, layout: str, strides) -> torch.Tensor:
+    """dK and dV into ``dk``, ``dv``; returns dQ (float32, ``[batch * heads, seqlen_q, tile width]``)."""
+    head = padded(prob.head_dim)
+    dq = torch.zeros(prob.batch * prob.heads, prob.seqlen_q, head, dtype=torch.float32, device=q.device)
+    dq_cols = head // 2 if head == 128 else head
+    descs, place = [], []
+    for t, rows in ((q, BLOCK_M.value), (k, BLOCK_N.value), (v, BLOCK_N.value), (do, BLOCK_M.value)):
+        shape, st, p = _place(t, layout)
+        descs.append(TensorDescriptor(t, shape, st, [1, 1, rows, head], IN_LAYOUT))
+        place += p
+    dq_desc = TensorDescriptor(dq, list(dq.shape), list(dq.stride()), [1, BLOCK_M.value, dq_cols], DQ_LAYOUT)
+    reduce_pass.install()
+    q_desc, k_desc, v_desc, do_desc = descs
+    n_m = triton.cdiv(prob.seqlen_q, BLOCK_M.value)
+    grid = (triton.cdiv(prob.seqlen_k, BLOCK_N.value), prob.batch * prob.kv_heads)
+    scale = prob.scale_log2 / LOG2E_VALUE
+    backward_kernel[grid](q_desc, k_desc, v_desc, do_desc, dq_desc, lse, delta, dk, dv, prob.heads, prob.kv_heads,
+                          prob.heads // prob.kv_heads, prob.seqlen_q, prob.seqlen_k, n_m, prob.causal_offset,
+                          prob.scale_log2, scale, *place, *strides["dk"], *strides["dv"], HEAD=head,
+                          D=prob.head_dim, CAUSAL=bool(prob.causal), num_warps=4)
+    return dq

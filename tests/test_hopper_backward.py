@@ -1,0 +1,102 @@
+"""The Gluon backward on sm_90 (:mod:`fmha.kernels.hopper.backward`): the calls it takes run on it, their
+gradients pass the float64 yardstick (:func:`fmha.verify.check_grads`) in every layout real programs
+pass, what lies past a head's rows never reaches them, and it agrees with the Triton backward.  Its sm_90
+build (the TMA reduce-add written into the PTX) is checked on the CPU in test_targets."""
+import pytest
+import torch
+
+import fmha
+from conftest import DEVICE, make_qkv
+from fmha import backward, plan
+from fmha.verify import check_grads
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = [  # (batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim)
+    (2, 4, 2, 300, 200, 128),   # GQA, sq > sk, neither a multiple of a tile
+    (1, 8, 2, 1000, 1000, 64),
+    (1, 2, 2, 129, 257, 96),    # padded head_dim
+    (2, 4, 4, 64, 64, 32),
+    (1, 4, 1, 77, 1030, 128),   # MQA, sk > sq
+]
+ALIGNS = [(False, "top_left"), (True, "top_left"), (True, "bottom_right")]
+
+
+def leaves(*tensors):
+    return [t.detach().clone().requires_grad_(True) for t in tensors]
+
+
+def gradients(q, k, v, seed, **kw):
+    q, k, v = leaves(q, k, v)
+    o = fmha.attention(q, k, v, **kw)
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(seed)).to(o)
+    o.backward(do)
+    return (q.grad, k.grad, v.grad), (q, k, v, do)
+
+
+def runs_on(q, k, v, layout="bhsd", deterministic=False, causal=False, **kw):
+    prob = plan.problem(*plan.sizes(q, k, layout), causal=causal, scale=None, **kw)
+    return backward.kernel(prob, q, k, v, q, layout, None, deterministic)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}h{}kv{}-q{}k{}-d{}".format(*s))
+@pytest.mark.parametrize("causal,align", ALIGNS)
+@pytest.mark.parametrize("layout", ["bhsd", "bshd", "hf-view"])
+def test_hopper_backward_matches_the_reference(shape, causal, align, layout):
+    i = SHAPES.index(shape) + ALIGNS.index((causal, align))
+    dtype = (torch.float16, torch.bfloat16)[i % 2]
+    if layout == "hf-view":  # transformers: bshd storage handed over as bhsd views
+        q, k, v = (t.transpose(1, 2) for t in make_qkv(*shape, dtype, "bshd", seed=i))
+        layout = "bhsd"
+    else:
+        q, k, v = make_qkv(*shape, dtype, layout, seed=i)
+    assert runs_on(q, k, v, layout, causal=causal, causal_align=align) == "hopper"
+    grads, (q, k, v, do) = gradients(q, k, v, i, causal=causal, causal_align=align, layout=layout)
+    check_grads(grads, q, k, v, do, causal, align, layout)
+
+
+def test_hopper_backward_reads_fused_qkv_slices():
+    """q, k and v as slices of one fused projection [b, s, 3 * h * d], as a model's qkv layer gives them."""
+    b, s, h, d = 2, 333, 4, 64
+    qkv = torch.randn(b, s, 3, h, d, dtype=torch.bfloat16, device=DEVICE)
+    q, k, v = qkv.unbind(2)
+    assert runs_on(q, k, v, "bshd", causal=True) == "hopper"
+    grads, (q, k, v, do) = gradients(q, k, v, 3, causal=True, layout="bshd")
+    check_grads(grads, q, k, v, do, True, "top_left", "bshd")
+
+
+def test_nan_past_a_heads_rows_stays_out():
+    """Each head's sequence ends inside a larger buffer (a KV cache with spare capacity) whose rows past
+    it hold NaN: the last tile's rows past the end read TMA's zeros, so no gradient turns NaN."""
+    b, h, s, d, spare = 1, 4, 200, 128, 56
+
+    def cached(seed):
+        buf = torch.full((b, h, s + spare, d), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+        buf[:, :, :s] = torch.randn(b, h, s, d, generator=torch.Generator().manual_seed(seed)).to(buf)
+        return buf[:, :, :s]
+    q, k, v = cached(0), cached(1), cached(2)
+    assert runs_on(q, k, v, causal=True) == "hopper"
+    grads, (q, k, v, do) = gradients(q, k, v, 4, causal=True)
+    check_grads(grads, q, k, v, do, True)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_hopper_backward_agrees_with_the_triton_backward(causal):
+    """The same gradients as the deterministic Triton kernels, to bfloat16's rounding, on a longer sequence
+    (many query tiles per key block, several key blocks)."""
+    q, k, v = make_qkv(2, 8, 2, 2048, 2048, 128, torch.bfloat16, seed=9)
+    assert runs_on(q, k, v, causal=causal) == "hopper"
+    assert runs_on(q, k, v, causal=causal, deterministic=True) == "triton"
+    fast, _ = gradients(q, k, v, 5, causal=causal)
+    exact, _ = gradients(q, k, v, 5, causal=causal, deterministic=True)
+    for name, a, e in zip("qkv", fast, exact):
+        scale = e.float().abs().max().item()
+        assert (a.float() - e.float()).abs().max().item() <= 2e-2 * scale, name
+
+
+def test_what_the_hopper_backward_leaves_to_triton():
+    q, k, v = make_qkv(1, 2, 2, 64, 64, 256, torch.bfloat16)
+    assert runs_on(q, k, v) == "triton"
+    q, k, v = make_qkv(1, 2, 2, 64, 64, 64, torch.bfloat16)
+    assert runs_on(q, k, v, window=(8, 0)) == "triton"
+    assert runs_on(q, k, v, softcap=5.0) == "triton"
