@@ -126,8 +126,8 @@ def test_random_problems_have_the_reference_gradients(p):
 
 
 def test_deterministic_repeats_bit_for_bit():
-    """``deterministic=True``: the same gradients on every run; the atomic dQ agrees with it within rounding
-    (float32 sums in another order)."""
+    """``deterministic=True``: the same gradients on every run; the fast backward agrees with it within
+    rounding (float32 sums in another order)."""
     q, k, v = make_qkv(2, 4, 2, 70, 90, 64, torch.bfloat16, seed=9)
     runs = []
     for deterministic in (True, True, False):
@@ -135,8 +135,8 @@ def test_deterministic_repeats_bit_for_bit():
         o = fmha.attention(*leaf, causal=True, causal_align="bottom_right", deterministic=deterministic)
         runs.append(grads_of(o, leaf)[0])
     assert all(torch.equal(a, b) for a, b in zip(runs[0], runs[1]))
-    assert all(torch.equal(a, b) for a, b in zip(runs[0][1:], runs[2][1:]))  # dK, dV: no atomics either way
-    torch.testing.assert_close(runs[2][0], runs[0][0], rtol=1e-2, atol=1e-2)
+    for fast, exact in zip(runs[2], runs[0]):  # another kernel on sm_90 (the Gluon one), other sums elsewhere
+        torch.testing.assert_close(fast, exact, rtol=1e-2, atol=1e-2)
 
 
 def test_only_what_requires_grad_gets_it():

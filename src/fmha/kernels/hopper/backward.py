@@ -81,9 +81,9 @@ def _producer(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, 
     kvh = gl.program_id(1) % kv_heads
     kv_bytes: gl.constexpr = k_desc.block_type.nbytes + v_desc.block_type.nbytes
     mbarrier.expect(kv_ready, kv_bytes)
-    tma.async_copy_global_to_shared(k_desc, [kvh * place[6], b * place[7] + kvh * place[8], pid_n * BLOCK_N, 0],
+    tma.async_copy_global_to_shared(k_desc, [kvh * place[3], b * place[4] + kvh * place[5], pid_n * BLOCK_N, 0],
                                     kv_ready, _box(k_smem))
-    tma.async_copy_global_to_shared(v_desc, [kvh * place[9], b * place[10] + kvh * place[11], pid_n * BLOCK_N, 0],
+    tma.async_copy_global_to_shared(v_desc, [kvh * place[6], b * place[7] + kvh * place[8], pid_n * BLOCK_N, 0],
                                     kv_ready, _box(v_smem))
     q_bytes: gl.constexpr = q_desc.block_type.nbytes + do_desc.block_type.nbytes
     first = _first_tile(pid_n, causal_offset, CAUSAL)
@@ -96,7 +96,7 @@ def _producer(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, 
             mbarrier.expect(q_ready.index(s), q_bytes)
             tma.async_copy_global_to_shared(q_desc, [h * place[0], b * place[1] + h * place[2], m * BLOCK_M, 0],
                                             q_ready.index(s), _box(q_bufs.index(s)))
-            tma.async_copy_global_to_shared(do_desc, [h * place[3], b * place[4] + h * place[5], m * BLOCK_M, 0],
+            tma.async_copy_global_to_shared(do_desc, [h * place[9], b * place[10] + h * place[11], m * BLOCK_M, 0],
                                             q_ready.index(s), _box(do_bufs.index(s)))
             it += 1
 
@@ -202,8 +202,8 @@ def _store_rows(acc, Ptr, b, h, seqlen, strides, row0, layout: gl.constexpr, ROW
 
 @gluon.jit
 def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, Delta, DK, DV, heads, kv_heads, group, seqlen_q,
-                    seqlen_k, n_m, causal_offset, scale_log2, scale, q_lead, q_first_b, q_first_h, do_lead,
-                    do_first_b, do_first_h, k_lead, k_first_b, k_first_h, v_lead, v_first_b, v_first_h, dk_b, dk_h,
+                    seqlen_k, n_m, causal_offset, scale_log2, scale, q_lead, q_first_b, q_first_h, k_lead,
+                    k_first_b, k_first_h, v_lead, v_first_b, v_first_h, do_lead, do_first_b, do_first_h, dk_b, dk_h,
                     dk_s, dv_b, dv_h, dv_s, HEAD: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr):
     """dK and dV of key block ``program_id(0)`` of (batch, KV head) ``program_id(1)``, and its share of dQ
     added into ``dq_desc``'s float32 buffer.  HEAD: the tile width (head_dim padded), D: head_dim."""
@@ -227,8 +227,8 @@ def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, Delta, DK, DV
         mbarrier.init(q_empty.index(i), count=2)
     mbarrier.init(ds_ready, count=2)
     mbarrier.init(ds_free, count=2)
-    place = (q_lead, q_first_b, q_first_h, do_lead, do_first_b, do_first_h, k_lead, k_first_b, k_first_h, v_lead,
-             v_first_b, v_first_h)
+    place = (q_lead, q_first_b, q_first_h, k_lead, k_first_b, k_first_h, v_lead, v_first_b, v_first_h, do_lead,
+             do_first_b, do_first_h)
     gl.warp_specialize([
         (_consumer, (k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready, q_ready, q_empty, ds_ready, ds_free,
                      dq_desc, LSE, Delta, DK, DV, heads, kv_heads, group, seqlen_q, seqlen_k, n_m, causal_offset,
