@@ -346,3 +346,32 @@ def test_fp8_builds_for_sm90_on_tiled(head_dim):
                                   ("tiled", "sm_80", "builds for sm_90"), ("tiled", "gfx942", "builds for sm_90")):
         with pytest.raises(ValueError, match=says):
             targets.build(variant, target, head_dim, "float8_e4m3fn", True)
+
+
+@pytest.mark.parametrize("head_dim,causal", [(64, False), (128, True), (96, False)])
+def test_hopper_backward_builds_with_tma_reduce_adds(head_dim, causal):
+    """The Gluon backward for sm_90: its dQ tiles leave as TMA reduce-adds (the PTX pass), no plain TMA
+    store is left, dK/dV/S/dP run on wgmma; at head_dim 64 nothing spills (at 128 the two 64x128 float32
+    accumulators leave ptxas a few registers short: a bounded spill, ledgered speed)."""
+    from fmha.kernels.hopper import reduce_pass
+    compiled = targets.build_backward(head_dim, "bfloat16", causal)
+    ptx = compiled.asm["ptx"]
+    assert reduce_pass.KERNEL_MARK in ptx
+    assert len(re.findall(r"cp\.reduce\.async\.bulk\.tensor\.3d\.global\.shared::cta\.add\.tile", ptx)) == 2
+    assert not re.search(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta", ptx)
+    assert "wgmma.mma_async" in ptx
+    usage = targets.ptxas_usage(ptx, 90)
+    assert usage["spill_stores"] == 0 if head_dim == 64 else usage["spill_stores"] <= 512, usage
+
+
+def test_reduce_pass_rewrites_only_marked_stores():
+    from fmha.kernels.hopper import reduce_pass
+    store = "\t@%p3 cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%rd1, {%r1, %r2, %r3}], [%r4];"
+    assert reduce_pass.rewrite(store) == store  # no marker: another kernel's PTX
+    out = reduce_pass.rewrite("\n".join([reduce_pass.KERNEL_MARK, store]))
+    assert out.split("\n")[1] == ("\t@%p3 cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group "
+                                  "[%rd1, {%r1, %r2, %r3}], [%r4];")
+    with pytest.raises(RuntimeError, match="without a TMA store"):
+        reduce_pass.rewrite(reduce_pass.KERNEL_MARK)
+    with pytest.raises(RuntimeError, match="cannot read"):
+        reduce_pass.rewrite("\n".join([reduce_pass.KERNEL_MARK, store.replace("];", "], %rd9;")]))

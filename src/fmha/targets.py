@@ -109,6 +109,48 @@ def _hopper_source(head_dim: int, dtype: str, causal: bool, cfg, seqlen_k: int =
     return GluonASTSource(kernel, sig, const)
 
 
+def build_backward(head_dim: int, dtype: str = "bfloat16", causal: bool = False):
+    """The Gluon backward (:mod:`fmha.kernels.hopper.backward`) compiled for sm_90 from stand-in CPU
+    tensors: Triton's compiled kernel, its PTX after fmha's passes (the dQ stores made reduce-adds)."""
+    import torch
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from .kernels.hopper import backward, padded, reduce_pass
+    tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+    head = padded(head_dim)
+    t = torch.empty(1, 1, 256, head_dim, dtype=tdt)
+    place = [1, 1, 256, head_dim], [256 * head_dim, 256 * head_dim, head_dim, 1]
+    descs = [TensorDescriptor(t, *place, [1, 1, rows, head], backward.IN_LAYOUT)
+             for rows in (backward.BLOCK_M.value, backward.BLOCK_N.value, backward.BLOCK_N.value,
+                          backward.BLOCK_M.value)]
+    dq = torch.empty(1, 256, head, dtype=torch.float32)
+    descs.append(TensorDescriptor(dq, list(dq.shape), list(dq.stride()),
+                                  [1, backward.BLOCK_M.value, head // 2 if head == 128 else head], backward.DQ_LAYOUT))
+    kernel = backward.backward_kernel
+    const = dict(HEAD=head, D=head_dim, CAUSAL=causal)
+    by_name = dict(zip(("q_desc", "k_desc", "v_desc", "do_desc", "dq_desc"), descs))
+    sig = {}
+    for name in kernel.arg_names:
+        if name in const:
+            sig[name] = "constexpr"
+        elif name in by_name:
+            sig[name] = native_specialize_impl(BaseBackend, by_name[name], False, True, True)[0]
+        elif name in ("LSE", "Delta"):
+            sig[name] = "*fp32"
+        elif name in ("DK", "DV"):
+            sig[name] = "*" + DTYPES[dtype]
+        elif name in ("scale_log2", "scale"):
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+    reduce_pass.install()
+    return triton.compile(GluonASTSource(kernel, sig, const), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": 4})
+
+
 def _build_elsewhere(*args) -> "Build":
     """Triton fixes interpretation when kernels are defined: under ``TRITON_INTERPRET=1``
     (the CPU tests) the build runs in a child process with the interpreter off."""

@@ -3,7 +3,8 @@ the math of :mod:`..backward` (docs/BACKWARD.md).
 
 A program owns one block of ``BLOCK_N = 128`` keys of one (batch, KV head) and walks the 64-row
 query tiles of every query head of its group that see those keys (causal: from the first tile at
-or past the block's diagonal).  A one-warp producer loads K and V once and streams each tile's Q
+or past the block's diagonal), each key block starting at its own tile (:func:`_query_tile`).  A
+one-warp producer loads K and V once and streams each tile's Q
 and dO by TMA into a ``STAGES``-deep ring; two consumer warpgroups own 64 keys each, with dK and dV
 in registers (wgmma accumulators) for the whole walk.  Per tile a consumer computes, transposed so
 that its keys are the rows:
@@ -67,6 +68,16 @@ def _first_tile(pid_n, causal_offset, CAUSAL: gl.constexpr):
 
 
 @gluon.jit
+def _query_tile(j, first, n_m, pid_n):
+    """The ``j``-th query tile a program of key block ``pid_n`` visits: its tiles ``first..n_m`` rotated by
+    the block's share of them, so that the key blocks of one head, running side by side, add their dQ into
+    different tiles at any time instead of all into the same one."""
+    count = n_m - first
+    shift = pid_n * count // gl.num_programs(0)
+    return first + (j + shift) % count
+
+
+@gluon.jit
 def _box(buf):
     """A [rows, HEAD] tile as the [1, 1, rows, HEAD] box of a 4-D descriptor."""
     return buf.reshape([1, 1, buf.shape[0], buf.shape[1]])
@@ -90,7 +101,8 @@ def _producer(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, 
     it = 0
     for gi in range(group):
         h = kvh * group + gi
-        for m in range(first, n_m):
+        for j in range(n_m - first):
+            m = _query_tile(j, first, n_m, pid_n)
             s = it % STAGES
             mbarrier.wait(q_empty.index(s), ((it // STAGES) & 1) ^ 1)
             mbarrier.expect(q_ready.index(s), q_bytes)
@@ -144,7 +156,8 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
     it = 0
     for gi in range(group):
         bh = b * heads + kvh * group + gi
-        for m in range(first, n_m):
+        for j in range(n_m - first):
+            m = _query_tile(j, first, n_m, pid_n)
             s = it % STAGES
             rows = m * BLOCK_M + offs_q
             stat = bh.to(gl.int64) * seqlen_q + rows
@@ -230,12 +243,12 @@ def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, Delta, DK, DV
     place = (q_lead, q_first_b, q_first_h, k_lead, k_first_b, k_first_h, v_lead, v_first_b, v_first_h, do_lead,
              do_first_b, do_first_h)
     gl.warp_specialize([
-        (_consumer, (k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready, q_ready, q_empty, ds_ready, ds_free,
-                     dq_desc, LSE, Delta, DK, DV, heads, kv_heads, group, seqlen_q, seqlen_k, n_m, causal_offset,
-                     scale_log2, scale, (dk_b, dk_h, dk_s), (dv_b, dv_h, dv_s), 0, HEAD, D, CAUSAL)),
-        (_consumer, (k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready, q_ready, q_empty, ds_ready, ds_free,
-                     dq_desc, LSE, Delta, DK, DV, heads, kv_heads, group, seqlen_q, seqlen_k, n_m, causal_offset,
-                     scale_log2, scale, (dk_b, dk_h, dk_s), (dv_b, dv_h, dv_s), 1, HEAD, D, CAUSAL)),
+        (_consumer, (k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready, q_ready, q_empty, ds_ready,
+                     ds_free, dq_desc, LSE, Delta, DK, DV, heads, kv_heads, group, seqlen_q, seqlen_k, n_m,
+                     causal_offset, scale_log2, scale, (dk_b, dk_h, dk_s), (dv_b, dv_h, dv_s), 0, HEAD, D, CAUSAL)),
+        (_consumer, (k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready, q_ready, q_empty, ds_ready,
+                     ds_free, dq_desc, LSE, Delta, DK, DV, heads, kv_heads, group, seqlen_q, seqlen_k, n_m,
+                     causal_offset, scale_log2, scale, (dk_b, dk_h, dk_s), (dv_b, dv_h, dv_s), 1, HEAD, D, CAUSAL)),
         (_producer, (q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, kv_ready, q_ready, q_empty,
                      kv_heads, group, n_m, causal_offset, place, CAUSAL)),
     ], [4, 1], [240, 24])
