@@ -4,21 +4,21 @@ the math of :mod:`..backward` (docs/BACKWARD.md).
 A program owns one block of ``BLOCK_N = 128`` keys of one (batch, KV head) and walks the 64-row
 query tiles of every query head of its group that see those keys (causal: from the first tile at
 or past the block's diagonal), each key block starting at its own tile (:func:`_query_tile`).  A
-one-warp producer loads K and V once and streams each tile's Q
-and dO by TMA into a ``STAGES``-deep ring; two consumer warpgroups own 64 keys each, with dK and dV
-in registers (wgmma accumulators) for the whole walk.  Per tile a consumer computes, transposed so
-that its keys are the rows:
+one-warp producer loads K and V once and streams each tile's Q and dO by TMA into a ``STAGES``-deep
+ring; two consumer warpgroups own 64 keys each, with dK and dV in registers (wgmma accumulators) for
+the whole walk.  Per tile a consumer computes, its query rows the rows (so a row's LSE and delta are
+two registers a thread):
 
-* ``S^T = K Q^T`` and ``dP^T = V dO^T``;
-* ``P^T = exp2(scale_log2 S^T - lse2)`` from the forward's LSE, zero above the causal diagonal;
-* ``dS^T = scale P^T (dP^T - delta)``;
-* ``dV += P^T dO`` and ``dK += dS^T Q``, P and dS the A operands straight from registers;
-* dQ: dS^T goes to shared memory, and ``dQ += dS K`` runs on it as a transposed A operand.  At
-  head_dim 128 the two warpgroups take a column half each over all 128 keys (a barrier pair
-  between them: both halves of dS^T in place, and both done with it); at 64, each its own keys
-  over every column.  The float32 tile goes to shared memory and is added into a float32 dQ
-  buffer by a TMA reduce-add (``cp.reduce.async.bulk.tensor``: Gluon 3.6 has only the TMA store,
-  so the build marks itself and :mod:`.reduce_pass` turns its stores into reduce-adds), an
+* ``S = Q K^T`` and ``dP = dO V^T`` over its keys;
+* ``P = exp2(scale_log2 S - lse2)`` from the forward's LSE, zero above the causal diagonal;
+* ``dS = scale P (dP - delta)``;
+* P and dS into shared memory (a tile of 64 query rows by the block's 128 keys, each warpgroup its
+  column half), then ``dV += P^T dO`` and ``dK += dS^T Q`` with P^T and dS^T read transposed;
+* ``dQ += dS K``: at head_dim 128 the two warpgroups take a column half each over all 128 keys (a
+  barrier pair between them: both halves of dS in place, and both done with them); at 64, each its
+  own keys over every column.  The float32 tile goes to shared memory and is added into a float32
+  dQ buffer by a TMA reduce-add (``cp.reduce.async.bulk.tensor``: Gluon 3.6 has only the TMA store,
+  so the build marks itself and :mod:`.reduce_pass` turns its stores into reduce-adds), in an
   order that varies from run to run: ``deterministic`` calls take the Triton kernels.
 
 Q and dO are read through 4-D descriptors that hold one (batch, head) sequence each (the K/V
