@@ -147,9 +147,6 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
         k_b = k_w
         dq_col = 0
     dq_tile = dq_box.index(WG)._reinterpret(gl.float32, [BLOCK_M, DQ_COLS], TILE_F32)
-    # P and dS free for the next tile: at head_dim 64 each warpgroup's own half (the two may then drift
-    # apart, one's exponentials under the other's products)
-    free = ds_free.index(0 if SPLIT_COLS else WG)
     offs_q = gl.arange(0, BLOCK_M, layout=row_layout)
     offs_k = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(0, s_layout))
     dk = gl.zeros([KEYS, HEAD], gl.float32, g_layout)
@@ -180,7 +177,7 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
                     p = gl.where(offs_k[None, :] <= rows[:, None] + causal_offset, p, 0.0)
             # P and dS into shared memory (the A operands of dV and dK transposed, of dQ as they are), once
             # both warpgroups are done with the previous tile's
-            mbarrier.wait(free, (it & 1) ^ 1)
+            mbarrier.wait(ds_free, (it & 1) ^ 1)
             p_w.store(p.to(dtype))
             dp = warpgroup_mma_wait(0, deps=[dp])
             ds_w.store((p * (dp - delta[:, None]) * scale).to(dtype))
@@ -194,7 +191,7 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
                                is_async=True)
             dq, dv, dk = warpgroup_mma_wait(0, deps=[dq, dv, dk])
             mbarrier.arrive(q_empty.index(s), count=1)
-            mbarrier.arrive(free, count=1)
+            mbarrier.arrive(ds_free, count=1)
             tma.store_wait(0)  # the previous tile's reduce-add has read the buffer
             dq_tile.store(dq)
             fence_async_shared()
@@ -236,14 +233,13 @@ def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, Delta, DK, DV
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     ds_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ds_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_ready, count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=2)
     mbarrier.init(ds_ready, count=2)
-    for i in gl.static_range(2):  # at head_dim 128 both warpgroups read all of dS: the first, for both
-        mbarrier.init(ds_free.index(i), count=2 if HEAD == 128 else 1)
+    mbarrier.init(ds_free, count=2)
     place = (q_lead, q_first_b, q_first_h, k_lead, k_first_b, k_first_h, v_lead, v_first_b, v_first_h, do_lead,
              do_first_b, do_first_h)
     gl.warp_specialize([
