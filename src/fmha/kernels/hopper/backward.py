@@ -68,13 +68,16 @@ def _first_tile(pid_n, causal_offset, CAUSAL: gl.constexpr):
 
 
 @gluon.jit
-def _query_tile(j, first, n_m, pid_n):
-    """The ``j``-th query tile a program of key block ``pid_n`` visits: its tiles ``first..n_m`` rotated by
+def _query_tile(j, first, n_m, pid_n, CAUSAL: gl.constexpr):
+    """The ``j``-th query tile a program of key block ``pid_n`` visits.  Without causal, its tiles rotated by
     the block's share of them, so that the key blocks of one head, running side by side, add their dQ into
-    different tiles at any time instead of all into the same one."""
-    count = n_m - first
-    shift = pid_n * count // gl.num_programs(0)
-    return first + (j + shift) % count
+    different tiles at any time instead of all into the same one (B32 S512 D128: 161 TFLOP/s in order, 270
+    rotated).  Causal walks start at their own diagonals already, and rotated they ran 4-6% slower (the
+    blocks no longer read the tiles their neighbours just read)."""
+    m = first + j
+    if not CAUSAL:
+        m = (j + pid_n * n_m // gl.num_programs(0)) % n_m
+    return m
 
 
 @gluon.jit
@@ -102,7 +105,7 @@ def _producer(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, 
     for gi in range(group):
         h = kvh * group + gi
         for j in range(n_m - first):
-            m = _query_tile(j, first, n_m, pid_n)
+            m = _query_tile(j, first, n_m, pid_n, CAUSAL)
             s = it % STAGES
             mbarrier.wait(q_empty.index(s), ((it // STAGES) & 1) ^ 1)
             mbarrier.expect(q_ready.index(s), q_bytes)
@@ -157,7 +160,7 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
     for gi in range(group):
         bh = b * heads + kvh * group + gi
         for j in range(n_m - first):
-            m = _query_tile(j, first, n_m, pid_n)
+            m = _query_tile(j, first, n_m, pid_n, CAUSAL)
             s = it % STAGES
             rows = m * BLOCK_M + offs_q
             stat = bh.to(gl.int64) * seqlen_q + rows
