@@ -10,7 +10,14 @@ from conftest import DEVICE, make_qkv
 from fmha import backward, plan
 from fmha.verify import check_grads
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("every_length")]
+RULE = dict(backward.GLUON_ROWS)
+
+
+@pytest.fixture
+def every_length(monkeypatch):
+    """The Gluon backward on every length (the table sends short walks to the Triton kernels)."""
+    monkeypatch.setattr(backward, "GLUON_ROWS", {d: 0 for d in RULE})
 
 SHAPES = [  # (batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim)
     (2, 4, 2, 300, 200, 128),   # GQA, sq > sk, neither a multiple of a tile
@@ -94,7 +101,12 @@ def test_hopper_backward_agrees_with_the_triton_backward(causal):
         assert (a.float() - e.float()).abs().max().item() <= 2e-2 * scale, name
 
 
-def test_what_the_hopper_backward_leaves_to_triton():
+def test_what_the_hopper_backward_leaves_to_triton(monkeypatch):
+    monkeypatch.setattr(backward, "GLUON_ROWS", RULE)
+    for head_dim, rows in RULE.items():  # the walks too short to pay for a program's K/V and dK/dV
+        q, k, v = make_qkv(1, 2, 2, rows, rows, head_dim, torch.bfloat16)
+        assert runs_on(q, k, v) == "hopper"
+        assert runs_on(q[:, :, :rows // 2], k, v) == "triton"
     q, k, v = make_qkv(1, 2, 2, 64, 64, 256, torch.bfloat16)
     assert runs_on(q, k, v) == "triton"
     q, k, v = make_qkv(1, 2, 2, 64, 64, 64, torch.bfloat16)
