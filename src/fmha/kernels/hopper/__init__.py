@@ -64,6 +64,9 @@ Past a packed sequence's end or a seqused_k length the tile holds real memory
 and the producer zeroes those rows of V in shared memory before the consumers
 see it (:func:`_zero_past`).  Anything else goes to ``tiled``.  Gluon
 kernels do not run in the interpreter.
+
+The backward on sm_90 is :mod:`.backward` (FlashAttention-3's shape, its dQ added by TMA reduce-adds that
+:mod:`.reduce_pass` writes into the PTX).
 """
 from __future__ import annotations
 
