@@ -117,18 +117,16 @@ def _run(prob, do, q, k, v, o, lse, layout, alibi, seqs, rows, keys, sinks, dete
     packed); the sinks' gradient from ``delta`` (:mod:`fmha.sinks`)."""
     do, q, k, v, o = (_unit_last(t) for t in (do, q, k, v, o))
     dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (k, v))
-    if 0 not in (prob.batch, prob.heads, rows, keys) and q.numel() and kernel(prob, q, k, v, do, layout, alibi,
-                                                                              deterministic) == "hopper":
+    if 0 in (prob.batch, prob.heads, rows, keys) or q.numel() == 0:
+        return (torch.zeros_like(q, memory_format=torch.contiguous_format), dk.zero_(), dv.zero_(),
+                None if sinks is None else torch.zeros_like(sinks))
+    if kernel(prob, q, k, v, do, layout, alibi, deterministic) == "hopper":
         return _hopper(prob, do, q, k, v, o, lse, dk, dv, layout, sinks)
     kv_tiles, q_tiles = tiles(max(prob.head_dim, prob.dv), prob.causal, deterministic)
     atomic = q_tiles is None
     # atomically: a float32 dQ the key blocks add into, cast once at the end
     dq = (torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic
           else torch.empty_like(q, memory_format=torch.contiguous_format))
-    if 0 in (prob.batch, prob.heads, rows, keys) or q.numel() == 0:
-        for g in (dq, dk, dv):
-            g.zero_()
-        return dq.to(q.dtype), dk, dv, None if sinks is None else torch.zeros_like(sinks)
     cu_q, cu_k, seqused = (t if t is not None else lse for t in seqs)
     strides = {name: list(strides_bhsd(t, layout)[:3]) for name, t in
                (("q", q), ("k", k), ("v", v), ("do", do), ("o", o), ("dq", dq), ("dk", dk), ("dv", dv))}

@@ -116,19 +116,12 @@ def build_backward(head_dim: int, dtype: str = "bfloat16", causal: bool = False)
     from triton._C.libtriton import native_specialize_impl
     from triton.backends.compiler import BaseBackend
     from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from .kernels.hopper import backward, padded, reduce_pass
     tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
     head = padded(head_dim)
     t = torch.empty(1, 1, 256, head_dim, dtype=tdt)
-    place = [1, 1, 256, head_dim], [256 * head_dim, 256 * head_dim, head_dim, 1]
-    descs = [TensorDescriptor(t, *place, [1, 1, rows, head], backward.IN_LAYOUT)
-             for rows in (backward.BLOCK_M.value, backward.BLOCK_N.value, backward.BLOCK_N.value,
-                          backward.BLOCK_M.value)]
-    dq = torch.empty(1, 256, head, dtype=torch.float32)
-    descs.append(TensorDescriptor(dq, list(dq.shape), list(dq.stride()),
-                                  [1, backward.BLOCK_M.value, head // 2 if head == 128 else head], backward.DQ_LAYOUT))
+    descs, _ = backward.descriptors(t, t, t, t, torch.empty(1, 256, head, dtype=torch.float32), "bhsd", head)
     kernel = backward.backward_kernel
     const = dict(HEAD=head, D=head_dim, CAUSAL=causal)
     by_name = dict(zip(("q_desc", "k_desc", "v_desc", "do_desc", "dq_desc"), descs))

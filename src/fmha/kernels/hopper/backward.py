@@ -283,19 +283,26 @@ def _place(t: torch.Tensor, layout: str):
     return shape, strides, (int(view.col > 0), view.batch, view.head)
 
 
-def launch(prob, q, k, v, do, lse, delta, dk, dv, layout: str, strides) -> torch.Tensor:
-    """dK and dV into ``dk``, ``dv``; returns dQ (float32, ``[batch * heads, seqlen_q, tile width]``)."""
-    head = padded(prob.head_dim)
-    dq = torch.zeros(prob.batch * prob.heads, prob.seqlen_q, head, dtype=torch.float32, device=q.device)
-    dq_cols = head // 2 if head == 128 else head
+def descriptors(q, k, v, do, dq, layout: str, head: int) -> tuple[list, list[int]]:
+    """The TMA descriptors of q, k, v, dO (a box of one (batch, head) sequence's rows, ``head`` columns) and
+    of the float32 ``dq`` buffer (a warpgroup's share of a tile), and the (batch, head) placements of the
+    first four."""
     descs, place = [], []
     for t, rows in ((q, BLOCK_M.value), (k, BLOCK_N.value), (v, BLOCK_N.value), (do, BLOCK_M.value)):
         shape, st, p = _place(t, layout)
         descs.append(TensorDescriptor(t, shape, st, [1, 1, rows, head], IN_LAYOUT))
         place += p
-    dq_desc = TensorDescriptor(dq, list(dq.shape), list(dq.stride()), [1, BLOCK_M.value, dq_cols], DQ_LAYOUT)
+    dq_cols = head // 2 if head == 128 else head
+    descs.append(TensorDescriptor(dq, list(dq.shape), list(dq.stride()), [1, BLOCK_M.value, dq_cols], DQ_LAYOUT))
+    return descs, place
+
+
+def launch(prob, q, k, v, do, lse, delta, dk, dv, layout: str, strides) -> torch.Tensor:
+    """dK and dV into ``dk``, ``dv``; returns dQ (float32, ``[batch * heads, seqlen_q, tile width]``)."""
+    head = padded(prob.head_dim)
+    dq = torch.zeros(prob.batch * prob.heads, prob.seqlen_q, head, dtype=torch.float32, device=q.device)
+    (q_desc, k_desc, v_desc, do_desc, dq_desc), place = descriptors(q, k, v, do, dq, layout, head)
     reduce_pass.install()
-    q_desc, k_desc, v_desc, do_desc = descs
     n_m = triton.cdiv(prob.seqlen_q, BLOCK_M.value)
     grid = (triton.cdiv(prob.seqlen_k, BLOCK_N.value), prob.batch * prob.kv_heads)
     scale = prob.scale_log2 / LOG2E_VALUE
