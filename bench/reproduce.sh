@@ -25,6 +25,7 @@ python3 -m fmha bench --pass bwd --ledger "$ledger" --dtype bfloat16 float16 \
 python3 -m fmha bench --pass bwd --ledger "$ledger" --grid mla --dtype bfloat16 --providers fmha:auto sdpa:cudnn
 python3 bench/backward_tiles.py --ledger "$ledger"                    # the backward's tile table, swept
 python3 bench/host_profile.py --ledger "$ledger"
+python3 bench/fp8_speed.py                                             # float8 K/V against bf16 (printed)
 python3 bench/model_speed.py --ledger "$ledger"
 bench --grid mla --dtype bfloat16        # DeepSeek-V3 prefill heads: q/k 192, v 128 (FA4 takes it when installed)
 bench --grid head-dims --dtype bfloat16  # head dims 32, 96, 256 on the Gluon kernel
