@@ -8,9 +8,8 @@ Gluon kernel with one program per work item (`hopper-p0`; the default is persist
 `tiled`; with equal lengths also fmha on the same batch as a dense bshd tensor (`fmha:dense`:
 what the varlen path costs over it); FlashAttention's `flash_attn_varlen_func` (`flash_attn`,
 `flash_attn.cute`) when importable; torch SDPA on jagged nested tensors (each backend that
-takes them).  TFLOP/s count the visible (query, key) pairs, 4 * D flops each.  No CUDA graphs:
-`attention_varlen` checks the cu_seqlens on the host, so every fmha varlen call waits for one
-device-to-host copy (the peers' calls do not).  Rows go to the ledger with features "varlen"
+takes them).  TFLOP/s count the visible (query, key) pairs, 4 * D flops each; eager calls, every
+provider alike.  Rows go to the ledger with features "varlen"
 (seqlen_q and seqlen_k are the longest sequence's, batch the number of sequences).
 """
 import argparse

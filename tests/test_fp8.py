@@ -69,6 +69,18 @@ def test_fp8_decoding_splits_the_keys_and_takes_the_modifiers():
     check_fp8(o, full, True, "bottom_right", window=(40, -1), softcap=20.0)
 
 
+@pytest.mark.parametrize("sq", [1, 40])
+def test_fp8_kv_by_tma(sq):
+    """float8 K/V read by TMA (config tma=1, as the sm_90 decode table asks): the split decode with packed
+    GQA rows and a prefill, widened after the load, against the dequantized reference."""
+    (q, k, v), descales, full = fp8_inputs(2, 8, 2, sq, 300, 128, F8, seed=6)
+    cfg = fmha.KernelConfig(16 if sq < 16 else 32, 64, 4, 2, split_per_sm=1, tma=1)
+    o = fmha.attention(q, k, v, causal=True, causal_align="bottom_right", variant="tiled", config=cfg,
+                       num_splits=3 if sq < 16 else 0, q_descale=descales[0], k_descale=descales[1],
+                       v_descale=descales[2])
+    check_fp8(o, full, True, "bottom_right")
+
+
 def test_fp8_without_factors_reads_the_values_as_they_are():
     (q, k, v), _, _ = fp8_inputs(1, 2, 1, 16, 40, 32, F8, seed=5)
     full = [q.cpu().double(), k.cpu().double(), v.cpu().double()]  # factors of 1

@@ -620,7 +620,8 @@ def _replay_cases():
 def test_later_calls_replay_the_first(case):
     """The second and third calls of a kind replay the first one's launches (the planner is not called
     again) over their own tensors, into new outputs, and give what the ordinary path gives; a
-    replayed call makes no host-device synchronization, but packed sequences on ``hopper`` (its work list)."""
+    replayed call makes no host-device synchronization (packed sequences on ``hopper`` included: their work
+    list is built on the device)."""
     from fmha import plan, replay
     make, call = _replay_cases()[case]
     inputs = [make(seed) for seed in range(3)]
@@ -631,8 +632,7 @@ def test_later_calls_replay_the_first(case):
     real = plan.plan
     plan.plan = lambda *a, **kw: plans.append(1) or real(*a, **kw)
     try:
-        if case != "varlen":  # (hopper's work list: attention_varlen reads cu_seqlens on the host)
-            torch.cuda.set_sync_debug_mode("error")
+        torch.cuda.set_sync_debug_mode("error")
         again = [call(inputs[1]), call(inputs[2])]
     finally:
         torch.cuda.set_sync_debug_mode("default")

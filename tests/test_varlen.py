@@ -53,13 +53,13 @@ def test_varlen_errors():
         fmha.attention(q[None], q[None], q[None], seqused_k=torch.ones(2, dtype=torch.int32, device=DEVICE))
 
 
-def test_only_hopper_reads_the_lengths_on_the_host(monkeypatch):
-    """The variants that read cu_seqlens on the device check them there (:mod:`fmha.kernels.guards`): the host
-    never reads them; ``hopper``'s work list needs the lengths on the host."""
-    from fmha import api, checks
+def test_the_lengths_are_checked_on_the_device(monkeypatch):
+    """No variant reads cu_seqlens on the host: they are checked on the device, in stream order
+    (:mod:`fmha.kernels.guards`), and on the CPU the check's verdict comes back as a ``ValueError``."""
     q, cu = packed([3, 4], 2, 32, F16, 0)
-    monkeypatch.setattr(api, "check_packed", lambda *a: pytest.fail("the lengths were read on the host"))
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda *a: pytest.fail("the lengths were read on the host"))
     o = fmha.attention_varlen(q, q, q, cu, cu, 4, 4, variant="tiled")
+    monkeypatch.undo()
     for b in range(2):
         seq = q[int(cu[b]):int(cu[b + 1])].transpose(0, 1)[None]
         ref = reference.dense_attention(seq, seq, seq)
@@ -67,9 +67,6 @@ def test_only_hopper_reads_the_lengths_on_the_host(monkeypatch):
     if DEVICE == "cpu":  # the device check's verdict (on a GPU its assert: test_bad_cu_seqlens_stop_the_gpu_stream)
         with pytest.raises(ValueError, match="must start at 0, never decrease and end at 7"):
             fmha.attention_varlen(q, q, q, cu.flip(0), cu, 4, 4, variant="tiled")
-    assert api._packed_on_host(q, q, "hopper", True, 4, 4) == q.is_cuda  # (the interpreter runs no hopper)
-    assert not api._packed_on_host(q, q, "tiled", True, 4, 4)
-    assert checks.check_cu_seqlens(torch.stack([cu, cu]).cpu().numpy(), 7, 7, 4, 4)[0].tolist() == [3, 4]
 
 
 @pytest.mark.gpu
@@ -94,21 +91,32 @@ print("ANSWER", o.float().sum().item())
     assert says in run.stderr and "device-side assert" in run.stderr, run.stderr[-2000:]
 
 
+@pytest.mark.parametrize("lens", [([1000, 1, 0, 128, 300, 77, 2049], [1000, 300, 5, 128, 1, 0, 1537]),
+                                  ([0, 0, 5], [0, 3, 0]), ([700], [900]), ([64] * 300 + [513], [64] * 300 + [2000])],
+                         ids=lambda x: f"{len(x[0])}seqs")
 @pytest.mark.parametrize("causal,align,window", [(False, "top_left", (-1, -1)), (True, "top_left", (-1, -1)),
-                                                 (True, "bottom_right", (-1, -1)), (True, "bottom_right", (300, -1))])
-def test_hopper_work_list_covers_every_block_longest_first(causal, align, window):
-    """The Gluon kernel's packed-sequence work list (built on the host): every block of query rows
-    of every sequence exactly once, none past a sequence's end, costlier blocks first; and the
-    programs' snake-wise deal (the kernel's ``_n_items``/``_tile``) hands out each item once."""
+                                                 (True, "bottom_right", (-1, -1)), (True, "bottom_right", (300, -1)),
+                                                 (False, "top_left", (100, -1))])
+def test_hopper_work_list_covers_every_block_longest_first(causal, align, window, lens):
+    """The Gluon kernel's packed-sequence work list, built on the device from the cu_seqlens (a Triton
+    program, :mod:`fmha.kernels.hopper.worklist`, run here by the interpreter): its count in front, then
+    every block of query rows of every sequence exactly once, none past a sequence's end, costlier blocks
+    first, within the room the host gave it; the programs' snake-wise deal (the kernel's
+    ``_n_items``/``_tile``) hands out each item once; cu_seqlens that break the rules give no item."""
     from fmha import configs
-    from fmha.kernels import hopper
+    from fmha.kernels.hopper import worklist
     from fmha.plan import Problem, band
-    lens_q, lens_k = np.array([1000, 1, 0, 128, 300, 77, 2049]), np.array([1000, 300, 5, 128, 1, 0, 1537])
+    lens_q, lens_k = (np.array(x) for x in lens)
+    cu_q, cu_k = (torch.tensor(np.cumsum([0, *x]), dtype=torch.int32, device=DEVICE) for x in lens)
     upper, causal_offset, window_offset = band(causal, window, 0)
     prob = Problem(len(lens_q), 4, 2, int(lens_q.sum()), int(lens_k.sum()), 128, upper, causal_offset, 1.0,
                    window_offset=window_offset, align_br=align == "bottom_right", varlen=True)
     cfg = configs.hopper_config(128, causal, int(lens_k.max()), per_sequence=True)
-    items = hopper.varlen_items(lens_q, lens_k, prob, cfg, causal_offset, window_offset or 0)
+    build = lambda cu: worklist.build(cu, cu_k, prob.seqlen_q, prob.seqlen_k, int(lens_q.max()),  # noqa: E731
+                                      int(lens_k.max()), prob.heads, prob, cfg, causal_offset, window_offset or 0)
+    built = build(cu_q).cpu().numpy()
+    items = built[1:1 + built[0] // prob.heads]
+    assert len(built) - 1 == worklist.capacity(prob.seqlen_q, len(lens_q), int(lens_q.max()), cfg.block_m)
     seq, block = items >> 16, items & 0xFFFF
     expected = sorted((b, m) for b, n in enumerate(lens_q) for m in range(-(-n // cfg.block_m)))
     assert sorted(zip(seq.tolist(), block.tolist())) == expected
@@ -126,6 +134,8 @@ def test_hopper_work_list_covers_every_block_longest_first(causal, align, window
         mine = rounds + ((pid < rest) if rounds % 2 == 0 else (pid >= nprog - rest))
         dealt += [k * nprog + (pid if k % 2 == 0 else nprog - 1 - pid) for k in range(mine)]
     assert sorted(dealt) == list(range(n_tiles))
+    if DEVICE == "cpu" and len(lens_q) > 1:  # (on a GPU the build's device assert ends the context)
+        assert int(build(cu_q.flip(0).contiguous())[0]) == 0
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))

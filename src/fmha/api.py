@@ -6,9 +6,8 @@ from __future__ import annotations
 import torch
 
 from . import configs, forward
-from .checks import (check_features, check_fp8, check_index, check_inputs, check_out, check_packed,
+from .checks import (check_features, check_fp8, check_index, check_inputs, check_out,
                      check_packed_shapes, check_pages, check_splits, variants)
-from .device import arch_of
 from . import gradients
 from .plan import describe, select_variant
 from .sinks import attach as attach_sinks
@@ -146,42 +145,28 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     ``[heads, total_q]``).  Programs (or ``hopper``'s work items) past a sequence's end exit at
     once: no padded work beyond the last tile of each sequence.  ``auto`` picks the variant as
     :func:`attention` would for the longest sequences (``hopper`` on sm_90 at head_dim 64 and
-    128); ``config`` overrides its config, as in :func:`attention`.  ``hopper`` builds its work list
-    from the lengths on the host (one device-to-host copy of both cu_seqlens, checked there); the
-    other variants read the cu_seqlens on the device only, checked there in stream order (a failed
-    check stops the stream with an assert that names it), so the call never waits for the GPU.
+    128); ``config`` overrides its config, as in :func:`attention`.  Every variant reads the cu_seqlens
+    on the device only, checked there in stream order before any kernel reads through them (a failed
+    check stops the stream with an assert that names it; ``hopper`` builds its work list from them
+    there too), so the call never waits for the GPU.
     Differentiable, with ``deterministic`` as in :func:`attention`.
     """
     check_packed_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k)
-    lengths = None
-    if _packed_on_host(q, k, variant, causal, max_seqlen_q, max_seqlen_k):
-        lengths = check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     check_inputs(q[None], k[None], v[None], causal_align, "bshd", variant, scale)
     check_features(q[None], "bshd", window, softcap, alibi_slopes, sinks)
     if gradients.needs_grad(q, k, v, sinks):
         kw = dict(causal=causal, scale=scale, variant=variant, causal_align=causal_align, window=tuple(window),
                   softcap=float(softcap), config=config)
-        o, lse = gradients.AttentionVarlen.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, lengths,
+        o, lse = gradients.AttentionVarlen.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks,
                                                  max_seqlen_q, max_seqlen_k, kw, bool(deterministic))
         return (o, lse) if return_lse else o
-    o, lse = forward.packed(q, k, v, cu_seqlens_q, cu_seqlens_k, lengths, max_seqlen_q, max_seqlen_k, causal=causal,
+    o, lse = forward.packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
                             scale=scale, variant=variant, causal_align=causal_align,
                             return_lse=return_lse or sinks is not None, window=tuple(window), softcap=float(softcap),
                             alibi_slopes=alibi_slopes, config=config)
     if sinks is not None:
         o, lse = attach_sinks(o, lse, sinks, "packed")
     return (o, lse) if return_lse else o
-
-
-def _packed_on_host(q, k, variant: str, causal: bool, max_seqlen_q: int, max_seqlen_k: int) -> bool:
-    """Whether packed sequences need their lengths on the host: for ``hopper``'s work list (a GPU's)."""
-    if not q.is_cuda:
-        return False
-    if variant == "auto":
-        variant = select_variant(arch_of(q.device), {"head_dim": q.shape[2], "seqlen_q": int(max_seqlen_q),
-                                                     "seqlen_k": int(max_seqlen_k), "causal": bool(causal),
-                                                     "varlen": True})
-    return variant == "hopper"
 
 
 def _replayable(*tensors, window, softcap) -> bool:

@@ -111,15 +111,6 @@ def check_splits(num_splits) -> None:
         raise ValueError(f"num_splits must be an int >= 0 (0: decide), got {num_splits!r}")
 
 
-def check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int):
-    """Packed sequences (:func:`fmha.attention_varlen`): :func:`check_packed_shapes`, then the
-    cu_seqlens read on the host (one device-to-host copy of both).  Returns each sequence's (query rows,
-    keys)."""
-    check_packed_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k)
-    both = torch.stack([cu_seqlens_q, cu_seqlens_k]).cpu().numpy()  # one device-to-host copy
-    return check_cu_seqlens(both, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k)
-
-
 def check_packed_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k) -> None:
     """What of packed sequences the host knows without reading the device: 3-D q/k/v of one packed
     key length, int32 cu_seqlens of one length on q's device."""

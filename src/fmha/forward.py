@@ -76,46 +76,42 @@ def _dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse,
     return o, lse
 
 
-def packed(q, k, v, cu_seqlens_q, cu_seqlens_k, lengths, max_seqlen_q, max_seqlen_k, *, causal, scale, variant,
+def packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal, scale, variant,
            causal_align, return_lse, window, softcap, alibi_slopes, config):
-    """:func:`fmha.attention_varlen` on checked inputs (``lengths``: each sequence's query rows and
-    keys, on the host; None: the cu_seqlens are checked on the device first, :mod:`fmha.kernels.guards`).
-    Returns ``(o, lse or None)``."""
+    """:func:`fmha.attention_varlen` on checked shapes; the cu_seqlens are checked on the device, in stream
+    order, before any kernel reads through them (:mod:`fmha.kernels.guards`; ``hopper`` checks them as it
+    builds its work list).  Returns ``(o, lse or None)``."""
     def call():
-        return _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, lengths, max_seqlen_q, max_seqlen_k, causal=causal,
+        return _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
                        scale=scale, variant=variant, causal_align=causal_align, return_lse=return_lse, window=window,
                        softcap=softcap, alibi_slopes=alibi_slopes, config=config)
-    on_host = lengths is not None  # the launches depend on the lengths only through hopper's work list
-    return _replayed("packed", (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes), call,
-                     on_host and lengths[0].tobytes(), on_host and lengths[1].tobytes(), int(max_seqlen_q),
+    return _replayed("packed", (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes), call, int(max_seqlen_q),
                      int(max_seqlen_k), causal, scale, variant, causal_align, return_lse, window, softcap, config)
 
 
-def _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, lengths, max_seqlen_q, max_seqlen_k, *, causal, scale, variant,
+def _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal, scale, variant,
             causal_align, return_lse, window, softcap, alibi_slopes, config):
     batch = cu_seqlens_q.shape[0] - 1
     heads, kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
-    if lengths is None:
-        from .kernels import guards
-        guards.check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], int(max_seqlen_q),
-                                int(max_seqlen_k))
+    longest = (int(max_seqlen_q), int(max_seqlen_k))
     o = replay.buffer(output(q, v.shape[2]))
     lse = replay.buffer(torch.empty((heads, q.shape[0]), dtype=torch.float32, device=q.device)) if return_lse else None
-    if batch == 0 or q.shape[0] == 0 or heads == 0:
-        return o, lse
-    prob = planning.problem(batch, heads, kv_heads, q.shape[0], k.shape[0], head_dim, causal=causal, scale=scale,
-                            window=window, causal_align=causal_align, softcap=softcap, varlen=True,
-                            head_dim_v=v.shape[2])
     q4, k4, v4, o4 = q[None], k[None], v[None], o[None]
-    p = planning.plan(prob, q4, k4, v4, o4, "bshd", variant, config, alibi_slopes, 1,
-                      longest=(int(max_seqlen_q), int(max_seqlen_k)))
-    if p.variant == "hopper" and lengths is None:  # the entry point decides the lengths' reading by the same pick
-        raise RuntimeError("fmha.attention_varlen: the plan chose hopper, whose work list needs the lengths on "
-                           "the host, but they were not read; please report this call")
+    p = None
+    if batch and q.shape[0] and heads:
+        prob = planning.problem(batch, heads, kv_heads, q.shape[0], k.shape[0], head_dim, causal=causal, scale=scale,
+                                window=window, causal_align=causal_align, softcap=softcap, varlen=True,
+                                head_dim_v=v.shape[2])
+        p = planning.plan(prob, q4, k4, v4, o4, "bshd", variant, config, alibi_slopes, 1, longest=longest)
+    if p is None or p.variant != "hopper":  # hopper's work-list build checks them itself
+        from .kernels import guards
+        guards.check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], *longest)
+    if p is None:
+        return o, lse
     from . import kernels
     with on(q.device):
         kernels.launch(p.variant, p.config, p.problem, q4, k4, v4, o4, lse, "bshd", alibi_slopes,
-                       (cu_seqlens_q, cu_seqlens_k, None), grid_m=max(int(max_seqlen_q), 1), lengths=lengths)
+                       (cu_seqlens_q, cu_seqlens_k, None), grid_m=max(longest[0], 1), longest=longest)
     return o, lse
 
 

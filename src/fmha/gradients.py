@@ -44,9 +44,9 @@ def dense(q, k, v, alibi_slopes, seqused_k, sinks, kw):
     return (o, lse) if sinks is None else sink_mod.attach(o, lse, sinks, kw["layout"])
 
 
-def packed(q, k, v, cu_seqlens_q, cu_seqlens_k, lengths, max_seqlen_q, max_seqlen_k, alibi_slopes, sinks, kw):
+def packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes, sinks, kw):
     """:func:`fmha.forward.packed` with the sinks attached: ``(o, lse)``."""
-    o, lse = forward.packed(q, k, v, cu_seqlens_q, cu_seqlens_k, lengths, max_seqlen_q, max_seqlen_k,
+    o, lse = forward.packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                             return_lse=True, alibi_slopes=alibi_slopes, **kw)
     return (o, lse) if sinks is None else sink_mod.attach(o, lse, sinks, "packed")
 
@@ -76,9 +76,9 @@ class AttentionVarlen(torch.autograd.Function):
     """:func:`packed` with its backward."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, lengths, max_seqlen_q, max_seqlen_k,
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks, max_seqlen_q, max_seqlen_k,
                 kw, deterministic):
-        o, lse = packed(q, k, v, cu_seqlens_q, cu_seqlens_k, lengths, max_seqlen_q, max_seqlen_k, alibi_slopes,
+        o, lse = packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alibi_slopes,
                         sinks, kw)
         ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks)
         ctx.kw, ctx.longest, ctx.deterministic = kw, (max_seqlen_q, max_seqlen_k), deterministic
@@ -92,7 +92,7 @@ class AttentionVarlen(torch.autograd.Function):
         kw = {n: ctx.kw[n] for n in ("causal", "scale", "causal_align", "window", "softcap")}
         dq, dk, dv, dsinks = backward.packed(do, q, k, v, o, lse, cu_q, cu_k, *ctx.longest, alibi_slopes=alibi_slopes,
                                              sinks=sinks, deterministic=ctx.deterministic, **kw)
-        return dq, dk, dv, None, None, None, dsinks, None, None, None, None, None
+        return dq, dk, dv, None, None, None, dsinks, None, None, None, None
 
 
 class _Refused(torch.autograd.Function):

@@ -42,7 +42,7 @@ def unsupported(variant: str, cfg, prob, q, k, v, o, layout: str, alibi: bool = 
     if cfg.tma:
         if variant != "tiled":
             return "K/V by TMA (config tma=1) is the tiled variant's"
-        if prob.varlen or prob.page or prob.block_d != prob.head_dim or prob.head_dim_v or prob.fp8:
+        if prob.varlen or prob.page or prob.block_d != prob.head_dim or prob.head_dim_v:
             return "K/V by TMA take one (batch, head) sequence of a power-of-two head_dim (not varlen or paged)"
         why = tma.kv_reason(k, v, layout)
         if why:
@@ -53,16 +53,16 @@ def unsupported(variant: str, cfg, prob, q, k, v, o, layout: str, alibi: bool = 
 
 
 def launch(variant: str, cfg, prob, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None, None),
-           grid_m: int | None = None, split_len: int = 0, block_table=None, lengths=None, descale=None) -> None:
+           grid_m: int | None = None, split_len: int = 0, block_table=None, longest=None, descale=None) -> None:
     """Run ``variant`` with ``cfg`` on ``prob``: writes ``o`` (and ``lse`` if not None).
     ``seqs = (cu_seqlens_q, cu_seqlens_k, seqused_k)``; ``grid_m`` rows cover the longest sequence;
-    ``lengths``: packed sequences' (query rows, keys) on the host (``hopper``'s work list).
+    ``longest``: packed sequences' max_seqlen_q and max_seqlen_k (the room of ``hopper``'s work list).
     ``split_len > 0``: keys split in chunks of that many (flash-decoding); ``o`` is then a float32
     ``[splits, batch, heads, seqlen_q, D]`` workspace and ``lse`` ``[splits, batch, heads, seqlen_q]``.
     ``descale`` (``prob.fp8``): float32 ``[batch * kv_heads, 3]``, each (batch, kv head)'s q, k and v factors."""
     if variant == "hopper":
         from . import hopper
-        return hopper.launch(prob, cfg, q, k, v, o, lse, layout, alibi, seqs, lengths, block_table)
+        return hopper.launch(prob, cfg, q, k, v, o, lse, layout, alibi, seqs, longest, block_table)
     kernel = VARIANTS[variant]
     splits = triton.cdiv(prob.seqlen_k, split_len) if split_len else 1
     grid = (*prob.grid(cfg.block_m, grid_m), splits)

@@ -68,11 +68,11 @@ CU_SEQLENS_MESSAGE = tl.constexpr("fmha.attention_varlen: cu_seqlens must start 
 MAX_SEQLEN_MESSAGE = tl.constexpr("fmha.attention_varlen: a sequence is longer than its max_seqlen")
 
 
-@triton.jit(debug=True)
-def _check_cu_seqlens(CuQ, CuK, Status, n, total_q, total_k, max_q, max_k, BLOCK: tl.constexpr,
-                      STATUS: tl.constexpr):
-    """Both cu_seqlens (``n`` entries each): start at 0, never decrease, end at the totals, and no
-    sequence longer than its max_seqlen.  STATUS: also store the verdict (nonzero: a failure)."""
+@triton.jit
+def cu_seqlens_bad(CuQ, CuK, n, total_q, total_k, max_q, max_k, BLOCK: tl.constexpr):
+    """How many entries of the two cu_seqlens (``n`` each) break the rules: start at 0, never decrease,
+    end at the totals, no sequence longer than its max_seqlen.  In a ``debug`` kernel a failure also
+    asserts, naming the rule."""
     bad = 0
     for which in tl.static_range(2):
         cu = CuQ if which == 0 else CuK
@@ -88,6 +88,14 @@ def _check_cu_seqlens(CuQ, CuK, Status, n, total_q, total_k, max_q, max_k, BLOCK
             long_ok = (idx + 1 >= n) | (step <= longest)
             tl.device_assert(long_ok, MAX_SEQLEN_MESSAGE)
             bad += tl.sum((~shape_ok & (idx < n)).to(tl.int32)) + tl.sum((~long_ok).to(tl.int32))
+    return bad
+
+
+@triton.jit(debug=True)
+def _check_cu_seqlens(CuQ, CuK, Status, n, total_q, total_k, max_q, max_k, BLOCK: tl.constexpr,
+                      STATUS: tl.constexpr):
+    """:func:`cu_seqlens_bad`; STATUS: also store the verdict (nonzero: a failure)."""
+    bad = cu_seqlens_bad(CuQ, CuK, n, total_q, total_k, max_q, max_k, BLOCK)
     if STATUS:
         tl.store(Status, bad)
 

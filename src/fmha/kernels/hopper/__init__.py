@@ -45,8 +45,8 @@ and ALiBi act on the raw scores ``q.k`` (:func:`_scores`, the same values as
 Shapes it takes (:func:`supports`): sm_90, head_dim 32, 64, 96, 128, 192 or 256 and
 V's no larger than q/k's (DeepSeek's 192/128), any seqlen_q and seqlen_k, q/k/v/out in
 any strides TMA can read (:mod:`..tma`), packed sequences (``VARLEN``,
-one packed bshd tensor; the work items come from a list the host builds from the
-lengths, :func:`varlen_items`, so none lies past a sequence's end) and per-batch
+one packed bshd tensor; the work items come from a list built on the device from the
+lengths, :mod:`.worklist`, so none lies past a sequence's end) and per-batch
 key lengths (``SEQUSED``), also against a paged K/V cache (``PAGED``: pages of a
 multiple of ``BLOCK_N`` keys, each key tile's page read from the block table by the
 producer).  A head dim runs in tiles of the next power of two, 64 at least
@@ -77,7 +77,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ... import replay
 from .. import combine, strides_bhsd, tma
-from . import multicast
+from . import multicast, worklist
 from ...checks import HEAD_DIMS
 from ...constants import LOG2E
 from ...device import device_facts
@@ -85,7 +85,7 @@ from .kernel import KERNEL, hopper_kernel  # noqa: F401
 from .resources import (REGS_SM, SMEM_LIMIT, SMEM_SM, SMEM_SPARE, consumer_regs, launch_options,  # noqa: F401
                         launch_regs, o_staged, padded, sm_bytes, smem_bytes)
 from .schedule import (ITEM_COST, _schedule, balanced_tail, block_tiles, item_rows, paired_block,  # noqa: F401
-                       per_sequence, split_pieces, tail_pieces, varlen_items)
+                       per_sequence, split_pieces, tail_pieces)
 
 
 # the TMA boxes: Q and O [1, 64, HEAD] of a 3-D descriptor, K and V [1, 1, BLOCK_N, HEAD] of a 4-D one
@@ -154,10 +154,10 @@ def descriptors(prob, cfg, q, k, v, o, layout: str) -> tuple:
 
 
 def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None, None),
-           lengths=None, block_table=None) -> None:
+           longest=None, block_table=None) -> None:
     """Run the kernel on ``prob``.  ``seqs = (cu_seqlens_q, cu_seqlens_k, seqused_k)`` as in
-    ``kernels.launch``; packed sequences (``prob.varlen``) also need their ``lengths`` on the host,
-    ``(query rows, keys)`` per sequence, for the work list (:func:`varlen_items`).  A paged cache
+    ``kernels.launch``; packed sequences (``prob.varlen``) also need their ``longest`` (max_seqlen_q,
+    max_seqlen_k): the room of the work list built on the device (:mod:`.worklist`).  A paged cache
     (``prob.page``): k and v are the page pools ``[pages, page, kv_heads, D]`` whatever ``layout``
     says of q and o, with ``block_table`` int32 ``[batch, pages per sequence]``."""
     descs, strides = descriptors(prob, cfg, q, k, v, o, layout)
@@ -169,11 +169,9 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
     if prob.varlen:  # one packed sequence: the batch index picks rows through cu_seqlens, not a stride
         qrb, qrh, q_lead, _, krh, kv_lead, orb, orh, och, o_stride = strides
         strides = (0, qrh, q_lead, 0, krh, kv_lead, 0, orh, och, o_stride)
-        items = replay.constant(
-            torch.from_numpy(varlen_items(*lengths, prob, cfg, causal_offset, window_offset)).to(q.device))
-        n_m, n_tiles = 1, items.numel() * prob.heads
-        if n_tiles == 0:  # every sequence is empty
-            return
+        items = worklist.build(*seqs[:2], prob.seqlen_q, prob.seqlen_k, *longest, prob.heads, prob, cfg,
+                               causal_offset, window_offset)
+        n_m, n_tiles = 1, (items.numel() - 1) * prob.heads  # room for every block; Items[0] says how many there are
     else:
         items = o
         n_m = triton.cdiv(prob.seqlen_q, item_rows(cfg))

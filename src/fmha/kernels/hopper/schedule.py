@@ -1,6 +1,6 @@
 """Work items: which (query block, batch, head) each persistent program takes next, on the device
 (:func:`_work`, :func:`_tile`, causal items in pairs of equal cost, the last round in pieces), and the
-host-built lists behind them (the causal tail by LPT, packed sequences' blocks longest first)."""
+host-built list behind the causal tail (by LPT); packed sequences' list is built on the device (:mod:`.worklist`)."""
 from __future__ import annotations
 
 import functools
@@ -28,7 +28,8 @@ def _n_items(n_tiles, pieces, Items, PAIRED: gl.constexpr, VARLEN: gl.constexpr,
     nprog = gl.num_programs(0)
     if SPLIT:
         n = n_tiles // nprog + (n_tiles % nprog * pieces - pid + nprog - 1) // nprog
-    elif VARLEN:
+    elif VARLEN:  # the work list says how many items it holds
+        n_tiles = gl.load(Items)
         rounds = n_tiles // nprog
         rest = n_tiles % nprog
         mine = gl.where(rounds % 2 == 0, pid < rest, pid >= nprog - rest)
@@ -97,14 +98,14 @@ def _tile(g, n_m, n_bh, head_group, Items, heads, rank, CAUSAL: gl.constexpr, PA
     item takes each block's longest first; PAIRED (persistent causal, head-major), a head's
     items are numbered longest, shortest, second longest, ... and a program runs them two by
     two, so every pair costs the same (``n_m + 1`` key tiles, or ``n_m`` across a head
-    boundary) and the programs stay balanced.  VARLEN: packed sequences differ in length, so the
-    host lists every query block that has rows, longest first (:func:`varlen_items`, ``(b << 16)
-    | block``, the heads of each block numbered in turn) and the programs deal the items out
+    boundary) and the programs stay balanced.  VARLEN: packed sequences differ in length, so a
+    list built on the device holds every query block that has rows, longest first (:mod:`.worklist`,
+    ``(b << 16) | block`` after its count, the heads of each block numbered in turn) and the programs deal the items out
     snake-wise, round by round (forward, then backward), so each program's rounds add up to
     about the same work and none is spent on blocks past a sequence's end.  CLUSTER: an item is
     two neighbouring query blocks, one for each CTA of the cluster (``rank``)."""
     if VARLEN:
-        entry = gl.load(Items + g // heads)
+        entry = gl.load(Items + 1 + g // heads)
         pid_m = entry & 0xFFFF
         bh = (entry >> 16) * heads + g % heads
     elif PAIRED:
@@ -211,26 +212,6 @@ def _schedule(device, n_m: int, n_bh: int, programs: int, block_m: int, block_n:
     """:func:`balanced_tail` on ``device``, kept for the next call of the same shape."""
     tiles = block_tiles(np.arange(n_m) * block_m, seqlen_k, causal_offset, 0, block_m, block_n, True, False)
     return torch.from_numpy(balanced_tail(n_m, n_bh, programs, tiles)).to(device)
-
-
-def varlen_items(len_q, len_k, prob, cfg, causal_offset: int, window_offset: int) -> np.ndarray:
-    """Packed sequences' work list: every block of ``cfg.block_m`` query rows that has rows, as
-    int32 ``(sequence << 16) | block``, longest first (the key tiles :func:`_key_tiles` gives it,
-    on the sequence's own diagonal); the kernel numbers each block's heads in turn.  ``len_q``,
-    ``len_k``: rows per sequence; the offsets as the kernel gets them (relative to the diagonal)."""
-    len_q, len_k = np.asarray(len_q, dtype=np.int64), np.asarray(len_k, dtype=np.int64)
-    if len(len_q) >= 1 << 15 or len_q.max(initial=0) > cfg.block_m << 16:
-        raise ValueError("the hopper kernel's work list takes fewer than 32768 sequences of fewer than "
-                         f"{cfg.block_m << 16} rows")
-    blocks = -(-len_q // cfg.block_m)
-    seq = np.repeat(np.arange(len(len_q)), blocks)
-    block = np.arange(blocks.sum()) - np.repeat(np.cumsum(blocks) - blocks, blocks)
-    sk = len_k[seq]
-    shift = sk - len_q[seq] if prob.align_br else 0
-    tiles = block_tiles(block * cfg.block_m, sk, causal_offset + shift, window_offset + shift, cfg.block_m,
-                        cfg.block_n, prob.causal, prob.window_offset is not None)
-    order = np.argsort(-tiles, kind="stable")
-    return ((seq << 16) | block)[order].astype(np.int32)
 
 
 def per_sequence(prob) -> bool:
