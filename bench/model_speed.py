@@ -93,9 +93,10 @@ def register() -> dict[str, Timed]:
     fmha_hf.register()
     _record_plans()
     timed = {"fmha": Timed(fmha_hf.attention_forward), "sdpa": Timed(sdpa_attention_forward)}
+    masks = {"fmha": fmha_hf.mask, "sdpa": sdpa_mask}  # each implementation's own mask function
     for name, t in timed.items():
         AttentionInterface.register(f"timed-{name}", t)
-        AttentionMaskInterface.register(f"timed-{name}", sdpa_mask)
+        AttentionMaskInterface.register(f"timed-{name}", masks[name])
     return timed
 
 

@@ -77,7 +77,8 @@ def test_padded_batch_runs_as_packed_sequences(models, monkeypatch, side):
 
 def test_only_padding_masks_are_unpadded():
     """key_padding recognises causal + one run of real keys per sequence (left or right), with the
-    layer's window; a hole in the middle, a mask off the band, or a float mask goes to SDPA."""
+    layer's window; a hole in the middle, a mask off the band, or a float mask goes to SDPA; the band
+    alone, every key real (a decode step's all-ones mask), needs no gathering."""
     from fmha.integrations.transformers import key_padding
     q, k = 6, 6
     causal = torch.ones(q, k, dtype=torch.bool).tril()
@@ -93,6 +94,10 @@ def test_only_padding_masks_are_unpadded():
     assert key_padding((causal[None] & holes[:, None, :])[:, None], q, k, True, (-1, -1)) is None
     assert key_padding(torch.ones(2, 1, q, k, dtype=torch.bool), q, k, True, (-1, -1)) is None  # not causal
     assert key_padding(mask.float(), q, k, True, (-1, -1)) is None
+    band = key_padding(causal[None, None].expand(2, 1, q, k), q, k, True, (-1, -1))
+    assert band.valid is None and band.used is None
+    assert key_padding(torch.ones(2, 1, 1, k, dtype=torch.bool), 1, k, False, (-1, -1)).valid is None  # decoding
+    assert key_padding(windowed[:1].expand(2, 1, q, k), q, k, True, (2, -1)).valid is not None  # sequence 0's padding
 
 
 @pytest.mark.parametrize("q", [1, 3])
@@ -128,7 +133,7 @@ def test_a_mask_is_read_once_a_forward():
     assert again is not first and not again.valid[0, 0]
     with torch.inference_mode():  # no version counter to tell a change in place: read every time
         frozen = torch.ones(2, 1, 4, 4, dtype=torch.bool).tril()
-        assert fmha_hf.key_padding(frozen, 4, 4, True, (-1, -1)).valid.all()
+        assert fmha_hf.key_padding(frozen, 4, 4, True, (-1, -1)).valid is None  # the band alone
         frozen[0, 0, :, 0] = False
         assert not fmha_hf.key_padding(frozen, 4, 4, True, (-1, -1)).valid[0, 0]
 
@@ -153,7 +158,8 @@ def test_static_cache_generation_matches_sdpa(models, monkeypatch):
         got = ours.generate(ids, max_new_tokens=5, do_sample=False, cache_implementation="static",
                             attention_mask=torch.ones_like(ids))
     assert torch.equal(got, want) and not other
-    assert used == [True] * 2 * 5  # every layer of the prefill and the 4 decode steps
+    # every layer of the prefill and the 4 decode steps; the last step fills every slot: the band alone
+    assert used == [True] * 2 * 4 + [False] * 2
 
 
 def test_other_masks_go_to_sdpa(monkeypatch):

@@ -62,6 +62,8 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     kw = dict(causal=causal, scale=scaling, window=window, softcap=softcap, sinks=sinks)
+    if padding.valid is None:  # every key real: the mask is the band alone
+        return fmha.attention(q, k, v, causal_align="bottom_right", layout="bshd", **kw), None
     if padding.used is not None:  # each sequence's real keys a prefix, its queries the last of them
         return fmha.attention(q, k, v, causal_align="bottom_right", layout="bshd", seqused_k=padding.used, **kw), None
     return unpadded_attention(q, k, v, padding.valid, last=padding.last, **kw), None
@@ -70,11 +72,11 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
 @dataclass(frozen=True)
 class Padding:
     """What :func:`key_padding` found: ``valid``, bool ``[batch, k_len]``, the real keys (one run a
-    sequence); ``last``: the queries are each sequence's last ``q_len`` real keys (a static cache, whose
+    sequence; None when every key is real and the mask is the band alone: nothing to gather); ``last``: the queries are each sequence's last ``q_len`` real keys (a static cache, whose
     unused slots follow the real keys), else query row i is key column ``k_len - q_len + i``; ``used``:
     int32 ``[batch]`` real keys a sequence when each run starts at key 0 and the queries are its last
     keys (no gathering needed: ``seqused_k``), else None."""
-    valid: torch.Tensor
+    valid: torch.Tensor | None
     last: bool
     used: torch.Tensor | None
 
@@ -105,9 +107,12 @@ def key_padding(mask: torch.Tensor, q_len: int, k_len: int, causal: bool, window
                & valid[:, None, :]).all()
     last_pos = end[:, None] - q_len + torch.arange(q_len, device=mask.device)[None, :]  # [batch, q_len]
     last = (m == (_band(last_pos, j, causal, window) & valid[:, None, :])).all() & ((end - start) >= q_len).all()
-    one_run, aligned, last, prefix = torch.stack([(runs <= 1).all(), aligned, last, (start == 0).all()]).tolist()
+    one_run, aligned, last, prefix, full = torch.stack([(runs <= 1).all(), aligned, last, (start == 0).all(),
+                                                         valid.all()]).tolist()
     padding = None
-    if one_run and (aligned or last):
+    if aligned and full:
+        padding = Padding(None, False, None)
+    elif one_run and (aligned or last):
         last = last and not (aligned and q_len == k_len)  # (rows and key columns coincide: the aligned reading)
         padding = Padding(valid, last, end.to(torch.int32) if last and prefix else None)
     if remember:
