@@ -72,10 +72,11 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
 @dataclass(frozen=True)
 class Padding:
     """What :func:`key_padding` found: ``valid``, bool ``[batch, k_len]``, the real keys (one run a
-    sequence; None when every key is real and the mask is the band alone: nothing to gather); ``last``: the queries are each sequence's last ``q_len`` real keys (a static cache, whose
-    unused slots follow the real keys), else query row i is key column ``k_len - q_len + i``; ``used``:
-    int32 ``[batch]`` real keys a sequence when each run starts at key 0 and the queries are its last
-    keys (no gathering needed: ``seqused_k``), else None."""
+    sequence; None when every key is real and the mask is the band alone: nothing to gather);
+    ``last``: the queries are each sequence's last ``q_len`` real keys (a static cache, whose unused
+    slots follow the real keys), else query row i is key column ``k_len - q_len + i``; ``used``: int32
+    ``[batch]`` real keys a sequence when each run starts at key 0 and the queries are its last keys (no
+    gathering needed: ``seqused_k``), else None."""
     valid: torch.Tensor | None
     last: bool
     used: torch.Tensor | None
