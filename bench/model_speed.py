@@ -121,7 +121,10 @@ def measure(model, timer: Timed, ids, new_tokens: int) -> dict:
         model(ids, use_cache=False)
         timer.on = False
         attention = timer.take_ms()
-        gen = lambda n: model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)  # noqa: E731
+        # the all-ones mask a tokenizer hands over: without it generate() takes random tokens equal to the pad id
+        # for padding (Gemma 2's is 0)
+        gen = lambda n: model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,  # noqa: E731
+                                       min_new_tokens=n, do_sample=False)
         one = median_ms(lambda: gen(1), reps=3)
         many = median_ms(lambda: gen(1 + new_tokens), reps=3)
         tokens = gen(1 + new_tokens)[:, ids.shape[1]:]

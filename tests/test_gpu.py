@@ -599,6 +599,12 @@ def _replay_cases():
         v, _ = packed([500, 129], 2, 128, torch.bfloat16, seed + 2)
         return q, k, v, cu_q, cu_k, 300, 500
 
+    def self_inputs(seed):  # self-attention: one cu_seqlens for q and k
+        q, cu = packed([300, 129], 8, 128, torch.bfloat16, seed)
+        k, _ = packed([300, 129], 2, 128, torch.bfloat16, seed + 1)
+        v, _ = packed([300, 129], 2, 128, torch.bfloat16, seed + 2)
+        return q, k, v, cu, 300
+
     def paged(seqlen_q):
         def inputs(seed):
             g = torch.Generator(device="cuda").manual_seed(seed)
@@ -613,6 +619,7 @@ def _replay_cases():
             "window": dense(causal=True, window=(64, 0), softcap=20.0),
             "varlen": (varlen_inputs, lambda a: fmha.attention_varlen(*a, causal=True, return_lse=True)),
             "varlen-tiled": (varlen_inputs, lambda a: fmha.attention_varlen(*a, causal=True, variant="tiled")),
+            "varlen-self": (self_inputs, lambda a: fmha.attention_varlen(*a[:4], a[3], a[4], a[4], causal=True)),
             "paged-decode": paged(1), "paged-prefill": paged(256)}
 
 

@@ -104,11 +104,8 @@ def test_a_recipe_keeps_nothing_of_the_recorded_call():
 
 def test_what_cannot_be_replayed_is_not_recorded():
     kernel = FakeKernel()
-    x = torch.zeros(4)
+    x, y = torch.zeros(4), torch.ones(4)
     dev = torch.device("cpu")
-    replay.call(_kind(x, x), (x, x), dev, lambda: _call(kernel, x, x))  # aliased inputs
-    assert not replay._RECIPES
-    y = torch.ones(4)
     replay.call(_kind(x, y), (x, y), dev, lambda: (torch.empty(4), None))  # an edge answered without a launch
     assert not replay._RECIPES
 
@@ -121,6 +118,23 @@ def test_what_cannot_be_replayed_is_not_recorded():
     n = len(kernel.launches)
     replay.call(kind, (x, y), dev, stranger)  # the ordinary path again
     assert kernel.launches[n][0] == "jit"
+
+
+def test_inputs_passed_twice_replay_as_a_kind_of_their_own():
+    """The same tensor in two places (cu_seqlens_q is cu_seqlens_k, as self-attention passes them): the key
+    says so, a later call sharing its tensors alike replays, one passing two distinct tensors is another kind."""
+    kernel = FakeKernel()
+    dev = torch.device("cpu")
+    x = torch.zeros(4)
+    replay.call(_kind(x, x), (x, x), dev, lambda: _call(kernel, x, x))
+    assert _kind(x, x) in replay._RECIPES and _kind(x, x) != _kind(x, torch.zeros(4))
+    x2 = torch.zeros(4)
+    out, _ = replay.call(_kind(x2, x2), (x2, x2), dev, lambda: pytest.fail("not replayed"))
+    how, _, args = kernel.launches[-1]
+    assert how == "direct" and args[0] is x2 and args[2].base is x2 and args[1] is out
+    y, z = torch.zeros(4), torch.ones(4)
+    replay.call(_kind(y, z), (y, z), dev, lambda: _call(kernel, y, z))
+    assert kernel.launches[-1][0] == "jit"
 
 
 def test_constants_are_passed_as_they_are():

@@ -171,7 +171,9 @@ def plan(prob: Problem, q, k, v, o, layout: str, variant: str, config, alibi_slo
     if name != "hopper" and not prob.varlen:
         prob = _pack_gqa(prob, alibi_slopes)
         cfg, split_len = _split_plan(num_splits, arch, prob, cfg, q.device, fixed=config is not None)
-        if cfg.tma and kernels.unsupported(name, cfg, prob, q, k, v, o, layout):  # the decode table's TMA
+        # the decode table's TMA, where the call can take it; float8 K/V by TMA decoded 5-20% slower than by
+        # pointer on the H200 (bench/fp8_speed.py), so they take it only when the caller's config asks
+        if cfg.tma and (kernels.unsupported(name, cfg, prob, q, k, v, o, layout) or prob.fp8 and config is None):
             cfg = dataclasses.replace(cfg, tma=0)
     return Plan(name, cfg, prob, split_len)
 

@@ -37,10 +37,14 @@ UNRECORDABLE = object()  # the key of a call that was recorded and could not be 
 
 
 def key(kind: str, tensors, *flags) -> tuple:
-    """What decides a call's launches: each tensor's shape, strides, dtype, device and pointer
-    alignment (None for an absent one), and ``flags`` (hashable)."""
-    return (kind, *[None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
-                    for t in tensors], *flags)
+    """What decides a call's launches: each tensor's shape, strides, dtype, device, pointer alignment
+    and which earlier tensor of the call starts where it starts (the same cu_seqlens passed for q and k:
+    a later call of the kind shares them alike, so either name reaches them), None for an absent one, and
+    ``flags`` (hashable)."""
+    first: dict = {}
+    return (kind, *[None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0,
+                                            first.setdefault(t.data_ptr(), i))
+                    for i, t in enumerate(tensors)], *flags)
 
 
 def launch(kernel, grid, *args, **kwargs) -> None:
@@ -274,9 +278,6 @@ def call(k: tuple, inputs, device: torch.device, run, checks=None):
     finally:
         _local.steps = _local.buffers = _local.constants = None
     if not steps or any(s[1] is None for s in steps):  # an edge answered without a launch; the interpreter
-        return outputs
-    ptrs = [t.data_ptr() for t in inputs if t is not None]
-    if len(set(ptrs)) < len(ptrs):  # inputs that alias: a later call's distinct ones could not be told apart
         return outputs
     if len(_RECIPES) >= _MAX_RECIPES:
         _RECIPES.clear()
