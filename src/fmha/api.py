@@ -151,9 +151,18 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     there too), so the call never waits for the GPU.
     Differentiable, with ``deterministic`` as in :func:`attention`.
     """
-    check_packed_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k)
-    check_inputs(q[None], k[None], v[None], causal_align, "bshd", variant, scale)
-    check_features(q[None], "bshd", window, softcap, alibi_slopes, sinks)
+    def checks():
+        check_packed_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k)
+        check_inputs(q[None], k[None], v[None], causal_align, "bshd", variant, scale)
+        check_features(q[None], "bshd", window, softcap, alibi_slopes, sinks)
+    if (sinks is None and _replayable(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, window=window, softcap=softcap)
+            and not gradients.needs_grad(q, k, v) and not torch.compiler.is_compiling()):
+        o, lse = forward.packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
+                                scale=scale, variant=variant, causal_align=causal_align, return_lse=return_lse,
+                                window=window, softcap=float(softcap), alibi_slopes=alibi_slopes, config=config,
+                                checks=checks)
+        return (o, lse) if return_lse else o
+    checks()
     if gradients.needs_grad(q, k, v, sinks):
         kw = dict(causal=causal, scale=scale, variant=variant, causal_align=causal_align, window=tuple(window),
                   softcap=float(softcap), config=config)

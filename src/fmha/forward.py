@@ -77,16 +77,18 @@ def _dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse,
 
 
 def packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal, scale, variant,
-           causal_align, return_lse, window, softcap, alibi_slopes, config):
-    """:func:`fmha.attention_varlen` on checked shapes; the cu_seqlens are checked on the device, in stream
-    order, before any kernel reads through them (:mod:`fmha.kernels.guards`; ``hopper`` checks them as it
-    builds its work list).  Returns ``(o, lse or None)``."""
+           causal_align, return_lse, window, softcap, alibi_slopes, config, checks=None):
+    """:func:`fmha.attention_varlen` on checked shapes (or with their ``checks``, as :func:`dense`); the
+    cu_seqlens are checked on the device, in stream order, before any kernel reads through them
+    (:mod:`fmha.kernels.guards`; ``hopper`` checks them as it builds its work list).  Returns ``(o, lse or
+    None)``."""
     def call():
         return _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
                        scale=scale, variant=variant, causal_align=causal_align, return_lse=return_lse, window=window,
                        softcap=softcap, alibi_slopes=alibi_slopes, config=config)
     return _replayed("packed", (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes), call, int(max_seqlen_q),
-                     int(max_seqlen_k), causal, scale, variant, causal_align, return_lse, window, softcap, config)
+                     int(max_seqlen_k), causal, scale, variant, causal_align, return_lse, window, softcap, config,
+                     checks=checks)
 
 
 def _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal, scale, variant,
