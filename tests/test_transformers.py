@@ -236,3 +236,41 @@ def test_compiled_layers_trace_whole(sliding_models):
         torch._dynamo.reset()
     assert torch.equal(got, want) and graphs
     assert any("fmha.attention" in str(g.graph) for g in graphs)
+
+
+def test_compiled_generation_with_a_mask_neither_breaks_nor_recompiles(models, monkeypatch):
+    """The whole model under ``torch.compile``, generate() handed a tokenizer's mask (all ones, and a left-padded
+    batch): the mask's structure is read on the device and picks fmha (the band alone) or SDPA with the mask
+    through ``torch.cond``, so there is no graph break and no more graphs than SDPA's own; the tokens are the
+    eager ones, and fmha ran for the all-ones mask."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+    from fmha import forward
+    ref, ours = models
+    ran = []
+    dense = forward.dense
+    monkeypatch.setattr(forward, "dense", lambda *a, **kw: ran.append(1) or dense(*a, **kw))
+    ids = torch.randint(1, 101, (2, 12), generator=torch.Generator().manual_seed(6)).to(DEVICE)
+    left = torch.ones_like(ids)
+    left[1, :3] = 0  # sequence 1 left-padded
+    found = {}
+    for name, model in (("sdpa", ref), ("fmha", ours)):
+        compiled = copy.deepcopy(model)
+        graphs = []
+        compiled.forward = torch.compile(compiled.forward, backend=lambda gm, ex: graphs.append(gm) or gm.forward)
+        torch._dynamo.reset()
+        counters.clear()
+        ran.clear()
+        try:
+            with torch.no_grad():
+                for mask in (torch.ones_like(ids), left):
+                    got = compiled.generate(ids, attention_mask=mask, max_new_tokens=5, min_new_tokens=5,
+                                            do_sample=False)
+                    want = ref.generate(ids, attention_mask=mask, max_new_tokens=5, min_new_tokens=5, do_sample=False)
+                    assert torch.equal(got, want), (name, mask)
+                    if name == "fmha" and mask is not left:
+                        assert ran  # the band alone ran fmha
+        finally:
+            torch._dynamo.reset()
+        found[name] = (len(graphs), sum(counters["graph_break"].values()))
+    assert found["fmha"][1] == 0 and found["fmha"][0] <= found["sdpa"][0], found

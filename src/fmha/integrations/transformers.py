@@ -14,7 +14,9 @@ tokens per sequence) runs as packed sequences: the real tokens gathered,
 :func:`fmha.attention_varlen`, scattered back, with zeros on padded query rows; a static cache's mask
 (the real keys a prefix, the queries the last of them, the unused slots after) runs with
 ``seqused_k``.  Any other mask goes to torch SDPA with that mask, so nothing is computed wrong (with
-sinks, which SDPA lacks, such a mask is refused).  Training works (gradients through
+sinks, which SDPA lacks, such a mask is refused).  Under ``torch.compile`` (inference) a mask is not read on
+the host: ``torch.cond`` picks fmha for the band alone and SDPA with the mask otherwise (no graph break, no
+graphs that depend on the mask's values).  Training works (gradients through
 :mod:`fmha.gradients`), under autocast too (float32 q, k, v are cast to the autocast dtype, as
 autocast casts SDPA's); attention dropout is refused.
 """
@@ -49,10 +51,12 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     dev = q.device.type
     if q.dtype == torch.float32 and torch.is_autocast_enabled(dev):  # mixed precision: as autocast casts SDPA's
         q, k, v = (t.to(torch.get_autocast_dtype(dev)) for t in (q, k, v))
+    kw = dict(causal=causal, scale=scaling, window=window, softcap=softcap, sinks=sinks)
     if attention_mask is None:
-        out = fmha.attention(q, k, v, causal=causal, scale=scaling, causal_align="bottom_right", layout="bshd",
-                             window=window, softcap=softcap, sinks=sinks)
-        return out, None
+        return fmha.attention(q, k, v, causal_align="bottom_right", layout="bshd", **kw), None
+    if torch.compiler.is_compiling() and sinks is None and not torch.is_grad_enabled():
+        return _compiled_masked(module, query, key, value, attention_mask, q, k, v, kw, dropout, is_causal,
+                                kwargs), None
     padding = key_padding(attention_mask, q.shape[1], k.shape[1], causal, window)
     if padding is None:
         if sinks is not None:  # SDPA has no sinks: running it would drop them
@@ -61,7 +65,6 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
-    kw = dict(causal=causal, scale=scaling, window=window, softcap=softcap, sinks=sinks)
     if padding.valid is None:  # every key real: the mask is the band alone
         return fmha.attention(q, k, v, causal_align="bottom_right", layout="bshd", **kw), None
     if padding.used is not None:  # each sequence's real keys a prefix, its queries the last of them
@@ -98,18 +101,8 @@ def key_padding(mask: torch.Tensor, q_len: int, k_len: int, causal: bool, window
     key = (id(mask), mask._version if remember else 0, q_len, k_len, causal, tuple(window))
     if remember and key in _seen and _seen[key][0]() is mask:
         return _seen[key][1]
-    m = mask[:, 0]
-    valid = m.any(dim=1)  # a real key is seen by some query
-    j = torch.arange(k_len, device=mask.device)
-    runs = (valid[:, 1:] & ~valid[:, :-1]).sum(1) + valid[:, 0]  # starts of runs of real keys
-    end = torch.where(valid, j + 1, 0).amax(1)  # one past each sequence's last real key
-    start = torch.where(valid, j, k_len).amin(1)
-    aligned = (m == _band(torch.arange(q_len, device=mask.device)[None, :] + (k_len - q_len), j, causal, window)
-               & valid[:, None, :]).all()
-    last_pos = end[:, None] - q_len + torch.arange(q_len, device=mask.device)[None, :]  # [batch, q_len]
-    last = (m == (_band(last_pos, j, causal, window) & valid[:, None, :])).all() & ((end - start) >= q_len).all()
-    one_run, aligned, last, prefix, full = torch.stack([(runs <= 1).all(), aligned, last, (start == 0).all(),
-                                                         valid.all()]).tolist()
+    valid, end, verdicts = _structure(mask, q_len, k_len, causal, window)
+    one_run, aligned, last, prefix, full = verdicts.tolist()
     padding = None
     if aligned and full:
         padding = Padding(None, False, None)
@@ -121,6 +114,47 @@ def key_padding(mask: torch.Tensor, q_len: int, k_len: int, causal: bool, window
             _seen.clear()
         _seen[key] = (weakref.ref(mask), padding)
     return padding
+
+
+def _structure(mask: torch.Tensor, q_len: int, k_len: int, causal: bool, window):
+    """:func:`key_padding`'s reading of the mask, on the device: the real keys ``valid`` ``[batch, k_len]``,
+    one past each sequence's last ``end``, and the verdicts (bool ``[5]``: one run of real keys a sequence,
+    the band at the last key columns, the band at the last real keys, every run from key 0, every key real)."""
+    m = mask[:, 0]
+    valid = m.any(dim=1)  # a real key is seen by some query
+    j = torch.arange(k_len, device=mask.device)
+    runs = (valid[:, 1:] & ~valid[:, :-1]).sum(1) + valid[:, 0]  # starts of runs of real keys
+    end = torch.where(valid, j + 1, 0).amax(1)  # one past each sequence's last real key
+    start = torch.where(valid, j, k_len).amin(1)
+    aligned = (m == _band(torch.arange(q_len, device=mask.device)[None, :] + (k_len - q_len), j, causal, window)
+               & valid[:, None, :]).all()
+    last_pos = end[:, None] - q_len + torch.arange(q_len, device=mask.device)[None, :]  # [batch, q_len]
+    last = (m == (_band(last_pos, j, causal, window) & valid[:, None, :])).all() & ((end - start) >= q_len).all()
+    return valid, end, torch.stack([(runs <= 1).all(), aligned, last, (start == 0).all(), valid.all()])
+
+
+def _compiled_masked(module, query, key, value, attention_mask, q, k, v, kw, dropout, is_causal, kwargs):
+    """A mask met under ``torch.compile`` (inference): its structure is read on the device and chooses,
+    through ``torch.cond``, fmha when the mask is the band alone (every key real: generate()'s all-ones
+    mask) and SDPA with the mask otherwise, so the graph neither breaks nor depends on the mask's values
+    (packing a padded batch would: its shapes follow the mask)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    if attention_mask.dtype != torch.bool or attention_mask.dim() != 4 or attention_mask.shape[1] != 1:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=kw["scale"], is_causal=is_causal, **kwargs)[0]
+    _, _, verdicts = _structure(attention_mask, q.shape[1], k.shape[1], kw["causal"], kw["window"])
+
+    def canonical(x):  # the branches' outputs must agree in strides, a size-1 dimension's included
+        return x.contiguous().flatten().view(x.shape)
+
+    def ours(q, k, v, mask):
+        return canonical(fmha.attention(q, k, v, causal_align="bottom_right", layout="bshd", **kw))
+
+    def theirs(q, k, v, mask):
+        return canonical(sdpa_attention_forward(module, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                mask, dropout=dropout, scaling=kw["scale"], is_causal=is_causal,
+                                                **kwargs)[0])
+    return torch.cond(verdicts[1] & verdicts[4], ours, theirs, (q, k, v, attention_mask))
 
 
 def _band(pos: torch.Tensor, j: torch.Tensor, causal: bool, window) -> torch.Tensor:
