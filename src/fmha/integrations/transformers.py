@@ -14,8 +14,8 @@ tokens per sequence) runs as packed sequences: the real tokens gathered,
 :func:`fmha.attention_varlen`, scattered back, with zeros on padded query rows; a static cache's mask
 (the real keys a prefix, the queries the last of them, the unused slots after) runs with
 ``seqused_k``.  Any other mask goes to torch SDPA with that mask, so nothing is computed wrong (with
-sinks, which SDPA lacks, such a mask is refused).  Under ``torch.compile`` (inference) a mask is not read on
-the host: ``torch.cond`` picks fmha for the band alone and SDPA with the mask otherwise (no graph break, no
+sinks, which SDPA lacks, such a mask is refused).  Under ``torch.compile`` a mask is not read on the
+host: ``torch.cond`` picks fmha for the band alone and SDPA with the mask otherwise (no graph break, no
 graphs that depend on the mask's values).  Training works (gradients through
 :mod:`fmha.gradients`), under autocast too (float32 q, k, v are cast to the autocast dtype, as
 autocast casts SDPA's); attention dropout is refused.
@@ -54,7 +54,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     kw = dict(causal=causal, scale=scaling, window=window, softcap=softcap, sinks=sinks)
     if attention_mask is None:
         return fmha.attention(q, k, v, causal_align="bottom_right", layout="bshd", **kw), None
-    if torch.compiler.is_compiling() and sinks is None and not torch.is_grad_enabled():
+    if torch.compiler.is_compiling() and sinks is None:
         return _compiled_masked(module, query, key, value, attention_mask, q, k, v, kw, dropout, is_causal,
                                 kwargs), None
     padding = key_padding(attention_mask, q.shape[1], k.shape[1], causal, window)
@@ -134,10 +134,10 @@ def _structure(mask: torch.Tensor, q_len: int, k_len: int, causal: bool, window)
 
 
 def _compiled_masked(module, query, key, value, attention_mask, q, k, v, kw, dropout, is_causal, kwargs):
-    """A mask met under ``torch.compile`` (inference): its structure is read on the device and chooses,
+    """A mask met under ``torch.compile``: its structure is read on the device and chooses,
     through ``torch.cond``, fmha when the mask is the band alone (every key real: generate()'s all-ones
     mask) and SDPA with the mask otherwise, so the graph neither breaks nor depends on the mask's values
-    (packing a padded batch would: its shapes follow the mask)."""
+    (packing a padded batch would: its shapes follow the mask); both branches are differentiable."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     if attention_mask.dtype != torch.bool or attention_mask.dim() != 4 or attention_mask.shape[1] != 1:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
