@@ -306,3 +306,25 @@ def test_a_compiled_training_step_with_a_mask_has_no_graph_break():
     assert breaks == {"sdpa": 0, "fmha": 0}
     for a, b in zip(grads["sdpa"], grads["fmha"]):
         torch.testing.assert_close(b, a, atol=2e-2, rtol=5e-2)
+
+
+def test_a_padded_batch_trains_through_the_gathered_path(models, monkeypatch):
+    """A left-padded batch (eager): the real tokens go through ``attention_varlen`` by index (made once a
+    forward), and the gradients of a loss over the real tokens are SDPA's within bfloat16 rounding."""
+    import fmha.integrations.transformers as fmha_hf
+    ref, ours = models
+    packed = []
+    real = fmha_hf.fmha.attention_varlen
+    monkeypatch.setattr(fmha_hf.fmha, "attention_varlen", lambda *a, **kw: packed.append(1) or real(*a, **kw))
+    ids = torch.randint(1, 101, (2, 14), generator=torch.Generator().manual_seed(8)).to(DEVICE)
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0
+    labels = ids.masked_fill(mask == 0, -100)
+    grads = {}
+    for name, model in (("sdpa", ref), ("fmha", ours)):
+        trained = copy.deepcopy(model).train()
+        trained(ids, attention_mask=mask, labels=labels).loss.backward()
+        grads[name] = [p.grad.float() for p in trained.parameters()]
+    assert len(packed) == 2  # one call a layer
+    for a, b in zip(grads["sdpa"], grads["fmha"]):
+        torch.testing.assert_close(b, a, atol=2e-2, rtol=5e-2)

@@ -69,7 +69,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         return fmha.attention(q, k, v, causal_align="bottom_right", layout="bshd", **kw), None
     if padding.used is not None:  # each sequence's real keys a prefix, its queries the last of them
         return fmha.attention(q, k, v, causal_align="bottom_right", layout="bshd", seqused_k=padding.used, **kw), None
-    return unpadded_attention(q, k, v, padding.valid, last=padding.last, **kw), None
+    return unpadded_attention(q, k, v, padding.gather, **kw), None
 
 
 @dataclass(frozen=True)
@@ -79,10 +79,12 @@ class Padding:
     ``last``: the queries are each sequence's last ``q_len`` real keys (a static cache, whose unused
     slots follow the real keys), else query row i is key column ``k_len - q_len + i``; ``used``: int32
     ``[batch]`` real keys a sequence when each run starts at key 0 and the queries are its last keys (no
-    gathering needed: ``seqused_k``), else None."""
+    gathering needed: ``seqused_k``), else None; ``gather``: otherwise, the flat indices of the real query
+    rows and keys and their cu_seqlens (:func:`unpadded_attention`), made once for every layer."""
     valid: torch.Tensor | None
     last: bool
     used: torch.Tensor | None
+    gather: tuple | None = None
 
 
 _seen: dict = {}  # key_padding's verdicts on the masks of the current forward (every layer passes the same)
@@ -102,13 +104,15 @@ def key_padding(mask: torch.Tensor, q_len: int, k_len: int, causal: bool, window
     if remember and key in _seen and _seen[key][0]() is mask:
         return _seen[key][1]
     valid, end, verdicts = _structure(mask, q_len, k_len, causal, window)
-    one_run, aligned, last, prefix, full = verdicts.tolist()
+    one_run, aligned, last, prefix, full, n_keys, n_rows = verdicts.tolist()
     padding = None
     if aligned and full:
         padding = Padding(None, False, None)
     elif one_run and (aligned or last):
         last = last and not (aligned and q_len == k_len)  # (rows and key columns coincide: the aligned reading)
-        padding = Padding(valid, last, end.to(torch.int32) if last and prefix else None)
+        used = end.to(torch.int32) if last and prefix else None
+        padding = Padding(valid, last, used, None if used is not None else
+                          _gather(valid, q_len, n_keys, valid.shape[0] * q_len if last else n_rows, last))
     if remember:
         if len(_seen) > 8:
             _seen.clear()
@@ -130,7 +134,21 @@ def _structure(mask: torch.Tensor, q_len: int, k_len: int, causal: bool, window)
                & valid[:, None, :]).all()
     last_pos = end[:, None] - q_len + torch.arange(q_len, device=mask.device)[None, :]  # [batch, q_len]
     last = (m == (_band(last_pos, j, causal, window) & valid[:, None, :])).all() & ((end - start) >= q_len).all()
-    return valid, end, torch.stack([(runs <= 1).all(), aligned, last, (start == 0).all(), valid.all()])
+    verdicts = [(runs <= 1).all(), aligned, last, (start == 0).all(), valid.all(), valid.sum(),
+                valid[:, k_len - q_len:].sum()]
+    return valid, end, torch.stack([x.to(torch.int64) for x in verdicts])
+
+
+def _gather(valid: torch.Tensor, q_len: int, n_keys: int, n_rows: int, last: bool) -> tuple:
+    """The flat indices of the real query rows (every row when ``last``, else the rows at real key columns)
+    and of the real keys, and both cu_seqlens, from their counts read with the verdicts: no further read."""
+    q_valid = torch.ones(valid.shape[0], q_len, dtype=torch.bool, device=valid.device) if last else \
+        valid[:, valid.shape[1] - q_len:]
+    cu = [torch.nn.functional.pad(t.sum(1, dtype=torch.int32).cumsum(0, dtype=torch.int32), (1, 0))
+          for t in (q_valid, valid)]
+    rows = torch.nonzero_static(q_valid.flatten(), size=n_rows)[:, 0]
+    keys = torch.nonzero_static(valid.flatten(), size=n_keys)[:, 0]
+    return rows, keys, cu[0], cu[1]
 
 
 def _compiled_masked(module, query, key, value, attention_mask, q, k, v, kw, dropout, is_causal, kwargs):
@@ -154,7 +172,7 @@ def _compiled_masked(module, query, key, value, attention_mask, q, k, v, kw, dro
         return canonical(sdpa_attention_forward(module, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                 mask, dropout=dropout, scaling=kw["scale"], is_causal=is_causal,
                                                 **kwargs)[0])
-    return torch.cond(verdicts[1] & verdicts[4], ours, theirs, (q, k, v, attention_mask))
+    return torch.cond((verdicts[1] & verdicts[4]).bool(), ours, theirs, (q, k, v, attention_mask))
 
 
 def _band(pos: torch.Tensor, j: torch.Tensor, causal: bool, window) -> torch.Tensor:
@@ -167,20 +185,18 @@ def _band(pos: torch.Tensor, j: torch.Tensor, causal: bool, window) -> torch.Ten
     return band
 
 
-def unpadded_attention(q, k, v, valid, *, last=False, causal, scale, window, softcap, sinks=None):
-    """Attention over the real tokens of a padded bshd batch: each sequence's real queries (the query
-    rows at real key columns, or all of them when ``last``: they are each sequence's last real keys)
-    and keys packed, one varlen call, the result scattered back; padded query rows get zeros."""
-    q_valid = torch.ones(q.shape[:2], dtype=torch.bool, device=q.device) if last else \
-        valid[:, valid.shape[1] - q.shape[1]:]
-    lens_q, lens_k = q_valid.sum(1, dtype=torch.int32), valid.sum(1, dtype=torch.int32)
-    cu = [torch.nn.functional.pad(n.cumsum(0, dtype=torch.int32), (1, 0)) for n in (lens_q, lens_k)]
-    packed = fmha.attention_varlen(q[q_valid], k[valid], v[valid], *cu, q.shape[1], k.shape[1], causal=causal,
+def unpadded_attention(q, k, v, gather, *, causal, scale, window, softcap, sinks=None):
+    """Attention over the real tokens of a padded bshd batch: the real query rows and keys (``gather``:
+    :func:`_gather`'s indices and cu_seqlens) packed by index, one varlen call, the result scattered back;
+    padded query rows get zeros.  Nothing here waits for the GPU."""
+    rows, keys, cu_q, cu_k = gather
+    (b, sq, h, _), dv = q.shape, v.shape[3]
+    flat = lambda t: t.reshape(-1, *t.shape[2:])  # noqa: E731
+    packed = fmha.attention_varlen(flat(q).index_select(0, rows), flat(k).index_select(0, keys),
+                                   flat(v).index_select(0, keys), cu_q, cu_k, sq, k.shape[1], causal=causal,
                                    scale=scale, causal_align="bottom_right", window=window, softcap=softcap,
                                    sinks=sinks)
-    out = q.new_zeros(q.shape)
-    out[q_valid] = packed
-    return out
+    return q.new_zeros(b * sq, h, dv).index_copy(0, rows, packed).view(b, sq, h, dv)
 
 
 def mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None, attention_mask=None,
