@@ -65,3 +65,53 @@ def test_what_differs_is_checked():
         fmha.attention(q, k, v, out=torch.empty_like(q))
     with pytest.raises(ValueError, match="v's head_dim must be one of"):
         fmha.attention(q, k, v[..., :100])
+
+
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("sq,splits", [(1, 0), (1, 3), (3, 1)])
+@pytest.mark.parametrize("v_of_k", [True, False], ids=["v-slice-of-k", "v-apart"])
+def test_mla_absorbed_decoding(v_of_k, sq, splits, layout):
+    """DeepSeek's MLA decoded in its absorbed form: q/k 576 (the 512-column latent and 64 rope columns), V the
+    latent's 512, one KV head for 16 query heads, the keys split or not, causal bottom-right; V passed as a
+    slice of the latent cache (read once, as K's tile) or apart; the output poisoned first."""
+    from fmha import kernels, plan
+    q, latent, _ = qkv(2, 16, 1, sq, 150, 576, 512, layout, seed=sq + splits)
+    v = latent[..., :512] if v_of_k else latent[..., :512].contiguous()
+    out = torch.full((*q.shape[:-1], 512), float("nan"), dtype=q.dtype, device=DEVICE)
+    _, lse = fmha.attention(q, latent, v, causal=True, causal_align="bottom_right", layout=layout, out=out,
+                            num_splits=splits, return_lse=True)
+    check_against_reference(out, q, latent, v, True, "bottom_right", layout, lse=lse)
+    prob = plan.problem(*plan.sizes(q, latent, layout), causal=True, scale=None, head_dim_v=512)
+    assert (prob.block_d, prob.qk_lo) == (512, 64) and kernels.v_from_k(prob, latent, v) == v_of_k
+    assert fmha.api.describe(q, latent, v, layout=layout).startswith("tiled")
+
+
+def test_mla_absorbed_in_a_paged_cache_and_packed():
+    """The absorbed form against a paged latent cache (V its first 512 columns) and as packed sequences."""
+    g = torch.Generator().manual_seed(9)
+    pool = torch.randn(12, 16, 1, 576, generator=g).to(torch.bfloat16).to(DEVICE)  # 12 pages of 16 keys
+    table = torch.tensor([[3, 7, 0, 11], [5, 1, 9, 2]], dtype=torch.int32, device=DEVICE)
+    lens = torch.tensor([50, 21], dtype=torch.int32, device=DEVICE)
+    q = torch.randn(2, 8, 2, 576, generator=g).to(torch.bfloat16).to(DEVICE)
+    o = fmha.attention_paged(q, pool, pool[..., :512], table, lens, causal=True)
+    for b, n in enumerate(lens.tolist()):
+        keys = pool[table[b].long()].reshape(-1, 1, 576)[:n].transpose(0, 1)[None]
+        check_against_reference(o[b:b + 1], q[b:b + 1], keys, keys[..., :512], True, "bottom_right")
+    lens_q, lens_k = [2, 1], [40, 17]
+    qp, cu_q = packed(lens_q, 8, 576, torch.bfloat16, 10)
+    kp, cu_k = packed(lens_k, 1, 576, torch.bfloat16, 11)
+    o = fmha.attention_varlen(qp, kp, kp[..., :512], cu_q, cu_k, 2, 40, causal=True)
+    for b in range(2):
+        rq, rk = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+        check_against_reference(o[rq][None], qp[rq][None], kp[rk][None], kp[rk][None][..., :512], True,
+                                "bottom_right", "bshd")
+
+
+def test_mla_absorbed_is_forward_only_and_tiled():
+    q, k, v = qkv(1, 4, 1, 1, 20, 576, 512, "bhsd")
+    with pytest.raises(NotImplementedError, match="absorbed form.*has no backward"):
+        fmha.attention(q.requires_grad_(True), k, v)
+    with pytest.raises(ValueError, match="576 .MLA's absorbed form. runs on the tiled variant"):
+        fmha.attention(q.detach(), k, v, variant="singlewave")
+    with pytest.raises(ValueError, match="head_dim must be one of"):
+        fmha.attention(q.detach(), k, v[..., :256])

@@ -375,3 +375,15 @@ def test_reduce_pass_rewrites_only_marked_stores():
         reduce_pass.rewrite(reduce_pass.KERNEL_MARK)
     with pytest.raises(RuntimeError, match="cannot read"):
         reduce_pass.rewrite("\n".join([reduce_pass.KERNEL_MARK, store.replace("];", "], %rd9;")]))
+
+
+def test_mla_absorbed_decode_builds_for_sm90_on_tiled():
+    """``fmha compile --variant tiled --head-dim 576``: MLA's absorbed decode (Q K^T in two slices, 512 + 64
+    columns; V K's first 512, read once; keys split, GQA rows packed) with its table entry: no spills, on
+    mma.sync (32 rows a block are below wgmma's 64).  Only ``tiled`` takes 576."""
+    b = targets.build("tiled", "sm_90", 576, "bfloat16", True)
+    r = targets.report(b)
+    assert (b.config["block_m"], b.config["block_n"], b.config["num_warps"]) == (32, 32, 8)
+    assert r.spilled_registers == 0 and any(k.startswith("mma.sync") for k in r.matrix_instructions)  # 32 rows
+    with pytest.raises(ValueError, match="head_dim"):
+        targets.build("hopper", "sm_90", 576, "bfloat16", True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from . import configs, forward
-from .checks import (check_features, check_fp8, check_index, check_inputs, check_out,
+from .checks import (check_features, check_forward_only, check_fp8, check_index, check_inputs, check_out,
                      check_packed_shapes, check_pages, check_splits, variants)
 from . import gradients
 from .plan import describe, select_variant
@@ -83,6 +83,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     def checks():
         check_inputs(q, k, v, causal_align, layout, variant, scale, fp8=True)
         check_fp8(q, k, layout, descales, sinks, gradients.needs_grad(q, k, v))
+        check_forward_only(q, v, gradients.needs_grad(q, k, v))
         check_features(q, layout, window, softcap, alibi_slopes, sinks)
         if seqused_k is not None:
             check_index(seqused_k, "seqused_k", (q.shape[0],), q.device)
@@ -155,6 +156,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
         check_packed_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k)
         check_inputs(q[None], k[None], v[None], causal_align, "bshd", variant, scale)
         check_features(q[None], "bshd", window, softcap, alibi_slopes, sinks)
+        check_forward_only(q, v, gradients.needs_grad(q, k, v))
     if (sinks is None and _replayable(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, window=window, softcap=softcap)
             and not gradients.needs_grad(q, k, v) and not torch.compiler.is_compiling()):
         o, lse = forward.packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
@@ -176,6 +178,15 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     if sinks is not None:
         o, lse = attach_sinks(o, lse, sinks, "packed")
     return (o, lse) if return_lse else o
+
+
+def _v_like(q, v_cache):
+    """What stands for V beside q in :func:`check_inputs` for a paged call: q, or its first columns where the
+    pool's V is narrower (MLA's absorbed form: V the latent's 512 of q/k's 576); the pools' own checks follow."""
+    if (isinstance(q, torch.Tensor) and isinstance(v_cache, torch.Tensor) and q.dim() == v_cache.dim() == 4
+            and v_cache.shape[3] < q.shape[3]):
+        return q[..., :v_cache.shape[3]]
+    return q
 
 
 def _replayable(*tensors, window, softcap) -> bool:
@@ -210,7 +221,7 @@ def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     def checks():
         if variant not in ("auto", "tiled", "hopper"):
             raise ValueError(f"attention_paged runs variant 'auto', 'tiled' or 'hopper', got {variant!r}")
-        check_inputs(q, q, q, causal_align, layout, variant, scale)
+        check_inputs(q, q, _v_like(q, v_cache), causal_align, layout, variant, scale)
         check_features(q, layout, window, softcap, alibi_slopes, sinks)
         check_pages(q, k_cache, v_cache, block_table, cache_seqlens, layout)
         check_splits(num_splits)

@@ -8,6 +8,7 @@ import torch
 from .device import interpreting
 
 HEAD_DIMS = (32, 64, 96, 128, 192, 256)
+MLA_ABSORBED = (576, 512)  # DeepSeek's MLA decoded in its absorbed form: q/k 512 latent + 64 rope columns, V the latent
 DTYPES = (torch.float16, torch.bfloat16)
 FP8 = torch.float8_e4m3fn  # K and V (and q) of :func:`fmha.attention` with descale factors
 LAYOUTS = ("bhsd", "bshd")
@@ -66,10 +67,13 @@ def check_inputs(q, k, v, causal_align: str, layout: str, variant: str, scale, f
     kv_heads = k.shape[head_axis]
     if kv_heads == 0 and h != 0 or kv_heads and h % kv_heads:
         raise ValueError(f"heads ({h}) must be a multiple of kv_heads ({kv_heads})")
-    if d not in HEAD_DIMS:
-        raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {d}")
-    if v.shape[3] not in HEAD_DIMS:
-        raise ValueError(f"v's head_dim must be one of {HEAD_DIMS}, got {v.shape[3]}")
+    if (d, v.shape[3]) != MLA_ABSORBED:
+        if d not in HEAD_DIMS:
+            raise ValueError(f"head_dim must be one of {HEAD_DIMS} (or {MLA_ABSORBED[0]} with v's "
+                             f"{MLA_ABSORBED[1]}: MLA's absorbed form), got {d}")
+        if v.shape[3] not in HEAD_DIMS:
+            raise ValueError(f"v's head_dim must be one of {HEAD_DIMS} (or {MLA_ABSORBED[1]} with q/k's "
+                             f"{MLA_ABSORBED[0]}), got {v.shape[3]}")
     if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale must be a finite positive number or None, got {scale!r}")
 
@@ -154,12 +158,13 @@ def check_pages(q, k_cache, v_cache, block_table, cache_seqlens, layout: str) ->
     checked on the device (:mod:`fmha.kernels.guards`), not here."""
     batch, heads = q.shape[0], (q.shape[1] if layout == "bhsd" else q.shape[2])
     head_dim = q.shape[3]
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if (not isinstance(t, torch.Tensor) or t.dim() != 4 or t.shape[3] != head_dim or t.dtype != q.dtype
+    v_dim = MLA_ABSORBED[1] if head_dim == MLA_ABSORBED[0] else head_dim  # the absorbed form: V the latent
+    for name, t, d in (("k_cache", k_cache, head_dim), ("v_cache", v_cache, v_dim)):
+        if (not isinstance(t, torch.Tensor) or t.dim() != 4 or t.shape[3] != d or t.dtype != q.dtype
                 or t.device != q.device):
-            raise ValueError(f"{name} must be [num_pages, page_size, kv_heads, {head_dim}] {q.dtype} on {q.device}, "
+            raise ValueError(f"{name} must be [num_pages, page_size, kv_heads, {d}] {q.dtype} on {q.device}, "
                              f"got {tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
-    if k_cache.shape != v_cache.shape:
+    if k_cache.shape[:3] != v_cache.shape[:3]:
         raise ValueError(f"k_cache and v_cache must have one shape, got {tuple(k_cache.shape)} and "
                          f"{tuple(v_cache.shape)}")
     page, kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -206,6 +211,13 @@ def check_out(out, q, k, v) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if _overlaps(out, t):
             raise ValueError(f"out overlaps {name}: the kernel reads {name} while writing out")
+
+
+def check_forward_only(q, v, grad: bool) -> None:
+    """MLA's absorbed form (q/k 576, v 512) decodes: it has no backward."""
+    if grad and (q.shape[-1], v.shape[-1]) == MLA_ABSORBED:
+        raise NotImplementedError(f"q/k head dim {MLA_ABSORBED[0]} with v's {MLA_ABSORBED[1]} (MLA's absorbed form) "
+                                  f"has no backward: it is for decoding; train MLA in its 192/128 form")
 
 
 def check_fp8(q, k, layout: str, descales, sinks, grad: bool) -> None:

@@ -125,6 +125,8 @@ def decode_config(rows: int, seqlen_k: int, head_dim: int = 128) -> KernelConfig
     128-key tiles in 3 stages (192 KB in flight), shorter caches 64-key tiles; past head_dim 128 the
     64-key tiles keep 3 stages (4 would need 256 KB).  Measurements: docs/PERF.md, "Decoding"."""
     block_m = min(64, max(16, 1 << (rows - 1).bit_length()))
+    if head_dim > 256:  # MLA's absorbed form: a 512-wide accumulator
+        return replace(MLA, block_m=min(block_m, MLA.block_m), split_per_sm=1)
     if block_m > 16:
         return KernelConfig(block_m, 64, 4, 3, tma=1)
     if seqlen_k >= 8192 and head_dim <= 128:
@@ -139,8 +141,15 @@ TILED_FP8 = [
 ]
 
 
+# MLA's absorbed form (q/k 576 = 512 + 64, V 512): a [32, 512] float32 accumulator and 512-wide K tiles of 32
+# keys over 8 warps (64 registers a thread for the accumulator); not yet timed on a GPU
+MLA = KernelConfig(32, 32, 8, 2)
+
+
 def tiled_config(arch: str, head_dim: int, fp8: bool = False) -> KernelConfig:
     """The ``tiled`` entry for ``arch`` at ``head_dim`` (padded to a power of two); ``fp8``: float8 K/V's."""
+    if head_dim > 256:
+        return MLA
     for key, max_d, cfg in TILED_FP8 if fp8 else ():
         if key == arch and head_dim <= max_d:
             return cfg

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from . import backward, forward, sinks as sink_mod
-from .checks import check_features, check_index, check_inputs, check_splits
+from .checks import check_features, check_forward_only, check_index, check_inputs, check_splits
 
 
 @torch.library.custom_op("fmha::attention", mutates_args=())
@@ -77,6 +77,7 @@ def _save(ctx, inputs, output):
 
 def _backward(ctx, grad_o, grad_lse):
     q, k, v, o, lse, alibi_slopes, seqused_k, sinks = ctx.saved_tensors
+    check_forward_only(q, v, True)
     dq, dk, dv, dsinks = attention_backward_op(grad_o, q, k, v, o, lse, *ctx.args, alibi_slopes, seqused_k, sinks)
     return (dq, dk, dv, *[None] * 13, dsinks if sinks is not None else None)
 

@@ -147,7 +147,7 @@ def _paged(q, k_cache, v_cache, block_table, cache_seqlens, *, causal, scale, ca
         return o, lse
     prob = planning.problem(batch, heads, kv_heads, seqlen_q, block_table.shape[1] * page, head_dim, causal=causal,
                             scale=scale, window=window, causal_align=causal_align, softcap=softcap, seqused=True,
-                            page=page)
+                            page=page, head_dim_v=v_cache.shape[3])
     seqs = (None, None, cache_seqlens)
     p = planning.plan(prob, q, k_cache, v_cache, o, layout, variant, config, alibi_slopes, num_splits)
     if p.variant == "hopper":  # the page pools as they are: the kernel reads them through one descriptor each

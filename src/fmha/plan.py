@@ -43,8 +43,14 @@ class Problem:
         return -(-rows // block_m), self.batch * self.heads
 
     @property
+    def qk_lo(self) -> int:
+        """Q K^T's columns past a power of two, taken as a second slice (MLA's absorbed 576 = 512 + 64), else 0."""
+        return 64 if self.head_dim == 576 else 0
+
+    @property
     def block_d(self) -> int:
-        return max(16, 1 << (self.head_dim - 1).bit_length())
+        """q/k's tile width: the head dim's power of two (the first slice's, with :attr:`qk_lo`)."""
+        return max(16, 1 << (self.head_dim - self.qk_lo - 1).bit_length())
 
     @property
     def dv(self) -> int:

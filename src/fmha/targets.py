@@ -26,7 +26,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from .checks import HEAD_DIMS
+from .checks import HEAD_DIMS, MLA_ABSORBED
 
 
 @dataclass(frozen=True)
@@ -225,7 +225,7 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
     _check_choice("target", target, list(TARGETS))
     _check_choice("variant", variant, variants())
     _check_choice("dtype", dtype, list(DTYPES))
-    _check_choice("head_dim", head_dim, HEAD_DIMS)
+    _check_choice("head_dim", head_dim, HEAD_DIMS + ((MLA_ABSORBED[0],) if variant == "tiled" else ()))
     _check_choice("lengths", lengths, ("dense", "varlen", "seqused", "paged"))
     reason = unbuildable(variant, target, head_dim, dtype)
     if reason:
@@ -255,6 +255,11 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
     fp8 = dtype == "float8_e4m3fn"
     if "FP8" in kernel.arg_names:  # tiled: float8 K/V (and q) dequantized on load, the output bfloat16
         const.update(FP8=fp8)
+    if "QK_LO" in kernel.arg_names:  # tiled: no second slice of Q K^T (MLA's absorbed form), V read apart
+        const.update(QK_LO=0, V_FROM_K=False)
+    if head_dim == MLA_ABSORBED[0]:  # MLA's absorbed decode: 512 + 64 columns, V K's first 512, keys split, GQA packed
+        const.update(HEAD_DIM=512, BLOCK_D=512, HEAD_V=512, BLOCK_DV=512, QK_LO=64, V_FROM_K=True, SPLIT=True,
+                     PACK_GQA=True, ALIGN_BR=True, SEQUSED=True)
     sig, attrs = {}, {}
     for i, name in enumerate(kernel.arg_names):
         if name in const:

@@ -34,6 +34,8 @@ def unsupported(variant: str, cfg, prob, q, k, v, o, layout: str, alibi: bool = 
     """Why ``variant`` cannot take this call, or None."""
     if prob.fp8 and variant != "tiled":
         return "float8 K/V run on the tiled variant (dequantized on load)"
+    if prob.qk_lo and variant != "tiled":
+        return "q/k head dim 576 (MLA's absorbed form) runs on the tiled variant"
     if variant == "hopper":
         from . import hopper
         return hopper.supports(prob, cfg, q, k, v, o, layout)
@@ -50,6 +52,12 @@ def unsupported(variant: str, cfg, prob, q, k, v, o, layout: str, alibi: bool = 
         if q.is_cuda and device_facts(q.device.index)[0] < 9:
             return "K/V by TMA need an sm_90 GPU or newer"
     return None
+
+
+def v_from_k(prob, k, v) -> bool:
+    """Whether V is K's first columns (MLA's absorbed form passes the latent cache twice, V a slice of it):
+    then K's tile serves as V's and V is not read again."""
+    return bool(prob.qk_lo) and prob.dv == prob.block_d and v.data_ptr() == k.data_ptr() and v.stride() == k.stride()
 
 
 def launch(variant: str, cfg, prob, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None, None),
@@ -91,12 +99,13 @@ def launch(variant: str, cfg, prob, q, k, v, o, lse, layout: str, alibi=None, se
         split_len, o.stride(0) if split_len else 0, lse[0].numel() if split_len and lse is not None else 0,
         block_table if block_table is not None else o, block_table.stride(0) if block_table is not None else 0,
         block_table.shape[1] if block_table is not None else 0, k_desc, v_desc, *kv_place,
-        HEAD_DIM=prob.head_dim, BLOCK_D=prob.block_d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        HEAD_DIM=prob.head_dim - prob.qk_lo, BLOCK_D=prob.block_d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         CAUSAL=prob.causal, STORE_LSE=lse is not None, WINDOW=prob.window_offset is not None,
         SOFTCAP=prob.softcap > 0, ALIBI=alibi is not None, VARLEN=prob.varlen, SEQUSED=prob.seqused,
         ALIGN_BR=prob.align_br, SPLIT=bool(split_len), PAGED=bool(prob.page), PAGE=max(prob.page, 1),
         PACK_GQA=prob.pack_gqa, KV_TMA=kv_tma,
         **(dict(HEAD_V=prob.dv, BLOCK_DV=prob.block_dv) if "HEAD_V" in kernel.arg_names else {}),
         **(dict(Descale=descale if descale is not None else o, FP8=prob.fp8) if "FP8" in kernel.arg_names else {}),
+        **(dict(QK_LO=prob.qk_lo, V_FROM_K=v_from_k(prob, k, v)) if "QK_LO" in kernel.arg_names else {}),
         **(dict(AMD=torch.version.hip is not None and q.is_cuda) if "AMD" in kernel.arg_names else {}),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)

@@ -14,17 +14,24 @@ from .common import (causal_stop, full_stop, head_slope, initial_state, load_row
 
 
 @triton.jit
-def _key_range(acc, l, m, q, k_base, v_base, lo, hi, offs_m, offs_n, offs_d, offs_dv,
+def _key_range(acc, l, m, q, q_lo, k_base, v_base, lo, hi, offs_m, offs_n, offs_d, offs_dv,
                stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, causal_offset, scale_log2,
                window_offset, align_offset, softcap, slope, BlockTable, b, stride_bt, max_pages, stride_kb, stride_vb,
                K_desc, V_desc, kv_seq, kv_col,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
                SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr,
-               KV_TMA: tl.constexpr, HEAD_V: tl.constexpr, BLOCK_DV: tl.constexpr, FP8: tl.constexpr):
+               KV_TMA: tl.constexpr, HEAD_V: tl.constexpr, BLOCK_DV: tl.constexpr, FP8: tl.constexpr,
+               QK_LO: tl.constexpr, V_FROM_K: tl.constexpr):
+    """The key tiles ``[lo, hi)``.  QK_LO: Q K^T also over the ``QK_LO`` columns after q/k's first ``BLOCK_D``
+    (``q_lo``: Q's); V_FROM_K: V is K's first ``BLOCK_DV`` columns (MLA's absorbed form), so K's tile serves."""
     first = (lo + offs_n).to(tl.int64)
     k_ptrs = k_base + first[:, None] * stride_ks + offs_d[None, :] * stride_kd
     v_ptrs = v_base + first[:, None] * stride_vs + offs_dv[None, :] * stride_vd
+    if QK_LO:
+        offs_lo = tl.arange(0, QK_LO)
+        klo_base = k_base + BLOCK_D * stride_kd
+        klo_ptrs = klo_base + first[:, None] * stride_ks + offs_lo[None, :] * stride_kd
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         if PAGED:  # each tile through the block table
@@ -32,6 +39,9 @@ def _key_range(acc, l, m, q, k_base, v_base, lo, hi, offs_m, offs_n, offs_d, off
                                 stride_ks, stride_kd, PAGE)
             v_ptrs = paged_rows(v_base, BlockTable, b, start_n, offs_n, offs_dv, stride_bt, max_pages, stride_vb,
                                 stride_vs, stride_vd, PAGE)
+            if QK_LO:
+                klo_ptrs = paged_rows(klo_base, BlockTable, b, start_n, offs_n, offs_lo, stride_bt, max_pages,
+                                      stride_kb, stride_ks, stride_kd, PAGE)
         if KV_TMA:  # a box of the 3-D descriptor; keys past the tensor's end come back 0
             k = K_desc.load([kv_seq, start_n, kv_col]).reshape([BLOCK_N, BLOCK_D])
         else:
@@ -39,19 +49,28 @@ def _key_range(acc, l, m, q, k_base, v_base, lo, hi, offs_m, offs_n, offs_d, off
         if FP8:  # float8 values are exact in 16 bits (q's type); their descale factors act on the scores and O
             k = k.to(q.dtype)
         qk = mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
+        if QK_LO:
+            k_lo = load_rows(klo_ptrs, cols, seqlen_k, offs_lo, QK_LO, QK_LO, MASKED)
+            if FP8:
+                k_lo = k_lo.to(q.dtype)
+            qk = mma(q_lo, tl.trans(k_lo), qk)
         s = scores(qk, offs_m, cols, seqlen_k, scale_log2, softcap, slope, causal_offset, window_offset, align_offset,
                    MASKED, CAUSAL and MASKED, WINDOW and MASKED, SOFTCAP, ALIBI)
-        if KV_TMA:
+        if V_FROM_K:  # (already 16-bit, and zero past seqlen_k where MASKED)
+            v = k
+        elif KV_TMA:
             v = V_desc.load([kv_seq, start_n, kv_col]).reshape([BLOCK_N, BLOCK_DV])
             if MASKED:  # rows past seqlen_k (seqused_k) hold real memory: 0 * NaN would be NaN
                 v = tl.where((cols < seqlen_k)[:, None], v, 0.0)
         else:
             v = load_rows(v_ptrs, cols, seqlen_k, offs_dv, HEAD_V, BLOCK_DV, MASKED)
-        if FP8:
+        if FP8 and not V_FROM_K:
             v = v.to(q.dtype)
         acc, l, m = online_softmax_step(acc, l, m, s, v)
         k_ptrs += BLOCK_N * stride_ks
         v_ptrs += BLOCK_N * stride_vs
+        if QK_LO:
+            klo_ptrs += BLOCK_N * stride_ks
     return acc, l, m
 
 
@@ -69,8 +88,11 @@ def tiled_kernel(
         CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
         ALIBI: tl.constexpr, VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr,
         SPLIT: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr, PACK_GQA: tl.constexpr,
-        KV_TMA: tl.constexpr, HEAD_V: tl.constexpr, BLOCK_DV: tl.constexpr, Descale, FP8: tl.constexpr):
+        KV_TMA: tl.constexpr, HEAD_V: tl.constexpr, BLOCK_DV: tl.constexpr, Descale, FP8: tl.constexpr,
+        QK_LO: tl.constexpr, V_FROM_K: tl.constexpr):
     """HEAD_V, BLOCK_DV: V's and O's head dimension (DeepSeek's MLA: 128 against q/k's 192), else HEAD_DIM's.
+    QK_LO: q/k have ``QK_LO`` more columns after their first ``BLOCK_D`` (MLA's absorbed form: 576 = 512 + 64,
+    HEAD_DIM then 512), a second slice of Q K^T; V_FROM_K: V is K's first columns, read once as K's tile.
     FP8: float8 K and V (q float8 or 16-bit), dequantized on load to q's 16 bits (bfloat16 for float8 q);
     ``Descale`` holds each (batch, kv head)'s q, k and v factors: q's and k's scale the scores (with
     ``scale_log2``), v's the output."""
@@ -81,10 +103,18 @@ def tiled_kernel(
         align_offset, CuQ, CuK, SeqK, stride_osplit, lse_split, HEAD_DIM, BLOCK_D, BLOCK_M, VARLEN, SEQUSED,
         ALIGN_BR, SPLIT, PAGED, PACK_GQA)
     tl.static_assert(not (PACK_GQA and ALIBI), "ALiBi slopes are per head: not with packed GQA rows")
-    tl.static_assert(not KV_TMA or (BLOCK_D == HEAD_DIM and not VARLEN and not PAGED),
+    tl.static_assert(not KV_TMA or (BLOCK_D == HEAD_DIM and not VARLEN and not PAGED and not QK_LO),
                      "K/V by TMA: whole head_dim boxes of one (batch, head) sequence")
+    tl.static_assert(not V_FROM_K or (BLOCK_DV == BLOCK_D and HEAD_V == HEAD_DIM), "V_FROM_K: V is K's first slice")
     if row_lo >= seqlen_q:  # past this sequence's end (packed batches): nothing to do
         return
+    q_lo = q
+    if QK_LO:  # Q's second slice: the same rows from column BLOCK_D on
+        q_lo = program_start(
+            Q + BLOCK_D * stride_qd, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh,
+            stride_ks, stride_vb, stride_vh, stride_vs, stride_ob, stride_oh, stride_os, heads, group, seqlen_q,
+            seqlen_k, causal_offset, window_offset, align_offset, CuQ, CuK, SeqK, stride_osplit, lse_split, QK_LO,
+            QK_LO, BLOCK_M, VARLEN, SEQUSED, ALIGN_BR, SPLIT, PAGED, PACK_GQA)[3]
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -99,6 +129,7 @@ def tiled_kernel(
         scale_log2 = scale_log2 * tl.load(factors) * tl.load(factors + 1)
         if q.dtype == tl.float8e4nv:
             q = q.to(tl.bfloat16)
+            q_lo = q_lo.to(tl.bfloat16)
     first = window_start(row_lo, window_offset, BLOCK_N, WINDOW)
     if WINDOW:  # a band: every visited tile is masked
         lo = first
@@ -108,17 +139,19 @@ def tiled_kernel(
     u0, u1 = split_keys(first, lo, split_len, SPLIT)
     lo, hi = split_keys(lo, hi, split_len, SPLIT)
     # tiles every row sees: no mask
-    acc, l, m = _key_range(acc, l, m, q, k_base, v_base, u0, u1, offs_m, offs_n, offs_d, offs_dv,
+    acc, l, m = _key_range(acc, l, m, q, q_lo, k_base, v_base, u0, u1, offs_m, offs_n, offs_d, offs_dv,
                            stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, causal_offset, scale_log2,
                            window_offset, align_offset, softcap, slope, BlockTable, b, stride_bt, max_pages,
                            stride_kb, stride_vb, K_desc, V_desc, kv_seq, kv_col, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
-                           False, CAUSAL, WINDOW, SOFTCAP, ALIBI, PAGED, PAGE, KV_TMA, HEAD_V, BLOCK_DV, FP8)
+                           False, CAUSAL, WINDOW, SOFTCAP, ALIBI, PAGED, PAGE, KV_TMA, HEAD_V, BLOCK_DV, FP8,
+                           QK_LO, V_FROM_K)
     # the diagonal, the band's edges and the ragged end, up to the early exit: masked
-    acc, l, m = _key_range(acc, l, m, q, k_base, v_base, lo, hi, offs_m, offs_n, offs_d, offs_dv,
+    acc, l, m = _key_range(acc, l, m, q, q_lo, k_base, v_base, lo, hi, offs_m, offs_n, offs_d, offs_dv,
                            stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, causal_offset, scale_log2,
                            window_offset, align_offset, softcap, slope, BlockTable, b, stride_bt, max_pages,
                            stride_kb, stride_vb, K_desc, V_desc, kv_seq, kv_col, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
-                           True, CAUSAL, WINDOW, SOFTCAP, ALIBI, PAGED, PAGE, KV_TMA, HEAD_V, BLOCK_DV, FP8)
+                           True, CAUSAL, WINDOW, SOFTCAP, ALIBI, PAGED, PAGE, KV_TMA, HEAD_V, BLOCK_DV, FP8,
+                           QK_LO, V_FROM_K)
     if FP8:
         acc = acc * tl.load(factors + 2)
     write_output(o_rows, LSE, lse_rows, acc, l, m, offs_m, seqlen_q, offs_dv, stride_od,
