@@ -132,6 +132,20 @@ def test_mla_cells_run_with_v_head_dim_other_than_qk():
     assert all(c.head_dim == 192 and c.head_dim_v == 128 for c in grids.mla_grid())
 
 
+def test_mla_decode_cells_read_v_from_the_latent():
+    """``--grid mla-decode``: MLA's absorbed form, V k's first 512 columns (the ``latent`` layout), fmha
+    checked against the reference of those values."""
+    provs = [p for p in providers.providers("cpu") if p.name == "fmha:auto"]
+    cell = grids.Cell(1, 4, 1, 1, 40, 576, False, layout="latent", head_dim_v=512)
+    q, k, v, ref, _ = runner.cell_inputs(cell, torch.bfloat16, "cpu")
+    assert v.data_ptr() == k.data_ptr() and v.shape[-1] == 512 and ref.shape[-1] == 512
+    rows = runner.run_cell(cell, torch.bfloat16, provs, "cpu", peak=1.0)
+    assert all(r["note"] == "ok" for r in rows), rows
+    cells = grids.GRIDS["mla-decode"]()
+    assert all((c.head_dim, c.head_dim_v, c.kv_heads, c.seqlen_q, c.layout) == (576, 512, 1, 1, "latent")
+               for c in cells)
+
+
 def test_head_dims_grid_holds_the_other_head_dims():
     """``--grid head-dims``: 32, 96 and 256 as the default grid holds 64 and 128 (B*S = 16k, heads * D
     about 2048), causal and not."""

@@ -96,6 +96,13 @@ def mla_grid() -> list[Cell]:
     return [Cell(16384 // s, 16, 16, s, s, 192, True, head_dim_v=128) for s in (1024, 4096, 16384)]
 
 
+def mla_decode_grid() -> list[Cell]:
+    """DeepSeek-V3 decoding in MLA's absorbed form: one new token for 128 query heads against one latent KV
+    head (q/k 576, V the latent's first 512 columns), batch 1-64 at 4k and 16k cached tokens."""
+    return [Cell(b, 128, 1, 1, s, 576, False, layout="latent", head_dim_v=512) for b in (1, 16, 64)
+            for s in (4096, 16384)]
+
+
 def quick_grid() -> list[Cell]:
     """Tiny shapes the CPU interpreter runs in seconds (its times mean nothing)."""
     return [Cell(1, 2, 2, 33, 33, 32, False), Cell(1, 2, 1, 17, 40, 64, True), Cell(2, 2, 2, 16, 16, 64, True)]
@@ -131,4 +138,5 @@ def values(cells: list[Cell]) -> str:
 
 GRIDS = {"default": default_grid, "decode": decode_grid, "extra": extra_grid, "features": features_grid,
          "ragged": ragged_grid, "models": models_grid, "head-dims": head_dims_grid, "mla": mla_grid,
+         "mla-decode": mla_decode_grid,
          "quick": quick_grid}

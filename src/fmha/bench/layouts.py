@@ -6,12 +6,13 @@ Every arrangement returns bhsd-shaped tensors holding the same values; only the 
 - ``hf-view``: transformers' ``[batch, seq, heads, dim]`` projections transposed to bhsd views.
 - ``fused-qkv``: slices of one ``[batch, seq, (heads + 2 kv_heads) * dim]`` projection.
 - ``kv-cache``: q contiguous; k and v the first ``seqlen_k`` rows of a bhsd cache with spare capacity.
+- ``latent``: MLA's absorbed form: v is k's first columns (one latent cache; v's own values are dropped).
 """
 from __future__ import annotations
 
 import torch
 
-LAYOUTS = ("contiguous", "hf-view", "fused-qkv", "kv-cache")
+LAYOUTS = ("contiguous", "hf-view", "fused-qkv", "kv-cache", "latent")
 
 
 def arrange(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str):
@@ -37,4 +38,7 @@ def arrange(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str):
             cache[:, :, :s] = t
             return cache[:, :, :s]
         return q.contiguous(), cached(k), cached(v)
+    if layout == "latent":
+        k = k.contiguous()
+        return q.contiguous(), k, k[..., :v.shape[3]]
     raise ValueError(f"unknown layout {layout!r}; known: {', '.join(LAYOUTS)}")
