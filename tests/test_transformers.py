@@ -328,3 +328,27 @@ def test_a_padded_batch_trains_through_the_gathered_path(models, monkeypatch):
     assert len(packed) == 2  # one call a layer
     for a, b in zip(grads["sdpa"], grads["fmha"]):
         torch.testing.assert_close(b, a, atol=2e-2, rtol=5e-2)
+
+
+@pytest.mark.gpu
+def test_a_padded_forward_waits_for_the_gpu_once(models):
+    """A left-padded batch on the GPU: the mask is read twice a forward (the mask function's all-ones test,
+    then the verdict with the counts the gathers need), and no layer waits for the GPU after that (torch's
+    sync debug mode counts the waits; the gathers once waited four times a layer)."""
+    import warnings
+    ref, ours = models
+    ids = torch.randint(1, 101, (2, 40), generator=torch.Generator().manual_seed(9)).to(DEVICE)
+    mask = torch.ones_like(ids)
+    mask[0, :7] = 0
+    with torch.no_grad():
+        ours(ids, attention_mask=mask)  # compiled kernels, recorded calls
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                ours(ids, attention_mask=mask.clone())
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+    waits = [w for w in seen if "synchronizing" in str(w.message).lower()]
+    assert len(waits) <= 2, [str(w.message)[:200] for w in waits]
