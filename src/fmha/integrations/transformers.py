@@ -155,7 +155,9 @@ def _compiled_masked(module, query, key, value, attention_mask, q, k, v, kw, dro
     """A mask met under ``torch.compile``: its structure is read on the device and chooses,
     through ``torch.cond``, fmha when the mask is the band alone (every key real: generate()'s all-ones
     mask) and SDPA with the mask otherwise, so the graph neither breaks nor depends on the mask's values
-    (packing a padded batch would: its shapes follow the mask); both branches are differentiable."""
+    (packing a padded batch would: its shapes follow the mask); both branches are differentiable.  (A model
+    whose outputs transformers has once captured, ``output_hidden_states``, carries capture hooks that Dynamo
+    breaks on around a ``torch.cond``, whatever its branches: a training step then has 7 graph breaks.)"""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     if attention_mask.dtype != torch.bool or attention_mask.dim() != 4 or attention_mask.shape[1] != 1:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
