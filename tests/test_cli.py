@@ -44,6 +44,15 @@ def test_compile_all_builds_the_targets_a_variant_has(tmp_path):
     assert '"target": "sm_90"' in out.stdout
 
 
+def test_compile_builds_mla_absorbed_decode_on_tiled():
+    out = fmha("compile", "--variant", "tiled", "--target", "sm_90", "--head-dim", "576", "--dtype", "bfloat16",
+               "--json")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert '"head_dim": 576' in out.stdout
+    refused = fmha("compile", "--variant", "hopper", "--target", "sm_90", "--head-dim", "576")
+    assert refused.returncode != 0 and "head_dim" in refused.stderr
+
+
 def test_compile_records_a_build_row(tmp_path):
     import csv
     rows_at = tmp_path / "builds.csv"

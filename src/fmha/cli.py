@@ -13,7 +13,7 @@ import torch
 
 import fmha
 from fmha import reference
-from fmha.checks import HEAD_DIMS
+from fmha.checks import HEAD_DIMS, MLA_ABSORBED
 from fmha.device import interpreting
 
 
@@ -332,7 +332,8 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compile", help="build a variant ahead of time for a chip (no GPU needed) and report")
     c.add_argument("--target", required=True, help="gfx1151, gfx1100, gfx942, sm_80, sm_90 or all")
     c.add_argument("--variant", required=True)
-    c.add_argument("--head-dim", type=int, default=128, choices=list(HEAD_DIMS))
+    c.add_argument("--head-dim", type=int, default=128, choices=[*HEAD_DIMS, MLA_ABSORBED[0]],
+                   help=f"{MLA_ABSORBED[0]}: MLA's absorbed decode (V {MLA_ABSORBED[1]}), tiled only")
     c.add_argument("--dtype", choices=["float16", "bfloat16", "float8_e4m3fn"], default="float16")
     c.add_argument("--causal", action="store_true")
     c.add_argument("--out", default=None, help="write binary, assembly and report.json here")
