@@ -112,7 +112,7 @@ def key_padding(mask: torch.Tensor, q_len: int, k_len: int, causal: bool, window
         last = last and not (aligned and q_len == k_len)  # (rows and key columns coincide: the aligned reading)
         used = end.to(torch.int32) if last and prefix else None
         padding = Padding(valid, last, used, None if used is not None else
-                          _gather(valid, q_len, n_keys, valid.shape[0] * q_len if last else n_rows, last))
+                          _gather(valid, q_len, n_keys, n_rows, last))
     if remember:
         if len(_seen) > 8:
             _seen.clear()
@@ -122,8 +122,9 @@ def key_padding(mask: torch.Tensor, q_len: int, k_len: int, causal: bool, window
 
 def _structure(mask: torch.Tensor, q_len: int, k_len: int, causal: bool, window):
     """:func:`key_padding`'s reading of the mask, on the device: the real keys ``valid`` ``[batch, k_len]``,
-    one past each sequence's last ``end``, and the verdicts (bool ``[5]``: one run of real keys a sequence,
-    the band at the last key columns, the band at the last real keys, every run from key 0, every key real)."""
+    one past each sequence's last ``end``, and the verdicts (int64 ``[7]``: one run of real keys a sequence,
+    the band at the last key columns, the band at the last real keys, every run from key 0, every key real;
+    then the real keys and the real keys in the last ``q_len`` columns, counted), read together."""
     m = mask[:, 0]
     valid = m.any(dim=1)  # a real key is seen by some query
     j = torch.arange(k_len, device=mask.device)
@@ -140,10 +141,14 @@ def _structure(mask: torch.Tensor, q_len: int, k_len: int, causal: bool, window)
 
 
 def _gather(valid: torch.Tensor, q_len: int, n_keys: int, n_rows: int, last: bool) -> tuple:
-    """The flat indices of the real query rows (every row when ``last``, else the rows at real key columns)
-    and of the real keys, and both cu_seqlens, from their counts read with the verdicts: no further read."""
-    q_valid = torch.ones(valid.shape[0], q_len, dtype=torch.bool, device=valid.device) if last else \
-        valid[:, valid.shape[1] - q_len:]
+    """The flat indices of the real query rows (every row when ``last``, else the ``n_rows`` rows at real key
+    columns) and of the ``n_keys`` real keys, and both cu_seqlens, from counts read with the verdicts: no
+    further read."""
+    if last:
+        q_valid = torch.ones(valid.shape[0], q_len, dtype=torch.bool, device=valid.device)
+        n_rows = q_valid.numel()
+    else:
+        q_valid = valid[:, valid.shape[1] - q_len:]
     cu = [torch.nn.functional.pad(t.sum(1, dtype=torch.int32).cumsum(0, dtype=torch.int32), (1, 0))
           for t in (q_valid, valid)]
     rows = torch.nonzero_static(q_valid.flatten(), size=n_rows)[:, 0]
