@@ -1,10 +1,14 @@
 """Host time of one eager call, fmha beside SDPA, for each path ``auto`` takes, and where fmha's goes.
 
-    PYTHONPATH=src python3 bench/host_profile.py [--cases decode prefill varlen varlen-tiled paged] [--calls 300]
-        [--profile decode] [--ledger bench/ledger.csv]
+    PYTHONPATH=src python3 bench/host_profile.py [--cases decode decode-growing prefill varlen varlen-tiled paged]
+        [--calls 40] [--rounds 15] [--profile decode] [--ledger bench/ledger.csv]
 
-A case times ``--calls`` calls back to back on the launching side (the GPU kept busy behind them, so
-the figure is what the host spends to enqueue one call), after a warm-up call; SDPA gets the same
+A round enqueues ``--calls`` calls back to back behind a kernel that keeps the GPU busy for longer than
+the round takes (``torch.cuda._sleep``), so the figure is what the host spends to enqueue one call and
+never the GPU's time (a queue that fills up makes the host wait for the kernels: timing many calls
+against a running GPU measures the slower of the two).  fmha's and SDPA's rounds alternate; each figure
+is the median over ``--rounds``.  The GPU time of one call (CUDA events, the median of the same rounds
+run unblocked) is printed beside it, to show which side bounds an eager loop.  SDPA gets the same
 q, k, v (the padded batch for varlen, the gathered cache for paged).  ``--profile CASE`` prints
 cProfile's top entries for that case.  Ledger rows: ``provider`` ``host:fmha`` / ``host:sdpa``,
 ``features`` ``part=host case=<case>``, ``ms`` the host time per call, ``ratio_best_peer`` SDPA's
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -29,12 +34,26 @@ from fmha.bench import ledger  # noqa: E402
 SDPA = torch.nn.functional.scaled_dot_product_attention
 
 
+GROWING = 1024  # the cache lengths decode-growing steps through (more than one run of the case makes calls)
+
+
+def _growing(call, caches):
+    """``call`` over the next of ``caches`` at each call (a decode whose cache grows: no two calls alike)."""
+    at = iter(range(1 << 30))
+    return lambda: call(caches[next(at) % len(caches)])
+
+
 def cases(dt=torch.bfloat16) -> dict:
     """name -> (shape note, fmha call, SDPA call, (batch, heads, kv_heads, seqlen_q, seqlen_k, D))."""
     dev = "cuda"
     out = {}
     q, k, v = (torch.randn(1, h, s, 64, device=dev, dtype=dt) for h, s in ((32, 1), (8, 1024), (8, 1024)))
     out["decode"] = (lambda: fmha.attention(q, k, v), lambda: SDPA(q, k, v, enable_gqa=True), (1, 32, 8, 1, 1024, 64))
+    # generate()'s decoding: the cache one key longer at every call (a new tensor, as transformers' cache grows)
+    caches = [torch.randn(2, 1, 8, 1024 + i, 64, device=dev, dtype=dt) for i in range(GROWING)]
+    out["decode-growing"] = (_growing(lambda kv: fmha.attention(q, kv[0], kv[1]), caches),
+                             _growing(lambda kv: SDPA(q, kv[0], kv[1], enable_gqa=True), caches),
+                             (1, 32, 8, 1, 1024, 64))
     qp, kp, vp = (torch.randn(2, s, h, 128, device=dev, dtype=dt) for h, s in ((32, 1024), (8, 1024), (8, 1024)))
     out["prefill"] = (lambda: fmha.attention(qp, kp, vp, causal=True, layout="bshd"),
                       lambda: SDPA(qp.transpose(1, 2), kp.transpose(1, 2), vp.transpose(1, 2), is_causal=True,
@@ -60,35 +79,63 @@ def cases(dt=torch.bfloat16) -> dict:
     return out
 
 
-def host_us(fn, calls: int) -> float:
-    """Host microseconds per call to enqueue ``calls`` calls (one call first, to compile)."""
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
+SLEEP_CYCLES_PER_CALL = 400_000  # about 0.25 ms of GPU time a call: longer than any call here takes to enqueue
+
+
+def host_us(fns: dict, calls: int, rounds: int) -> dict:
+    """Median host microseconds per call to enqueue ``calls`` calls of each of ``fns`` (name -> call), the
+    GPU held busy throughout; the names' rounds alternate.  One call of each first, to compile and record."""
+    for fn in fns.values():
         fn()
-    us = (time.perf_counter() - t0) / calls * 1e6
     torch.cuda.synchronize()
-    return us
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            torch.cuda._sleep(SLEEP_CYCLES_PER_CALL * calls)
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            times[name].append((time.perf_counter() - t0) / calls * 1e6)
+            torch.cuda.synchronize()
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def gpu_us(fn, calls: int, rounds: int) -> float:
+    """Median GPU microseconds per call, ``calls`` calls back to back between two CUDA events."""
+    times = []
+    for _ in range(rounds):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / calls * 1e3)
+    return statistics.median(times)
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--cases", nargs="+", default=["decode", "prefill", "varlen", "varlen-tiled", "paged"])
-    p.add_argument("--calls", type=int, default=300)
+    p.add_argument("--cases", nargs="+", default=["decode", "decode-growing", "prefill", "varlen", "varlen-tiled",
+                                                  "paged"])
+    p.add_argument("--calls", type=int, default=40)
+    p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--profile", default=None, help="print cProfile's top entries for this case")
     p.add_argument("--ledger", default=None)
     args = p.parse_args()
     env = ledger.environment("cuda")
     table = cases()
     rows = []
-    print(f"{'case':8} {'fmha us':>8} {'sdpa us':>8} {'fmha/sdpa':>9}")
+    print(f"{'case':12} {'fmha us':>8} {'sdpa us':>8} {'fmha/sdpa':>9} | GPU us a call: {'fmha':>7} {'sdpa':>7}")
     for name in args.cases:
         ours, theirs, (b, h, kvh, sq, sk, d) = table[name]
-        us = {"fmha": host_us(ours, args.calls), "sdpa": host_us(theirs, args.calls)}
-        print(f"{name:8} {us['fmha']:8.1f} {us['sdpa']:8.1f} {us['fmha'] / us['sdpa']:9.2f}", flush=True)
+        us = host_us({"fmha": ours, "sdpa": theirs}, args.calls, args.rounds)
+        gpu = [gpu_us(fn, args.calls, 3) for fn in (ours, theirs)]
+        print(f"{name:12} {us['fmha']:8.1f} {us['sdpa']:8.1f} {us['fmha'] / us['sdpa']:9.2f} | "
+              f"{'':14} {gpu[0]:7.1f} {gpu[1]:7.1f}", flush=True)
         for who, t in us.items():
-            rows.append(dict(env, provider=f"host:{who}", config="eager, host time per call", dtype="bfloat16",
+            rows.append(dict(env, provider=f"host:{who}", config="eager, host time per call, GPU held busy",
+                             dtype="bfloat16",
                              batch=b, heads=h, kv_heads=kvh, seqlen_q=sq, seqlen_k=sk, head_dim=d, causal="",
                              ms=t / 1e3, ratio_best_peer=us["sdpa"] / t, note="ok", features=f"part=host case={name}"))
     ledger.append(args.ledger, rows)

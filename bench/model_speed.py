@@ -7,7 +7,8 @@ weights, bf16), eager.
 
 Per model, batch and prompt length, for each implementation: the prefill forward's time, the time
 inside attention (CUDA events around every attention call of that forward, summed), and the
-time per token of greedy ``generate()`` after that prompt; fmha's rows say which variants ran, and
+time per token of greedy ``generate()`` after that prompt (the two implementations' runs alternating);
+fmha's rows say which variants ran, and
 whether its greedy tokens equal SDPA's.  Rows go to the ledger (``provider`` ``transformers:<impl>``,
 ``features`` ``part=forward|attention|decode``, ``ratio_best_peer`` against SDPA's row).
 """
@@ -17,6 +18,7 @@ import argparse
 import copy
 import statistics
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -100,35 +102,54 @@ def register() -> dict[str, Timed]:
     return timed
 
 
+def _ms(fn) -> float:
+    """``fn()``'s time in milliseconds, between two CUDA events after a synchronization."""
+    torch.cuda.synchronize()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    fn()
+    e.record()
+    torch.cuda.synchronize()
+    return s.elapsed_time(e)
+
+
 def median_ms(fn, reps: int = 5) -> float:
     fn()
-    times = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e))
-    return statistics.median(times)
+    return statistics.median(_ms(fn) for _ in range(reps))
 
 
-def measure(model, timer: Timed, ids, new_tokens: int) -> dict:
+def measure(model, timer: Timed, ids) -> dict:
+    """The prefill forward's time and the time inside attention during one forward."""
     with torch.no_grad():
         forward = median_ms(lambda: model(ids, use_cache=False))
         timer.on = True
         model(ids, use_cache=False)
         timer.on = False
         attention = timer.take_ms()
-        # the all-ones mask a tokenizer hands over: without it generate() takes random tokens equal to the pad id
-        # for padding (Gemma 2's is 0)
-        gen = lambda n: model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,  # noqa: E731
-                                       min_new_tokens=n, do_sample=False)
-        one = median_ms(lambda: gen(1), reps=3)
-        many = median_ms(lambda: gen(1 + new_tokens), reps=3)
-        tokens = gen(1 + new_tokens)[:, ids.shape[1]:]
-    return {"forward": forward, "attention": attention, "decode": (many - one) / new_tokens, "tokens": tokens}
+    return {"forward": forward, "attention": attention}
+
+
+def decode(models: dict, ids, new_tokens: int, reps: int = 3) -> dict:
+    """Per model: the time per token of greedy generate() after ``ids`` (``1 + new_tokens`` tokens less one
+    token's time, over ``new_tokens``) and the tokens it made.  The models' runs alternate, so a drift of the
+    host's speed (eager decoding is host-bound) reaches each alike."""
+    def gen(model, n):  # the all-ones mask a tokenizer hands over: without it generate() takes random tokens
+        # equal to the pad id for padding (Gemma 2's is 0)
+        return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                              do_sample=False)
+    times = {impl: ([], []) for impl in models}
+    out = {}
+    with torch.no_grad():
+        for impl, model in models.items():
+            out[impl] = {"tokens": gen(model, 1 + new_tokens)[:, ids.shape[1]:]}
+            gen(model, 1)
+        for _ in range(reps):
+            for impl, model in models.items():
+                times[impl][0].append(_ms(partial(gen, model, 1)))
+                times[impl][1].append(_ms(partial(gen, model, 1 + new_tokens)))
+    for impl, (one, many) in times.items():
+        out[impl]["decode"] = (statistics.median(many) - statistics.median(one)) / new_tokens
+    return out
 
 
 def main():
@@ -163,7 +184,9 @@ def main():
                     continue
                 ids = torch.randint(0, VOCAB, (b, s), device="cuda", generator=torch.Generator("cuda").manual_seed(s))
                 RAN.clear()
-                res = {impl: measure(models[impl], timed[impl], ids, args.new_tokens) for impl in models}
+                res = {impl: measure(models[impl], timed[impl], ids) for impl in models}
+                for impl, r in decode(models, ids, args.new_tokens).items():
+                    res[impl].update(r)
                 same = int((res["fmha"]["tokens"] == res["sdpa"]["tokens"]).all(dim=0).cumprod(0).sum())
                 ran = "+".join(sorted(RAN)) or "-"
                 ratio = {part: res["sdpa"][part] / res["fmha"][part] for part in ("forward", "attention", "decode")}
