@@ -113,20 +113,24 @@ def _ms(fn) -> float:
     return s.elapsed_time(e)
 
 
-def median_ms(fn, reps: int = 5) -> float:
-    fn()
-    return statistics.median(_ms(fn) for _ in range(reps))
-
-
-def measure(model, timer: Timed, ids) -> dict:
-    """The prefill forward's time and the time inside attention during one forward."""
+def measure(models: dict, timers: dict, ids, reps: int = 5) -> dict:
+    """Per model: the prefill forward's time (the median of ``reps``, the models' runs alternating: a short
+    prompt's forward is host-bound, and the host's speed drifts) and the time inside attention during one
+    forward."""
+    out = {impl: {"forward": []} for impl in models}
     with torch.no_grad():
-        forward = median_ms(lambda: model(ids, use_cache=False))
-        timer.on = True
-        model(ids, use_cache=False)
-        timer.on = False
-        attention = timer.take_ms()
-    return {"forward": forward, "attention": attention}
+        for model in models.values():
+            model(ids, use_cache=False)
+        for _ in range(reps):
+            for impl, model in models.items():
+                out[impl]["forward"].append(_ms(partial(model, ids, use_cache=False)))
+        for impl, model in models.items():
+            out[impl]["forward"] = statistics.median(out[impl]["forward"])
+            timers[impl].on = True
+            model(ids, use_cache=False)
+            timers[impl].on = False
+            out[impl]["attention"] = timers[impl].take_ms()
+    return out
 
 
 def decode(models: dict, ids, new_tokens: int, reps: int = 3) -> dict:
@@ -184,7 +188,7 @@ def main():
                     continue
                 ids = torch.randint(0, VOCAB, (b, s), device="cuda", generator=torch.Generator("cuda").manual_seed(s))
                 RAN.clear()
-                res = {impl: measure(models[impl], timed[impl], ids) for impl in models}
+                res = measure(models, timed, ids)
                 for impl, r in decode(models, ids, args.new_tokens).items():
                     res[impl].update(r)
                 same = int((res["fmha"]["tokens"] == res["sdpa"]["tokens"]).all(dim=0).cumprod(0).sum())

@@ -115,3 +115,15 @@ def test_mla_absorbed_is_forward_only_and_tiled():
         fmha.attention(q.detach(), k, v, variant="singlewave")
     with pytest.raises(ValueError, match="head_dim must be one of"):
         fmha.attention(q.detach(), k, v[..., :256])
+
+
+def test_mla_absorbed_prefill_on_sm90_plans_tiled(monkeypatch):
+    """On sm_90, ``auto`` picks ``hopper`` for more than 16 query rows; the absorbed form's 576 has no row in
+    hopper's table, so the plan falls back to ``tiled`` before looking one up, and ``variant="hopper"`` says why."""
+    from fmha import plan
+    monkeypatch.setattr(plan, "arch_of", lambda device: "sm90")
+    q, k, v = qkv(1, 4, 1, 64, 64, 576, 512, "bhsd")
+    prob = plan.problem(*plan.sizes(q, k, "bhsd"), causal=True, scale=None, head_dim_v=512)
+    assert plan.plan(prob, q, k, v, q, "bhsd", "auto", None, None, 1).variant == "tiled"
+    with pytest.raises(ValueError, match="576 .MLA's absorbed form. runs on the tiled variant"):
+        plan.plan(prob, q, k, v, q, "bhsd", "hopper", None, None, 1)

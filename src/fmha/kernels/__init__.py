@@ -30,12 +30,21 @@ def strides_bhsd(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
     return (s[0], s[1], s[2], s[3]) if layout == "bhsd" else (s[0], s[2], s[1], s[3])
 
 
-def unsupported(variant: str, cfg, prob, q, k, v, o, layout: str, alibi: bool = False) -> str | None:
-    """Why ``variant`` cannot take this call, or None."""
+def unsupported_problem(variant: str, prob) -> str | None:
+    """Why ``variant`` cannot take ``prob`` whatever its config (the config table may have no row for it), or
+    None."""
     if prob.fp8 and variant != "tiled":
         return "float8 K/V run on the tiled variant (dequantized on load)"
     if prob.qk_lo and variant != "tiled":
         return "q/k head dim 576 (MLA's absorbed form) runs on the tiled variant"
+    return None
+
+
+def unsupported(variant: str, cfg, prob, q, k, v, o, layout: str, alibi: bool = False) -> str | None:
+    """Why ``variant`` cannot take this call, or None."""
+    why = unsupported_problem(variant, prob)
+    if why:
+        return why
     if variant == "hopper":
         from . import hopper
         return hopper.supports(prob, cfg, q, k, v, o, layout)
