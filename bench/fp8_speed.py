@@ -1,15 +1,30 @@
-"""Float8 K/V against bfloat16, same call otherwise: time (CUDA-graph replays) and the error against the
+"""Float8 against bfloat16, same call otherwise: time (CUDA-graph replays) and the error against the
 dequantized inputs.
 
-`PYTHONPATH=src python3 bench/fp8_speed.py`: GQA 32/8, D=128; decoding (1 and 4 query rows against 8k-32k
-keys) and one causal 4k prefill.  K and V are quantized per (batch, KV head) to e4m3 with FlashAttention-3's
-descale factors; the bf16 call gets the original K/V.  Prints a table (microseconds, the speed ratio,
-and the max error of the float8 call against `tiled` on the dequantized K/V).
+`PYTHONPATH=src python3 bench/fp8_speed.py`: float8 K/V under a bf16 q (the tiled kernel, dequantized on
+load), GQA 32/8, D=128; decoding (1 and 4 query rows against 8k-32k keys) and one causal 4k prefill.  K and V
+are quantized per (batch, KV head) to e4m3 with FlashAttention-3's descale factors; the bf16 call gets the
+original K/V.  Prints a table (microseconds, the speed ratio, and the max error of the float8 call against
+`tiled` on the dequantized K/V).
+
+`PYTHONPATH=src python3 bench/fp8_speed.py --prefill [--ledger bench/ledger.csv]`: float8 q, k and v (the
+Gluon kernel's float8 wgmma on sm_90) against bf16 over the default grid (B*S = 16k, H*D = 2048, 512-16k
+tokens, D 64 and 128, causal or not), TFLOP/s of each; and, at 1k tokens, each one's max error against the
+float64 attention of the dequantized inputs (bf16's on those inputs rounded to bf16).  Ledger rows:
+``provider`` ``fmha:auto``, ``dtype`` of q, ``features`` ``part=fp8-prefill``, ``ratio_best_peer`` bf16's time
+over this row's.
 """
+import argparse
+import sys
+from pathlib import Path
+
 import torch
 from triton.testing import do_bench_cudagraph
 
-import fmha
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import fmha  # noqa: E402
+from fmha.bench import flops as bench_flops, grids, ledger  # noqa: E402
 
 CASES = [(1, 8192, 1), (8, 8192, 1), (8, 32768, 1), (4, 32768, 4), (1, 4096, 4096)]  # (batch, keys, query rows)
 
@@ -19,7 +34,7 @@ def quantized(t: torch.Tensor):
     return (t.float() / scale[:, :, None, None]).to(torch.float8_e4m3fn), scale
 
 
-def main():
+def decode():
     torch.manual_seed(0)
     print("case | bf16 us | float8 us | float8 speed | max error against the dequantized inputs")
     for batch, keys, rows in CASES:
@@ -35,5 +50,45 @@ def main():
         print(f"B{batch} rows {rows} keys {keys} | {t16:.1f} | {t8:.1f} | {t16 / t8:.2f}x | {err.item():.2e}")
 
 
+def prefill(ledger_path):
+    """The default grid in float8 (q, k, v, each with its per-(batch, head) factors) beside bf16."""
+    env = ledger.environment("cuda")
+    rows = []
+    print("cell | bf16 TFLOP/s | float8 TFLOP/s | float8 speed | what ran (float8) | max error bf16 / float8")
+    for cell in grids.GRIDS["default"]():
+        b, h, s, d, causal = cell.batch, cell.heads, cell.seqlen_q, cell.head_dim, cell.causal
+        torch.manual_seed(s + d)
+        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        (q8, qs), (k8, ks), (v8, vs) = quantized(q), quantized(k), quantized(v)
+        bf16 = lambda: fmha.attention(q, k, v, causal=causal)  # noqa: E731
+        fp8 = lambda: fmha.attention(q8, k8, v8, causal=causal, q_descale=qs, k_descale=ks, v_descale=vs)  # noqa: E731
+        fl = bench_flops.attention_flops(b, h, s, s, d, causal)
+        ms = {name: min(do_bench_cudagraph(f, rep=100) for _ in range(2)) for name, f in (("bf16", bf16), ("fp8", fp8))}
+        ran = fmha.api.describe(q8, k8, v8, causal=causal).split(" ")[0]
+        errs = ""
+        if s == 1024:  # against float64 attention of the dequantized inputs (the bf16 call gets them rounded)
+            full = [(t.double() * sc.double()[:, :, None, None]) for t, sc in ((q8, qs), (k8, ks), (v8, vs))]
+            ref = torch.nn.functional.scaled_dot_product_attention(*full, is_causal=causal)
+            o16 = fmha.attention(*(t.to(torch.bfloat16) for t in full), causal=causal)
+            errs = f"{(o16.double() - ref).abs().max().item():.2e} / {(fp8().double() - ref).abs().max().item():.2e}"
+        tf = {name: fl / (t * 1e-3) / 1e12 for name, t in ms.items()}
+        print(f"B{b} H{h} S{s} D{d} {'causal' if causal else 'full'} | {tf['bf16']:.0f} | {tf['fp8']:.0f} | "
+              f"{ms['bf16'] / ms['fp8']:.2f}x | {ran} | {errs}", flush=True)
+        for name, dtype in (("bf16", "bfloat16"), ("fp8", "float8_e4m3fn")):
+            rows.append(dict(env, provider="fmha:auto", config="cuda graph", dtype=dtype, batch=b, heads=h,
+                             kv_heads=h, seqlen_q=s, seqlen_k=s, head_dim=d, causal=int(causal), ms=ms[name],
+                             tflops=tf[name], ratio_best_peer=ms["bf16"] / ms[name],
+                             note=f"ok, ran {ran}" + (f"; max error against float64 bf16/fp8 {errs}" if errs else ""),
+                             features="part=fp8-prefill"))
+    ledger.append(ledger_path, rows)
+
+
 if __name__ == "__main__":
-    main()
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--prefill", action="store_true", help="float8 q, k, v over the default grid")
+    p.add_argument("--ledger", default=None)
+    args = p.parse_args()
+    if args.prefill:
+        prefill(args.ledger)
+    else:
+        decode()

@@ -107,3 +107,68 @@ def test_what_fp8_does_not_take_is_refused():
         fmha.attention_varlen(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1),
                               torch.tensor([0, 8], dtype=torch.int32, device=DEVICE),
                               torch.tensor([0, 8], dtype=torch.int32, device=DEVICE), 8, 8)
+
+
+def _sm90() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal,align", [(False, "top_left"), (True, "bottom_right"), (True, "top_left")])
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("d,sq,sk", [(128, 300, 300), (128, 200, 333), (96, 129, 130), (128, 1000, 1000)])
+def test_fp8_on_hopper_matches_the_dequantized_reference(causal, align, layout, d, sq, sk):
+    """float8 q, k, v on the Gluon kernel (wgmma's float8 form, V transposed for P V, P rounded to float8):
+    GQA, per-(batch, kv head) factors, lengths off the tiles, against the float64 reference of the
+    dequantized inputs; the output poisoned first."""
+    if not _sm90():
+        pytest.skip("the Gluon kernel needs an sm_90 GPU")
+    (q, k, v), descales, full = fp8_inputs(2, 8, 2, sq, sk, d, F8, seed=sq + d)
+    qq, kk, vv = (t if layout == "bhsd" else t.transpose(1, 2).contiguous() for t in (q, k, v))
+    out = torch.full((*qq.shape[:-1], d), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    o, lse = fmha.attention(qq, kk, vv, causal=causal, causal_align=align, layout=layout, out=out, return_lse=True,
+                            variant="hopper", q_descale=descales[0], k_descale=descales[1], v_descale=descales[2])
+    o = o if layout == "bhsd" else o.transpose(1, 2)
+    check_fp8(o, full, causal, align)
+    _, ref_lse = reference.dense_attention(*full, causal=causal, causal_align=align, return_lse=True)
+    assert max_err(lse.cpu().double().numpy(), ref_lse) < 2e-3
+    assert fmha.api.describe(q, k, v, causal=causal).startswith("hopper")
+    again = fmha.attention(qq, kk, vv, causal=causal, causal_align=align, layout=layout, q_descale=descales[0],
+                           k_descale=descales[1], v_descale=descales[2])  # auto, replayed on the second call
+    again = fmha.attention(qq, kk, vv, causal=causal, causal_align=align, layout=layout, q_descale=descales[0],
+                           k_descale=descales[1], v_descale=descales[2])
+    assert torch.equal(again if layout == "bhsd" else again.transpose(1, 2), o)
+
+
+@pytest.mark.gpu
+def test_fp8_on_hopper_sees_through_a_huge_key():
+    """One key far above the rest (its probability near 1, the others rounded to float8's small values), and
+    scores rising along the keys: the online softmax's rescales with float8 P."""
+    if not _sm90():
+        pytest.skip("the Gluon kernel needs an sm_90 GPU")
+    (q, k, v), descales, full = fp8_inputs(1, 4, 4, 256, 512, 128, F8, seed=11)
+    k = k.clone()
+    k[:, :, 300] = (q[:, :, 0].float() * 4).clamp(-448, 448).to(F8)  # the first query's huge key
+    full[1] = k.cpu().double() * descales[1].cpu().double()[:, :, None, None]
+    o = fmha.attention(q, k, v, variant="hopper", q_descale=descales[0], k_descale=descales[1], v_descale=descales[2])
+    check_fp8(o, full, False)
+
+
+def test_fp8_plans_hopper_only_for_float8_q(monkeypatch):
+    """On sm_90 a float8 call of more than 16 query rows plans ``hopper`` when q is float8 at head_dim 96 or 128;
+    float8 K/V under a 16-bit q, other head dims and decoding stay on ``tiled`` (with its float8 config)."""
+    from fmha import configs, kernels, plan
+    monkeypatch.setattr(plan, "arch_of", lambda device: "sm90")
+    monkeypatch.setattr(kernels.hopper, "supports", lambda prob, cfg, q, *rest: kernels.hopper.fp8_reason(prob, cfg, q))
+
+    def planned(q_dtype, d, sq):
+        (q, k, v), _, _ = fp8_inputs(1, 4, 2, sq, 64, d, q_dtype)
+        prob = plan.problem(*plan.sizes(q, k, "bhsd"), causal=True, scale=None, fp8=True)
+        return plan.plan(prob, q, k, v, q, "bhsd", "auto", None, None, 1)
+    p = planned(F8, 128, 64)
+    assert p.variant == "hopper" and p.config == configs.HOPPER_FP8[1][2]
+    assert planned(F8, 96, 64).variant == "hopper"
+    for q_dtype, d, sq in ((torch.bfloat16, 128, 64), (F8, 64, 64), (F8, 128, 8)):
+        p = planned(q_dtype, d, sq)
+        assert p.variant == "tiled", (q_dtype, d, sq)
+    assert planned(F8, 64, 64).config == configs.tiled_config("sm90", 64, fp8=True)

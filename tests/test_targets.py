@@ -336,16 +336,31 @@ def test_hopper_builds_every_head_dim(head_dim):
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_fp8_builds_for_sm90_on_tiled(head_dim):
     """``fmha compile --dtype float8_e4m3fn``: the tiled kernel reads float8 q/k/v, converts them to 16 bits
-    for the matrix unit and writes bfloat16, with its float8 table entry: no spills.  Nothing else builds it."""
+    for the matrix unit and writes bfloat16, with its float8 table entry: no spills.  Besides ``hopper``
+    (below), nothing else builds it."""
     b = targets.build("tiled", "sm_90", head_dim, "float8_e4m3fn", True)
     r = targets.report(b)
     assert b.config["block_n"] == 64 and r.spilled_registers == 0
     ptx = b.asm["ptx"]
     assert "e4m3x2" in ptx and any(k.startswith("wgmma") for k in r.matrix_instructions)
-    for variant, target, says in (("hopper", "sm_90", "run on the tiled variant"),
+    for variant, target, says in (("singlewave", "sm_90", "float8 runs on the tiled variant"),
                                   ("tiled", "sm_80", "builds for sm_90"), ("tiled", "gfx942", "builds for sm_90")):
         with pytest.raises(ValueError, match=says):
             targets.build(variant, target, head_dim, "float8_e4m3fn", True)
+
+
+@pytest.mark.parametrize("head_dim,causal", [(128, False), (96, True)])
+def test_fp8_builds_for_sm90_on_hopper(head_dim, causal):
+    """``fmha compile --variant hopper --dtype float8_e4m3fn``: both products on wgmma's float8 form (K 32 a
+    step: Q K^T over head_dim, P V over the 128-key tile with V^T K-major), P rounded to float8 in registers,
+    O written bfloat16; its float8 table entry; no spills."""
+    from fmha import configs
+    b = targets.build("hopper", "sm_90", head_dim, "float8_e4m3fn", causal)
+    r = targets.report(b)
+    assert b.config == configs.HOPPER_FP8[int(causal)][2].as_dict() and r.spilled_registers == 0
+    assert set(r.matrix_instructions) == {"wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3"}
+    assert "cvt.rn.satfinite.e4m3x2.f32" in b.asm["ptx"]
+    assert targets.ptxas_usage(b.asm["ptx"], 90)["spill_stores"] == 0
 
 
 @pytest.mark.parametrize("head_dim,causal", [(64, False), (128, True), (96, False)])

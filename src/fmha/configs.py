@@ -90,8 +90,16 @@ HOPPER = [
 ]
 
 
+# float8 q, k, v on the Gluon kernel (head_dim 96 and 128): 128-key tiles of one-byte elements, V^T's too;
+# Q in shared memory, no clusters or ping-pong (``hopper.fp8_reason``)
+HOPPER_FP8 = [
+    (128, False, KernelConfig(128, 128, 4, 2, fence=1, stale=1)),
+    (128, True, KernelConfig(128, 128, 4, 2)),
+]
+
+
 def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = False,
-                  per_sequence: bool = False, seqlen_q: int = 0) -> KernelConfig:
+                  per_sequence: bool = False, seqlen_q: int = 0, fp8: bool = False) -> KernelConfig:
     """The ``hopper`` entry for this shape (a head dim takes the rows of its tile width,
     ``hopper.padded``: 32 and 64 the 64 rows, 96 and 128 the 128 rows, 192 and 256 the 256 rows; with
     ``per_sequence`` lengths, varlen or seqused_k, ``seqlen_k`` is the longest).  With a window,
@@ -104,8 +112,13 @@ def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = 
     at D=96, docs/PERF.md); with them or lengths per sequence, no
     clusters (``hopper.supports``), nor where ``seqlen_q`` (0: not known) makes an odd number of
     query blocks (FlashAttention-3's rule): a cluster runs two blocks, and the partner of a last
-    lone block would compute rows that do not exist (a 2x loss where a head has one block)."""
+    lone block would compute rows that do not exist (a 2x loss where a head has one block).  ``fp8``: float8
+    q, k and v take the ``HOPPER_FP8`` row of their head dim (none: the 16-bit rows, which
+    ``hopper.fp8_reason`` then refuses)."""
     d = padded(head_dim)
+    for key_d, key_causal, cfg in HOPPER_FP8 if fp8 else ():
+        if key_d == d and key_causal == bool(causal):
+            return cfg
     for key_d, key_causal, longest, cfg in HOPPER:
         if key_d == d and key_causal == bool(causal) and (longest is None or seqlen_k <= longest):
             narrow = modifiers or per_sequence or seqlen_k % cfg.block_n
@@ -170,5 +183,5 @@ def default_config(variant: str, arch: str, head_dim: int, causal: bool = False,
     if variant == "tiled":
         return tiled_config(arch, head_dim, fp8)
     if variant == "hopper":
-        return hopper_config(head_dim, causal, seqlen_k, modifiers, per_sequence, seqlen_q)
+        return hopper_config(head_dim, causal, seqlen_k, modifiers, per_sequence, seqlen_q, fp8)
     raise ValueError(f"no config table for variant {variant!r}")

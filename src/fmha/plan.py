@@ -97,10 +97,10 @@ def select_variant(arch: str, shape: dict | None = None) -> str:
     sequences, the lengths then the longest).  A call the chosen kernel cannot take (see
     ``kernels.unsupported``) falls back to ``tiled``."""
     shape = shape or {}
-    if shape.get("fp8"):
-        return "tiled"  # float8 K/V: dequantized on load, the tiled kernel's
     if shape.get("seqlen_q", 1 << 30) <= 16:
         return "tiled"  # decoding: the keys split over programs (flash-decoding), GQA rows packed
+    if shape.get("fp8") and arch != "sm90":
+        return "tiled"  # float8 K/V: dequantized on load, the tiled kernel's (hopper's with float8 q)
     if arch == "sm90" and shape.get("varlen") and shape.get("causal") and shape.get("head_dim") == 64:
         return "tiled"  # packed causal D=64: hopper 0.85-1.00x tiled (docs/PERF.md, packed sequences)
     if arch == "sm90":
@@ -173,7 +173,7 @@ def plan(prob: Problem, q, k, v, o, layout: str, variant: str, config, alibi_slo
         reason = kernels.unsupported(name, cfg, prob, q, k, v, o, layout, alibi_slopes is not None)
     if reason and variant == "auto":
         name = "tiled"
-        cfg = configs.default_config(name, arch, prob.head_dim, prob.causal)
+        cfg = configs.default_config(name, arch, prob.head_dim, prob.causal, fp8=prob.fp8)
     elif reason:
         raise ValueError(f"variant {name!r} cannot take this call: {reason}")
     split_len = 0

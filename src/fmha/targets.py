@@ -73,16 +73,19 @@ def _hopper_source(head_dim: int, dtype: str, causal: bool, cfg, seqlen_k: int =
 
     from .kernels import hopper
     from .plan import Problem
-    tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+    tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float8_e4m3fn": torch.float8_e4m3fn}[dtype]
+    fp8 = tdt == torch.float8_e4m3fn
     seqlen_k = seqlen_k or cfg.block_n
     page = 256 if lengths == "paged" else 0
     prob = Problem(1, 1, 1, 128, seqlen_k, head_dim, causal, 0, 1.0, align_br=lengths != "dense",
-                   varlen=lengths == "varlen", seqused=lengths in ("seqused", "paged"), page=page)
+                   varlen=lengths == "varlen", seqused=lengths in ("seqused", "paged"), page=page, fp8=fp8)
     t = torch.empty(1, 1, max(cfg.block_m, seqlen_k), head_dim, dtype=tdt)
     q, kv = t[:, :, :cfg.block_m], t[:, :, :seqlen_k]
+    o = torch.empty(q.shape, dtype=torch.bfloat16) if fp8 else q  # float8 q: O in bfloat16
     if page:  # a pool of two pages [pages, page, kv_heads, D]
         kv = torch.empty(2, page, 1, head_dim, dtype=tdt)
-    descs, _ = hopper.descriptors(prob, cfg, q, kv, kv, q, "bhsd")
+    vt = torch.empty(1, head_dim, -(-seqlen_k // 16) * 16, dtype=tdt) if fp8 else None  # V^T's stand-in
+    descs, _ = hopper.descriptors(prob, cfg, q, kv, kv, o, "bhsd", vt)
     kernel = hopper.KERNEL
     # causal: the paired schedule (balance: with its host-built tail); non-causal dense with split_tail:
     # the pieces of the last round
@@ -96,12 +99,12 @@ def _hopper_source(head_dim: int, dtype: str, causal: bool, cfg, seqlen_k: int =
         elif name.endswith("_desc"):
             d = descs[("q_desc", "k_desc", "v_desc", "o_desc").index(name)]
             sig[name] = native_specialize_impl(BaseBackend, d, False, True, True)[0]
-        elif name in ("LSE", "Alibi", "PieceO", "PieceLSE"):
+        elif name in ("LSE", "Alibi", "PieceO", "PieceLSE", "Descale"):
             sig[name] = "*fp32"
         elif name in ("CuQ", "CuK", "SeqK", "Items", "Pages", "Rows"):
             sig[name] = "*i32"
         elif name == "O":
-            sig[name] = "*" + DTYPES[dtype]
+            sig[name] = "*" + ("bf16" if fp8 else DTYPES[dtype])
         elif name in ("scale_log2", "cap_in", "cap_out", "alibi_scale"):
             sig[name] = "fp32"
         else:
@@ -200,12 +203,13 @@ class Report:
 
 def unbuildable(variant: str, target: str, head_dim: int, dtype: str = "float16") -> str | None:
     """Why ``variant`` has no build for ``target`` at ``head_dim`` in ``dtype``, or None: the Gluon
-    kernel is written for one chip; float8 K/V run on ``tiled``, on NVIDIA GPUs of sm_89 or newer."""
+    kernel is written for one chip; float8 runs on ``tiled`` (K/V dequantized on load, NVIDIA GPUs of sm_89
+    or newer) and on ``hopper`` (q, k and v float8)."""
     if variant == "hopper" and target != "sm_90":
         return f"variant 'hopper' builds for sm_90 only, not {target!r}"
     if dtype == "float8_e4m3fn":
-        if variant != "tiled":
-            return f"float8 K/V run on the tiled variant (dequantized on load), not {variant!r}"
+        if variant not in ("tiled", "hopper"):
+            return f"float8 runs on the tiled variant (K/V dequantized on load) or on hopper, not {variant!r}"
         if target != "sm_90":
             return f"float8_e4m3fn builds for sm_90 (of these targets), not {target!r}"
     return None

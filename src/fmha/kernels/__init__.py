@@ -33,8 +33,8 @@ def strides_bhsd(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
 def unsupported_problem(variant: str, prob) -> str | None:
     """Why ``variant`` cannot take ``prob`` whatever its config (the config table may have no row for it), or
     None."""
-    if prob.fp8 and variant != "tiled":
-        return "float8 K/V run on the tiled variant (dequantized on load)"
+    if prob.fp8 and variant not in ("tiled", "hopper"):
+        return "float8 K/V run on the tiled variant (dequantized on load) or, with float8 q, on hopper"
     if prob.qk_lo and variant != "tiled":
         return "q/k head dim 576 (MLA's absorbed form) runs on the tiled variant"
     return None
@@ -47,6 +47,8 @@ def unsupported(variant: str, cfg, prob, q, k, v, o, layout: str, alibi: bool = 
         return why
     if variant == "hopper":
         from . import hopper
+        if prob.fp8 and alibi:  # (the descale factors would scale the bias with the scores)
+            return "float8 on hopper takes no ALiBi"
         return hopper.supports(prob, cfg, q, k, v, o, layout)
     if prob.head_dim_v and variant != "tiled":
         return "a V head dim other than q/k's is the tiled variant's"
@@ -79,7 +81,7 @@ def launch(variant: str, cfg, prob, q, k, v, o, lse, layout: str, alibi=None, se
     ``descale`` (``prob.fp8``): float32 ``[batch * kv_heads, 3]``, each (batch, kv head)'s q, k and v factors."""
     if variant == "hopper":
         from . import hopper
-        return hopper.launch(prob, cfg, q, k, v, o, lse, layout, alibi, seqs, longest, block_table)
+        return hopper.launch(prob, cfg, q, k, v, o, lse, layout, alibi, seqs, longest, block_table, descale)
     kernel = VARIANTS[variant]
     splits = triton.cdiv(prob.seqlen_k, split_len) if split_len else 1
     grid = (*prob.grid(cfg.block_m, grid_m), splits)

@@ -77,8 +77,8 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ... import replay
 from .. import combine, strides_bhsd, tma
-from . import multicast, worklist
-from ...checks import HEAD_DIMS
+from . import multicast, transpose, worklist
+from ...checks import FP8, HEAD_DIMS
 from ...constants import LOG2E
 from ...device import device_facts
 from .kernel import KERNEL, hopper_kernel  # noqa: F401
@@ -94,6 +94,13 @@ ROWS_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, 
 
 
 KV_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
+
+
+# FP8: float8 Q, K and V^T (one-byte elements; O stays 16-bit)
+ROWS_LAYOUT_FP8 = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=3)
+
+
+KV_LAYOUT_FP8 = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=4)
 
 
 # CLUSTER: the same layouts, whole in each CTA of the cluster
@@ -124,6 +131,10 @@ def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
     why = tma.reason((q, k, v, o), layout, "bshd" if prob.page else layout, exact=True)
     if why:
         return why
+    if prob.fp8:
+        why = fp8_reason(prob, cfg, q)
+        if why:
+            return why
     if cfg.cluster:
         if prob.causal or prob.window_offset is not None or per_sequence(prob) or prob.page:
             return "clusters take dense non-causal calls without a window"
@@ -134,11 +145,30 @@ def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
     return None
 
 
-def descriptors(prob, cfg, q, k, v, o, layout: str) -> tuple:
+def fp8_reason(prob, cfg, q) -> str | None:
+    """Why the float8 forward cannot take this call, or None: float8 q too (the wgmma multiplies two float8
+    operands), a dense call (no packed sequences, per-batch lengths or pages), head_dim 128 alike for V, no
+    softcap, 128-key tiles without clusters, pieces, Q in registers or ping-pong."""
+    if q.dtype != FP8:
+        return f"float8 K/V with {q.dtype} q (the float8 wgmma takes float8 q; tiled dequantizes K/V instead)"
+    if per_sequence(prob) or prob.page:
+        return "float8 on hopper takes dense calls (no packed sequences, seqused_k or pages)"
+    if padded(prob.head_dim) != 128 or prob.dv != prob.head_dim:
+        return f"float8 on hopper takes head_dim 96 or 128 (V's alike), not {prob.head_dim}"
+    if prob.softcap:
+        return "float8 on hopper takes no softcap"
+    if cfg.block_n != 128 or cfg.cluster or cfg.split_tail or cfg.q_regs or cfg.pingpong:
+        return "float8 on hopper runs 128-key tiles without clusters, pieces, Q in registers or ping-pong"
+    return None
+
+
+def descriptors(prob, cfg, q, k, v, o, layout: str, vt=None) -> tuple:
     """The four TMA descriptors over q, k, v and out as they lie (:mod:`..tma`), each one rank above
     its view with head_dim a dimension of its own (:func:`tma.exact`), and how (batch, head) place a
     tile in each: Q's rows and leading index (0 or the head), K/V's first index and leading index,
-    O's rows, columns (elements, for stores from registers) and row stride."""
+    O's rows, columns (elements, for stores from registers) and row stride.  ``vt`` (float8,
+    :func:`.transpose.transposed`): V's descriptor is over V^T, ``[1, batch * kv_heads, head_dim,
+    seqlen_k]`` in ``[1, 1, HEAD_V, BLOCK_N]`` boxes."""
     kv_layout = "bshd" if prob.page else layout  # a page pool [pages, page, kv_heads, D] reads as bshd
     views = [(q, tma.rows_view(q, layout), layout), (k, tma.kv_view(k, kv_layout), kv_layout),
              (v, tma.kv_view(v, kv_layout), kv_layout), (o, tma.rows_view(o, layout), layout)]
@@ -146,21 +176,30 @@ def descriptors(prob, cfg, q, k, v, o, layout: str) -> tuple:
     rows, kv, split = (ROWS_LAYOUT_2, KV_LAYOUT_2, 2) if cfg.cluster else (ROWS_LAYOUT, KV_LAYOUT, 1)
     # CLUSTER: each CTA loads a column half of every K/V tile
     boxes = ([1, 64, d], [1, 1, cfg.block_n, d // split], [1, 1, cfg.block_n, dv // split], [1, 64, dv])
-    descs = tuple(TensorDescriptor(t, *tma.exact(t, w, lay), box, rows if len(box) == 3 else kv)
-                  for (t, w, lay), box in zip(views, boxes))
+    layouts = (rows, kv, kv, rows) if vt is None else (ROWS_LAYOUT_FP8, KV_LAYOUT_FP8, KV_LAYOUT_FP8, rows)
+    descs = [TensorDescriptor(t, *tma.exact(t, w, lay), box, how)
+             for (t, w, lay), box, how in zip(views, boxes, layouts)]
+    if vt is not None:
+        n, _, row = vt.shape
+        descs[2] = TensorDescriptor(vt, [1, n, prob.dv, prob.seqlen_k], [n * prob.dv * row, prob.dv * row, row, 1],
+                                    [1, 1, dv, cfg.block_n], KV_LAYOUT_FP8)
+    descs = tuple(descs)
     qw, kw, ow = views[0][1], views[1][1], views[3][1]
     return descs, (qw.batch, qw.head, int(qw.col > 0), kw.batch, kw.head, int(kw.col > 0), ow.batch, ow.head,
                    ow.col, ow.strides[0])
 
 
 def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None, None),
-           longest=None, block_table=None) -> None:
+           longest=None, block_table=None, descale=None) -> None:
     """Run the kernel on ``prob``.  ``seqs = (cu_seqlens_q, cu_seqlens_k, seqused_k)`` as in
     ``kernels.launch``; packed sequences (``prob.varlen``) also need their ``longest`` (max_seqlen_q,
     max_seqlen_k): the room of the work list built on the device (:mod:`.worklist`).  A paged cache
     (``prob.page``): k and v are the page pools ``[pages, page, kv_heads, D]`` whatever ``layout``
-    says of q and o, with ``block_table`` int32 ``[batch, pages per sequence]``."""
-    descs, strides = descriptors(prob, cfg, q, k, v, o, layout)
+    says of q and o, with ``block_table`` int32 ``[batch, pages per sequence]``.  Float8 (``prob.fp8``):
+    ``descale`` float32 ``[batch * kv_heads, 3]``, and V goes to the kernel transposed
+    (:mod:`.transpose`)."""
+    vt = transpose.transposed(v, layout) if prob.fp8 else None
+    descs, strides = descriptors(prob, cfg, q, k, v, o, layout, vt)
     # per-sequence lengths: the band's offsets go relative to the diagonal, each sequence adds its own
     a = prob.align_offset if per_sequence(prob) else 0
     causal_offset, window_offset = prob.causal_offset - a, (prob.window_offset or 0) - a
@@ -208,8 +247,8 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
                   1.0 / scale, prob.scale_log2, n_tiles, n_m, max(cfg.head_group, 1), *strides,
                   block_table if block_table is not None else o,
                   block_table.stride(0) if block_table is not None else 0, max(prob.page, 1), w, wl, dest,
-                  pieces, **constexprs(prob, cfg, lse is not None, paired, alibi is not None, pieces > 1,
-                                       balance),
+                  pieces, descale if descale is not None else o,
+                  **constexprs(prob, cfg, lse is not None, paired, alibi is not None, pieces > 1, balance),
                   num_warps=4, **launch_options(cfg))
     if pieces > 1:
         combine.launch(w, wl, o, lse, strides_bhsd(o, layout), prob.heads, prob.seqlen_q, dest)
@@ -239,4 +278,4 @@ def constexprs(prob, cfg, store_lse: bool, paired: bool = False, alibi: bool = F
                 ALIGN_BR=per_sequence(prob) and prob.align_br, PAGED=bool(prob.page),
                 O_SMEM=o_staged(prob.head_dim, cfg, prob.dv), Q_REGS=bool(cfg.q_regs),
                 FENCE=bool(cfg.fence), LAZY=bool(cfg.lazy), STALE=bool(cfg.stale), SPLIT=split, BALANCE=balance,
-                CLUSTER=bool(cfg.cluster))
+                CLUSTER=bool(cfg.cluster), FP8=prob.fp8)

@@ -49,32 +49,55 @@ def _qk(q_op, k_slot, s_layout: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.co
 
 
 @gluon.jit
+def _wait_pv(acc, p16, FP8: gl.constexpr):
+    """Wait for P V, P's registers kept alive until it lands (float8 P is not a dependency the wait
+    lowers: ptxas, which sees the wgmma read them, keeps them)."""
+    if FP8:
+        acc = warpgroup_mma_wait(0, deps=[acc])
+    else:
+        acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
+    return acc
+
+
+@gluon.jit
+def _v_operand(v_slot, FP8: gl.constexpr):
+    """P V's B operand: the V tile ``[BLOCK_N, HEAD_V]``; FP8: the slot holds V^T, read K-major."""
+    if FP8:
+        return v_slot.permute((1, 0))
+    else:
+        return v_slot
+
+
+@gluon.jit
 def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
               v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset, window_offset,
               align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m, head_group, o_rows_b, o_rows_h,
-              o_col_h, o_stride, PieceO, PieceLSE, Rows, pieces, STAGES: gl.constexpr, WG: gl.constexpr,
+              o_col_h, o_stride, PieceO, PieceLSE, Rows, pieces, group, Descale, STAGES: gl.constexpr,
+              WG: gl.constexpr,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_V: gl.constexpr, DV: gl.constexpr,
               QK_HI: gl.constexpr, QK_LO: gl.constexpr, CAUSAL: gl.constexpr,
               WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, RAGGED: gl.constexpr,
               PAIRED: gl.constexpr, PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr, VARLEN: gl.constexpr,
               SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, O_SMEM: gl.constexpr, Q_REGS: gl.constexpr,
               FENCE: gl.constexpr, LAZY: gl.constexpr, STALE: gl.constexpr, SPLIT: gl.constexpr,
-              BALANCE: gl.constexpr, CLUSTER: gl.constexpr):
+              BALANCE: gl.constexpr, CLUSTER: gl.constexpr, FP8: gl.constexpr):
     _cluster_sync(CLUSTER)
     rank = _cta_rank(CLUSTER)
     ROWS: gl.constexpr = 64
     NUM_WG: gl.constexpr = BLOCK_M // ROWS
     MASKED: gl.constexpr = CAUSAL or WINDOW or RAGGED  # a row may have seen no visible key yet
     dtype: gl.constexpr = o_desc.dtype
+    p_dtype: gl.constexpr = v_bufs.dtype  # P narrowed to V's type for P V (float8 with FP8)
+    K_STEP: gl.constexpr = 32 if FP8 else 16  # a wgmma's K: 32 bytes of operand
     if CLUSTER:  # each CTA of the cluster holds the whole tensor (128-key tiles, head_dim 128)
         s_layout: gl.constexpr = MMA_128_CLUSTER
         o_layout: gl.constexpr = MMA_128_CLUSTER
     else:
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, BLOCK_N, 16])
+                                                           instr_shape=[16, BLOCK_N, K_STEP])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, HEAD_V, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+                                                           instr_shape=[16, HEAD_V, K_STEP])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=K_STEP // 8)
     q_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
@@ -100,6 +123,12 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_ba
         slope = 0.0
         if ALIBI:
             slope = gl.load(Alibi + h) * alibi_scale
+        item_scale = scale_log2  # FP8: with q's and k's factors; O takes v's at the end
+        v_scale = 1.0
+        if FP8:
+            factors = Descale + (b * (heads // group) + h // group) * 3
+            item_scale = scale_log2 * gl.load(factors) * gl.load(factors + 1)
+            v_scale = gl.load(factors + 2)
         # tiles before mask_from are visible to every row of this warpgroup: no mask
         mask_from = _mask_from(row0, sk, seq_causal, BLOCK_N, CAUSAL, RAGGED)
         offs_m = row0 + gl.arange(0, ROWS, layout=row_layout)
@@ -122,10 +151,10 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_ba
         _release(k_empty.index(s), CLUSTER)
         qk = _scores(qk, first, mask_from, offs_m, offs_n, sk, seq_causal, seq_window, seq_align, cap_in, cap_out,
                      slope, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
-        m = gl.max(qk, axis=1) * scale_log2
-        p = gl.exp2(qk * scale_log2 - _pivot(m, MASKED)[:, None])
+        m = gl.max(qk, axis=1) * item_scale
+        p = gl.exp2(qk * item_scale - _pivot(m, MASKED)[:, None])
         l = gl.sum(p, axis=1)
-        p16 = gl.convert_layout(_narrow(p, dtype), p_layout)
+        p16 = gl.convert_layout(_narrow(p, p_dtype), p_layout)
         for i in range(1, n_iters):
             s = (ring_pos + i) % STAGES
             ph = ((ring_pos + i) // STAGES) & 1
@@ -139,7 +168,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_ba
             qk = _qk(q_op, k_bufs.index(s), s_layout, ROWS, BLOCK_N, QK_HI, QK_LO)
             if not PINGPONG:
                 mbarrier.wait(v_ready.index(prev_slot), prev_phase)
-            acc = warpgroup_mma(p16, v_bufs.index(prev_slot), acc, is_async=True)
+            acc = warpgroup_mma(p16, _v_operand(v_bufs.index(prev_slot), FP8), acc, is_async=True)
             _pass_turn(turns, WG, NUM_WG, PINGPONG)
             n_turn += 1
             qk = warpgroup_mma_wait(1, deps=[qk])
@@ -149,7 +178,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_ba
             qk = _scores(qk, first + i, mask_from, offs_m, offs_n, sk, seq_causal, seq_window, seq_align, cap_in,
                          cap_out, slope, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
             if STALE:  # the standing pivot, no row max; a row sum past STALE_SUM: the tile again, with its max
-                p = gl.exp2(qk * scale_log2 - _pivot(m, MASKED)[:, None])
+                p = gl.exp2(qk * item_scale - _pivot(m, MASKED)[:, None])
                 l_tile = gl.sum(p, axis=1)
                 alpha = gl.full_like(l_tile, 1.0)
                 if _any_row_over(_first_seen(l_tile, m, MASKED), WG) != 0:
@@ -157,16 +186,16 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_ba
                     qk2 = warpgroup_mma_wait(0, deps=[qk2])
                     qk2 = _scores(qk2, first + i, mask_from, offs_m, offs_n, sk, seq_causal, seq_window, seq_align,
                                   cap_in, cap_out, slope, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
-                    p, alpha, m = _softmax(qk2, m, scale_log2, MASKED, False)
+                    p, alpha, m = _softmax(qk2, m, item_scale, MASKED, False)
                     l_tile = gl.sum(p, axis=1)
                 _release(k_empty.index(s), CLUSTER)
             else:
-                p, alpha, m = _softmax(qk, m, scale_log2, MASKED, LAZY)
+                p, alpha, m = _softmax(qk, m, item_scale, MASKED, LAZY)
                 l_tile = gl.sum(p, axis=1)
             l = l * alpha + l_tile
             if FENCE:
                 l = _fence(l)
-            acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
+            acc = _wait_pv(acc, p16, FP8)
             _release(v_empty.index(prev_slot), CLUSTER)
             # 5.5: rescale the accumulator once P V of tile i-1 has landed (under the next Q K^T instead,
             # FlashAttention-3's place, measured 1-2% slower)
@@ -175,20 +204,20 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_ba
                 acc = _rescale_lazy(acc, alpha_o, HEAD_V)
             else:
                 acc = acc * alpha_o
-            p16 = gl.convert_layout(_narrow(p, dtype), p_layout)
+            p16 = gl.convert_layout(_narrow(p, p_dtype), p_layout)
         if not Q_REGS:  # every Q K^T of this item has retired: the producer may load the next item's Q
             mbarrier.arrive(q_empty, count=1)
         last = (ring_pos + n_iters - 1) % STAGES
         mbarrier.wait(v_ready.index(last), ((ring_pos + n_iters - 1) // STAGES) & 1)
         _take_turn(turns, n_turn, WG, PINGPONG)
-        acc = warpgroup_mma(p16, v_bufs.index(last), acc, is_async=True)
+        acc = warpgroup_mma(p16, _v_operand(v_bufs.index(last), FP8), acc, is_async=True)
         _pass_turn(turns, WG, NUM_WG, PINGPONG)
         n_turn += 1
-        acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
+        acc = _wait_pv(acc, p16, FP8)
         _release(v_empty.index(last), CLUSTER)
 
         # Section 6: o = acc / l with 1/l := 0 on an empty row
-        inv_l = gl.where(l == 0.0, 0.0, 1.0 / l)
+        inv_l = gl.where(l == 0.0, 0.0, v_scale / l)
         acc = acc * gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout))[:, None]
         o_row = b * o_rows_b + h * o_rows_h + q0 + row0
         o_col = h * o_col_h

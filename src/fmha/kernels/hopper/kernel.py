@@ -20,12 +20,16 @@ TILE_CLUSTER = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element
                                                  cga_layout=[[0, 0]]))
 
 
+# FP8: the float8 tiles of Q, K and V^T, 128 one-byte columns a row
+TILE_FP8 = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2))
+
+
 @gluon.jit
 def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK, Items, heads, group, seqlen_q,
                   seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2,
                   n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_lead, kv_seq_b, kv_seq_h, kv_lead, o_rows_b,
                   o_rows_h, o_col_h, o_stride,
-                  Pages, pages_b, page, PieceO, PieceLSE, Rows, pieces,
+                  Pages, pages_b, page, PieceO, PieceLSE, Rows, pieces, Descale,
                   HEAD: gl.constexpr, HEAD_V: gl.constexpr, DV: gl.constexpr, QK_HI: gl.constexpr,
                   QK_LO: gl.constexpr, BLOCK_M: gl.constexpr,
                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
@@ -33,14 +37,17 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                   RAGGED: gl.constexpr, PAIRED: gl.constexpr, PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr,
                   VARLEN: gl.constexpr, SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, PAGED: gl.constexpr,
                   O_SMEM: gl.constexpr, Q_REGS: gl.constexpr, FENCE: gl.constexpr, LAZY: gl.constexpr,
-                  STALE: gl.constexpr, SPLIT: gl.constexpr, BALANCE: gl.constexpr, CLUSTER: gl.constexpr):
+                  STALE: gl.constexpr, SPLIT: gl.constexpr, BALANCE: gl.constexpr, CLUSTER: gl.constexpr,
+                  FP8: gl.constexpr):
     """Each program runs its work items (query block, batch*head), :func:`_n_items` and
     :func:`_tile`; the K/V rings and the barrier phases carry on from one item to the
     next, so the next item's first loads overlap this one's epilogue.  CLUSTER: a program is a
     cluster of two CTAs that share each K/V tile (:mod:`.multicast`); its producer has a whole
     warpgroup, so that every warp runs a partition (the cluster barrier counts every thread).
     HEAD and HEAD_V: q/k's and v's tile widths (``resources.padded``), DV: v's head dim; QK_HI and QK_LO:
-    the slices Q K^T runs over where it leaves a padded head dim's zero columns out (:func:`qk_slices`)."""
+    the slices Q K^T runs over where it leaves a padded head dim's zero columns out (:func:`qk_slices`).
+    FP8: q, k and v float8 (``Descale``: each (batch, kv head)'s three factors), V read transposed (``v_desc``
+    over V^T: the float8 wgmma takes its B operand K-major only), O bfloat16."""
     NUM_WG: gl.constexpr = BLOCK_M // 64
     if CLUSTER:  # each CTA of the cluster holds all of every buffer
         bar_layout: gl.constexpr = BARRIER_CLUSTER
@@ -50,9 +57,13 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
         bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
         spare_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
         tile: gl.constexpr = TILE
+    if FP8:
+        in_tile: gl.constexpr = TILE_FP8
+    else:
+        in_tile: gl.constexpr = tile
     # Q and O: a [1, 64, HEAD] TMA box per warpgroup, read and written as its [64, HEAD] tile
     q_box = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG, 1, 64, HEAD], q_desc.layout)
-    q_smem = q_box._reinterpret(q_desc.dtype, [NUM_WG, 64, HEAD], tile)
+    q_smem = q_box._reinterpret(q_desc.dtype, [NUM_WG, 64, HEAD], in_tile)
     if O_SMEM:
         o_box = gl.allocate_shared_memory(o_desc.dtype, [NUM_WG, 1, 64, HEAD_V], o_desc.layout)
         o_smem = o_box._reinterpret(o_desc.dtype, [NUM_WG, 64, HEAD_V], tile)
@@ -64,6 +75,11 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
         v_load = gl.allocate_shared_memory(v_desc.dtype, [2 * STAGES, 1, 1, BLOCK_N, HEAD_V // 2], v_desc.layout)
         k_bufs = k_load._reinterpret(k_desc.dtype, [STAGES, BLOCK_N, HEAD], tile)
         v_bufs = v_load._reinterpret(v_desc.dtype, [STAGES, BLOCK_N, HEAD_V], tile)
+    elif FP8:  # V^T's slots: [HEAD_V, BLOCK_N]
+        k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD], in_tile)
+        v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, HEAD_V, BLOCK_N], in_tile)
+        k_load = k_bufs
+        v_load = v_bufs
     else:
         k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD], tile)  # 2-D slots
         v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_V], tile)
@@ -93,66 +109,72 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
-                         head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows, pieces, STAGES, 0,
+                         head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows, pieces, group,
+                         Descale, STAGES, 0,
                          BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI, QK_LO, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED,
                          PINGPONG, STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, STALE, SPLIT,
-                         BALANCE, CLUSTER)),
+                         BALANCE, CLUSTER, FP8)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
-                         head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows, pieces, STAGES, 1,
+                         head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows, pieces, group,
+                         Descale, STAGES, 1,
                          BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI, QK_LO, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED,
                          PINGPONG, STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, STALE, SPLIT,
-                         BALANCE, CLUSTER)),
+                         BALANCE, CLUSTER, FP8)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
-                         head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows, pieces, STAGES, 2,
+                         head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows, pieces, group,
+                         Descale, STAGES, 2,
                          BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI, QK_LO, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED,
                          PINGPONG, STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, STALE, SPLIT,
-                         BALANCE, CLUSTER)),
+                         BALANCE, CLUSTER, FP8)),
             (_producer, (q_desc, k_desc, v_desc, q_box, k_load, v_load, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
                          window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_lead, kv_seq_b, kv_seq_h,
                          kv_lead, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
-                         PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE, CLUSTER)),
+                         PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE, CLUSTER, FP8)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     elif NUM_WG == 2:
         gl.warp_specialize([
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
-                         head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows, pieces, STAGES, 0,
+                         head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows, pieces, group,
+                         Descale, STAGES, 0,
                          BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI, QK_LO, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED,
                          PINGPONG, STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, STALE, SPLIT,
-                         BALANCE, CLUSTER)),
+                         BALANCE, CLUSTER, FP8)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
-                         head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows, pieces, STAGES, 1,
+                         head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows, pieces, group,
+                         Descale, STAGES, 1,
                          BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI, QK_LO, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED,
                          PINGPONG, STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, STALE, SPLIT,
-                         BALANCE, CLUSTER)),
+                         BALANCE, CLUSTER, FP8)),
             (_producer, (q_desc, k_desc, v_desc, q_box, k_load, v_load, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
                          window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_lead, kv_seq_b, kv_seq_h,
                          kv_lead, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
-                         PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE, CLUSTER)),
+                         PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE, CLUSTER, FP8)),
         ], [4, 4 if CLUSTER else 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:  # one consumer warpgroup: it is the default partition, with the registers the producer gives up
         gl.warp_specialize([
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                          v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
                          window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
-                         head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows, pieces, STAGES, 0,
+                         head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows, pieces, group,
+                         Descale, STAGES, 0,
                          BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI, QK_LO, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED,
                          PINGPONG, STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, STALE, SPLIT,
-                         BALANCE, CLUSTER)),
+                         BALANCE, CLUSTER, FP8)),
             (_producer, (q_desc, k_desc, v_desc, q_box, k_load, v_load, q_bar, q_empty, k_ready, k_empty, v_ready,
                          v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
                          window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_lead, kv_seq_b, kv_seq_h,
                          kv_lead, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
-                         PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE, CLUSTER)),
+                         PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE, CLUSTER, FP8)),
         ], [1], [PRODUCER_REGS])
 
 

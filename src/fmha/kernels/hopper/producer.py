@@ -18,7 +18,7 @@ def _producer(q_desc, k_desc, v_desc, q_box, k_bufs, v_bufs, q_bar, q_empty, k_r
               NUM_WG: gl.constexpr, STAGES: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               CAUSAL: gl.constexpr, WINDOW: gl.constexpr, PAIRED: gl.constexpr, VARLEN: gl.constexpr,
               SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, PAGED: gl.constexpr, SPLIT: gl.constexpr,
-              BALANCE: gl.constexpr, CLUSTER: gl.constexpr):
+              BALANCE: gl.constexpr, CLUSTER: gl.constexpr, FP8: gl.constexpr):
     _cluster_sync(CLUSTER)
     rank = _cta_rank(CLUSTER)
     it = 0  # position in the K/V rings, continued across work items
@@ -82,6 +82,8 @@ def _producer(q_desc, k_desc, v_desc, q_box, k_bufs, v_bufs, q_bar, q_empty, k_r
                     tail_valid = valid
                 else:
                     _load(v_desc, [kv_at, kv_s, row, 0], v_ready.index(s), v_bufs.index(s))
+            elif FP8:  # V^T [1, batch * kv_heads, head_dim, seqlen_k]: the tile's keys are its columns
+                _load(v_desc, [0, b * (heads // group) + kvh, 0, row], v_ready.index(s), v_bufs.index(s))
             else:
                 _load_kv(v_desc, [kv_at, kv_s, row, 0], v_ready.index(s), v_bufs, s, rank, CLUSTER)
             it += 1

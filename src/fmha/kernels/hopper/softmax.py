@@ -16,12 +16,14 @@ LN2 = gl.constexpr(LN2_VALUE)
 
 @gluon.jit
 def _narrow(x, dtype: gl.constexpr):
-    """``x.to(dtype)`` for float32 ``x``, two values at a time: one packed ``cvt.rn`` per pair (the
+    """``x.to(dtype)`` for float32 ``x``, 16-bit types two values at a time: one packed ``cvt.rn`` per pair (the
     default lowering converts them one by one, and the pairs come out with their halves swapped,
     a byte permute each to put back)."""
     if dtype == gl.bfloat16:
         return gl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [x], dtype=gl.bfloat16,
                                          is_pure=True, pack=2)
+    elif dtype == gl.float8e4nv:  # FP8's P: probabilities in [0, 1], rounded to float8 (as FlashAttention-3's)
+        return x.to(dtype)
     else:
         return gl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [x], dtype=gl.float16,
                                          is_pure=True, pack=2)
