@@ -7,7 +7,8 @@ are quantized per (batch, KV head) to e4m3 with FlashAttention-3's descale facto
 original K/V.  Prints a table (microseconds, the speed ratio, and the max error of the float8 call against
 `tiled` on the dequantized K/V).
 
-`PYTHONPATH=src python3 bench/fp8_speed.py --prefill [--ledger bench/ledger.csv]`: float8 q, k and v (the
+`PYTHONPATH=src python3 bench/fp8_speed.py --prefill [--head-dims 128] [--changes pingpong=1 ...]
+[--ledger bench/ledger.csv]`: float8 q, k and v (the
 Gluon kernel's float8 wgmma on sm_90) against bf16 over the default grid (B*S = 16k, H*D = 2048, 512-16k
 tokens, D 64 and 128, causal or not), TFLOP/s of each; and, at 1k tokens, each one's max error against the
 float64 attention of the dequantized inputs (bf16's on those inputs rounded to bf16).  Ledger rows:
@@ -15,6 +16,7 @@ float64 attention of the dequantized inputs (bf16's on those inputs rounded to b
 over this row's.
 """
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -50,13 +52,19 @@ def decode():
         print(f"B{batch} rows {rows} keys {keys} | {t16:.1f} | {t8:.1f} | {t16 / t8:.2f}x | {err.item():.2e}")
 
 
-def prefill(ledger_path):
-    """The default grid in float8 (q, k, v, each with its per-(batch, head) factors) beside bf16."""
+def prefill(ledger_path, changes=(), head_dims=(64, 128)):
+    """The default grid in float8 (q, k, v, each with its per-(batch, head) factors) beside bf16; each of
+    ``changes`` (``field=value,...``) also times the float8 call with the table's config so changed."""
+    from fmha import configs
+    from fmha.bench.providers import config_changes
     env = ledger.environment("cuda")
     rows = []
-    print("cell | bf16 TFLOP/s | float8 TFLOP/s | float8 speed | what ran (float8) | max error bf16 / float8")
+    print("cell | bf16 TFLOP/s | float8 TFLOP/s | float8 speed | what ran (float8) | max error bf16 / float8"
+          + "".join(f" | {c}" for c in changes))
     for cell in grids.GRIDS["default"]():
         b, h, s, d, causal = cell.batch, cell.heads, cell.seqlen_q, cell.head_dim, cell.causal
+        if d not in head_dims:
+            continue
         torch.manual_seed(s + d)
         q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         (q8, qs), (k8, ks), (v8, vs) = quantized(q), quantized(k), quantized(v)
@@ -72,8 +80,19 @@ def prefill(ledger_path):
             o16 = fmha.attention(*(t.to(torch.bfloat16) for t in full), causal=causal)
             errs = f"{(o16.double() - ref).abs().max().item():.2e} / {(fp8().double() - ref).abs().max().item():.2e}"
         tf = {name: fl / (t * 1e-3) / 1e12 for name, t in ms.items()}
+        swept = []
+        for spec in changes:
+            cfg = dataclasses.replace(configs.hopper_config(d, causal, s, fp8=True), **config_changes(spec))
+            t = min(do_bench_cudagraph(lambda: fmha.attention(q8, k8, v8, causal=causal, q_descale=qs, k_descale=ks,
+                                                              v_descale=vs, variant="hopper", config=cfg), rep=100)
+                    for _ in range(2))
+            swept.append(f"{fl / (t * 1e-3) / 1e12:.0f}")
+            rows.append(dict(env, provider=f"fmha:hopper[{spec}]", config=str(cfg), dtype="float8_e4m3fn", batch=b,
+                             heads=h, kv_heads=h, seqlen_q=s, seqlen_k=s, head_dim=d, causal=int(causal), ms=t,
+                             tflops=fl / (t * 1e-3) / 1e12, ratio_best_peer=ms["bf16"] / t,
+                             note="ok, cuda graph", features="part=fp8-prefill"))
         print(f"B{b} H{h} S{s} D{d} {'causal' if causal else 'full'} | {tf['bf16']:.0f} | {tf['fp8']:.0f} | "
-              f"{ms['bf16'] / ms['fp8']:.2f}x | {ran} | {errs}", flush=True)
+              f"{ms['bf16'] / ms['fp8']:.2f}x | {ran} | {errs}" + "".join(f" | {x}" for x in swept), flush=True)
         for name, dtype in (("bf16", "bfloat16"), ("fp8", "float8_e4m3fn")):
             rows.append(dict(env, provider="fmha:auto", config="cuda graph", dtype=dtype, batch=b, heads=h,
                              kv_heads=h, seqlen_q=s, seqlen_k=s, head_dim=d, causal=int(causal), ms=ms[name],
@@ -86,9 +105,11 @@ def prefill(ledger_path):
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--prefill", action="store_true", help="float8 q, k, v over the default grid")
+    p.add_argument("--changes", nargs="*", default=[], help="--prefill: float8 configs beside")
+    p.add_argument("--head-dims", nargs="+", type=int, default=[64, 128])
     p.add_argument("--ledger", default=None)
     args = p.parse_args()
     if args.prefill:
-        prefill(args.ledger)
+        prefill(args.ledger, args.changes, args.head_dims)
     else:
         decode()

@@ -147,8 +147,8 @@ def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
 
 def fp8_reason(prob, cfg, q) -> str | None:
     """Why the float8 forward cannot take this call, or None: float8 q too (the wgmma multiplies two float8
-    operands), a dense call (no packed sequences, per-batch lengths or pages), head_dim 128 alike for V, no
-    softcap, 128-key tiles without clusters, pieces, Q in registers or ping-pong."""
+    operands), a dense call (no packed sequences, per-batch lengths or pages), head_dim 96 or 128 alike for V,
+    no softcap, 128-key tiles without clusters, pieces or Q in registers, and the exact pivot."""
     if q.dtype != FP8:
         return f"float8 K/V with {q.dtype} q (the float8 wgmma takes float8 q; tiled dequantizes K/V instead)"
     if per_sequence(prob) or prob.page:
@@ -157,8 +157,10 @@ def fp8_reason(prob, cfg, q) -> str | None:
         return f"float8 on hopper takes head_dim 96 or 128 (V's alike), not {prob.head_dim}"
     if prob.softcap:
         return "float8 on hopper takes no softcap"
-    if cfg.block_n != 128 or cfg.cluster or cfg.split_tail or cfg.q_regs or cfg.pingpong:
-        return "float8 on hopper runs 128-key tiles without clusters, pieces, Q in registers or ping-pong"
+    if cfg.block_n != 128 or cfg.cluster or cfg.split_tail or cfg.q_regs:
+        return "float8 on hopper runs 128-key tiles without clusters, pieces or Q in registers"
+    if cfg.stale or cfg.lazy:  # a pivot that lags the max would let P past float8's largest value, 448
+        return "float8 on hopper keeps the exact pivot (no stale or lazy)"
     return None
 
 

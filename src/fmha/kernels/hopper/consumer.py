@@ -89,6 +89,9 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_ba
     dtype: gl.constexpr = o_desc.dtype
     p_dtype: gl.constexpr = v_bufs.dtype  # P narrowed to V's type for P V (float8 with FP8)
     K_STEP: gl.constexpr = 32 if FP8 else 16  # a wgmma's K: 32 bytes of operand
+    # FP8: the pivot 8 below the row max, so P runs up to 256 and no probability above 2**-14 lands in float8's
+    # subnormals (whose few bits would lose it); P/l and the LSE are the same with any pivot
+    P_SHIFT: gl.constexpr = 8.0 if FP8 else 0.0
     if CLUSTER:  # each CTA of the cluster holds the whole tensor (128-key tiles, head_dim 128)
         s_layout: gl.constexpr = MMA_128_CLUSTER
         o_layout: gl.constexpr = MMA_128_CLUSTER
@@ -151,7 +154,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_ba
         _release(k_empty.index(s), CLUSTER)
         qk = _scores(qk, first, mask_from, offs_m, offs_n, sk, seq_causal, seq_window, seq_align, cap_in, cap_out,
                      slope, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
-        m = gl.max(qk, axis=1) * item_scale
+        m = gl.max(qk, axis=1) * item_scale - P_SHIFT
         p = gl.exp2(qk * item_scale - _pivot(m, MASKED)[:, None])
         l = gl.sum(p, axis=1)
         p16 = gl.convert_layout(_narrow(p, p_dtype), p_layout)
@@ -190,7 +193,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_ba
                     l_tile = gl.sum(p, axis=1)
                 _release(k_empty.index(s), CLUSTER)
             else:
-                p, alpha, m = _softmax(qk, m, item_scale, MASKED, LAZY)
+                p, alpha, m = _softmax(qk, m, item_scale, MASKED, LAZY, P_SHIFT)
                 l_tile = gl.sum(p, axis=1)
             l = l * alpha + l_tile
             if FENCE:

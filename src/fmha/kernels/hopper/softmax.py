@@ -132,10 +132,11 @@ def _first_seen(l_tile, m, MASKED: gl.constexpr):
 
 
 @gluon.jit
-def _softmax(qk, m, scale_log2, MASKED: gl.constexpr, LAZY: gl.constexpr):
+def _softmax(qk, m, scale_log2, MASKED: gl.constexpr, LAZY: gl.constexpr, SHIFT: gl.constexpr = 0.0):
     """Steps 5.2-5.4 of a key tile after the first: the row's new pivot from the tile's max, the
-    tile's probabilities ``p`` and ``alpha``, the factor on what the old pivot summed."""
-    m_new = gl.maximum(m, gl.max(qk, axis=1) * scale_log2)
+    tile's probabilities ``p`` and ``alpha``, the factor on what the old pivot summed.  ``SHIFT``: the
+    pivot sits that far below the max, so ``p`` runs up to ``2**SHIFT`` (l and the LSE carry it alike)."""
+    m_new = gl.maximum(m, gl.max(qk, axis=1) * scale_log2 - SHIFT)
     if LAZY:  # keep the old pivot unless the max grew past it by more than LAZY_GROWTH
         m_new = gl.where(m_new - m > LAZY_GROWTH, m_new, m)
     m_safe = _pivot(m_new, MASKED)
