@@ -54,8 +54,12 @@ def ceilings(device: str) -> list[dict]:
     return rows
 
 
+REFERENCE_BYTES = 4 << 30  # past this, SDPA's math backend (K/V repeated to every query head) runs a batch at a time
+
+
 def _reference(q, k, v, cell: Cell) -> torch.Tensor:
-    """Float32 attention through SDPA's exact backends (no low-precision rounding); a cell with
+    """Float32 attention through SDPA's exact backends (no low-precision rounding), a batch at a time where
+    the math backend's copies would be large (MLA's 128 query heads on one latent head); a cell with
     modifiers through :func:`fmha.reference.dense_attention` (float64, host), a batch at a time."""
     if cell.modified:
         from fmha import reference
@@ -65,9 +69,12 @@ def _reference(q, k, v, cell: Cell) -> torch.Tensor:
         return torch.cat(out).to(q.device, torch.float32)
     from torch.nn.attention import SDPBackend, sdpa_kernel
     backends = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH] if q.is_cuda else [SDPBackend.MATH]
+    per_batch = cell.heads * max(cell.seqlen_q, cell.seqlen_k) * (2 * cell.head_dim + cell.seqlen_q) * 4
+    step = max(1, REFERENCE_BYTES // per_batch)
     with sdpa_kernel(backends):
-        return torch.nn.functional.scaled_dot_product_attention(
-            q.float(), k.float(), v.float(), is_causal=cell.causal, enable_gqa=cell.heads != cell.kv_heads)
+        return torch.cat([torch.nn.functional.scaled_dot_product_attention(
+            q[b:b + step].float(), k[b:b + step].float(), v[b:b + step].float(), is_causal=cell.causal,
+            enable_gqa=cell.heads != cell.kv_heads) for b in range(0, cell.batch, step)])
 
 
 def cell_inputs(cell: Cell, dtype: torch.dtype, device: str, seed: int = 0):
