@@ -158,11 +158,11 @@ def test_fp8_on_hopper_matches_the_dequantized_reference(causal, align, layout, 
                             variant="hopper", q_descale=descales[0], k_descale=descales[1], v_descale=descales[2])
     o = o if layout == "bhsd" else o.transpose(1, 2)
     check_fp8_p(o, lse, full, causal, align)
-    assert fmha.api.describe(q, k, v, causal=causal).startswith("hopper")
-    again = fmha.attention(qq, kk, vv, causal=causal, causal_align=align, layout=layout, q_descale=descales[0],
-                           k_descale=descales[1], v_descale=descales[2])  # auto, replayed on the second call
-    again = fmha.attention(qq, kk, vv, causal=causal, causal_align=align, layout=layout, q_descale=descales[0],
-                           k_descale=descales[1], v_descale=descales[2])
+    assert fmha.api.describe(q, k, v, causal=causal).startswith("tiled")  # auto keeps float8 on tiled
+    kw = dict(causal=causal, causal_align=align, layout=layout, variant="hopper", q_descale=descales[0],
+              k_descale=descales[1], v_descale=descales[2])
+    again = fmha.attention(qq, kk, vv, **kw)  # a new kind (no out=), then its replay
+    again = fmha.attention(qq, kk, vv, **kw)
     assert torch.equal(again if layout == "bhsd" else again.transpose(1, 2), o)
 
 
@@ -181,21 +181,48 @@ def test_fp8_on_hopper_sees_through_a_huge_key():
     check_fp8_p(o, lse, full, False)
 
 
-def test_fp8_plans_hopper_only_for_float8_q(monkeypatch):
-    """On sm_90 a float8 call of more than 16 query rows plans ``hopper`` when q is float8 at head_dim 96 or 128;
-    float8 K/V under a 16-bit q, other head dims and decoding stay on ``tiled`` (with its float8 config)."""
+def test_fp8_plans_hopper_when_asked_for_float8_q(monkeypatch):
+    """On sm_90 ``auto`` keeps float8 on ``tiled`` (its float8 config); ``variant="hopper"`` takes float8 q at
+    head_dim 96 or 128 with its float8 table row, and refuses float8 K/V under a 16-bit q and other head dims."""
     from fmha import configs, kernels, plan
     monkeypatch.setattr(plan, "arch_of", lambda device: "sm90")
     monkeypatch.setattr(kernels.hopper, "supports", lambda prob, cfg, q, *rest: kernels.hopper.fp8_reason(prob, cfg, q))
 
-    def planned(q_dtype, d, sq):
+    def planned(q_dtype, d, sq, variant="hopper"):
         (q, k, v), _, _ = fp8_inputs(1, 4, 2, sq, 64, d, q_dtype)
         prob = plan.problem(*plan.sizes(q, k, "bhsd"), causal=True, scale=None, fp8=True)
-        return plan.plan(prob, q, k, v, q, "bhsd", "auto", None, None, 1)
+        return plan.plan(prob, q, k, v, q, "bhsd", variant, None, None, 1)
     p = planned(F8, 128, 64)
     assert p.variant == "hopper" and p.config == configs.HOPPER_FP8[1][2]
     assert planned(F8, 96, 64).variant == "hopper"
-    for q_dtype, d, sq in ((torch.bfloat16, 128, 64), (F8, 64, 64), (F8, 128, 8)):
-        p = planned(q_dtype, d, sq)
-        assert p.variant == "tiled", (q_dtype, d, sq)
-    assert planned(F8, 64, 64).config == configs.tiled_config("sm90", 64, fp8=True)
+    for q_dtype, d, says in ((torch.bfloat16, 128, "float8 K/V with torch.bfloat16 q"),
+                             (F8, 64, "takes head_dim 96 or 128")):
+        with pytest.raises(ValueError, match=says):
+            planned(q_dtype, d, 64)
+    for q_dtype, d, sq in ((F8, 128, 64), (torch.bfloat16, 128, 64), (F8, 64, 64), (F8, 128, 8)):
+        assert planned(q_dtype, d, sq, "auto").variant == "tiled", (q_dtype, d, sq)
+    assert planned(F8, 128, 64, "auto").config == configs.tiled_config("sm90", 128, fp8=True)
+
+
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("seqlen", [1, 45, 64])
+def test_v_transposed_for_the_float8_wgmma(layout, seqlen):
+    """V^T as the float8 wgmma reads it: ``[batch * kv_heads, head_dim, keys]``, each group of 32 keys in the
+    order P's registers take (key ``16a + 8b + 2t + e`` at column ``16a + 4t + 2b + e``), zeros past the keys."""
+    from fmha.kernels.hopper import transpose
+    (_, _, v), _, _ = fp8_inputs(2, 2, 2, 1, seqlen, 96, F8, seed=seqlen)
+    vv = v if layout == "bhsd" else v.transpose(1, 2).contiguous()
+    vt = transpose.transposed(vv, layout).cpu()
+    keys = -(-seqlen // 32) * 32
+    assert vt.shape == (4, 96, keys) and vt.dtype == F8
+    expect = torch.zeros(4, 96, keys, dtype=torch.float32)
+    for s in range(seqlen):
+        col = s & ~31 | s & 16 | (s & 6) << 1 | (s & 8) >> 2 | s & 1
+        expect[:, :, col] = v.reshape(4, seqlen, 96)[:, s].cpu().float()
+    assert torch.equal(vt.float(), expect)
+    # the consumer's reorder of P (its ``_p_operand``, the same reshape and permute) pairs with it: P' V' = P V
+    p = torch.rand(8, keys, dtype=torch.float64)
+    p_reordered = p.reshape(8, keys // 32, 2, 2, 4, 2).permute(0, 1, 2, 4, 3, 5).reshape(8, keys)
+    full_v = torch.zeros(4, keys, 96, dtype=torch.float64)
+    full_v[:, :seqlen] = v.reshape(4, seqlen, 96).cpu().double()
+    assert torch.allclose(p_reordered @ vt.double()[1].T, p @ full_v[1], rtol=1e-12, atol=0)

@@ -353,7 +353,7 @@ def test_fp8_builds_for_sm90_on_tiled(head_dim):
 def test_fp8_builds_for_sm90_on_hopper(head_dim, causal):
     """``fmha compile --variant hopper --dtype float8_e4m3fn``: both products on wgmma's float8 form (K 32 a
     step: Q K^T over head_dim, P V over the 128-key tile with V^T K-major), P rounded to float8 in registers,
-    O written bfloat16; its float8 table entry; no spills."""
+    O written bfloat16 (P V's operand reordered in registers, not exchanged); its float8 table entry; no spills."""
     from fmha import configs
     b = targets.build("hopper", "sm_90", head_dim, "float8_e4m3fn", causal)
     r = targets.report(b)
@@ -361,6 +361,9 @@ def test_fp8_builds_for_sm90_on_hopper(head_dim, causal):
     assert set(r.matrix_instructions) == {"wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3"}
     assert "cvt.rn.satfinite.e4m3x2.f32" in b.asm["ptx"]
     assert targets.ptxas_usage(b.asm["ptx"], 90)["spill_stores"] == 0
+    # P reordered to the float8 A operand's layout in each thread's own registers: no more shuffles than bf16's
+    bf16 = targets.build("hopper", "sm_90", head_dim, "bfloat16", causal, config=configs.HOPPER_FP8[int(causal)][2])
+    assert b.asm["ptx"].count("shfl.sync") <= bf16.asm["ptx"].count("shfl.sync")
 
 
 @pytest.mark.parametrize("head_dim,causal", [(64, False), (128, True), (96, False)])

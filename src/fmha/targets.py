@@ -84,7 +84,7 @@ def _hopper_source(head_dim: int, dtype: str, causal: bool, cfg, seqlen_k: int =
     o = torch.empty(q.shape, dtype=torch.bfloat16) if fp8 else q  # float8 q: O in bfloat16
     if page:  # a pool of two pages [pages, page, kv_heads, D]
         kv = torch.empty(2, page, 1, head_dim, dtype=tdt)
-    vt = torch.empty(1, head_dim, -(-seqlen_k // 16) * 16, dtype=tdt) if fp8 else None  # V^T's stand-in
+    vt = torch.empty(1, head_dim, -(-seqlen_k // 32) * 32, dtype=tdt) if fp8 else None  # V^T's stand-in
     descs, _ = hopper.descriptors(prob, cfg, q, kv, kv, o, "bhsd", vt)
     kernel = hopper.KERNEL
     # causal: the paired schedule (balance: with its host-built tail); non-causal dense with split_tail:

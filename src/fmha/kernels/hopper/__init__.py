@@ -169,8 +169,8 @@ def descriptors(prob, cfg, q, k, v, o, layout: str, vt=None) -> tuple:
     its view with head_dim a dimension of its own (:func:`tma.exact`), and how (batch, head) place a
     tile in each: Q's rows and leading index (0 or the head), K/V's first index and leading index,
     O's rows, columns (elements, for stores from registers) and row stride.  ``vt`` (float8,
-    :func:`.transpose.transposed`): V's descriptor is over V^T, ``[1, batch * kv_heads, head_dim,
-    seqlen_k]`` in ``[1, 1, HEAD_V, BLOCK_N]`` boxes."""
+    :func:`.transpose.transposed`): V's descriptor is over V^T, ``[1, batch * kv_heads, head_dim, keys]`` in
+    ``[1, 1, HEAD_V, BLOCK_N]`` boxes."""
     kv_layout = "bshd" if prob.page else layout  # a page pool [pages, page, kv_heads, D] reads as bshd
     views = [(q, tma.rows_view(q, layout), layout), (k, tma.kv_view(k, kv_layout), kv_layout),
              (v, tma.kv_view(v, kv_layout), kv_layout), (o, tma.rows_view(o, layout), layout)]
@@ -183,7 +183,7 @@ def descriptors(prob, cfg, q, k, v, o, layout: str, vt=None) -> tuple:
              for (t, w, lay), box, how in zip(views, boxes, layouts)]
     if vt is not None:
         n, _, row = vt.shape
-        descs[2] = TensorDescriptor(vt, [1, n, prob.dv, prob.seqlen_k], [n * prob.dv * row, prob.dv * row, row, 1],
+        descs[2] = TensorDescriptor(vt, [1, n, prob.dv, row], [n * prob.dv * row, prob.dv * row, row, 1],
                                     [1, 1, dv, cfg.block_n], KV_LAYOUT_FP8)
     descs = tuple(descs)
     qw, kw, ow = views[0][1], views[1][1], views[3][1]

@@ -60,6 +60,18 @@ def _wait_pv(acc, p16, FP8: gl.constexpr):
 
 
 @gluon.jit
+def _p_operand(p, p_dtype: gl.constexpr, p_layout: gl.constexpr, FP8: gl.constexpr):
+    """P narrowed to ``p_dtype`` as P V's A operand.  FP8: each 32-key group's columns reordered (bits
+    h j1 t1 t0 j0 to h t1 t0 j1 j0) so that every thread's accumulator values are the operand's own, with no
+    exchange between threads; V^T's keys are reordered alike (:mod:`.transpose`)."""
+    x = _narrow(p, p_dtype)
+    if FP8:
+        n: gl.constexpr = x.shape[1]
+        x = x.reshape([x.shape[0], n // 32, 2, 2, 4, 2]).permute((0, 1, 2, 4, 3, 5)).reshape([x.shape[0], n])
+    return gl.convert_layout(x, p_layout)
+
+
+@gluon.jit
 def _v_operand(v_slot, FP8: gl.constexpr):
     """P V's B operand: the V tile ``[BLOCK_N, HEAD_V]``; FP8: the slot holds V^T, read K-major."""
     if FP8:
@@ -157,7 +169,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_ba
         m = gl.max(qk, axis=1) * item_scale - P_SHIFT
         p = gl.exp2(qk * item_scale - _pivot(m, MASKED)[:, None])
         l = gl.sum(p, axis=1)
-        p16 = gl.convert_layout(_narrow(p, p_dtype), p_layout)
+        p16 = _p_operand(p, p_dtype, p_layout, FP8)
         for i in range(1, n_iters):
             s = (ring_pos + i) % STAGES
             ph = ((ring_pos + i) // STAGES) & 1
@@ -207,7 +219,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_ba
                 acc = _rescale_lazy(acc, alpha_o, HEAD_V)
             else:
                 acc = acc * alpha_o
-            p16 = gl.convert_layout(_narrow(p, p_dtype), p_layout)
+            p16 = _p_operand(p, p_dtype, p_layout, FP8)
         if not Q_REGS:  # every Q K^T of this item has retired: the producer may load the next item's Q
             mbarrier.arrive(q_empty, count=1)
         last = (ring_pos + n_iters - 1) % STAGES
