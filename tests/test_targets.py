@@ -405,3 +405,16 @@ def test_mla_absorbed_decode_builds_for_sm90_on_tiled():
     assert r.spilled_registers == 0 and any(k.startswith("mma.sync") for k in r.matrix_instructions)  # 32 rows
     with pytest.raises(ValueError, match="head_dim"):
         targets.build("hopper", "sm_90", 576, "bfloat16", True)
+
+
+def test_mla_absorbed_decode_builds_for_cdna_without_spills():
+    """The absorbed form on AMD: the ``hip`` row (16-key tiles) builds for gfx942 (MI300) with no spills, where
+    the NVIDIA row's 32-key tiles spill; the decode config keeps it (a few query rows, the keys split)."""
+    from fmha import configs
+    b = targets.build("tiled", "gfx942", 576, "bfloat16", True)
+    assert b.config == configs.mla_config("hip").as_dict() and targets.report(b).spilled_registers == 0
+    assert targets.report(targets.build("tiled", "gfx942", 576, "bfloat16", True,
+                                        configs.mla_config("sm90"))).spilled_registers > 0
+    decode = configs.decode_config(16, 8192, 576, "hip")
+    assert (decode.block_n, decode.num_warps, decode.split_per_sm) == (16, 8, 1)
+    assert configs.decode_config(16, 8192, 576).block_n == configs.mla_config("sm90").block_n

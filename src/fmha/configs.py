@@ -130,16 +130,18 @@ def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = 
     raise AssertionError("the HOPPER table ends with an open row for every (head_dim, causal)")
 
 
-def decode_config(rows: int, seqlen_k: int, head_dim: int = 128) -> KernelConfig:
+def decode_config(rows: int, seqlen_k: int, head_dim: int = 128, arch: str = "sm90") -> KernelConfig:
     """Decoding (keys split over programs): a block just big enough for the program's query
     rows (seqlen_q, times the GQA group when packed), 16 to 64; memory-bound, so mma.sync
     tiles suffice, and K/V read by TMA (``tma=1``; the caller drops it where the call cannot take
     it).  One query block: as many splits as fill each SM once (``split_per_sm=1``); from 8k keys
     128-key tiles in 3 stages (192 KB in flight), shorter caches 64-key tiles; past head_dim 128 the
-    64-key tiles keep 3 stages (4 would need 256 KB).  Measurements: docs/PERF.md, "Decoding"."""
+    64-key tiles keep 3 stages (4 would need 256 KB).  MLA's absorbed form: its ``arch``'s :func:`mla_config`.
+    Measurements: docs/PERF.md, "Decoding"."""
     block_m = min(64, max(16, 1 << (rows - 1).bit_length()))
     if head_dim > 256:  # MLA's absorbed form: a 512-wide accumulator
-        return replace(MLA, block_m=min(block_m, MLA.block_m), split_per_sm=1)
+        mla = mla_config(arch)
+        return replace(mla, block_m=min(block_m, mla.block_m), split_per_sm=1)
     if block_m > 16:
         return KernelConfig(block_m, 64, 4, 3, tma=1)
     if seqlen_k >= 8192 and head_dim <= 128:
@@ -154,15 +156,24 @@ TILED_FP8 = [
 ]
 
 
-# MLA's absorbed form (q/k 576 = 512 + 64, V 512): a [32, 512] float32 accumulator and 512-wide K tiles of 32
-# keys over 8 warps (64 registers a thread for the accumulator); not yet timed on a GPU
-MLA = KernelConfig(32, 32, 8, 2)
+# MLA's absorbed form (q/k 576 = 512 + 64, V 512), by arch, not yet timed on a GPU.  NVIDIA: a [32, 512] float32
+# accumulator and 512-wide K tiles of 32 keys over 8 warps (64 registers a thread for the accumulator; no
+# spills on sm_90).  AMD: 16-key tiles, the only shape of those `fmha compile --head-dim 576` built for gfx942
+# with neither spills nor fewer rows (32,16,8,2: 190 VGPRs; 32-key tiles spill 222); on RDNA (gfx1100, gfx1151)
+# every shape spills, 441 registers at the fewest (16 warps) and 741 with this one
+MLA = {"hip": KernelConfig(32, 16, 8, 2)}
+MLA_DEFAULT = KernelConfig(32, 32, 8, 2)
+
+
+def mla_config(arch: str) -> KernelConfig:
+    """The absorbed form's ``tiled`` config on ``arch``."""
+    return MLA.get(arch, MLA_DEFAULT)
 
 
 def tiled_config(arch: str, head_dim: int, fp8: bool = False) -> KernelConfig:
     """The ``tiled`` entry for ``arch`` at ``head_dim`` (padded to a power of two); ``fp8``: float8 K/V's."""
     if head_dim > 256:
-        return MLA
+        return mla_config(arch)
     for key, max_d, cfg in TILED_FP8 if fp8 else ():
         if key == arch and head_dim <= max_d:
             return cfg

@@ -142,7 +142,7 @@ def _split_plan(num_splits: int, arch: str, prob: Problem, cfg, device, fixed: b
     split_len = _split_len(num_splits, arch, prob, cfg, device)
     if split_len and not fixed and arch != "interpreter":
         rows = prob.seqlen_q * (prob.heads // prob.kv_heads if prob.pack_gqa else 1)
-        cfg = configs.decode_config(rows, prob.seqlen_k, prob.head_dim)
+        cfg = configs.decode_config(rows, prob.seqlen_k, prob.head_dim, arch)
         split_len = _split_len(num_splits, arch, prob, cfg, device)
     return cfg, split_len
 
