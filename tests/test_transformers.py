@@ -276,6 +276,39 @@ def test_compiled_generation_with_a_mask_neither_breaks_nor_recompiles(models, m
     assert found["fmha"][1] == 0 and found["fmha"][0] <= found["sdpa"][0], found
 
 
+def test_compiled_generation_with_a_static_cache_runs_fmha_with_its_lengths(models, monkeypatch):
+    """The whole model under ``torch.compile`` with a static cache (generate()'s ``cache_implementation="static"``,
+    whose mask hides the slots not yet written): ``torch.cond`` reads the mask as a static cache's on the device
+    and runs fmha with ``seqused_k``, with no graph break; the tokens are SDPA's, the all-ones and a left-padded
+    batch alike (the padded one's mask is no prefix: SDPA with the mask)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+    from fmha import forward
+    ref, ours = models
+    lengths = []
+    dense = forward.dense
+    monkeypatch.setattr(forward, "dense", lambda *a, **kw: lengths.append(kw.get("seqused_k")) or dense(*a, **kw))
+    ids = torch.randint(1, 101, (2, 12), generator=torch.Generator().manual_seed(9)).to(DEVICE)
+    left = torch.ones_like(ids)
+    left[1, :3] = 0
+    compiled = copy.deepcopy(ours)
+    compiled.forward = torch.compile(compiled.forward, backend=lambda gm, ex: gm.forward)
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        with torch.no_grad():
+            for mask in (torch.ones_like(ids), left):
+                kw = dict(attention_mask=mask, max_new_tokens=4, min_new_tokens=4, do_sample=False,
+                          cache_implementation="static")
+                got = compiled.generate(ids, **kw)
+                assert torch.equal(got, ref.generate(ids, **kw)), mask
+                if mask is not left:
+                    assert any(t is not None for t in lengths)  # fmha ran with the cache's lengths
+    finally:
+        torch._dynamo.reset()
+    assert sum(counters["graph_break"].values()) == 0
+
+
 def test_a_compiled_training_step_with_a_mask_has_no_graph_break():
     """A training step of the compiled model handed a tokenizer's mask: ``torch.cond``'s branches both
     differentiate, no graph break, and the gradients are SDPA's within bfloat16 rounding.  (Fresh models: one

@@ -15,9 +15,9 @@ tokens per sequence) runs as packed sequences: the real tokens gathered,
 (the real keys a prefix, the queries the last of them, the unused slots after) runs with
 ``seqused_k``.  Any other mask goes to torch SDPA with that mask, so nothing is computed wrong (with
 sinks, which SDPA lacks, such a mask is refused).  Under ``torch.compile`` a mask is not read on the
-host: ``torch.cond`` picks fmha for the band alone and SDPA with the mask otherwise (no graph break, no
-graphs that depend on the mask's values).  Training works (gradients through
-:mod:`fmha.gradients`), under autocast too (float32 q, k, v are cast to the autocast dtype, as
+host: ``torch.cond`` picks fmha for the band alone, fmha with ``seqused_k`` for a static cache's mask and
+SDPA with the mask otherwise (no graph break, no graphs that depend on the mask's values).  Training works
+(gradients through :mod:`fmha.gradients`), under autocast too (float32 q, k, v are cast to the autocast dtype, as
 autocast casts SDPA's); attention dropout is refused.
 """
 from __future__ import annotations
@@ -159,27 +159,44 @@ def _gather(valid: torch.Tensor, q_len: int, n_keys: int, n_rows: int, last: boo
 def _compiled_masked(module, query, key, value, attention_mask, q, k, v, kw, dropout, is_causal, kwargs):
     """A mask met under ``torch.compile``: its structure is read on the device and chooses,
     through ``torch.cond``, fmha when the mask is the band alone (every key real: generate()'s all-ones
-    mask) and SDPA with the mask otherwise, so the graph neither breaks nor depends on the mask's values
-    (packing a padded batch would: its shapes follow the mask); both branches are differentiable.  (A model
-    whose outputs transformers has once captured, ``output_hidden_states``, carries capture hooks that Dynamo
-    breaks on around a ``torch.cond``, whatever its branches: a training step then has 7 graph breaks.)"""
+    mask), fmha with ``seqused_k`` when it is a static cache's (each sequence's real keys a prefix, the queries
+    the last of them: the lengths come from the mask on the device; without gradients), and SDPA with the mask
+    otherwise, so the graph neither breaks nor depends on the mask's values (packing a padded batch would: its
+    shapes follow the mask); with gradients both branches differentiate.  (A model whose outputs transformers
+    has once captured, ``output_hidden_states``, carries capture hooks that Dynamo breaks on around a
+    ``torch.cond``, whatever its branches: a training step then has 7 graph breaks.)"""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     if attention_mask.dtype != torch.bool or attention_mask.dim() != 4 or attention_mask.shape[1] != 1:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=kw["scale"], is_causal=is_causal, **kwargs)[0]
-    _, _, verdicts = _structure(attention_mask, q.shape[1], k.shape[1], kw["causal"], kw["window"])
+    q_len, k_len = q.shape[1], k.shape[1]
+    _, end, verdicts = _structure(attention_mask, q_len, k_len, kw["causal"], kw["window"])
+    one_run, aligned, last, prefix, full = (verdicts[i].bool() for i in range(5))
+    band_alone = aligned & full
+    # key_padding's seqused_k reading (rows and key columns coinciding read as aligned, not as a cache)
+    cached = one_run & last & prefix & ~(aligned & (q_len == k_len))
 
     def canonical(x):  # the branches' outputs must agree in strides, a size-1 dimension's included
         return x.contiguous().flatten().view(x.shape)
 
-    def ours(q, k, v, mask):
+    def ours(q, k, v, mask, end, cached):
         return canonical(fmha.attention(q, k, v, causal_align="bottom_right", layout="bshd", **kw))
 
-    def theirs(q, k, v, mask):
+    def with_lengths(q, k, v, mask, end, cached):
+        return canonical(fmha.attention(q, k, v, causal_align="bottom_right", layout="bshd",
+                                        seqused_k=end.to(torch.int32), **kw))
+
+    def theirs(q, k, v, mask, end, cached):
         return canonical(sdpa_attention_forward(module, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                 mask, dropout=dropout, scaling=kw["scale"], is_causal=is_causal,
                                                 **kwargs)[0])
-    return torch.cond((verdicts[1] & verdicts[4]).bool(), ours, theirs, (q, k, v, attention_mask))
+
+    def other(q, k, v, mask, end, cached):
+        return torch.cond(cached, with_lengths, theirs, (q, k, v, mask, end, cached))
+    # a static cache is an inference thing; with gradients the branches' gradients would have to agree in strides
+    # too, which the lengths' branch and SDPA's do not
+    training = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    return torch.cond(band_alone, ours, theirs if training else other, (q, k, v, attention_mask, end, cached))
 
 
 def _band(pos: torch.Tensor, j: torch.Tensor, causal: bool, window) -> torch.Tensor:
