@@ -363,6 +363,44 @@ def test_a_padded_batch_trains_through_the_gathered_path(models, monkeypatch):
         torch.testing.assert_close(b, a, atol=2e-2, rtol=5e-2)
 
 
+def _packed_positions(rows):
+    """position_ids of rows of packed sequences (transformers' padding-free format): each restarts at 0."""
+    return torch.tensor([[p for n in lens for p in range(n)] for lens in rows]).to(DEVICE)
+
+
+@pytest.mark.parametrize("which", ["models", "sliding_models"])
+def test_padding_free_packed_sequences_run_as_varlen(which, request, monkeypatch):
+    """Several sequences packed along each row, told apart by position_ids alone (``DataCollatorWithFlattening``):
+    one ``attention_varlen`` call a layer over every token, its cu_seqlens where the positions restart; the
+    logits equal SDPA's (given transformers' dense block-diagonal mask) and each sequence's run alone (a
+    sliding window of 8 keys included), and a training step's gradients equal SDPA's."""
+    import fmha.integrations.transformers as fmha_hf
+    ref, ours = request.getfixturevalue(which)
+    cu = []
+    real = fmha_hf.fmha.attention_varlen
+    monkeypatch.setattr(fmha_hf.fmha, "attention_varlen", lambda *a, **kw: cu.append(a[3].tolist()) or real(*a, **kw))
+    rows = [[7, 12, 5], [20, 4]]
+    ids = torch.randint(1, 101, (2, 24), generator=torch.Generator().manual_seed(11)).to(DEVICE)
+    pos = _packed_positions(rows)
+    with torch.no_grad():
+        want = ref(ids, position_ids=pos, use_cache=False).logits
+        got = ours(ids, position_ids=pos, use_cache=False).logits
+    assert cu == [[0, 7, 19, 24, 44, 48]] * ours.config.num_hidden_layers
+    torch.testing.assert_close(got.float(), want.float(), atol=3e-2, rtol=3e-2)
+    with torch.no_grad():
+        for r, lens in enumerate(rows):
+            for start, n in zip([0, *torch.tensor(lens).cumsum(0).tolist()], lens):
+                alone = ours(ids[r:r + 1, start:start + n], use_cache=False).logits[0]
+                torch.testing.assert_close(got[r, start:start + n].float(), alone.float(), atol=3e-2, rtol=3e-2)
+    grads = {}
+    for name, model in (("sdpa", ref), ("fmha", ours)):
+        trained = copy.deepcopy(model).train()
+        trained(ids, position_ids=pos, labels=ids, use_cache=False).loss.backward()
+        grads[name] = [p.grad.float() for p in trained.parameters()]
+    for a, b in zip(grads["sdpa"], grads["fmha"]):
+        torch.testing.assert_close(b, a, atol=2e-2, rtol=5e-2)
+
+
 @pytest.mark.gpu
 def test_a_padded_forward_waits_for_the_gpu_once(models):
     """A left-padded batch on the GPU: the mask is read twice a forward (the mask function's all-ones test,

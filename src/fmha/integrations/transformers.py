@@ -13,7 +13,10 @@ batch (a mask that is exactly the causal band, the layer's window and one contig
 tokens per sequence) runs as packed sequences: the real tokens gathered,
 :func:`fmha.attention_varlen`, scattered back, with zeros on padded query rows; a static cache's mask
 (the real keys a prefix, the queries the last of them, the unused slots after) runs with
-``seqused_k``.  Any other mask goes to torch SDPA with that mask, so nothing is computed wrong (with
+``seqused_k``.  Sequences packed along a row and told apart by position_ids alone (transformers'
+padding-free format, ``DataCollatorWithFlattening``) run as one varlen call over every token
+(:func:`packed_attention`; the mask function notes them, :func:`mask`).  Any other mask goes to torch SDPA
+with that mask, so nothing is computed wrong (with
 sinks, which SDPA lacks, such a mask is refused).  Under ``torch.compile`` a mask is not read on the
 host: ``torch.cond`` picks fmha for the band alone, fmha with ``seqused_k`` for a static cache's mask and
 SDPA with the mask otherwise (no graph break, no graphs that depend on the mask's values).  Training works
@@ -57,6 +60,9 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     if torch.compiler.is_compiling() and sinks is None:
         return _compiled_masked(module, query, key, value, attention_mask, q, k, v, kw, dropout, is_causal,
                                 kwargs), None
+    sequences = _packed_sequences(attention_mask, q.shape[:2], k.shape[:2])
+    if sequences is not None:
+        return packed_attention(q, k, v, sequences, **kw), None
     padding = key_padding(attention_mask, q.shape[1], k.shape[1], causal, window)
     if padding is None:
         if sinks is not None:  # SDPA has no sinks: running it would drop them
@@ -199,6 +205,63 @@ def _compiled_masked(module, query, key, value, attention_mask, q, k, v, kw, dro
     return torch.cond(band_alone, ours, theirs if training else other, (q, k, v, attention_mask, end, cached))
 
 
+_packed: dict = {}  # id(mask) -> (the mask, weakly; its sequence ids [batch, seq]; cu_seqlens and longest, once read)
+
+
+def _remember_packing(dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Note that ``dense``, the mask :func:`mask` built, is the causal band (and window) within packed sequences
+    whose index per token is ``ids`` (transformers' ``find_packed_sequence_indices``)."""
+    if len(_packed) > 8:
+        _packed.clear()
+    _packed[id(dense)] = [weakref.ref(dense), ids, None]
+    return dense
+
+
+def _packed_sequences(mask: torch.Tensor, q_shape, k_shape):
+    """(cu_seqlens, longest) of the packed sequences ``mask`` stands for (one noted by :func:`mask`), or None.
+    The sequences start where a row starts or its sequence index changes; their count and the longest are
+    read on the host once a mask (every layer passes the same)."""
+    entry = _packed.get(id(mask))
+    if entry is None or entry[0]() is not mask or not tuple(q_shape) == tuple(k_shape) == tuple(entry[1].shape):
+        return None
+    if entry[2] is None:
+        ids = entry[1].to(mask.device)
+        starts = torch.ones_like(ids, dtype=torch.bool)
+        starts[:, 1:] = ids[:, 1:] != ids[:, :-1]
+        starts = starts.flatten()
+        token = torch.arange(starts.numel(), device=ids.device)
+        first = torch.cummax(torch.where(starts, token, 0), 0).values  # each token's sequence's first token
+        count, longest = torch.stack([starts.sum(), (token - first + 1).max()]).tolist()  # the one read
+        at = torch.nonzero_static(starts, size=count)[:, 0]
+        entry[2] = (torch.cat([at, at.new_tensor([starts.numel()])]).to(torch.int32), longest)
+    return entry[2]
+
+
+def packed_attention(q, k, v, sequences, *, causal, scale, window, softcap, sinks=None):
+    """Attention over packed sequences laid along each row of a bshd batch (transformers' padding-free format:
+    position_ids restart at each sequence): one varlen call over every token, no gathering."""
+    (b, s, h, _), dv = q.shape, v.shape[3]
+    cu, longest = sequences
+    flat = lambda t: t.reshape(b * s, *t.shape[2:])  # noqa: E731
+    o = fmha.attention_varlen(flat(q), flat(k), flat(v), cu, cu, longest, longest, causal=causal, scale=scale,
+                              causal_align="bottom_right", window=window, softcap=softcap, sinks=sinks)
+    return o.view(b, s, h, dv)
+
+
+def _packing_of(mask_function):
+    """(the band's mask function, the sequence index per token) when ``mask_function`` is transformers' band
+    joined with its packed-sequence mask (``and_masks(band, packed_sequence_mask_function(ids))``), else None."""
+    for cell in getattr(mask_function, "__closure__", None) or ():
+        parts = cell.cell_contents
+        if isinstance(parts, tuple) and len(parts) == 2 and callable(parts[1]):
+            base, packed = parts
+            if "packed_sequence_mask_function" in getattr(packed, "__qualname__", ""):
+                for inner in packed.__closure__ or ():
+                    if isinstance(inner.cell_contents, torch.Tensor):
+                        return base, inner.cell_contents
+    return None
+
+
 def _band(pos: torch.Tensor, j: torch.Tensor, causal: bool, window) -> torch.Tensor:
     """Keys ``j`` a query at position ``pos`` (``[batch or 1, q_len]``) sees: ``[.., q_len, k_len]``."""
     band = torch.ones(*pos.shape, j.shape[0], dtype=torch.bool, device=j.device)
@@ -229,9 +292,20 @@ def mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function
     the mask would be the causal band or a sliding-window one and nothing else: no padding, nothing
     added to the band (transformers then forbids the skip), and the queries the last positions of the
     keys.  Otherwise SDPA's mask, which :func:`attention_forward` unpads or hands to SDPA (never SDPA's skip
-    that relies on its top-left alignment)."""
+    that relies on its top-left alignment); where it is the band within packed sequences (transformers found
+    them in position_ids), that mask noted with their index per token, for :func:`packed_attention`."""
     from transformers.masking_utils import causal_mask_function, prepare_padding_mask, sdpa_mask
     mask_function = mask_function or causal_mask_function
+    packing = _packing_of(mask_function)
+    if (packing is not None and attention_mask is None and q_offset == kv_offset == 0 and q_length == kv_length
+            and not torch.compiler.is_compiling()):
+        base, ids = packing
+        if (base is causal_mask_function if local_size is None else _sliding_window(base)) and \
+                tuple(ids.shape) == (batch_size, q_length):
+            # SDPA's mask all the same (whatever else reads it stays right), noted as packed sequences
+            return _remember_packing(sdpa_mask(batch_size, q_length, kv_length, q_offset=q_offset,
+                                               kv_offset=kv_offset, mask_function=mask_function, attention_mask=None,
+                                               local_size=local_size, allow_is_causal_skip=False, **kwargs), ids)
     band = mask_function is causal_mask_function if local_size is None else _sliding_window(mask_function)
     if allow_is_causal_skip and band and q_offset + q_length == kv_offset + kv_length:
         padding = prepare_padding_mask(attention_mask, kv_length, kv_offset)
