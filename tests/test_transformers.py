@@ -401,6 +401,28 @@ def test_padding_free_packed_sequences_run_as_varlen(which, request, monkeypatch
         torch.testing.assert_close(b, a, atol=2e-2, rtol=5e-2)
 
 
+def test_packing_told_as_flash_attention_is_told(models, monkeypatch):
+    """One row of packed sequences with FlashAttention's kwargs (``cu_seq_lens_q/k``, ``max_length_q/k``, as
+    ``DataCollatorWithFlattening(return_flash_attn_kwargs=True)`` gives them): taken as they are (no read of the
+    positions), the logits those of the positions' own reading."""
+    import fmha.integrations.transformers as fmha_hf
+    ref, ours = models
+    seen = []
+    real = fmha_hf.fmha.attention_varlen
+    monkeypatch.setattr(fmha_hf.fmha, "attention_varlen", lambda *a, **kw: seen.append(a[3:7]) or real(*a, **kw))
+    lens = [9, 3, 12]
+    ids = torch.randint(1, 101, (1, 24), generator=torch.Generator().manual_seed(12)).to(DEVICE)
+    pos = _packed_positions([lens])
+    cu = torch.tensor([0, 9, 12, 24], dtype=torch.int64).to(DEVICE)
+    with torch.no_grad():
+        want = ours(ids, position_ids=pos, use_cache=False).logits
+        seen.clear()
+        got = ours(ids, position_ids=pos, use_cache=False, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=16,
+                   max_length_k=16).logits  # (a bound: the positions' reading would say 12)
+    assert [(a.tolist(), b.tolist(), c, d) for a, b, c, d in seen] == [([0, 9, 12, 24], [0, 9, 12, 24], 16, 16)] * 2
+    assert torch.equal(got, want)
+
+
 @pytest.mark.gpu
 def test_a_padded_forward_waits_for_the_gpu_once(models):
     """A left-padded batch on the GPU: the mask is read twice a forward (the mask function's all-ones test,

@@ -15,7 +15,8 @@ tokens per sequence) runs as packed sequences: the real tokens gathered,
 (the real keys a prefix, the queries the last of them, the unused slots after) runs with
 ``seqused_k``.  Sequences packed along a row and told apart by position_ids alone (transformers'
 padding-free format, ``DataCollatorWithFlattening``) run as one varlen call over every token
-(:func:`packed_attention`; the mask function notes them, :func:`mask`).  Any other mask goes to torch SDPA
+(:func:`packed_attention`; the mask function notes them, :func:`mask`, or FlashAttention's kwargs
+``cu_seq_lens_q/k`` and ``max_length_q/k`` tell them).  Any other mask goes to torch SDPA
 with that mask, so nothing is computed wrong (with
 sinks, which SDPA lacks, such a mask is refused).  Under ``torch.compile`` a mask is not read on the
 host: ``torch.cond`` picks fmha for the band alone, fmha with ``seqused_k`` for a static cache's mask and
@@ -55,6 +56,11 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     if q.dtype == torch.float32 and torch.is_autocast_enabled(dev):  # mixed precision: as autocast casts SDPA's
         q, k, v = (t.to(torch.get_autocast_dtype(dev)) for t in (q, k, v))
     kw = dict(causal=causal, scale=scaling, window=window, softcap=softcap, sinks=sinks)
+    given = [kwargs.get(n) for n in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")]
+    if q.shape[0] == 1 and all(x is not None for x in given):  # the packing told as FlashAttention is told it
+        cu_q, cu_k, max_q, max_k = given
+        return packed_attention(q, k, v, (cu_q.to(torch.int32), cu_k.to(torch.int32), int(max_q), int(max_k)),
+                                **kw), None
     if attention_mask is None:
         return fmha.attention(q, k, v, causal_align="bottom_right", layout="bshd", **kw), None
     if torch.compiler.is_compiling() and sinks is None:
@@ -218,7 +224,8 @@ def _remember_packing(dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 
 
 def _packed_sequences(mask: torch.Tensor, q_shape, k_shape):
-    """(cu_seqlens, longest) of the packed sequences ``mask`` stands for (one noted by :func:`mask`), or None.
+    """(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) of the packed sequences ``mask`` stands for (one
+    noted by :func:`mask`), or None.
     The sequences start where a row starts or its sequence index changes; their count and the longest are
     read on the host once a mask (every layer passes the same)."""
     entry = _packed.get(id(mask))
@@ -233,17 +240,18 @@ def _packed_sequences(mask: torch.Tensor, q_shape, k_shape):
         first = torch.cummax(torch.where(starts, token, 0), 0).values  # each token's sequence's first token
         count, longest = torch.stack([starts.sum(), (token - first + 1).max()]).tolist()  # the one read
         at = torch.nonzero_static(starts, size=count)[:, 0]
-        entry[2] = (torch.cat([at, at.new_tensor([starts.numel()])]).to(torch.int32), longest)
+        cu = torch.cat([at, at.new_tensor([starts.numel()])]).to(torch.int32)
+        entry[2] = (cu, cu, longest, longest)
     return entry[2]
 
 
 def packed_attention(q, k, v, sequences, *, causal, scale, window, softcap, sinks=None):
     """Attention over packed sequences laid along each row of a bshd batch (transformers' padding-free format:
-    position_ids restart at each sequence): one varlen call over every token, no gathering."""
+    position_ids restart at each sequence), ``sequences`` their (cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+    max_seqlen_k) over the flattened rows: one varlen call over every token, no gathering."""
     (b, s, h, _), dv = q.shape, v.shape[3]
-    cu, longest = sequences
-    flat = lambda t: t.reshape(b * s, *t.shape[2:])  # noqa: E731
-    o = fmha.attention_varlen(flat(q), flat(k), flat(v), cu, cu, longest, longest, causal=causal, scale=scale,
+    flat = lambda t: t.reshape(-1, *t.shape[2:])  # noqa: E731
+    o = fmha.attention_varlen(flat(q), flat(k), flat(v), *sequences, causal=causal, scale=scale,
                               causal_align="bottom_right", window=window, softcap=softcap, sinks=sinks)
     return o.view(b, s, h, dv)
 
