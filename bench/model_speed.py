@@ -3,13 +3,15 @@ Gemma 2 and Mistral built from configs (their real widths and head counts, a few
 weights, bf16), eager.
 
     PYTHONPATH=src python3 bench/model_speed.py [--models llama qwen2 gemma2 mistral] [--layers 4]
-        [--seqlens 1024 4096 16384] [--batches 1 8] [--new-tokens 32] [--ledger bench/ledger.csv]
+        [--seqlens 1024 4096 16384] [--batches 1 8] [--new-tokens 32] [--packed 8] [--ledger bench/ledger.csv]
 
 Per model, batch and prompt length, for each implementation: the prefill forward's time, the time
 inside attention (CUDA events around every attention call of that forward, summed), and the
 time per token of greedy ``generate()`` after that prompt (the two implementations' runs alternating);
 fmha's rows say which variants ran, and
-whether its greedy tokens equal SDPA's.  Rows go to the ledger (``provider`` ``transformers:<impl>``,
+whether its greedy tokens equal SDPA's.  ``--packed N``: at batch 1, also a training step's forward and
+backward over N sequences packed in the prompt's length by position_ids (padding-free: SDPA gets
+transformers' block-diagonal mask).  Rows go to the ledger (``provider`` ``transformers:<impl>``,
 ``features`` ``part=forward|attention|decode``, ``ratio_best_peer`` against SDPA's row).
 """
 from __future__ import annotations
@@ -156,6 +158,31 @@ def decode(models: dict, ids, new_tokens: int, reps: int = 3) -> dict:
     return out
 
 
+def packed_step(models: dict, tokens: int, sequences: int, reps: int = 5) -> dict:
+    """Per model: the time of one training step's forward and backward (no optimizer) over one row of ``tokens``
+    tokens packed from ``sequences`` sequences of random lengths, told apart by position_ids alone
+    (transformers' padding-free format), the models' runs alternating."""
+    g = torch.Generator().manual_seed(tokens + sequences)
+    cuts = sorted(torch.randperm(tokens - 1, generator=g)[:sequences - 1].add(1).tolist())
+    lens = [b - a for a, b in zip([0, *cuts], [*cuts, tokens])]
+    pos = torch.tensor([[p for n in lens for p in range(n)]], device="cuda")
+    ids = torch.randint(0, VOCAB, (1, tokens), device="cuda", generator=torch.Generator("cuda").manual_seed(tokens))
+
+    def step(model):
+        model.zero_grad(set_to_none=True)
+        model(ids, position_ids=pos, labels=ids, use_cache=False).loss.backward()
+    for model in models.values():
+        model.train()
+        step(model)
+    times = {impl: [] for impl in models}
+    for _ in range(reps):
+        for impl, model in models.items():
+            times[impl].append(_ms(partial(step, model)))
+    for model in models.values():
+        model.eval().zero_grad(set_to_none=True)
+    return {impl: statistics.median(t) for impl, t in times.items()}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", default=["llama", "qwen2", "gemma2", "mistral"])
@@ -164,6 +191,8 @@ def main():
     p.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     p.add_argument("--max-tokens", type=int, default=32768, help="skip batch*seqlen above this")
     p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--packed", type=int, default=0,
+                   help="also a padding-free training step per seqlen: one row of that many packed sequences")
     p.add_argument("--ledger", default=None)
     args = p.parse_args()
     timed = register()
@@ -209,6 +238,15 @@ def main():
                                          ratio_best_peer=ratio[part] if impl == "fmha" else 1.0,
                                          note=(f"greedy tokens equal sdpa's: first {same} of {args.new_tokens + 1}"
                                                if impl == "fmha" and part == "decode" else "ok")))
+                if args.packed and b == 1:
+                    t = packed_step(models, s, args.packed)
+                    print(f"{name:8} packed {args.packed} sequences in {s} tokens, training step fmha/sdpa ms: "
+                          f"{t['fmha']:.2f}/{t['sdpa']:.2f} ({t['sdpa'] / t['fmha']:.2f}x)", flush=True)
+                    for impl, ms in t.items():
+                        rows.append(dict(env, provider=f"transformers:{impl}", dtype="bfloat16", batch=1, heads=heads,
+                                         kv_heads=kvh, seqlen_q=s, seqlen_k=s, head_dim=d, causal=1, ms=ms,
+                                         features=f"part=packed-train sequences={args.packed}", config=what[impl],
+                                         ratio_best_peer=t["sdpa"] / ms if impl == "fmha" else 1.0, note="ok"))
                 ledger.append(args.ledger, rows)
                 torch.cuda.empty_cache()
         del models
