@@ -151,3 +151,28 @@ def test_causal_varlen_aligns_as_flash_attn_varlen_func(variant):
         o, lse = fmha.attention_varlen(q, k, v, cu_q, cu_k, 17, 40, causal=True, variant=variant, return_lse=True,
                                        **kw)
         check_varlen(o, lse, q, k, v, cu_q, cu_k, causal=True, causal_align=align)
+
+
+@pytest.mark.parametrize("sinks", [False, True])
+def test_attention_varlen_compiles_whole(sinks):
+    """Under ``torch.compile(fullgraph=True)`` ``attention_varlen`` traces as its custom op (no graph break): the
+    output and the gradients of q, k, v (and the sinks) are the eager call's, GQA and a window included."""
+    import torch._dynamo
+    qp, cu_q = packed([5, 17, 9], 4, 32, torch.bfloat16, 21)
+    kp, cu_k = packed([11, 17, 30], 2, 32, torch.bfloat16, 22)
+    vp, _ = packed([11, 17, 30], 2, 32, torch.bfloat16, 23)
+    sink = torch.tensor([0.5, -1.0, 2.0, 0.0], device=DEVICE) if sinks else None
+
+    def step(q, k, v, s):
+        o = fmha.attention_varlen(q, k, v, cu_q, cu_k, 17, 30, causal=True, window=(12, -1), sinks=s)
+        return (o.float() * torch.linspace(-1, 1, o.shape[-1], device=o.device)).sum()
+    results = []
+    for run in (step, torch.compile(step, fullgraph=True, backend="eager")):
+        leaves = [t.clone().requires_grad_(True) for t in (qp, kp, vp)] + \
+            ([sink.clone().requires_grad_(True)] if sinks else [])
+        loss = run(*leaves[:3], leaves[3] if sinks else None)
+        loss.backward()
+        results.append([loss.detach()] + [t.grad for t in leaves])
+    torch._dynamo.reset()
+    for eager, compiled in zip(*results):
+        torch.testing.assert_close(compiled.float(), eager.float(), atol=1e-5, rtol=1e-5)

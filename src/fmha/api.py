@@ -150,7 +150,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     on the device only, checked there in stream order before any kernel reads through them (a failed
     check stops the stream with an assert that names it; ``hopper`` builds its work list from them
     there too), so the call never waits for the GPU.
-    Differentiable, with ``deterministic`` as in :func:`attention`.
+    Differentiable, with ``deterministic`` as in :func:`attention`; under ``torch.compile`` the call goes
+    through the custom op ``fmha::attention_varlen`` (:mod:`fmha.custom_op`), its backward with it.
     """
     def checks():
         check_packed_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k)
@@ -165,7 +166,15 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                                 checks=checks)
         return (o, lse) if return_lse else o
     checks()
-    if gradients.needs_grad(q, k, v, sinks):
+    grad = gradients.needs_grad(q, k, v, sinks)
+    if torch.compiler.is_compiling() and config is None:
+        from .custom_op import attention_varlen_op
+        o, lse = attention_varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, bool(causal),
+                                     None if scale is None else float(scale), variant, causal_align,
+                                     return_lse or grad, bool(deterministic), int(window[0]), int(window[1]),
+                                     float(softcap), alibi_slopes, sinks)
+        return (o, lse) if return_lse else o
+    if grad:
         kw = dict(causal=causal, scale=scale, variant=variant, causal_align=causal_align, window=tuple(window),
                   softcap=float(softcap), config=config)
         o, lse = gradients.AttentionVarlen.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks,

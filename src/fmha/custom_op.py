@@ -1,4 +1,5 @@
-"""``fmha.attention`` as a ``torch.library`` custom op, so ``torch.compile`` can trace around it.
+"""``fmha.attention`` and ``fmha.attention_varlen`` as ``torch.library`` custom ops, so ``torch.compile`` can
+trace around them.
 
 The op ``fmha::attention`` takes :func:`fmha.attention`'s arguments but ``out`` and ``config`` (the
 window as its two sides) and returns ``(o, lse)`` (``lse`` empty unless asked for:
@@ -6,14 +7,17 @@ window as its two sides) and returns ``(o, lse)`` (``lse`` empty unless asked fo
 and dtypes without running a kernel.  :func:`fmha.attention` routes through it while ``torch.compile``
 is tracing; it runs the same checks and :func:`fmha.forward.dense` as the eager call.  Its registered
 backward is the op ``fmha::attention_backward`` (:func:`fmha.backward.dense`), so
-``torch.compile(fullgraph=True)`` traces forward and backward, modifiers and sinks included.
+``torch.compile(fullgraph=True)`` traces forward and backward, modifiers and sinks included.  The op
+``fmha::attention_varlen`` does the same for packed sequences (:func:`fmha.forward.packed`, its backward
+:func:`fmha.backward.packed`); the max_seqlens are integers of the op (symbolic where Dynamo makes them so).
 """
 from __future__ import annotations
 
 import torch
 
 from . import backward, forward, sinks as sink_mod
-from .checks import check_features, check_forward_only, check_index, check_inputs, check_splits
+from .checks import (check_features, check_forward_only, check_index, check_inputs, check_packed_shapes,
+                     check_splits)
 
 
 @torch.library.custom_op("fmha::attention", mutates_args=())
@@ -83,3 +87,74 @@ def _backward(ctx, grad_o, grad_lse):
 
 
 attention_op.register_autograd(_backward, setup_context=_save)
+
+
+@torch.library.custom_op("fmha::attention_varlen", mutates_args=())
+def attention_varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                        cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
+                        scale: float | None, variant: str, causal_align: str, return_lse: bool,
+                        deterministic: bool = False, window_left: int = -1, window_right: int = -1,
+                        softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None,
+                        sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    window = (window_left, window_right)
+    check_packed_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    check_inputs(q[None], k[None], v[None], causal_align, "bshd", variant, scale)
+    check_features(q[None], "bshd", window, softcap, alibi_slopes, sinks)
+    o, lse = forward.packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
+                            scale=scale, variant=variant, causal_align=causal_align,
+                            return_lse=return_lse or sinks is not None, window=window, softcap=softcap,
+                            alibi_slopes=alibi_slopes, config=None)
+    if sinks is not None:
+        o, lse = sink_mod.attach(o, lse, sinks, "packed")
+    if not return_lse:
+        lse = q.new_empty((0,), dtype=torch.float32)
+    return o, lse
+
+
+@attention_varlen_op.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, variant, causal_align,
+      return_lse, deterministic=False, window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, sinks=None):
+    lse_shape = (q.shape[1], q.shape[0]) if return_lse else (0,)
+    return q.new_empty((*q.shape[:-1], v.shape[-1])), q.new_empty(lse_shape, dtype=torch.float32)
+
+
+@torch.library.custom_op("fmha::attention_varlen_backward", mutates_args=())
+def attention_varlen_backward_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                 o: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                                 cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
+                                 scale: float | None, causal_align: str, deterministic: bool, window_left: int,
+                                 window_right: int, softcap: float, alibi_slopes: torch.Tensor | None,
+                                 sinks: torch.Tensor | None
+                                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward of ``fmha::attention_varlen``: :func:`fmha.backward.packed` on its saved O and LSE; the
+    sinks' gradient last (empty without sinks)."""
+    dq, dk, dv, dsinks = backward.packed(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                         causal=causal, scale=scale, causal_align=causal_align,
+                                         window=(window_left, window_right), softcap=softcap,
+                                         alibi_slopes=alibi_slopes, sinks=sinks, deterministic=deterministic)
+    return dq, dk, dv, dsinks if dsinks is not None else q.new_empty((0,), dtype=torch.float32)
+
+
+@attention_varlen_backward_op.register_fake
+def _(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, causal_align,
+      deterministic, window_left, window_right, softcap, alibi_slopes, sinks):
+    grads = tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+    return (*grads, torch.empty_like(sinks) if sinks is not None else q.new_empty((0,), dtype=torch.float32))
+
+
+def _save_varlen(ctx, inputs, output):
+    (q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, _, causal_align, _, deterministic, window_left, window_right,
+     softcap, alibi_slopes, sinks) = inputs
+    ctx.save_for_backward(q, k, v, *output, cu_q, cu_k, alibi_slopes, sinks)
+    ctx.args = (max_q, max_k, causal, scale, causal_align, deterministic, window_left, window_right, softcap)
+
+
+def _backward_varlen(ctx, grad_o, grad_lse):
+    q, k, v, o, lse, cu_q, cu_k, alibi_slopes, sinks = ctx.saved_tensors
+    check_forward_only(q, v, True)
+    dq, dk, dv, dsinks = attention_varlen_backward_op(grad_o, q, k, v, o, lse, cu_q, cu_k, *ctx.args, alibi_slopes,
+                                                      sinks)
+    return (dq, dk, dv, *[None] * 14, dsinks if sinks is not None else None)
+
+
+attention_varlen_op.register_autograd(_backward_varlen, setup_context=_save_varlen)
