@@ -221,8 +221,8 @@ def test_v_transposed_for_the_float8_wgmma(layout, seqlen):
         expect[:, :, col] = v.reshape(4, seqlen, 96)[:, s].cpu().float()
     assert torch.equal(vt.float(), expect)
     # the consumer's reorder of P (its ``_p_operand``, the same reshape and permute) pairs with it: P' V' = P V
-    p = torch.rand(8, keys, dtype=torch.float64)
+    p = torch.rand(8, keys, dtype=torch.float64, generator=torch.Generator().manual_seed(seqlen))
     p_reordered = p.reshape(8, keys // 32, 2, 2, 4, 2).permute(0, 1, 2, 4, 3, 5).reshape(8, keys)
     full_v = torch.zeros(4, keys, 96, dtype=torch.float64)
     full_v[:, :seqlen] = v.reshape(4, seqlen, 96).cpu().double()
-    assert torch.allclose(p_reordered @ vt.double()[1].T, p @ full_v[1], rtol=1e-12, atol=0)
+    assert torch.allclose(p_reordered @ vt.double()[1].T, p @ full_v[1], rtol=0, atol=1e-9)  # (summed in another order)
