@@ -225,7 +225,8 @@ def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     positions of the cache (decode, or prefill with a cached prefix).  ``variant``: ``auto``,
     ``tiled`` or ``hopper``; ``auto`` takes the Gluon kernel on sm_90 for prefill (more than 16
     queries) when ``page_size`` is a multiple of its 128-key tile, else ``tiled``, where short
-    queries split the keys as :func:`attention` does.
+    queries split the keys as :func:`attention` does.  Under ``torch.compile`` the call goes through the
+    custom op ``fmha::attention_paged`` (:mod:`fmha.custom_op`).
     """
     def checks():
         if variant not in ("auto", "tiled", "hopper"):
@@ -234,6 +235,13 @@ def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         check_features(q, layout, window, softcap, alibi_slopes, sinks)
         check_pages(q, k_cache, v_cache, block_table, cache_seqlens, layout)
         check_splits(num_splits)
+    if torch.compiler.is_compiling() and config is None:
+        from .custom_op import attention_paged_op
+        o, lse = attention_paged_op(q, k_cache, v_cache, block_table, cache_seqlens, bool(causal),
+                                    None if scale is None else float(scale), causal_align, layout, return_lse,
+                                    int(window[0]), int(window[1]), float(softcap), alibi_slopes, int(num_splits),
+                                    variant, sinks)
+        return (o, lse) if return_lse else o
     if not (sinks is None and _replayable(q, k_cache, v_cache, block_table, cache_seqlens, alibi_slopes,
                                           window=window, softcap=softcap)):
         checks()

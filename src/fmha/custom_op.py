@@ -1,5 +1,5 @@
-"""``fmha.attention`` and ``fmha.attention_varlen`` as ``torch.library`` custom ops, so ``torch.compile`` can
-trace around them.
+"""``fmha.attention``, ``fmha.attention_varlen`` and ``fmha.attention_paged`` as ``torch.library`` custom ops,
+so ``torch.compile`` can trace around them.
 
 The op ``fmha::attention`` takes :func:`fmha.attention`'s arguments but ``out`` and ``config`` (the
 window as its two sides) and returns ``(o, lse)`` (``lse`` empty unless asked for:
@@ -10,6 +10,7 @@ backward is the op ``fmha::attention_backward`` (:func:`fmha.backward.dense`), s
 ``torch.compile(fullgraph=True)`` traces forward and backward, modifiers and sinks included.  The op
 ``fmha::attention_varlen`` does the same for packed sequences (:func:`fmha.forward.packed`, its backward
 :func:`fmha.backward.packed`); the max_seqlens are integers of the op (symbolic where Dynamo makes them so).
+``fmha::attention_paged`` is forward only, as :func:`fmha.attention_paged` is.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import torch
 
 from . import backward, forward, sinks as sink_mod
 from .checks import (check_features, check_forward_only, check_index, check_inputs, check_packed_shapes,
-                     check_splits)
+                     check_pages, check_splits)
 
 
 @torch.library.custom_op("fmha::attention", mutates_args=())
@@ -158,3 +159,37 @@ def _backward_varlen(ctx, grad_o, grad_lse):
 
 
 attention_varlen_op.register_autograd(_backward_varlen, setup_context=_save_varlen)
+
+
+@torch.library.custom_op("fmha::attention_paged", mutates_args=())
+def attention_paged_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                       cache_seqlens: torch.Tensor, causal: bool, scale: float | None, causal_align: str, layout: str,
+                       return_lse: bool, window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
+                       alibi_slopes: torch.Tensor | None = None, num_splits: int = 0, variant: str = "auto",
+                       sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    from .api import _v_like
+    window = (window_left, window_right)
+    if variant not in ("auto", "tiled", "hopper"):
+        raise ValueError(f"attention_paged runs variant 'auto', 'tiled' or 'hopper', got {variant!r}")
+    check_inputs(q, q, _v_like(q, v_cache), causal_align, layout, variant, scale)
+    check_features(q, layout, window, softcap, alibi_slopes, sinks)
+    check_pages(q, k_cache, v_cache, block_table, cache_seqlens, layout)
+    check_splits(num_splits)
+    o, lse = forward.paged(q, k_cache, v_cache, block_table, cache_seqlens, causal=causal, scale=scale,
+                           causal_align=causal_align, layout=layout, return_lse=return_lse or sinks is not None,
+                           window=window, softcap=softcap, alibi_slopes=alibi_slopes, num_splits=num_splits,
+                           variant=variant, config=None)
+    if sinks is not None:
+        o, lse = sink_mod.attach(o, lse, sinks, layout)
+    if not return_lse:
+        lse = q.new_empty((0,), dtype=torch.float32)
+    return o, lse
+
+
+@attention_paged_op.register_fake
+def _(q, k_cache, v_cache, block_table, cache_seqlens, causal, scale, causal_align, layout, return_lse,
+      window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, num_splits=0, variant="auto", sinks=None):
+    batch, heads, seqlen_q = (q.shape[0], q.shape[1], q.shape[2]) if layout == "bhsd" else (
+        q.shape[0], q.shape[2], q.shape[1])
+    lse_shape = (batch, heads, seqlen_q) if return_lse else (0,)
+    return q.new_empty((*q.shape[:-1], v_cache.shape[-1])), q.new_empty(lse_shape, dtype=torch.float32)
