@@ -85,7 +85,7 @@ def test_only_padding_masks_are_unpadded():
     valid = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]], dtype=torch.bool)
     mask = (causal[None] & valid[:, None, :])[:, None]
     found = key_padding(mask, q, k, True, (-1, -1))
-    assert torch.equal(found.valid, valid) and not found.last and found.used is None
+    assert torch.equal(found.valid, valid) and not found.all_rows and found.used is None
     windowed = mask & (torch.arange(k)[None, :] >= torch.arange(q)[:, None] - 2)
     assert torch.equal(key_padding(windowed, q, k, True, (2, -1)).valid, valid)
     assert key_padding(windowed, q, k, True, (-1, -1)) is None
@@ -100,6 +100,54 @@ def test_only_padding_masks_are_unpadded():
     assert key_padding(windowed[:1].expand(2, 1, q, k), q, k, True, (2, -1)).valid is not None  # sequence 0's padding
 
 
+@pytest.mark.parametrize("q_len,k_len", [(5, 8), (9, 4), (6, 6)])
+@pytest.mark.parametrize("left", [False, True], ids=["right-padded", "left-padded"])
+def test_a_bidirectional_padding_mask_keeps_every_query_row(q_len, k_len, left):
+    """A mask with no band (cross-attention to a padded encoder, or a padded encoder's own attention): every
+    query row sees the same real keys, and nothing ties a query row to a key column, so every row is computed
+    (as SDPA computes it), whatever the lengths and wherever the padding lies."""
+    import fmha.integrations.transformers as fmha_hf
+
+    class Module(torch.nn.Module):
+        is_causal = False
+    g = torch.Generator().manual_seed(q_len * k_len + left)
+    q = torch.randn(2, 4, q_len, 32, generator=g).to(torch.bfloat16).to(DEVICE)
+    k, v = (torch.randn(2, 2, k_len, 32, generator=g).to(torch.bfloat16).to(DEVICE) for _ in range(2))
+    valid = torch.ones(2, k_len, dtype=torch.bool)
+    real = [k_len, max(1, k_len // 2 - 1)]  # sequence 1 shorter than the queries where k_len allows
+    for b, n in enumerate(real):
+        valid[b] = torch.arange(k_len) >= k_len - n if left else torch.arange(k_len) < n
+    mask = valid[:, None, None, :].expand(2, 1, q_len, k_len).to(DEVICE)
+    got, _ = fmha_hf.attention_forward(Module(), q, k, v, mask, scaling=32 ** -0.5)
+    want = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float().repeat_interleave(2, 1),
+                                                            v.float().repeat_interleave(2, 1), attn_mask=mask)
+    torch.testing.assert_close(got.float(), want.transpose(1, 2), atol=2e-2, rtol=2e-2)
+
+
+def test_an_encoder_decoder_with_padded_sources_matches_sdpa():
+    """transformers' BART, a padded source batch (one source shorter than the target): the encoder's own
+    attention and the decoder's cross-attention take the padding masks with no band; the decoder's last hidden
+    states equal SDPA's."""
+    import fmha.integrations.transformers as fmha_hf
+    fmha_hf.register()
+    cfg = transformers.BartConfig(vocab_size=101, d_model=64, encoder_layers=1, decoder_layers=1,
+                                  encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64,
+                                  decoder_ffn_dim=64, max_position_embeddings=64)
+    torch.manual_seed(0)
+    ref, ours = (transformers.BartForConditionalGeneration._from_config(copy.deepcopy(cfg), attn_implementation=name,
+                                                                        dtype=torch.bfloat16).to(DEVICE).eval()
+                 for name in ("sdpa", "fmha"))
+    ours.load_state_dict(ref.state_dict())
+    g = torch.Generator().manual_seed(13)
+    src, tgt = (torch.randint(4, 101, (2, n), generator=g).to(DEVICE) for n in (8, 6))
+    mask = torch.ones_like(src)
+    mask[1, 3:] = 0
+    with torch.no_grad():
+        want, got = (m(input_ids=src, attention_mask=mask, decoder_input_ids=tgt, output_hidden_states=True)
+                     .decoder_hidden_states[-1] for m in (ref, ours))
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=1e-2)
+
+
 @pytest.mark.parametrize("q", [1, 3])
 def test_a_static_cache_mask_reads_its_queries_as_the_last_real_keys(q):
     """A static cache's mask: the real keys a prefix, the slots after them unused, the q queries each
@@ -112,10 +160,10 @@ def test_a_static_cache_mask_reads_its_queries_as_the_last_real_keys(q):
     pos = ends[:, None] - q + torch.arange(q)[None, :]  # each query's position: the sequence's last real keys
     used_mask = (j[None, None, :] <= pos[..., None]) & (j[None, None, :] < ends[:, None, None])
     found = key_padding(used_mask[:, None], q, k, q > 1, (-1, -1))
-    assert found.last and torch.equal(found.used, ends.to(torch.int32))
+    assert found.all_rows and torch.equal(found.used, ends.to(torch.int32))
     left = used_mask & (j[None, None, :] >= torch.tensor([0, 2])[:, None, None])  # sequence 1 starts at key 2
     found = key_padding(left[:, None], q, k, q > 1, (-1, -1))
-    assert found.last and found.used is None and torch.equal(found.valid, left.any(1))
+    assert found.all_rows and found.used is None and torch.equal(found.valid, left.any(1))
     off = used_mask.clone()
     off[0, :, 2] = False  # a hole among sequence 0's real keys: not this structure
     assert key_padding(off[:, None], q, k, q > 1, (-1, -1)) is None

@@ -88,13 +88,14 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
 class Padding:
     """What :func:`key_padding` found: ``valid``, bool ``[batch, k_len]``, the real keys (one run a
     sequence; None when every key is real and the mask is the band alone: nothing to gather);
-    ``last``: the queries are each sequence's last ``q_len`` real keys (a static cache, whose unused
-    slots follow the real keys), else query row i is key column ``k_len - q_len + i``; ``used``: int32
-    ``[batch]`` real keys a sequence when each run starts at key 0 and the queries are its last keys (no
-    gathering needed: ``seqused_k``), else None; ``gather``: otherwise, the flat indices of the real query
-    rows and keys and their cu_seqlens (:func:`unpadded_attention`), made once for every layer."""
+    ``all_rows``: every query row is computed, the queries being each sequence's last ``q_len`` real keys (a
+    static cache, whose unused slots follow the real keys) or tied to no key column (no band), else query row
+    i is key column ``k_len - q_len + i`` and only the rows at real keys are computed; ``used``: int32
+    ``[batch]`` real keys a sequence when each run starts at key 0 and every row is computed (no gathering
+    needed: ``seqused_k``), else None; ``gather``: otherwise, the flat indices of the query rows computed and
+    of the real keys and their cu_seqlens (:func:`unpadded_attention`), made once for every layer."""
     valid: torch.Tensor | None
-    last: bool
+    all_rows: bool
     used: torch.Tensor | None
     gather: tuple | None = None
 
@@ -106,7 +107,8 @@ def key_padding(mask: torch.Tensor, q_len: int, k_len: int, causal: bool, window
     """The real keys when the bool mask ``[batch, 1, q_len, k_len]`` is exactly the causal band and
     the layer's window over one contiguous run of real keys per sequence, with the queries either at
     the last ``q_len`` key columns (bottom-right: left or right padding, or none) or at the last
-    ``q_len`` real keys of each sequence (a static cache: its unused slots follow); otherwise None.
+    ``q_len`` real keys of each sequence (a static cache: its unused slots follow); or, with no band (not
+    causal, no window), when every query row sees exactly the real keys; otherwise None.
     Computed on the device, read once on the host (one read a forward: the layers share the mask)."""
     if mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[2:] != (q_len, k_len):
         return None
@@ -120,6 +122,11 @@ def key_padding(mask: torch.Tensor, q_len: int, k_len: int, causal: bool, window
     padding = None
     if aligned and full:
         padding = Padding(None, False, None)
+    elif one_run and aligned and not causal and tuple(window) == (-1, -1):
+        # no band: every query row sees the real keys, and nothing ties a row to a key column (cross-attention,
+        # an encoder's own): every row is computed, against the real keys only
+        used = end.to(torch.int32) if prefix else None
+        padding = Padding(valid, True, used, None if used is not None else _gather(valid, q_len, n_keys, n_rows, True))
     elif one_run and (aligned or last):
         last = last and not (aligned and q_len == k_len)  # (rows and key columns coincide: the aligned reading)
         used = end.to(torch.int32) if last and prefix else None
@@ -152,11 +159,11 @@ def _structure(mask: torch.Tensor, q_len: int, k_len: int, causal: bool, window)
     return valid, end, torch.stack([x.to(torch.int64) for x in verdicts])
 
 
-def _gather(valid: torch.Tensor, q_len: int, n_keys: int, n_rows: int, last: bool) -> tuple:
-    """The flat indices of the real query rows (every row when ``last``, else the ``n_rows`` rows at real key
-    columns) and of the ``n_keys`` real keys, and both cu_seqlens, from counts read with the verdicts: no
-    further read."""
-    if last:
+def _gather(valid: torch.Tensor, q_len: int, n_keys: int, n_rows: int, all_rows: bool) -> tuple:
+    """The flat indices of the query rows computed (every row when ``all_rows``, else the ``n_rows`` rows at
+    real key columns) and of the ``n_keys`` real keys, and both cu_seqlens, from counts read with the verdicts:
+    no further read."""
+    if all_rows:
         q_valid = torch.ones(valid.shape[0], q_len, dtype=torch.bool, device=valid.device)
         n_rows = q_valid.numel()
     else:
@@ -185,8 +192,12 @@ def _compiled_masked(module, query, key, value, attention_mask, q, k, v, kw, dro
     _, end, verdicts = _structure(attention_mask, q_len, k_len, kw["causal"], kw["window"])
     one_run, aligned, last, prefix, full = (verdicts[i].bool() for i in range(5))
     band_alone = aligned & full
-    # key_padding's seqused_k reading (rows and key columns coinciding read as aligned, not as a cache)
-    cached = one_run & last & prefix & ~(aligned & (q_len == k_len))
+    # key_padding's seqused_k reading (rows and key columns coinciding read as aligned, not as a cache; with no
+    # band, every row against a prefix of real keys)
+    if not kw["causal"] and tuple(kw["window"]) == (-1, -1):
+        cached = one_run & aligned & prefix
+    else:
+        cached = one_run & last & prefix & ~(aligned & (q_len == k_len))
 
     def canonical(x):  # the branches' outputs must agree in strides, a size-1 dimension's included
         return x.contiguous().flatten().view(x.shape)
