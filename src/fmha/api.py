@@ -7,7 +7,7 @@ import torch
 
 from . import configs, forward
 from .checks import (check_features, check_forward_only, check_fp8, check_index, check_inputs, check_out,
-                     check_packed_shapes, check_pages, check_splits, variants)
+                     check_packed_shapes, check_paged_call, check_splits, variants)
 from . import gradients
 from .plan import describe, select_variant
 from .sinks import attach as attach_sinks
@@ -189,15 +189,6 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     return (o, lse) if return_lse else o
 
 
-def _v_like(q, v_cache):
-    """What stands for V beside q in :func:`check_inputs` for a paged call: q, or its first columns where the
-    pool's V is narrower (MLA's absorbed form: V the latent's 512 of q/k's 576); the pools' own checks follow."""
-    if (isinstance(q, torch.Tensor) and isinstance(v_cache, torch.Tensor) and q.dim() == v_cache.dim() == 4
-            and v_cache.shape[3] < q.shape[3]):
-        return q[..., :v_cache.shape[3]]
-    return q
-
-
 def _replayable(*tensors, window, softcap) -> bool:
     """A call the replay table can answer (:mod:`fmha.replay`): CUDA tensors (None for an absent one), a window
     tuple and a numeric softcap.  The checks of such a call are a function of its replay key: they run on the
@@ -229,12 +220,8 @@ def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     custom op ``fmha::attention_paged`` (:mod:`fmha.custom_op`).
     """
     def checks():
-        if variant not in ("auto", "tiled", "hopper"):
-            raise ValueError(f"attention_paged runs variant 'auto', 'tiled' or 'hopper', got {variant!r}")
-        check_inputs(q, q, _v_like(q, v_cache), causal_align, layout, variant, scale)
-        check_features(q, layout, window, softcap, alibi_slopes, sinks)
-        check_pages(q, k_cache, v_cache, block_table, cache_seqlens, layout)
-        check_splits(num_splits)
+        check_paged_call(q, k_cache, v_cache, block_table, cache_seqlens, causal_align, layout, variant, scale,
+                         window, softcap, alibi_slopes, sinks, num_splits)
     if torch.compiler.is_compiling() and config is None:
         from .custom_op import attention_paged_op
         o, lse = attention_paged_op(q, k_cache, v_cache, block_table, cache_seqlens, bool(causal),

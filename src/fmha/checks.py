@@ -152,6 +152,27 @@ def check_cu_seqlens(both, total_q: int, total_k: int, max_seqlen_q: int, max_se
     return lengths
 
 
+def _v_like(q, v_cache):
+    """What stands for V beside q in :func:`check_inputs` for a paged call: q, or its first columns where the
+    pool's V is narrower (MLA's absorbed form: V the latent's 512 of q/k's 576); the pools' own checks follow."""
+    if (isinstance(q, torch.Tensor) and isinstance(v_cache, torch.Tensor) and q.dim() == v_cache.dim() == 4
+            and v_cache.shape[3] < q.shape[3]):
+        return q[..., :v_cache.shape[3]]
+    return q
+
+
+def check_paged_call(q, k_cache, v_cache, block_table, cache_seqlens, causal_align: str, layout: str, variant: str,
+                     scale, window, softcap, alibi_slopes, sinks, num_splits: int) -> None:
+    """Everything :func:`fmha.attention_paged` checks on the host: the variant, q (against the pool's V
+    width), the modifiers, the pools and the table's shapes, the split count."""
+    if variant not in ("auto", "tiled", "hopper"):
+        raise ValueError(f"attention_paged runs variant 'auto', 'tiled' or 'hopper', got {variant!r}")
+    check_inputs(q, q, _v_like(q, v_cache), causal_align, layout, variant, scale)
+    check_features(q, layout, window, softcap, alibi_slopes, sinks)
+    check_pages(q, k_cache, v_cache, block_table, cache_seqlens, layout)
+    check_splits(num_splits)
+
+
 def check_pages(q, k_cache, v_cache, block_table, cache_seqlens, layout: str) -> None:
     """A paged cache (:func:`fmha.attention_paged`): page pools ``[num_pages, page_size, kv_heads, D]``
     and an int32 block table ``[batch, pages_per_seq]``.  The table's entries and the lengths are

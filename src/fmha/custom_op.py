@@ -18,7 +18,7 @@ import torch
 
 from . import backward, forward, sinks as sink_mod
 from .checks import (check_features, check_forward_only, check_index, check_inputs, check_packed_shapes,
-                     check_pages, check_splits)
+                     check_paged_call, check_splits)
 
 
 @torch.library.custom_op("fmha::attention", mutates_args=())
@@ -43,13 +43,19 @@ def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
     return o, lse
 
 
-@attention_op.register_fake
-def _(q, k, v, causal, scale, variant, causal_align, layout, return_lse, deterministic=False, window_left=-1,
-      window_right=-1, softcap=0.0, alibi_slopes=None, seqused_k=None, num_splits=0, sinks=None):
+def _outputs_like(q, v, layout: str, return_lse: bool):
+    """A fake implementation's outputs: o in q's shape with V's head dim, and the LSE ``[batch, heads, seqlen_q]``
+    (empty unless asked for)."""
     batch, heads, seqlen_q = (q.shape[0], q.shape[1], q.shape[2]) if layout == "bhsd" else (
         q.shape[0], q.shape[2], q.shape[1])
     lse_shape = (batch, heads, seqlen_q) if return_lse else (0,)
     return q.new_empty((*q.shape[:-1], v.shape[-1])), q.new_empty(lse_shape, dtype=torch.float32)
+
+
+@attention_op.register_fake
+def _(q, k, v, causal, scale, variant, causal_align, layout, return_lse, deterministic=False, window_left=-1,
+      window_right=-1, softcap=0.0, alibi_slopes=None, seqused_k=None, num_splits=0, sinks=None):
+    return _outputs_like(q, v, layout, return_lse)
 
 
 @torch.library.custom_op("fmha::attention_backward", mutates_args=())
@@ -167,14 +173,9 @@ def attention_paged_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
                        return_lse: bool, window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
                        alibi_slopes: torch.Tensor | None = None, num_splits: int = 0, variant: str = "auto",
                        sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    from .api import _v_like
     window = (window_left, window_right)
-    if variant not in ("auto", "tiled", "hopper"):
-        raise ValueError(f"attention_paged runs variant 'auto', 'tiled' or 'hopper', got {variant!r}")
-    check_inputs(q, q, _v_like(q, v_cache), causal_align, layout, variant, scale)
-    check_features(q, layout, window, softcap, alibi_slopes, sinks)
-    check_pages(q, k_cache, v_cache, block_table, cache_seqlens, layout)
-    check_splits(num_splits)
+    check_paged_call(q, k_cache, v_cache, block_table, cache_seqlens, causal_align, layout, variant, scale, window,
+                     softcap, alibi_slopes, sinks, num_splits)
     o, lse = forward.paged(q, k_cache, v_cache, block_table, cache_seqlens, causal=causal, scale=scale,
                            causal_align=causal_align, layout=layout, return_lse=return_lse or sinks is not None,
                            window=window, softcap=softcap, alibi_slopes=alibi_slopes, num_splits=num_splits,
@@ -189,7 +190,4 @@ def attention_paged_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
 @attention_paged_op.register_fake
 def _(q, k_cache, v_cache, block_table, cache_seqlens, causal, scale, causal_align, layout, return_lse,
       window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, num_splits=0, variant="auto", sinks=None):
-    batch, heads, seqlen_q = (q.shape[0], q.shape[1], q.shape[2]) if layout == "bhsd" else (
-        q.shape[0], q.shape[2], q.shape[1])
-    lse_shape = (batch, heads, seqlen_q) if return_lse else (0,)
-    return q.new_empty((*q.shape[:-1], v_cache.shape[-1])), q.new_empty(lse_shape, dtype=torch.float32)
+    return _outputs_like(q, v_cache, layout, return_lse)
