@@ -148,6 +148,34 @@ def test_an_encoder_decoder_with_padded_sources_matches_sdpa():
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=1e-2)
 
 
+def test_head_dims_fmha_does_not_take_run_sdpa_said_once(monkeypatch):
+    """A model whose head dim fmha does not take (a tiny test model's 16) runs SDPA, with one warning, and its
+    generations are SDPA's; with attention sinks (SDPA has none) it is refused by name."""
+    import warnings
+
+    import fmha.integrations.transformers as fmha_hf
+    fmha_hf.register()
+    monkeypatch.setattr(fmha_hf, "_warned_head_dims", set())
+    cfg = transformers.LlamaConfig(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2)
+    torch.manual_seed(0)
+    ref, ours = (transformers.LlamaForCausalLM._from_config(copy.deepcopy(cfg), attn_implementation=name,
+                                                            dtype=torch.bfloat16).to(DEVICE).eval()
+                 for name in ("sdpa", "fmha"))
+    ours.load_state_dict(ref.state_dict())
+    ids = torch.randint(1, 101, (2, 7), generator=torch.Generator().manual_seed(14)).to(DEVICE)
+    with warnings.catch_warnings(record=True) as said, torch.no_grad():
+        warnings.simplefilter("always")
+        got = ours.generate(ids, max_new_tokens=3, do_sample=False)
+    assert torch.equal(got, ref.generate(ids, max_new_tokens=3, do_sample=False))
+    assert [str(w.message) for w in said if "head dims" in str(w.message)] == [
+        f"fmha takes head dims {fmha_hf.HEAD_DIMS}; this model's q/k and v head dims (16, 16) run on torch SDPA"]
+    q = torch.zeros(1, 4, 3, 16, dtype=torch.bfloat16, device=DEVICE)
+    with pytest.raises(NotImplementedError, match="SDPA has no attention sinks"):
+        fmha_hf.attention_forward(ours.model.layers[0].self_attn, q, q[:, :2], q[:, :2], None,
+                                  s_aux=torch.zeros(4, device=DEVICE))
+
+
 @pytest.mark.parametrize("q", [1, 3])
 def test_a_static_cache_mask_reads_its_queries_as_the_last_real_keys(q):
     """A static cache's mask: the real keys a prefix, the slots after them unused, the q queries each

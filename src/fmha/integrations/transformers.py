@@ -4,7 +4,8 @@
     fmha_hf.register()                                   # once, before building the model
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="fmha")
 
-Calls without a mask (causal or bidirectional, prefill or decode with a KV cache,
+Head dims fmha does not take run SDPA (a warning says so once).  Calls without a mask (causal or
+bidirectional, prefill or decode with a KV cache,
 sliding-window layers, Gemma-style soft-capping, gpt-oss's attention sinks) run fmha.  The mask
 function registered beside it (:func:`mask`) asks for no mask whenever the causal band and the
 layer's window are all there is (no padding, the queries the last positions of the keys), under
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 import torch
 
 import fmha
+from ..checks import HEAD_DIMS, MLA_ABSORBED
 
 NAME = "fmha"
 
@@ -55,6 +57,9 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     dev = q.device.type
     if q.dtype == torch.float32 and torch.is_autocast_enabled(dev):  # mixed precision: as autocast casts SDPA's
         q, k, v = (t.to(torch.get_autocast_dtype(dev)) for t in (q, k, v))
+    if not _takes_head_dims(q.shape[-1], v.shape[-1]):
+        return _sdpa_for_head_dims(module, query, key, value, attention_mask, dropout, scaling, is_causal, sinks,
+                                   kwargs)
     kw = dict(causal=causal, scale=scaling, window=window, softcap=softcap, sinks=sinks)
     given = [kwargs.get(n) for n in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")]
     if q.shape[0] == 1 and all(x is not None for x in given):  # the packing told as FlashAttention is told it
@@ -82,6 +87,33 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     if padding.used is not None:  # each sequence's real keys a prefix, its queries the last of them
         return fmha.attention(q, k, v, causal_align="bottom_right", layout="bshd", seqused_k=padding.used, **kw), None
     return unpadded_attention(q, k, v, padding.gather, **kw), None
+
+
+def _takes_head_dims(d: int, dv: int) -> bool:
+    """Whether fmha takes q/k's head dim ``d`` with V's ``dv`` (:data:`fmha.checks.HEAD_DIMS`, MLA's absorbed
+    form)."""
+    return (d, dv) == MLA_ABSORBED or d in HEAD_DIMS and dv in HEAD_DIMS
+
+
+_warned_head_dims: set = set()
+
+
+def _sdpa_for_head_dims(module, query, key, value, attention_mask, dropout, scaling, is_causal, sinks, kwargs):
+    """A model whose head dims fmha does not take (Phi-2's 80, a tiny test model's 16) runs torch SDPA, said
+    once a pair of head dims; with sinks, which SDPA lacks, it is refused."""
+    import warnings
+
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    dims = (query.shape[-1], value.shape[-1])
+    if sinks is not None:
+        raise NotImplementedError(f"fmha takes head dims {HEAD_DIMS}, this model's are {dims}, and SDPA has no "
+                                  "attention sinks: use attn_implementation='eager'")
+    if dims not in _warned_head_dims:
+        _warned_head_dims.add(dims)
+        warnings.warn(f"fmha takes head dims {HEAD_DIMS}; this model's q/k and v head dims {dims} run on torch "
+                      "SDPA", stacklevel=3)
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                  is_causal=is_causal, **kwargs)
 
 
 @dataclass(frozen=True)
