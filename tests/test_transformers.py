@@ -9,20 +9,23 @@ from conftest import DEVICE
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.fixture(scope="module")
-def models():
+def twins(cls, cfg):
+    """The model of ``cfg`` with SDPA and with fmha, the same random weights, bfloat16, on DEVICE, in eval mode."""
     import fmha.integrations.transformers as fmha_hf
     fmha_hf.register()
-    cfg = transformers.LlamaConfig(vocab_size=101, hidden_size=128, intermediate_size=192, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
     torch.manual_seed(0)
-    ref = transformers.LlamaForCausalLM._from_config(copy.deepcopy(cfg), attn_implementation="sdpa",
-                                                     torch_dtype=torch.bfloat16)
-    ours = transformers.LlamaForCausalLM._from_config(copy.deepcopy(cfg), attn_implementation="fmha",
-                                                      torch_dtype=torch.bfloat16)
+    ref, ours = (cls._from_config(copy.deepcopy(cfg), attn_implementation=name, dtype=torch.bfloat16)
+                 for name in ("sdpa", "fmha"))
     assert ref.config._attn_implementation == "sdpa" and ours.config._attn_implementation == "fmha"
     ours.load_state_dict(ref.state_dict())
     return ref.to(DEVICE).eval(), ours.to(DEVICE).eval()
+
+
+@pytest.fixture(scope="module")
+def models():
+    return twins(transformers.LlamaForCausalLM, transformers.LlamaConfig(
+        vocab_size=101, hidden_size=128, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128))
 
 
 def test_hidden_states_match_sdpa(models, monkeypatch):
@@ -128,16 +131,9 @@ def test_an_encoder_decoder_with_padded_sources_matches_sdpa():
     """transformers' BART, a padded source batch (one source shorter than the target): the encoder's own
     attention and the decoder's cross-attention take the padding masks with no band; the decoder's last hidden
     states equal SDPA's."""
-    import fmha.integrations.transformers as fmha_hf
-    fmha_hf.register()
-    cfg = transformers.BartConfig(vocab_size=101, d_model=64, encoder_layers=1, decoder_layers=1,
-                                  encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64,
-                                  decoder_ffn_dim=64, max_position_embeddings=64)
-    torch.manual_seed(0)
-    ref, ours = (transformers.BartForConditionalGeneration._from_config(copy.deepcopy(cfg), attn_implementation=name,
-                                                                        dtype=torch.bfloat16).to(DEVICE).eval()
-                 for name in ("sdpa", "fmha"))
-    ours.load_state_dict(ref.state_dict())
+    ref, ours = twins(transformers.BartForConditionalGeneration, transformers.BartConfig(
+        vocab_size=101, d_model=64, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64))
     g = torch.Generator().manual_seed(13)
     src, tgt = (torch.randint(4, 101, (2, n), generator=g).to(DEVICE) for n in (8, 6))
     mask = torch.ones_like(src)
@@ -154,15 +150,10 @@ def test_head_dims_fmha_does_not_take_run_sdpa_said_once(monkeypatch):
     import warnings
 
     import fmha.integrations.transformers as fmha_hf
-    fmha_hf.register()
     monkeypatch.setattr(fmha_hf, "_warned_head_dims", set())
-    cfg = transformers.LlamaConfig(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2)
-    torch.manual_seed(0)
-    ref, ours = (transformers.LlamaForCausalLM._from_config(copy.deepcopy(cfg), attn_implementation=name,
-                                                            dtype=torch.bfloat16).to(DEVICE).eval()
-                 for name in ("sdpa", "fmha"))
-    ours.load_state_dict(ref.state_dict())
+    ref, ours = twins(transformers.LlamaForCausalLM, transformers.LlamaConfig(
+        vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2))
     ids = torch.randint(1, 101, (2, 7), generator=torch.Generator().manual_seed(14)).to(DEVICE)
     with warnings.catch_warnings(record=True) as said, torch.no_grad():
         warnings.simplefilter("always")
@@ -254,18 +245,9 @@ def test_other_masks_go_to_sdpa(monkeypatch):
 @pytest.fixture(scope="module")
 def sliding_models():
     """A small Mistral (sliding window of 8 keys) with SDPA and with fmha, the same weights."""
-    import fmha.integrations.transformers as fmha_hf
-    fmha_hf.register()
-    cfg = transformers.MistralConfig(vocab_size=101, hidden_size=128, intermediate_size=192, num_hidden_layers=2,
-                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                                     sliding_window=8)
-    torch.manual_seed(0)
-    ref = transformers.MistralForCausalLM._from_config(copy.deepcopy(cfg), attn_implementation="sdpa",
-                                                       dtype=torch.bfloat16)
-    ours = transformers.MistralForCausalLM._from_config(copy.deepcopy(cfg), attn_implementation="fmha",
-                                                        dtype=torch.bfloat16)
-    ours.load_state_dict(ref.state_dict())
-    return ref.to(DEVICE).eval(), ours.to(DEVICE).eval()
+    return twins(transformers.MistralForCausalLM, transformers.MistralConfig(
+        vocab_size=101, hidden_size=128, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, sliding_window=8))
 
 
 def test_sliding_window_decoding_asks_for_no_mask(sliding_models, monkeypatch):
