@@ -5,25 +5,24 @@
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="fmha")
 
 Head dims fmha does not take run SDPA (a warning says so once).  Calls without a mask (causal or
-bidirectional, prefill or decode with a KV cache,
-sliding-window layers, Gemma-style soft-capping, gpt-oss's attention sinks) run fmha.  The mask
-function registered beside it (:func:`mask`) asks for no mask whenever the causal band and the
-layer's window are all there is (no padding, the queries the last positions of the keys), under
-``torch.compile`` too, so those calls make no host checks and trace whole.  A padded
-batch (a mask that is exactly the causal band, the layer's window and one contiguous run of real
-tokens per sequence) runs as packed sequences: the real tokens gathered,
-:func:`fmha.attention_varlen`, scattered back, with zeros on padded query rows; a static cache's mask
-(the real keys a prefix, the queries the last of them, the unused slots after) runs with
-``seqused_k``.  Sequences packed along a row and told apart by position_ids alone (transformers'
-padding-free format, ``DataCollatorWithFlattening``) run as one varlen call over every token
-(:func:`packed_attention`; the mask function notes them, :func:`mask`, or FlashAttention's kwargs
-``cu_seq_lens_q/k`` and ``max_length_q/k`` tell them).  Any other mask goes to torch SDPA
-with that mask, so nothing is computed wrong (with
-sinks, which SDPA lacks, such a mask is refused).  Under ``torch.compile`` a mask is not read on the
-host: ``torch.cond`` picks fmha for the band alone, fmha with ``seqused_k`` for a static cache's mask and
-SDPA with the mask otherwise (no graph break, no graphs that depend on the mask's values).  Training works
-(gradients through :mod:`fmha.gradients`), under autocast too (float32 q, k, v are cast to the autocast dtype, as
-autocast casts SDPA's); attention dropout is refused.
+bidirectional, prefill or decode with a KV cache, sliding-window layers, Gemma-style soft-capping,
+gpt-oss's attention sinks) run fmha.  The mask function registered beside it (:func:`mask`) asks for no
+mask whenever the causal band and the layer's window are all there is (no padding, the queries the last
+positions of the keys), under ``torch.compile`` too, so those calls make no host checks and trace whole.
+A padded batch (a mask that is exactly the causal band, the layer's window and one contiguous run of real
+tokens per sequence) runs as packed sequences: the real tokens gathered, :func:`fmha.attention_varlen`,
+scattered back, with zeros on padded query rows; a static cache's mask (the real keys a prefix, the
+queries the last of them, the unused slots after) runs with ``seqused_k``.  A padding mask with no band
+(an encoder's own, a decoder's cross-attention) computes every query row against the real keys.
+Sequences packed along a row and told apart by position_ids alone (transformers' padding-free format,
+``DataCollatorWithFlattening``) run as one varlen call over every token (:func:`packed_attention`; the
+mask function notes them, :func:`mask`, or FlashAttention's kwargs ``cu_seq_lens_q/k`` and
+``max_length_q/k`` tell them).  Any other mask goes to torch SDPA with that mask, so nothing is computed
+wrong (with sinks, which SDPA lacks, such a mask is refused).  Under ``torch.compile`` a mask is not read
+on the host: ``torch.cond`` picks fmha for the band alone, fmha with ``seqused_k`` for a static cache's
+mask and SDPA with the mask otherwise (no graph break, no graphs that depend on the mask's values).
+Training works (gradients through :mod:`fmha.gradients`), under autocast too (float32 q, k, v are cast
+to the autocast dtype, as autocast casts SDPA's); attention dropout is refused.
 """
 from __future__ import annotations
 
