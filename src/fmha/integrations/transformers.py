@@ -253,7 +253,7 @@ def _compiled_masked(module, query, key, value, attention_mask, q, k, v, kw, dro
     return torch.cond(band_alone, ours, theirs if training else other, (q, k, v, attention_mask, end, cached))
 
 
-_packed: dict = {}  # id(mask) -> (the mask, weakly; its sequence ids [batch, seq]; cu_seqlens and longest, once read)
+_packed: dict = {}  # id(mask) -> [the mask, weakly; its sequence ids [batch, seq]; _packed_sequences' answer]
 
 
 def _remember_packing(dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -267,9 +267,8 @@ def _remember_packing(dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 
 def _packed_sequences(mask: torch.Tensor, q_shape, k_shape):
     """(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) of the packed sequences ``mask`` stands for (one
-    noted by :func:`mask`), or None.
-    The sequences start where a row starts or its sequence index changes; their count and the longest are
-    read on the host once a mask (every layer passes the same)."""
+    noted by :func:`mask`), or None.  The sequences start where a row starts or its sequence index changes;
+    their count and the longest are read on the host once a mask (every layer passes the same)."""
     entry = _packed.get(id(mask))
     if entry is None or entry[0]() is not mask or not tuple(q_shape) == tuple(k_shape) == tuple(entry[1].shape):
         return None
