@@ -1,7 +1,7 @@
 """Host time of one eager call, fmha beside SDPA, for each path ``auto`` takes, and where fmha's goes.
 
     PYTHONPATH=src python3 bench/host_profile.py [--cases decode decode-growing prefill varlen varlen-tiled paged]
-        [--calls 40] [--rounds 15] [--profile decode] [--ledger bench/ledger.csv]
+        [--calls 40] [--rounds 15] [--profile decode] [--breakdown paged] [--ledger bench/ledger.csv]
 
 A round enqueues ``--calls`` calls back to back behind a kernel that keeps the GPU busy for longer than
 the round takes (``torch.cuda._sleep``), so the figure is what the host spends to enqueue one call and
@@ -10,7 +10,9 @@ against a running GPU measures the slower of the two).  fmha's and SDPA's rounds
 is the median over ``--rounds``.  The GPU time of one call (CUDA events, the median of the same rounds
 run unblocked) is printed beside it, to show which side bounds an eager loop.  SDPA gets the same
 q, k, v (the padded batch for varlen, the gathered cache for paged).  ``--profile CASE`` prints
-cProfile's top entries for that case.  Ledger rows: ``provider`` ``host:fmha`` / ``host:sdpa``,
+cProfile's top entries for that case; ``--breakdown CASE`` times the parts of a replayed call the same way
+(the replay key, the allocation of its buffers, each recorded launch alone) beside the whole call.
+Ledger rows: ``provider`` ``host:fmha`` / ``host:sdpa``,
 ``features`` ``part=host case=<case>``, ``ms`` the host time per call, ``ratio_best_peer`` SDPA's
 over fmha's.
 """
@@ -100,6 +102,40 @@ def host_us(fns: dict, calls: int, rounds: int) -> dict:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def breakdown(fn, calls: int, rounds: int) -> dict:
+    """Host microseconds of the parts of ``fn``'s replayed call (:mod:`fmha.replay`), each timed as
+    :func:`host_us` times a call: the whole call, its replay key, the recipe's run (allocation and launches),
+    the allocation alone and each recorded launch alone over the same buffers."""
+    from fmha import replay
+    seen, real = [], replay.call
+    replay.call = lambda k, inputs, device, run, checks=None: seen.append((k, inputs, device)) or real(
+        k, inputs, device, run, checks)
+    try:
+        fn()
+        fn()
+    finally:
+        replay.call = real
+    k, inputs, device = seen[-1]
+    recipe = replay._RECIPES[k]
+    if recipe is replay.UNRECORDABLE or recipe.fast is None:
+        return {"whole call (not on the fast replay path)": host_us({"": fn}, calls, rounds)[""]}
+    n, stream = len(inputs), replay._stream(device)
+    held = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in recipe.buffers]
+    ptrs = [None if t is None else t.data_ptr() for t in (*inputs, *held)]
+
+    def allocate():
+        for _, shape, dtype in recipe.returned:
+            torch.empty(shape, dtype=dtype, device=device)
+        if recipe.scratch_bytes:
+            torch.empty(recipe.scratch_bytes, dtype=torch.uint8, device=device)
+    parts = {"whole call": fn, "replay.key": lambda: replay.key(k[0], inputs, *k[1 + n:]),
+             "recipe.run": lambda: recipe.run(inputs, device), "allocation": allocate}
+    for i, step in enumerate(recipe.fast):
+        name = getattr(recipe.steps[i][0], "name", f"launch {i}")
+        parts[f"launch {i}: {name}"] = lambda step=step: step(ptrs, n, stream)
+    return host_us(parts, calls, rounds)
+
+
 def gpu_us(fn, calls: int, rounds: int) -> float:
     """Median GPU microseconds per call, ``calls`` calls back to back between two CUDA events."""
     times = []
@@ -121,6 +157,7 @@ def main():
     p.add_argument("--calls", type=int, default=40)
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--profile", default=None, help="print cProfile's top entries for this case")
+    p.add_argument("--breakdown", nargs="*", default=[], help="time the parts of these cases' replayed calls")
     p.add_argument("--ledger", default=None)
     args = p.parse_args()
     env = ledger.environment("cuda")
@@ -139,6 +176,10 @@ def main():
                              batch=b, heads=h, kv_heads=kvh, seqlen_q=sq, seqlen_k=sk, head_dim=d, causal="",
                              ms=t / 1e3, ratio_best_peer=us["sdpa"] / t, note="ok", features=f"part=host case={name}"))
     ledger.append(args.ledger, rows)
+    for name in args.breakdown:
+        print(f"\n{name}: host us a call, by part")
+        for part, t in breakdown(table[name][0], args.calls, args.rounds).items():
+            print(f"  {part:40} {t:7.1f}")
     if args.profile:
         fn = table[args.profile][0]
         prof = cProfile.Profile()

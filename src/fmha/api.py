@@ -90,7 +90,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         check_splits(num_splits)
         if out is not None:
             check_out(out, q, k, v)
-    if (out is None and sinks is None and not any(t is not None for t in descales)
+    if (out is None and sinks is None and q_descale is None and k_descale is None and v_descale is None
             and _replayable(q, k, v, alibi_slopes, seqused_k, window=window, softcap=softcap)
             and not gradients.needs_grad(q, k, v) and not torch.compiler.is_compiling()):
         o, lse = forward.dense(q, k, v, causal=causal, scale=scale, variant=variant, causal_align=causal_align,
