@@ -11,8 +11,7 @@ is the median over ``--rounds``.  The GPU time of one call (CUDA events, the med
 run unblocked) is printed beside it, to show which side bounds an eager loop.  SDPA gets the same
 q, k, v (the padded batch for varlen, the gathered cache for paged).  ``--profile CASE`` prints
 cProfile's top entries for that case; ``--breakdown CASE`` times the parts of a replayed call the same way
-(the replay key, the allocation of its buffers, each recorded launch alone, directly and through Triton's
-launcher) beside the whole call.
+(the replay key, the allocation of its buffers, each recorded launch alone) beside the whole call.
 Ledger rows: ``provider`` ``host:fmha`` / ``host:sdpa``,
 ``features`` ``part=host case=<case>``, ``ms`` the host time per call, ``ratio_best_peer`` SDPA's
 over fmha's.
@@ -133,20 +132,8 @@ def breakdown(fn, calls: int, rounds: int) -> dict:
              "recipe.run": lambda: recipe.run(inputs, device), "allocation": allocate}
     for i, step in enumerate(recipe.fast):
         name = getattr(recipe.steps[i][0], "name", f"launch {i}")
-        parts[f"launch {i}: {name}" + (" (direct)" if step.direct is not None else "")] = \
-            lambda step=step: step(ptrs, n, stream)
-        if step.direct is not None:
-            parts[f"launch {i}: {name} (Triton's launcher)"] = lambda step=step: _through_triton(step, ptrs, n, stream)
+        parts[f"launch {i}: {name}"] = lambda step=step: step(ptrs, n, stream)
     return host_us(parts, calls, rounds)
-
-
-def _through_triton(step, ptrs, n, stream):
-    """``step`` launched through Triton's launcher instead of the driver directly."""
-    direct, step.direct = step.direct, None
-    try:
-        step(ptrs, n, stream)
-    finally:
-        step.direct = direct
 
 
 def gpu_us(fn, calls: int, rounds: int) -> float:

@@ -2,9 +2,7 @@
 call's tensors where the recorded call's were, allocates its own buffers, rebuilds descriptors over
 the new pointers, keeps nothing of the recorded call alive, and refuses to record what it could not
 replay correctly.  The GPU tests run it on the real kernels."""
-import ctypes
 import gc
-import struct
 import weakref
 from dataclasses import dataclass
 
@@ -212,67 +210,6 @@ def test_the_key_tells_layouts_and_alignment_apart():
     assert replay.key("k", (x,)) != replay.key("k", (x.transpose(0, 1).contiguous().transpose(0, 1),))
     assert replay.key("k", (x,)) != replay.key("k", (torch.zeros(2 * 3 * 8 + 1)[1:].view(2, 3, 8),))
     assert replay.key("k", (x,)) != replay.key("k", (x.half(),))
-
-
-def test_parameters_are_typed_as_tritons_launcher_types_them():
-    """Each kernel parameter in the C type and order Triton's generated launcher passes it (its source read
-    back): descriptors with and without TMA metadata expanded alike, constexprs left out, floats rounded."""
-    import re
-
-    from triton.backends.nvidia.driver import make_launcher
-    sig = ["*bf16", "i32", "constexpr", "fp32", "tensordesc<bf16[1, 64, 128]>", "i1", "tensordesc<fp32[8, 16]>",
-           "i64", "*i32"]
-    metas = [dict(swizzle=128), None]
-    src = make_launcher({}, dict(enumerate(sig)), metas)
-    c_args = re.search(r"CUdeviceptr profile_scratch, ([^)]*)\)", src).group(1).split(", ")
-    ours = [t for t in replay.param_types(sig, metas) if t != "constexpr"]
-    c_type = {"*": "CUdeviceptr", "nvTmaDesc": "CUtensorMap", "i32": "int32_t", "i64": "int64_t", "i1": "int8_t",
-              "fp32": "uint32_t"}
-    assert [c_type.get(t, c_type.get(t[0])) for t in ours] == [a.rsplit(" ", 1)[0] for a in c_args]
-    assert replay.pack_scalar("i32", -2) == 0xFFFFFFFE and replay.pack_scalar("i64", -2) == 2 ** 64 - 2
-    assert replay.pack_scalar("fp32", 0.1) == int.from_bytes(struct.pack("<f", 0.1), "little")
-    assert replay.pack_scalar("*fp32", None) == 0 and replay.pack_scalar("*fp32", 1 << 40) == 1 << 40
-    with pytest.raises(LookupError):
-        replay.pack_scalar("bf16", 1.0)
-
-
-class DirectKernel(RawKernel):
-    """A compiled stand-in the direct path takes: Triton's signature of FakeKernel's arguments, one warp group."""
-    src = type("Src", (), dict(signature=dict(X="*fp32", Y="*fp32", D="tensordesc<fp32[8]>", n="i32",
-                                              BLOCK="constexpr")))
-    packed_metadata = (4, 1, 1024)
-    function = 0xF00
-
-
-def test_a_replay_launches_through_the_driver_with_the_moved_slots_rewritten(monkeypatch):
-    """Where the driver takes the launch directly, the packed parameters hold the new call's pointers, the
-    descriptor slot points at the CUtensorMap filled over the new base, the scalars stay as recorded, and the
-    two scratch pointers are null."""
-    launches = []
-
-    class Driver:
-        def cuCtxGetCurrent(self, ctx):
-            ctx._obj.value = 1
-            return 0
-
-        def cuLaunchKernel(self, fn, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
-            read = [ctypes.c_uint64.from_address(params[j]).value for j in range(len(params)) if j != 2]
-            launches.append(((fn, gx, gy, gz, bx, by, bz, shared, stream), params[2], read))
-            return 0
-    monkeypatch.setattr(replay, "_DRIVER", [Driver()])
-    monkeypatch.setattr(replay._local, "context", False, raising=False)
-    maps = []
-    monkeypatch.setattr(replay, "_fill_descriptor", lambda ptr, *fill: maps.append(("map", ptr)) or maps[-1])
-    kernel = DirectKernel()
-    x, y = torch.zeros(4), torch.ones(4)
-    replay.call(_kind(x, y), (x, y), torch.device("cpu"), lambda: _call(kernel, x, y))
-    assert replay._RECIPES[_kind(x, y)].fast[0].direct is not None
-    x2, y2 = torch.zeros(4), torch.ones(4)
-    out, _ = replay.call(_kind(x2, y2), (x2, y2), torch.device("cpu"), lambda: pytest.fail("not replayed"))
-    (head, desc_at, values), = launches
-    assert head == (0xF00, 2, 1, 1, 128, 1, 1, 1024, 0)
-    assert desc_at == id(maps[-1]) + 128 and maps[-1] == ("map", y2.data_ptr())
-    assert values == [x2.data_ptr(), out.data_ptr(), 4, 1, 7, 0, 0]  # D's shape and stride, n, the scratch
 
 
 def test_a_replay_keeps_its_scratch_in_the_threads_workspace(monkeypatch):

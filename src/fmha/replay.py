@@ -5,7 +5,8 @@ runs the ordinary path (checks, plan, configs, TMA views, Triton's dispatch) wit
 recorded (:func:`launch`): the compiled kernel, its grid and its arguments.  What may differ in a
 later call with the same key is only where the tensors lie, so the recipe keeps each argument as
 it was except the tensors, which it names: an input of the call, a buffer the call allocated
-(:func:`buffer`: allocated again, same shape and dtype, at each replay), a tensor whose contents
+(:func:`buffer`: allocated again, same shape and dtype, at each replay when the call returns it; otherwise
+laid in the thread's workspace for the stream, :func:`_workspace`), a tensor whose contents
 follow from the key alone (:func:`constant`: a work list built on the host, kept), or a TMA
 descriptor over one of them (rebuilt over the new pointer).  Every integer argument is a function
 of the key, so Triton's specialization (integers on ``== 1`` and divisibility by 16, pointers on
@@ -21,10 +22,7 @@ as they see any other.
 """
 from __future__ import annotations
 
-import ctypes
 import math
-import re
-import struct
 import threading
 from dataclasses import dataclass
 
@@ -227,10 +225,8 @@ def _raw_launcher(launcher):
 class _Launch:
     """One recorded launch, driven through the raw launcher: the flattened argument list (Triton's own
     expansion of a tensor descriptor: the filled CUtensorMap, or the base pointer, then shape and strides)
-    with the slots that change between calls: pointers, and descriptors re-filled when their base moves.
-    Where the driver can take it directly (:class:`_Direct`), the list is packed once into the kernel's
-    parameters and a call writes only the slots that move."""
-    __slots__ = ("launch", "head", "flat", "ptr_slots", "desc_slots", "filled", "direct")
+    with the slots that change between calls: pointers, and descriptors re-filled when their base moves."""
+    __slots__ = ("launch", "head", "flat", "ptr_slots", "desc_slots", "filled")
 
     def __init__(self, compiled, launcher, function, packed, grid, template, plain, descs):
         from triton.backends.nvidia import driver as nv
@@ -261,27 +257,8 @@ class _Launch:
             else:
                 self.flat.append(a)
         self.filled = {}  # flat position -> (base pointer, its filled descriptor)
-        self.direct = _Direct.of(compiled, launcher, grid, self.flat)
 
     def __call__(self, ptrs, n_inputs, stream):
-        direct = self.direct
-        if direct is not None and _context_current():
-            with direct.lock:  # the packed parameters are this launch's until the driver has copied them
-                values, params, param_of = direct.values, direct.params, direct.param_of
-                for at, is_input, i in self.ptr_slots:
-                    values[param_of[at]] = ptrs[i if is_input else n_inputs + i]
-                for at, is_input, i, fill in self.desc_slots:
-                    ptr = ptrs[i if is_input else n_inputs + i]
-                    if fill is None:
-                        values[param_of[at]] = ptr
-                        continue
-                    last = self.filled.get(at)
-                    if last is None or last[0] != ptr:
-                        last = (ptr, _fill_descriptor(ptr, *fill))
-                        self.filled[at] = last
-                    params[param_of[at]] = _tensor_map_address(last[1])
-                direct(stream)
-            return
         flat = self.flat.copy()
         for at, is_input, i in self.ptr_slots:
             flat[at] = ptrs[i if is_input else n_inputs + i]
@@ -297,141 +274,6 @@ class _Launch:
             flat[at] = last[1]
         head = self.head
         self.launch(head[0], head[1], head[2], stream, *head[4:], *flat)
-
-
-# the C types of Triton's launcher signature (triton.backends.nvidia.driver.ty_to_cpp): (struct format, mask)
-_SCALARS = {"i1": "b", "i8": "b", "i16": "h", "i32": "i", "i64": "q", "u1": "B", "u8": "B", "u16": "H", "u32": "I",
-            "u64": "Q", "fp32": "f", "f32": "f", "fp64": "d"}
-
-
-def param_types(signature, tensordesc_meta) -> list[str]:
-    """The launcher's flattened argument types, as Triton's ``make_launcher`` expands them: a tensor descriptor
-    becomes ``nvTmaDesc`` (its filled CUtensorMap), shape (i32) and strides (i64), or without its TMA metadata
-    a base pointer, shape and strides (i64), the padding flag (i1), shape and strides again."""
-    out, metas = [], list(tensordesc_meta or [])
-    for ty in signature:
-        if not isinstance(ty, str):
-            raise LookupError("a tuple argument")
-        if ty.startswith("tensordesc"):
-            match = re.match(r"tensordesc<([^[>]*)\[([^]]*)\]", ty)
-            ndim = match.group(2).count(",") + 1
-            if (metas.pop(0) if metas else None) is None:
-                out += ["*" + match.group(1)] + ["i64"] * (2 * ndim) + ["i1"]
-            else:
-                out.append("nvTmaDesc")
-            out += ["i32"] * ndim + ["i64"] * ndim
-        else:
-            out.append(ty)
-    return out
-
-
-def pack_scalar(ty: str, value) -> int:
-    """``value`` as the 8 bytes of its parameter slot (little-endian, the low bytes its C type's), as Triton's
-    launcher passes it: pointers and integers as they are, floats rounded to their width."""
-    if ty[0] == "*":  # an integer address, or a tensor kept in the recipe (a constant)
-        return 0 if value is None else value.data_ptr() if hasattr(value, "data_ptr") else int(value)
-    fmt = _SCALARS.get(ty)
-    if fmt is None:
-        raise LookupError(f"a {ty} argument")
-    raw = struct.pack("<" + fmt, value)
-    return int.from_bytes(raw.ljust(8, b"\0"), "little")
-
-
-class _Direct:
-    """A launch through the driver's ``cuLaunchKernel``, as Triton's launcher makes it for a kernel without
-    clusters, programmatic dependent launch or cooperative grids: every parameter packed once into an
-    8-byte slot of ``values`` (``params`` points at each; a descriptor's at its filled CUtensorMap), the
-    two scratch pointers Triton appends null."""
-    __slots__ = ("function", "grid", "block", "shared", "values", "params", "param_of", "lock", "kept")
-
-    @classmethod
-    def of(cls, compiled, launcher, grid, flat):
-        """The direct launch of ``compiled`` over ``flat`` (the raw launcher's argument list), or None where the
-        driver cannot be reached through ctypes or the launch needs what this path does not set up."""
-        if _driver() is None:
-            return None
-        try:
-            num_warps, num_ctas, shared = compiled.packed_metadata
-            types = param_types(list(compiled.src.signature.values()),
-                                getattr(compiled.metadata, "tensordesc_meta", None))
-        except (AttributeError, LookupError, TypeError, ValueError):
-            return None
-        if num_ctas != 1 or launcher.launch_cooperative_grid or launcher.launch_pdl:
-            return None
-        if len(types) != len(flat):
-            return None
-        self = cls()
-        self.function, self.grid, self.block, self.shared = compiled.function, grid, 32 * num_warps, shared
-        kinds = [t for t in types if t != "constexpr"] + ["*scratch", "*scratch"]
-        self.values = (ctypes.c_uint64 * len(kinds))()
-        self.params = (ctypes.c_void_p * len(kinds))()
-        base = ctypes.addressof(self.values)
-        self.param_of, self.kept = {}, []
-        j = 0
-        try:
-            for pos, (ty, a) in enumerate(zip(types, flat)):
-                if ty == "constexpr":
-                    continue
-                self.param_of[pos] = j
-                if ty != "nvTmaDesc" and a is not None:
-                    self.values[j] = pack_scalar(ty, a)
-                j += 1
-        except (LookupError, struct.error, TypeError):
-            return None
-        for j in range(len(kinds)):
-            self.params[j] = base + 8 * j  # a descriptor's slot is pointed at its CUtensorMap at each call
-        self.lock = threading.Lock()
-        return self
-
-    def __call__(self, stream):
-        gx, gy, gz = self.grid
-        if gx * gy * gz == 0:
-            return
-        err = _driver().cuLaunchKernel(self.function, gx, gy, gz, self.block, 1, 1, self.shared, stream,
-                                       self.params, None)
-        if err:
-            raise RuntimeError(f"fmha: cuLaunchKernel failed: {_error_string(err)}")
-
-
-def _tensor_map_address(desc) -> int:
-    """Where the CUtensorMap of Triton's ``PyCUtensorMap`` lies: 128 bytes into the object (its header, then
-    the map aligned to 128), the object itself 128-aligned (Triton allocates it so)."""
-    return id(desc) + 128
-
-
-_DRIVER: list = []
-
-
-def _driver():
-    """libcuda through ctypes (``cuLaunchKernel``, ``cuCtxGetCurrent``), or None where it cannot be loaded."""
-    if not _DRIVER:
-        try:
-            lib = ctypes.CDLL("libcuda.so.1")
-            lib.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
-            lib.cuLaunchKernel.restype = ctypes.c_int
-            lib.cuCtxGetCurrent.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
-            lib.cuCtxGetCurrent.restype = ctypes.c_int
-            lib.cuGetErrorString.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
-            _DRIVER.append(lib)
-        except (OSError, AttributeError):
-            _DRIVER.append(None)
-    return _DRIVER[0]
-
-
-def _context_current() -> bool:
-    """Whether this thread has a current CUDA context (Triton's launcher makes the device's primary one current
-    when it has none: a thread's first replayed launch goes through it), asked once a thread."""
-    if getattr(_local, "context", False):
-        return True
-    ctx = ctypes.c_void_p()
-    _local.context = _driver().cuCtxGetCurrent(ctypes.byref(ctx)) == 0 and bool(ctx.value)
-    return _local.context
-
-
-def _error_string(err: int) -> str:
-    text = ctypes.c_char_p()
-    _driver().cuGetErrorString(err, ctypes.byref(text))
-    return f"{text.value.decode() if text.value else 'unknown error'} ({err})"
 
 
 def _fill_descriptor(ptr, *fill):

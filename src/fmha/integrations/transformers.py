@@ -356,16 +356,19 @@ def mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function
                                                kv_offset=kv_offset, mask_function=mask_function, attention_mask=None,
                                                local_size=local_size, allow_is_causal_skip=False, **kwargs), ids)
     band = mask_function is causal_mask_function if local_size is None else _sliding_window(mask_function)
+    # SDPA skips a static cache's prefill mask (12 queries, 17 slots) for its top-left is_causal; fmha reads no
+    # mask as bottom-right, so it skips only where the two agree
+    skip = allow_is_causal_skip and q_length in (1, kv_length)
     if allow_is_causal_skip and band and q_offset + q_length == kv_offset + kv_length:
         padding = prepare_padding_mask(attention_mask, kv_length, kv_offset)
         # an all-ones padding mask (generate() passes one) read once a forward, as SDPA's skip reads it
         if padding is None or not torch.compiler.is_compiling() and bool(padding.all()):
             return None
-    # SDPA skips a static cache's prefill mask (12 queries, 17 slots) for its top-left is_causal; fmha reads no
-    # mask as bottom-right, so it skips only where the two agree
+        if not torch.compiler.is_compiling():  # padding read: SDPA's skip would read it again, to skip nothing
+            skip = False
     return sdpa_mask(batch_size, q_length, kv_length, q_offset=q_offset, kv_offset=kv_offset,
                      mask_function=mask_function, attention_mask=attention_mask, local_size=local_size,
-                     allow_is_causal_skip=allow_is_causal_skip and q_length in (1, kv_length), **kwargs)
+                     allow_is_causal_skip=skip, **kwargs)
 
 
 def _sliding_window(mask_function) -> bool:
