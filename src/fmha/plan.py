@@ -99,7 +99,7 @@ def select_variant(arch: str, shape: dict | None = None) -> str:
     shape = shape or {}
     if shape.get("fp8"):
         # float8: the tiled kernel's, K/V dequantized on load; hopper's float8 wgmma (float8 q, asked for by name)
-        # is not yet faster than bf16 and its checks have yet to pass on a GPU
+        # passes its checks on a GPU but is not yet faster than bf16
         return "tiled"
     if shape.get("seqlen_q", 1 << 30) <= 16:
         return "tiled"  # decoding: the keys split over programs (flash-decoding), GQA rows packed
