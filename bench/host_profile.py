@@ -105,7 +105,8 @@ def host_us(fns: dict, calls: int, rounds: int) -> dict:
 def breakdown(fn, calls: int, rounds: int) -> dict:
     """Host microseconds of the parts of ``fn``'s replayed call (:mod:`fmha.replay`), each timed as
     :func:`host_us` times a call: the whole call, its replay key, the recipe's run (allocation and launches),
-    the allocation alone and each recorded launch alone over the same buffers."""
+    the allocation alone (the returned buffers, the workspace) and each recorded launch alone over the same
+    buffers."""
     from fmha import replay
     seen, real = [], replay.call
     replay.call = lambda k, inputs, device, run, checks=None: seen.append((k, inputs, device)) or real(
@@ -127,7 +128,7 @@ def breakdown(fn, calls: int, rounds: int) -> dict:
         for _, shape, dtype in recipe.returned:
             torch.empty(shape, dtype=dtype, device=device)
         if recipe.scratch_bytes:
-            torch.empty(recipe.scratch_bytes, dtype=torch.uint8, device=device)
+            replay._workspace(recipe.scratch_bytes, device, stream)
     parts = {"whole call": fn, "replay.key": lambda: replay.key(k[0], inputs, *k[1 + n:]),
              "recipe.run": lambda: recipe.run(inputs, device), "allocation": allocate}
     for i, step in enumerate(recipe.fast):

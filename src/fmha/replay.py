@@ -196,6 +196,8 @@ def _workspace(nbytes: int, device: torch.device, stream: int) -> torch.Tensor:
         spaces = _local.workspaces = {}
     block = spaces.get((device.index, stream))
     if block is None or block.numel() < nbytes:
+        if block is None and len(spaces) >= 64:  # streams come from torch's pool; past it, start again
+            spaces.clear()
         block = spaces[(device.index, stream)] = torch.empty(nbytes, dtype=torch.uint8, device=device)
     return block
 
