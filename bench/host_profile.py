@@ -1,20 +1,22 @@
 """Host time of one eager call, fmha beside SDPA, for each path ``auto`` takes, and where fmha's goes.
 
     PYTHONPATH=src python3 bench/host_profile.py [--cases decode decode-growing prefill varlen varlen-tiled paged]
-        [--calls 40] [--rounds 15] [--profile decode] [--breakdown paged] [--ledger bench/ledger.csv]
+        [--calls 40] [--rounds 15] [--copies 1] [--profile decode] [--breakdown paged] [--ledger bench/ledger.csv]
 
 A round enqueues ``--calls`` calls back to back behind a kernel that keeps the GPU busy for longer than
 the round takes (``torch.cuda._sleep``), so the figure is what the host spends to enqueue one call and
 never the GPU's time (a queue that fills up makes the host wait for the kernels: timing many calls
 against a running GPU measures the slower of the two).  fmha's and SDPA's rounds alternate; each figure
-is the median over ``--rounds``.  The GPU time of one call (CUDA events, the median of the same rounds
-run unblocked) is printed beside it, to show which side bounds an eager loop.  SDPA gets the same
-q, k, v (the padded batch for varlen, the gathered cache for paged).  ``--profile CASE`` prints
-cProfile's top entries for that case; ``--breakdown CASE`` times the parts of a replayed call the same way
-(the replay key, the allocation of its buffers, each recorded launch alone) beside the whole call.
-Ledger rows: ``provider`` ``host:fmha`` / ``host:sdpa``,
-``features`` ``part=host case=<case>``, ``ms`` the host time per call, ``ratio_best_peer`` SDPA's
-over fmha's.
+is the median over ``--rounds``, and the ratio of the two fastest rounds is printed beside the medians'
+(host noise only adds).  ``--copies N`` gives each case N copies of its inputs, a call taking the next, so
+the tensors lie somewhere new at each call as a real program's do (TMA descriptors are encoded again).
+The GPU time of one call (CUDA events, the median of the same rounds run unblocked) is printed beside it,
+to show which side bounds an eager loop.  SDPA gets the same q, k, v (the padded batch for varlen, the
+gathered cache for paged).  ``--profile CASE`` prints cProfile's top entries for that case;
+``--breakdown CASE`` times the parts of a replayed call the same way (the replay key, the allocation of
+its buffers, each recorded launch alone) beside the whole call.  Ledger rows: ``provider`` ``host:fmha`` /
+``host:sdpa``, ``features`` ``part=host case=<case> copies=<N> min_us=<the fastest round>``, ``ms`` the
+host time per call (the median), ``ratio_best_peer`` SDPA's over fmha's.
 """
 from __future__ import annotations
 
@@ -45,48 +47,68 @@ def _growing(call, caches):
     return lambda: call(caches[next(at) % len(caches)])
 
 
-def cases(dt=torch.bfloat16) -> dict:
-    """name -> (shape note, fmha call, SDPA call, (batch, heads, kv_heads, seqlen_q, seqlen_k, D))."""
+def _cycling(pairs):
+    """One (fmha call, SDPA call) pair over each of ``pairs``' copies of the inputs, taking the next copy at
+    each call (the tensors of a real program's calls lie somewhere new each time)."""
+    at = [iter(range(1 << 30)) for _ in range(2)]
+    return tuple((lambda side=side: pairs[next(at[side]) % len(pairs)][side]()) for side in range(2))
+
+
+def cases(dt=torch.bfloat16, copies: int = 1) -> dict:
+    """name -> (fmha call, SDPA call, (batch, heads, kv_heads, seqlen_q, seqlen_k, D)); with ``copies`` > 1 each
+    case's inputs come in that many copies, a call taking the next (pointers move, descriptors are re-encoded)."""
     dev = "cuda"
-    out = {}
-    q, k, v = (torch.randn(1, h, s, 64, device=dev, dtype=dt) for h, s in ((32, 1), (8, 1024), (8, 1024)))
-    out["decode"] = (lambda: fmha.attention(q, k, v), lambda: SDPA(q, k, v, enable_gqa=True), (1, 32, 8, 1, 1024, 64))
+    rand = lambda *shape: torch.randn(*shape, device=dev, dtype=dt)  # noqa: E731
+
+    def decode():
+        q, k, v = rand(1, 32, 1, 64), rand(1, 8, 1024, 64), rand(1, 8, 1024, 64)
+        return lambda: fmha.attention(q, k, v), lambda: SDPA(q, k, v, enable_gqa=True)
+
+    def prefill():
+        q, k, v = rand(2, 1024, 32, 128), rand(2, 1024, 8, 128), rand(2, 1024, 8, 128)
+        return (lambda: fmha.attention(q, k, v, causal=True, layout="bshd"),
+                lambda: SDPA(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                             enable_gqa=True))
+    lens = [700, 1024, 300, 1000]
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device=dev)
+
+    def varlen(variant):
+        def make():
+            q, k, v = rand(sum(lens), 32, 128), rand(sum(lens), 8, 128), rand(sum(lens), 8, 128)
+            qpad, kpad, vpad = rand(len(lens), 32, max(lens), 128), rand(len(lens), 8, max(lens), 128), \
+                rand(len(lens), 8, max(lens), 128)
+            return (lambda: fmha.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=True, variant=variant),
+                    lambda: SDPA(qpad, kpad, vpad, is_causal=True, enable_gqa=True))
+        return make
+    page, pages = 256, 16
+
+    def paged():
+        kc, vc = rand(4 * pages, page, 8, 128), rand(4 * pages, page, 8, 128)
+        table = torch.arange(4 * pages, device=dev, dtype=torch.int32).view(4, pages)
+        seqlens = torch.full((4,), pages * page - 7, device=dev, dtype=torch.int32)
+        qd = rand(4, 32, 1, 128)
+        kg, vg = (t.view(4, pages * page, 8, 128).transpose(1, 2) for t in (kc, vc))
+        return lambda: fmha.attention_paged(qd, kc, vc, table, seqlens), lambda: SDPA(qd, kg, vg, enable_gqa=True)
+    makers = {"decode": (decode, (1, 32, 8, 1, 1024, 64)), "prefill": (prefill, (2, 32, 8, 1024, 1024, 128)),
+              "varlen": (varlen("auto"), (len(lens), 32, 8, max(lens), max(lens), 128)),
+              "varlen-tiled": (varlen("tiled"), (len(lens), 32, 8, max(lens), max(lens), 128)),  # the cu_seqlens
+              "paged": (paged, (4, 32, 8, 1, pages * page, 128))}  # checked on the device
+    out = {name: (*_cycling([make() for _ in range(copies)]), shape) for name, (make, shape) in makers.items()}
     # generate()'s decoding: the cache one key longer at every call (a new tensor, as transformers' cache grows)
-    caches = [torch.randn(2, 1, 8, 1024 + i, 64, device=dev, dtype=dt) for i in range(GROWING)]
+    q = rand(1, 32, 1, 64)
+    caches = [rand(2, 1, 8, 1024 + i, 64) for i in range(GROWING)]
     out["decode-growing"] = (_growing(lambda kv: fmha.attention(q, kv[0], kv[1]), caches),
                              _growing(lambda kv: SDPA(q, kv[0], kv[1], enable_gqa=True), caches),
                              (1, 32, 8, 1, 1024, 64))
-    qp, kp, vp = (torch.randn(2, s, h, 128, device=dev, dtype=dt) for h, s in ((32, 1024), (8, 1024), (8, 1024)))
-    out["prefill"] = (lambda: fmha.attention(qp, kp, vp, causal=True, layout="bshd"),
-                      lambda: SDPA(qp.transpose(1, 2), kp.transpose(1, 2), vp.transpose(1, 2), is_causal=True,
-                                   enable_gqa=True), (2, 32, 8, 1024, 1024, 128))
-    lens = [700, 1024, 300, 1000]
-    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device=dev)
-    qv, kv_, vv = (torch.randn(sum(lens), h, 128, device=dev, dtype=dt) for h in (32, 8, 8))
-    qpad, kpad, vpad = (torch.randn(len(lens), h, max(lens), 128, device=dev, dtype=dt) for h in (32, 8, 8))
-    out["varlen"] = (lambda: fmha.attention_varlen(qv, kv_, vv, cu, cu, max(lens), max(lens), causal=True),
-                     lambda: SDPA(qpad, kpad, vpad, is_causal=True, enable_gqa=True),
-                     (len(lens), 32, 8, max(lens), max(lens), 128))
-    out["varlen-tiled"] = (lambda: fmha.attention_varlen(qv, kv_, vv, cu, cu, max(lens), max(lens), causal=True,
-                                                         variant="tiled"),
-                           out["varlen"][1], out["varlen"][2])  # the cu_seqlens checked on the device
-    page, pages = 256, 16
-    kc, vc = (torch.randn(4 * pages, page, 8, 128, device=dev, dtype=dt) for _ in range(2))
-    table = torch.arange(4 * pages, device=dev, dtype=torch.int32).view(4, pages)
-    seqlens = torch.full((4,), pages * page - 7, device=dev, dtype=torch.int32)
-    qd = torch.randn(4, 32, 1, 128, device=dev, dtype=dt)
-    kg, vg = (t.view(4, pages * page, 8, 128).transpose(1, 2) for t in (kc, vc))
-    out["paged"] = (lambda: fmha.attention_paged(qd, kc, vc, table, seqlens),
-                    lambda: SDPA(qd, kg, vg, enable_gqa=True), (4, 32, 8, 1, pages * page, 128))
     return out
 
 
 SLEEP_CYCLES_PER_CALL = 400_000  # about 0.25 ms of GPU time a call: longer than any call here takes to enqueue
 
 
-def host_us(fns: dict, calls: int, rounds: int) -> dict:
-    """Median host microseconds per call to enqueue ``calls`` calls of each of ``fns`` (name -> call), the
-    GPU held busy throughout; the names' rounds alternate.  One call of each first, to compile and record."""
+def host_rounds(fns: dict, calls: int, rounds: int) -> dict:
+    """Host microseconds per call of each round, enqueueing ``calls`` calls of each of ``fns`` (name -> call),
+    the GPU held busy throughout; the names' rounds alternate.  One call of each first, to compile and record."""
     for fn in fns.values():
         fn()
     torch.cuda.synchronize()
@@ -99,7 +121,12 @@ def host_us(fns: dict, calls: int, rounds: int) -> dict:
                 fn()
             times[name].append((time.perf_counter() - t0) / calls * 1e6)
             torch.cuda.synchronize()
-    return {name: statistics.median(t) for name, t in times.items()}
+    return times
+
+
+def host_us(fns: dict, calls: int, rounds: int) -> dict:
+    """The median of :func:`host_rounds` for each of ``fns``."""
+    return {name: statistics.median(t) for name, t in host_rounds(fns, calls, rounds).items()}
 
 
 def breakdown(fn, calls: int, rounds: int) -> dict:
@@ -157,25 +184,31 @@ def main():
                                                   "paged"])
     p.add_argument("--calls", type=int, default=40)
     p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--copies", type=int, default=1,
+                   help="each case's inputs in this many copies, each call taking the next (pointers move)")
     p.add_argument("--profile", default=None, help="print cProfile's top entries for this case")
     p.add_argument("--breakdown", nargs="*", default=[], help="time the parts of these cases' replayed calls")
     p.add_argument("--ledger", default=None)
     args = p.parse_args()
     env = ledger.environment("cuda")
-    table = cases()
+    table = cases(copies=args.copies)
     rows = []
-    print(f"{'case':12} {'fmha us':>8} {'sdpa us':>8} {'fmha/sdpa':>9} | GPU us a call: {'fmha':>7} {'sdpa':>7}")
+    print(f"{'case':14} {'fmha us':>8} {'sdpa us':>8} {'fmha/sdpa':>9} {'(min)':>7} | GPU us a call: {'fmha':>7} "
+          f"{'sdpa':>7}")
     for name in args.cases:
         ours, theirs, (b, h, kvh, sq, sk, d) = table[name]
-        us = host_us({"fmha": ours, "sdpa": theirs}, args.calls, args.rounds)
+        times = host_rounds({"fmha": ours, "sdpa": theirs}, args.calls, args.rounds)
+        us = {who: statistics.median(t) for who, t in times.items()}
+        low = {who: min(t) for who, t in times.items()}
         gpu = [gpu_us(fn, args.calls, 3) for fn in (ours, theirs)]
-        print(f"{name:12} {us['fmha']:8.1f} {us['sdpa']:8.1f} {us['fmha'] / us['sdpa']:9.2f} | "
-              f"{'':14} {gpu[0]:7.1f} {gpu[1]:7.1f}", flush=True)
+        print(f"{name:14} {us['fmha']:8.1f} {us['sdpa']:8.1f} {us['fmha'] / us['sdpa']:9.2f} "
+              f"{low['fmha'] / low['sdpa']:7.2f} | {'':14} {gpu[0]:7.1f} {gpu[1]:7.1f}", flush=True)
         for who, t in us.items():
             rows.append(dict(env, provider=f"host:{who}", config="eager, host time per call, GPU held busy",
                              dtype="bfloat16",
                              batch=b, heads=h, kv_heads=kvh, seqlen_q=sq, seqlen_k=sk, head_dim=d, causal="",
-                             ms=t / 1e3, ratio_best_peer=us["sdpa"] / t, note="ok", features=f"part=host case={name}"))
+                             ms=t / 1e3, ratio_best_peer=us["sdpa"] / t, note="ok",
+                             features=f"part=host case={name} copies={args.copies} min_us={low[who]:.1f}"))
     ledger.append(args.ledger, rows)
     for name in args.breakdown:
         print(f"\n{name}: host us a call, by part")
