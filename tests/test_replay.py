@@ -214,7 +214,7 @@ def test_the_key_tells_layouts_and_alignment_apart():
 
 def test_a_replay_keeps_its_scratch_in_the_threads_workspace(monkeypatch):
     """The buffers a call does not return lie in one workspace per thread and stream, reused by every replay
-    and grown when a call needs more; never an input's or the returned output's memory."""
+    and grown when a call needs more (up to a bound); never an input's or the returned output's memory."""
     kernel = RawKernel()
     monkeypatch.setattr(replay, "_fill_descriptor", lambda ptr, *fill: ("map", ptr))
     monkeypatch.setattr(replay._local, "workspaces", {}, raising=False)
@@ -238,3 +238,6 @@ def test_a_replay_keeps_its_scratch_in_the_threads_workspace(monkeypatch):
     replay.call(replay.key("big", (big, y)), (big, y), torch.device("cpu"), lambda: pytest.fail("not replayed"))
     block = replay._local.workspaces[(None, 0)]
     assert block.numel() >= 4000 and kernel.launches[-1][2][1] == block.data_ptr()
+    monkeypatch.setattr(replay, "WORKSPACE_BYTES", 1024)  # past the bound: a block of the call's own, not kept
+    replay.call(replay.key("big", (big, y)), (big, y), torch.device("cpu"), lambda: pytest.fail("not replayed"))
+    assert replay._local.workspaces[(None, 0)] is block and kernel.launches[-1][2][1] != block.data_ptr()

@@ -35,6 +35,7 @@ _RECIPES: dict = {}
 _MAX_RECIPES = 4096  # a long-running server's distinct call kinds; past it the table starts again
 _local = threading.local()
 UNRECORDABLE = object()  # the key of a call that was recorded and could not be replayed
+WORKSPACE_BYTES = 16 << 20  # the most scratch a thread's workspace holds for one stream (a decode's partials)
 
 
 def key(kind: str, tensors, *flags) -> tuple:
@@ -188,8 +189,9 @@ def _workspace(nbytes: int, device: torch.device, stream: int) -> torch.Tensor:
     stream, grown when short (the launches of one thread on one stream run in the order they were enqueued,
     so each call's use of it ends before the next call's begins, as cuBLAS's workspace does).  While the
     stream is being captured into a CUDA graph, a block of the capture's pool, freed when the call returns
-    (the graph's later work reuses it in order)."""
-    if device.type == "cuda" and torch._C._cuda_isCurrentStreamCapturing():
+    (the graph's later work reuses it in order); likewise past :data:`WORKSPACE_BYTES`, where a call's kernels
+    outlast an allocation's cost and a held block would keep memory from everything else."""
+    if nbytes > WORKSPACE_BYTES or device.type == "cuda" and torch._C._cuda_isCurrentStreamCapturing():
         return torch.empty(nbytes, dtype=torch.uint8, device=device)
     spaces = getattr(_local, "workspaces", None)
     if spaces is None:
