@@ -44,6 +44,21 @@ def test_gradients_match_the_reference(causal, align, shape):
     check_grads(grads, q, k, v, do, causal, align, layout)
 
 
+@pytest.mark.skipif(DEVICE != "cpu", reason="the AMD tables' tiles, run by the interpreter")
+@pytest.mark.parametrize("family", ["rdna", "cdna"])
+@pytest.mark.parametrize("head_dim,causal,deterministic", [(64, True, False), (64, False, True), (128, True, False),
+                                                           (256, False, False), (256, True, True)])
+def test_amd_tiles_have_the_reference_gradients(monkeypatch, family, head_dim, causal, deterministic):
+    """The tiles the AMD tables pick (:data:`fmha.backward.AMD_TILES`: 16- and 32-row blocks, dQ by atomics or
+    its own kernel), run by the interpreter: the walks over ragged ends and the causal band hold for them."""
+    from fmha import backward
+    monkeypatch.setattr(backward, "family_of", lambda device: family)
+    q, k, v = leaves(*make_qkv(1, 2, 1, 37, 45, head_dim, torch.bfloat16, "bhsd", seed=head_dim))
+    o = fmha.attention(q, k, v, causal=causal, causal_align="bottom_right", deterministic=deterministic)
+    grads, do = grads_of(o, (q, k, v), seed=1)
+    check_grads(grads, q, k, v, do, causal, "bottom_right", "bhsd")
+
+
 @pytest.mark.parametrize("mods", [{"window": (6, 0)}, {"window": (4, 3)}, {"softcap": 5.0},
                                   {"alibi_slopes": "alibi"}, {"softcap": 8.0, "window": (9, -1)}], ids=str)
 def test_modifiers_have_their_gradients(mods):

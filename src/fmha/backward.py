@@ -7,7 +7,7 @@ import torch
 import triton
 
 from . import plan as planning
-from .device import interpreting, on
+from .device import family_of, interpreting, on
 from .kernels import strides_bhsd
 from .kernels import backward as kernels
 from .sinks import grad as sink_grad
@@ -17,16 +17,23 @@ def _t(block_m, block_n, warps, stages) -> dict:
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages)
 
 
-def tiles(head_dim: int, causal: bool, deterministic: bool) -> tuple[dict, dict | None]:
+def tiles(head_dim: int, causal: bool, deterministic: bool, family: str = "nvidia") -> tuple[dict, dict | None]:
     """Tiles, warps and stages of ``(dkdv_kernel, dq_kernel)``; ``None`` for the second: dQ added
-    atomically by the first.  ``head_dim``: the larger of q/k's and v's.
+    atomically by the first.  ``head_dim``: the larger of q/k's and v's; ``family``: :func:`fmha.device.family_of`.
 
-    Not ``deterministic``, the faster dQ of bench/backward_tiles.py's sweep on the H200 (ledger): the dQ
+    NVIDIA, not ``deterministic``: the faster dQ of bench/backward_tiles.py's sweep on the H200 (ledger): the dQ
     kernel at head_dim 128 (atomics cost more than its two recomputed matmuls), atomics for causal
-    head_dim <= 64 and past 128.  Under the interpreter, atomics whenever allowed (the CPU tests cover both)."""
-    if interpreting():
+    head_dim <= 64 and past 128.  AMD: the largest tiles whose builds keep every value in registers
+    (:data:`AMD_TILES`), the same choice of dQ where the atomic build spills no more.  Under the interpreter,
+    atomics whenever allowed (the CPU tests cover both)."""
+    if family == "interpreter":
         small = _t(16, 16, 4, 1)
         return small, small if deterministic else None
+    if family in AMD_TILES:
+        row = AMD_TILES[family][64 if head_dim <= 64 else 128 if head_dim <= 128 else 256]
+        dkdv, atomic_dkdv, dq = (_t(*t, 1) if t else None for t in row)
+        atomic = atomic_dkdv is not None and not deterministic and (causal if head_dim <= 64 else head_dim > 128)
+        return (atomic_dkdv, None) if atomic else (dkdv, dq)
     if head_dim <= 64:
         atomic = causal and not deterministic
         return _t(64, 64, 4, 3), None if atomic else _t(128, 64, 8, 2)
@@ -35,6 +42,22 @@ def tiles(head_dim: int, causal: bool, deterministic: bool) -> tuple[dict, dict 
     if deterministic:
         return _t(32, 64, 4, 1), _t(64, 32, 4, 2)
     return _t(64, 64, 8, 1), None
+
+
+# (BLOCK_M, BLOCK_N, warps) of the dK/dV kernel, of the dK/dV kernel adding dQ atomically (None: it spills
+# where the other does not, so dQ takes its own kernel) and of the dQ kernel, per head dim up to 64, 128, 256;
+# chosen from builds for gfx1151 (RDNA) and gfx942 (CDNA) by their spills (tests/test_targets.py), not timed.
+# RDNA's WMMA holds an A operand twice (both half-waves), so Q and dO of head_dim 128 take 128 registers of
+# the 256 a thread has: 16-row tiles there (the dQ kernel keeps one register in scratch), and at 256 no tile
+# builds without spills (these spill least).
+AMD_TILES = {
+    "rdna": {64: ((32, 32, 8), (32, 16, 8), (64, 32, 8)),
+             128: ((32, 16, 16), None, (16, 16, 8)),
+             256: ((16, 16, 16), None, (16, 16, 16))},
+    "cdna": {64: ((64, 64, 8), (64, 32, 8), (128, 64, 8)),
+             128: ((64, 32, 8), (64, 32, 8), (64, 32, 8)),
+             256: ((64, 16, 8), (64, 16, 8), (64, 16, 8))},
+}
 
 
 def _unit_last(t: torch.Tensor) -> torch.Tensor:
@@ -122,7 +145,7 @@ def _run(prob, do, q, k, v, o, lse, layout, alibi, seqs, rows, keys, sinks, dete
                 None if sinks is None else torch.zeros_like(sinks))
     if kernel(prob, q, k, v, do, layout, alibi, deterministic) == "hopper":
         return _hopper(prob, do, q, k, v, o, lse, dk, dv, layout, sinks)
-    kv_tiles, q_tiles = tiles(max(prob.head_dim, prob.dv), prob.causal, deterministic)
+    kv_tiles, q_tiles = tiles(max(prob.head_dim, prob.dv), prob.causal, deterministic, family_of(q.device))
     atomic = q_tiles is None
     # atomically: a float32 dQ the key blocks add into, cast once at the end
     dq = (torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic

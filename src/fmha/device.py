@@ -21,6 +21,21 @@ def device_facts(index: int) -> tuple[int, int]:
     return props.major, props.multi_processor_count
 
 
+@functools.lru_cache(maxsize=None)
+def amd_family(index: int) -> str:
+    """``rdna`` (gfx10-12: wave32, WMMA) or ``cdna`` (gfx9: wave64, MFMA) for ROCm device ``index``."""
+    return "rdna" if torch.cuda.get_device_properties(index).gcnArchName.startswith("gfx1") else "cdna"
+
+
+def family_of(device: torch.device) -> str:
+    """The backward's tile table for ``device``: interpreter, nvidia, rdna or cdna."""
+    if interpreting():
+        return "interpreter"
+    if torch.version.hip:
+        return amd_family(index_of(device))
+    return "nvidia"
+
+
 def index_of(device: torch.device) -> int:
     return torch.cuda.current_device() if device.index is None else device.index
 

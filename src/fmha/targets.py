@@ -147,13 +147,69 @@ def build_backward(head_dim: int, dtype: str = "bfloat16", causal: bool = False)
                           options={"num_warps": 4})
 
 
-def _build_elsewhere(*args) -> "Build":
+def family_of_target(target: str) -> str:
+    """The backward's tile table of ``target`` (:func:`fmha.device.family_of`): nvidia, rdna or cdna."""
+    chip = TARGETS[target]
+    if chip.backend != "hip":
+        return "nvidia"
+    return "rdna" if chip.arch.startswith("gfx1") else "cdna"
+
+
+def build_backward_kernels(target: str, head_dim: int, dtype: str = "bfloat16", causal: bool = False,
+                           deterministic: bool = False) -> list["Build"]:
+    """The portable backward's kernels (:mod:`fmha.kernels.backward`: dK/dV, and dQ unless the first adds it
+    atomically) compiled for ``target`` without a GPU, with the tiles :func:`fmha.backward.tiles` picks
+    there; their ``variant`` is the kernel's name."""
+    from .backward import tiles
+    from .kernels import backward as kernels
+    _check_choice("target", target, list(TARGETS))
+    _check_choice("dtype", dtype, ["float16", "bfloat16"])
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return _build_elsewhere(target, head_dim, dtype, causal, deterministic, builder="build_backward_kernels")
+    chip = TARGETS[target]
+    kv_tiles, q_tiles = tiles(head_dim, causal, deterministic, family_of_target(target))
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    out = []
+    for kernel, t in ((kernels.dkdv_kernel, kv_tiles), (kernels.dq_kernel, q_tiles)):
+        if t is None:
+            continue
+        atomic = kernel is kernels.dkdv_kernel and q_tiles is None
+        const = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=t["BLOCK_M"], BLOCK_N=t["BLOCK_N"], CAUSAL=causal,
+                     WINDOW=False, SOFTCAP=False, ALIBI=False, VARLEN=False, SEQUSED=False, ALIGN_BR=False,
+                     HEAD_V=head_dim, BLOCK_DV=block_d)
+        if "ATOMIC_DQ" in kernel.arg_names:
+            const["ATOMIC_DQ"] = atomic
+        sig, attrs = {}, {}
+        for i, name in enumerate(kernel.arg_names):
+            if name in const:
+                sig[name] = "constexpr"
+            elif name in ("Q", "K", "V", "DO", "DK", "DV", "DQ", "LSE", "Delta", "Alibi"):
+                wide = name in ("LSE", "Delta", "Alibi") or (name == "DQ" and atomic)
+                sig[name], attrs[(i,)] = "*" + ("fp32" if wide else DTYPES[dtype]), [["tt.divisibility", 16]]
+            elif name in ("CuQ", "CuK", "SeqK"):
+                sig[name] = "*i32"
+            elif name in ("scale_log2", "softcap"):
+                sig[name] = "fp32"
+            else:
+                sig[name] = "i32"
+                if name.startswith("stride_"):
+                    attrs[(i,)] = [["tt.divisibility", 16]]
+        compiled = triton.compile(ASTSource(kernel, sig, const, attrs),
+                                  target=GPUTarget(chip.backend, chip.arch, chip.warp_size),
+                                  options={"num_warps": t["num_warps"], "num_stages": t["num_stages"]})
+        cfg = dict(block_m=t["BLOCK_M"], block_n=t["BLOCK_N"], num_warps=t["num_warps"], num_stages=t["num_stages"])
+        out.append(Build(kernel.__name__, target, head_dim, dtype, causal, cfg, dict(compiled.asm),
+                         _plain(compiled.metadata)))
+    return out
+
+
+def _build_elsewhere(*args, builder: str = "build"):
     """Triton fixes interpretation when kernels are defined: under ``TRITON_INTERPRET=1``
-    (the CPU tests) the build runs in a child process with the interpreter off."""
+    (the CPU tests) the build (``targets.<builder>(*args)``) runs in a child process with the interpreter off."""
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "build.pickle"
         code = ("import pickle, sys; from fmha import targets; from fmha.configs import KernelConfig; "
-                f"pickle.dump(targets.build(*{args!r}), open({str(path)!r}, 'wb'))")
+                f"pickle.dump(targets.{builder}(*{args!r}), open({str(path)!r}, 'wb'))")
         env = dict(os.environ, TRITON_INTERPRET="0")
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
         if out.returncode != 0:
