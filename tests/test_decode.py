@@ -125,3 +125,17 @@ def test_kv_by_tma(sq, layout, causal):
         fmha.attention(q, *(t[..., :d] for t in narrow), layout=layout, variant="tiled", config=cfg)
     with pytest.raises(ValueError, match="is the tiled variant's"):
         fmha.attention(q, k, v, layout=layout, variant="pipelined", config=cfg)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("sq,heads", [(1, 4), (8, 8)])
+def test_amd_decode_configs_match_reference(head_dim, sq, heads):
+    """Decoding's AMD configs (:func:`fmha.configs.amd_decode_config`: 16- to 64-key tiles, one stage, GQA rows
+    packed into 16-, 32- and 64-row blocks) split and merged right, run by the interpreter."""
+    from fmha import configs
+    cfg = configs.decode_config(sq * heads, 300, head_dim, "hip")
+    q, k, v = make_qkv(1, heads, 1, sq, 300, head_dim, torch.bfloat16, seed=head_dim)
+    out = nan_like(q)
+    fmha.attention(q, k, v, causal=True, causal_align="bottom_right", variant="tiled", config=cfg, num_splits=3,
+                   out=out)
+    check_against_reference(out, q, k, v, True, "bottom_right")

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import fmha
+from fmha import configs
 from fmha.kernels import VARIANTS
 from conftest import check_against_reference, make_qkv, nan_like
 
@@ -100,3 +101,11 @@ def test_lse_matches_reference(variant):
     fin = np.isfinite(ref)
     np.testing.assert_allclose(lse[fin], ref[fin], atol=2e-3, rtol=1e-3)
     assert (o[:, :, :25] == 0).all()
+
+
+@pytest.mark.parametrize("max_d,cfg", [(d, cfg) for arch, d, cfg in configs.TILED if arch == "hip"], ids=str)
+def test_tiled_amd_rows_match_reference(max_d, cfg):
+    """Each of ``tiled``'s AMD rows (chosen by their builds, :data:`fmha.configs.TILED`), run by the interpreter
+    at its largest head dim: its tile shapes walk ragged ends and the causal band right."""
+    run_case("tiled", Case(37, 45, d=max_d, causal=True, align="bottom_right", dtype=BF16, heads=2, kv_heads=1),
+             config=cfg)

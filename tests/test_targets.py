@@ -435,3 +435,29 @@ def test_backward_kernels_build_for_amd_within_their_registers(target, matrix, h
         r = targets.report(b)
         assert any(name.startswith(matrix) for name in r.matrix_instructions), (b.variant, r.matrix_instructions)
         assert r.spilled_registers <= SPILL_LIMITS[target][head_dim], (b.variant, b.config, r.spilled_registers)
+
+
+@pytest.mark.parametrize("target", ["gfx1151", "gfx942"])
+@pytest.mark.parametrize("head_dim", [96, 128])
+def test_tiled_builds_for_amd_without_spills_through_head_dim_128(target, head_dim):
+    """``tiled``'s AMD rows (the variant ``auto`` runs there) keep everything in registers on RDNA and CDNA
+    through head_dim 128, causal (the larger build), with the matrix unit."""
+    b = targets.build("tiled", target, head_dim, "bfloat16", True)
+    r = targets.report(b)
+    assert r.spilled_registers == 0 and r.scratch_bytes == 0, (b.config, r.spilled_registers)
+    assert any(name.startswith(("v_wmma", "v_mfma")) for name in r.matrix_instructions)
+
+
+@pytest.mark.parametrize("target", ["gfx1151", "gfx942"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("rows", [1, 32])
+def test_amd_decoding_fits_a_workgroups_lds(target, head_dim, rows):
+    """Decoding's AMD configs (:func:`fmha.configs.amd_decode_config`) ask for no more than the 64 KB of LDS a
+    workgroup gets (the NVIDIA rows' three stages asked for up to 128 KB) and keep their values in registers on
+    both chips through head_dim 128; at 256 gfx1151 spills, gfx942 does not."""
+    from fmha import configs
+    cfg = configs.decode_config(rows, 4096, head_dim, "hip")
+    r = targets.report(targets.build("tiled", target, head_dim, "bfloat16", False, config=cfg))
+    assert r.shared_bytes <= 65536
+    limit = 100 if (target, head_dim) == ("gfx1151", 256) else 0
+    assert r.spilled_registers <= limit, (cfg, r.spilled_registers)

@@ -58,10 +58,10 @@ TILED = [
     ("sm80", 64, KernelConfig(128, 64, 4, 3)),
     ("sm80", 128, KernelConfig(128, 64, 8, 2)),
     ("sm80", 256, KernelConfig(64, 32, 4, 2)),
-    # no AMD chip to time: the fewest VGPR spills of the shapes `fmha compile --target gfx1151` built
-    ("hip", 64, KernelConfig(64, 32, 4, 1)),           # no spills
-    ("hip", 128, KernelConfig(32, 16, 2, 1)),
-    ("hip", 256, KernelConfig(32, 16, 2, 1)),          # every shape tried spills at D=256
+    # no AMD chip to time: the largest tiles that build for gfx1151 (RDNA) and gfx942 (CDNA) with the fewest spills
+    ("hip", 64, KernelConfig(64, 32, 4, 1)),           # no spills on either
+    ("hip", 128, KernelConfig(64, 16, 8, 1)),          # no spills on either (32x16 in 2 warps: 21 on gfx1151)
+    ("hip", 256, KernelConfig(32, 16, 16, 1)),         # gfx1151 67-77 (every shape tried spills), gfx942 none
 ]
 
 
@@ -142,11 +142,26 @@ def decode_config(rows: int, seqlen_k: int, head_dim: int = 128, arch: str = "sm
     if head_dim > 256:  # MLA's absorbed form: a 512-wide accumulator
         mla = mla_config(arch)
         return replace(mla, block_m=min(block_m, mla.block_m), split_per_sm=1)
+    if arch == "hip":
+        return amd_decode_config(block_m, head_dim)
     if block_m > 16:
         return KernelConfig(block_m, 64, 4, 3, tma=1)
     if seqlen_k >= 8192 and head_dim <= 128:
         return KernelConfig(16, 128, 4, 3, split_per_sm=1, tma=1)
     return KernelConfig(16, 64, 4, 3, split_per_sm=1, tma=1)
+
+
+def amd_decode_config(block_m: int, head_dim: int) -> KernelConfig:
+    """Decoding on AMD, with no chip to time: one stage (the NVIDIA rows' three stages of 64-128 keys ask for
+    96-128 KB of LDS at head_dim 128-256, past the 64 KB a workgroup gets) and the largest key tiles that build
+    without spills for gfx1151 (RDNA) and gfx942 (CDNA); at head_dim 256 gfx1151 spills with every tile tried,
+    and 32-row blocks spill least."""
+    one_block = dict(split_per_sm=1) if block_m == 16 else {}
+    if head_dim <= 64:
+        return KernelConfig(block_m, 64 if block_m == 16 else 32, 8, 1, **one_block)
+    if head_dim <= 128:
+        return KernelConfig(block_m, 16, 4 if block_m == 16 else 8, 1, **one_block)
+    return KernelConfig(max(block_m, 32), 16, 8, 1)
 
 
 # float8 K/V (dequantized on load): the 16-bit copies of the float8 tiles beside 128-key tiles spill 16-18
