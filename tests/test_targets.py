@@ -310,6 +310,15 @@ def test_cli_report_and_errors(tmp_path):
     assert bad.returncode == 2 and "unsupported target 'gfx9000'; valid: gfx1151" in bad.stderr
     bad = run("--target", "sm_90", "--variant", "fastest")
     assert bad.returncode == 2 and "unsupported variant 'fastest'; valid:" in bad.stderr
+    out = run("--target", "gfx942", "--backward", "--head-dim", "64", "--dtype", "bfloat16", "--json")
+    assert out.returncode == 0, out.stderr[-2000:]
+    reps = json.loads(out.stdout)
+    assert [r["variant"] for r in reps] == ["dkdv_kernel", "dq_kernel"]
+    assert all(r["spilled_registers"] == 0 for r in reps)
+    bad = run("--target", "gfx942", "--backward", "--variant", "tiled")
+    assert bad.returncode == 2 and "--backward builds the backward's kernels" in bad.stderr
+    bad = run("--target", "gfx942")
+    assert bad.returncode == 2 and "--variant is required" in bad.stderr
 
 
 @pytest.mark.parametrize("head_dim", [32, 96, 192, 256])

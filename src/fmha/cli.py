@@ -292,9 +292,20 @@ def cmd_compile(args) -> int:
     try:
         for name in names:
             targets._check_choice("target", name, list(targets.TARGETS))
-        targets._check_choice("variant", args.variant, targets.variants())
+        if args.backward:
+            if args.variant or args.dtype == "float8_e4m3fn" or args.head_dim > 256:
+                raise ValueError("--backward builds the backward's kernels (no --variant), float16 or bfloat16, "
+                                 "head_dim up to 256")
+        elif args.variant is None:
+            raise ValueError("--variant is required (or --backward)")
+        else:
+            targets._check_choice("variant", args.variant, targets.variants())
     except ValueError as e:
         raise UsageError(str(e)) from None
+    if args.backward:
+        builds = [b for name in names for b in targets.build_backward_kernels(name, args.head_dim, args.dtype,
+                                                                              args.causal)]
+        return _report_builds(args, builds)
     if args.target == "all":  # every target this variant builds for
         skipped = [n for n in names if targets.unbuildable(args.variant, n, args.head_dim, args.dtype)]
         names = [n for n in names if n not in skipped]
@@ -304,9 +315,15 @@ def cmd_compile(args) -> int:
         [targets.unbuildable(args.variant, "sm_90", args.head_dim, args.dtype)]
     if any(reasons):
         raise UsageError(next(r for r in reasons if r))
+    return _report_builds(args, [targets.build(args.variant, name, args.head_dim, args.dtype, args.causal)
+                                 for name in names])
+
+
+def _report_builds(args, builds) -> int:
+    """Report ``builds`` as ``fmha compile`` was asked: files under ``--out``, ledger rows, JSON or text."""
+    from fmha import targets
     reports = []
-    for name in names:
-        b = targets.build(args.variant, name, args.head_dim, args.dtype, args.causal)
+    for b in builds:
         r = targets.report(b)
         if args.out:
             targets.write(b, r, Path(args.out))
@@ -331,7 +348,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("compile", help="build a variant ahead of time for a chip (no GPU needed) and report")
     c.add_argument("--target", required=True, help="gfx1151, gfx1100, gfx942, sm_80, sm_90 or all")
-    c.add_argument("--variant", required=True)
+    c.add_argument("--variant", default=None, help="the forward variant to build")
+    c.add_argument("--backward", action="store_true",
+                   help="build the portable backward's kernels (dK/dV, dQ) with the tiles this target takes")
     c.add_argument("--head-dim", type=int, default=128, choices=[*HEAD_DIMS, MLA_ABSORBED[0]],
                    help=f"{MLA_ABSORBED[0]}: MLA's absorbed decode (V {MLA_ABSORBED[1]}), tiled only")
     c.add_argument("--dtype", choices=["float16", "bfloat16", "float8_e4m3fn"], default="float16")
