@@ -241,3 +241,19 @@ def test_a_replay_keeps_its_scratch_in_the_threads_workspace(monkeypatch):
     monkeypatch.setattr(replay, "WORKSPACE_BYTES", 1024)  # past the bound: a block of the call's own, not kept
     replay.call(replay.key("big", (big, y)), (big, y), torch.device("cpu"), lambda: pytest.fail("not replayed"))
     assert replay._local.workspaces[(None, 0)] is block and kernel.launches[-1][2][1] != block.data_ptr()
+
+
+def test_descriptors_are_filled_once_for_each_base(monkeypatch):
+    """A launch's descriptor slot keeps what it filled for each base pointer it meets: calls taking turns over
+    two tensors (one recipe shared by a model's layers, each with its own KV cache) fill each one once."""
+    fills = []
+    monkeypatch.setattr(replay, "_fill_descriptor", lambda ptr, *fill: fills.append(ptr) or ("map", ptr))
+    kernel = RawKernel()
+    x, y = torch.zeros(4), torch.ones(4)
+    replay.call(_kind(x, y), (x, y), torch.device("cpu"), lambda: _call(kernel, x, y))
+    bases = [torch.ones(4), torch.ones(4)]
+    for turn in range(6):
+        y_now = bases[turn % 2]
+        replay.call(_kind(x, y_now), (x, y_now), torch.device("cpu"), lambda: pytest.fail("not replayed"))
+        assert kernel.launches[-1][2][2] == ("map", y_now.data_ptr())
+    assert sorted(fills) == sorted(b.data_ptr() for b in bases)

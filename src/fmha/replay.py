@@ -13,8 +13,9 @@ of the key, so Triton's specialization (integers on ``== 1`` and divisibility by
 16-byte alignment: both in the key) is the one the compiled kernel was built for.  A replay
 allocates, then launches each compiled kernel directly; no host-device synchronization, no planning.
 With no launch hook installed it goes further (:class:`_Launch`): the argument list Triton's launcher
-takes is flattened once, tensors become raw pointers and TMA descriptors are filled only when their
-pointer moves, so a replayed launch is one call into the compiled launcher.
+takes is flattened once, tensors become raw pointers and TMA descriptors are filled once for each base
+pointer a slot meets (:data:`DESCRIPTORS_KEPT` of them), so a replayed launch is one call into the compiled
+launcher.
 
 A call is recorded only when each of its tensor arguments can be named; otherwise (and under the
 interpreter) calls keep the ordinary path.  Triton's launch hooks (a profiler's) see replayed launches
@@ -35,6 +36,7 @@ _RECIPES: dict = {}
 _MAX_RECIPES = 4096  # a long-running server's distinct call kinds; past it the table starts again
 _local = threading.local()
 UNRECORDABLE = object()  # the key of a call that was recorded and could not be replayed
+DESCRIPTORS_KEPT = 128  # filled TMA descriptors a launch's slot keeps, by base pointer (past it, it starts again)
 WORKSPACE_BYTES = 16 << 20  # the most scratch a thread's workspace holds for one stream (a decode's partials)
 
 
@@ -229,7 +231,7 @@ def _raw_launcher(launcher):
 class _Launch:
     """One recorded launch, driven through the raw launcher: the flattened argument list (Triton's own
     expansion of a tensor descriptor: the filled CUtensorMap, or the base pointer, then shape and strides)
-    with the slots that change between calls: pointers, and descriptors re-filled when their base moves."""
+    with the slots that change between calls: pointers, and descriptors filled for each new base."""
     __slots__ = ("launch", "head", "flat", "ptr_slots", "desc_slots", "filled")
 
     def __init__(self, compiled, launcher, function, packed, grid, template, plain, descs):
@@ -260,7 +262,9 @@ class _Launch:
                     self.flat += [None, *shape, *strides]
             else:
                 self.flat.append(a)
-        self.filled = {}  # flat position -> (base pointer, its filled descriptor)
+        # flat position -> {base pointer: its filled descriptor}: the bases a slot has seen (the KV caches of a
+        # model's layers, which share one recipe, take turns in a decode's K and V slots)
+        self.filled = {at: {} for at, _, _, fill in self.desc_slots if fill is not None}
 
     def __call__(self, ptrs, n_inputs, stream):
         flat = self.flat.copy()
@@ -271,11 +275,13 @@ class _Launch:
             if fill is None:
                 flat[at] = ptr
                 continue
-            last = self.filled.get(at)
-            if last is None or last[0] != ptr:
-                last = (ptr, _fill_descriptor(ptr, *fill))
-                self.filled[at] = last
-            flat[at] = last[1]
+            seen = self.filled[at]
+            desc = seen.get(ptr)
+            if desc is None:
+                if len(seen) >= DESCRIPTORS_KEPT:
+                    seen.clear()
+                desc = seen[ptr] = _fill_descriptor(ptr, *fill)
+            flat[at] = desc
         head = self.head
         self.launch(head[0], head[1], head[2], stream, *head[4:], *flat)
 
