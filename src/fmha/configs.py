@@ -136,7 +136,8 @@ def decode_config(rows: int, seqlen_k: int, head_dim: int = 128, arch: str = "sm
     tiles suffice, and K/V read by TMA (``tma=1``; the caller drops it where the call cannot take
     it).  One query block: as many splits as fill each SM once (``split_per_sm=1``); from 8k keys
     128-key tiles in 3 stages (192 KB in flight), shorter caches 64-key tiles; past head_dim 128 the
-    64-key tiles keep 3 stages (4 would need 256 KB).  MLA's absorbed form: its ``arch``'s :func:`mla_config`.
+    64-key tiles keep 3 stages (4 would need 256 KB).  MLA's absorbed form: its ``arch``'s :func:`mla_config`;
+    AMD: :func:`amd_decode_config`.
     Measurements: docs/PERF.md, "Decoding"."""
     block_m = min(64, max(16, 1 << (rows - 1).bit_length()))
     if head_dim > 256:  # MLA's absorbed form: a 512-wide accumulator
