@@ -179,24 +179,10 @@ def build_backward_kernels(target: str, head_dim: int, dtype: str = "bfloat16", 
                      HEAD_V=head_dim, BLOCK_DV=block_d)
         if "ATOMIC_DQ" in kernel.arg_names:
             const["ATOMIC_DQ"] = atomic
-        sig, attrs = {}, {}
-        for i, name in enumerate(kernel.arg_names):
-            if name in const:
-                sig[name] = "constexpr"
-            elif name in ("Q", "K", "V", "DO", "DK", "DV", "DQ", "LSE", "Delta", "Alibi"):
-                wide = name in ("LSE", "Delta", "Alibi") or (name == "DQ" and atomic)
-                sig[name], attrs[(i,)] = "*" + ("fp32" if wide else DTYPES[dtype]), [["tt.divisibility", 16]]
-            elif name in ("CuQ", "CuK", "SeqK"):
-                sig[name] = "*i32"
-            elif name in ("scale_log2", "softcap"):
-                sig[name] = "fp32"
-            else:
-                sig[name] = "i32"
-                if name.startswith("stride_"):
-                    attrs[(i,)] = [["tt.divisibility", 16]]
-        compiled = triton.compile(ASTSource(kernel, sig, const, attrs),
-                                  target=GPUTarget(chip.backend, chip.arch, chip.warp_size),
-                                  options={"num_warps": t["num_warps"], "num_stages": t["num_stages"]})
+        dt = DTYPES[dtype]
+        aligned = {**dict.fromkeys(("Q", "K", "V", "DO", "DK", "DV"), dt), "DQ": "fp32" if atomic else dt,
+                   **dict.fromkeys(("LSE", "Delta", "Alibi"), "fp32")}
+        compiled = _compile(kernel, const, aligned, chip, t["num_warps"], t["num_stages"])
         cfg = dict(block_m=t["BLOCK_M"], block_n=t["BLOCK_N"], num_warps=t["num_warps"], num_stages=t["num_stages"])
         out.append(Build(kernel.__name__, target, head_dim, dtype, causal, cfg, dict(compiled.asm),
                          _plain(compiled.metadata)))
@@ -320,29 +306,37 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
     if head_dim == MLA_ABSORBED[0]:  # MLA's absorbed decode: 512 + 64 columns, V K's first 512, keys split, GQA packed
         const.update(HEAD_DIM=512, BLOCK_D=512, HEAD_V=512, BLOCK_DV=512, QK_LO=64, V_FROM_K=True, SPLIT=True,
                      PACK_GQA=True, ALIGN_BR=True, SEQUSED=True)
+    const.update({name: 1 for name in kernel.arg_names  # unit strides, as launches specialise them
+                  if name.startswith("stride_") and name.endswith("d") and name not in const})
+    aligned = {**dict.fromkeys(("Q", "K", "V"), DTYPES[dtype]), "O": "bf16" if fp8 else DTYPES[dtype],
+               **dict.fromkeys(("LSE", "Alibi", "Descale"), "fp32")}
+    compiled = _compile(kernel, const, aligned, chip, cfg.num_warps, cfg.num_stages)
+    return Build(variant, target, head_dim, dtype, causal, cfg.as_dict(), dict(compiled.asm),
+                 _plain(compiled.metadata))
+
+
+def _compile(kernel, const: dict, aligned: dict, chip, num_warps: int, num_stages: int):
+    """Triton's build of the Triton ``kernel`` for ``chip`` as a launch specialises it: ``const`` its constexprs,
+    ``aligned`` the element type of each pointer it reads 16-byte aligned; the cu_seqlens, lengths and block
+    table int32 pointers, the scale and softcap float32, every other argument an int32 (strides divisible by
+    16)."""
     sig, attrs = {}, {}
     for i, name in enumerate(kernel.arg_names):
         if name in const:
             sig[name] = "constexpr"
-        elif name.startswith("stride_") and name.endswith("d"):  # unit stride, as launches specialise it
-            sig[name], const[name] = "constexpr", 1
-        elif name in ("Q", "K", "V", "O"):
-            sig[name], attrs[(i,)] = "*" + ("bf16" if fp8 and name == "O" else DTYPES[dtype]), [["tt.divisibility", 16]]
+        elif name in aligned:
+            sig[name], attrs[(i,)] = "*" + aligned[name], [["tt.divisibility", 16]]
         elif name in ("CuQ", "CuK", "SeqK", "BlockTable"):
             sig[name] = "*i32"
-        elif name in ("LSE", "Alibi", "Descale"):
-            sig[name], attrs[(i,)] = "*fp32", [["tt.divisibility", 16]]
         elif name in ("scale_log2", "softcap"):
             sig[name] = "fp32"
         else:
             sig[name] = "i32"
             if name.startswith("stride_"):
                 attrs[(i,)] = [["tt.divisibility", 16]]
-    compiled = triton.compile(ASTSource(kernel, sig, const, attrs),
-                              target=GPUTarget(chip.backend, chip.arch, chip.warp_size),
-                              options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
-    return Build(variant, target, head_dim, dtype, causal, cfg.as_dict(), dict(compiled.asm),
-                 _plain(compiled.metadata))
+    target = GPUTarget(chip.backend, chip.arch, chip.warp_size)
+    return triton.compile(ASTSource(kernel, sig, const, attrs), target=target,
+                          options={"num_warps": num_warps, "num_stages": num_stages})
 
 
 def _plain(md) -> dict:
