@@ -7,7 +7,7 @@ import torch
 
 from . import configs, forward
 from .checks import (check_features, check_forward_only, check_fp8, check_index, check_inputs, check_out,
-                     check_packed_shapes, check_paged_call, check_splits, variants)
+                     check_paged_call, check_splits, check_varlen_call, variants)
 from . import gradients
 from .plan import describe, select_variant
 from .sinks import attach as attach_sinks
@@ -154,9 +154,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     through the custom op ``fmha::attention_varlen`` (:mod:`fmha.custom_op`), its backward with it.
     """
     def checks():
-        check_packed_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k)
-        check_inputs(q[None], k[None], v[None], causal_align, "bshd", variant, scale)
-        check_features(q[None], "bshd", window, softcap, alibi_slopes, sinks)
+        check_varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, causal_align, variant, scale, window, softcap,
+                          alibi_slopes, sinks)
         check_forward_only(q, v, gradients.needs_grad(q, k, v))
     if (sinks is None and _replayable(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, window=window, softcap=softcap)
             and not gradients.needs_grad(q, k, v) and not torch.compiler.is_compiling()):

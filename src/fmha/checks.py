@@ -161,6 +161,15 @@ def _v_like(q, v_cache):
     return q
 
 
+def check_varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, causal_align: str, variant: str, scale, window, softcap,
+                      alibi_slopes, sinks) -> None:
+    """Everything :func:`fmha.attention_varlen` checks on the host but whether autograd records it: the packed
+    shapes and cu_seqlens, q, k and v as one bshd sequence, the modifiers."""
+    check_packed_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    check_inputs(q[None], k[None], v[None], causal_align, "bshd", variant, scale)
+    check_features(q[None], "bshd", window, softcap, alibi_slopes, sinks)
+
+
 def check_paged_call(q, k_cache, v_cache, block_table, cache_seqlens, causal_align: str, layout: str, variant: str,
                      scale, window, softcap, alibi_slopes, sinks, num_splits: int) -> None:
     """Everything :func:`fmha.attention_paged` checks on the host: the variant, q (against the pool's V

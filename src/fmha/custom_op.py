@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 
 from . import backward, forward, sinks as sink_mod
-from .checks import (check_features, check_forward_only, check_index, check_inputs, check_packed_shapes,
-                     check_paged_call, check_splits)
+from .checks import (check_features, check_forward_only, check_index, check_inputs, check_paged_call, check_splits,
+                     check_varlen_call)
 
 
 @torch.library.custom_op("fmha::attention", mutates_args=())
@@ -104,9 +104,8 @@ def attention_varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_se
                         softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None,
                         sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     window = (window_left, window_right)
-    check_packed_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k)
-    check_inputs(q[None], k[None], v[None], causal_align, "bshd", variant, scale)
-    check_features(q[None], "bshd", window, softcap, alibi_slopes, sinks)
+    check_varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, causal_align, variant, scale, window, softcap, alibi_slopes,
+                      sinks)
     o, lse = forward.packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
                             scale=scale, variant=variant, causal_align=causal_align,
                             return_lse=return_lse or sinks is not None, window=window, softcap=softcap,
