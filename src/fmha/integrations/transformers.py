@@ -230,8 +230,8 @@ def _compiled_masked(module, query, key, value, attention_mask, q, k, v, kw, dro
     else:
         cached = one_run & last & prefix & ~(aligned & (q_len == k_len))
 
-    def canonical(x):  # the branches' outputs must agree in strides, a size-1 dimension's included
-        return x.contiguous().flatten().view(x.shape)
+    def canonical(x):  # the branches' outputs must agree in strides: one flat dimension has one (torch.cond's
+        return x.reshape(-1)  # stride merge trips over a decode's size-1 dimensions, even contiguous ones)
 
     def ours(q, k, v, mask, end, cached):
         return canonical(fmha.attention(q, k, v, causal_align="bottom_right", layout="bshd", **kw))
@@ -250,7 +250,8 @@ def _compiled_masked(module, query, key, value, attention_mask, q, k, v, kw, dro
     # a static cache is an inference thing; with gradients the branches' gradients would have to agree in strides
     # too, which the lengths' branch and SDPA's do not
     training = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    return torch.cond(band_alone, ours, theirs if training else other, (q, k, v, attention_mask, end, cached))
+    out = torch.cond(band_alone, ours, theirs if training else other, (q, k, v, attention_mask, end, cached))
+    return out.view(*q.shape[:3], v.shape[3])
 
 
 _packed: dict = {}  # id(mask) -> [the mask, weakly; its sequence ids [batch, seq]; _packed_sequences' answer]
