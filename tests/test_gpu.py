@@ -97,7 +97,10 @@ def test_hopper_matches_reference(config, layout, dtype, causal, align, shape):
                                       (64, fmha.KernelConfig(64, 64, 4, 2, occupancy=3, lazy=1)),
                                       (128, fmha.KernelConfig(128, 128, 4, 2, q_regs=1, fence=1, stale=1)),
                                       (64, fmha.KernelConfig(192, 128, 4, 2, pingpong=1, stale=1)),
-                                      (64, fmha.KernelConfig(64, 64, 4, 2, occupancy=3, stale=1))], ids=str)
+                                      (64, fmha.KernelConfig(64, 64, 4, 2, occupancy=3, stale=1)),
+                                      (96, fmha.KernelConfig(128, 128, 4, 2, q_regs=1, stale=1)),
+                                      (96, fmha.KernelConfig(128, 128, 4, 2, lazy=1)),
+                                      (32, fmha.KernelConfig(192, 128, 4, 2, pingpong=1, stale=1))], ids=str)
 def test_hopper_rescales_as_scores_grow(d, config, growth):
     """Keys growing along the sequence (key j scaled by 1 + growth * j): at 0.05 every row's max grows
     by far more than 2**8 from one key tile to the next, so a lazy pivot moves (and O is rescaled) at
@@ -189,7 +192,9 @@ def _arranged(b, h, kvh, s, d, dv, arrangement, seed):
 @pytest.mark.parametrize("causal,align", [(False, "top_left"), (True, "bottom_right")])
 @pytest.mark.parametrize("d,dv,config", [(32, 32, None), (96, 96, None), (192, 192, None), (256, 256, None),
                                          (192, 128, None), (32, 32, fmha.KernelConfig(128, 128, 4, 2)),
-                                         (96, 96, fmha.KernelConfig(128, 128, 4, 2))], ids=str)
+                                         (96, 96, fmha.KernelConfig(128, 128, 4, 2)),
+                                         (96, 96, fmha.KernelConfig(192, 128, 4, 2, pingpong=1, q_regs=1)),
+                                         (32, 32, fmha.KernelConfig(64, 128, 4, 2, occupancy=2))], ids=str)
 def test_hopper_takes_every_head_dim(d, dv, config, causal, align, arrangement):
     """head_dim 32, 96, 192, 256 and DeepSeek's 192/128 on the Gluon kernel, in tiles padded to a power of
     two (Q in shared memory: Q K^T over the head dim's own columns, in slices).  kv head 1's first key is
@@ -394,7 +399,8 @@ HOPPER_VARLEN = [  # (query lengths, key lengths) of the packed sequences
 @pytest.mark.parametrize("causal,align,window", [(False, "top_left", (-1, -1)), (True, "top_left", (-1, -1)),
                                                  (True, "bottom_right", (-1, -1)), (True, "bottom_right", (300, -1)),
                                                  (False, "top_left", (200, 100))])
-@pytest.mark.parametrize("d,dtype", [(64, torch.bfloat16), (128, torch.float16)], ids=str)
+@pytest.mark.parametrize("d,dtype", [(64, torch.bfloat16), (128, torch.float16), (96, torch.bfloat16),
+                                     (32, torch.float16)], ids=str)
 def test_hopper_varlen_matches_reference(d, dtype, causal, align, window, lens):
     """Packed sequences on the Gluon kernel: every sequence (output and LSE) against its own
     float64 reference, the output's memory poisoned with NaN beforehand."""

@@ -323,8 +323,10 @@ def test_cli_report_and_errors(tmp_path):
 
 @pytest.mark.parametrize("head_dim", [32, 96, 192, 256])
 def test_hopper_builds_every_head_dim(head_dim):
-    """Head dims off 64 and 128 build for sm_90 in tiles padded to a power of two, without spills; with Q
-    in shared memory, Q K^T runs over the head dim's own columns (192: twelve 16-column steps, 128 + 64)."""
+    """Head dims off 64 and 128 build for sm_90 without spills, 32 in 32-wide tiles, 96 and 192 in tiles padded
+    to a power of two; with Q in shared memory, Q K^T runs over the head dim's own columns, and P V at 96
+    always (64 + 32 columns).  The wgmma shapes, m64nNk16, counted over the build (each product's
+    k-steps, at each of its places in the code)."""
     from dataclasses import replace
 
     from fmha import configs
@@ -333,13 +335,17 @@ def test_hopper_builds_every_head_dim(head_dim):
     b = targets.build("hopper", "sm_90", head_dim, "bfloat16", True, cfg, seqlen_k=4096)
     assert targets.report(b).spilled_registers == 0
     hi, lo = hopper.qk_slices(head_dim, cfg)
-    assert (hi, lo) == {32: (32, 0), 96: (64, 32), 192: (128, 64), 256: (0, 0)}[head_dim]
+    assert (hi, lo) == {32: (0, 0), 96: (64, 32), 192: (128, 64), 256: (0, 0)}[head_dim]
     assert hopper.qk_slices(head_dim, replace(cfg, cluster=1)) == (0, 0)  # Gluon 3.6 slices no cluster tile
-    assert configs.hopper_config(head_dim, True, 4096).q_regs == 0  # a causal padded head dim: Q in shared memory
-    if head_dim == 192:  # Q K^T (64 x 64 tiles) against P V (64 x 256): 12 steps against 4 a key tile
-        mix = targets.report(b).matrix_instructions
-        assert mix["wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16"] == 3 * mix[
-            "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16"]
+    # a causal padded head dim keeps Q in shared memory; 32 is a tile of its own
+    assert configs.hopper_config(head_dim, True, 4096).q_regs == (head_dim == 32)
+    n = {int(re.search(r"m64n(\d+)k16", k)[1]): v for k, v in targets.report(b).matrix_instructions.items()}
+    if head_dim == 32:  # Q K^T: 2 steps of 128 keys; P V: 8 of 32 columns
+        assert set(n) == {128, 32} and n[32] == 4 * n[128]
+    if head_dim == 96:  # Q K^T: 6 steps of 128 keys; P V: 8 of 64 columns, 8 of 32
+        assert set(n) == {128, 64, 32} and n[64] == n[32] and 3 * n[64] == 4 * n[128]
+    if head_dim == 192:  # 64-key tiles; Q K^T: 12 steps of 64 keys, P V: 4 of 256 columns
+        assert set(n) == {256, 64} and n[64] == 3 * n[256]
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])

@@ -107,7 +107,7 @@ def kernel(prob, q, k, v, do, layout: str, alibi, deterministic: bool) -> str:
     from .kernels.hopper import backward as hopper
     if hopper.supports(prob, q, k, v, do, layout, alibi is not None, deterministic):
         return "triton"
-    return "hopper" if prob.seqlen_q >= GLUON_ROWS[hopper.padded(prob.head_dim)] else "triton"
+    return "hopper" if prob.seqlen_q >= GLUON_ROWS[hopper.tile_width(prob.head_dim)] else "triton"
 
 
 def _delta(prob, o, do, lse, layout, cu_q, rows):

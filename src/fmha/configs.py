@@ -101,28 +101,28 @@ HOPPER_FP8 = [
 def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = False,
                   per_sequence: bool = False, seqlen_q: int = 0, fp8: bool = False) -> KernelConfig:
     """The ``hopper`` entry for this shape (a head dim takes the rows of its tile width,
-    ``hopper.padded``: 32 and 64 the 64 rows, 96 and 128 the 128 rows, 192 and 256 the 256 rows; with
+    ``hopper.padded``: 32 (in 32-wide tiles) and 64 the 64 rows, 96 and 128 the 128 rows, 192 and 256 the 256 rows; with
     ``per_sequence`` lengths, varlen or seqused_k, ``seqlen_k`` is the longest).  With a window,
     softcap or ALiBi, or key lengths off the key tile (per sequence: any), 192 rows become 128:
     three consumer warpgroups at 160 registers spill on the extra live values (up to 117
     registers with the modifiers, 48 stores with the ragged key mask, sm_90 build), two at 240
     do not.  With the modifiers at D=128, Q stays in shared memory (in registers, 23 spilled
     registers with window, softcap and ALiBi, causal); so it does for a causal head dim padded to
-    its tile (96, 32), whose Q K^T then skips the zero columns (``hopper.qk_slices``: 1-3% faster
+    its tile (96), whose Q K^T then skips the zero columns (``hopper.qk_slices``: 1-3% faster
     at D=96, docs/PERF.md); with them or lengths per sequence, no
     clusters (``hopper.supports``), nor where ``seqlen_q`` (0: not known) makes an odd number of
     query blocks (FlashAttention-3's rule): a cluster runs two blocks, and the partner of a last
     lone block would compute rows that do not exist (a 2x loss where a head has one block).  ``fp8``: float8
     q, k and v take the ``HOPPER_FP8`` row of their head dim (none: the 16-bit rows, which
     ``hopper.fp8_reason`` then refuses)."""
-    d = padded(head_dim)
+    d = padded(head_dim, 64)
     for key_d, key_causal, cfg in HOPPER_FP8 if fp8 else ():
         if key_d == d and key_causal == bool(causal):
             return cfg
     for key_d, key_causal, longest, cfg in HOPPER:
         if key_d == d and key_causal == bool(causal) and (longest is None or seqlen_k <= longest):
             narrow = modifiers or per_sequence or seqlen_k % cfg.block_n
-            if modifiers and d == 128 or causal and head_dim != d:
+            if modifiers and d == 128 or causal and head_dim != padded(head_dim):
                 cfg = replace(cfg, q_regs=0)
             if modifiers or per_sequence or -(-seqlen_q // cfg.block_m) % 2:
                 cfg = replace(cfg, cluster=0)

@@ -71,7 +71,7 @@ def _length(rng: random.Random, top: int, tile: int) -> int:
 
 def _table_configs(variant: str, head_dim: int, causal: bool) -> list[dict]:
     if variant == "hopper":
-        return [cfg.as_dict() for d, c, _, cfg in configs.HOPPER if d == padded(head_dim) and c == causal]
+        return [cfg.as_dict() for d, c, _, cfg in configs.HOPPER if d == padded(head_dim, 64) and c == causal]
     if variant == "tiled":
         return [cfg.as_dict() for arch, max_d, cfg in configs.TILED if arch == "sm90" and head_dim <= max_d]
     return []

@@ -120,9 +120,9 @@ def build_backward(head_dim: int, dtype: str = "bfloat16", causal: bool = False)
     from triton.backends.compiler import BaseBackend
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from .kernels.hopper import backward, padded, reduce_pass
+    from .kernels.hopper import backward, reduce_pass
     tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
-    head = padded(head_dim)
+    head = backward.tile_width(head_dim)
     t = torch.empty(1, 1, 256, head_dim, dtype=tdt)
     descs, _ = backward.descriptors(t, t, t, t, torch.empty(1, 256, head, dtype=torch.float32), "bhsd", head)
     kernel = backward.backward_kernel

@@ -49,11 +49,12 @@ one packed bshd tensor; the work items come from a list built on the device from
 lengths, :mod:`.worklist`, so none lies past a sequence's end) and per-batch
 key lengths (``SEQUSED``), also against a paged K/V cache (``PAGED``: pages of a
 multiple of ``BLOCK_N`` keys, each key tile's page read from the block table by the
-producer).  A head dim runs in tiles of the next power of two, 64 at least
-(:func:`padded`): Q and O go through 3-D descriptors and K and V through 4-D ones whose
-last dimension ends at head_dim (:func:`tma.exact`), so the columns of a box past it
-read zeros and are never written, and Q K^T skips them where Q stays in shared memory
-(:func:`qk_slices`).  Rows of the last query block past the sequence's end are computed on
+producer).  A head dim runs in tiles of the next power of two, 32 at least
+(:func:`padded`; a 32-wide tile is swizzled by 64 bytes): Q and O go through 3-D descriptors and K and V
+through 4-D ones whose last dimension ends at head_dim (:func:`tma.exact`), so the columns of a box past
+it read zeros and are never written; Q K^T skips them where Q stays in shared memory (:func:`qk_slices`),
+and P V at 96 always (``resources.pv_lo``: O's accumulator in two pieces, 64 + 32 columns).  Rows of
+the last query block past the sequence's end are computed on
 whatever TMA reads there and never stored (a warpgroup that straddles the end, or
 every warpgroup where O cannot be staged in shared memory, stores from registers).  K and V
 hold one sequence per (batch, head) in their descriptors, so a last key tile past
@@ -83,17 +84,14 @@ from ...constants import LOG2E
 from ...device import device_facts
 from .kernel import KERNEL, hopper_kernel  # noqa: F401
 from .resources import (REGS_SM, SMEM_LIMIT, SMEM_SM, SMEM_SPARE, consumer_regs, launch_options,  # noqa: F401
-                        launch_regs, o_staged, padded, sm_bytes, smem_bytes)
+                        launch_regs, o_staged, padded, sm_bytes, smem_bytes, tile_layout, v_span)
 from .schedule import (ITEM_COST, _schedule, balanced_tail, block_tiles, item_rows, paired_block,  # noqa: F401
                        per_sequence, split_pieces, tail_pieces)
 
 
 # the TMA boxes: Q and O [1, 64, HEAD] of a 3-D descriptor, K and V [1, 1, BLOCK_N, HEAD] of a 4-D one
-# (:func:`descriptors`); the buffers they land in are 2-D tiles (``kernel.TILE``)
-ROWS_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
-
-
-KV_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
+# (:func:`descriptors`), in ``resources.tile_layout`` of their width; the buffers they land in are 2-D tiles of
+# the same swizzle
 
 
 # FP8: float8 Q, K and V^T (one-byte elements; O stays 16-bit)
@@ -175,10 +173,15 @@ def descriptors(prob, cfg, q, k, v, o, layout: str, vt=None) -> tuple:
     views = [(q, tma.rows_view(q, layout), layout), (k, tma.kv_view(k, kv_layout), kv_layout),
              (v, tma.kv_view(v, kv_layout), kv_layout), (o, tma.rows_view(o, layout), layout)]
     d, dv = padded(prob.head_dim), padded(prob.dv)
-    rows, kv, split = (ROWS_LAYOUT_2, KV_LAYOUT_2, 2) if cfg.cluster else (ROWS_LAYOUT, KV_LAYOUT, 1)
-    # CLUSTER: each CTA loads a column half of every K/V tile
+    if cfg.cluster:  # each CTA loads a column half of every K/V tile
+        split, layouts = 2, (ROWS_LAYOUT_2, KV_LAYOUT_2, KV_LAYOUT_2, ROWS_LAYOUT_2)
+    else:
+        span = v_span(dv, prob.dv, prob.fp8)
+        split, layouts = 1, (tile_layout(d, 3), tile_layout(d, 4), tile_layout(dv, 4, span=span),
+                             tile_layout(dv, 3, span=span))
     boxes = ([1, 64, d], [1, 1, cfg.block_n, d // split], [1, 1, cfg.block_n, dv // split], [1, 64, dv])
-    layouts = (rows, kv, kv, rows) if vt is None else (ROWS_LAYOUT_FP8, KV_LAYOUT_FP8, KV_LAYOUT_FP8, rows)
+    if vt is not None:
+        layouts = (ROWS_LAYOUT_FP8, KV_LAYOUT_FP8, KV_LAYOUT_FP8, layouts[3])
     descs = [TensorDescriptor(t, *tma.exact(t, w, lay), box, how)
              for (t, w, lay), box, how in zip(views, boxes, layouts)]
     if vt is not None:

@@ -297,9 +297,14 @@ def descriptors(q, k, v, do, dq, layout: str, head: int) -> tuple[list, list[int
     return descs, place
 
 
+def tile_width(head_dim: int) -> int:
+    """The tile width a head dim runs in here: its power of two, 64 at least (the 128-byte swizzled tiles)."""
+    return padded(head_dim, 64)
+
+
 def launch(prob, q, k, v, do, lse, delta, dk, dv, layout: str, strides) -> torch.Tensor:
     """dK and dV into ``dk``, ``dv``; returns dQ (float32, ``[batch * heads, seqlen_q, tile width]``)."""
-    head = padded(prob.head_dim)
+    head = tile_width(prob.head_dim)
     dq = torch.zeros(prob.batch * prob.heads, prob.seqlen_q, head, dtype=torch.float32, device=q.device)
     (q_desc, k_desc, v_desc, do_desc, dq_desc), place = descriptors(q, k, v, do, dq, layout, head)
     reduce_pass.install()

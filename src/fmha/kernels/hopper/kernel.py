@@ -9,13 +9,11 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 from .cluster import BARRIER_CLUSTER, SPARE_CLUSTER
 from .consumer import _consumer
 from .producer import _producer
-from .resources import PRODUCER_REGS
+from .resources import PRODUCER_REGS, tile_layout, v_span
 
 
-# the 2-D tiles the TMA boxes land in and the wgmma read (CLUSTER: whole in each CTA of the cluster)
-TILE = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
-
-
+# the 2-D tiles the TMA boxes land in and the wgmma read: ``resources.tile_layout`` of their width (CLUSTER:
+# whole in each CTA of the cluster)
 TILE_CLUSTER = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2,
                                                  cga_layout=[[0, 0]]))
 
@@ -52,11 +50,13 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
     if CLUSTER:  # each CTA of the cluster holds all of every buffer
         bar_layout: gl.constexpr = BARRIER_CLUSTER
         spare_layout: gl.constexpr = SPARE_CLUSTER
-        tile: gl.constexpr = TILE_CLUSTER
+        tile: gl.constexpr = TILE_CLUSTER  # q/k's tiles
+        tile_v: gl.constexpr = TILE_CLUSTER  # v's and O's
     else:
         bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
         spare_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
-        tile: gl.constexpr = TILE
+        tile: gl.constexpr = tile_layout(HEAD)
+        tile_v: gl.constexpr = tile_layout(HEAD_V, span=v_span(HEAD_V, DV, FP8))
     if FP8:
         in_tile: gl.constexpr = TILE_FP8
     else:
@@ -66,7 +66,7 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
     q_smem = q_box._reinterpret(q_desc.dtype, [NUM_WG, 64, HEAD], in_tile)
     if O_SMEM:
         o_box = gl.allocate_shared_memory(o_desc.dtype, [NUM_WG, 1, 64, HEAD_V], o_desc.layout)
-        o_smem = o_box._reinterpret(o_desc.dtype, [NUM_WG, 64, HEAD_V], tile)
+        o_smem = o_box._reinterpret(o_desc.dtype, [NUM_WG, 64, HEAD_V], tile_v)
     else:  # never used: placeholders for the partitions' argument lists
         o_box = gl.allocate_shared_memory(o_desc.dtype, [1, 8, 8], spare_layout)
         o_smem = o_box
@@ -74,7 +74,7 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
         k_load = gl.allocate_shared_memory(k_desc.dtype, [2 * STAGES, 1, 1, BLOCK_N, HEAD // 2], k_desc.layout)
         v_load = gl.allocate_shared_memory(v_desc.dtype, [2 * STAGES, 1, 1, BLOCK_N, HEAD_V // 2], v_desc.layout)
         k_bufs = k_load._reinterpret(k_desc.dtype, [STAGES, BLOCK_N, HEAD], tile)
-        v_bufs = v_load._reinterpret(v_desc.dtype, [STAGES, BLOCK_N, HEAD_V], tile)
+        v_bufs = v_load._reinterpret(v_desc.dtype, [STAGES, BLOCK_N, HEAD_V], tile_v)
     elif FP8:  # V^T's slots: [HEAD_V, BLOCK_N]
         k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD], in_tile)
         v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, HEAD_V, BLOCK_N], in_tile)
@@ -82,7 +82,7 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
         v_load = v_bufs
     else:
         k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD], tile)  # 2-D slots
-        v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_V], tile)
+        v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_V], tile_v)
         k_load = k_bufs
         v_load = v_bufs
     q_bar = gl.allocate_shared_memory(gl.int64, [1], bar_layout)

@@ -41,7 +41,8 @@ def _fence(x):
         "=r,r", [x], dtype=gl.float32, is_pure=False, pack=1)
 
 
-def _rescale_asm(values: int) -> str:
+@triton.constexpr_function
+def _rescale_asm(values):
     """PTX for one thread's ``values`` accumulator registers (``$0..``, tied to the inputs) times
     their row's alpha (``$2v..``): a branch over the multiplications when both of the thread's rows
     (elements 0 and 2 of each group of 4 in the wgmma accumulator layout) have alpha 1."""
@@ -52,7 +53,8 @@ def _rescale_asm(values: int) -> str:
             f"@!%p bra rescaled; {muls} rescaled: }}")
 
 
-def _rescale_constraints(values: int) -> str:
+@triton.constexpr_function
+def _rescale_constraints(values):
     return ",".join(["=f"] * values + [str(i) for i in range(values)] + ["f"] * values)
 
 
@@ -66,29 +68,14 @@ STALE_SUM = 2.0 ** 15
 STALE_SUM_PTX = "0f" + struct.pack(">f", STALE_SUM).hex().upper()  # as a PTX float literal
 
 
-RESCALE_128 = gl.constexpr(_rescale_asm(64))  # 64 rows x 128 columns over a warpgroup: 64 values a thread
-
-
-RESCALE_128_C = gl.constexpr(_rescale_constraints(64))
-
-
-RESCALE_64 = gl.constexpr(_rescale_asm(32))
-
-
-RESCALE_64_C = gl.constexpr(_rescale_constraints(32))
-
-
 @gluon.jit
 def _rescale_lazy(acc, alpha, HEAD: gl.constexpr):
     """``acc * alpha`` (step 5.5), the multiplications skipped by each thread whose rows kept
     their pivot (FlashAttention-4's conditional rescale: with LAZY a row's pivot moves only
-    when its max grows by more than LAZY_GROWTH, so most tiles leave every alpha at 1)."""
-    if HEAD == 128:
-        return gl.inline_asm_elementwise(RESCALE_128, RESCALE_128_C, [acc, alpha], dtype=gl.float32,
-                                         is_pure=True, pack=64)
-    else:
-        return gl.inline_asm_elementwise(RESCALE_64, RESCALE_64_C, [acc, alpha], dtype=gl.float32,
-                                         is_pure=True, pack=32)
+    when its max grows by more than LAZY_GROWTH, so most tiles leave every alpha at 1).  64 rows x ``HEAD``
+    columns over a warpgroup: ``HEAD / 2`` values a thread, all in one asm block."""
+    return gl.inline_asm_elementwise(_rescale_asm(HEAD // 2), _rescale_constraints(HEAD // 2), [acc, alpha],
+                                     dtype=gl.float32, is_pure=True, pack=HEAD // 2)
 
 
 @gluon.jit
