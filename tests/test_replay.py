@@ -257,3 +257,22 @@ def test_descriptors_are_filled_once_for_each_base(monkeypatch):
         replay.call(_kind(x, y_now), (x, y_now), torch.device("cpu"), lambda: pytest.fail("not replayed"))
         assert kernel.launches[-1][2][2] == ("map", y_now.data_ptr())
     assert sorted(fills) == sorted(b.data_ptr() for b in bases)
+
+
+def test_a_call_that_writes_besides_its_launches_is_not_replayed():
+    """A check's launch, then the outputs written on the host side (an empty paged cache: zeros): a replay
+    would make the launch alone and return an output never written, so every call takes the ordinary path."""
+    kernel = FakeKernel()
+    x, y = torch.zeros(4), torch.ones(4)
+    kind = _kind(x, y)
+
+    def edge():
+        out = replay.buffer(torch.empty(4))
+        replay.launch(kernel, (1,), x, out, Desc(y, [8]), 7)
+        replay.host_work()
+        return out.zero_(), None
+    for _ in range(2):
+        out, _ = replay.call(kind, (x, y), torch.device("cpu"), edge)
+        assert torch.equal(out, torch.zeros(4))
+    assert replay._RECIPES[kind] is replay.UNRECORDABLE and [how for how, *_ in kernel.launches] == ["jit", "jit"]
+

@@ -64,10 +64,7 @@ def _dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse,
     if o.numel() == 0:
         return o, lse
     if seqlen_k == 0:
-        o.zero_()
-        if return_lse:
-            lse.fill_(-math.inf)
-        return o, lse
+        return _no_keys(o, lse)
     prob = planning.problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal=causal, scale=scale,
                             window=window, causal_align=causal_align, softcap=softcap,
                             seqused=seqused_k is not None, head_dim_v=v.shape[3], fp8=descale is not None)
@@ -141,10 +138,7 @@ def _paged(q, k_cache, v_cache, block_table, cache_seqlens, *, causal, scale, ca
     lse = replay.buffer(torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device)) \
         if return_lse else None
     if o.numel() == 0 or block_table.shape[1] == 0:
-        o.zero_()
-        if lse is not None:
-            lse.fill_(-math.inf)
-        return o, lse
+        return _no_keys(o, lse)
     prob = planning.problem(batch, heads, kv_heads, seqlen_q, block_table.shape[1] * page, head_dim, causal=causal,
                             scale=scale, window=window, causal_align=causal_align, softcap=softcap, seqused=True,
                             page=page, head_dim_v=v_cache.shape[3])
@@ -160,6 +154,16 @@ def _paged(q, k_cache, v_cache, block_table, cache_seqlens, *, causal, scale, ca
     p = dataclasses.replace(p, config=dataclasses.replace(p.config, block_n=block_n), split_len=split_len)
     kv = (k_cache, v_cache) if layout == "bshd" else (k_cache.permute(0, 2, 1, 3), v_cache.permute(0, 2, 1, 3))
     run(p, q, *kv, o, lse, layout, alibi_slopes, seqs, block_table)
+    return o, lse
+
+
+def _no_keys(o, lse):
+    """The answer of rows that see no key: O = 0, LSE = -inf (written here, not by a launch: the call is not
+    replayed, :func:`replay.host_work`)."""
+    replay.host_work()
+    o.zero_()
+    if lse is not None:
+        lse.fill_(-math.inf)
     return o, lse
 
 

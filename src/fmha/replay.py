@@ -71,6 +71,14 @@ def buffer(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def host_work() -> None:
+    """The call being recorded writes its outputs by more than its launches (an edge answered with
+    ``zero_()`` after a check's launch): a replay, which makes only the launches, would return them unwritten,
+    so the kind keeps the ordinary path."""
+    if getattr(_local, "steps", None) is not None:
+        _local.steps.append(None)
+
+
 def constant(t: torch.Tensor) -> torch.Tensor:
     """``t``, a tensor whose contents follow from the call's key alone: a replay passes this one."""
     if getattr(_local, "steps", None) is not None:
@@ -312,7 +320,10 @@ def call(k: tuple, inputs, device: torch.device, run, checks=None):
         outputs = run()
     finally:
         _local.steps = _local.buffers = _local.constants = None
-    if not steps or any(s[1] is None for s in steps):  # an edge answered without a launch; the interpreter
+    if not steps or any(s is not None and s[1] is None for s in steps):  # an edge answered without a launch;
+        return outputs  # the interpreter
+    if None in steps:  # :func:`host_work`
+        _RECIPES[k] = UNRECORDABLE
         return outputs
     if len(_RECIPES) >= _MAX_RECIPES:
         _RECIPES.clear()
