@@ -261,10 +261,10 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
 
 def qk_slices(head_dim: int, cfg) -> tuple[int, int]:
     """(QK_HI, QK_LO): Q K^T over a padded head dim's own columns, in two slices of powers of two (192 as
-    128 + 64, 96 as 64 + 32, 32 as 32 + 0); (0, 0): over the whole tile (a head dim of its own tile's
-    width, Q in registers, whose operand does not slice, or a cluster, whose shared tiles Gluon 3.6 does
-    not slice)."""
-    if head_dim == padded(head_dim) or cfg.q_regs or cfg.cluster:
+    128 + 64, 96 as 64 + 32; Q in registers: loaded from the two slices of its shared tile); (0, 0): over the
+    whole tile (a head dim of its own tile's width, or a cluster, whose shared tiles Gluon 3.6 does not
+    slice)."""
+    if head_dim == padded(head_dim) or cfg.cluster:
         return 0, 0
     hi = 1 << (head_dim.bit_length() - 1)
     return hi, head_dim - hi

@@ -32,21 +32,25 @@ def _pass_turn(turns, WG: gl.constexpr, NUM_WG: gl.constexpr, PINGPONG: gl.const
 
 
 @gluon.jit
-def _qk(q_op, k_slot, s_layout: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, QK_HI: gl.constexpr,
-        QK_LO: gl.constexpr):
+def _qk(q_op, q_lo, k_slot, s_layout: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, QK_HI: gl.constexpr,
+        QK_LO: gl.constexpr, Q_REGS: gl.constexpr):
     """Q K^T of one key tile, issued (step 5.1).  A head dim padded to its tile's power of two (192 in 256,
-    96 in 128) with Q in shared memory: the columns past it hold TMA's zeros, so the product runs over
-    the head dim's own columns only, as two slices of powers of two (``QK_HI`` columns, then ``QK_LO``)."""
+    96 in 128): the columns past it hold TMA's zeros, so the product runs over the head dim's own columns
+    only, as two slices of powers of two (``QK_HI`` columns, then ``QK_LO``): of Q's shared tile, or with
+    ``Q_REGS`` the two register operands ``q_op`` and ``q_lo`` loaded from those slices."""
     zeros = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
     if QK_HI == 0:  # the whole tile
         return warpgroup_mma(q_op, k_slot.permute((1, 0)), zeros, use_acc=False, is_async=True)
     else:
-        qk = warpgroup_mma(q_op.slice(0, QK_HI, dim=1), k_slot.slice(0, QK_HI, dim=1).permute((1, 0)), zeros,
-                           use_acc=False, is_async=True)
-        if QK_LO > 0:
-            qk = warpgroup_mma(q_op.slice(QK_HI, QK_LO, dim=1), k_slot.slice(QK_HI, QK_LO, dim=1).permute((1, 0)),
-                               qk, is_async=True)
-        return qk
+        if Q_REGS:
+            q_hi_op = q_op
+            q_lo_op = q_lo
+        else:
+            q_hi_op = q_op.slice(0, QK_HI, dim=1)
+            q_lo_op = q_op.slice(QK_HI, QK_LO, dim=1)
+        qk = warpgroup_mma(q_hi_op, k_slot.slice(0, QK_HI, dim=1).permute((1, 0)), zeros, use_acc=False,
+                           is_async=True)
+        return warpgroup_mma(q_lo_op, k_slot.slice(QK_HI, QK_LO, dim=1).permute((1, 0)), qk, is_async=True)
 
 
 @gluon.jit
@@ -205,14 +209,20 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_ba
         # tile 0: 5.1-5.4 (no rescale yet)
         s = ring_pos % STAGES
         mbarrier.wait(q_bar, items_done & 1)
-        if Q_REGS:  # Q into registers once: its shared slot goes back to the producer at once
-            q_op = q_half.load(q_layout)
+        if Q_REGS:  # Q into registers once (in its two slices, :func:`_qk`): its shared slot goes back at once
+            if QK_HI == 0:
+                q_op = q_half.load(q_layout)
+                q_lo = q_op
+            else:
+                q_op = q_half.slice(0, QK_HI, dim=1).load(q_layout)
+                q_lo = q_half.slice(QK_HI, QK_LO, dim=1).load(q_layout)
             mbarrier.arrive(q_empty, count=1)
         else:
             q_op = q_half
+            q_lo = q_half
         mbarrier.wait(k_ready.index(s), (ring_pos // STAGES) & 1)
         _take_turn(turns, n_turn, WG, PINGPONG)
-        qk = _qk(q_op, k_bufs.index(s), s_layout, ROWS, BLOCK_N, QK_HI, QK_LO)
+        qk = _qk(q_op, q_lo, k_bufs.index(s), s_layout, ROWS, BLOCK_N, QK_HI, QK_LO, Q_REGS)
         _pass_turn(turns, WG, NUM_WG, PINGPONG)
         n_turn += 1
         qk, _k0 = warpgroup_mma_wait(0, deps=[qk, k_bufs.index(s)])
@@ -233,7 +243,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_ba
             if PINGPONG:  # both operands in place before the turn is taken
                 mbarrier.wait(v_ready.index(prev_slot), prev_phase)
                 _take_turn(turns, n_turn, WG, PINGPONG)
-            qk = _qk(q_op, k_bufs.index(s), s_layout, ROWS, BLOCK_N, QK_HI, QK_LO)
+            qk = _qk(q_op, q_lo, k_bufs.index(s), s_layout, ROWS, BLOCK_N, QK_HI, QK_LO, Q_REGS)
             if not PINGPONG:
                 mbarrier.wait(v_ready.index(prev_slot), prev_phase)
             acc, acc_lo = _pv(p16, v_bufs.index(prev_slot), acc, acc_lo, FP8, PV_LO)
@@ -250,7 +260,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_ba
                 l_tile = gl.sum(p, axis=1)
                 alpha = gl.full_like(l_tile, 1.0)
                 if _any_row_over(_first_seen(l_tile, m, MASKED), WG) != 0:
-                    qk2 = _qk(q_op, k_bufs.index(s), s_layout, ROWS, BLOCK_N, QK_HI, QK_LO)
+                    qk2 = _qk(q_op, q_lo, k_bufs.index(s), s_layout, ROWS, BLOCK_N, QK_HI, QK_LO, Q_REGS)
                     qk2 = warpgroup_mma_wait(0, deps=[qk2])
                     qk2 = _scores(qk2, first + i, mask_from, offs_m, offs_n, sk, seq_causal, seq_window, seq_align,
                                   cap_in, cap_out, slope, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
