@@ -439,7 +439,7 @@ def test_hopper_varlen_keys_stop_at_the_sequence_end():
 
 @pytest.mark.parametrize("layout", ["bhsd", "bshd"])
 @pytest.mark.parametrize("causal,align", [(False, "top_left"), (True, "top_left"), (True, "bottom_right")])
-@pytest.mark.parametrize("d,stages", [(64, 2), (128, 2), (128, 3)])
+@pytest.mark.parametrize("d,stages", [(64, 2), (128, 2), (128, 3), (96, 2), (32, 2)])
 def test_hopper_seqused_k_is_key_padding(d, stages, causal, align, layout):
     """Per-batch key lengths on the Gluon kernel; the padding past them holds NaN (keys and
     values) and never reaches the result; a batch with no keys gives 0 and LSE -inf.  (3 stages
