@@ -131,6 +131,12 @@ def _load_kv(desc, coord, ready, ring, s, rank, CLUSTER: gl.constexpr):
         _load(desc, coord, ready, ring.index(s))
 
 
+@gluon.constexpr_function
+def _chunk_cols(width):
+    """The columns of one chunk :func:`_zero_past` loads and stores: 64, or the tile's width if narrower."""
+    return min(64, width)
+
+
 @gluon.jit
 def _zero_past(buf, valid, landed, n_landed, ready):
     """Once the tile loaded into ``buf`` has landed (the ``n_landed``-th phase of ``landed``), set
@@ -138,7 +144,8 @@ def _zero_past(buf, valid, landed, n_landed, ready):
     async proxy), then signal ``ready``."""
     mbarrier.wait(landed, n_landed & 1)
     ROWS: gl.constexpr = 8  # the 128-byte swizzle repeats every 8 rows: slices start on its pattern
-    COLS: gl.constexpr = 64  # and every 64 16-bit columns (TMA writes a 128-column tile as two)
+    COLS: gl.constexpr = _chunk_cols(buf.shape[1])  # and every 64 16-bit columns (TMA writes a 128-column
+    # tile as two); a 32-wide tile is one chunk a row
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [1, 1], [1, 0])  # one warp, 16 values a thread
     for c in gl.static_range(buf.shape[0] // ROWS):
         if (c + 1) * ROWS > valid:
