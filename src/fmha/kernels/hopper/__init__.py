@@ -52,9 +52,8 @@ multiple of ``BLOCK_N`` keys, each key tile's page read from the block table by 
 producer).  A head dim runs in tiles of the next power of two, 32 at least
 (:func:`padded`; a 32-wide tile is swizzled by 64 bytes): Q and O go through 3-D descriptors and K and V
 through 4-D ones whose last dimension ends at head_dim (:func:`tma.exact`), so the columns of a box past
-it read zeros and are never written; Q K^T skips them where Q stays in shared memory (:func:`qk_slices`),
-and P V at 96 always (``resources.pv_lo``: O's accumulator in two pieces, 64 + 32 columns).  Rows of
-the last query block past the sequence's end are computed on
+it read zeros and are never written, and Q K^T skips them where Q stays in shared memory
+(:func:`qk_slices`).  Rows of the last query block past the sequence's end are computed on
 whatever TMA reads there and never stored (a warpgroup that straddles the end, or
 every warpgroup where O cannot be staged in shared memory, stores from registers).  K and V
 hold one sequence per (batch, head) in their descriptors, so a last key tile past
@@ -84,7 +83,7 @@ from ...constants import LOG2E
 from ...device import device_facts
 from .kernel import KERNEL, hopper_kernel  # noqa: F401
 from .resources import (REGS_SM, SMEM_LIMIT, SMEM_SM, SMEM_SPARE, consumer_regs, launch_options,  # noqa: F401
-                        launch_regs, o_staged, padded, sm_bytes, smem_bytes, tile_layout, v_span)
+                        launch_regs, o_staged, padded, sm_bytes, smem_bytes, tile_layout)
 from .schedule import (ITEM_COST, _schedule, balanced_tail, block_tiles, item_rows, paired_block,  # noqa: F401
                        per_sequence, split_pieces, tail_pieces)
 
@@ -176,9 +175,7 @@ def descriptors(prob, cfg, q, k, v, o, layout: str, vt=None) -> tuple:
     if cfg.cluster:  # each CTA loads a column half of every K/V tile
         split, layouts = 2, (ROWS_LAYOUT_2, KV_LAYOUT_2, KV_LAYOUT_2, ROWS_LAYOUT_2)
     else:
-        span = v_span(dv, prob.dv, prob.fp8)
-        split, layouts = 1, (tile_layout(d, 3), tile_layout(d, 4), tile_layout(dv, 4, span=span),
-                             tile_layout(dv, 3, span=span))
+        split, layouts = 1, (tile_layout(d, 3), tile_layout(d, 4), tile_layout(dv, 4), tile_layout(dv, 3))
     boxes = ([1, 64, d], [1, 1, cfg.block_n, d // split], [1, 1, cfg.block_n, dv // split], [1, 64, dv])
     if vt is not None:
         layouts = (ROWS_LAYOUT_FP8, KV_LAYOUT_FP8, KV_LAYOUT_FP8, layouts[3])
@@ -261,10 +258,9 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
 
 def qk_slices(head_dim: int, cfg) -> tuple[int, int]:
     """(QK_HI, QK_LO): Q K^T over a padded head dim's own columns, in two slices of powers of two (192 as
-    128 + 64, 96 as 64 + 32; Q in registers: loaded from the two slices of its shared tile); (0, 0): over the
-    whole tile (a head dim of its own tile's width, or a cluster, whose shared tiles Gluon 3.6 does not
-    slice)."""
-    if head_dim == padded(head_dim) or cfg.cluster:
+    128 + 64, 96 as 64 + 32); (0, 0): over the whole tile (a head dim of its own tile's width, Q in registers,
+    whose operand does not slice, or a cluster, whose shared tiles Gluon 3.6 does not slice)."""
+    if head_dim == padded(head_dim) or cfg.q_regs or cfg.cluster:
         return 0, 0
     hi = 1 << (head_dim.bit_length() - 1)
     return hi, head_dim - hi

@@ -10,7 +10,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from .cluster import MMA_128_CLUSTER, _cluster_sync, _cta_rank, _release, _store, _wait_ring
 from .epilogue import _store_piece
 from .mask import _key_tiles, _mask_from, _scores, _sequence
-from .resources import pv_lo
 from .schedule import _n_items, _piece, _tile, _work
 from .softmax import _any_row_over, _fence, _first_seen, _lse, _narrow, _pivot, _rescale_lazy, _softmax
 
@@ -32,76 +31,32 @@ def _pass_turn(turns, WG: gl.constexpr, NUM_WG: gl.constexpr, PINGPONG: gl.const
 
 
 @gluon.jit
-def _qk(q_op, q_lo, k_slot, s_layout: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, QK_HI: gl.constexpr,
-        QK_LO: gl.constexpr, Q_REGS: gl.constexpr):
+def _qk(q_op, k_slot, s_layout: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, QK_HI: gl.constexpr,
+        QK_LO: gl.constexpr):
     """Q K^T of one key tile, issued (step 5.1).  A head dim padded to its tile's power of two (192 in 256,
-    96 in 128): the columns past it hold TMA's zeros, so the product runs over the head dim's own columns
-    only, as two slices of powers of two (``QK_HI`` columns, then ``QK_LO``): of Q's shared tile, or with
-    ``Q_REGS`` the two register operands ``q_op`` and ``q_lo`` loaded from those slices."""
+    96 in 128) with Q in shared memory: the columns past it hold TMA's zeros, so the product runs over
+    the head dim's own columns only, as two slices of powers of two (``QK_HI`` columns, then ``QK_LO``)."""
     zeros = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
     if QK_HI == 0:  # the whole tile
         return warpgroup_mma(q_op, k_slot.permute((1, 0)), zeros, use_acc=False, is_async=True)
     else:
-        if Q_REGS:
-            q_hi_op = q_op
-            q_lo_op = q_lo
-        else:
-            q_hi_op = q_op.slice(0, QK_HI, dim=1)
-            q_lo_op = q_op.slice(QK_HI, QK_LO, dim=1)
-        qk = warpgroup_mma(q_hi_op, k_slot.slice(0, QK_HI, dim=1).permute((1, 0)), zeros, use_acc=False,
-                           is_async=True)
-        return warpgroup_mma(q_lo_op, k_slot.slice(QK_HI, QK_LO, dim=1).permute((1, 0)), qk, is_async=True)
+        qk = warpgroup_mma(q_op.slice(0, QK_HI, dim=1), k_slot.slice(0, QK_HI, dim=1).permute((1, 0)), zeros,
+                           use_acc=False, is_async=True)
+        if QK_LO > 0:
+            qk = warpgroup_mma(q_op.slice(QK_HI, QK_LO, dim=1), k_slot.slice(QK_HI, QK_LO, dim=1).permute((1, 0)),
+                               qk, is_async=True)
+        return qk
 
 
 @gluon.jit
-def _pv(p16, v_slot, acc, acc_lo, FP8: gl.constexpr, PV_LO: gl.constexpr):
-    """P V of one tile into O's accumulator, issued (step 5.6).  ``PV_LO`` > 0: a V padded to its tile's
-    power of two (96 in 128) runs over its own columns only, its accumulator in two pieces of
-    powers of two (``acc``: the first half of the tile, ``acc_lo``: the ``PV_LO`` columns after it); V's
-    tile is swizzled by 64 bytes then, so that both slices start on the swizzle's pattern."""
-    if PV_LO == 0:
-        acc = warpgroup_mma(p16, _v_operand(v_slot, FP8), acc, is_async=True)
-    else:
-        hi: gl.constexpr = acc.shape[1]
-        acc = warpgroup_mma(p16, v_slot.slice(0, hi, dim=1), acc, is_async=True)
-        acc_lo = warpgroup_mma(p16, v_slot.slice(hi, PV_LO, dim=1), acc_lo, is_async=True)
-    return acc, acc_lo
-
-
-@gluon.jit
-def _wait_pv(acc, acc_lo, p16, FP8: gl.constexpr, PV_LO: gl.constexpr):
+def _wait_pv(acc, p16, FP8: gl.constexpr):
     """Wait for P V, P's registers kept alive until it lands (float8 P is not a dependency the wait
     lowers: ptxas, which sees the wgmma read them, keeps them)."""
     if FP8:
         acc = warpgroup_mma_wait(0, deps=[acc])
-    elif PV_LO == 0:
+    else:
         acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
-    else:
-        acc, acc_lo, _ = warpgroup_mma_wait(0, deps=[acc, acc_lo, p16])
-    return acc, acc_lo
-
-
-@gluon.jit
-def _rescale(acc, alpha, o_layout: gl.constexpr, LAZY: gl.constexpr):
-    """Step 5.5 on one piece of O's accumulator: times its rows' ``alpha``."""
-    alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-    if LAZY:
-        return _rescale_lazy(acc, alpha_o, acc.shape[1])
-    else:
-        return acc * alpha_o
-
-
-@gluon.jit
-def _store_rows(O, o_row, o_col, o_stride, row0, sq, acc, o_layout: gl.constexpr, COL0: gl.constexpr,
-                DV: gl.constexpr, CLUSTER: gl.constexpr):
-    """A piece of O (columns ``COL0`` on of the tile) stored from registers: the rows and columns that exist."""
-    rows = gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, o_layout))
-    cols = COL0 + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, o_layout))
-    ptrs = O + (o_row + rows).to(gl.int64)[:, None] * o_stride + (o_col + cols)[None, :]
-    keep = (row0 + rows < sq)[:, None]
-    if DV < COL0 + acc.shape[1]:
-        keep = keep & (cols < DV)[None, :]
-    _store(ptrs, acc, keep, CLUSTER)
+    return acc
 
 
 @gluon.jit
@@ -149,9 +104,6 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_ba
     # FP8: the pivot 8 below the row max, so P runs up to 256 and no probability above 2**-14 lands in float8's
     # subnormals (whose few bits would lose it); P/l and the LSE are the same with any pivot
     P_SHIFT: gl.constexpr = 8.0 if FP8 else 0.0
-    # O's accumulator: the whole tile, or (PV_LO > 0, :func:`_pv`) its first half and the PV_LO columns after it
-    PV_LO: gl.constexpr = pv_lo(HEAD_V, DV, FP8, CLUSTER)
-    PV_HI: gl.constexpr = HEAD_V // 2 if PV_LO > 0 else HEAD_V
     if CLUSTER:  # each CTA of the cluster holds the whole tensor (128-key tiles, head_dim 128)
         s_layout: gl.constexpr = MMA_128_CLUSTER
         o_layout: gl.constexpr = MMA_128_CLUSTER
@@ -159,12 +111,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_ba
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, K_STEP])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, PV_HI, K_STEP])
-    if PV_LO > 0:
-        lo_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                            instr_shape=[16, PV_LO, K_STEP])
-    else:
-        lo_layout: gl.constexpr = o_layout
+                                                           instr_shape=[16, HEAD_V, K_STEP])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=K_STEP // 8)
     q_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -200,29 +147,19 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_ba
         # tiles before mask_from are visible to every row of this warpgroup: no mask
         mask_from = _mask_from(row0, sk, seq_causal, BLOCK_N, CAUSAL, RAGGED)
         offs_m = row0 + gl.arange(0, ROWS, layout=row_layout)
-        acc = gl.zeros([ROWS, PV_HI], gl.float32, o_layout)
-        if PV_LO > 0:
-            acc_lo = gl.zeros([ROWS, PV_LO], gl.float32, lo_layout)
-        else:  # never used: the loop carries it unchanged
-            acc_lo = acc
+        acc = gl.zeros([ROWS, HEAD_V], gl.float32, o_layout)
 
         # tile 0: 5.1-5.4 (no rescale yet)
         s = ring_pos % STAGES
         mbarrier.wait(q_bar, items_done & 1)
-        if Q_REGS:  # Q into registers once (in its two slices, :func:`_qk`): its shared slot goes back at once
-            if QK_HI == 0:
-                q_op = q_half.load(q_layout)
-                q_lo = q_op
-            else:
-                q_op = q_half.slice(0, QK_HI, dim=1).load(q_layout)
-                q_lo = q_half.slice(QK_HI, QK_LO, dim=1).load(q_layout)
+        if Q_REGS:  # Q into registers once: its shared slot goes back to the producer at once
+            q_op = q_half.load(q_layout)
             mbarrier.arrive(q_empty, count=1)
         else:
             q_op = q_half
-            q_lo = q_half
         mbarrier.wait(k_ready.index(s), (ring_pos // STAGES) & 1)
         _take_turn(turns, n_turn, WG, PINGPONG)
-        qk = _qk(q_op, q_lo, k_bufs.index(s), s_layout, ROWS, BLOCK_N, QK_HI, QK_LO, Q_REGS)
+        qk = _qk(q_op, k_bufs.index(s), s_layout, ROWS, BLOCK_N, QK_HI, QK_LO)
         _pass_turn(turns, WG, NUM_WG, PINGPONG)
         n_turn += 1
         qk, _k0 = warpgroup_mma_wait(0, deps=[qk, k_bufs.index(s)])
@@ -243,10 +180,10 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_ba
             if PINGPONG:  # both operands in place before the turn is taken
                 mbarrier.wait(v_ready.index(prev_slot), prev_phase)
                 _take_turn(turns, n_turn, WG, PINGPONG)
-            qk = _qk(q_op, q_lo, k_bufs.index(s), s_layout, ROWS, BLOCK_N, QK_HI, QK_LO, Q_REGS)
+            qk = _qk(q_op, k_bufs.index(s), s_layout, ROWS, BLOCK_N, QK_HI, QK_LO)
             if not PINGPONG:
                 mbarrier.wait(v_ready.index(prev_slot), prev_phase)
-            acc, acc_lo = _pv(p16, v_bufs.index(prev_slot), acc, acc_lo, FP8, PV_LO)
+            acc = warpgroup_mma(p16, _v_operand(v_bufs.index(prev_slot), FP8), acc, is_async=True)
             _pass_turn(turns, WG, NUM_WG, PINGPONG)
             n_turn += 1
             qk = warpgroup_mma_wait(1, deps=[qk])
@@ -260,7 +197,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_ba
                 l_tile = gl.sum(p, axis=1)
                 alpha = gl.full_like(l_tile, 1.0)
                 if _any_row_over(_first_seen(l_tile, m, MASKED), WG) != 0:
-                    qk2 = _qk(q_op, q_lo, k_bufs.index(s), s_layout, ROWS, BLOCK_N, QK_HI, QK_LO, Q_REGS)
+                    qk2 = _qk(q_op, k_bufs.index(s), s_layout, ROWS, BLOCK_N, QK_HI, QK_LO)
                     qk2 = warpgroup_mma_wait(0, deps=[qk2])
                     qk2 = _scores(qk2, first + i, mask_from, offs_m, offs_n, sk, seq_causal, seq_window, seq_align,
                                   cap_in, cap_out, slope, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
@@ -273,30 +210,30 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_ba
             l = l * alpha + l_tile
             if FENCE:
                 l = _fence(l)
-            acc, acc_lo = _wait_pv(acc, acc_lo, p16, FP8, PV_LO)
+            acc = _wait_pv(acc, p16, FP8)
             _release(v_empty.index(prev_slot), CLUSTER)
             # 5.5: rescale the accumulator once P V of tile i-1 has landed (under the next Q K^T instead,
             # FlashAttention-3's place, measured 1-2% slower)
-            acc = _rescale(acc, alpha, o_layout, LAZY or STALE)
-            if PV_LO > 0:
-                acc_lo = _rescale(acc_lo, alpha, lo_layout, LAZY or STALE)
+            alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            if LAZY or STALE:
+                acc = _rescale_lazy(acc, alpha_o, HEAD_V)
+            else:
+                acc = acc * alpha_o
             p16 = _p_operand(p, p_dtype, p_layout, FP8)
         if not Q_REGS:  # every Q K^T of this item has retired: the producer may load the next item's Q
             mbarrier.arrive(q_empty, count=1)
         last = (ring_pos + n_iters - 1) % STAGES
         mbarrier.wait(v_ready.index(last), ((ring_pos + n_iters - 1) // STAGES) & 1)
         _take_turn(turns, n_turn, WG, PINGPONG)
-        acc, acc_lo = _pv(p16, v_bufs.index(last), acc, acc_lo, FP8, PV_LO)
+        acc = warpgroup_mma(p16, _v_operand(v_bufs.index(last), FP8), acc, is_async=True)
         _pass_turn(turns, WG, NUM_WG, PINGPONG)
         n_turn += 1
-        acc, acc_lo = _wait_pv(acc, acc_lo, p16, FP8, PV_LO)
+        acc = _wait_pv(acc, p16, FP8)
         _release(v_empty.index(last), CLUSTER)
 
         # Section 6: o = acc / l with 1/l := 0 on an empty row
         inv_l = gl.where(l == 0.0, 0.0, v_scale / l)
         acc = acc * gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout))[:, None]
-        if PV_LO > 0:
-            acc_lo = acc_lo * gl.convert_layout(inv_l, gl.SliceLayout(1, lo_layout))[:, None]
         o_row = b * o_rows_b + h * o_rows_h + q0 + row0
         o_col = h * o_col_h
         if SPLIT and part >= 0:  # a piece's float32 result and LSE, merged after the kernel
@@ -304,11 +241,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_ba
                          o_layout, row_layout, BLOCK_M, HEAD_V, WG, CLUSTER)
         elif O_SMEM and row0 + ROWS <= sq:
             o_half = o_smem.index(WG)
-            if PV_LO == 0:
-                o_half.store(acc.to(dtype))
-            else:  # the tile's columns past DV stay as they are: the store leaves them out
-                o_half.slice(0, PV_HI, dim=1).store(acc.to(dtype))
-                o_half.slice(PV_HI, PV_LO, dim=1).store(acc_lo.to(dtype))
+            o_half.store(acc.to(dtype))
             fence_async_shared()
             o_at = 0  # O's box [1, 64, HEAD_V]: its leading index is the head where heads lie side by side
             if o_col_h != 0:
@@ -317,10 +250,14 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_ba
             # o_half is read out before the next item writes it.  Waiting only before that next
             # write (the store running under the next key loop) measured 1-4% slower on the short cells
             tma.store_wait(0)
-        else:  # from registers (O not staged, or the warpgroup straddles the end)
-            _store_rows(O, o_row, o_col, o_stride, row0, sq, acc.to(dtype), o_layout, 0, DV, CLUSTER)
-            if PV_LO > 0:
-                _store_rows(O, o_row, o_col, o_stride, row0, sq, acc_lo.to(dtype), lo_layout, PV_HI, DV, CLUSTER)
+        else:  # from registers (O not staged, or the warpgroup straddles the end: the rows and columns that exist)
+            rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
+            cols = gl.arange(0, HEAD_V, layout=gl.SliceLayout(0, o_layout))
+            ptrs = O + (o_row + rows).to(gl.int64)[:, None] * o_stride + (o_col + cols)[None, :]
+            keep = (row0 + rows < sq)[:, None]
+            if DV < HEAD_V:
+                keep = keep & (cols < DV)[None, :]
+            _store(ptrs, acc.to(dtype), keep, CLUSTER)
         if STORE_LSE and part < 0:
             lse = _lse(m, l)
             if VARLEN:  # [heads, total_q]

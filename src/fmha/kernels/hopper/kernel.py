@@ -9,7 +9,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 from .cluster import BARRIER_CLUSTER, SPARE_CLUSTER
 from .consumer import _consumer
 from .producer import _producer
-from .resources import PRODUCER_REGS, tile_layout, v_span
+from .resources import PRODUCER_REGS, tile_layout
 
 
 # the 2-D tiles the TMA boxes land in and the wgmma read: ``resources.tile_layout`` of their width (CLUSTER:
@@ -56,7 +56,7 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
         bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
         spare_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
         tile: gl.constexpr = tile_layout(HEAD)
-        tile_v: gl.constexpr = tile_layout(HEAD_V, span=v_span(HEAD_V, DV, FP8))
+        tile_v: gl.constexpr = tile_layout(HEAD_V)
     if FP8:
         in_tile: gl.constexpr = TILE_FP8
     else:

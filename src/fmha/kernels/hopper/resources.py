@@ -31,26 +31,11 @@ def padded(head_dim: int, least: int = 32) -> int:
 
 
 @gluon.constexpr_function
-def pv_lo(tile, head_dim_v, fp8=False, cluster=False):
-    """The width of P V's second piece where V is padded to its ``tile`` (96 in 128: 32; the first piece is
-    half the tile), or 0: one product over the whole tile (float8's V^T and a cluster's column halves keep it
-    whole; so does 192 in 256, whose two pieces spill a register in the causal build)."""
-    return 0 if head_dim_v == tile or tile > 128 or fp8 or cluster else head_dim_v - tile // 2
-
-
-@gluon.constexpr_function
-def tile_layout(width, rank=2, bits=16, span=128):
+def tile_layout(width, rank=2, bits=16):
     """The NVMMA shared layout of a ``rank``-dimensional tile (or TMA box) whose rows are ``width`` elements:
-    what TMA writes and the wgmma read, swizzled over ``span`` bytes or the row where it is narrower (a
-    32-wide 16-bit tile: 64; TMA splits a wider row into boxes of the span).  A V tile that P V slices
-    (:func:`pv_lo`) takes a 64-byte span, so that its slices start on the swizzle's pattern."""
-    return gl.NVMMASharedLayout(swizzle_byte_width=min(span, width * bits // 8), element_bitwidth=bits, rank=rank)
-
-
-@gluon.constexpr_function
-def v_span(tile, head_dim_v, fp8=False, cluster=False):
-    """The swizzle span of V's (and O's) tiles: 64 bytes where P V slices them, else 128."""
-    return 64 if pv_lo(tile, head_dim_v, fp8, cluster) else 128
+    what TMA writes and the wgmma read, swizzled over 128 bytes or the row where it is narrower (a 32-wide
+    16-bit tile: 64; TMA splits a wider row into boxes of 128 bytes)."""
+    return gl.NVMMASharedLayout(swizzle_byte_width=min(128, width * bits // 8), element_bitwidth=bits, rank=rank)
 
 
 def _tiles(head_dim: int, head_dim_v: int | None) -> tuple[int, int]:
