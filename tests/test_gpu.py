@@ -191,13 +191,15 @@ def _arranged(b, h, kvh, s, d, dv, arrangement, seed):
 @pytest.mark.parametrize("arrangement", ["contiguous", "hf-view", "fused-qkv"])
 @pytest.mark.parametrize("causal,align", [(False, "top_left"), (True, "bottom_right")])
 @pytest.mark.parametrize("d,dv,config", [(32, 32, None), (96, 96, None), (192, 192, None), (256, 256, None),
-                                         (192, 128, None), (32, 32, fmha.KernelConfig(128, 128, 4, 2)),
+                                         (192, 128, None), (64, 32, None), (128, 96, None),
+                                         (32, 32, fmha.KernelConfig(128, 128, 4, 2)),
                                          (96, 96, fmha.KernelConfig(128, 128, 4, 2)),
                                          (96, 96, fmha.KernelConfig(192, 128, 4, 2, pingpong=1, q_regs=1)),
                                          (32, 32, fmha.KernelConfig(64, 128, 4, 2, occupancy=2))], ids=str)
 def test_hopper_takes_every_head_dim(d, dv, config, causal, align, arrangement):
-    """head_dim 32, 96, 192, 256 and DeepSeek's 192/128 on the Gluon kernel, in tiles padded to a power of
-    two (Q in shared memory: Q K^T over the head dim's own columns, in slices).  kv head 1's first key is
+    """head_dim 32, 96, 192, 256, DeepSeek's 192/128 and V narrower than q/k in tiles of another swizzle (64/32)
+    or padded (128/96) on the Gluon kernel, in tiles padded to a power of two (Q in shared memory: Q K^T over
+    the head dim's own columns, in slices).  kv head 1's first key is
     NaN: heads 2 and 3 (which read it) come out NaN, heads 0 and 1 match the reference, so a box padded
     past head_dim never reads the next head's columns (side by side in a row in the hf-view and fused-qkv
     arrangements) nor writes them."""
