@@ -192,6 +192,8 @@ def _arranged(b, h, kvh, s, d, dv, arrangement, seed):
 @pytest.mark.parametrize("causal,align", [(False, "top_left"), (True, "bottom_right")])
 @pytest.mark.parametrize("d,dv,config", [(32, 32, None), (96, 96, None), (192, 192, None), (256, 256, None),
                                          (192, 128, None), (64, 32, None), (128, 96, None),
+                                         (192, 128, fmha.KernelConfig(128, 128, 4, 2, split_qk=1)),
+                                         (192, 192, fmha.KernelConfig(128, 64, 4, 2, split_qk=1)),
                                          (32, 32, fmha.KernelConfig(128, 128, 4, 2)),
                                          (96, 96, fmha.KernelConfig(128, 128, 4, 2)),
                                          (96, 96, fmha.KernelConfig(192, 128, 4, 2, pingpong=1, q_regs=1)),
@@ -199,10 +201,10 @@ def _arranged(b, h, kvh, s, d, dv, arrangement, seed):
 def test_hopper_takes_every_head_dim(d, dv, config, causal, align, arrangement):
     """head_dim 32, 96, 192, 256, DeepSeek's 192/128 and V narrower than q/k in tiles of another swizzle (64/32)
     or padded (128/96) on the Gluon kernel, in tiles padded to a power of two (Q in shared memory: Q K^T over
-    the head dim's own columns, in slices).  kv head 1's first key is
-    NaN: heads 2 and 3 (which read it) come out NaN, heads 0 and 1 match the reference, so a box padded
-    past head_dim never reads the next head's columns (side by side in a row in the hf-view and fused-qkv
-    arrangements) nor writes them."""
+    the head dim's own columns, in slices), and 192 held unpadded (``split_qk``, 128-key tiles at 192/128).  kv
+    head 1's first key is NaN: heads 2 and 3 (which read it) come out NaN, heads 0 and 1 match the reference, so
+    a box padded past head_dim never reads the next head's columns (side by side in a row in the hf-view and
+    fused-qkv arrangements) nor writes them."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("sm_90 only")
     q, k, v = _arranged(2, 4, 2, 1000, d, dv, arrangement, seed=d + dv)

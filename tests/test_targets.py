@@ -347,6 +347,28 @@ def test_hopper_builds_every_head_dim(head_dim):
         assert set(n) == {256, 64} and n[64] == 3 * n[256]
 
 
+def test_hopper_holds_q_and_k_of_192_unpadded():
+    """``split_qk``: q/k head dim 192 held as a 128- and a 64-column tile, filled by 64-column TMA boxes, instead of
+    a 256-column tile a quarter zeros: the same products (Q K^T in 12 steps of 64 keys, P V in 4), no spills,
+    and shared memory as ``resources.smem_bytes`` counts it (its barriers aside), smaller than the padded tiles'
+    by their zero columns, or O staged beside them where it now fits."""
+    from dataclasses import replace
+
+    from fmha import configs
+    from fmha.kernels.hopper import resources
+    padded = configs.hopper_config(192, True, 4096)
+    split = replace(padded, split_qk=1)
+    b, p = (targets.build("hopper", "sm_90", 192, "bfloat16", True, c, seqlen_k=4096) for c in (split, padded))
+    assert targets.report(b).spilled_registers == 0
+    n = {int(re.search(r"m64n(\d+)k16", k)[1]): v for k, v in targets.report(b).matrix_instructions.items()}
+    assert set(n) == {256, 64} and n[64] == 3 * n[256]
+    for build, cfg in ((b, split), (p, padded)):
+        assert 0 <= build.metadata["shared"] - resources.smem_bytes(192, cfg) < 1024
+    zeros = 2 * 64 * (padded.block_m + padded.num_stages * padded.block_n)  # the padded tiles' zero columns
+    staged = 2 * padded.block_m * 256 if resources.o_staged(192, split) else 0
+    assert resources.smem_bytes(192, split) == resources.smem_bytes(192, padded) - zeros + staged
+
+
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_fp8_builds_for_sm90_on_tiled(head_dim):
     """``fmha compile --dtype float8_e4m3fn``: the tiled kernel reads float8 q/k/v, converts them to 16 bits

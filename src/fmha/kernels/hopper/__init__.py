@@ -53,7 +53,9 @@ producer).  A head dim runs in tiles of the next power of two, 32 at least
 (:func:`padded`; a 32-wide tile is swizzled by 64 bytes): Q and O go through 3-D descriptors and K and V
 through 4-D ones whose last dimension ends at head_dim (:func:`tma.exact`), so the columns of a box past
 it read zeros and are never written, and Q K^T skips them where Q stays in shared memory
-(:func:`qk_slices`).  Rows of the last query block past the sequence's end are computed on
+(:func:`qk_slices`); ``KernelConfig.split_qk`` holds a 192 head dim's Q and K as a 128- and a 64-column tile
+instead (a quarter less shared memory: room for 128-key tiles at DeepSeek's 192/128).  Rows of the last
+query block past the sequence's end are computed on
 whatever TMA reads there and never stored (a warpgroup that straddles the end, or
 every warpgroup where O cannot be staged in shared memory, stores from registers).  K and V
 hold one sequence per (batch, head) in their descriptors, so a last key tile past
@@ -120,6 +122,9 @@ def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
         return "ping-pong takes turns between 2 or 3 consumer warpgroups (block_m 128 or 192)"
     if prob.page % cfg.block_n:
         return f"page_size {prob.page} (takes multiples of its {cfg.block_n}-key tile: a tile must not straddle pages)"
+    if cfg.split_qk and (prob.head_dim != SPLIT_QK_DIM or cfg.q_regs or cfg.cluster or prob.fp8):
+        return (f"split_qk takes q/k head_dim {SPLIT_QK_DIM} (not {prob.head_dim}), Q in shared memory, no clusters "
+                "or float8")
     smem = smem_bytes(prob.head_dim, cfg, prob.dv)
     if smem + SMEM_SPARE > SMEM_LIMIT:
         return f"needs {smem >> 10} KB of shared memory, sm_90 has {SMEM_LIMIT >> 10} KB"
@@ -177,6 +182,9 @@ def descriptors(prob, cfg, q, k, v, o, layout: str, vt=None) -> tuple:
     else:
         split, layouts = 1, (tile_layout(d, 3), tile_layout(d, 4), tile_layout(dv, 4), tile_layout(dv, 3))
     boxes = ([1, 64, d], [1, 1, cfg.block_n, d // split], [1, 1, cfg.block_n, dv // split], [1, 64, dv])
+    if cfg.split_qk:  # Q and K in 64-column boxes, three a tile (:mod:`.kernel`)
+        boxes = ([1, 64, 64], [1, 1, cfg.block_n, 64], *boxes[2:])
+        layouts = (tile_layout(64, 3), tile_layout(64, 4), *layouts[2:])
     if vt is not None:
         layouts = (ROWS_LAYOUT_FP8, KV_LAYOUT_FP8, KV_LAYOUT_FP8, layouts[3])
     descs = [TensorDescriptor(t, *tma.exact(t, w, lay), box, how)
@@ -256,6 +264,9 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
         combine.launch(w, wl, o, lse, strides_bhsd(o, layout), prob.heads, prob.seqlen_q, dest)
 
 
+SPLIT_QK_DIM = 192  # the q/k head dim ``KernelConfig.split_qk`` holds as a 128- and a 64-column tile
+
+
 def qk_slices(head_dim: int, cfg) -> tuple[int, int]:
     """(QK_HI, QK_LO): Q K^T over a padded head dim's own columns, in two slices of powers of two (192 as
     128 + 64, 96 as 64 + 32); (0, 0): over the whole tile (a head dim of its own tile's width, Q in registers,
@@ -279,4 +290,4 @@ def constexprs(prob, cfg, store_lse: bool, paired: bool = False, alibi: bool = F
                 ALIGN_BR=per_sequence(prob) and prob.align_br, PAGED=bool(prob.page),
                 O_SMEM=o_staged(prob.head_dim, cfg, prob.dv), Q_REGS=bool(cfg.q_regs),
                 FENCE=bool(cfg.fence), LAZY=bool(cfg.lazy), STALE=bool(cfg.stale), SPLIT=split, BALANCE=balance,
-                CLUSTER=bool(cfg.cluster), FP8=prob.fp8)
+                CLUSTER=bool(cfg.cluster), FP8=prob.fp8, SPLIT_QK=bool(cfg.split_qk))

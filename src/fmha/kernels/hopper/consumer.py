@@ -31,14 +31,20 @@ def _pass_turn(turns, WG: gl.constexpr, NUM_WG: gl.constexpr, PINGPONG: gl.const
 
 
 @gluon.jit
-def _qk(q_op, k_slot, s_layout: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, QK_HI: gl.constexpr,
-        QK_LO: gl.constexpr):
+def _qk(q_op, q_lo, k_bufs, k_lo_bufs, s, s_layout: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
+        QK_HI: gl.constexpr, QK_LO: gl.constexpr, SPLIT_QK: gl.constexpr):
     """Q K^T of one key tile, issued (step 5.1).  A head dim padded to its tile's power of two (192 in 256,
     96 in 128) with Q in shared memory: the columns past it hold TMA's zeros, so the product runs over
-    the head dim's own columns only, as two slices of powers of two (``QK_HI`` columns, then ``QK_LO``)."""
+    the head dim's own columns only, as two slices of powers of two (``QK_HI`` columns, then ``QK_LO``).
+    The key tile is slot ``s`` of ``k_bufs``.  SPLIT_QK: the two slices are tiles of their own (``q_op`` and
+    ``k_bufs``' the first 128 columns, ``q_lo`` and ``k_lo_bufs``' the last 64)."""
     zeros = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
+    k_slot = k_bufs.index(s)
     if QK_HI == 0:  # the whole tile
         return warpgroup_mma(q_op, k_slot.permute((1, 0)), zeros, use_acc=False, is_async=True)
+    elif SPLIT_QK:
+        qk = warpgroup_mma(q_op, k_slot.permute((1, 0)), zeros, use_acc=False, is_async=True)
+        return warpgroup_mma(q_lo, k_lo_bufs.index(s).permute((1, 0)), qk, is_async=True)
     else:
         qk = warpgroup_mma(q_op.slice(0, QK_HI, dim=1), k_slot.slice(0, QK_HI, dim=1).permute((1, 0)), zeros,
                            use_acc=False, is_async=True)
@@ -81,18 +87,17 @@ def _v_operand(v_slot, FP8: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
-              v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset, window_offset,
-              align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m, head_group, o_rows_b, o_rows_h,
-              o_col_h, o_stride, PieceO, PieceLSE, Rows, pieces, group, Descale, STAGES: gl.constexpr,
-              WG: gl.constexpr,
-              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_V: gl.constexpr, DV: gl.constexpr,
-              QK_HI: gl.constexpr, QK_LO: gl.constexpr, CAUSAL: gl.constexpr,
+def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k_lo_bufs, v_bufs, q_bar, q_empty,
+              k_ready, k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k,
+              causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
+              head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows, pieces, group, Descale,
+              STAGES: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              HEAD_V: gl.constexpr, DV: gl.constexpr, QK_HI: gl.constexpr, QK_LO: gl.constexpr, CAUSAL: gl.constexpr,
               WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, RAGGED: gl.constexpr,
               PAIRED: gl.constexpr, PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr, VARLEN: gl.constexpr,
               SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, O_SMEM: gl.constexpr, Q_REGS: gl.constexpr,
-              FENCE: gl.constexpr, LAZY: gl.constexpr, STALE: gl.constexpr, SPLIT: gl.constexpr,
-              BALANCE: gl.constexpr, CLUSTER: gl.constexpr, FP8: gl.constexpr):
+              FENCE: gl.constexpr, LAZY: gl.constexpr, STALE: gl.constexpr, SPLIT: gl.constexpr, BALANCE: gl.constexpr,
+              CLUSTER: gl.constexpr, FP8: gl.constexpr, SPLIT_QK: gl.constexpr):
     _cluster_sync(CLUSTER)
     rank = _cta_rank(CLUSTER)
     ROWS: gl.constexpr = 64
@@ -117,6 +122,10 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_ba
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     q_half = q_smem.index(WG)
+    if SPLIT_QK:
+        q_lo = q_lo_smem.index(WG)
+    else:
+        q_lo = q_half  # not read
     ring_pos = 0  # position in the K/V rings, continued across work items
     items_done = 0
     n_turn = 0  # ping-pong: the steps this warpgroup has taken its turn for
@@ -159,7 +168,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_ba
             q_op = q_half
         mbarrier.wait(k_ready.index(s), (ring_pos // STAGES) & 1)
         _take_turn(turns, n_turn, WG, PINGPONG)
-        qk = _qk(q_op, k_bufs.index(s), s_layout, ROWS, BLOCK_N, QK_HI, QK_LO)
+        qk = _qk(q_op, q_lo, k_bufs, k_lo_bufs, s, s_layout, ROWS, BLOCK_N, QK_HI, QK_LO, SPLIT_QK)
         _pass_turn(turns, WG, NUM_WG, PINGPONG)
         n_turn += 1
         qk, _k0 = warpgroup_mma_wait(0, deps=[qk, k_bufs.index(s)])
@@ -180,7 +189,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_ba
             if PINGPONG:  # both operands in place before the turn is taken
                 mbarrier.wait(v_ready.index(prev_slot), prev_phase)
                 _take_turn(turns, n_turn, WG, PINGPONG)
-            qk = _qk(q_op, k_bufs.index(s), s_layout, ROWS, BLOCK_N, QK_HI, QK_LO)
+            qk = _qk(q_op, q_lo, k_bufs, k_lo_bufs, s, s_layout, ROWS, BLOCK_N, QK_HI, QK_LO, SPLIT_QK)
             if not PINGPONG:
                 mbarrier.wait(v_ready.index(prev_slot), prev_phase)
             acc = warpgroup_mma(p16, _v_operand(v_bufs.index(prev_slot), FP8), acc, is_async=True)
@@ -197,7 +206,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_ba
                 l_tile = gl.sum(p, axis=1)
                 alpha = gl.full_like(l_tile, 1.0)
                 if _any_row_over(_first_seen(l_tile, m, MASKED), WG) != 0:
-                    qk2 = _qk(q_op, k_bufs.index(s), s_layout, ROWS, BLOCK_N, QK_HI, QK_LO)
+                    qk2 = _qk(q_op, q_lo, k_bufs, k_lo_bufs, s, s_layout, ROWS, BLOCK_N, QK_HI, QK_LO, SPLIT_QK)
                     qk2 = warpgroup_mma_wait(0, deps=[qk2])
                     qk2 = _scores(qk2, first + i, mask_from, offs_m, offs_n, sk, seq_causal, seq_window, seq_align,
                                   cap_in, cap_out, slope, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)

@@ -36,7 +36,7 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                   VARLEN: gl.constexpr, SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, PAGED: gl.constexpr,
                   O_SMEM: gl.constexpr, Q_REGS: gl.constexpr, FENCE: gl.constexpr, LAZY: gl.constexpr,
                   STALE: gl.constexpr, SPLIT: gl.constexpr, BALANCE: gl.constexpr, CLUSTER: gl.constexpr,
-                  FP8: gl.constexpr):
+                  FP8: gl.constexpr, SPLIT_QK: gl.constexpr):
     """Each program runs its work items (query block, batch*head), :func:`_n_items` and
     :func:`_tile`; the K/V rings and the barrier phases carry on from one item to the
     next, so the next item's first loads overlap this one's epilogue.  CLUSTER: a program is a
@@ -45,7 +45,9 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
     HEAD and HEAD_V: q/k's and v's tile widths (``resources.padded``), DV: v's head dim; QK_HI and QK_LO:
     the slices Q K^T runs over where it leaves a padded head dim's zero columns out (:func:`qk_slices`).
     FP8: q, k and v float8 (``Descale``: each (batch, kv head)'s three factors), V read transposed (``v_desc``
-    over V^T: the float8 wgmma takes its B operand K-major only), O bfloat16."""
+    over V^T: the float8 wgmma takes its B operand K-major only), O bfloat16.  SPLIT_QK (q/k head dim 192): Q
+    and K held as a 128-column tile and a 64-column one, each filled by 64-column TMA boxes, instead of a
+    256-column tile a quarter padding (``q_lo_*``, ``k_lo_*``; placeholders otherwise)."""
     NUM_WG: gl.constexpr = BLOCK_M // 64
     if CLUSTER:  # each CTA of the cluster holds all of every buffer
         bar_layout: gl.constexpr = BARRIER_CLUSTER
@@ -62,8 +64,16 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
     else:
         in_tile: gl.constexpr = tile
     # Q and O: a [1, 64, HEAD] TMA box per warpgroup, read and written as its [64, HEAD] tile
-    q_box = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG, 1, 64, HEAD], q_desc.layout)
-    q_smem = q_box._reinterpret(q_desc.dtype, [NUM_WG, 64, HEAD], in_tile)
+    if SPLIT_QK:  # Q's first 128 columns in two boxes (2g, 2g + 1: warpgroup g's), its last 64 in one
+        q_box = gl.allocate_shared_memory(q_desc.dtype, [2 * NUM_WG, 1, 64, 64], q_desc.layout)
+        q_smem = q_box._reinterpret(q_desc.dtype, [NUM_WG, 64, 128], tile_layout(128))
+        q_lo_box = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG, 1, 64, 64], q_desc.layout)
+        q_lo_smem = q_lo_box._reinterpret(q_desc.dtype, [NUM_WG, 64, 64], tile_layout(64))
+    else:
+        q_box = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG, 1, 64, HEAD], q_desc.layout)
+        q_smem = q_box._reinterpret(q_desc.dtype, [NUM_WG, 64, HEAD], in_tile)
+        q_lo_box = gl.allocate_shared_memory(q_desc.dtype, [1, 8, 8], spare_layout)  # placeholders
+        q_lo_smem = q_lo_box
     if O_SMEM:
         o_box = gl.allocate_shared_memory(o_desc.dtype, [NUM_WG, 1, 64, HEAD_V], o_desc.layout)
         o_smem = o_box._reinterpret(o_desc.dtype, [NUM_WG, 64, HEAD_V], tile_v)
@@ -80,11 +90,21 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
         v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, HEAD_V, BLOCK_N], in_tile)
         k_load = k_bufs
         v_load = v_bufs
+    elif SPLIT_QK:  # K's slot s: its first 128 columns in boxes 2s and 2s + 1, its last 64 in box s of k_lo
+        k_load = gl.allocate_shared_memory(k_desc.dtype, [2 * STAGES, 1, 1, BLOCK_N, 64], k_desc.layout)
+        k_bufs = k_load._reinterpret(k_desc.dtype, [STAGES, BLOCK_N, 128], tile_layout(128))
+        k_lo_load = gl.allocate_shared_memory(k_desc.dtype, [STAGES, 1, 1, BLOCK_N, 64], k_desc.layout)
+        k_lo_bufs = k_lo_load._reinterpret(k_desc.dtype, [STAGES, BLOCK_N, 64], tile_layout(64))
+        v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_V], tile_v)
+        v_load = v_bufs
     else:
         k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD], tile)  # 2-D slots
         v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_V], tile_v)
         k_load = k_bufs
         v_load = v_bufs
+    if not SPLIT_QK:
+        k_lo_load = gl.allocate_shared_memory(k_desc.dtype, [1, 8, 8], spare_layout)  # placeholders
+        k_lo_bufs = k_lo_load
     q_bar = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
     q_empty = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
@@ -106,75 +126,69 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
     # (the partition arguments are spelled out: a tuple would lose their constexpr-ness)
     if NUM_WG == 3:
         gl.warp_specialize([
-            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
-                         v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
-                         window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
-                         head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows, pieces, group,
-                         Descale, STAGES, 0,
-                         BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI, QK_LO, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED,
-                         PINGPONG, STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, STALE, SPLIT,
-                         BALANCE, CLUSTER, FP8)),
-            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
-                         v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
-                         window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
-                         head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows, pieces, group,
-                         Descale, STAGES, 1,
-                         BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI, QK_LO, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED,
-                         PINGPONG, STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, STALE, SPLIT,
-                         BALANCE, CLUSTER, FP8)),
-            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
-                         v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
-                         window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
-                         head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows, pieces, group,
-                         Descale, STAGES, 2,
-                         BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI, QK_LO, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED,
-                         PINGPONG, STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, STALE, SPLIT,
-                         BALANCE, CLUSTER, FP8)),
-            (_producer, (q_desc, k_desc, v_desc, q_box, k_load, v_load, q_bar, q_empty, k_ready, k_empty, v_ready,
-                         v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
-                         window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_lead, kv_seq_b, kv_seq_h,
-                         kv_lead, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
-                         PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE, CLUSTER, FP8)),
+            (_consumer, (o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k_lo_bufs, v_bufs, q_bar,
+                         q_empty, k_ready, k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q,
+                         seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2,
+                         n_tiles, n_m, head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows,
+                         pieces, group, Descale, STAGES, 0, BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI, QK_LO, CAUSAL, WINDOW,
+                         SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS,
+                         FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK)),
+            (_consumer, (o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k_lo_bufs, v_bufs, q_bar,
+                         q_empty, k_ready, k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q,
+                         seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2,
+                         n_tiles, n_m, head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows,
+                         pieces, group, Descale, STAGES, 1, BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI, QK_LO, CAUSAL, WINDOW,
+                         SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS,
+                         FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK)),
+            (_consumer, (o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k_lo_bufs, v_bufs, q_bar,
+                         q_empty, k_ready, k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q,
+                         seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2,
+                         n_tiles, n_m, head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows,
+                         pieces, group, Descale, STAGES, 2, BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI, QK_LO, CAUSAL, WINDOW,
+                         SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS,
+                         FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK)),
+            (_producer, (q_desc, k_desc, v_desc, q_box, q_lo_box, k_load, k_lo_load, v_load, q_bar, q_empty, k_ready,
+                         k_empty, v_ready, v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k,
+                         causal_offset, window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_lead, kv_seq_b,
+                         kv_seq_h, kv_lead, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL,
+                         WINDOW, PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     elif NUM_WG == 2:
         gl.warp_specialize([
-            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
-                         v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
-                         window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
-                         head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows, pieces, group,
-                         Descale, STAGES, 0,
-                         BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI, QK_LO, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED,
-                         PINGPONG, STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, STALE, SPLIT,
-                         BALANCE, CLUSTER, FP8)),
-            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
-                         v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
-                         window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
-                         head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows, pieces, group,
-                         Descale, STAGES, 1,
-                         BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI, QK_LO, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED,
-                         PINGPONG, STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, STALE, SPLIT,
-                         BALANCE, CLUSTER, FP8)),
-            (_producer, (q_desc, k_desc, v_desc, q_box, k_load, v_load, q_bar, q_empty, k_ready, k_empty, v_ready,
-                         v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
-                         window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_lead, kv_seq_b, kv_seq_h,
-                         kv_lead, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
-                         PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE, CLUSTER, FP8)),
+            (_consumer, (o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k_lo_bufs, v_bufs, q_bar,
+                         q_empty, k_ready, k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q,
+                         seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2,
+                         n_tiles, n_m, head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows,
+                         pieces, group, Descale, STAGES, 0, BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI, QK_LO, CAUSAL, WINDOW,
+                         SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS,
+                         FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK)),
+            (_consumer, (o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k_lo_bufs, v_bufs, q_bar,
+                         q_empty, k_ready, k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q,
+                         seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2,
+                         n_tiles, n_m, head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows,
+                         pieces, group, Descale, STAGES, 1, BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI, QK_LO, CAUSAL, WINDOW,
+                         SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS,
+                         FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK)),
+            (_producer, (q_desc, k_desc, v_desc, q_box, q_lo_box, k_load, k_lo_load, v_load, q_bar, q_empty, k_ready,
+                         k_empty, v_ready, v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k,
+                         causal_offset, window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_lead, kv_seq_b,
+                         kv_seq_h, kv_lead, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL,
+                         WINDOW, PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK)),
         ], [4, 4 if CLUSTER else 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:  # one consumer warpgroup: it is the default partition, with the registers the producer gives up
         gl.warp_specialize([
-            (_consumer, (o_desc, O, LSE, Alibi, q_smem, o_smem, o_box, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
-                         v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k, causal_offset,
-                         window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
-                         head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows, pieces, group,
-                         Descale, STAGES, 0,
-                         BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI, QK_LO, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED,
-                         PINGPONG, STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, STALE, SPLIT,
-                         BALANCE, CLUSTER, FP8)),
-            (_producer, (q_desc, k_desc, v_desc, q_box, k_load, v_load, q_bar, q_empty, k_ready, k_empty, v_ready,
-                         v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
-                         window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_lead, kv_seq_b, kv_seq_h,
-                         kv_lead, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
-                         PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE, CLUSTER, FP8)),
+            (_consumer, (o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k_lo_bufs, v_bufs, q_bar,
+                         q_empty, k_ready, k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q,
+                         seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2,
+                         n_tiles, n_m, head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows,
+                         pieces, group, Descale, STAGES, 0, BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI, QK_LO, CAUSAL, WINDOW,
+                         SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS,
+                         FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK)),
+            (_producer, (q_desc, k_desc, v_desc, q_box, q_lo_box, k_load, k_lo_load, v_load, q_bar, q_empty, k_ready,
+                         k_empty, v_ready, v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k,
+                         causal_offset, window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_lead, kv_seq_b,
+                         kv_seq_h, kv_lead, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL,
+                         WINDOW, PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK)),
         ], [1], [PRODUCER_REGS])
 
 

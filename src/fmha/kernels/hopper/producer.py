@@ -12,13 +12,14 @@ from .schedule import _n_items, _piece, _tile, _work
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, q_box, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
-              v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset, window_offset, n_tiles,
-              n_m, head_group, q_rows_b, q_rows_h, q_lead, kv_seq_b, kv_seq_h, kv_lead, Pages, pages_b, page, pieces,
-              NUM_WG: gl.constexpr, STAGES: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              CAUSAL: gl.constexpr, WINDOW: gl.constexpr, PAIRED: gl.constexpr, VARLEN: gl.constexpr,
-              SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, PAGED: gl.constexpr, SPLIT: gl.constexpr,
-              BALANCE: gl.constexpr, CLUSTER: gl.constexpr, FP8: gl.constexpr):
+def _producer(q_desc, k_desc, v_desc, q_box, q_lo_box, k_bufs, k_lo_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
+              v_ready, v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
+              window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_lead, kv_seq_b, kv_seq_h, kv_lead, Pages,
+              pages_b, page, pieces, NUM_WG: gl.constexpr, STAGES: gl.constexpr, BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, PAIRED: gl.constexpr,
+              VARLEN: gl.constexpr, SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, PAGED: gl.constexpr,
+              SPLIT: gl.constexpr, BALANCE: gl.constexpr, CLUSTER: gl.constexpr, FP8: gl.constexpr,
+              SPLIT_QK: gl.constexpr):
     _cluster_sync(CLUSTER)
     rank = _cta_rank(CLUSTER)
     it = 0  # position in the K/V rings, continued across work items
@@ -47,14 +48,19 @@ def _producer(q_desc, k_desc, v_desc, q_box, k_bufs, v_bufs, q_bar, q_empty, k_r
         s = it % STAGES
         kv_s, row = _kv_place(b, kv_seq, k0, first, Pages, pages_b, page, BLOCK_N, PAGED)
         mbarrier.wait(k_empty.index(s), ((it // STAGES) & 1) ^ 1)
-        _load_kv(k_desc, [kv_at, kv_s, row, 0], k_ready.index(s), k_bufs, s, rank, CLUSTER)
+        _load_k(k_desc, [kv_at, kv_s, row], k_ready.index(s), k_bufs, k_lo_bufs, s, rank, CLUSTER, SPLIT_QK)
         # Q in 64-row boxes [1, 64, HEAD] (TMA boxes are powers of two; 192 rows is three), once every
-        # consumer has issued its last Q K^T of the previous item
+        # consumer has issued its last Q K^T of the previous item; SPLIT_QK: three 64-column boxes a warpgroup
         mbarrier.wait(q_empty, (tc & 1) ^ 1)
-        mbarrier.expect(q_bar, NUM_WG * q_desc.block_type.nbytes)
+        mbarrier.expect(q_bar, NUM_WG * (3 if SPLIT_QK else 1) * q_desc.block_type.nbytes)
         for g in gl.static_range(NUM_WG):
-            tma.async_copy_global_to_shared(q_desc, [h * q_lead, b * q_rows_b + h * q_rows_h + q0 + start_m + 64 * g,
-                                                     0], q_bar, q_box.index(g))
+            q_row = b * q_rows_b + h * q_rows_h + q0 + start_m + 64 * g
+            if SPLIT_QK:
+                tma.async_copy_global_to_shared(q_desc, [h * q_lead, q_row, 0], q_bar, q_box.index(2 * g))
+                tma.async_copy_global_to_shared(q_desc, [h * q_lead, q_row, 64], q_bar, q_box.index(2 * g + 1))
+                tma.async_copy_global_to_shared(q_desc, [h * q_lead, q_row, 128], q_bar, q_lo_box.index(g))
+            else:
+                tma.async_copy_global_to_shared(q_desc, [h * q_lead, q_row, 0], q_bar, q_box.index(g))
         if VARLEN or SEQUSED:
             # the previous item's last V tile, zeroed past its end only now, once this item's first
             # K and Q are on their way (waiting for it at once measured the same)
@@ -68,7 +74,7 @@ def _producer(q_desc, k_desc, v_desc, q_box, k_bufs, v_bufs, q_bar, q_empty, k_r
             if i > 0:  # (tile 0's place is the first K load's)
                 kv_s, row = _kv_place(b, kv_seq, k0, first + i, Pages, pages_b, page, BLOCK_N, PAGED)  # before the wait
                 mbarrier.wait(k_empty.index(s), ph ^ 1)
-                _load_kv(k_desc, [kv_at, kv_s, row, 0], k_ready.index(s), k_bufs, s, rank, CLUSTER)
+                _load_k(k_desc, [kv_at, kv_s, row], k_ready.index(s), k_bufs, k_lo_bufs, s, rank, CLUSTER, SPLIT_QK)
             mbarrier.wait(v_empty.index(s), ph ^ 1)
             if VARLEN or SEQUSED:
                 # keys past this sequence's end are another sequence's or unused cache (NaN, maybe):
@@ -135,6 +141,20 @@ def _load_kv(desc, coord, ready, ring, s, rank, CLUSTER: gl.constexpr):
 def _chunk_cols(width):
     """The columns of one chunk :func:`_zero_past` loads and stores: 64, or the tile's width if narrower."""
     return min(64, width)
+
+
+@gluon.jit
+def _load_k(desc, at, ready, ring, lo_ring, s, rank, CLUSTER: gl.constexpr, SPLIT_QK: gl.constexpr):
+    """K's tile at ``at`` (the descriptor's first three coordinates) into slot ``s`` onto ``ready``: as
+    :func:`_load_kv`, or with SPLIT_QK in three 64-column boxes, boxes ``2s`` and ``2s + 1`` of ``ring`` (its
+    first 128 columns) and box ``s`` of ``lo_ring`` (the last 64)."""
+    if SPLIT_QK:
+        mbarrier.expect(ready, 3 * desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc, [at[0], at[1], at[2], 0], ready, ring.index(2 * s))
+        tma.async_copy_global_to_shared(desc, [at[0], at[1], at[2], 64], ready, ring.index(2 * s + 1))
+        tma.async_copy_global_to_shared(desc, [at[0], at[1], at[2], 128], ready, lo_ring.index(s))
+    else:
+        _load_kv(desc, [at[0], at[1], at[2], 0], ready, ring, s, rank, CLUSTER)
 
 
 @gluon.jit

@@ -38,21 +38,21 @@ def tile_layout(width, rank=2, bits=16):
     return gl.NVMMASharedLayout(swizzle_byte_width=min(128, width * bits // 8), element_bitwidth=bits, rank=rank)
 
 
-def _tiles(head_dim: int, head_dim_v: int | None) -> tuple[int, int]:
-    """q/k's and v's tile widths."""
-    return padded(head_dim), padded(head_dim_v or head_dim)
+def _tiles(head_dim: int, head_dim_v: int | None, cfg) -> tuple[int, int]:
+    """The columns q/k's and v's tiles hold (``cfg.split_qk``: q/k's own, in a 128- and a 64-column tile)."""
+    return head_dim if cfg.split_qk else padded(head_dim), padded(head_dim_v or head_dim)
 
 
 def o_staged(head_dim: int, cfg, head_dim_v: int | None = None) -> bool:
     """Whether O goes out through shared memory (a TMA store) beside Q and the K/V rings; where it
     does not fit (D=128 with 3 stages, D=256), each thread stores its part of O from registers."""
-    d, dv = _tiles(head_dim, head_dim_v)
+    d, dv = _tiles(head_dim, head_dim_v, cfg)
     return 2 * (cfg.block_m * (d + dv) + cfg.num_stages * cfg.block_n * (d + dv)) + SMEM_SPARE <= SMEM_LIMIT
 
 
 def smem_bytes(head_dim: int, cfg, head_dim_v: int | None = None) -> int:
     """Shared memory one program allocates (16-bit elements): Q, the K/V rings and, staged, O."""
-    d, dv = _tiles(head_dim, head_dim_v)
+    d, dv = _tiles(head_dim, head_dim_v, cfg)
     o = cfg.block_m * dv if o_staged(head_dim, cfg, head_dim_v) else 0
     return 2 * (cfg.block_m * d + o + cfg.num_stages * cfg.block_n * (d + dv))
 
