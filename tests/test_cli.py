@@ -53,6 +53,15 @@ def test_compile_builds_mla_absorbed_decode_on_tiled():
     assert refused.returncode != 0 and "head_dim" in refused.stderr
 
 
+def test_compile_takes_v_head_dim_apart():
+    """``--head-dim-v``: DeepSeek's 192/128 builds; a V wider than q/k is refused by name."""
+    out = fmha("compile", "--variant", "tiled", "--target", "sm_90", "--head-dim", "192", "--head-dim-v", "128",
+               "--dtype", "bfloat16", "--json")
+    assert out.returncode == 0, out.stderr[-2000:]
+    refused = fmha("compile", "--variant", "tiled", "--target", "sm_90", "--head-dim", "128", "--head-dim-v", "256")
+    assert refused.returncode != 0 and "head_dim_v" in refused.stderr
+
+
 def test_compile_records_a_build_row(tmp_path):
     import csv
     rows_at = tmp_path / "builds.csv"

@@ -367,6 +367,12 @@ def test_hopper_holds_q_and_k_of_192_unpadded():
     zeros = 2 * 64 * (padded.block_m + padded.num_stages * padded.block_n)  # the padded tiles' zero columns
     staged = 2 * padded.block_m * 256 if resources.o_staged(192, split) else 0
     assert resources.smem_bytes(192, split) == resources.smem_bytes(192, padded) - zeros + staged
+    # DeepSeek's 192/128 in 128-key tiles, two stages: what the padded tiles cannot hold
+    mla = replace(split, block_n=128)
+    assert resources.smem_bytes(192, replace(mla, split_qk=0), 128) > resources.SMEM_LIMIT
+    b = targets.build("hopper", "sm_90", 192, "bfloat16", True, mla, seqlen_k=4096, head_dim_v=128)
+    assert targets.report(b).spilled_registers == 0
+    assert 0 <= b.metadata["shared"] - resources.smem_bytes(192, mla, 128) < 1024
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])

@@ -315,7 +315,8 @@ def cmd_compile(args) -> int:
         [targets.unbuildable(args.variant, "sm_90", args.head_dim, args.dtype)]
     if any(reasons):
         raise UsageError(next(r for r in reasons if r))
-    return _report_builds(args, [targets.build(args.variant, name, args.head_dim, args.dtype, args.causal)
+    return _report_builds(args, [targets.build(args.variant, name, args.head_dim, args.dtype, args.causal,
+                                               head_dim_v=args.head_dim_v)
                                  for name in names])
 
 
@@ -353,6 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="build the portable backward's kernels (dK/dV, dQ) with the tiles this target takes")
     c.add_argument("--head-dim", type=int, default=128, choices=[*HEAD_DIMS, MLA_ABSORBED[0]],
                    help=f"{MLA_ABSORBED[0]}: MLA's absorbed decode (V {MLA_ABSORBED[1]}), tiled only")
+    c.add_argument("--head-dim-v", type=int, default=0, choices=[0, *HEAD_DIMS],
+                   help="V's head dim where it differs from q/k's (DeepSeek's 192/128), no larger")
     c.add_argument("--dtype", choices=["float16", "bfloat16", "float8_e4m3fn"], default="float16")
     c.add_argument("--causal", action="store_true")
     c.add_argument("--out", default=None, help="write binary, assembly and report.json here")

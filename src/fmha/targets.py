@@ -61,11 +61,12 @@ def variants() -> list[str]:
     return list(ALL_VARIANTS)
 
 
-def _hopper_source(head_dim: int, dtype: str, causal: bool, cfg, seqlen_k: int = 0, lengths: str = "dense"):
+def _hopper_source(head_dim: int, dtype: str, causal: bool, cfg, seqlen_k: int = 0, lengths: str = "dense",
+                   head_dim_v: int = 0):
     """The Gluon kernel's source with its TMA descriptor types, from stand-in CPU tensors
     (``seqlen_k`` 0: one whole key tile; off the tile: the ragged key mask's build; ``lengths``
     "varlen" or "seqused": lengths per sequence, bottom-right; "paged": per-batch key lengths in a
-    paged cache of 256-key pages)."""
+    paged cache of 256-key pages; ``head_dim_v``: V's and O's head dim, 0: q/k's)."""
     import torch
     from triton._C.libtriton import native_specialize_impl
     from triton.backends.compiler import BaseBackend
@@ -77,15 +78,18 @@ def _hopper_source(head_dim: int, dtype: str, causal: bool, cfg, seqlen_k: int =
     fp8 = tdt == torch.float8_e4m3fn
     seqlen_k = seqlen_k or cfg.block_n
     page = 256 if lengths == "paged" else 0
+    dv = head_dim_v or head_dim
     prob = Problem(1, 1, 1, 128, seqlen_k, head_dim, causal, 0, 1.0, align_br=lengths != "dense",
-                   varlen=lengths == "varlen", seqused=lengths in ("seqused", "paged"), page=page, fp8=fp8)
+                   varlen=lengths == "varlen", seqused=lengths in ("seqused", "paged"), page=page, fp8=fp8,
+                   head_dim_v=head_dim_v if dv != head_dim else 0)
     t = torch.empty(1, 1, max(cfg.block_m, seqlen_k), head_dim, dtype=tdt)
-    q, kv = t[:, :, :cfg.block_m], t[:, :, :seqlen_k]
-    o = torch.empty(q.shape, dtype=torch.bfloat16) if fp8 else q  # float8 q: O in bfloat16
+    q, k = t[:, :, :cfg.block_m], t[:, :, :seqlen_k]
+    v = torch.empty(1, 1, seqlen_k, dv, dtype=tdt)
+    o = torch.empty(*q.shape[:3], dv, dtype=torch.bfloat16 if fp8 else tdt)  # float8 q: O in bfloat16
     if page:  # a pool of two pages [pages, page, kv_heads, D]
-        kv = torch.empty(2, page, 1, head_dim, dtype=tdt)
-    vt = torch.empty(1, head_dim, -(-seqlen_k // 32) * 32, dtype=tdt) if fp8 else None  # V^T's stand-in
-    descs, _ = hopper.descriptors(prob, cfg, q, kv, kv, o, "bhsd", vt)
+        k, v = torch.empty(2, page, 1, head_dim, dtype=tdt), torch.empty(2, page, 1, dv, dtype=tdt)
+    vt = torch.empty(1, dv, -(-seqlen_k // 32) * 32, dtype=tdt) if fp8 else None  # V^T's stand-in
+    descs, _ = hopper.descriptors(prob, cfg, q, k, v, o, "bhsd", vt)
     kernel = hopper.KERNEL
     # causal: the paired schedule (balance: with its host-built tail); non-causal dense with split_tail:
     # the pieces of the last round
@@ -263,27 +267,32 @@ def _check_choice(kind: str, value, valid) -> None:
 
 
 def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16", causal: bool = False,
-          config=None, seqlen_k: int = 0, lengths: str = "dense") -> Build:
+          config=None, seqlen_k: int = 0, lengths: str = "dense", head_dim_v: int = 0) -> Build:
     """Compile ``variant`` for ``target`` (a key of :data:`TARGETS`) without a GPU.  ``seqlen_k``
     and ``lengths`` matter to ``hopper`` only (a length off its key tile builds the ragged key
-    mask; "varlen" or "seqused" the lengths per sequence; "paged" those in a paged cache)."""
+    mask; "varlen" or "seqused" the lengths per sequence; "paged" those in a paged cache).  ``head_dim_v``:
+    V's head dim where it differs from q/k's (DeepSeek's 192/128; no larger), 0 where it does not."""
     from . import configs
     _check_choice("target", target, list(TARGETS))
     _check_choice("variant", variant, variants())
     _check_choice("dtype", dtype, list(DTYPES))
     _check_choice("head_dim", head_dim, HEAD_DIMS + ((MLA_ABSORBED[0],) if variant == "tiled" else ()))
     _check_choice("lengths", lengths, ("dense", "varlen", "seqused", "paged"))
+    if head_dim_v:
+        if variant in ("singlewave", "pipelined") or head_dim == MLA_ABSORBED[0]:
+            raise ValueError(f"head_dim_v: {variant} at head_dim {head_dim} takes V's head dim as it is")
+        _check_choice("head_dim_v", head_dim_v, [d for d in HEAD_DIMS if d <= head_dim])
     reason = unbuildable(variant, target, head_dim, dtype)
     if reason:
         raise ValueError(reason)
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
-        return _build_elsewhere(variant, target, head_dim, dtype, causal, config, seqlen_k, lengths)
+        return _build_elsewhere(variant, target, head_dim, dtype, causal, config, seqlen_k, lengths, head_dim_v)
     chip = TARGETS[target]
     arch_key = "hip" if chip.backend == "hip" else ("sm90" if chip.arch == 90 else "sm80")
     cfg = config or configs.default_config(variant, arch_key, head_dim, causal, fp8=dtype == "float8_e4m3fn")
     if variant == "hopper":
         from .kernels import hopper
-        compiled = triton.compile(_hopper_source(head_dim, dtype, causal, cfg, seqlen_k, lengths),
+        compiled = triton.compile(_hopper_source(head_dim, dtype, causal, cfg, seqlen_k, lengths, head_dim_v),
                                   target=GPUTarget(chip.backend, chip.arch, chip.warp_size),
                                   options={"num_warps": cfg.num_warps, **hopper.launch_options(cfg)})
         return Build(variant, target, head_dim, dtype, causal, cfg.as_dict(), dict(compiled.asm),
@@ -294,8 +303,9 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
                  BLOCK_N=cfg.block_n, CAUSAL=causal, STORE_LSE=False, WINDOW=False, SOFTCAP=False, ALIBI=False,
                  VARLEN=False, SEQUSED=False, ALIGN_BR=False, SPLIT=False, PAGED=False, PAGE=1,
                  PACK_GQA=False, KV_TMA=False)
-    if "HEAD_V" in kernel.arg_names:  # tiled: V's head dim (q/k's here)
-        const.update(HEAD_V=const["HEAD_DIM"], BLOCK_DV=const["BLOCK_D"])
+    if "HEAD_V" in kernel.arg_names:  # tiled: V's head dim
+        dv = head_dim_v or head_dim
+        const.update(HEAD_V=dv, BLOCK_DV=max(16, triton.next_power_of_2(dv)))
     if "AMD" in kernel.arg_names:  # pipelined: the build orders its loop for gfx11's WMMA registers
         const.update(AMD=chip.backend == "hip")
     fp8 = dtype == "float8_e4m3fn"
