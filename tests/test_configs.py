@@ -12,16 +12,20 @@ def test_every_hopper_row_is_reachable():
         assert configs.hopper_config(d, causal, longest if longest is not None else 1 << 20) == cfg
 
 
-@pytest.mark.parametrize("head_dim", [32, 64, 96, 128, 192, 256])
+@pytest.mark.parametrize("head_dim, head_dim_v", [(32, 0), (64, 0), (96, 0), (128, 0), (192, 0), (192, 128),
+                                                  (192, 64), (256, 0)])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("seqlen_k", [128, 512, 1000, 1024, 4096, 8192, 9000, 16384, 131072])
 @pytest.mark.parametrize("modifiers", [False, True])
 @pytest.mark.parametrize("per_sequence", [False, True])
-def test_hopper_answers_fit_the_kernel(head_dim, causal, seqlen_k, modifiers, per_sequence):
-    cfg = configs.hopper_config(head_dim, causal, seqlen_k, modifiers, per_sequence)
+def test_hopper_answers_fit_the_kernel(head_dim, head_dim_v, causal, seqlen_k, modifiers, per_sequence):
+    cfg = configs.hopper_config(head_dim, causal, seqlen_k, modifiers, per_sequence, head_dim_v=head_dim_v)
     assert cfg.block_m in (64, 128, 192) and cfg.block_n in (64, 128) and not (cfg.pingpong and cfg.block_m == 64)
-    assert hopper.smem_bytes(head_dim, cfg) + hopper.SMEM_SPARE <= hopper.SMEM_LIMIT
-    assert hopper.sm_bytes(head_dim, cfg) <= hopper.SMEM_SM
+    assert hopper.smem_bytes(head_dim, cfg, head_dim_v) + hopper.SMEM_SPARE <= hopper.SMEM_LIMIT
+    assert hopper.sm_bytes(head_dim, cfg, head_dim_v) <= hopper.SMEM_SM
+    # q/k 192 with a narrower V: unpadded Q and K (split_qk), which take Q in shared memory and no clusters
+    assert bool(cfg.split_qk) == (head_dim == hopper.SPLIT_QK_DIM and head_dim_v > 0)
+    assert not (cfg.split_qk and (cfg.q_regs or cfg.cluster))
     # the programs an SM holds fit its registers: each warpgroup (the producer's padded) at the launch
     # count, or, at Triton's choice, the consumers at theirs and the producer at 24
     groups, launch = cfg.block_m // 64 + 1, hopper.launch_regs(cfg)
@@ -30,13 +34,15 @@ def test_hopper_answers_fit_the_kernel(head_dim, causal, seqlen_k, modifiers, pe
     # three consumer warpgroups spill on the modifiers' values or the key mask (any length per sequence)
     if modifiers or per_sequence or seqlen_k % cfg.block_n:
         assert cfg.block_m <= 128
-    assert configs.default_config("hopper", "sm90", head_dim, causal, seqlen_k, modifiers, per_sequence) == cfg
+    assert configs.default_config("hopper", "sm90", head_dim, causal, seqlen_k, modifiers, per_sequence,
+                                  head_dim_v=head_dim_v) == cfg
     if cfg.cluster:  # clusters only where the kernel takes them (hopper.supports)
         assert head_dim in (96, 128) and not causal and not modifiers and not per_sequence
         assert (cfg.block_m, cfg.block_n, cfg.pingpong, cfg.occupancy) == (128, 128, 0, 0)
     # a cluster runs two query blocks: none where the rows make an odd number of them
     for seqlen_q, paired in [(1, False), (128, False), (129, True), (300, False), (1000, True), (4096, True)]:
-        cfg_q = configs.hopper_config(head_dim, causal, seqlen_k, modifiers, per_sequence, seqlen_q=seqlen_q)
+        cfg_q = configs.hopper_config(head_dim, causal, seqlen_k, modifiers, per_sequence, seqlen_q=seqlen_q,
+                                      head_dim_v=head_dim_v)
         assert bool(cfg_q.cluster) == (bool(cfg.cluster) and paired)
 
 

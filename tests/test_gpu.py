@@ -403,17 +403,18 @@ HOPPER_VARLEN = [  # (query lengths, key lengths) of the packed sequences
 @pytest.mark.parametrize("causal,align,window", [(False, "top_left", (-1, -1)), (True, "top_left", (-1, -1)),
                                                  (True, "bottom_right", (-1, -1)), (True, "bottom_right", (300, -1)),
                                                  (False, "top_left", (200, 100))])
-@pytest.mark.parametrize("d,dtype", [(64, torch.bfloat16), (128, torch.float16), (96, torch.bfloat16),
-                                     (32, torch.float16)], ids=str)
-def test_hopper_varlen_matches_reference(d, dtype, causal, align, window, lens):
+@pytest.mark.parametrize("d,dv,dtype", [(64, 64, torch.bfloat16), (128, 128, torch.float16), (96, 96, torch.bfloat16),
+                                        (32, 32, torch.float16), (192, 128, torch.bfloat16)], ids=str)
+def test_hopper_varlen_matches_reference(d, dv, dtype, causal, align, window, lens):
     """Packed sequences on the Gluon kernel: every sequence (output and LSE) against its own
-    float64 reference, the output's memory poisoned with NaN beforehand."""
+    float64 reference, the output's memory poisoned with NaN beforehand (192/128: Q and K unpadded,
+    ``split_qk``, the table's row)."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("sm_90 only")
     lens_q, lens_k = lens
     q, cu_q = packed(lens_q, 4, d, dtype, 1)
     k, cu_k = packed(lens_k, 2, d, dtype, 2)
-    v, _ = packed(lens_k, 2, d, dtype, 3)
+    v, _ = packed(lens_k, 2, dv, dtype, 3)
     del_me = nan_like(q)  # the caching allocator hands this NaN block to the output
     del del_me
     kw = dict(causal=causal, causal_align=align, window=window)

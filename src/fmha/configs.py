@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from .kernels.hopper.resources import padded
+from .kernels.hopper.resources import SPLIT_QK_DIM, padded
 
 
 @dataclass(frozen=True)
@@ -91,6 +91,11 @@ HOPPER = [
 ]
 
 
+# DeepSeek's q/k 192 with a V of at most 128 columns: Q and K unpadded (a 128- and a 64-column tile) leave room
+# for 128-key tiles in two stages (213 KB); 1.00-1.09x the 256 row in one run, causal (docs/PERF.md)
+HOPPER_SPLIT_QK = KernelConfig(128, 128, 4, 2, split_qk=1)
+
+
 # float8 q, k, v on the Gluon kernel (head_dim 96 and 128): 128-key tiles of one-byte elements, V^T's too;
 # Q in shared memory, no clusters, the exact pivot (``hopper.fp8_reason``)
 HOPPER_FP8 = [
@@ -100,7 +105,8 @@ HOPPER_FP8 = [
 
 
 def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = False,
-                  per_sequence: bool = False, seqlen_q: int = 0, fp8: bool = False) -> KernelConfig:
+                  per_sequence: bool = False, seqlen_q: int = 0, fp8: bool = False,
+                  head_dim_v: int = 0) -> KernelConfig:
     """The ``hopper`` entry for this shape (a head dim takes the rows of its tile width,
     ``hopper.padded``: 32 (in 32-wide tiles) and 64 the 64 rows, 96 and 128 the 128 rows, 192 and 256 the 256 rows; with
     ``per_sequence`` lengths, varlen or seqused_k, ``seqlen_k`` is the longest).  With a window,
@@ -115,7 +121,10 @@ def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = 
     query blocks (FlashAttention-3's rule): a cluster runs two blocks, and the partner of a last
     lone block would compute rows that do not exist (a 2x loss where a head has one block).  ``fp8``: float8
     q, k and v take the ``HOPPER_FP8`` row of their head dim (none: the 16-bit rows, which
-    ``hopper.fp8_reason`` then refuses)."""
+    ``hopper.fp8_reason`` then refuses).  ``head_dim_v`` (0: q/k's): q/k 192 with V's 128 or fewer
+    takes ``HOPPER_SPLIT_QK``."""
+    if head_dim == SPLIT_QK_DIM and 0 < head_dim_v <= 128 and not fp8:
+        return HOPPER_SPLIT_QK
     d = padded(head_dim, 64)
     for key_d, key_causal, cfg in HOPPER_FP8 if fp8 else ():
         if key_d == d and key_causal == bool(causal):
@@ -205,11 +214,11 @@ def tiled_config(arch: str, head_dim: int, fp8: bool = False) -> KernelConfig:
 
 def default_config(variant: str, arch: str, head_dim: int, causal: bool = False, seqlen_k: int = 0,
                    modifiers: bool = False, per_sequence: bool = False, seqlen_q: int = 0,
-                   fp8: bool = False) -> KernelConfig:
+                   fp8: bool = False, head_dim_v: int = 0) -> KernelConfig:
     if variant in ("singlewave", "pipelined"):
         return SEED
     if variant == "tiled":
         return tiled_config(arch, head_dim, fp8)
     if variant == "hopper":
-        return hopper_config(head_dim, causal, seqlen_k, modifiers, per_sequence, seqlen_q, fp8)
+        return hopper_config(head_dim, causal, seqlen_k, modifiers, per_sequence, seqlen_q, fp8, head_dim_v)
     raise ValueError(f"no config table for variant {variant!r}")

@@ -84,8 +84,8 @@ from ...checks import FP8, HEAD_DIMS
 from ...constants import LOG2E
 from ...device import device_facts
 from .kernel import KERNEL, hopper_kernel  # noqa: F401
-from .resources import (REGS_SM, SMEM_LIMIT, SMEM_SM, SMEM_SPARE, consumer_regs, launch_options,  # noqa: F401
-                        launch_regs, o_staged, padded, sm_bytes, smem_bytes, tile_layout)
+from .resources import (REGS_SM, SMEM_LIMIT, SMEM_SM, SMEM_SPARE, SPLIT_QK_DIM, consumer_regs,  # noqa: F401
+                        launch_options, launch_regs, o_staged, padded, sm_bytes, smem_bytes, tile_layout)
 from .schedule import (ITEM_COST, _schedule, balanced_tail, block_tiles, item_rows, paired_block,  # noqa: F401
                        per_sequence, split_pieces, tail_pieces)
 
@@ -262,9 +262,6 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
                   num_warps=4, **launch_options(cfg))
     if pieces > 1:
         combine.launch(w, wl, o, lse, strides_bhsd(o, layout), prob.heads, prob.seqlen_q, dest)
-
-
-SPLIT_QK_DIM = 192  # the q/k head dim ``KernelConfig.split_qk`` holds as a 128- and a 64-column tile
 
 
 def qk_slices(head_dim: int, cfg) -> tuple[int, int]:

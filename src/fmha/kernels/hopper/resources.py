@@ -24,6 +24,9 @@ PRODUCER_REGS = gl.constexpr(24)
 SMEM_SPARE = 1024  # bytes left for the mbarriers
 
 
+SPLIT_QK_DIM = 192  # the q/k head dim ``KernelConfig.split_qk`` holds as a 128- and a 64-column tile
+
+
 def padded(head_dim: int, least: int = 32) -> int:
     """The tile width a head dim runs in: a power of two, ``least`` at least (TMA fills the columns past
     head_dim with zeros, and stores none of them)."""
