@@ -49,15 +49,15 @@ def _key_tiles(start_m, seqlen_k, causal_offset, window_offset, BLOCK_M: gl.cons
 
 
 @gluon.jit
-def _scores(qk, i, mask_from, window_to, offs_m, offs_n, seqlen_k, causal_offset, window_offset, align_offset,
-            cap_in, cap_out, slope, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
-            SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, RAGGED: gl.constexpr):
+def _scores(qk, i, mask_from, offs_m, offs_n, seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out,
+            slope, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
+            ALIBI: gl.constexpr, RAGGED: gl.constexpr):
     """Step 5.2 on key tile ``i``, in raw ``q.k`` units (the caller scales by ``scale_log2``):
     softcap ``cap_out * tanh(cap_in * qk)`` (``cap_in = scale / softcap``, ``cap_out = softcap /
     scale``), ALiBi ``- slope |row + align_offset - key|`` (``slope`` already over ``scale``),
     then -inf past the upper edge (tiles from ``mask_from``: those crossing it), which is the
     causal diagonal and, RAGGED, the last key (TMA reads zeros past seqlen_k), and before the
-    window's lower edge (tiles before ``window_to``: those crossing it)."""
+    window's lower edge (every tile)."""
     cols = i * BLOCK_N + offs_n
     if SOFTCAP:
         qk = cap_out * (1.0 - 2.0 / (gl.exp2((2.0 / LN2) * cap_in * qk) + 1.0))  # tanh via exp2
@@ -73,8 +73,7 @@ def _scores(qk, i, mask_from, window_to, offs_m, offs_n, seqlen_k, causal_offset
                 edge = seqlen_k - 1
             qk = gl.where(cols[None, :] <= edge, qk, float("-inf"))
     if WINDOW:
-        if i < window_to:
-            qk = gl.where(cols[None, :] >= offs_m[:, None] + window_offset, qk, float("-inf"))
+        qk = gl.where(cols[None, :] >= offs_m[:, None] + window_offset, qk, float("-inf"))
     return qk
 
 
@@ -89,13 +88,3 @@ def _mask_from(row0, seqlen_k, causal_offset, BLOCK_N: gl.constexpr, CAUSAL: gl.
     if RAGGED:
         first = gl.minimum(first, seqlen_k // BLOCK_N)
     return first
-
-
-@gluon.jit
-def _window_to(row0, window_offset, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, WINDOW: gl.constexpr):
-    """The key tiles :func:`_scores` masks at the window's lower edge for rows ``row0`` to ``row0 + ROWS - 1``:
-    those before the first tile that the last row sees whole (tiles from it are visible to every row)."""
-    to = 0
-    if WINDOW:
-        to = (gl.maximum(row0 + ROWS - 1 + window_offset, 0) + BLOCK_N - 1) // BLOCK_N
-    return to
