@@ -25,6 +25,7 @@ SHAPES = [  # (batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim)
     (1, 2, 2, 129, 257, 96),    # padded head_dim
     (2, 4, 4, 64, 64, 32),
     (1, 4, 1, 77, 1030, 128),   # MQA, sk > sq
+    (1, 4, 2, 100, 700, 64),    # sk > sq: causal key blocks past the last query's diagonal have no tile to visit
 ]
 ALIGNS = [(False, "top_left"), (True, "top_left"), (True, "bottom_right")]
 
