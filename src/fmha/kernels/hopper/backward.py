@@ -49,7 +49,6 @@ BLOCK_N = gl.constexpr(128)  # keys a program owns: 64 a consumer warpgroup
 BLOCK_M = gl.constexpr(64)  # query rows a tile
 STAGES = gl.constexpr(2)  # Q/dO tiles in flight
 LOG2E = gl.constexpr(LOG2E_VALUE)
-OVERLAP_UP_TO = 64  # tile widths whose next S and dP are issued behind this tile's dV, dK and dQ
 
 TILE = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
 TILE_F32 = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))
@@ -121,7 +120,7 @@ def _producer(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, 
 def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready, q_ready, q_empty, ds_ready, ds_free,
               dq_desc, LSE, Delta, DK, DV, heads, kv_heads, group, seqlen_q, seqlen_k, n_m, causal_offset, scale_log2,
               scale, dk_strides, dv_strides, WG: gl.constexpr, HEAD: gl.constexpr, D: gl.constexpr,
-              CAUSAL: gl.constexpr, OVERLAP: gl.constexpr):
+              CAUSAL: gl.constexpr):
     KEYS: gl.constexpr = BLOCK_N // 2  # this warpgroup's keys
     SPLIT_COLS: gl.constexpr = HEAD == 128  # dQ: a column half each over all keys, else own keys, all columns
     DQ_COLS: gl.constexpr = HEAD // 2 if SPLIT_COLS else HEAD
@@ -156,17 +155,12 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
     dk = gl.zeros([KEYS, HEAD], gl.float32, g_layout)
     dv = gl.zeros([KEYS, HEAD], gl.float32, g_layout)
     first = _first_tile(pid_n, causal_offset, CAUSAL)
-    per_head = n_m - first  # query tiles a head's walk visits
-    total = group * per_head
-    zeros = gl.zeros([BLOCK_M, KEYS], gl.float32, s_layout)
     mbarrier.wait(kv_ready, 0)
-    if total > 0:
-        mbarrier.wait(q_ready.index(0), 0)
-        qk, dp = _scores(q_bufs.index(0), do_bufs.index(0), k_w, v_w, zeros)
-        for it in range(total):
-            gi = it // per_head
-            m = _query_tile(it - gi * per_head, first, n_m, pid_n, CAUSAL)
-            bh = b * heads + kvh * group + gi
+    it = 0
+    for gi in range(group):
+        bh = b * heads + kvh * group + gi
+        for j in range(n_m - first):
+            m = _query_tile(j, first, n_m, pid_n, CAUSAL)
             s = it % STAGES
             rows = m * BLOCK_M + offs_q
             stat = bh.to(gl.int64) * seqlen_q + rows
@@ -175,6 +169,10 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
             delta = gl.load(Delta + stat, mask=rows < seqlen_q, other=0.0)
             q_s = q_bufs.index(s)
             do_s = do_bufs.index(s)
+            mbarrier.wait(q_ready.index(s), (it // STAGES) & 1)
+            zeros = gl.zeros([BLOCK_M, KEYS], gl.float32, s_layout)
+            qk = warpgroup_mma(q_s, k_w.permute((1, 0)), zeros, use_acc=False, is_async=True)
+            dp = warpgroup_mma(do_s, v_w.permute((1, 0)), zeros, use_acc=False, is_async=True)
             qk = warpgroup_mma_wait(1, deps=[qk])
             p = gl.exp2(qk * scale_log2 - lse2[:, None])
             if CAUSAL:
@@ -194,43 +192,17 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
                 mbarrier.wait(ds_ready, it & 1)
             dq = warpgroup_mma(ds_a, k_b, gl.zeros([BLOCK_M, DQ_COLS], gl.float32, q_layout), use_acc=False,
                                is_async=True)
-            if OVERLAP:  # the next tile's S and dP go in behind dV, dK and dQ
-                qk, dp = _next_scores(q_bufs, do_bufs, q_ready, it, total, k_w, v_w, zeros)
-                dq, dv, dk = warpgroup_mma_wait(2, deps=[dq, dv, dk])
-            else:
-                dq, dv, dk = warpgroup_mma_wait(0, deps=[dq, dv, dk])
+            dq, dv, dk = warpgroup_mma_wait(0, deps=[dq, dv, dk])
             mbarrier.arrive(q_empty.index(s), count=1)
             mbarrier.arrive(ds_free, count=1)
-            if not OVERLAP:
-                qk, dp = _next_scores(q_bufs, do_bufs, q_ready, it, total, k_w, v_w, zeros)
             tma.store_wait(0)  # the previous tile's reduce-add has read the buffer
             dq_tile.store(dq)
             fence_async_shared()
             tma.async_copy_shared_to_global(dq_desc, [bh, m * BLOCK_M, dq_col], dq_box.index(WG))
-        warpgroup_mma_wait(0, deps=[qk, dp])  # the last tile's repeat
+            it += 1
     tma.store_wait(0)
     _store_rows(dk, DK, b, kvh, seqlen_k, dk_strides, key0, g_layout, KEYS, HEAD, D)
     _store_rows(dv, DV, b, kvh, seqlen_k, dv_strides, key0, g_layout, KEYS, HEAD, D)
-
-
-@gluon.jit
-def _scores(q_s, do_s, k_w, v_w, zeros):
-    """S = Q K^T and dP = dO V^T of one query tile over this warpgroup's keys, issued (wait for them)."""
-    qk = warpgroup_mma(q_s, k_w.permute((1, 0)), zeros, use_acc=False, is_async=True)
-    dp = warpgroup_mma(do_s, v_w.permute((1, 0)), zeros, use_acc=False, is_async=True)
-    return qk, dp
-
-
-@gluon.jit
-def _next_scores(q_bufs, do_bufs, q_ready, it, total, k_w, v_w, zeros):
-    """:func:`_scores` of tile ``it + 1``, or after the last tile ``it``'s again (its Q and dO stay in place: the
-    producer has no more to load), so that S and dP are always in flight across the loop (Gluon carries an
-    issued product only through a loop whose every pass issues it)."""
-    nxt = it % STAGES
-    if it + 1 < total:
-        nxt = (it + 1) % STAGES
-        mbarrier.wait(q_ready.index(nxt), ((it + 1) // STAGES) & 1)
-    return _scores(q_bufs.index(nxt), do_bufs.index(nxt), k_w, v_w, zeros)
 
 
 @gluon.jit
@@ -248,8 +220,7 @@ def _store_rows(acc, Ptr, b, h, seqlen, strides, row0, layout: gl.constexpr, ROW
 def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, Delta, DK, DV, heads, kv_heads, group, seqlen_q,
                     seqlen_k, n_m, causal_offset, scale_log2, scale, q_lead, q_first_b, q_first_h, k_lead,
                     k_first_b, k_first_h, v_lead, v_first_b, v_first_h, do_lead, do_first_b, do_first_h, dk_b, dk_h,
-                    dk_s, dv_b, dv_h, dv_s, HEAD: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr,
-                    OVERLAP: gl.constexpr):
+                    dk_s, dv_b, dv_h, dv_s, HEAD: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr):
     """dK and dV of key block ``program_id(0)`` of (batch, KV head) ``program_id(1)``, and its share of dQ
     added into ``dq_desc``'s float32 buffer.  HEAD: the tile width (head_dim padded), D: head_dim."""
     dtype: gl.constexpr = q_desc.dtype
@@ -277,12 +248,10 @@ def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, Delta, DK, DV
     gl.warp_specialize([
         (_consumer, (k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready, q_ready, q_empty, ds_ready,
                      ds_free, dq_desc, LSE, Delta, DK, DV, heads, kv_heads, group, seqlen_q, seqlen_k, n_m,
-                     causal_offset, scale_log2, scale, (dk_b, dk_h, dk_s), (dv_b, dv_h, dv_s), 0, HEAD, D, CAUSAL,
-                     OVERLAP)),
+                     causal_offset, scale_log2, scale, (dk_b, dk_h, dk_s), (dv_b, dv_h, dv_s), 0, HEAD, D, CAUSAL)),
         (_consumer, (k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready, q_ready, q_empty, ds_ready,
                      ds_free, dq_desc, LSE, Delta, DK, DV, heads, kv_heads, group, seqlen_q, seqlen_k, n_m,
-                     causal_offset, scale_log2, scale, (dk_b, dk_h, dk_s), (dv_b, dv_h, dv_s), 1, HEAD, D, CAUSAL,
-                     OVERLAP)),
+                     causal_offset, scale_log2, scale, (dk_b, dk_h, dk_s), (dv_b, dv_h, dv_s), 1, HEAD, D, CAUSAL)),
         (_producer, (q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, kv_ready, q_ready, q_empty,
                      kv_heads, group, n_m, causal_offset, place, CAUSAL)),
     ], [4, 1], [240, 24])
@@ -345,5 +314,5 @@ def launch(prob, q, k, v, do, lse, delta, dk, dv, layout: str, strides) -> torch
     backward_kernel[grid](q_desc, k_desc, v_desc, do_desc, dq_desc, lse, delta, dk, dv, prob.heads, prob.kv_heads,
                           prob.heads // prob.kv_heads, prob.seqlen_q, prob.seqlen_k, n_m, prob.causal_offset,
                           prob.scale_log2, scale, *place, *strides["dk"], *strides["dv"], HEAD=head,
-                          D=prob.head_dim, CAUSAL=bool(prob.causal), OVERLAP=head <= OVERLAP_UP_TO, num_warps=4)
+                          D=prob.head_dim, CAUSAL=bool(prob.causal), num_warps=4)
     return dq
