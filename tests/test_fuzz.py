@@ -17,6 +17,21 @@ def test_drawn_problems_pass_and_cover_the_patterns():
     assert {p.pattern for p in drawn} == set(fuzz.PATTERNS) and {p.entry for p in drawn} == {"attention", "varlen",
                                                                                               "paged"}
     assert {p.layout for p in drawn} == set(fuzz.LAYOUTS)
+    assert all(p.head_dim_v < p.head_dim for p in drawn if p.head_dim_v)
+    assert {p.entry for p in drawn if p.head_dim_v} == {"attention", "varlen"}
+
+
+def test_problems_with_a_narrower_v_pass():
+    """V narrower than q/k (MLA's shapes): O as wide as V, each entry that takes them against float64; the
+    seed's one-warp variants refuse them (a ValueError, counted by the fuzzer as refused)."""
+    drawn = [fuzz.draw(random.Random(s), False, False) for s in range(400)]
+    mla = [p for p in drawn if p.head_dim_v and p.variant in ("auto", "tiled")][:8]
+    assert {p.entry for p in mla} == {"attention", "varlen"}
+    for p in mla:
+        fuzz.run(p, DEVICE)
+    seed = next(p for p in drawn if p.head_dim_v and p.variant == "singlewave")
+    with pytest.raises(ValueError, match="V head dim"):
+        fuzz.run(seed, DEVICE)
 
 
 def test_a_wrong_answer_is_reported_as_a_problem_that_rebuilds(monkeypatch):

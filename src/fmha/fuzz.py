@@ -1,12 +1,13 @@
 """Differential testing: random problems with inputs chosen to hurt, every path against float64.
 
 ``python -m fmha fuzz --minutes 5`` draws problems over the entry points (``attention``,
-``attention_varlen``, ``attention_paged``), variants and their table configs, dtypes, head dims,
-lengths on and off every tile, layouts (bhsd, bshd, transformers' transposed views, slices of one
-fused qkv tensor), GQA, both causal alignments, windows, softcap, ALiBi, key padding and the key
-split, and fills them with score patterns that stress the online softmax and the pivots that stand
-in for the row max: scores rising along the keys, one huge key late in the row, rows whose first
-visible key comes late, all-equal scores, inf or NaN in one key, magnitudes near the dtype's limits.
+``attention_varlen``, ``attention_paged``), variants and their table configs, dtypes, head dims, V
+narrower than q/k (MLA's 192/128; not paged), lengths on and off every tile, layouts (bhsd, bshd,
+transformers' transposed views, slices of one fused qkv tensor), GQA, both causal alignments, windows,
+softcap, ALiBi, key padding and the key split, and fills them with score patterns that stress the online
+softmax and the pivots that stand in for the row max: scores rising along the keys, one huge key late in
+the row, rows whose first visible key comes late, all-equal scores, inf or NaN in one key, magnitudes near
+the dtype's limits.
 Each answer (output poisoned with NaN first, and its LSE) is held against the float64 reference by
 :mod:`fmha.verify`'s rule.  A failure prints as one JSON line: ``Problem(**json.loads(line))``
 rebuilds it, which is how a failure becomes a named regression test.
@@ -57,6 +58,7 @@ class Problem:
     page: int               # paged: keys per page
     pattern: str
     seed: int
+    head_dim_v: int = 0     # V's and O's head dim where it is smaller than q/k's (MLA's 192/128), else 0
 
     def __str__(self):
         return json.dumps(dataclasses.asdict(self))
@@ -69,9 +71,11 @@ def _length(rng: random.Random, top: int, tile: int) -> int:
     return rng.randint(1, top)
 
 
-def _table_configs(variant: str, head_dim: int, causal: bool) -> list[dict]:
+def _table_configs(variant: str, head_dim: int, causal: bool, head_dim_v: int = 0) -> list[dict]:
     if variant == "hopper":
-        return [cfg.as_dict() for d, c, _, cfg in configs.HOPPER if d == padded(head_dim, 64) and c == causal]
+        rows = [cfg.as_dict() for d, c, _, cfg in configs.HOPPER if d == padded(head_dim, 64) and c == causal]
+        split = configs.hopper_config(head_dim, causal, 0, head_dim_v=head_dim_v)
+        return rows + [split.as_dict()] * bool(split.split_qk)
     if variant == "tiled":
         return [cfg.as_dict() for arch, max_d, cfg in configs.TILED if arch == "sm90" and head_dim <= max_d]
     return []
@@ -81,6 +85,8 @@ def draw(rng: random.Random, on_gpu: bool, hopper: bool) -> Problem:
     """One random problem; on the CPU (the interpreter) small enough to run in a second."""
     entry = rng.choices(["attention", "varlen", "paged"], [7, 2, 2])[0]
     head_dim = rng.choice(HEAD_DIMS)
+    narrower = [d for d in HEAD_DIMS if d < head_dim]
+    head_dim_v = rng.choice(narrower) if narrower and rng.random() < 0.15 and entry != "paged" else 0
     pattern = rng.choice(PATTERNS)
     kv_heads = rng.randint(1, 3)
     heads = kv_heads * rng.choice([1, 1, 2, 4])
@@ -98,7 +104,7 @@ def draw(rng: random.Random, on_gpu: bool, hopper: bool) -> Problem:
         variants += ["hopper", "hopper"]
     variant = rng.choice(variants if entry == "attention" else [v for v in variants if v in ("auto", "tiled",
                                                                                               "hopper")])
-    table = _table_configs(variant, head_dim, causal)
+    table = _table_configs(variant, head_dim, causal, head_dim_v)
     config = rng.choice(table) if table and rng.random() < 0.6 else None
     page = rng.choice([128, 256] if variant == "hopper" else [16, 32, 64, 128])
     return Problem(entry=entry, variant=variant, config=config, dtype=rng.choice(list(DTYPES)),
@@ -107,15 +113,16 @@ def draw(rng: random.Random, on_gpu: bool, hopper: bool) -> Problem:
                    window=window, softcap=rng.uniform(1.0, 50.0) if rng.random() < 0.2 else 0.0,
                    alibi=rng.random() < 0.15, seqused=rng.random() < 0.25,
                    num_splits=rng.randint(1, 6) if rng.random() < 0.2 else 0, page=page, pattern=pattern,
-                   seed=rng.randrange(1 << 30))
+                   seed=rng.randrange(1 << 30), head_dim_v=head_dim_v)
 
 
 def inputs(p: Problem):
-    """q ``[B, H, Sq, D]``, k and v ``[B, KVH, Sk, D]`` (float32, bhsd, on the CPU) filled by
-    ``p.pattern``; scores are ``q.k / sqrt(D)``."""
+    """q ``[B, H, Sq, D]``, k ``[B, KVH, Sk, D]`` and v ``[B, KVH, Sk, head_dim_v or D]`` (float32, bhsd, on
+    the CPU) filled by ``p.pattern``; scores are ``q.k / sqrt(D)``."""
     g = torch.Generator().manual_seed(p.seed)
     b, h, kvh, sq, sk, d = p.batch, p.heads, p.kv_heads, p.seqlen_q, p.seqlen_k, p.head_dim
-    q, k, v = (torch.randn(b, n, s, d, generator=g) for n, s in ((h, sq), (kvh, sk), (kvh, sk)))
+    q, k, v = (torch.randn(b, n, s, w, generator=g) for n, s, w in ((h, sq, d), (kvh, sk, d),
+                                                                     (kvh, sk, p.head_dim_v or d)))
     u = torch.nn.functional.normalize(torch.randn(d, generator=g), dim=0)
     root = math.sqrt(d)
     if p.pattern == "rising":  # scores climb by about 60 over the row: a new max at every tile
@@ -175,13 +182,16 @@ def run(p: Problem, device: str) -> None:
         return _run_varlen(p, q, k, v, lengths, g, dtype, device, mods, cfg)
     if p.entry == "paged":
         return _run_paged(p, q, k, v, lengths, g, dtype, device, mods, cfg)
-    if p.layout == "fused-qkv" and p.seqlen_q == p.seqlen_k:
+    if p.layout == "fused-qkv" and p.seqlen_q == p.seqlen_k and not p.head_dim_v:
         qd, kd, vd = _fused(q, k, v, dtype, device)
         layout = "bshd"
     else:
         (qd, layout), (kd, _), (vd, _) = (_place(t, "bshd" if p.layout == "fused-qkv" else p.layout, dtype, device)
                                           for t in (q, k, v))
     out = torch.full_like(qd, math.nan)
+    if p.head_dim_v:  # O as wide as V, in q's layout
+        out = _place(torch.full((p.batch, p.heads, p.seqlen_q, p.head_dim_v), math.nan),
+                     "bshd" if p.layout == "fused-qkv" else p.layout, dtype, device)[0]
     _, lse = attention(qd, kd, vd, causal=p.causal, causal_align=p.align, layout=layout, variant=p.variant,
                        config=cfg, out=out, return_lse=True, num_splits=p.num_splits,
                        seqused_k=lengths.to(device) if p.seqused else None, **mods)
@@ -217,10 +227,11 @@ def _run_paged(p, q, k, v, lengths, g, dtype, device, mods, cfg):
     perm = torch.randperm(num_pages, generator=g)
     pools = []
     for t in (k, v):
+        d = t.shape[-1]
         padded = torch.nn.functional.pad(t, (0, 0, 0, pages_per_seq * p.page - p.seqlen_k), value=math.nan)
-        pages = padded.view(p.batch, p.kv_heads, pages_per_seq, p.page, p.head_dim).permute(0, 2, 3, 1, 4)
-        pool = torch.empty(num_pages, p.page, p.kv_heads, p.head_dim)
-        pool[perm] = pages.reshape(num_pages, p.page, p.kv_heads, p.head_dim)
+        pages = padded.view(p.batch, p.kv_heads, pages_per_seq, p.page, d).permute(0, 2, 3, 1, 4)
+        pool = torch.empty(num_pages, p.page, p.kv_heads, d)
+        pool[perm] = pages.reshape(num_pages, p.page, p.kv_heads, d)
         pools.append(pool.to(dtype).to(device))
     table = perm.view(p.batch, pages_per_seq).to(torch.int32).to(device)
     qd, layout = _place(q, "bshd" if p.layout == "bshd" else "bhsd", dtype, device)
