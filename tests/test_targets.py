@@ -25,22 +25,24 @@ def builds():
 
 @pytest.mark.parametrize("dtype,instr", [("float16", "v_wmma_f32_16x16x16_f16"),
                                          ("bfloat16", "v_wmma_f32_16x16x16_bf16")])
-@pytest.mark.parametrize("variant,head_dim", [("singlewave", 64), ("pipelined", 64), ("singlewave", 128),
-                                              ("pipelined", 128)])
+@pytest.mark.parametrize("variant", ["singlewave", "pipelined"])
+@pytest.mark.parametrize("head_dim", [32, 64, 96, 128])
 def test_seed_kernels_on_gfx1151_use_wmma_wave32_without_spills(builds, variant, head_dim, dtype, instr):
     """The seed's kernels keep m, l and the accumulator in registers for the whole key loop: no
-    spills, no scratch (at D=128 the accumulator and V come in two halves of the head dimension, and
-    pipelined's scores wait for the next tile's Q K^T, so its K operand dies before the softmax)."""
+    spills, no scratch (at D=96 and 128 the accumulator and V come in two halves of the head dimension;
+    pipelined's scores wait for the next tile's Q K^T, so its K operand dies before the softmax, and with the
+    causal mask, or singlewave's column masks at 96, the second half's P V waits for the first's)."""
     b, r = builds(variant, "gfx1151", head_dim, dtype)
+    tile = 1 << (head_dim - 1).bit_length()  # the columns a tile holds (96: 128, the last 32 read as zeros)
     assert set(r.matrix_instructions) == {instr}
-    # D/16 WMMAs for Q K^T and D/16 for P V per key tile, at least once each in the loop
-    assert r.matrix_instructions[instr] >= head_dim // 8
+    # tile/16 WMMAs for Q K^T and tile/16 for P V per key tile, at least once each in the loop
+    assert r.matrix_instructions[instr] >= tile // 8
     assert r.wave_size == 32 and b.metadata["warp_size"] == 32 and b.config["num_warps"] == 1
     assert r.spilled_registers == 0 and r.scratch_bytes == 0
-    # one 16 x 16 key tile an iteration: D/8 WMMAs (Q K^T and P V), the K and V tiles read once
-    # (2 x 16 keys x D x 2 bytes), 16 FLOP per byte read, nothing from scratch
+    # one 16 x 16 key tile an iteration: tile/8 WMMAs (Q K^T and P V), the K and V tiles read once
+    # (2 x 16 keys x tile x 2 bytes), 16 FLOP per byte read, nothing from scratch
     t = r.loop_tile
-    assert t["wmma"] == head_dim // 8 and t["global_bytes"] == 2 * 16 * head_dim * 2 and t["scratch"] == 0
+    assert t["wmma"] == tile // 8 and t["global_bytes"] == 2 * 16 * tile * 2 and t["scratch"] == 0
     assert t["flop_per_byte"] == 16.0
 
 

@@ -294,3 +294,14 @@ def write_output(o_rows, LSE, lse_rows, acc, l, m, offs_m, seqlen_q, offs_d, str
     if STORE_LSE:
         lse = tl.where(l == 0.0, float("-inf"), (m + tl.math.log2(l)) * LN2)
         tl.store(LSE + lse_rows, lse, mask=offs_m < seqlen_q)
+
+
+@triton.jit
+def after(x, dep, AMD: tl.constexpr):
+    """``x``, computed no earlier than ``dep`` on an AMD GPU (an opaque copy that reads ``dep``: the
+    compiler cannot move ``dep``'s instructions below ``x``'s uses); elsewhere ``x``."""
+    if AMD and not INTERPRET:
+        return tl.inline_asm_elementwise("v_mov_b32 $0, $1", "=v,v,v", [x, dep], dtype=tl.float32, is_pure=True,
+                                         pack=1)
+    else:
+        return x

@@ -10,14 +10,14 @@ On gfx11 a WMMA operand is held twice (both half-waves), so at head_dim 128 Q (6
 accumulator (64) and the next tile's K operand (64) leave no room for the softmax if the compiler
 sinks the next tile's Q K^T below it, as LLVM's scheduler does: it then spills Q to scratch and
 reads it back every tile.  ``AMD`` builds make this tile's scores wait for the next tile's Q K^T
-(:func:`after`), the order the seed pipelines in, so K's operand dies before the softmax; with
+(:func:`.common.after`), the order the seed pipelines in, so K's operand dies before the softmax; with
 the causal mask's registers besides, the second half's P V also waits for the first's: no spills
 (docs/SEED_MAP.md).
 """
 import triton
 import triton.language as tl
 
-from .common import (INTERPRET, causal_stop, head_slope, initial_state, load_rows, mma, program_start, pv_half,
+from .common import (after, causal_stop, head_slope, initial_state, load_rows, mma, program_start, pv_half,
                      scores, softmax_weights, split_keys, window_start, write_output)
 
 
@@ -84,17 +84,6 @@ def pipelined_kernel(
     write_output(o_rows, LSE, lse_rows, acc, l, m, offs_m, seqlen_q, offs_h, stride_od, HALF, HALF, STORE_LSE)
     write_output(o_rows + HALF * stride_od, LSE, lse_rows, acc_hi, l, m, offs_m, seqlen_q, offs_h, stride_od,
                  HEAD_DIM - HALF, HALF, False)
-
-
-@triton.jit
-def after(x, dep, AMD: tl.constexpr):
-    """``x``, computed no earlier than ``dep`` on an AMD GPU (an opaque copy that reads ``dep``: the
-    compiler cannot move ``dep``'s instructions below ``x``'s uses); elsewhere ``x``."""
-    if AMD and not INTERPRET:
-        return tl.inline_asm_elementwise("v_mov_b32 $0, $1", "=v,v,v", [x, dep], dtype=tl.float32, is_pure=True,
-                                         pack=1)
-    else:
-        return x
 
 
 KERNEL = pipelined_kernel

@@ -10,7 +10,7 @@ tile is masked elementwise (a no-op except on the causal diagonal and the last, 
 import triton
 import triton.language as tl
 
-from .common import (causal_stop, head_slope, initial_state, load_rows, mma, program_start, pv_half, scores,
+from .common import (after, causal_stop, head_slope, initial_state, load_rows, mma, program_start, pv_half, scores,
                      softmax_weights, split_keys, window_start, write_output)
 
 
@@ -28,7 +28,7 @@ def singlewave_kernel(
         CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
         ALIBI: tl.constexpr, VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr,
         SPLIT: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr, PACK_GQA: tl.constexpr,
-        KV_TMA: tl.constexpr):
+        KV_TMA: tl.constexpr, AMD: tl.constexpr):
     (row_lo, row_hi, offs_m, q, k_base, v_base, o_rows, lse_rows, seqlen_q, seqlen_k, causal_offset, window_offset,
      align_offset) = program_start(
         Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh,
@@ -65,6 +65,8 @@ def singlewave_kernel(
         # 5.3-5.5 running max, alpha, p, l; 5.6 acc += P V, a half of the head dimension at a time
         p, alpha, l, m = softmax_weights(l, m, s)
         acc = pv_half(acc, alpha, p, v_ptrs, cols, seqlen_k, offs_h, HALF, HALF)
+        if AMD and CAUSAL and HEAD_DIM != BLOCK_D:  # the masks' registers: the second half's V waits for the
+            p = after(p, tl.max(acc, 1)[:, None], AMD)  # first's P V (D=96: 16 spilled without; D=128 spills none)
         acc_hi = pv_half(acc_hi, alpha, p, v_ptrs + HALF * stride_vd, cols, seqlen_k, offs_h, HEAD_DIM - HALF, HALF)
         # 5.7 next tile
         k_ptrs += BLOCK_N * stride_ks
