@@ -18,15 +18,15 @@ def test_drawn_problems_pass_and_cover_the_patterns():
                                                                                               "paged"}
     assert {p.layout for p in drawn} == set(fuzz.LAYOUTS)
     assert all(p.head_dim_v < p.head_dim for p in drawn if p.head_dim_v)
-    assert {p.entry for p in drawn if p.head_dim_v} == {"attention", "varlen"}
+    assert {p.entry for p in drawn if p.head_dim_v} == {"attention", "varlen", "paged"}
 
 
 def test_problems_with_a_narrower_v_pass():
     """V narrower than q/k (MLA's shapes): O as wide as V, each entry that takes them against float64; the
     seed's one-warp variants refuse them (a ValueError, counted by the fuzzer as refused)."""
     drawn = [fuzz.draw(random.Random(s), False, False) for s in range(400)]
-    mla = [p for p in drawn if p.head_dim_v and p.variant in ("auto", "tiled")][:8]
-    assert {p.entry for p in mla} == {"attention", "varlen"}
+    mla = [p for p in drawn if p.head_dim_v and p.variant in ("auto", "tiled")][:10]
+    assert {p.entry for p in mla} == {"attention", "varlen", "paged"}
     for p in mla:
         fuzz.run(p, DEVICE)
     seed = next(p for p in drawn if p.head_dim_v and p.variant == "singlewave")

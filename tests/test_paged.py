@@ -38,6 +38,30 @@ def test_paged_matches_contiguous(sq, page, causal, splits, layout):
                                 lse=lse[i:i + 1])
 
 
+@pytest.mark.parametrize("d,dv,splits", [(64, 32, 0), (128, 64, 3), (192, 128, 0)])
+def test_paged_takes_a_narrower_v(d, dv, splits):
+    """V's pool narrower than K's (DeepSeek's 192/128, as FlashAttention-3's kvcache call takes it): O as wide
+    as V, against the reference of the contiguous cache; on ``tiled`` (``hopper`` says it does not take it)."""
+    b, h, kvh, sq, sk, page = 2, 4, 2, 3, 100, 16
+    q, k, v = make_qkv(b, h, kvh, sq, sk, d, torch.bfloat16, seed=dv)
+    v = v[..., :dv].contiguous()
+    lens = torch.tensor([100, 41], dtype=torch.int32, device=DEVICE)
+    pages_per_seq = -(-sk // page) + 1
+    k_pool, table = paginate(k, page, pages_per_seq, seed=2)
+    v_pool, _ = paginate(v, page, pages_per_seq, seed=2)
+    o, lse = fmha.attention_paged(q, k_pool, v_pool, table, lens, causal=True, num_splits=splits, return_lse=True)
+    assert o.shape == (b, h, sq, dv)
+    for i, n in enumerate(lens.tolist()):
+        check_against_reference(o[i:i + 1], q[i:i + 1], k[i:i + 1, :, :n], v[i:i + 1, :, :n], True, "bottom_right",
+                                lse=lse[i:i + 1])
+    if DEVICE == "cuda" and torch.cuda.get_device_capability()[0] == 9:
+        with pytest.raises(ValueError, match="a paged V narrower than K runs on tiled"):
+            fmha.attention_paged(q, k_pool, v_pool, table, lens, causal=True, variant="hopper")
+    with pytest.raises(ValueError, match=r"v_cache must be \[num_pages, page_size, kv_heads, D \(32, 64"):
+        fmha.attention_paged(q, k_pool, torch.zeros(*v_pool.shape[:3], 2 * d, dtype=v_pool.dtype, device=DEVICE),
+                             table, lens)  # wider than K's
+
+
 def test_paged_errors():
     q, k, v = make_qkv(1, 2, 2, 1, 32, 32, torch.float16)
     pool = torch.zeros(4, 24, 2, 32, dtype=torch.float16, device=DEVICE)

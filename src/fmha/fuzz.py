@@ -2,7 +2,7 @@
 
 ``python -m fmha fuzz --minutes 5`` draws problems over the entry points (``attention``,
 ``attention_varlen``, ``attention_paged``), variants and their table configs, dtypes, head dims, V
-narrower than q/k (MLA's 192/128; not paged), lengths on and off every tile, layouts (bhsd, bshd,
+narrower than q/k (MLA's 192/128), lengths on and off every tile, layouts (bhsd, bshd,
 transformers' transposed views, slices of one fused qkv tensor), GQA, both causal alignments, windows,
 softcap, ALiBi, key padding and the key split, and fills them with score patterns that stress the online
 softmax and the pivots that stand in for the row max: scores rising along the keys, one huge key late in
@@ -86,7 +86,7 @@ def draw(rng: random.Random, on_gpu: bool, hopper: bool) -> Problem:
     entry = rng.choices(["attention", "varlen", "paged"], [7, 2, 2])[0]
     head_dim = rng.choice(HEAD_DIMS)
     narrower = [d for d in HEAD_DIMS if d < head_dim]
-    head_dim_v = rng.choice(narrower) if narrower and rng.random() < 0.15 and entry != "paged" else 0
+    head_dim_v = rng.choice(narrower) if narrower and rng.random() < 0.15 else 0
     pattern = rng.choice(PATTERNS)
     kv_heads = rng.randint(1, 3)
     heads = kv_heads * rng.choice([1, 1, 2, 4])
