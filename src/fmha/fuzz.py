@@ -75,7 +75,9 @@ def _table_configs(variant: str, head_dim: int, causal: bool, head_dim_v: int = 
     if variant == "hopper":
         rows = [cfg.as_dict() for d, c, _, cfg in configs.HOPPER if d == padded(head_dim, 64) and c == causal]
         split = configs.hopper_config(head_dim, causal, 0, head_dim_v=head_dim_v)
-        return rows + [split.as_dict()] * bool(split.split_qk)
+        if split.split_qk:  # q/k 192 with a narrower V: its own row
+            rows.append(split.as_dict())
+        return rows
     if variant == "tiled":
         return [cfg.as_dict() for arch, max_d, cfg in configs.TILED if arch == "sm90" and head_dim <= max_d]
     return []
