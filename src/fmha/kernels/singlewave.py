@@ -4,7 +4,8 @@ One warp per program (``num_warps=1``), 16 query rows, 16-key tiles: the
 16x16x16 matrix-instruction shape of gfx1151's ``v_wmma_f32_16x16x16_f16``.
 The running ``m``, ``l``, ``acc`` ride the key loop in registers (``acc`` and each V tile in two
 halves of the head dimension, as the seed's ``n_dk`` loop splits them, so D=128 fits gfx1151's 256
-VGPRs); the loop stops at the last tile any row of the block can see (causal early exit), and every
+VGPRs; at D=96, causal, the second half's P V waits for the first's on AMD, :func:`.common.after`, so the
+masks' registers fit too); the loop stops at the last tile any row of the block can see (causal early exit), and every
 tile is masked elementwise (a no-op except on the causal diagonal and the last, ragged tile).
 """
 import triton
