@@ -130,3 +130,16 @@ def test_balanced_tail_runs_every_item_once_and_ends_sooner(n_m, n_bh, programs)
     pairs = [cost[2 * q::2 * programs].sum() + cost[2 * q + 1::2 * programs].sum() for q in range(programs)]
     assert max(loads) <= max(pairs)
     assert max(loads) <= cost.sum() / programs + cost.max()
+
+
+@pytest.mark.parametrize("per_sequence", [False, True])
+def test_hopper_keeps_q_in_registers_under_a_causal_window_alone(per_sequence):
+    """At D=128 Q goes to shared memory with a softcap or ALiBi, or a non-causal window (spills in
+    registers), and stays in registers under a causal window alone."""
+    def q_regs(causal, modifiers, window_only):
+        return configs.hopper_config(128, causal, 4096, modifiers, per_sequence, window_only=window_only).q_regs
+    assert q_regs(True, False, False) == 1
+    assert q_regs(True, True, True) == 1
+    assert q_regs(True, True, False) == 0
+    assert q_regs(False, True, True) == 0
+    assert configs.hopper_config(96, True, 4096, True, per_sequence, window_only=True).q_regs == 0  # padded

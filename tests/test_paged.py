@@ -41,7 +41,7 @@ def test_paged_matches_contiguous(sq, page, causal, splits, layout):
 @pytest.mark.parametrize("d,dv,splits", [(64, 32, 0), (128, 64, 3), (192, 128, 0)])
 def test_paged_takes_a_narrower_v(d, dv, splits):
     """V's pool narrower than K's (DeepSeek's 192/128, as FlashAttention-3's kvcache call takes it): O as wide
-    as V, against the reference of the contiguous cache; on ``tiled`` (``hopper`` says it does not take it)."""
+    as V, against the reference of the contiguous cache (``hopper``'s: :func:`test_hopper_paged_prefill`)."""
     b, h, kvh, sq, sk, page = 2, 4, 2, 3, 100, 16
     q, k, v = make_qkv(b, h, kvh, sq, sk, d, torch.bfloat16, seed=dv)
     v = v[..., :dv].contiguous()
@@ -54,9 +54,6 @@ def test_paged_takes_a_narrower_v(d, dv, splits):
     for i, n in enumerate(lens.tolist()):
         check_against_reference(o[i:i + 1], q[i:i + 1], k[i:i + 1, :, :n], v[i:i + 1, :, :n], True, "bottom_right",
                                 lse=lse[i:i + 1])
-    if DEVICE == "cuda" and torch.cuda.get_device_capability()[0] == 9:
-        with pytest.raises(ValueError, match="a paged V narrower than K runs on tiled"):
-            fmha.attention_paged(q, k_pool, v_pool, table, lens, causal=True, variant="hopper")
     with pytest.raises(ValueError, match=r"v_cache must be \[num_pages, page_size, kv_heads, D \(32, 64"):
         fmha.attention_paged(q, k_pool, torch.zeros(*v_pool.shape[:3], 2 * d, dtype=v_pool.dtype, device=DEVICE),
                              table, lens)  # wider than K's
@@ -149,15 +146,18 @@ print("ANSWER", o.float().sum().item())
 @pytest.mark.gpu
 @pytest.mark.parametrize("page", [128, 256])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("d,dtype,layout", [(128, torch.bfloat16, "bhsd"), (64, torch.float16, "bshd")])
-def test_hopper_paged_prefill(d, dtype, layout, causal, page):
+@pytest.mark.parametrize("d,dv,dtype,layout", [(128, 0, torch.bfloat16, "bhsd"), (64, 0, torch.float16, "bshd"),
+                                                (192, 128, torch.bfloat16, "bshd"), (128, 64, torch.bfloat16, "bhsd")])
+def test_hopper_paged_prefill(d, dv, dtype, layout, causal, page):
     """Prefill against a cached prefix on the Gluon kernel: shuffled pages, a spare page per
     sequence, lengths off the tile and one shorter than the queries (bottom-right: its first rows
-    see no key); NaN in every unused row of the pool must not reach the output."""
+    see no key); NaN in every unused row of the pool must not reach the output.  ``dv``: V's pool
+    narrower than K's (DeepSeek's 192/128)."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("sm_90 only")
     b, h, kvh, sq, sk = 3, 8, 2, 300, 1000
     q, k, v = make_qkv(b, h, kvh, sq, sk, d, dtype, seed=page + d)
+    v = v[..., :dv].contiguous() if dv else v
     lens = torch.tensor([1000, 517, 200], dtype=torch.int32, device=DEVICE)
     pages_per_seq = -(-sk // page) + 1
     pools = []

@@ -106,7 +106,7 @@ HOPPER_FP8 = [
 
 def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = False,
                   per_sequence: bool = False, seqlen_q: int = 0, fp8: bool = False,
-                  head_dim_v: int = 0) -> KernelConfig:
+                  head_dim_v: int = 0, window_only: bool = False) -> KernelConfig:
     """The ``hopper`` entry for this shape (a head dim takes the rows of its tile width,
     ``hopper.padded``: 32 (in 32-wide tiles) and 64 the 64 rows, 96 and 128 the 128 rows, 192 and 256 the 256 rows; with
     ``per_sequence`` lengths, varlen or seqused_k, ``seqlen_k`` is the longest).  With a window,
@@ -114,9 +114,10 @@ def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = 
     three consumer warpgroups at 160 registers spill on the extra live values (up to 117
     registers with the modifiers, 48 stores with the ragged key mask, sm_90 build), two at 240
     do not.  With the modifiers at D=128, Q stays in shared memory (in registers, 23 spilled
-    registers with window, softcap and ALiBi, causal); so it does for a causal head dim padded to
-    its tile (96), whose Q K^T then skips the zero columns (``hopper.qk_slices``: 1-3% faster
-    at D=96, docs/PERF.md); with them or lengths per sequence, no
+    registers with window, softcap and ALiBi, causal; 134 with a window, non-causal), except under a causal
+    window alone (``window_only``: 0-4 spilled registers, 2-7% faster at 4k tokens); so it does for a
+    causal head dim padded to its tile (96), whose Q K^T then skips the zero columns
+    (``hopper.qk_slices``: 1-3% faster at D=96, docs/PERF.md); with them or lengths per sequence, no
     clusters (``hopper.supports``), nor where ``seqlen_q`` (0: not known) makes an odd number of
     query blocks (FlashAttention-3's rule): a cluster runs two blocks, and the partner of a last
     lone block would compute rows that do not exist (a 2x loss where a head has one block).  ``fp8``: float8
@@ -132,7 +133,7 @@ def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = 
     for key_d, key_causal, longest, cfg in HOPPER:
         if key_d == d and key_causal == bool(causal) and (longest is None or seqlen_k <= longest):
             narrow = modifiers or per_sequence or seqlen_k % cfg.block_n
-            if modifiers and d == 128 or causal and head_dim != padded(head_dim):
+            if modifiers and d == 128 and not (window_only and causal) or causal and head_dim != padded(head_dim):
                 cfg = replace(cfg, q_regs=0)
             if modifiers or per_sequence or -(-seqlen_q // cfg.block_m) % 2:
                 cfg = replace(cfg, cluster=0)
@@ -214,11 +215,12 @@ def tiled_config(arch: str, head_dim: int, fp8: bool = False) -> KernelConfig:
 
 def default_config(variant: str, arch: str, head_dim: int, causal: bool = False, seqlen_k: int = 0,
                    modifiers: bool = False, per_sequence: bool = False, seqlen_q: int = 0,
-                   fp8: bool = False, head_dim_v: int = 0) -> KernelConfig:
+                   fp8: bool = False, head_dim_v: int = 0, window_only: bool = False) -> KernelConfig:
     if variant in ("singlewave", "pipelined"):
         return SEED
     if variant == "tiled":
         return tiled_config(arch, head_dim, fp8)
     if variant == "hopper":
-        return hopper_config(head_dim, causal, seqlen_k, modifiers, per_sequence, seqlen_q, fp8, head_dim_v)
+        return hopper_config(head_dim, causal, seqlen_k, modifiers, per_sequence, seqlen_q, fp8, head_dim_v,
+                             window_only)
     raise ValueError(f"no config table for variant {variant!r}")

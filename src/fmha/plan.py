@@ -166,12 +166,14 @@ def plan(prob: Problem, q, k, v, o, layout: str, variant: str, config, alibi_slo
     shape = {"head_dim": prob.head_dim, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k, "causal": bool(prob.causal),
              "varlen": prob.varlen, "fp8": prob.fp8}
     name = select_variant(arch, shape) if variant == "auto" else variant
-    modifiers = prob.window_offset is not None or prob.softcap > 0 or alibi_slopes is not None
+    scores_modified = prob.softcap > 0 or alibi_slopes is not None
+    modifiers = prob.window_offset is not None or scores_modified
     reason = kernels.unsupported_problem(name, prob)  # before the config: the variant's table may have no row
     if not reason:
         cfg = config or configs.default_config(name, arch, prob.head_dim, prob.causal, seqlen_k, modifiers,
                                                per_sequence=prob.varlen or prob.seqused, seqlen_q=seqlen_q,
-                                               fp8=prob.fp8, head_dim_v=prob.head_dim_v)
+                                               fp8=prob.fp8, head_dim_v=prob.head_dim_v,
+                                               window_only=modifiers and not scores_modified)
         reason = kernels.unsupported(name, cfg, prob, q, k, v, o, layout, alibi_slopes is not None)
     if reason and variant == "auto":
         name = "tiled"

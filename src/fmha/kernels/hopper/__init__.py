@@ -120,8 +120,6 @@ def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
         return f"block_m {cfg.block_m} (takes 64, 128 or 192: 1, 2 or 3 consumer warpgroups)"
     if cfg.pingpong and cfg.block_m == 64:
         return "ping-pong takes turns between 2 or 3 consumer warpgroups (block_m 128 or 192)"
-    if prob.page and prob.head_dim_v:
-        return "a paged V narrower than K runs on tiled"
     if prob.page % cfg.block_n:
         return f"page_size {prob.page} (takes multiples of its {cfg.block_n}-key tile: a tile must not straddle pages)"
     if cfg.split_qk and (prob.head_dim != SPLIT_QK_DIM or cfg.q_regs or cfg.cluster or prob.fp8):
