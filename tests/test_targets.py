@@ -414,8 +414,9 @@ def test_fp8_builds_for_sm90_on_hopper(head_dim, causal):
 @pytest.mark.parametrize("head_dim,causal", [(64, False), (128, True), (96, False)])
 def test_hopper_backward_builds_with_tma_reduce_adds(head_dim, causal):
     """The Gluon backward for sm_90: its dQ tiles leave as TMA reduce-adds (the PTX pass), no plain TMA
-    store is left, dK/dV/S/dP run on wgmma; at head_dim 64 nothing spills (at 128 the two 64x128 float32
-    accumulators leave ptxas a few registers short: a bounded spill, ledgered speed)."""
+    store is left, dK/dV/S/dP run on wgmma; at head_dim 64 nothing spills and P^T and dS^T go to dV's and dK's
+    products from registers (at 128 the two 64x128 float32 accumulators leave ptxas a few registers short: a
+    bounded spill, ledgered speed; P and dS go through shared memory)."""
     from fmha.kernels.hopper import reduce_pass
     compiled = targets.build_backward(head_dim, "bfloat16", causal)
     ptx = compiled.asm["ptx"]
@@ -425,6 +426,9 @@ def test_hopper_backward_builds_with_tma_reduce_adds(head_dim, causal):
     assert "wgmma.mma_async" in ptx
     usage = targets.ptxas_usage(ptx, 90)
     assert usage["spill_stores"] == 0 if head_dim == 64 else usage["spill_stores"] <= 512, usage
+    # 64-wide tiles: dV's and dK's A operands (P^T, dS^T) from registers (16 wgmma instructions, both warpgroups)
+    from_regs = len(re.findall(r"wgmma\.mma_async[^;]*\{[^}]*\}, \{%r", ptx))
+    assert from_regs == (16 if head_dim == 64 else 0), from_regs
 
 
 def test_reduce_pass_rewrites_only_marked_stores():

@@ -130,7 +130,7 @@ def build_backward(head_dim: int, dtype: str = "bfloat16", causal: bool = False)
     t = torch.empty(1, 1, 256, head_dim, dtype=tdt)
     descs, _ = backward.descriptors(t, t, t, t, torch.empty(1, 256, head, dtype=torch.float32), "bhsd", head)
     kernel = backward.backward_kernel
-    const = dict(HEAD=head, D=head_dim, CAUSAL=causal)
+    const = dict(HEAD=head, D=head_dim, CAUSAL=causal, RS=backward.regs_operands(head))
     by_name = dict(zip(("q_desc", "k_desc", "v_desc", "do_desc", "dq_desc"), descs))
     sig = {}
     for name in kernel.arg_names:

@@ -13,7 +13,10 @@ two registers a thread):
 * ``P = exp2(scale_log2 S - lse2)`` from the forward's LSE, zero above the causal diagonal;
 * ``dS = scale P (dP - delta)``;
 * P and dS into shared memory (a tile of 64 query rows by the block's 128 keys, each warpgroup its
-  column half), then ``dV += P^T dO`` and ``dK += dS^T Q`` with P^T and dS^T read transposed;
+  column half), then ``dV += P^T dO`` and ``dK += dS^T Q`` with P^T and dS^T read transposed; or, in tiles
+  64 wide (``RS``, :func:`regs_operands`), FlashAttention-3's form: ``S^T = K Q^T`` and ``dP^T = V dO^T``,
+  keys the rows, so that P^T and dS^T are dV's and dK's A operands straight from registers and only dS^T
+  goes to shared memory (for dQ);
 * ``dQ += dS K``: at head_dim 128 the two warpgroups take a column half each over all 128 keys (a
   barrier pair between them: both halves of dS in place, and both done with them); at 64, each its
   own keys over every column.  The float32 tile goes to shared memory and is added into a float32
@@ -120,7 +123,7 @@ def _producer(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, 
 def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready, q_ready, q_empty, ds_ready, ds_free,
               dq_desc, LSE, Delta, DK, DV, heads, kv_heads, group, seqlen_q, seqlen_k, n_m, causal_offset, scale_log2,
               scale, dk_strides, dv_strides, WG: gl.constexpr, HEAD: gl.constexpr, D: gl.constexpr,
-              CAUSAL: gl.constexpr):
+              CAUSAL: gl.constexpr, RS: gl.constexpr):
     KEYS: gl.constexpr = BLOCK_N // 2  # this warpgroup's keys
     SPLIT_COLS: gl.constexpr = HEAD == 128  # dQ: a column half each over all keys, else own keys, all columns
     DQ_COLS: gl.constexpr = HEAD // 2 if SPLIT_COLS else HEAD
@@ -133,6 +136,9 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
     q_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, DQ_COLS, 16])
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    t_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_M, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=g_layout, k_width=2)
     pid_n = gl.program_id(0)
     b = gl.program_id(1) // kv_heads
     kvh = gl.program_id(1) % kv_heads
@@ -140,18 +146,27 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
     k_w = k_smem.slice(WG * KEYS, KEYS, dim=0)
     v_w = v_smem.slice(WG * KEYS, KEYS, dim=0)
     p_w = p_smem.slice(WG * KEYS, KEYS, dim=1)  # [query rows, this warpgroup's keys]
-    ds_w = ds_smem.slice(WG * KEYS, KEYS, dim=1)
+    if RS:  # dS^T: [keys, query rows]
+        ds_w = ds_smem.slice(WG * KEYS, KEYS, dim=0)
+        ds_all = ds_smem.permute((1, 0))
+        ds_own = ds_w.permute((1, 0))
+    else:
+        ds_w = ds_smem.slice(WG * KEYS, KEYS, dim=1)
+        ds_all = ds_smem
+        ds_own = ds_w
     if SPLIT_COLS:  # dQ[:, cols] = dS[:, all keys] K[all keys, cols]
-        ds_a = ds_smem
+        ds_a = ds_all
         k_b = k_smem.slice(WG * DQ_COLS, DQ_COLS, dim=1)
         dq_col = WG * DQ_COLS
     else:  # dQ[:, all] += dS[:, own keys] K[own keys, all]
-        ds_a = ds_w
+        ds_a = ds_own
         k_b = k_w
         dq_col = 0
     dq_tile = dq_box.index(WG)._reinterpret(gl.float32, [BLOCK_M, DQ_COLS], TILE_F32)
     offs_q = gl.arange(0, BLOCK_M, layout=row_layout)
     offs_k = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(0, s_layout))
+    offs_qt = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, t_layout))
+    keys_t = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, t_layout))
     dk = gl.zeros([KEYS, HEAD], gl.float32, g_layout)
     dv = gl.zeros([KEYS, HEAD], gl.float32, g_layout)
     first = _first_tile(pid_n, causal_offset, CAUSAL)
@@ -164,30 +179,55 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
             s = it % STAGES
             rows = m * BLOCK_M + offs_q
             stat = bh.to(gl.int64) * seqlen_q + rows
-            lse = gl.load(LSE + stat, mask=rows < seqlen_q, other=float("inf"))
-            lse2 = gl.where(lse == float("-inf"), float("inf"), lse * LOG2E)  # P = 0 for a row that saw no key
-            delta = gl.load(Delta + stat, mask=rows < seqlen_q, other=0.0)
+            if RS:
+                rows_t = m * BLOCK_M + offs_qt
+                stat_t = bh.to(gl.int64) * seqlen_q + rows_t
+                lse_t = gl.load(LSE + stat_t, mask=rows_t < seqlen_q, other=float("inf"))
+                lse2_t = gl.where(lse_t == float("-inf"), float("inf"), lse_t * LOG2E)
+                delta_t = gl.load(Delta + stat_t, mask=rows_t < seqlen_q, other=0.0)
+            else:
+                lse = gl.load(LSE + stat, mask=rows < seqlen_q, other=float("inf"))
+                lse2 = gl.where(lse == float("-inf"), float("inf"), lse * LOG2E)  # P = 0 for a row that saw no key
+                delta = gl.load(Delta + stat, mask=rows < seqlen_q, other=0.0)
             q_s = q_bufs.index(s)
             do_s = do_bufs.index(s)
             mbarrier.wait(q_ready.index(s), (it // STAGES) & 1)
-            zeros = gl.zeros([BLOCK_M, KEYS], gl.float32, s_layout)
-            qk = warpgroup_mma(q_s, k_w.permute((1, 0)), zeros, use_acc=False, is_async=True)
-            dp = warpgroup_mma(do_s, v_w.permute((1, 0)), zeros, use_acc=False, is_async=True)
-            qk = warpgroup_mma_wait(1, deps=[qk])
-            p = gl.exp2(qk * scale_log2 - lse2[:, None])
-            if CAUSAL:
-                if m * BLOCK_M + causal_offset < key0 + KEYS - 1:  # the tile crosses the diagonal
-                    p = gl.where(offs_k[None, :] <= rows[:, None] + causal_offset, p, 0.0)
-            # P and dS into shared memory (the A operands of dV and dK transposed, of dQ as they are), once
-            # both warpgroups are done with the previous tile's
-            mbarrier.wait(ds_free, (it & 1) ^ 1)
-            p_w.store(p.to(dtype))
-            dp = warpgroup_mma_wait(0, deps=[dp])
-            ds_w.store((p * (dp - delta[:, None]) * scale).to(dtype))
-            fence_async_shared()
-            mbarrier.arrive(ds_ready, count=1)
-            dv = warpgroup_mma(p_w.permute((1, 0)), do_s, dv, is_async=True)
-            dk = warpgroup_mma(ds_w.permute((1, 0)), q_s, dk, is_async=True)
+            if RS:  # S^T and dP^T (keys the rows): P^T and dS^T are dV's and dK's A operands in registers
+                zeros_t = gl.zeros([KEYS, BLOCK_M], gl.float32, t_layout)
+                st = warpgroup_mma(k_w, q_s.permute((1, 0)), zeros_t, use_acc=False, is_async=True)
+                dpt = warpgroup_mma(v_w, do_s.permute((1, 0)), zeros_t, use_acc=False, is_async=True)
+                st = warpgroup_mma_wait(1, deps=[st])
+                pt = gl.exp2(st * scale_log2 - lse2_t[None, :])
+                if CAUSAL:
+                    if m * BLOCK_M + causal_offset < key0 + KEYS - 1:  # the tile crosses the diagonal
+                        pt = gl.where(keys_t[:, None] <= rows_t[None, :] + causal_offset, pt, 0.0)
+                dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do_s, dv, is_async=True)
+                dpt = warpgroup_mma_wait(1, deps=[dpt])
+                dst = (pt * (dpt - delta_t[None, :]) * scale).to(dtype)
+                mbarrier.wait(ds_free, (it & 1) ^ 1)
+                ds_w.store(dst)
+                fence_async_shared()
+                mbarrier.arrive(ds_ready, count=1)
+                dk = warpgroup_mma(gl.convert_layout(dst, a_layout), q_s, dk, is_async=True)
+            else:
+                zeros = gl.zeros([BLOCK_M, KEYS], gl.float32, s_layout)
+                qk = warpgroup_mma(q_s, k_w.permute((1, 0)), zeros, use_acc=False, is_async=True)
+                dp = warpgroup_mma(do_s, v_w.permute((1, 0)), zeros, use_acc=False, is_async=True)
+                qk = warpgroup_mma_wait(1, deps=[qk])
+                p = gl.exp2(qk * scale_log2 - lse2[:, None])
+                if CAUSAL:
+                    if m * BLOCK_M + causal_offset < key0 + KEYS - 1:  # the tile crosses the diagonal
+                        p = gl.where(offs_k[None, :] <= rows[:, None] + causal_offset, p, 0.0)
+                # P and dS into shared memory (the A operands of dV and dK transposed, of dQ as they are), once
+                # both warpgroups are done with the previous tile's
+                mbarrier.wait(ds_free, (it & 1) ^ 1)
+                p_w.store(p.to(dtype))
+                dp = warpgroup_mma_wait(0, deps=[dp])
+                ds_w.store((p * (dp - delta[:, None]) * scale).to(dtype))
+                fence_async_shared()
+                mbarrier.arrive(ds_ready, count=1)
+                dv = warpgroup_mma(p_w.permute((1, 0)), do_s, dv, is_async=True)
+                dk = warpgroup_mma(ds_w.permute((1, 0)), q_s, dk, is_async=True)
             if SPLIT_COLS:
                 mbarrier.wait(ds_ready, it & 1)
             dq = warpgroup_mma(ds_a, k_b, gl.zeros([BLOCK_M, DQ_COLS], gl.float32, q_layout), use_acc=False,
@@ -220,7 +260,8 @@ def _store_rows(acc, Ptr, b, h, seqlen, strides, row0, layout: gl.constexpr, ROW
 def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, Delta, DK, DV, heads, kv_heads, group, seqlen_q,
                     seqlen_k, n_m, causal_offset, scale_log2, scale, q_lead, q_first_b, q_first_h, k_lead,
                     k_first_b, k_first_h, v_lead, v_first_b, v_first_h, do_lead, do_first_b, do_first_h, dk_b, dk_h,
-                    dk_s, dv_b, dv_h, dv_s, HEAD: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr):
+                    dk_s, dv_b, dv_h, dv_s, HEAD: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr,
+                    RS: gl.constexpr):
     """dK and dV of key block ``program_id(0)`` of (batch, KV head) ``program_id(1)``, and its share of dQ
     added into ``dq_desc``'s float32 buffer.  HEAD: the tile width (head_dim padded), D: head_dim."""
     dtype: gl.constexpr = q_desc.dtype
@@ -229,7 +270,7 @@ def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, Delta, DK, DV
     k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD], TILE)
     v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD], TILE)
     p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], TILE)
-    ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], TILE)
+    ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M] if RS else [BLOCK_M, BLOCK_N], TILE)
     DQ_COLS: gl.constexpr = HEAD // 2 if HEAD == 128 else HEAD
     dq_box = gl.allocate_shared_memory(gl.float32, [2, 1, BLOCK_M, DQ_COLS], dq_desc.layout)
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -248,10 +289,10 @@ def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, Delta, DK, DV
     gl.warp_specialize([
         (_consumer, (k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready, q_ready, q_empty, ds_ready,
                      ds_free, dq_desc, LSE, Delta, DK, DV, heads, kv_heads, group, seqlen_q, seqlen_k, n_m,
-                     causal_offset, scale_log2, scale, (dk_b, dk_h, dk_s), (dv_b, dv_h, dv_s), 0, HEAD, D, CAUSAL)),
+                     causal_offset, scale_log2, scale, (dk_b, dk_h, dk_s), (dv_b, dv_h, dv_s), 0, HEAD, D, CAUSAL, RS)),
         (_consumer, (k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready, q_ready, q_empty, ds_ready,
                      ds_free, dq_desc, LSE, Delta, DK, DV, heads, kv_heads, group, seqlen_q, seqlen_k, n_m,
-                     causal_offset, scale_log2, scale, (dk_b, dk_h, dk_s), (dv_b, dv_h, dv_s), 1, HEAD, D, CAUSAL)),
+                     causal_offset, scale_log2, scale, (dk_b, dk_h, dk_s), (dv_b, dv_h, dv_s), 1, HEAD, D, CAUSAL, RS)),
         (_producer, (q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, kv_ready, q_ready, q_empty,
                      kv_heads, group, n_m, causal_offset, place, CAUSAL)),
     ], [4, 1], [240, 24])
@@ -297,6 +338,13 @@ def descriptors(q, k, v, do, dq, layout: str, head: int) -> tuple[list, list[int
     return descs, place
 
 
+def regs_operands(head: int) -> bool:
+    """Whether tiles ``head`` wide take S^T and dP^T, with P^T and dS^T as dV's and dK's A operands in registers
+    (``RS``): at 64, 1-4% faster than through shared memory; at 128 ptxas spills 392-504 bytes beside dK's and
+    dV's accumulators (224-304 without) and it ran 12-14% slower (docs/PERF.md, "The Gluon backward")."""
+    return head <= 64
+
+
 def tile_width(head_dim: int) -> int:
     """The tile width a head dim runs in here: its power of two, 64 at least (the 128-byte swizzled tiles)."""
     return padded(head_dim, 64)
@@ -314,5 +362,5 @@ def launch(prob, q, k, v, do, lse, delta, dk, dv, layout: str, strides) -> torch
     backward_kernel[grid](q_desc, k_desc, v_desc, do_desc, dq_desc, lse, delta, dk, dv, prob.heads, prob.kv_heads,
                           prob.heads // prob.kv_heads, prob.seqlen_q, prob.seqlen_k, n_m, prob.causal_offset,
                           prob.scale_log2, scale, *place, *strides["dk"], *strides["dv"], HEAD=head,
-                          D=prob.head_dim, CAUSAL=bool(prob.causal), num_warps=4)
+                          D=prob.head_dim, CAUSAL=bool(prob.causal), RS=regs_operands(head), num_warps=4)
     return dq
