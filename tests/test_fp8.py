@@ -226,3 +226,21 @@ def test_v_transposed_for_the_float8_wgmma(layout, seqlen):
     full_v = torch.zeros(4, keys, 96, dtype=torch.float64)
     full_v[:, :seqlen] = v.reshape(4, seqlen, 96).cpu().double()
     assert torch.allclose(p_reordered @ vt.double()[1].T, p @ full_v[1], rtol=0, atol=1e-9)  # (summed in another order)
+
+
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("seqlen", [5, 64, 100])
+def test_v_transposed_for_the_float8_kernel(layout, seqlen):
+    """``hopper``'s float8 V^T: [batch * kv_heads, head_dim, keys rounded up to 32], key 16a + 8b + 2t + e of
+    each group of 32 in column 16a + 4t + 2b + e (P's registers as they lie), zeros past seqlen.  The pass
+    moves bytes whatever their type, so a 16-bit V stands in where the interpreter has no float8."""
+    from fmha.kernels.hopper import transpose
+    b, h, d = 2, 3, 64
+    v = torch.randn(b, h, seqlen, d, generator=torch.Generator().manual_seed(seqlen)).to(DEVICE, torch.float16)
+    vt = transpose.transposed(v if layout == "bhsd" else v.transpose(1, 2).contiguous(), layout)
+    row = -(-seqlen // 32) * 32
+    want = torch.zeros(b * h, d, row, dtype=v.dtype, device=DEVICE)
+    keys = torch.arange(seqlen)
+    cols = (keys & ~31) | (keys & 16) | ((keys & 6) << 1) | ((keys & 8) >> 2) | (keys & 1)
+    want[:, :, cols.to(DEVICE)] = v.reshape(b * h, seqlen, d).transpose(1, 2)
+    assert vt.shape == want.shape and torch.equal(vt, want)

@@ -16,17 +16,18 @@ from ... import replay
 @triton.jit
 def _transpose(V, VT, stride_b, stride_h, stride_s, kv_heads, seqlen, row, HEAD_DIM: tl.constexpr,
                BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Program (key block, batch * kv_heads + head): V's ``[BLOCK_S, head_dim]`` block as VT's columns, each
-    group of 32 reordered; keys past seqlen (up to ``row``) as zeros."""
+    """Program (column block, batch * kv_heads + head): VT's ``[head_dim, BLOCK_S]`` block, each column from the
+    key that the reorder sends there (rows of V gathered, so the stores stay contiguous); keys past seqlen
+    (up to ``row``) as zeros."""
     bh = tl.program_id(1)
-    offs_s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    col = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    key = (col & ~31) | (col & 16) | ((col & 12) >> 1) | ((col & 2) << 2) | (col & 1)  # column 16a+4t+2b+e's key
     offs_d = tl.arange(0, BLOCK_D)
     src = V + (bh // kv_heads).to(tl.int64) * stride_b + (bh % kv_heads) * stride_h
-    x = tl.load(src + offs_s.to(tl.int64)[:, None] * stride_s + offs_d[None, :],
-                mask=(offs_s[:, None] < seqlen) & (offs_d[None, :] < HEAD_DIM), other=0.0)
-    col = (offs_s & ~31) | (offs_s & 16) | ((offs_s & 6) << 1) | ((offs_s & 8) >> 2) | (offs_s & 1)
+    x = tl.load(src + key.to(tl.int64)[:, None] * stride_s + offs_d[None, :],
+                mask=(key[:, None] < seqlen) & (offs_d[None, :] < HEAD_DIM), other=0.0)
     dst = VT + bh.to(tl.int64) * HEAD_DIM * row + offs_d[:, None] * row + col[None, :]
-    tl.store(dst, tl.trans(x), mask=(offs_d[:, None] < HEAD_DIM) & (offs_s[None, :] < row))
+    tl.store(dst, tl.trans(x), mask=(offs_d[:, None] < HEAD_DIM) & (col[None, :] < row))
 
 
 def transposed(v: torch.Tensor, layout: str) -> torch.Tensor:
