@@ -8,12 +8,12 @@ original K/V.  Prints a table (microseconds, the speed ratio, and the max error 
 `tiled` on the dequantized K/V).
 
 `PYTHONPATH=src python3 bench/fp8_speed.py --prefill [--head-dims 128] [--changes pingpong=1 ...]
-[--ledger bench/ledger.csv]`: float8 q, k and v (the
-Gluon kernel's float8 wgmma on sm_90) against bf16 over the default grid (B*S = 16k, H*D = 2048, 512-16k
-tokens, D 64 and 128, causal or not), TFLOP/s of each; and, at 1k tokens, each one's max error against the
-float64 attention of the dequantized inputs (bf16's on those inputs rounded to bf16).  Ledger rows:
-``provider`` ``fmha:auto``, ``dtype`` of q, ``features`` ``part=fp8-prefill``, ``ratio_best_peer`` bf16's time
-over this row's.
+[--ledger bench/ledger.csv]`: float8 q, k and v (``auto``'s pick, and the
+Gluon kernel's float8 wgmma on sm_90 with its table row and each change) against bf16 over the default grid
+(B*S = 16k, H*D = 2048, 512-16k tokens, D 64 and 128, causal or not), TFLOP/s of each; and, at 1k tokens,
+``auto``'s max error against the float64 attention of the dequantized inputs (bf16's on those inputs rounded
+to bf16).  Ledger rows: ``provider`` ``fmha:auto`` (``fmha:hopper[...]`` for the Gluon kernel's), ``dtype`` of
+q, ``features`` ``part=fp8-prefill``, ``ratio_best_peer`` bf16's time over this row's.
 """
 import argparse
 import dataclasses
@@ -53,14 +53,16 @@ def decode():
 
 
 def prefill(ledger_path, changes=(), head_dims=(64, 128)):
-    """The default grid in float8 (q, k, v, each with its per-(batch, head) factors) beside bf16; each of
-    ``changes`` (``field=value,...``) also times the float8 call with the table's config so changed."""
+    """The default grid in float8 (q, k, v, each with its per-(batch, head) factors) beside bf16: ``auto``'s float8
+    call, the Gluon kernel's with its table row (``variant="hopper"``, which ``auto`` does not yet pick), and that
+    row changed by each of ``changes`` (``field=value,...``)."""
     from fmha import configs
     from fmha.bench.providers import config_changes
     env = ledger.environment("cuda")
     rows = []
+    swept_specs = ("", *changes)  # "": the table's row as it is
     print("cell | bf16 TFLOP/s | float8 TFLOP/s | float8 speed | what ran (float8) | max error bf16 / float8"
-          + "".join(f" | {c}" for c in changes))
+          + "".join(f" | {c or 'hopper'}" for c in swept_specs))
     for cell in grids.GRIDS["default"]():
         b, h, s, d, causal = cell.batch, cell.heads, cell.seqlen_q, cell.head_dim, cell.causal
         if d not in head_dims:
@@ -81,18 +83,22 @@ def prefill(ledger_path, changes=(), head_dims=(64, 128)):
             errs = f"{(o16.double() - ref).abs().max().item():.2e} / {(fp8().double() - ref).abs().max().item():.2e}"
         tf = {name: fl / (t * 1e-3) / 1e12 for name, t in ms.items()}
         swept = []
-        for spec in changes:
-            cfg = dataclasses.replace(configs.hopper_config(d, causal, s, fp8=True), **config_changes(spec))
+        gluon = any(key == d for key, _, _ in configs.HOPPER_FP8)  # the Gluon kernel's float8 rows (D=128 here)
+        for spec in swept_specs if gluon else ():
+            changed = config_changes(spec) if spec else {}
+            cfg = dataclasses.replace(configs.hopper_config(d, causal, s, fp8=True), **changed)
             t = min(do_bench_cudagraph(lambda: fmha.attention(q8, k8, v8, causal=causal, q_descale=qs, k_descale=ks,
                                                               v_descale=vs, variant="hopper", config=cfg), rep=100)
                     for _ in range(2))
             swept.append(f"{fl / (t * 1e-3) / 1e12:.0f}")
-            rows.append(dict(env, provider=f"fmha:hopper[{spec}]", config=str(cfg), dtype="float8_e4m3fn", batch=b,
+            name = f"fmha:hopper[{spec}]" if spec else "fmha:hopper"
+            rows.append(dict(env, provider=name, config=str(cfg), dtype="float8_e4m3fn", batch=b,
                              heads=h, kv_heads=h, seqlen_q=s, seqlen_k=s, head_dim=d, causal=int(causal), ms=t,
                              tflops=fl / (t * 1e-3) / 1e12, ratio_best_peer=ms["bf16"] / t,
                              note="ok, cuda graph", features="part=fp8-prefill"))
         print(f"B{b} H{h} S{s} D{d} {'causal' if causal else 'full'} | {tf['bf16']:.0f} | {tf['fp8']:.0f} | "
-              f"{ms['bf16'] / ms['fp8']:.2f}x | {ran} | {errs}" + "".join(f" | {x}" for x in swept), flush=True)
+              f"{ms['bf16'] / ms['fp8']:.2f}x | {ran} | {errs}"
+              + "".join(f" | {x}" for x in swept or ["-"] * len(swept_specs)), flush=True)
         for name, dtype in (("bf16", "bfloat16"), ("fp8", "float8_e4m3fn")):
             rows.append(dict(env, provider="fmha:auto", config="cuda graph", dtype=dtype, batch=b, heads=h,
                              kv_heads=h, seqlen_q=s, seqlen_k=s, head_dim=d, causal=int(causal), ms=ms[name],
