@@ -19,6 +19,7 @@ def fmha(*args, cwd=ROOT):
 
 @pytest.mark.parametrize("args,says", [
     (("compile", "--variant", "hopper", "--target", "gfx1151"), "variant 'hopper' builds for sm_90 only"),
+    (("compile", "--variant", "hopper", "--backward", "--target", "gfx942"), "with --variant hopper --target sm_90"),
     (("plot", "--ledger", "missing.csv"), "--ledger missing.csv: no such file"),
     (("demo", "--row", "100"), "--row 100: the demo's query rows are 0..39"),
     (("bench", "--providers", "fmha:nosuch"), "unknown provider(s) ['fmha:nosuch']; available here:"),
@@ -51,6 +52,19 @@ def test_compile_builds_mla_absorbed_decode_on_tiled():
     assert '"head_dim": 576' in out.stdout
     refused = fmha("compile", "--variant", "hopper", "--target", "sm_90", "--head-dim", "576")
     assert refused.returncode != 0 and "head_dim" in refused.stderr
+
+
+def test_compile_builds_the_gluon_backward():
+    """``--backward --variant hopper``: the sm_90 training kernel, reported as any build is (at head_dim 64
+    nothing spills)."""
+    import json
+    out = fmha("compile", "--variant", "hopper", "--backward", "--target", "sm_90", "--head-dim", "64", "--dtype",
+               "bfloat16", "--causal", "--json")
+    assert out.returncode == 0, out.stderr[-2000:]
+    report = json.loads(out.stdout)
+    report = report[0] if isinstance(report, list) else report
+    assert report["variant"] == "hopper_backward" and report["target"] == "sm_90" and report["causal"]
+    assert report["spilled_registers"] == 0 and report["occupancy"]["warps_per_sm"] == 12
 
 
 def test_compile_takes_v_head_dim_apart():

@@ -293,15 +293,19 @@ def cmd_compile(args) -> int:
         for name in names:
             targets._check_choice("target", name, list(targets.TARGETS))
         if args.backward:
-            if args.variant or args.dtype == "float8_e4m3fn" or args.head_dim > 256:
-                raise ValueError("--backward builds the backward's kernels (no --variant), float16 or bfloat16, "
-                                 "head_dim up to 256")
+            gluon = args.variant == "hopper" and args.target == "sm_90" and args.head_dim <= 128
+            if args.variant and not gluon or args.dtype == "float8_e4m3fn" or args.head_dim > 256:
+                raise ValueError("--backward builds the backward's Triton kernels (no --variant; head_dim up to 256) "
+                                 "or, with --variant hopper --target sm_90, the Gluon kernel (head_dim up to 128); "
+                                 "float16 or bfloat16")
         elif args.variant is None:
             raise ValueError("--variant is required (or --backward)")
         else:
             targets._check_choice("variant", args.variant, targets.variants())
     except ValueError as e:
         raise UsageError(str(e)) from None
+    if args.backward and args.variant:
+        return _report_builds(args, [targets.build_hopper_backward(args.head_dim, args.dtype, args.causal)])
     if args.backward:
         builds = [b for name in names for b in targets.build_backward_kernels(name, args.head_dim, args.dtype,
                                                                               args.causal)]
@@ -351,7 +355,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--target", required=True, help="gfx1151, gfx1100, gfx942, sm_80, sm_90 or all")
     c.add_argument("--variant", default=None, help="the forward variant to build")
     c.add_argument("--backward", action="store_true",
-                   help="build the portable backward's kernels (dK/dV, dQ) with the tiles this target takes")
+                   help="build the portable backward's kernels (dK/dV, dQ) with the tiles this target takes; with "
+                        "--variant hopper (sm_90), the Gluon backward")
     c.add_argument("--head-dim", type=int, default=128, choices=[*HEAD_DIMS, MLA_ABSORBED[0]],
                    help=f"{MLA_ABSORBED[0]}: MLA's absorbed decode (V {MLA_ABSORBED[1]}), tiled only")
     c.add_argument("--head-dim-v", type=int, default=0, choices=[0, *HEAD_DIMS],

@@ -151,6 +151,22 @@ def build_backward(head_dim: int, dtype: str = "bfloat16", causal: bool = False)
                           options={"num_warps": 4})
 
 
+def build_hopper_backward(head_dim: int, dtype: str = "bfloat16", causal: bool = False) -> "Build":
+    """:func:`build_backward` as a :class:`Build` of ``sm_90`` (variant ``hopper_backward``) for :func:`report` and
+    :func:`write`: its config names the tile (64 query rows, 128 keys a program), the ring's depth and the CTA's
+    12 warps (two consumer warpgroups and the producer's, padded to a warpgroup)."""
+    from .kernels.hopper import backward
+    _check_choice("dtype", dtype, ["float16", "bfloat16"])
+    _check_choice("head_dim", head_dim, [d for d in HEAD_DIMS if d <= 128])
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return _build_elsewhere(head_dim, dtype, causal, builder="build_hopper_backward")
+    compiled = build_backward(head_dim, dtype, causal)
+    cfg = dict(block_m=backward.BLOCK_M.value, block_n=backward.BLOCK_N.value, num_warps=12,
+               num_stages=backward.STAGES.value)
+    return Build("hopper_backward", "sm_90", head_dim, dtype, causal, cfg, dict(compiled.asm),
+                 _plain(compiled.metadata))
+
+
 def family_of_target(target: str) -> str:
     """The backward's tile table of ``target`` (:func:`fmha.device.family_of`): nvidia, rdna or cdna."""
     chip = TARGETS[target]
