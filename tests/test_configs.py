@@ -143,3 +143,26 @@ def test_hopper_keeps_q_in_registers_under_a_causal_window_alone(per_sequence):
     assert q_regs(True, True, False) == 0
     assert q_regs(False, True, True) == 0
     assert configs.hopper_config(96, True, 4096, True, per_sequence, window_only=True).q_regs == 0  # padded
+
+
+@pytest.mark.parametrize("mods,window_only", [(dict(window_offset=-512), True),
+                                              (dict(window_offset=-512, softcap=30.0), False),
+                                              (dict(softcap=30.0), False), ({}, False)])
+def test_plan_asks_the_hopper_table_about_a_window_alone(monkeypatch, mods, window_only):
+    """The plan tells the table whether a window is the only modifier (Q then stays in registers when causal)."""
+    import dataclasses
+    import inspect
+
+    import torch
+
+    from fmha import plan
+    asked = {}
+    table = configs.hopper_config
+    bind = inspect.signature(table).bind
+    monkeypatch.setattr(configs, "hopper_config",
+                        lambda *a, **kw: asked.update(bind(*a, **kw).arguments) or table(*a, **kw))
+    monkeypatch.setattr(plan, "arch_of", lambda device: "sm90")
+    q = k = v = torch.zeros(1, 2, 256, 128, dtype=torch.bfloat16)
+    prob = dataclasses.replace(plan.problem(*plan.sizes(q, k, "bhsd"), causal=True, scale=None), **mods)
+    plan.plan(prob, q, k, v, q, "bhsd", "auto", None, None, 1)
+    assert asked.get("window_only", False) is window_only and asked["modifiers"] is bool(mods)
