@@ -318,7 +318,7 @@ def test_cli_report_and_errors(tmp_path):
     assert [r["variant"] for r in reps] == ["dkdv_kernel", "dq_kernel"]
     assert all(r["spilled_registers"] == 0 for r in reps)
     bad = run("--target", "gfx942", "--backward", "--variant", "tiled")
-    assert bad.returncode == 2 and "--backward builds the backward's kernels" in bad.stderr
+    assert bad.returncode == 2 and "--backward builds the backward's Triton kernels" in bad.stderr
     bad = run("--target", "gfx942")
     assert bad.returncode == 2 and "--variant is required" in bad.stderr
 
