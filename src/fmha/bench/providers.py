@@ -69,7 +69,7 @@ def _table_config(variant: str, cell):
     if variant == "hopper":
         return configs.hopper_config(cell.head_dim, cell.causal, cell.seqlen_k, modifiers=cell.modified,
                                      seqlen_q=cell.seqlen_q, head_dim_v=cell.head_dim_v,
-                                     window_only=cell.modified and not (cell.softcap or cell.alibi))
+                                     window_only=cell.window >= 0 and not (cell.softcap or cell.alibi))
     if cell.seqlen_q <= 16:
         return configs.decode_config(cell.seqlen_q * cell.heads // cell.kv_heads, cell.seqlen_k, cell.head_dim)
     return configs.tiled_config("sm90", cell.head_dim)

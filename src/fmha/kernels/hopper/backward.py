@@ -163,10 +163,9 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
         k_b = k_w
         dq_col = 0
     dq_tile = dq_box.index(WG)._reinterpret(gl.float32, [BLOCK_M, DQ_COLS], TILE_F32)
-    offs_q = gl.arange(0, BLOCK_M, layout=row_layout)
-    offs_k = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(0, s_layout))
-    offs_qt = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, t_layout))
-    keys_t = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, t_layout))
+    # a tile's query rows and this warpgroup's keys along the scores' dimensions (RS: S^T's, keys the rows)
+    offs_q = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, t_layout) if RS else row_layout)
+    offs_k = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, t_layout) if RS else gl.SliceLayout(0, s_layout))
     dk = gl.zeros([KEYS, HEAD], gl.float32, g_layout)
     dv = gl.zeros([KEYS, HEAD], gl.float32, g_layout)
     first = _first_tile(pid_n, causal_offset, CAUSAL)
@@ -179,16 +178,9 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
             s = it % STAGES
             rows = m * BLOCK_M + offs_q
             stat = bh.to(gl.int64) * seqlen_q + rows
-            if RS:
-                rows_t = m * BLOCK_M + offs_qt
-                stat_t = bh.to(gl.int64) * seqlen_q + rows_t
-                lse_t = gl.load(LSE + stat_t, mask=rows_t < seqlen_q, other=float("inf"))
-                lse2_t = gl.where(lse_t == float("-inf"), float("inf"), lse_t * LOG2E)
-                delta_t = gl.load(Delta + stat_t, mask=rows_t < seqlen_q, other=0.0)
-            else:
-                lse = gl.load(LSE + stat, mask=rows < seqlen_q, other=float("inf"))
-                lse2 = gl.where(lse == float("-inf"), float("inf"), lse * LOG2E)  # P = 0 for a row that saw no key
-                delta = gl.load(Delta + stat, mask=rows < seqlen_q, other=0.0)
+            lse = gl.load(LSE + stat, mask=rows < seqlen_q, other=float("inf"))
+            lse2 = gl.where(lse == float("-inf"), float("inf"), lse * LOG2E)  # P = 0 for a row that saw no key
+            delta = gl.load(Delta + stat, mask=rows < seqlen_q, other=0.0)
             q_s = q_bufs.index(s)
             do_s = do_bufs.index(s)
             mbarrier.wait(q_ready.index(s), (it // STAGES) & 1)
@@ -197,13 +189,13 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
                 st = warpgroup_mma(k_w, q_s.permute((1, 0)), zeros_t, use_acc=False, is_async=True)
                 dpt = warpgroup_mma(v_w, do_s.permute((1, 0)), zeros_t, use_acc=False, is_async=True)
                 st = warpgroup_mma_wait(1, deps=[st])
-                pt = gl.exp2(st * scale_log2 - lse2_t[None, :])
+                pt = gl.exp2(st * scale_log2 - lse2[None, :])
                 if CAUSAL:
                     if m * BLOCK_M + causal_offset < key0 + KEYS - 1:  # the tile crosses the diagonal
-                        pt = gl.where(keys_t[:, None] <= rows_t[None, :] + causal_offset, pt, 0.0)
+                        pt = gl.where(offs_k[:, None] <= rows[None, :] + causal_offset, pt, 0.0)
                 dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do_s, dv, is_async=True)
                 dpt = warpgroup_mma_wait(1, deps=[dpt])
-                dst = (pt * (dpt - delta_t[None, :]) * scale).to(dtype)
+                dst = (pt * (dpt - delta[None, :]) * scale).to(dtype)
                 mbarrier.wait(ds_free, (it & 1) ^ 1)
                 ds_w.store(dst)
                 fence_async_shared()
