@@ -181,9 +181,10 @@ def test_fp8_on_hopper_sees_through_a_huge_key():
     check_fp8_p(o, lse, full, False)
 
 
-def test_fp8_plans_hopper_when_asked_for_float8_q(monkeypatch):
-    """On sm_90 ``auto`` keeps float8 on ``tiled`` (its float8 config); ``variant="hopper"`` takes float8 q at
-    head_dim 96 or 128 with its float8 table row, and refuses float8 K/V under a 16-bit q and other head dims."""
+def test_fp8_plans_hopper_for_float8_q(monkeypatch):
+    """On sm_90 ``auto`` and ``variant="hopper"`` take float8 q at head_dim 96 or 128 past 16 query rows with the
+    float8 table row; ``hopper`` refuses float8 K/V under a 16-bit q and other head dims, where ``auto`` (and
+    decoding) keeps ``tiled`` with its float8 config."""
     from fmha import configs, kernels, plan
     monkeypatch.setattr(plan, "arch_of", lambda device: "sm90")
     monkeypatch.setattr(kernels.hopper, "supports", lambda prob, cfg, q, *rest: kernels.hopper.fp8_reason(prob, cfg, q))
@@ -199,9 +200,12 @@ def test_fp8_plans_hopper_when_asked_for_float8_q(monkeypatch):
                              (F8, 64, "takes head_dim 96 or 128")):
         with pytest.raises(ValueError, match=says):
             planned(q_dtype, d, 64)
-    for q_dtype, d, sq in ((F8, 128, 64), (torch.bfloat16, 128, 64), (F8, 64, 64), (F8, 128, 8)):
-        assert planned(q_dtype, d, sq, "auto").variant == "tiled", (q_dtype, d, sq)
-    assert planned(F8, 128, 64, "auto").config == configs.tiled_config("sm90", 128, fp8=True)
+    p = planned(F8, 128, 64, "auto")
+    assert p.variant == "hopper" and p.config == configs.HOPPER_FP8[1][2]
+    for q_dtype, d in ((torch.bfloat16, 128), (F8, 64)):
+        p = planned(q_dtype, d, 64, "auto")
+        assert p.variant == "tiled" and p.config == configs.tiled_config("sm90", d, fp8=True), (q_dtype, d)
+    assert planned(F8, 128, 8, "auto").variant == "tiled"  # decoding: the keys split
 
 
 @pytest.mark.parametrize("layout", ["bhsd", "bshd"])

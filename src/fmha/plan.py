@@ -97,12 +97,10 @@ def select_variant(arch: str, shape: dict | None = None) -> str:
     sequences, the lengths then the longest).  A call the chosen kernel cannot take (see
     ``kernels.unsupported``) falls back to ``tiled``."""
     shape = shape or {}
-    if shape.get("fp8"):
-        # float8: the tiled kernel's, K/V dequantized on load; hopper's float8 wgmma (float8 q, asked for by name)
-        # passes its checks on a GPU but is not yet faster than bf16
-        return "tiled"
     if shape.get("seqlen_q", 1 << 30) <= 16:
         return "tiled"  # decoding: the keys split over programs (flash-decoding), GQA rows packed
+    # float8 prefill: hopper's float8 wgmma, 1.7-2.8x the tiled kernel's dequantize-on-load (docs/PERF.md); a call
+    # it does not take (a 16-bit q, head_dim 64, softcap, packed sequences) falls back to tiled
     if arch == "sm90" and shape.get("varlen") and shape.get("causal") and shape.get("head_dim") == 64:
         return "tiled"  # packed causal D=64: hopper 0.85-1.00x tiled (docs/PERF.md, packed sequences)
     if arch == "sm90":
@@ -164,7 +162,7 @@ def plan(prob: Problem, q, k, v, o, layout: str, variant: str, config, alibi_slo
     arch = arch_of(q.device)
     seqlen_q, seqlen_k = longest or (prob.seqlen_q, prob.seqlen_k)
     shape = {"head_dim": prob.head_dim, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k, "causal": bool(prob.causal),
-             "varlen": prob.varlen, "fp8": prob.fp8}
+             "varlen": prob.varlen}
     name = select_variant(arch, shape) if variant == "auto" else variant
     scores_modified = prob.softcap > 0 or alibi_slopes is not None
     modifiers = prob.window_offset is not None or scores_modified
