@@ -666,6 +666,30 @@ def test_later_calls_replay_the_first(case):
     assert not torch.equal(as_list(first)[0], as_list(again[0])[0])
 
 
+@pytest.mark.parametrize("sizes,grown", [((1, 8192, 128), (1, 8704, 128)), ((1, 1024, 64), (1, 1040, 64)),
+                                         ((2048, 2048, 128), (3072, 3072, 128)), ((256, 700, 96), (256, 1212, 96))],
+                         ids=["decode", "decode-short", "prefill", "prefill-d96"])
+def test_a_new_kind_launches_what_triton_compiled(sizes, grown, monkeypatch):
+    """A call of a new kind (a longer cache, a longer prompt) whose launches specialize as an earlier call's
+    did goes to the kernels Triton compiled for that call without its JIT (:func:`fmha.replay._dispatch`), and
+    gives the bits the ordinary path gives."""
+    from triton.runtime.jit import JITFunction
+    from fmha import replay
+    replay.clear()
+    kw = dict(causal=sizes[0] > 1, causal_align="bottom_right")
+    fmha.attention(*make_qkv(2, 8, 2, *sizes, torch.bfloat16, seed=0), **kw)
+    jit = []
+    real = JITFunction.run
+    monkeypatch.setattr(JITFunction, "run", lambda self, *a, **k: jit.append(self.fn.__name__) or real(self, *a, **k))
+    qkv = make_qkv(2, 8, 2, *grown, torch.bfloat16, seed=1)
+    fast = fmha.attention(*qkv, **kw)
+    assert not {"tiled_kernel", "hopper_kernel"} & set(jit), jit
+    monkeypatch.setattr(JITFunction, "run", real)
+    replay.clear()
+    assert torch.equal(fast, fmha.attention(*qkv, **kw))
+    check_against_reference(fast, *qkv, kw["causal"], "bottom_right")
+
+
 @pytest.mark.parametrize("shape", [(2, 8, 2, 1000, 1000, 128), (1, 4, 4, 777, 1500, 64), (1, 2, 1, 300, 300, 256),
                                    (2, 4, 2, 513, 513, 96)], ids=lambda s: "b{}h{}kv{}-q{}k{}-d{}".format(*s))
 @pytest.mark.parametrize("causal,align", [(False, "top_left"), (True, "bottom_right")])

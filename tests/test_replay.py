@@ -276,3 +276,49 @@ def test_a_call_that_writes_besides_its_launches_is_not_replayed():
         assert torch.equal(out, torch.zeros(4))
     assert replay._RECIPES[kind] is replay.UNRECORDABLE and [how for how, *_ in kernel.launches] == ["jit", "jit"]
 
+
+
+def _jit_kernel():
+    """A real (not interpreted) JIT function, its backend set by hand (no driver on the host)."""
+    import triton.language as tl
+    from triton.backends.compiler import BaseBackend
+    from triton.runtime.jit import JITFunction
+
+    def kernel(X, Y, n, m, BLOCK: tl.constexpr):
+        pass
+    jit = JITFunction(kernel)
+    jit.device_caches[0] = ({}, {}, None, BaseBackend, None)
+    return jit
+
+
+def test_a_launch_like_a_compiled_one_goes_to_that_kernel(monkeypatch):
+    """:func:`replay._dispatch`: an earlier launch's compiled kernel takes a launch whose positional arguments
+    specialize alike (integers: 1, divisible by 16 or neither; tensors: dtype, 16-byte alignment) under the same
+    keyword arguments, with every argument in the signature's order; any other launch goes to Triton's JIT.
+    What is kept of the earlier launch holds none of its tensors."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 5, raising=False)
+    runs = []
+    compiled = type("Compiled", (), dict(function="fn", packed_metadata="meta",
+                                         run=staticmethod(lambda *a: runs.append(a))))()
+    kernel, kw = _jit_kernel(), dict(BLOCK=16, num_warps=4)
+    x, y = torch.zeros(8), torch.zeros(8, dtype=torch.int32)
+    replay._remember(kernel, compiled, (x, y, 32, 7), kw)
+    dead = weakref.ref(x)
+    del x
+    gc.collect()
+    assert dead() is None
+    x2, y2 = torch.ones(8), torch.ones(8, dtype=torch.int32)
+    assert replay._dispatch(kernel, (3, 2), (x2, y2, 48, 9), kw) is compiled
+    grid, stream, full = runs[-1][:3], runs[-1][3], runs[-1][9:]
+    assert grid == (3, 2, 1) and stream == 5 and runs[-1][4:6] == ("fn", "meta")
+    assert full == (x2, y2, 48, 9, 16) and runs[-1][6] is None
+    for args in ((x2, y2, 40, 9), (x2, y2, 48, 1), (x2, y2, 48, 2 ** 40), (torch.zeros(9)[1:], y2, 48, 9),
+                 (x2.double(), y2, 48, 9), (x2, y2, 48)):
+        assert replay._dispatch(kernel, (1,), args, kw) is None, args
+    assert replay._dispatch(kernel, (1,), (x2, y2, 48, 9), dict(BLOCK=32, num_warps=4)) is None
+    monkeypatch.setattr(replay.knobs.runtime, "launch_enter_hook", replay.knobs.HookChain())
+    replay.knobs.runtime.launch_enter_hook.add(lambda meta: None)
+    assert replay._dispatch(kernel, (1,), (x2, y2, 48, 9), kw) is None  # a hook listens: Triton's path
+    assert len(runs) == 1

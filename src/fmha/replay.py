@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import torch
 from triton import knobs
+from triton._C.libtriton import native_specialize_impl as specialize
+from triton.runtime.jit import JITFunction
 
 from .device import on
 
@@ -57,11 +59,98 @@ def key(kind: str, tensors, *flags) -> tuple:
 
 
 def launch(kernel, grid, *args, **kwargs) -> None:
-    """``kernel[grid](*args, **kwargs)``, recorded when a call is being recorded."""
-    compiled = kernel[grid](*args, **kwargs)
+    """``kernel[grid](*args, **kwargs)``, recorded when a call is being recorded.  A launch whose kernel Triton
+    has compiled for arguments of the same specialization goes to that compiled kernel directly
+    (:func:`_dispatch`)."""
+    compiled = _dispatch(kernel, grid, args, kwargs)
+    if compiled is None:
+        compiled = kernel[grid](*args, **kwargs)
+        _remember(kernel, compiled, args, kwargs)
     steps = getattr(_local, "steps", None)
     if steps is not None:
         steps.append((kernel, compiled, grid, args, kwargs))
+
+
+_COMPILED: dict = {}  # (kernel, device, keyword arguments, knobs) -> (compiled kernel, positional arguments, specs)
+_MAX_COMPILED = 1024
+
+
+def _compiled_key(kernel, kwargs):
+    """What, besides its positional arguments' specialization, picks a JIT kernel's compiled form: its
+    keyword arguments (the constexprs and launch options this package passes by name), the device and the
+    knobs Triton adds to them; None where the launch is not Triton's JIT on a GPU (the interpreter, a
+    stand-in) or a launch hook listens (it would see the launch through Triton)."""
+    if type(kernel).run is not JITFunction.run or not torch.cuda.is_available():
+        return None
+    if _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook):
+        return None
+    try:
+        return (kernel, torch.cuda.current_device(), tuple(kwargs.items()), knobs.runtime.debug,
+                knobs.compilation.instrumentation_mode)
+    except TypeError:  # an unhashable keyword argument
+        return None
+
+
+def _spec(kernel, at: int, value, backend):
+    """Triton's specialization of positional argument ``at`` (its type, and for integers and pointers
+    whether it is 1 or divisible by 16, as the JIT's binder computes it)."""
+    p = kernel.params[at]
+    if p.is_constexpr or p.annotation_type:
+        return ("value", type(value), value)
+    return specialize(backend, value, p.is_const, not p.do_not_specialize, not p.do_not_specialize_on_alignment)
+
+
+def _dispatch(kernel, grid, args, kwargs):
+    """The compiled kernel Triton's JIT would pick for this launch, launched, when an earlier launch of
+    ``kernel`` with the same keyword arguments had positional arguments of the same specialization (those
+    that differ compared with Triton's own function); None when there is none (the JIT then runs)."""
+    k = _compiled_key(kernel, kwargs)
+    seen = _COMPILED.get(k) if k is not None else None
+    if seen is None:
+        return None
+    compiled, ref, specs, backend = seen
+    if len(args) != len(ref):
+        return None
+    for at, (a, r) in enumerate(zip(args, ref)):
+        if type(a) is type(r) and a == r:  # (a plain value: tensors and descriptors are kept as their spec)
+            continue
+        want = specs.get(at)
+        if want is None:
+            want = specs[at] = _spec(kernel, at, r, backend)
+        if _spec(kernel, at, a, backend) != want:
+            return None
+    full = list(args) + [kwargs[n] if n in kwargs else p.default
+                         for n, p in zip(kernel.arg_names[len(args):], kernel.params[len(args):])]
+    grid = tuple(grid) + (1,) * (3 - len(grid))
+    stream = torch._C._cuda_getCurrentRawStream(k[1])
+    compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata, None,
+                 knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *full)  # (no hook listens)
+    return compiled
+
+
+def _remember(kernel, compiled, args, kwargs) -> None:
+    """Keep ``compiled`` as ``kernel``'s compiled form for launches like this one (:func:`_dispatch`)."""
+    k = _compiled_key(kernel, kwargs)
+    if k is None or getattr(compiled, "function", None) is None:
+        return
+    if len(_COMPILED) >= _MAX_COMPILED:
+        _COMPILED.clear()
+    backend = kernel.device_caches[k[1]][3]
+    ref, specs = [], {}  # keeps no tensor of the call alive
+    for at, a in enumerate(args):
+        if a is None or type(a) in _PLAIN:
+            ref.append(a)
+        else:
+            ref.append(_Opaque)
+            specs[at] = _spec(kernel, at, a, backend)
+    _COMPILED[k] = (compiled, tuple(ref), specs, backend)
+
+
+class _Opaque:
+    """Stands for a tensor or descriptor argument in :data:`_COMPILED` (its specialization is kept)."""
+
+
+_PLAIN = (int, float, bool, str)
 
 
 def buffer(t: torch.Tensor) -> torch.Tensor:
@@ -134,6 +223,8 @@ class Recipe:
                                  for n, p in zip(kernel.arg_names[len(args):], kernel.params[len(args):])]
             plain, descs = [], []  # the template keeps no tensor of the recorded call alive
             for pos, a in enumerate(full):
+                if a is None or type(a) in _PLAIN:
+                    continue
                 if isinstance(a, torch.Tensor) and id(a) not in keep:
                     plain.append((pos, *name(a)))
                     full[pos] = None
@@ -335,5 +426,7 @@ def call(k: tuple, inputs, device: torch.device, run, checks=None):
 
 
 def clear() -> None:
-    """Forget every recipe (the next call of each kind takes the ordinary path again)."""
+    """Forget every recipe and compiled kernel kept (the next call of each kind takes the ordinary path again,
+    through Triton's JIT)."""
     _RECIPES.clear()
+    _COMPILED.clear()

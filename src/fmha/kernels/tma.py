@@ -17,6 +17,7 @@ side becoming a leading index, so that a box padded past head_dim reads zeros.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -34,26 +35,33 @@ class View:
     col: int
 
 
-def _sizes_strides(t: torch.Tensor, layout: str):
+def _sizes_strides(shape, st, layout: str):
     """(b, h, s, d) and their strides, the stride of a dimension of size 1 set to 0 (it never moves)."""
-    shape, st = t.shape, t.stride()
     order = (0, 1, 2, 3) if layout == "bhsd" else (0, 2, 1, 3)
     sizes = tuple(shape[i] for i in order)
     strides = tuple(st[i] if shape[i] > 1 else 0 for i in order)
     return sizes, strides
 
 
-def _aligned(t: torch.Tensor, *strides: int) -> bool:
-    return t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0 for s in strides)
-
-
 def _multiple(a: int, b: int) -> bool:
     return b > 0 and a % b == 0
 
 
-def rows_view(t: torch.Tensor, layout: str) -> View | None:
+def _views(view):
+    """``view(t, layout)`` over a pure function of what it reads of ``t`` (shape, strides, element size, whether
+    the pointer is 16-byte aligned), memoized: a call's plan and launch ask for the same views."""
+    cached = functools.lru_cache(maxsize=1024)(view)
+
+    def of(t: torch.Tensor, layout: str) -> View | None:
+        return cached(tuple(t.shape), t.stride(), t.element_size(), t.data_ptr() % 16 == 0, layout)
+    of.__doc__ = view.__doc__
+    return of
+
+
+@_views
+def rows_view(shape, st, size: int, aligned: bool, layout: str) -> View | None:
     """Q or O as the 2-D matrix ``[rows, columns]``; None if its strides do not allow one."""
-    (b, h, s, d), (sb, sh, ss, sd) = _sizes_strides(t, layout)
+    (b, h, s, d), (sb, sh, ss, sd) = _sizes_strides(shape, st, layout)
     if d > 1 and sd != 1:
         return None
     row = ss or sh or sb or d  # a row's stride: a sequence position's, else whatever moves next
@@ -65,16 +73,17 @@ def rows_view(t: torch.Tensor, layout: str) -> View | None:
         rb, rh, ch = sb // row, 0, sh
     else:
         return None
-    if not _aligned(t, row, ch):  # (a head's first column too: a box starts on 16 bytes)
-        return None
+    if not (aligned and row * size % 16 == 0 and ch * size % 16 == 0):  # (a head's first column: boxes start
+        return None  # on 16 bytes)
     shape = ((b - 1) * rb + (h - 1) * rh + s, (h - 1) * ch + d)
     return View(shape, (row, 1), rb, rh, ch)
 
 
-def kv_view(t: torch.Tensor, layout: str) -> View | None:
+@_views
+def kv_view(shape, st, size: int, aligned: bool, layout: str) -> View | None:
     """K or V as the 3-D tensor ``[first, seqlen, columns]`` (a box past seqlen is filled with zeros,
     never the next head's keys); None if its strides do not allow one."""
-    (b, h, s, d), (sb, sh, ss, sd) = _sizes_strides(t, layout)
+    (b, h, s, d), (sb, sh, ss, sd) = _sizes_strides(shape, st, layout)
     if d > 1 and sd != 1:
         return None
     row = ss or max(d, 8)  # one key: any aligned stride does, past it is outside the view
@@ -87,7 +96,7 @@ def kv_view(t: torch.Tensor, layout: str) -> View | None:
             return None
         fb, fh = sb // first, 1 if sh else 0
         shape, strides, ch = ((b - 1) * fb + (h - 1) * fh + 1, s, d), (first, row, 1), 0
-    if row < d or not _aligned(t, first, row, ch):
+    if row < d or not (aligned and all(x * size % 16 == 0 for x in (first, row, ch))):
         return None
     return View(shape, strides, fb, fh, ch)
 
@@ -99,7 +108,7 @@ def exact(t: torch.Tensor, view: View, layout: str) -> tuple[list[int], list[int
     (a head_dim padded to a power of two) reads zeros past it and writes nothing there.  (shape,
     strides); a tile of head ``h`` starts at ``h`` along the leading dimension when ``view.col``,
     else at 0."""
-    h, d = _sizes_strides(t, layout)[0][1::2]
+    h, d = _sizes_strides(t.shape, t.stride(), layout)[0][1::2]
     lead = (h, view.col) if view.col else (1, view.strides[0])  # (any aligned stride for a dimension of one)
     return [lead[0], *view.shape[:-1], d], [lead[1], *view.strides[:-1], 1]
 
