@@ -666,17 +666,19 @@ def test_later_calls_replay_the_first(case):
     assert not torch.equal(as_list(first)[0], as_list(again[0])[0])
 
 
-@pytest.mark.parametrize("sizes,grown", [((1, 8192, 128), (1, 8704, 128)), ((1, 1024, 64), (1, 1040, 64)),
-                                         ((2048, 2048, 128), (3072, 3072, 128)), ((256, 700, 96), (256, 1212, 96))],
+@pytest.mark.parametrize("sizes,grown,causal", [((1, 8192, 128), (1, 8704, 128), False),
+                                                ((1, 1024, 64), (1, 1040, 64), False),
+                                                ((1024, 1024, 128), (1536, 1536, 128), False),
+                                                ((256, 700, 96), (256, 1212, 96), True)],
                          ids=["decode", "decode-short", "prefill", "prefill-d96"])
-def test_a_new_kind_launches_what_triton_compiled(sizes, grown, monkeypatch):
+def test_a_new_kind_launches_what_triton_compiled(sizes, grown, causal, monkeypatch):
     """A call of a new kind (a longer cache, a longer prompt) whose launches specialize as an earlier call's
     did goes to the kernels Triton compiled for that call without its JIT (:func:`fmha.replay._dispatch`), and
     gives the bits the ordinary path gives."""
     from triton.runtime.jit import JITFunction
     from fmha import replay
     replay.clear()
-    kw = dict(causal=sizes[0] > 1, causal_align="bottom_right")
+    kw = dict(causal=causal, causal_align="bottom_right")
     fmha.attention(*make_qkv(2, 8, 2, *sizes, torch.bfloat16, seed=0), **kw)
     jit = []
     real = JITFunction.run

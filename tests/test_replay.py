@@ -296,8 +296,7 @@ def test_a_launch_like_a_compiled_one_goes_to_that_kernel(monkeypatch):
     specialize alike (integers: 1, divisible by 16 or neither; tensors: dtype, 16-byte alignment) under the same
     keyword arguments, with every argument in the signature's order; any other launch goes to Triton's JIT.
     What is kept of the earlier launch holds none of its tensors."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 5, raising=False)
     runs = []
     compiled = type("Compiled", (), dict(function="fn", packed_metadata="meta",
@@ -315,10 +314,13 @@ def test_a_launch_like_a_compiled_one_goes_to_that_kernel(monkeypatch):
     assert grid == (3, 2, 1) and stream == 5 and runs[-1][4:6] == ("fn", "meta")
     assert full == (x2, y2, 48, 9, 16) and runs[-1][6] is None
     for args in ((x2, y2, 40, 9), (x2, y2, 48, 1), (x2, y2, 48, 2 ** 40), (torch.zeros(9)[1:], y2, 48, 9),
-                 (x2.double(), y2, 48, 9), (x2, y2, 48)):
+                 (x2.double(), y2, 48, 9)):
         assert replay._dispatch(kernel, (1,), args, kw) is None, args
-    assert replay._dispatch(kernel, (1,), (x2, y2, 48, 9), dict(BLOCK=32, num_warps=4)) is None
+    for other in (dict(BLOCK=32, num_warps=4), dict(BLOCK=16, num_warps=8)):  # a constexpr, an option
+        assert replay._dispatch(kernel, (1,), (x2, y2, 48, 9), other) is None
+    assert replay._dispatch(kernel, (1,), (x2, y2), dict(kw, n=48, m=9)) is compiled  # by name alike
+    assert runs[-1][9:] == full
     monkeypatch.setattr(replay.knobs.runtime, "launch_enter_hook", replay.knobs.HookChain())
     replay.knobs.runtime.launch_enter_hook.add(lambda meta: None)
     assert replay._dispatch(kernel, (1,), (x2, y2, 48, 9), kw) is None  # a hook listens: Triton's path
-    assert len(runs) == 1
+    assert len(runs) == 2

@@ -21,6 +21,28 @@ def twins(cls, cfg):
     return ref.to(DEVICE).eval(), ours.to(DEVICE).eval()
 
 
+def assert_greedy_alike(got, want, ref, mask=None):
+    """fmha's greedy tokens ``got`` are SDPA's ``want``, or part from them only where SDPA's model (``ref``) rates
+    both tokens within one bfloat16 step of each other (random weights give near-ties that rounding decides;
+    past the first, the continuations differ).  ``mask``: the prompt's attention mask."""
+    if torch.equal(got, want):
+        return
+    assert got.shape == want.shape, (got.shape, want.shape)
+    for row in range(got.shape[0]):
+        differ = (got[row] != want[row]).nonzero()
+        if not len(differ):
+            continue
+        at = int(differ[0, 0])
+        prefix = want[row:row + 1, :at]
+        keep = None if mask is None else torch.cat(
+            [mask[row:row + 1], mask.new_ones(1, at - mask.shape[1])], 1)
+        place = None if keep is None else (keep.cumsum(-1) - 1).clamp(min=0)  # left padding: as generate() places
+        with torch.no_grad():
+            logits = ref(prefix, attention_mask=keep, position_ids=place).logits[0, -1].float()
+        a, b = logits[got[row, at]], logits[want[row, at]]
+        assert (a - b).abs() <= 2.0 ** -7 * logits.abs().max(), (row, at, a.item(), b.item())
+
+
 @pytest.fixture(scope="module")
 def models():
     return twins(transformers.LlamaForCausalLM, transformers.LlamaConfig(
@@ -158,7 +180,7 @@ def test_head_dims_fmha_does_not_take_run_sdpa_said_once(monkeypatch):
     with warnings.catch_warnings(record=True) as said, torch.no_grad():
         warnings.simplefilter("always")
         got = ours.generate(ids, max_new_tokens=3, do_sample=False)
-    assert torch.equal(got, ref.generate(ids, max_new_tokens=3, do_sample=False))
+    assert_greedy_alike(got, ref.generate(ids, max_new_tokens=3, do_sample=False), ref)
     assert [str(w.message) for w in said if "head dims" in str(w.message)] == [
         f"fmha takes head dims {fmha_hf.HEAD_DIMS}; this model's q/k and v head dims (16, 16) run on torch SDPA"]
     q = torch.zeros(1, 4, 3, 16, dtype=torch.bfloat16, device=DEVICE)
@@ -221,7 +243,7 @@ def test_static_cache_generation_matches_sdpa(models, monkeypatch):
                             attention_mask=torch.ones_like(ids))
         got = ours.generate(ids, max_new_tokens=5, do_sample=False, cache_implementation="static",
                             attention_mask=torch.ones_like(ids))
-    assert torch.equal(got, want)
+    assert_greedy_alike(got, want, ref)
     # every layer of the prefill and the 4 decode steps runs fmha (none SDPA, none gathered), the first 4 with
     # the cache's lengths; eagerly, the last step fills every slot: the band alone
     assert len(used) == 2 * 5 and all(used[:8])
@@ -263,7 +285,8 @@ def test_sliding_window_decoding_asks_for_no_mask(sliding_models, monkeypatch):
     with torch.no_grad():
         want = ref.generate(ids, max_new_tokens=6, do_sample=False)
         got = ours.generate(ids, max_new_tokens=6, do_sample=False)
-    assert torch.equal(got, want) and not other
+    assert_greedy_alike(got, want, ref)
+    assert not other
     assert len(calls) == 2 * 6 and all(c["window"] == (7, -1) for c in calls)
 
 
@@ -290,7 +313,8 @@ def test_compiled_layers_trace_whole(sliding_models):
     finally:
         torch._dynamo.config.recompile_limit = limit
         torch._dynamo.reset()
-    assert torch.equal(got, want) and graphs
+    assert_greedy_alike(got, want, ref)
+    assert graphs
     assert any("fmha.attention" in str(g.graph) for g in graphs)
 
 
@@ -323,7 +347,7 @@ def test_compiled_generation_with_a_mask_neither_breaks_nor_recompiles(models, m
                     got = compiled.generate(ids, attention_mask=mask, max_new_tokens=5, min_new_tokens=5,
                                             do_sample=False)
                     want = ref.generate(ids, attention_mask=mask, max_new_tokens=5, min_new_tokens=5, do_sample=False)
-                    assert torch.equal(got, want), (name, mask)
+                    assert_greedy_alike(got, want, ref, mask)
                     if name == "fmha" and mask is not left:
                         assert ran  # the band alone ran fmha
         finally:
@@ -357,7 +381,7 @@ def test_compiled_generation_with_a_static_cache_runs_fmha_with_its_lengths(mode
                 kw = dict(attention_mask=mask, max_new_tokens=4, min_new_tokens=4, do_sample=False,
                           cache_implementation="static")
                 got = compiled.generate(ids, **kw)
-                assert torch.equal(got, ref.generate(ids, **kw)), mask
+                assert_greedy_alike(got, ref.generate(ids, **kw), ref, mask)
                 if mask is not left:
                     assert any(t is not None for t in lengths)  # fmha ran with the cache's lengths
     finally:

@@ -71,29 +71,45 @@ def launch(kernel, grid, *args, **kwargs) -> None:
         steps.append((kernel, compiled, grid, args, kwargs))
 
 
-_COMPILED: dict = {}  # (kernel, device, keyword arguments, knobs) -> (compiled kernel, positional arguments, specs)
+_COMPILED: dict = {}  # (kernel, device, launch options, knobs) -> (compiled kernel, arguments, their specs, backend)
 _MAX_COMPILED = 1024
+_PLAIN = (int, float, bool, str)
 
 
-def _compiled_key(kernel, kwargs):
-    """What, besides its positional arguments' specialization, picks a JIT kernel's compiled form: its
-    keyword arguments (the constexprs and launch options this package passes by name), the device and the
-    knobs Triton adds to them; None where the launch is not Triton's JIT on a GPU (the interpreter, a
-    stand-in) or a launch hook listens (it would see the launch through Triton)."""
-    if type(kernel).run is not JITFunction.run or not torch.cuda.is_available():
+_SIGNATURES: dict = {}  # kernel -> (each parameter's name and default, the set of names)
+
+
+def _full(kernel, args, kwargs) -> tuple[list, tuple]:
+    """Every parameter's argument in the signature's order (keywords and defaults filled in, as the JIT binds
+    them), and the launch options (the keyword arguments that are no parameter: ``num_warps`` ...)."""
+    sig = _SIGNATURES.get(kernel)
+    if sig is None:
+        sig = _SIGNATURES[kernel] = ([(n, p.default) for n, p in zip(kernel.arg_names, kernel.params)],
+                                     frozenset(kernel.arg_names))
+    params, names = sig
+    full = list(args)
+    full += [kwargs.get(n, default) for n, default in params[len(args):]]
+    return full, tuple((n, v) for n, v in kwargs.items() if n not in names)
+
+
+def _compiled_key(kernel, options):
+    """What, besides its arguments' specialization, picks a JIT kernel's compiled form: the launch options,
+    the device and the knobs Triton adds to them; None where the launch is not Triton's JIT on a GPU (the
+    interpreter, a stand-in) or a launch hook listens (it would see the launch through Triton)."""
+    if type(kernel).run is not JITFunction.run:  # (under the interpreter a kernel is no JITFunction)
         return None
     if _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook):
         return None
     try:
-        return (kernel, torch.cuda.current_device(), tuple(kwargs.items()), knobs.runtime.debug,
+        return (kernel, torch._C._cuda_getDevice(), options, knobs.runtime.debug,
                 knobs.compilation.instrumentation_mode)
-    except TypeError:  # an unhashable keyword argument
+    except TypeError:  # an unhashable option
         return None
 
 
 def _spec(kernel, at: int, value, backend):
-    """Triton's specialization of positional argument ``at`` (its type, and for integers and pointers
-    whether it is 1 or divisible by 16, as the JIT's binder computes it)."""
+    """Triton's specialization of argument ``at`` (a constexpr's value; else its type, and for integers and
+    pointers whether it is 1 or divisible by 16, as the JIT's binder computes it)."""
     p = kernel.params[at]
     if p.is_constexpr or p.annotation_type:
         return ("value", type(value), value)
@@ -102,16 +118,17 @@ def _spec(kernel, at: int, value, backend):
 
 def _dispatch(kernel, grid, args, kwargs):
     """The compiled kernel Triton's JIT would pick for this launch, launched, when an earlier launch of
-    ``kernel`` with the same keyword arguments had positional arguments of the same specialization (those
-    that differ compared with Triton's own function); None when there is none (the JIT then runs)."""
-    k = _compiled_key(kernel, kwargs)
+    ``kernel`` with the same options had arguments of the same specialization (those that differ compared
+    with Triton's own function); None when there is none (the JIT then runs)."""
+    if not _COMPILED or type(kernel).run is not JITFunction.run:
+        return None
+    full, options = _full(kernel, args, kwargs)
+    k = _compiled_key(kernel, options)
     seen = _COMPILED.get(k) if k is not None else None
     if seen is None:
         return None
     compiled, ref, specs, backend = seen
-    if len(args) != len(ref):
-        return None
-    for at, (a, r) in enumerate(zip(args, ref)):
+    for at, (a, r) in enumerate(zip(full, ref)):
         if type(a) is type(r) and a == r:  # (a plain value: tensors and descriptors are kept as their spec)
             continue
         want = specs.get(at)
@@ -119,8 +136,6 @@ def _dispatch(kernel, grid, args, kwargs):
             want = specs[at] = _spec(kernel, at, r, backend)
         if _spec(kernel, at, a, backend) != want:
             return None
-    full = list(args) + [kwargs[n] if n in kwargs else p.default
-                         for n, p in zip(kernel.arg_names[len(args):], kernel.params[len(args):])]
     grid = tuple(grid) + (1,) * (3 - len(grid))
     stream = torch._C._cuda_getCurrentRawStream(k[1])
     compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata, None,
@@ -130,27 +145,27 @@ def _dispatch(kernel, grid, args, kwargs):
 
 def _remember(kernel, compiled, args, kwargs) -> None:
     """Keep ``compiled`` as ``kernel``'s compiled form for launches like this one (:func:`_dispatch`)."""
-    k = _compiled_key(kernel, kwargs)
+    if type(kernel).run is not JITFunction.run:
+        return
+    full, options = _full(kernel, args, kwargs)
+    k = _compiled_key(kernel, options)
     if k is None or getattr(compiled, "function", None) is None:
         return
     if len(_COMPILED) >= _MAX_COMPILED:
         _COMPILED.clear()
     backend = kernel.device_caches[k[1]][3]
     ref, specs = [], {}  # keeps no tensor of the call alive
-    for at, a in enumerate(args):
+    for at, a in enumerate(full):
         if a is None or type(a) in _PLAIN:
             ref.append(a)
         else:
             ref.append(_Opaque)
             specs[at] = _spec(kernel, at, a, backend)
-    _COMPILED[k] = (compiled, tuple(ref), specs, backend)
+    _COMPILED[k] = (compiled, ref, specs, backend)
 
 
 class _Opaque:
     """Stands for a tensor or descriptor argument in :data:`_COMPILED` (its specialization is kept)."""
-
-
-_PLAIN = (int, float, bool, str)
 
 
 def buffer(t: torch.Tensor) -> torch.Tensor:
@@ -219,8 +234,7 @@ class Recipe:
                 raise LookupError("a tensor the recipe cannot name")
             return isinstance(slot, _Input), slot.index
         for kernel, compiled, grid, args, kwargs in steps:
-            full = list(args) + [kwargs[n] if n in kwargs else p.default
-                                 for n, p in zip(kernel.arg_names[len(args):], kernel.params[len(args):])]
+            full = _full(kernel, args, kwargs)[0]
             plain, descs = [], []  # the template keeps no tensor of the recorded call alive
             for pos, a in enumerate(full):
                 if a is None or type(a) in _PLAIN:
