@@ -17,6 +17,13 @@ takes is flattened once, tensors become raw pointers and TMA descriptors are fil
 pointer a slot meets (:data:`DESCRIPTORS_KEPT` of them), so a replayed launch is one call into the compiled
 launcher.
 
+A call of a new kind takes the ordinary path, but its launches skip Triton's JIT where they can
+(:func:`_dispatch`): a launch whose arguments specialize as an earlier launch's of the same kernel did
+(same constexprs and options; integers 1, divisible by 16 or neither, alike; tensors of the same dtype and
+alignment) goes to the kernel compiled for that launch, as the JIT itself would send it.  A growing KV
+cache (generate()'s first layer meets a new length at every token) then pays the plan and the recording,
+not the JIT's binding.
+
 A call is recorded only when each of its tensor arguments can be named; otherwise (and under the
 interpreter) calls keep the ordinary path.  Triton's launch hooks (a profiler's) see replayed launches
 as they see any other.
