@@ -8,7 +8,6 @@ line in :data:`VARIANTS`.
 from __future__ import annotations
 
 import torch
-import triton
 
 from .. import replay
 from ..device import device_facts
@@ -19,6 +18,7 @@ VARIANTS = {  # Triton: every target, and the CPU interpreter
     "pipelined": pipelined.KERNEL,
     "tiled": tiled.KERNEL,
 }
+PARAMETERS = {name: frozenset(kernel.arg_names) for name, kernel in VARIANTS.items()}  # (which options each takes)
 # Gluon: one GPU generation each, imported on first use (no interpreter)
 GLUON_VARIANTS = ("hopper",)
 ALL_VARIANTS = (*VARIANTS, *GLUON_VARIANTS)
@@ -82,8 +82,8 @@ def launch(variant: str, cfg, prob, q, k, v, o, lse, layout: str, alibi=None, se
     if variant == "hopper":
         from . import hopper
         return hopper.launch(prob, cfg, q, k, v, o, lse, layout, alibi, seqs, longest, block_table, descale)
-    kernel = VARIANTS[variant]
-    splits = triton.cdiv(prob.seqlen_k, split_len) if split_len else 1
+    kernel, params = VARIANTS[variant], PARAMETERS[variant]
+    splits = -(-prob.seqlen_k // split_len) if split_len else 1
     grid = (*prob.grid(cfg.block_m, grid_m), splits)
     cu_q, cu_k, seqused = seqs
     strides = [list(strides_bhsd(t, layout)) for t in (q, k, v)]
@@ -115,8 +115,8 @@ def launch(variant: str, cfg, prob, q, k, v, o, lse, layout: str, alibi=None, se
         SOFTCAP=prob.softcap > 0, ALIBI=alibi is not None, VARLEN=prob.varlen, SEQUSED=prob.seqused,
         ALIGN_BR=prob.align_br, SPLIT=bool(split_len), PAGED=bool(prob.page), PAGE=max(prob.page, 1),
         PACK_GQA=prob.pack_gqa, KV_TMA=kv_tma,
-        **(dict(HEAD_V=prob.dv, BLOCK_DV=prob.block_dv) if "HEAD_V" in kernel.arg_names else {}),
-        **(dict(Descale=descale if descale is not None else o, FP8=prob.fp8) if "FP8" in kernel.arg_names else {}),
-        **(dict(QK_LO=prob.qk_lo, V_FROM_K=v_from_k(prob, k, v)) if "QK_LO" in kernel.arg_names else {}),
-        **(dict(AMD=torch.version.hip is not None and q.is_cuda) if "AMD" in kernel.arg_names else {}),
+        **(dict(HEAD_V=prob.dv, BLOCK_DV=prob.block_dv) if "HEAD_V" in params else {}),
+        **(dict(Descale=descale if descale is not None else o, FP8=prob.fp8) if "FP8" in params else {}),
+        **(dict(QK_LO=prob.qk_lo, V_FROM_K=v_from_k(prob, k, v)) if "QK_LO" in params else {}),
+        **(dict(AMD=torch.version.hip is not None and q.is_cuda) if "AMD" in params else {}),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)

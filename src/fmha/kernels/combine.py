@@ -70,6 +70,6 @@ def launch(o_parts, lse_parts, o, lse, o_strides, heads: int = 1, seqlen_q: int 
     replay.launch(merge_kernel, (n_rows,), o_parts, lse_parts, o, lse if lse is not None else lse_parts,
                             rows if rows is not None else lse_parts, n, heads, seqlen_q or n_rows,
                             o_parts.stride(0), lse_parts.stride(0), *o_strides,
-                            HEAD_DIM=d, BLOCK_D=max(16, triton.next_power_of_2(d)),
-                            BLOCK_S=min(16, triton.next_power_of_2(n)), STORE_LSE=lse is not None,
+                            HEAD_DIM=d, BLOCK_D=max(16, 1 << (d - 1).bit_length()),
+                            BLOCK_S=min(16, 1 << (n - 1).bit_length()), STORE_LSE=lse is not None,
                             ROW_MAP=rows is not None, num_warps=4)

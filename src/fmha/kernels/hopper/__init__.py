@@ -73,7 +73,6 @@ The backward on sm_90 is :mod:`.backward` (FlashAttention-3's shape, its dQ adde
 from __future__ import annotations
 
 import torch
-import triton
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -223,14 +222,14 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
         n_m, n_tiles = 1, (items.numel() - 1) * prob.heads  # room for every block; Items[0] says how many there are
     else:
         items = o
-        n_m = triton.cdiv(prob.seqlen_q, item_rows(cfg))
+        n_m = -(-prob.seqlen_q // item_rows(cfg))
         n_tiles = n_m * prob.batch * prob.heads
     if cfg.cluster:  # a program is a cluster of two CTAs, on two SMs
         resident //= 2
     # persistent causal with more items than SMs runs them in pairs of equal cost (:func:`_tile`);
     # a window's items cost about the same anyway; packed sequences come longest first instead
     paired = bool(prob.causal and prob.window_offset is None and persistent and n_tiles > resident and not prob.varlen)
-    grid = (min(triton.cdiv(n_tiles, 2) if paired else n_tiles, resident) if persistent else n_tiles,)
+    grid = (min(-(-n_tiles // 2) if paired else n_tiles, resident) if persistent else n_tiles,)
     balance = paired and bool(cfg.balance)
     if balance:  # the last round or two of pairs dealt out longest item first to the least loaded program
         grid = (min(n_tiles, resident),)

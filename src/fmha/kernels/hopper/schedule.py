@@ -8,7 +8,6 @@ import heapq
 
 import numpy as np
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
@@ -143,7 +142,7 @@ def split_pieces(prob, cfg, n_tiles: int, programs: int, out_bytes: int) -> int:
             or per_sequence(prob) or prob.head_dim_v or prob.head_dim & (prob.head_dim - 1) or prob.head_dim < 64:
         return 1
     rest_bytes = n_tiles % programs * item_rows(cfg) * prob.head_dim * 4
-    return tail_pieces(n_tiles, programs, triton.cdiv(prob.seqlen_k, cfg.block_n),
+    return tail_pieces(n_tiles, programs, -(-prob.seqlen_k // cfg.block_n),
                        out_bytes // rest_bytes if rest_bytes else 1)
 
 

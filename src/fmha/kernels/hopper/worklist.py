@@ -91,7 +91,7 @@ def _build(CuQ, CuK, Items, Scratch, n, total_q, total_k, max_q, max_k, capacity
 
 def capacity(total_q: int, batch: int, max_seqlen_q: int, block_m: int) -> int:
     """The most blocks that have rows: each sequence's last block may be partial."""
-    return max(min(total_q // block_m + batch, batch * triton.cdiv(max_seqlen_q, block_m)), 0)
+    return max(min(total_q // block_m + batch, batch * -(-max_seqlen_q // block_m)), 0)
 
 
 def build(cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int, max_seqlen_q: int, max_seqlen_k: int, heads: int,
@@ -103,7 +103,7 @@ def build(cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int, max_seqlen_q: 
         raise ValueError("the hopper kernel's work list takes fewer than 32768 sequences of fewer than "
                          f"{cfg.block_m << 16} rows")
     room = capacity(total_q, batch, max_seqlen_q, cfg.block_m)
-    n_costs = triton.cdiv(max(max_seqlen_k, 1), cfg.block_n)
+    n_costs = -(-max(max_seqlen_k, 1) // cfg.block_n)
     items = replay.buffer(torch.empty(1 + room, dtype=torch.int32, device=cu_seqlens_q.device))
     scratch = replay.buffer(torch.empty(batch + 1 + n_costs, dtype=torch.int32, device=cu_seqlens_q.device))
     replay.launch(_build, (1,), cu_seqlens_q, cu_seqlens_k, items, scratch, batch + 1, total_q, total_k,
