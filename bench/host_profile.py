@@ -1,7 +1,8 @@
 """Host time of one eager call, fmha beside SDPA, for each path ``auto`` takes, and where fmha's goes.
 
     PYTHONPATH=src python3 bench/host_profile.py [--cases decode decode-growing prefill varlen varlen-tiled paged]
-        [--calls 40] [--rounds 15] [--copies 1] [--profile decode] [--breakdown paged] [--ledger bench/ledger.csv]
+        [--calls 40] [--rounds 15] [--copies 1] [--profile decode] [--breakdown paged] [--parts decode-growing]
+        [--ledger bench/ledger.csv]
 
 A round enqueues ``--calls`` calls back to back behind a kernel that keeps the GPU busy for longer than
 the round takes (``torch.cuda._sleep``), so the figure is what the host spends to enqueue one call and
@@ -14,7 +15,10 @@ The GPU time of one call (CUDA events, the median of the same rounds run unblock
 to show which side bounds an eager loop.  SDPA gets the same q, k, v (the padded batch for varlen, the
 gathered cache for paged).  ``--profile CASE`` prints cProfile's top entries for that case;
 ``--breakdown CASE`` times the parts of a replayed call the same way (the replay key, the allocation of
-its buffers, each recorded launch alone) beside the whole call.  Ledger rows: ``provider`` ``host:fmha`` /
+its buffers, each recorded launch alone) beside the whole call.  ``--parts CASE`` times the parts of that
+case's calls as they come, each part's own time summed over ``--calls`` calls with Python's garbage collector
+off (for ``decode-growing`` every call is of a new kind: the checks, the plan, the launch path with its
+dispatch to the compiled kernels, the recording), beside the whole call.  Ledger rows: ``provider`` ``host:fmha`` /
 ``host:sdpa``, ``features`` ``part=host case=<case> copies=<N> min_us=<the fastest round>``, ``ms`` the
 host time per call (the median), ``ratio_best_peer`` SDPA's over fmha's.
 """
@@ -164,6 +168,47 @@ def breakdown(fn, calls: int, rounds: int) -> dict:
     return host_us(parts, calls, rounds)
 
 
+def parts(fn, calls: int) -> dict:
+    """Microseconds a call spent in each part of fmha's call path (inclusive: a part's time holds the parts it
+    calls), over ``calls`` calls of ``fn`` after one untimed, the garbage collector off."""
+    import gc
+    from fmha import api, forward, plan, replay
+    from fmha import kernels
+    from fmha.kernels import combine
+    spent: dict = {}
+    wrapped = [(api, "check_inputs"), (plan, "problem"), (plan, "plan"), (forward, "output"), (kernels, "launch"),
+               (combine, "launch"), (replay, "_dispatch"), (replay, "Recipe"), (replay, "key"), (replay, "call")]
+    real = {(owner, name): getattr(owner, name) for owner, name in wrapped}
+
+    def timed(owner, name):
+        inner, label = real[(owner, name)], f"{owner.__name__.removeprefix('fmha.')}.{name}"
+
+        def part(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return inner(*a, **kw)
+            finally:
+                spent[label] = spent.get(label, 0.0) + time.perf_counter() - t0
+        return part
+    fn()
+    torch.cuda.synchronize()
+    for owner, name in wrapped:
+        setattr(owner, name, timed(owner, name))
+    gc.collect()
+    gc.disable()
+    try:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        whole = time.perf_counter() - t0
+    finally:
+        gc.enable()
+        for (owner, name), f in real.items():
+            setattr(owner, name, f)
+    torch.cuda.synchronize()
+    return {"whole call": whole / calls * 1e6, **{k: v / calls * 1e6 for k, v in spent.items()}}
+
+
 def gpu_us(fn, calls: int, rounds: int) -> float:
     """Median GPU microseconds per call, ``calls`` calls back to back between two CUDA events."""
     times = []
@@ -188,6 +233,7 @@ def main():
                    help="each case's inputs in this many copies, each call taking the next (pointers move)")
     p.add_argument("--profile", default=None, help="print cProfile's top entries for this case")
     p.add_argument("--breakdown", nargs="*", default=[], help="time the parts of these cases' replayed calls")
+    p.add_argument("--parts", nargs="*", default=[], help="time the parts of the call path of these cases' calls")
     p.add_argument("--ledger", default=None)
     args = p.parse_args()
     env = ledger.environment("cuda")
@@ -213,6 +259,10 @@ def main():
     for name in args.breakdown:
         print(f"\n{name}: host us a call, by part")
         for part, t in breakdown(table[name][0], args.calls, args.rounds).items():
+            print(f"  {part:40} {t:7.1f}")
+    for name in args.parts:
+        print(f"\n{name}: host us a call in each part of the call path (inclusive), GC off")
+        for part, t in parts(table[name][0], args.calls).items():
             print(f"  {part:40} {t:7.1f}")
     if args.profile:
         fn = table[args.profile][0]
