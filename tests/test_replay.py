@@ -295,7 +295,8 @@ def test_a_launch_like_a_compiled_one_goes_to_that_kernel(monkeypatch):
     """:func:`replay._dispatch`: an earlier launch's compiled kernel takes a launch whose positional arguments
     specialize alike (integers: 1, divisible by 16 or neither; tensors: dtype, 16-byte alignment) under the same
     keyword arguments, with every argument in the signature's order; any other launch goes to Triton's JIT.
-    What is kept of the earlier launch holds none of its tensors."""
+    What is kept of the earlier launch holds none of its tensors; a kernel's constexprs and options keep their
+    latest compiled forms apart from other constexprs'."""
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 5, raising=False)
     runs = []
@@ -316,11 +317,19 @@ def test_a_launch_like_a_compiled_one_goes_to_that_kernel(monkeypatch):
     for args in ((x2, y2, 40, 9), (x2, y2, 48, 1), (x2, y2, 48, 2 ** 40), (torch.zeros(9)[1:], y2, 48, 9),
                  (x2.double(), y2, 48, 9)):
         assert replay._dispatch(kernel, (1,), args, kw) is None, args
-    for other in (dict(BLOCK=32, num_warps=4), dict(BLOCK=16, num_warps=8)):  # a constexpr, an option
-        assert replay._dispatch(kernel, (1,), (x2, y2, 48, 9), other) is None
+    for changed in (dict(BLOCK=32, num_warps=4), dict(BLOCK=16, num_warps=8)):  # a constexpr, an option
+        assert replay._dispatch(kernel, (1,), (x2, y2, 48, 9), changed) is None
     assert replay._dispatch(kernel, (1,), (x2, y2), dict(kw, n=48, m=9)) is compiled  # by name alike
     assert runs[-1][9:] == full
+    # a key keeps its latest compiled forms (a growing length's two), and each constexpr set its own
+    other, wide = (type("Compiled", (), dict(function=f, packed_metadata="meta", run=staticmethod(lambda *a: None)))()
+                   for f in ("other", "wide"))
+    replay._remember(kernel, other, (x2, y2, 33, 7), kw)
+    replay._remember(kernel, wide, (x2, y2, 32, 7), dict(kw, BLOCK=32))
+    assert replay._dispatch(kernel, (1,), (x2, y2, 48, 9), kw) is compiled
+    assert replay._dispatch(kernel, (1,), (x2, y2, 49, 9), kw) is other
+    assert replay._dispatch(kernel, (1,), (x2, y2, 64, 9), dict(kw, BLOCK=32)) is wide
     monkeypatch.setattr(replay.knobs.runtime, "launch_enter_hook", replay.knobs.HookChain())
     replay.knobs.runtime.launch_enter_hook.add(lambda meta: None)
     assert replay._dispatch(kernel, (1,), (x2, y2, 48, 9), kw) is None  # a hook listens: Triton's path
-    assert len(runs) == 2
+    assert len(runs) == 3

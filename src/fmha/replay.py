@@ -20,7 +20,8 @@ launcher.
 A call of a new kind takes the ordinary path, but its launches skip Triton's JIT where they can
 (:func:`_dispatch`): a launch whose arguments specialize as an earlier launch's of the same kernel did
 (same constexprs and options; integers 1, divisible by 16 or neither, alike; tensors of the same dtype and
-alignment) goes to the kernel compiled for that launch, as the JIT itself would send it.  A growing KV
+alignment) goes to the kernel compiled for that launch, as the JIT itself would send it; each kernel's
+constexprs and options keep their latest :data:`COMPILED_KEPT` launches.  A growing KV
 cache (generate()'s first layer meets a new length at every token) then pays the plan and the recording,
 not the JIT's binding.
 
@@ -78,12 +79,14 @@ def launch(kernel, grid, *args, **kwargs) -> None:
         steps.append((kernel, compiled, grid, args, kwargs))
 
 
-_COMPILED: dict = {}  # (kernel, device, launch options, knobs) -> (compiled kernel, arguments, their specs, backend)
+_COMPILED: dict = {}  # (kernel, constexprs, device, launch options, knobs) -> [(compiled kernel, arguments, specs)]
 _MAX_COMPILED = 1024
+COMPILED_KEPT = 4  # compiled forms a key keeps, the latest first (a growing length's two: divisible by 16 or not)
 _PLAIN = (int, float, bool, str)
 
 
 _SIGNATURES: dict = {}  # kernel -> (each parameter's name and default, the set of names)
+_CONSTEXPRS: dict = {}  # JIT kernel -> the places of its constexpr parameters
 
 
 def _full(kernel, args, kwargs) -> tuple[list, tuple]:
@@ -99,55 +102,71 @@ def _full(kernel, args, kwargs) -> tuple[list, tuple]:
     return full, tuple((n, v) for n, v in kwargs.items() if n not in names)
 
 
-def _compiled_key(kernel, options):
-    """What, besides its arguments' specialization, picks a JIT kernel's compiled form: the launch options,
-    the device and the knobs Triton adds to them; None where the launch is not Triton's JIT on a GPU (the
-    interpreter, a stand-in) or a launch hook listens (it would see the launch through Triton)."""
+def _compiled_key(kernel, full, options):
+    """What, besides its other arguments' specialization, picks a JIT kernel's compiled form: its constexprs,
+    the launch options, the device and the knobs Triton adds to them; None where the launch is not Triton's
+    JIT on a GPU (the interpreter, a stand-in) or a launch hook listens (it would see the launch through
+    Triton)."""
     if type(kernel).run is not JITFunction.run:  # (under the interpreter a kernel is no JITFunction)
         return None
     if _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook):
         return None
     try:
-        return (kernel, torch._C._cuda_getDevice(), options, knobs.runtime.debug,
+        places = _CONSTEXPRS.get(kernel)
+        if places is None:
+            places = _CONSTEXPRS[kernel] = tuple(i for i, p in enumerate(kernel.params) if p.is_constexpr)
+        constexprs = tuple((type(full[i]), full[i]) for i in places)
+        return (kernel, constexprs, torch._C._cuda_getDevice(), options, knobs.runtime.debug,
                 knobs.compilation.instrumentation_mode)
-    except TypeError:  # an unhashable option
+    except TypeError:  # an unhashable option or constexpr
         return None
 
 
 def _spec(kernel, at: int, value, backend):
-    """Triton's specialization of argument ``at`` (a constexpr's value; else its type, and for integers and
-    pointers whether it is 1 or divisible by 16, as the JIT's binder computes it)."""
+    """Triton's specialization of argument ``at`` (an annotated one's value; else its type, and for integers
+    and pointers whether it is 1 or divisible by 16, as the JIT's binder computes it)."""
     p = kernel.params[at]
-    if p.is_constexpr or p.annotation_type:
+    if p.annotation_type:
         return ("value", type(value), value)
     return specialize(backend, value, p.is_const, not p.do_not_specialize, not p.do_not_specialize_on_alignment)
 
 
 def _dispatch(kernel, grid, args, kwargs):
     """The compiled kernel Triton's JIT would pick for this launch, launched, when an earlier launch of
-    ``kernel`` with the same options had arguments of the same specialization (those that differ compared
-    with Triton's own function); None when there is none (the JIT then runs)."""
+    ``kernel`` with the same constexprs and options had its other arguments specialized alike (those that
+    differ compared by Triton's own function); None when there is none (the JIT then runs)."""
     if not _COMPILED or type(kernel).run is not JITFunction.run:
         return None
     full, options = _full(kernel, args, kwargs)
-    k = _compiled_key(kernel, options)
+    k = _compiled_key(kernel, full, options)
     seen = _COMPILED.get(k) if k is not None else None
     if seen is None:
         return None
-    compiled, ref, specs, backend = seen
+    backend = kernel.device_caches[k[2]][3]
+    for compiled, ref, specs in seen:
+        if _alike(kernel, full, ref, specs, backend):
+            break
+    else:
+        return None
+    grid = tuple(grid) + (1,) * (3 - len(grid))
+    stream = torch._C._cuda_getCurrentRawStream(k[2])
+    compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata, None,
+                 knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *full)  # (no hook listens)
+    return compiled
+
+
+def _alike(kernel, full, ref, specs, backend) -> bool:
+    """Whether arguments ``full`` specialize as the kept launch's did (``ref``: its plain values, ``specs``:
+    its other arguments' specializations, filled in as they are asked for)."""
     for at, (a, r) in enumerate(zip(full, ref)):
-        if type(a) is type(r) and a == r:  # (a plain value: tensors and descriptors are kept as their spec)
+        if type(a) is type(r) and a == r:  # (a plain value, a constexpr among them)
             continue
         want = specs.get(at)
         if want is None:
             want = specs[at] = _spec(kernel, at, r, backend)
         if _spec(kernel, at, a, backend) != want:
-            return None
-    grid = tuple(grid) + (1,) * (3 - len(grid))
-    stream = torch._C._cuda_getCurrentRawStream(k[1])
-    compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata, None,
-                 knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *full)  # (no hook listens)
-    return compiled
+            return False
+    return True
 
 
 def _remember(kernel, compiled, args, kwargs) -> None:
@@ -155,12 +174,12 @@ def _remember(kernel, compiled, args, kwargs) -> None:
     if type(kernel).run is not JITFunction.run:
         return
     full, options = _full(kernel, args, kwargs)
-    k = _compiled_key(kernel, options)
+    k = _compiled_key(kernel, full, options)
     if k is None or getattr(compiled, "function", None) is None:
         return
     if len(_COMPILED) >= _MAX_COMPILED:
         _COMPILED.clear()
-    backend = kernel.device_caches[k[1]][3]
+    backend = kernel.device_caches[k[2]][3]
     ref, specs = [], {}  # keeps no tensor of the call alive
     for at, a in enumerate(full):
         if a is None or type(a) in _PLAIN:
@@ -168,7 +187,8 @@ def _remember(kernel, compiled, args, kwargs) -> None:
         else:
             ref.append(_Opaque)
             specs[at] = _spec(kernel, at, a, backend)
-    _COMPILED[k] = (compiled, ref, specs, backend)
+    kept = [entry for entry in _COMPILED.get(k, ()) if entry[0] is not compiled]
+    _COMPILED[k] = [(compiled, ref, specs), *kept[:COMPILED_KEPT - 1]]
 
 
 class _Opaque:
