@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass
 
 import torch
 from triton import knobs
@@ -217,16 +216,6 @@ def constant(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-@dataclass(frozen=True)
-class _Input:
-    index: int
-
-
-@dataclass(frozen=True)
-class _Buffer:
-    index: int
-
-
 class _Descriptor:
     """What Triton's launcher reads of a TMA descriptor (base, shape, strides, padding), over a new base."""
     __slots__ = ("base", "shape", "strides", "padding")
@@ -244,13 +233,13 @@ class Recipe:
         # [(position, is an input, index)], [(position, is an input, index, shape, strides, padding)])
         self.steps = []
         self.constants = constants  # kept alive: the templates hold them
-        named = {id(t): _Input(i) for i, t in enumerate(inputs) if t is not None}
+        named = {id(t): (True, i) for i, t in enumerate(inputs) if t is not None}  # (is an input, index)
         keep = {id(t) for t in constants}
         for t in buffers:
             if id(t) not in named:
                 if not t.is_contiguous():
                     raise LookupError("a strided buffer")
-                named[id(t)] = _Buffer(len(self.buffers))
+                named[id(t)] = (False, len(self.buffers))
                 self.buffers.append((tuple(t.shape), t.dtype))
         tensors = [t for t in (*inputs, *buffers) if t is not None]
         at = {t.data_ptr(): named[id(t)] for t in tensors}  # views made inside the call start there
@@ -259,7 +248,7 @@ class Recipe:
             slot = named.get(id(t)) or at.get(t.data_ptr())
             if slot is None:
                 raise LookupError("a tensor the recipe cannot name")
-            return isinstance(slot, _Input), slot.index
+            return slot
         for kernel, compiled, grid, args, kwargs in steps:
             full = _full(kernel, args, kwargs)[0]
             plain, descs = [], []  # the template keeps no tensor of the recorded call alive
