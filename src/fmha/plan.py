@@ -99,12 +99,10 @@ def select_variant(arch: str, shape: dict | None = None) -> str:
     shape = shape or {}
     if shape.get("seqlen_q", 1 << 30) <= 16:
         return "tiled"  # decoding: the keys split over programs (flash-decoding), GQA rows packed
-    # float8 prefill: hopper's float8 wgmma, 1.7-2.8x the tiled kernel's dequantize-on-load (docs/PERF.md); a call
-    # it does not take (a 16-bit q, head_dim 64, softcap, packed sequences) falls back to tiled
     if arch == "sm90" and shape.get("varlen") and shape.get("causal") and shape.get("head_dim") == 64:
         return "tiled"  # packed causal D=64: hopper 0.85-1.00x tiled (docs/PERF.md, packed sequences)
-    if arch == "sm90":
-        return "hopper"
+    if arch == "sm90":  # float8 prefill too: its wgmma runs 1.7-2.8x the tiled kernel's dequantize-on-load
+        return "hopper"  # (docs/PERF.md); what it refuses (16-bit q, head_dim 64, softcap, varlen) falls back
     return "tiled"
 
 
