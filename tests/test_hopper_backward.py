@@ -42,9 +42,9 @@ def gradients(q, k, v, seed, **kw):
     return (q.grad, k.grad, v.grad), (q, k, v, do)
 
 
-def runs_on(q, k, v, layout="bhsd", deterministic=False, causal=False, **kw):
+def runs_on(q, k, v, layout="bhsd", causal=False, **kw):
     prob = plan.problem(*plan.sizes(q, k, layout), causal=causal, scale=None, **kw)
-    return backward.kernel(prob, q, k, v, q, layout, None, deterministic)
+    return backward.kernel(prob, q, k, v, q, layout, None)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}h{}kv{}-q{}k{}-d{}".format(*s))
@@ -89,17 +89,44 @@ def test_nan_past_a_heads_rows_stays_out():
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_hopper_backward_agrees_with_the_triton_backward(causal):
+def test_hopper_backward_agrees_with_the_triton_backward(causal, monkeypatch):
     """The same gradients as the deterministic Triton kernels, to bfloat16's rounding, on a longer sequence
     (many query tiles per key block, several key blocks)."""
     q, k, v = make_qkv(2, 8, 2, 2048, 2048, 128, torch.bfloat16, seed=9)
     assert runs_on(q, k, v, causal=causal) == "hopper"
-    assert runs_on(q, k, v, causal=causal, deterministic=True) == "triton"
     fast, _ = gradients(q, k, v, 5, causal=causal)
+    monkeypatch.setattr(backward, "GLUON_ROWS", {d: 1 << 30 for d in RULE})
+    assert runs_on(q, k, v, causal=causal) == "triton"
     exact, _ = gradients(q, k, v, 5, causal=causal, deterministic=True)
     for name, a, e in zip("qkv", fast, exact):
         scale = e.float().abs().max().item()
         assert (a.float() - e.float()).abs().max().item() <= 2e-2 * scale, name
+
+
+DETERMINISTIC_SHAPES = [  # many key blocks adding into each dQ tile, in every order the walks take
+    (1, 8, 2, 2048, 2048, 128),  # GQA: a program walks two heads' tiles
+    (2, 4, 4, 1500, 1100, 64),   # sq > sk: the causal diagonal below the first query tile
+    (1, 4, 2, 700, 1900, 128),   # sk > sq: causal key blocks with no tile to visit
+    (1, 2, 1, 1000, 1000, 96),
+]
+
+
+@pytest.mark.parametrize("shape", DETERMINISTIC_SHAPES, ids=lambda s: "b{}h{}kv{}-q{}k{}-d{}".format(*s))
+@pytest.mark.parametrize("causal,align", ALIGNS)
+def test_deterministic_hopper_backward_repeats_its_bits(shape, causal, align):
+    """``deterministic=True`` on the Gluon kernel: dQ's tiles are added in one order (each key block waits its
+    turn), so three runs give the same bits, and they pass the float64 yardstick.  A wrong turn would never
+    come (the kernel would hang), so every causal alignment and both length orders are walked here."""
+    i = DETERMINISTIC_SHAPES.index(shape)
+    q, k, v = make_qkv(*shape, torch.bfloat16, seed=20 + i)
+    assert runs_on(q, k, v, causal=causal, causal_align=align) == "hopper"
+    kw = dict(causal=causal, causal_align=align, deterministic=True)
+    runs = [gradients(q, k, v, i, **kw) for _ in range(3)]
+    for grads, _ in runs[1:]:
+        for name, a, e in zip("qkv", grads, runs[0][0]):
+            assert torch.equal(a, e), name
+    grads, (q, k, v, do) = runs[0]
+    check_grads(grads, q, k, v, do, causal, align)
 
 
 def test_what_the_hopper_backward_leaves_to_triton(monkeypatch):

@@ -411,15 +411,18 @@ def test_fp8_builds_for_sm90_on_hopper(head_dim, causal):
     assert b.asm["ptx"].count("shfl.sync") <= bf16.asm["ptx"].count("shfl.sync")
 
 
-@pytest.mark.parametrize("head_dim,causal", [(64, False), (128, True), (96, False)])
-def test_hopper_backward_builds_with_tma_reduce_adds(head_dim, causal):
+@pytest.mark.parametrize("head_dim,causal,deterministic", [(64, False, False), (128, True, False), (96, False, False),
+                                                          (64, True, True), (128, False, True)])
+def test_hopper_backward_builds_with_tma_reduce_adds(head_dim, causal, deterministic):
     """The Gluon backward for sm_90: its dQ tiles leave as TMA reduce-adds (the PTX pass), no plain TMA
     store is left, dK/dV/S/dP run on wgmma; at head_dim 64 nothing spills and P^T and dS^T go to dV's and dK's
     products from registers (at 128 the two 64x128 float32 accumulators leave ptxas a few registers short: a
-    bounded spill, ledgered speed; P and dS go through shared memory)."""
+    bounded spill, ledgered speed; P and dS go through shared memory).  Deterministic, each add waits for its
+    turn (an acquiring load of the tile's counter) and is counted once complete (a releasing add)."""
     from fmha.kernels.hopper import reduce_pass
-    compiled = targets.build_backward(head_dim, "bfloat16", causal)
+    compiled = targets.build_backward(head_dim, "bfloat16", causal, deterministic)
     ptx = compiled.asm["ptx"]
+    assert ("ld.acquire.gpu.global" in ptx, "red.release.gpu.global.add" in ptx) == (deterministic, deterministic)
     assert reduce_pass.KERNEL_MARK in ptx
     assert len(re.findall(r"cp\.reduce\.async\.bulk\.tensor\.3d\.global\.shared::cta\.add\.tile", ptx)) == 2
     assert not re.search(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta", ptx)

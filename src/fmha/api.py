@@ -76,8 +76,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     on load; forward only, not under ``torch.compile``.
 
     Differentiable (:mod:`fmha.gradients`, docs/BACKWARD.md) when autograd records the call;
-    ``deterministic=True`` makes the backward's dQ bit for bit the same on every run (its own pass
-    over the keys instead of atomic adds, as FlashAttention's flag does).
+    ``deterministic=True`` makes the backward's dQ bit for bit the same on every run, as FlashAttention's flag
+    does (the Triton kernels: its own pass over the keys; the Gluon kernel: its adds in one fixed order).
     """
     descales = (q_descale, k_descale, v_descale)
 

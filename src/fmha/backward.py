@@ -68,8 +68,9 @@ def dense(do, q, k, v, o, lse, *, causal, scale, causal_align, layout, window=(-
           alibi_slopes=None, seqused_k=None, sinks=None, deterministic=False):
     """Gradients ``(dq, dk, dv, dsinks or None)`` of :func:`fmha.attention` (``lse``: its float32
     ``[batch, heads, seqlen_q]``, the sinks included), each in the layout and strides order of its input.
-    ``deterministic``: dQ from its own kernel, bit for bit the same every run; else that or dQ added up
-    atomically by the dK/dV kernel, whichever :func:`tiles` finds faster (:mod:`fmha.kernels.backward`)."""
+    ``deterministic``: dQ bit for bit the same every run (the Triton kernels: dQ from its own kernel; the Gluon
+    kernel: its adds in one fixed order); else, on the Triton kernels, that or dQ added up atomically by the
+    dK/dV kernel, whichever :func:`tiles` finds faster (:mod:`fmha.kernels.backward`)."""
     batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim = planning.sizes(q, k, layout)
     prob = planning.problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal=causal, scale=scale,
                             window=window, causal_align=causal_align, softcap=softcap,
@@ -99,13 +100,13 @@ def packed(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
 GLUON_ROWS = {64: 2048, 128: 1024}
 
 
-def kernel(prob, q, k, v, do, layout: str, alibi, deterministic: bool) -> str:
+def kernel(prob, q, k, v, do, layout: str, alibi) -> str:
     """Which backward runs: ``"hopper"`` (the Gluon kernel, :mod:`fmha.kernels.hopper.backward`) where it
     takes the call and measured faster (:data:`GLUON_ROWS`), else ``"triton"`` (:mod:`fmha.kernels.backward`)."""
     if interpreting() or not q.is_cuda:
         return "triton"
     from .kernels.hopper import backward as hopper
-    if hopper.supports(prob, q, k, v, do, layout, alibi is not None, deterministic):
+    if hopper.supports(prob, q, k, v, do, layout, alibi is not None):
         return "triton"
     return "hopper" if prob.seqlen_q >= GLUON_ROWS[hopper.tile_width(prob.head_dim)] else "triton"
 
@@ -122,13 +123,15 @@ def _delta(prob, o, do, lse, layout, cu_q, rows):
     return delta
 
 
-def _hopper(prob, do, q, k, v, o, lse, dk, dv, layout, sinks):
-    """The Gluon backward: dK, dV in place, dQ through its float32 buffer, cast into q's layout."""
+def _hopper(prob, do, q, k, v, o, lse, dk, dv, layout, sinks, deterministic):
+    """The Gluon backward: dK, dV in place, dQ through its float32 buffer (its adds in one order when
+    ``deterministic``), cast into q's layout."""
     from .kernels.hopper import backward as hopper
     with on(q.device):
         delta = _delta(prob, o, do, lse, layout, lse, prob.seqlen_q)
         acc = hopper.launch(prob, q, k, v, do, lse, delta, dk, dv, layout,
-                            {name: strides_bhsd(t, layout)[:3] for name, t in (("dk", dk), ("dv", dv))})
+                            {name: strides_bhsd(t, layout)[:3] for name, t in (("dk", dk), ("dv", dv))},
+                            deterministic)
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     view = dq if layout == "bhsd" else dq.transpose(1, 2)
     view.copy_(acc.view(prob.batch, prob.heads, prob.seqlen_q, -1)[..., :prob.head_dim])
@@ -143,8 +146,8 @@ def _run(prob, do, q, k, v, o, lse, layout, alibi, seqs, rows, keys, sinks, dete
     if 0 in (prob.batch, prob.heads, rows, keys) or q.numel() == 0:
         return (torch.zeros_like(q, memory_format=torch.contiguous_format), dk.zero_(), dv.zero_(),
                 None if sinks is None else torch.zeros_like(sinks))
-    if kernel(prob, q, k, v, do, layout, alibi, deterministic) == "hopper":
-        return _hopper(prob, do, q, k, v, o, lse, dk, dv, layout, sinks)
+    if kernel(prob, q, k, v, do, layout, alibi) == "hopper":
+        return _hopper(prob, do, q, k, v, o, lse, dk, dv, layout, sinks, deterministic)
     kv_tiles, q_tiles = tiles(max(prob.head_dim, prob.dv), prob.causal, deterministic, family_of(q.device))
     atomic = q_tiles is None
     # atomically: a float32 dQ the key blocks add into, cast once at the end

@@ -116,7 +116,7 @@ def _hopper_source(head_dim: int, dtype: str, causal: bool, cfg, seqlen_k: int =
     return GluonASTSource(kernel, sig, const)
 
 
-def build_backward(head_dim: int, dtype: str = "bfloat16", causal: bool = False):
+def build_backward(head_dim: int, dtype: str = "bfloat16", causal: bool = False, deterministic: bool = False):
     """The Gluon backward (:mod:`fmha.kernels.hopper.backward`) compiled for sm_90 from stand-in CPU
     tensors: Triton's compiled kernel, its PTX after fmha's passes (the dQ stores made reduce-adds)."""
     import torch
@@ -130,7 +130,7 @@ def build_backward(head_dim: int, dtype: str = "bfloat16", causal: bool = False)
     t = torch.empty(1, 1, 256, head_dim, dtype=tdt)
     descs, _ = backward.descriptors(t, t, t, t, torch.empty(1, 256, head, dtype=torch.float32), "bhsd", head)
     kernel = backward.backward_kernel
-    const = dict(HEAD=head, D=head_dim, CAUSAL=causal, RS=backward.regs_operands(head))
+    const = dict(HEAD=head, D=head_dim, CAUSAL=causal, RS=backward.regs_operands(head), DETERMINISTIC=deterministic)
     by_name = dict(zip(("q_desc", "k_desc", "v_desc", "do_desc", "dq_desc"), descs))
     sig = {}
     for name in kernel.arg_names:
@@ -140,6 +140,8 @@ def build_backward(head_dim: int, dtype: str = "bfloat16", causal: bool = False)
             sig[name] = native_specialize_impl(BaseBackend, by_name[name], False, True, True)[0]
         elif name in ("LSE", "Delta"):
             sig[name] = "*fp32"
+        elif name == "Locks":
+            sig[name] = "*i32"
         elif name in ("DK", "DV"):
             sig[name] = "*" + DTYPES[dtype]
         elif name in ("scale_log2", "scale"):

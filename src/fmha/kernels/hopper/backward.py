@@ -22,7 +22,9 @@ two registers a thread):
   own keys over every column.  The float32 tile goes to shared memory and is added into a float32
   dQ buffer by a TMA reduce-add (``cp.reduce.async.bulk.tensor``: Gluon 3.6 has only the TMA store,
   so the build marks itself and :mod:`.reduce_pass` turns its stores into reduce-adds), in an
-  order that varies from run to run: ``deterministic`` calls take the Triton kernels.
+  order that varies from run to run; or, ``DETERMINISTIC``, in one fixed order (:func:`_turn`): each dQ
+  tile's column slice has a counter in global memory, a warpgroup spins until the counter says its
+  turn has come, adds, and counts the add once it has completed.
 
 Q and dO are read through 4-D descriptors that hold one (batch, head) sequence each (the K/V
 views of :mod:`..tma`), so the rows of a last tile past seqlen_q are TMA's zeros, never the next
@@ -52,6 +54,7 @@ BLOCK_N = gl.constexpr(128)  # keys a program owns: 64 a consumer warpgroup
 BLOCK_M = gl.constexpr(64)  # query rows a tile
 STAGES = gl.constexpr(2)  # Q/dO tiles in flight
 LOG2E = gl.constexpr(LOG2E_VALUE)
+WARPS = gl.constexpr(4)  # a consumer warpgroup's
 
 TILE = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
 TILE_F32 = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))
@@ -71,16 +74,67 @@ def _first_tile(pid_n, causal_offset, CAUSAL: gl.constexpr):
 
 
 @gluon.jit
-def _query_tile(j, first, n_m, pid_n, CAUSAL: gl.constexpr):
+def _key_block(CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr):
+    """The key block this program owns: ``program_id(0)``, or, for deterministic causal calls, the last block
+    first.  Blocks start in the order of their program ids, and a deterministic block waits only for blocks
+    that start before it (:func:`_turn`), so a waiting block never holds the SM that one it waits for needs."""
+    n = gl.program_id(0)
+    if CAUSAL and DETERMINISTIC:
+        n = gl.num_programs(0) - 1 - n
+    return n
+
+
+@gluon.jit
+def _query_tile(j, first, n_m, pid_n, CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr):
     """The ``j``-th query tile a program of key block ``pid_n`` visits.  Without causal, its tiles rotated by
     the block's share of them, so that the key blocks of one head, running side by side, add their dQ into
     different tiles at any time instead of all into the same one (B32 S512 D128: 161 TFLOP/s in order, 270
     rotated).  Causal walks start at their own diagonals already; rotated as well, they ran 4-6% slower from
-    1k to 16k keys (1.6x faster at 512)."""
+    1k to 16k keys (1.6x faster at 512).  Deterministic walks go in order: the blocks add into a tile in the
+    order they reach it (:func:`_turn`)."""
     m = first + j
-    if not CAUSAL:
+    if not CAUSAL and not DETERMINISTIC:
         m = (j + pid_n * n_m // gl.num_programs(0)) % n_m
     return m
+
+
+@gluon.jit
+def _turn(m, pid_n, causal_offset, CAUSAL: gl.constexpr):
+    """Key block ``pid_n``'s place among the blocks that add into query tile ``m``, deterministic: the order in
+    which in-order walks reach the tile.  Without causal every walk starts at tile 0, so block by block; causal
+    walks start at their diagonals, so a later block reaches a tile sooner: the last block that sees the tile
+    first (key j is seen by query i when j <= i + offset, so block n sees tile m when
+    n * BLOCK_N < (m + 1) * BLOCK_M + offset).  Each block waits only for blocks that started before it
+    (:func:`_key_block`)."""
+    turn = pid_n
+    if CAUSAL:
+        last = gl.minimum(((m + 1) * BLOCK_M + causal_offset - 1) // BLOCK_N, gl.num_programs(0) - 1)
+        turn = last - pid_n
+    return turn
+
+
+@gluon.jit
+def _take_turn(lock, turn):
+    """Spin until the counter at ``lock`` reads ``turn`` (every thread: the one that issues the add is among
+    them); the add that follows is ordered after it."""
+    seen = gl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [lock], dtype=gl.int32,
+                                     is_pure=False, pack=1)
+    while seen != turn:
+        seen = gl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [lock], dtype=gl.int32,
+                                         is_pure=False, pack=1)
+    gl.inline_asm_elementwise("fence.proxy.async.global;\n\tmov.u32 $0, 0;", "=r", [], dtype=gl.int32,
+                              is_pure=False, pack=1)
+
+
+@gluon.jit
+def _pass_turn(lock):
+    """Count this warpgroup's add at ``lock`` once it has completed (not only read its shared memory): every
+    thread waits for its own bulk copies (the one that issued the add waits for it), then each warp's first
+    thread adds 1 with release semantics, after its warp's (a warpgroup's turn ends at 4 counts)."""
+    gl.inline_asm_elementwise(
+        "cp.async.bulk.wait_group 0;\n\tbar.warp.sync -1;\n\t{\n\t.reg .pred lead;\n\t.reg .b32 lane;\n\t"
+        "mov.u32 lane, %laneid;\n\tsetp.eq.u32 lead, lane, 0;\n\t@lead red.release.gpu.global.add.s32 [$1], 1;\n\t"
+        "}\n\tmov.u32 $0, 0;", "=r,l", [lock], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -91,9 +145,9 @@ def _box(buf):
 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, kv_ready, q_ready, q_empty,
-              kv_heads, group, n_m, causal_offset, place, CAUSAL: gl.constexpr):
+              kv_heads, group, n_m, causal_offset, place, CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr):
     """K and V of the block once, then Q and dO of each (head, query tile) into the ring."""
-    pid_n = gl.program_id(0)
+    pid_n = _key_block(CAUSAL, DETERMINISTIC)
     b = gl.program_id(1) // kv_heads
     kvh = gl.program_id(1) % kv_heads
     kv_bytes: gl.constexpr = k_desc.block_type.nbytes + v_desc.block_type.nbytes
@@ -108,7 +162,7 @@ def _producer(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, 
     for gi in range(group):
         h = kvh * group + gi
         for j in range(n_m - first):
-            m = _query_tile(j, first, n_m, pid_n, CAUSAL)
+            m = _query_tile(j, first, n_m, pid_n, CAUSAL, DETERMINISTIC)
             s = it % STAGES
             mbarrier.wait(q_empty.index(s), ((it // STAGES) & 1) ^ 1)
             mbarrier.expect(q_ready.index(s), q_bytes)
@@ -121,9 +175,9 @@ def _producer(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, 
 
 @gluon.jit
 def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready, q_ready, q_empty, ds_ready, ds_free,
-              dq_desc, LSE, Delta, DK, DV, heads, kv_heads, group, seqlen_q, seqlen_k, n_m, causal_offset, scale_log2,
-              scale, dk_strides, dv_strides, WG: gl.constexpr, HEAD: gl.constexpr, D: gl.constexpr,
-              CAUSAL: gl.constexpr, RS: gl.constexpr):
+              dq_desc, LSE, Delta, DK, DV, Locks, heads, kv_heads, group, seqlen_q, seqlen_k, n_m, causal_offset,
+              scale_log2, scale, dk_strides, dv_strides, WG: gl.constexpr, HEAD: gl.constexpr, D: gl.constexpr,
+              CAUSAL: gl.constexpr, RS: gl.constexpr, DETERMINISTIC: gl.constexpr):
     KEYS: gl.constexpr = BLOCK_N // 2  # this warpgroup's keys
     SPLIT_COLS: gl.constexpr = HEAD == 128  # dQ: a column half each over all keys, else own keys, all columns
     DQ_COLS: gl.constexpr = HEAD // 2 if SPLIT_COLS else HEAD
@@ -139,7 +193,7 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
     t_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=g_layout, k_width=2)
-    pid_n = gl.program_id(0)
+    pid_n = _key_block(CAUSAL, DETERMINISTIC)
     b = gl.program_id(1) // kv_heads
     kvh = gl.program_id(1) % kv_heads
     key0 = pid_n * BLOCK_N + WG * KEYS
@@ -169,12 +223,15 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
     dk = gl.zeros([KEYS, HEAD], gl.float32, g_layout)
     dv = gl.zeros([KEYS, HEAD], gl.float32, g_layout)
     first = _first_tile(pid_n, causal_offset, CAUSAL)
+    # deterministic: each dQ tile's counter, one a column half (128) or one a tile that both add whole (64)
+    slot = WG if SPLIT_COLS else 0
+    lock = Locks
     mbarrier.wait(kv_ready, 0)
     it = 0
     for gi in range(group):
         bh = b * heads + kvh * group + gi
         for j in range(n_m - first):
-            m = _query_tile(j, first, n_m, pid_n, CAUSAL)
+            m = _query_tile(j, first, n_m, pid_n, CAUSAL, DETERMINISTIC)
             s = it % STAGES
             rows = m * BLOCK_M + offs_q
             stat = bh.to(gl.int64) * seqlen_q + rows
@@ -188,6 +245,9 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
                 zeros_t = gl.zeros([KEYS, BLOCK_M], gl.float32, t_layout)
                 st = warpgroup_mma(k_w, q_s.permute((1, 0)), zeros_t, use_acc=False, is_async=True)
                 dpt = warpgroup_mma(v_w, do_s.permute((1, 0)), zeros_t, use_acc=False, is_async=True)
+                if DETERMINISTIC:  # the previous tile's add, while this tile's products run
+                    if it > 0:
+                        _pass_turn(lock)
                 st = warpgroup_mma_wait(1, deps=[st])
                 pt = gl.exp2(st * scale_log2 - lse2[None, :])
                 if CAUSAL:
@@ -205,6 +265,9 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
                 zeros = gl.zeros([BLOCK_M, KEYS], gl.float32, s_layout)
                 qk = warpgroup_mma(q_s, k_w.permute((1, 0)), zeros, use_acc=False, is_async=True)
                 dp = warpgroup_mma(do_s, v_w.permute((1, 0)), zeros, use_acc=False, is_async=True)
+                if DETERMINISTIC:
+                    if it > 0:
+                        _pass_turn(lock)
                 qk = warpgroup_mma_wait(1, deps=[qk])
                 p = gl.exp2(qk * scale_log2 - lse2[:, None])
                 if CAUSAL:
@@ -230,8 +293,15 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
             tma.store_wait(0)  # the previous tile's reduce-add has read the buffer
             dq_tile.store(dq)
             fence_async_shared()
+            if DETERMINISTIC:
+                lock = Locks + (bh * n_m + m) * 2 + slot
+                turn = _turn(m, pid_n, causal_offset, CAUSAL)
+                _take_turn(lock, WARPS * (turn if SPLIT_COLS else 2 * turn + WG))
             tma.async_copy_shared_to_global(dq_desc, [bh, m * BLOCK_M, dq_col], dq_box.index(WG))
             it += 1
+    if DETERMINISTIC:
+        if it > 0:
+            _pass_turn(lock)
     tma.store_wait(0)
     _store_rows(dk, DK, b, kvh, seqlen_k, dk_strides, key0, g_layout, KEYS, HEAD, D)
     _store_rows(dv, DV, b, kvh, seqlen_k, dv_strides, key0, g_layout, KEYS, HEAD, D)
@@ -249,13 +319,15 @@ def _store_rows(acc, Ptr, b, h, seqlen, strides, row0, layout: gl.constexpr, ROW
 
 
 @gluon.jit
-def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, Delta, DK, DV, heads, kv_heads, group, seqlen_q,
+def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, Delta, DK, DV, Locks, heads, kv_heads, group,
+                    seqlen_q,
                     seqlen_k, n_m, causal_offset, scale_log2, scale, q_lead, q_first_b, q_first_h, k_lead,
                     k_first_b, k_first_h, v_lead, v_first_b, v_first_h, do_lead, do_first_b, do_first_h, dk_b, dk_h,
                     dk_s, dv_b, dv_h, dv_s, HEAD: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr,
-                    RS: gl.constexpr):
-    """dK and dV of key block ``program_id(0)`` of (batch, KV head) ``program_id(1)``, and its share of dQ
-    added into ``dq_desc``'s float32 buffer.  HEAD: the tile width (head_dim padded), D: head_dim."""
+                    RS: gl.constexpr, DETERMINISTIC: gl.constexpr):
+    """dK and dV of a key block (:func:`_key_block`) of (batch, KV head) ``program_id(1)``, and its share of dQ
+    added into ``dq_desc``'s float32 buffer.  HEAD: the tile width (head_dim padded), D: head_dim.
+    ``Locks``: deterministic, zeroed int32 counters, two a (batch * head, query tile)."""
     dtype: gl.constexpr = q_desc.dtype
     q_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD], TILE)
     do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD], TILE)
@@ -280,22 +352,22 @@ def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, Delta, DK, DV
              do_first_b, do_first_h)
     gl.warp_specialize([
         (_consumer, (k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready, q_ready, q_empty, ds_ready,
-                     ds_free, dq_desc, LSE, Delta, DK, DV, heads, kv_heads, group, seqlen_q, seqlen_k, n_m,
-                     causal_offset, scale_log2, scale, (dk_b, dk_h, dk_s), (dv_b, dv_h, dv_s), 0, HEAD, D, CAUSAL, RS)),
+                     ds_free, dq_desc, LSE, Delta, DK, DV, Locks, heads, kv_heads, group, seqlen_q, seqlen_k,
+                     n_m, causal_offset, scale_log2, scale, (dk_b, dk_h, dk_s), (dv_b, dv_h, dv_s), 0, HEAD, D,
+                     CAUSAL, RS, DETERMINISTIC)),
         (_consumer, (k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready, q_ready, q_empty, ds_ready,
-                     ds_free, dq_desc, LSE, Delta, DK, DV, heads, kv_heads, group, seqlen_q, seqlen_k, n_m,
-                     causal_offset, scale_log2, scale, (dk_b, dk_h, dk_s), (dv_b, dv_h, dv_s), 1, HEAD, D, CAUSAL, RS)),
+                     ds_free, dq_desc, LSE, Delta, DK, DV, Locks, heads, kv_heads, group, seqlen_q, seqlen_k,
+                     n_m, causal_offset, scale_log2, scale, (dk_b, dk_h, dk_s), (dv_b, dv_h, dv_s), 1, HEAD, D,
+                     CAUSAL, RS, DETERMINISTIC)),
         (_producer, (q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, kv_ready, q_ready, q_empty,
-                     kv_heads, group, n_m, causal_offset, place, CAUSAL)),
+                     kv_heads, group, n_m, causal_offset, place, CAUSAL, DETERMINISTIC)),
     ], [4, 1], [240, 24])
 
 
-def supports(prob, q, k, v, do, layout: str, alibi: bool, deterministic: bool) -> str | None:
+def supports(prob, q, k, v, do, layout: str, alibi: bool) -> str | None:
     """None if the Gluon backward takes this call, else why not."""
     if not q.is_cuda or device_facts(q.device.index)[0] != 9:
         return "needs an sm_90 GPU"
-    if deterministic:
-        return "deterministic: the reduce-adds of dQ come in any order"
     if prob.head_dim > 128 or prob.dv != prob.head_dim:
         return f"head_dim {prob.head_dim} (V's {prob.dv}): takes 32-128, V's the same"
     if prob.window_offset is not None or prob.softcap > 0 or alibi or prob.varlen or prob.seqused:
@@ -342,17 +414,22 @@ def tile_width(head_dim: int) -> int:
     return padded(head_dim, 64)
 
 
-def launch(prob, q, k, v, do, lse, delta, dk, dv, layout: str, strides) -> torch.Tensor:
-    """dK and dV into ``dk``, ``dv``; returns dQ (float32, ``[batch * heads, seqlen_q, tile width]``)."""
+def launch(prob, q, k, v, do, lse, delta, dk, dv, layout: str, strides, deterministic: bool = False) -> torch.Tensor:
+    """dK and dV into ``dk``, ``dv``; returns dQ (float32, ``[batch * heads, seqlen_q, tile width]``), its adds
+    in one fixed order when ``deterministic``."""
     head = tile_width(prob.head_dim)
     dq = torch.zeros(prob.batch * prob.heads, prob.seqlen_q, head, dtype=torch.float32, device=q.device)
     (q_desc, k_desc, v_desc, do_desc, dq_desc), place = descriptors(q, k, v, do, dq, layout, head)
     reduce_pass.install()
     n_m = triton.cdiv(prob.seqlen_q, BLOCK_M.value)
+    locks = (torch.zeros(prob.batch * prob.heads * n_m * 2, dtype=torch.int32, device=q.device) if deterministic
+             else delta)
     grid = (triton.cdiv(prob.seqlen_k, BLOCK_N.value), prob.batch * prob.kv_heads)
     scale = prob.scale_log2 / LOG2E_VALUE
-    backward_kernel[grid](q_desc, k_desc, v_desc, do_desc, dq_desc, lse, delta, dk, dv, prob.heads, prob.kv_heads,
+    backward_kernel[grid](q_desc, k_desc, v_desc, do_desc, dq_desc, lse, delta, dk, dv, locks, prob.heads,
+                          prob.kv_heads,
                           prob.heads // prob.kv_heads, prob.seqlen_q, prob.seqlen_k, n_m, prob.causal_offset,
                           prob.scale_log2, scale, *place, *strides["dk"], *strides["dv"], HEAD=head,
-                          D=prob.head_dim, CAUSAL=bool(prob.causal), RS=regs_operands(head), num_warps=4)
+                          D=prob.head_dim, CAUSAL=bool(prob.causal), RS=regs_operands(head),
+                          DETERMINISTIC=deterministic, num_warps=4)
     return dq
