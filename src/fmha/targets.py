@@ -128,7 +128,8 @@ def build_backward(head_dim: int, dtype: str = "bfloat16", causal: bool = False,
     tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
     head = backward.tile_width(head_dim)
     t = torch.empty(1, 1, 256, head_dim, dtype=tdt)
-    descs, _ = backward.descriptors(t, t, t, t, torch.empty(1, 256, head, dtype=torch.float32), "bhsd", head)
+    descs, _ = backward.descriptors(t, t, t, t, torch.empty(1, 256, head, dtype=torch.float32), "bhsd", head,
+                                    deterministic)
     kernel = backward.backward_kernel
     const = dict(HEAD=head, D=head_dim, CAUSAL=causal, RS=backward.regs_operands(head), DETERMINISTIC=deterministic)
     by_name = dict(zip(("q_desc", "k_desc", "v_desc", "do_desc", "dq_desc"), descs))

@@ -179,8 +179,8 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
               scale_log2, scale, dk_strides, dv_strides, WG: gl.constexpr, HEAD: gl.constexpr, D: gl.constexpr,
               CAUSAL: gl.constexpr, RS: gl.constexpr, DETERMINISTIC: gl.constexpr):
     KEYS: gl.constexpr = BLOCK_N // 2  # this warpgroup's keys
-    SPLIT_COLS: gl.constexpr = HEAD == 128  # dQ: a column half each over all keys, else own keys, all columns
-    DQ_COLS: gl.constexpr = HEAD // 2 if SPLIT_COLS else HEAD
+    DQ_COLS: gl.constexpr = dq_desc.block_type.shape[2]  # (:func:`dq_columns`)
+    SPLIT_COLS: gl.constexpr = DQ_COLS < HEAD  # dQ: a column half each over all keys, else own keys, all columns
     dtype: gl.constexpr = k_smem.dtype
     gl.inline_asm_elementwise(REDUCE_MARK, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -223,9 +223,7 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
     dk = gl.zeros([KEYS, HEAD], gl.float32, g_layout)
     dv = gl.zeros([KEYS, HEAD], gl.float32, g_layout)
     first = _first_tile(pid_n, causal_offset, CAUSAL)
-    # deterministic: each dQ tile's counter, one a column half (128) or one a tile that both add whole (64)
-    slot = WG if SPLIT_COLS else 0
-    lock = Locks
+    lock = Locks  # deterministic: the counter of the dQ tile's column half added last
     mbarrier.wait(kv_ready, 0)
     it = 0
     for gi in range(group):
@@ -245,9 +243,6 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
                 zeros_t = gl.zeros([KEYS, BLOCK_M], gl.float32, t_layout)
                 st = warpgroup_mma(k_w, q_s.permute((1, 0)), zeros_t, use_acc=False, is_async=True)
                 dpt = warpgroup_mma(v_w, do_s.permute((1, 0)), zeros_t, use_acc=False, is_async=True)
-                if DETERMINISTIC:  # the previous tile's add, while this tile's products run
-                    if it > 0:
-                        _pass_turn(lock)
                 st = warpgroup_mma_wait(1, deps=[st])
                 pt = gl.exp2(st * scale_log2 - lse2[None, :])
                 if CAUSAL:
@@ -265,9 +260,6 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
                 zeros = gl.zeros([BLOCK_M, KEYS], gl.float32, s_layout)
                 qk = warpgroup_mma(q_s, k_w.permute((1, 0)), zeros, use_acc=False, is_async=True)
                 dp = warpgroup_mma(do_s, v_w.permute((1, 0)), zeros, use_acc=False, is_async=True)
-                if DETERMINISTIC:
-                    if it > 0:
-                        _pass_turn(lock)
                 qk = warpgroup_mma_wait(1, deps=[qk])
                 p = gl.exp2(qk * scale_log2 - lse2[:, None])
                 if CAUSAL:
@@ -291,12 +283,14 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
             mbarrier.arrive(q_empty.index(s), count=1)
             mbarrier.arrive(ds_free, count=1)
             tma.store_wait(0)  # the previous tile's reduce-add has read the buffer
+            if DETERMINISTIC:  # and completed, a tile ago: the next block's turn at that tile
+                if it > 0:
+                    _pass_turn(lock)
             dq_tile.store(dq)
             fence_async_shared()
             if DETERMINISTIC:
-                lock = Locks + (bh * n_m + m) * 2 + slot
-                turn = _turn(m, pid_n, causal_offset, CAUSAL)
-                _take_turn(lock, WARPS * (turn if SPLIT_COLS else 2 * turn + WG))
+                lock = Locks + (bh * n_m + m) * 2 + WG  # (column halves: :func:`dq_columns`)
+                _take_turn(lock, WARPS * _turn(m, pid_n, causal_offset, CAUSAL))
             tma.async_copy_shared_to_global(dq_desc, [bh, m * BLOCK_M, dq_col], dq_box.index(WG))
             it += 1
     if DETERMINISTIC:
@@ -327,7 +321,7 @@ def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, Delta, DK, DV
                     RS: gl.constexpr, DETERMINISTIC: gl.constexpr):
     """dK and dV of a key block (:func:`_key_block`) of (batch, KV head) ``program_id(1)``, and its share of dQ
     added into ``dq_desc``'s float32 buffer.  HEAD: the tile width (head_dim padded), D: head_dim.
-    ``Locks``: deterministic, zeroed int32 counters, two a (batch * head, query tile)."""
+    ``Locks``: deterministic, zeroed int32 counters, one a column half of each (batch * head, query tile)."""
     dtype: gl.constexpr = q_desc.dtype
     q_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD], TILE)
     do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD], TILE)
@@ -335,7 +329,7 @@ def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, Delta, DK, DV
     v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD], TILE)
     p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], TILE)
     ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M] if RS else [BLOCK_M, BLOCK_N], TILE)
-    DQ_COLS: gl.constexpr = HEAD // 2 if HEAD == 128 else HEAD
+    DQ_COLS: gl.constexpr = dq_desc.block_type.shape[2]
     dq_box = gl.allocate_shared_memory(gl.float32, [2, 1, BLOCK_M, DQ_COLS], dq_desc.layout)
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -388,7 +382,14 @@ def _place(t: torch.Tensor, layout: str):
     return shape, strides, (int(view.col > 0), view.batch, view.head)
 
 
-def descriptors(q, k, v, do, dq, layout: str, head: int) -> tuple[list, list[int]]:
+def dq_columns(head: int, deterministic: bool) -> int:
+    """The dQ columns one warpgroup adds: at 128 a half each over all the block's keys (a whole-width dQ
+    accumulator beside dK's and dV's does not fit), and deterministic too (each half its own turns, where two
+    warpgroups adding whole tiles wait for each other); else every column over its own keys."""
+    return head // 2 if head == 128 or deterministic else head
+
+
+def descriptors(q, k, v, do, dq, layout: str, head: int, deterministic: bool = False) -> tuple[list, list[int]]:
     """The TMA descriptors of q, k, v, dO (a box of one (batch, head) sequence's rows, ``head`` columns) and
     of the float32 ``dq`` buffer (a warpgroup's share of a tile), and the (batch, head) placements of the
     first four."""
@@ -397,8 +398,8 @@ def descriptors(q, k, v, do, dq, layout: str, head: int) -> tuple[list, list[int
         shape, st, p = _place(t, layout)
         descs.append(TensorDescriptor(t, shape, st, [1, 1, rows, head], IN_LAYOUT))
         place += p
-    dq_cols = head // 2 if head == 128 else head
-    descs.append(TensorDescriptor(dq, list(dq.shape), list(dq.stride()), [1, BLOCK_M.value, dq_cols], DQ_LAYOUT))
+    box = [1, BLOCK_M.value, dq_columns(head, deterministic)]
+    descs.append(TensorDescriptor(dq, list(dq.shape), list(dq.stride()), box, DQ_LAYOUT))
     return descs, place
 
 
@@ -419,7 +420,7 @@ def launch(prob, q, k, v, do, lse, delta, dk, dv, layout: str, strides, determin
     in one fixed order when ``deterministic``."""
     head = tile_width(prob.head_dim)
     dq = torch.zeros(prob.batch * prob.heads, prob.seqlen_q, head, dtype=torch.float32, device=q.device)
-    (q_desc, k_desc, v_desc, do_desc, dq_desc), place = descriptors(q, k, v, do, dq, layout, head)
+    (q_desc, k_desc, v_desc, do_desc, dq_desc), place = descriptors(q, k, v, do, dq, layout, head, deterministic)
     reduce_pass.install()
     n_m = triton.cdiv(prob.seqlen_q, BLOCK_M.value)
     locks = (torch.zeros(prob.batch * prob.heads * n_m * 2, dtype=torch.int32, device=q.device) if deterministic
