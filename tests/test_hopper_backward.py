@@ -106,7 +106,8 @@ def test_hopper_backward_agrees_with_the_triton_backward(causal, monkeypatch):
 DETERMINISTIC_SHAPES = [  # many key blocks adding into each dQ tile, in every order the walks take
     (1, 8, 2, 2048, 2048, 128),  # GQA: a program walks two heads' tiles
     (2, 4, 4, 1500, 1100, 64),   # sq > sk: the causal diagonal below the first query tile
-    (1, 4, 2, 700, 1900, 128),   # sk > sq: causal key blocks with no tile to visit
+    (1, 4, 2, 700, 1900, 128),   # sk > sq: causal key blocks with no tile to visit; 15 key blocks, 11 query
+    #                              tiles: chunks of 11 blocks, the last one short
     (1, 2, 1, 1000, 1000, 96),
 ]
 
@@ -127,6 +128,20 @@ def test_deterministic_hopper_backward_repeats_its_bits(shape, causal, align):
             assert torch.equal(a, e), name
     grads, (q, k, v, do) = runs[0]
     check_grads(grads, q, k, v, do, causal, align)
+
+
+def test_deterministic_hopper_backward_with_more_key_blocks_than_sms():
+    """More key blocks than SMs: the blocks go in chunks that fit the SMs (a chunk waits only for itself and
+    the chunks before it), so the kernel finishes, repeats its bits and agrees with the fast mode."""
+    sms = torch.cuda.get_device_properties(DEVICE).multi_processor_count
+    sk = (sms + 5) * 128
+    q, k, v = make_qkv(1, 2, 1, 64 * (sms + 9), sk, 64, torch.bfloat16, seed=31)
+    assert runs_on(q, k, v) == "hopper"
+    (a, _), (b, _) = (gradients(q, k, v, 7, deterministic=True) for _ in range(2))
+    fast, _ = gradients(q, k, v, 7)
+    for name, x, y, f in zip("qkv", a, b, fast):
+        assert torch.equal(x, y), name
+        assert (x.float() - f.float()).abs().max().item() <= 2e-2 * f.float().abs().max().item(), name
 
 
 def test_what_the_hopper_backward_leaves_to_triton(monkeypatch):

@@ -85,31 +85,48 @@ def _key_block(CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr):
 
 
 @gluon.jit
-def _query_tile(j, first, n_m, pid_n, CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr):
+def _query_tile(j, first, n_m, pid_n, chunk, CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr):
     """The ``j``-th query tile a program of key block ``pid_n`` visits.  Without causal, its tiles rotated by
     the block's share of them, so that the key blocks of one head, running side by side, add their dQ into
     different tiles at any time instead of all into the same one (B32 S512 D128: 161 TFLOP/s in order, 270
     rotated).  Causal walks start at their own diagonals already; rotated as well, they ran 4-6% slower from
-    1k to 16k keys (1.6x faster at 512).  Deterministic walks go in order: the blocks add into a tile in the
-    order they reach it (:func:`_turn`)."""
+    1k to 16k keys (1.6x faster at 512).  Deterministic, without causal: rotated by the block's place in its
+    ``chunk`` of blocks, one tile each, so that the blocks of a chunk reach each tile one after another in the
+    order of their turns there (:func:`_turn`)."""
     m = first + j
-    if not CAUSAL and not DETERMINISTIC:
-        m = (j + pid_n * n_m // gl.num_programs(0)) % n_m
+    if not CAUSAL:
+        if DETERMINISTIC:
+            m = (j + pid_n % chunk) % n_m
+        else:
+            m = (j + pid_n * n_m // gl.num_programs(0)) % n_m
     return m
 
 
 @gluon.jit
-def _turn(m, pid_n, causal_offset, CAUSAL: gl.constexpr):
+def _turn(m, pid_n, causal_offset, chunk, CAUSAL: gl.constexpr):
     """Key block ``pid_n``'s place among the blocks that add into query tile ``m``, deterministic: the order in
-    which in-order walks reach the tile.  Without causal every walk starts at tile 0, so block by block; causal
-    walks start at their diagonals, so a later block reaches a tile sooner: the last block that sees the tile
-    first (key j is seen by query i when j <= i + offset, so block n sees tile m when
-    n * BLOCK_N < (m + 1) * BLOCK_M + offset).  Each block waits only for blocks that started before it
-    (:func:`_key_block`)."""
-    turn = pid_n
+    which the walks reach the tile (:func:`_query_tile`).
+
+    Causal walks start at their diagonals, so a later block reaches a tile sooner: the last block that sees the
+    tile goes first (key j is seen by query i when j <= i + offset, so block n sees tile m when
+    n * BLOCK_N < (m + 1) * BLOCK_M + offset), and programs run the last block first (:func:`_key_block`).
+    Without causal the blocks go in chunks of ``chunk`` (at most the SMs and the query tiles): a chunk after the
+    chunk before it, and inside one, block k starts at tile k, so of blocks 0..size-1 block k reaches tile m
+    at step (m - k) mod n_m: for m >= size - 1 the later block first, below it block m first, then the blocks
+    before it down to 0, then the last down to m + 1.  Either way a block waits only for blocks whose programs
+    start before it or in its own chunk, whose programs start before any later one: the earliest unfinished
+    chunk always gets its SMs."""
     if CAUSAL:
         last = gl.minimum(((m + 1) * BLOCK_M + causal_offset - 1) // BLOCK_N, gl.num_programs(0) - 1)
         turn = last - pid_n
+    else:
+        k = pid_n % chunk
+        start = pid_n - k
+        size = gl.minimum(chunk, gl.num_programs(0) - start)
+        turn = gl.minimum(m, size - 1) - k
+        if turn < 0:
+            turn += size
+        turn += start
     return turn
 
 
@@ -145,7 +162,8 @@ def _box(buf):
 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, kv_ready, q_ready, q_empty,
-              kv_heads, group, n_m, causal_offset, place, CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr):
+              kv_heads, group, n_m, causal_offset, chunk, place, CAUSAL: gl.constexpr,
+              DETERMINISTIC: gl.constexpr):
     """K and V of the block once, then Q and dO of each (head, query tile) into the ring."""
     pid_n = _key_block(CAUSAL, DETERMINISTIC)
     b = gl.program_id(1) // kv_heads
@@ -162,7 +180,7 @@ def _producer(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, 
     for gi in range(group):
         h = kvh * group + gi
         for j in range(n_m - first):
-            m = _query_tile(j, first, n_m, pid_n, CAUSAL, DETERMINISTIC)
+            m = _query_tile(j, first, n_m, pid_n, chunk, CAUSAL, DETERMINISTIC)
             s = it % STAGES
             mbarrier.wait(q_empty.index(s), ((it // STAGES) & 1) ^ 1)
             mbarrier.expect(q_ready.index(s), q_bytes)
@@ -175,7 +193,7 @@ def _producer(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, 
 
 @gluon.jit
 def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready, q_ready, q_empty, ds_ready, ds_free,
-              dq_desc, LSE, Delta, DK, DV, Locks, heads, kv_heads, group, seqlen_q, seqlen_k, n_m, causal_offset,
+              dq_desc, LSE, Delta, DK, DV, Locks, heads, kv_heads, group, seqlen_q, seqlen_k, n_m, causal_offset, chunk,
               scale_log2, scale, dk_strides, dv_strides, WG: gl.constexpr, HEAD: gl.constexpr, D: gl.constexpr,
               CAUSAL: gl.constexpr, RS: gl.constexpr, DETERMINISTIC: gl.constexpr):
     KEYS: gl.constexpr = BLOCK_N // 2  # this warpgroup's keys
@@ -229,7 +247,7 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
     for gi in range(group):
         bh = b * heads + kvh * group + gi
         for j in range(n_m - first):
-            m = _query_tile(j, first, n_m, pid_n, CAUSAL, DETERMINISTIC)
+            m = _query_tile(j, first, n_m, pid_n, chunk, CAUSAL, DETERMINISTIC)
             s = it % STAGES
             rows = m * BLOCK_M + offs_q
             stat = bh.to(gl.int64) * seqlen_q + rows
@@ -275,6 +293,9 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
                 mbarrier.arrive(ds_ready, count=1)
                 dv = warpgroup_mma(p_w.permute((1, 0)), do_s, dv, is_async=True)
                 dk = warpgroup_mma(ds_w.permute((1, 0)), q_s, dk, is_async=True)
+            if DETERMINISTIC:  # the previous tile's add, complete by now: the next block's turn at that tile
+                if it > 0:
+                    _pass_turn(lock)
             if SPLIT_COLS:
                 mbarrier.wait(ds_ready, it & 1)
             dq = warpgroup_mma(ds_a, k_b, gl.zeros([BLOCK_M, DQ_COLS], gl.float32, q_layout), use_acc=False,
@@ -283,14 +304,11 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
             mbarrier.arrive(q_empty.index(s), count=1)
             mbarrier.arrive(ds_free, count=1)
             tma.store_wait(0)  # the previous tile's reduce-add has read the buffer
-            if DETERMINISTIC:  # and completed, a tile ago: the next block's turn at that tile
-                if it > 0:
-                    _pass_turn(lock)
             dq_tile.store(dq)
             fence_async_shared()
             if DETERMINISTIC:
                 lock = Locks + (bh * n_m + m) * 2 + WG  # (column halves: :func:`dq_columns`)
-                _take_turn(lock, WARPS * _turn(m, pid_n, causal_offset, CAUSAL))
+                _take_turn(lock, WARPS * _turn(m, pid_n, causal_offset, chunk, CAUSAL))
             tma.async_copy_shared_to_global(dq_desc, [bh, m * BLOCK_M, dq_col], dq_box.index(WG))
             it += 1
     if DETERMINISTIC:
@@ -315,13 +333,14 @@ def _store_rows(acc, Ptr, b, h, seqlen, strides, row0, layout: gl.constexpr, ROW
 @gluon.jit
 def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, Delta, DK, DV, Locks, heads, kv_heads, group,
                     seqlen_q,
-                    seqlen_k, n_m, causal_offset, scale_log2, scale, q_lead, q_first_b, q_first_h, k_lead,
+                    seqlen_k, n_m, causal_offset, chunk, scale_log2, scale, q_lead, q_first_b, q_first_h, k_lead,
                     k_first_b, k_first_h, v_lead, v_first_b, v_first_h, do_lead, do_first_b, do_first_h, dk_b, dk_h,
                     dk_s, dv_b, dv_h, dv_s, HEAD: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr,
                     RS: gl.constexpr, DETERMINISTIC: gl.constexpr):
     """dK and dV of a key block (:func:`_key_block`) of (batch, KV head) ``program_id(1)``, and its share of dQ
     added into ``dq_desc``'s float32 buffer.  HEAD: the tile width (head_dim padded), D: head_dim.
-    ``Locks``: deterministic, zeroed int32 counters, one a column half of each (batch * head, query tile)."""
+    ``Locks``: deterministic, zeroed int32 counters, one a column half of each (batch * head, query tile);
+    ``chunk``: deterministic, the key blocks that walk side by side (:func:`_turn`)."""
     dtype: gl.constexpr = q_desc.dtype
     q_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD], TILE)
     do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD], TILE)
@@ -347,14 +366,14 @@ def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, Delta, DK, DV
     gl.warp_specialize([
         (_consumer, (k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready, q_ready, q_empty, ds_ready,
                      ds_free, dq_desc, LSE, Delta, DK, DV, Locks, heads, kv_heads, group, seqlen_q, seqlen_k,
-                     n_m, causal_offset, scale_log2, scale, (dk_b, dk_h, dk_s), (dv_b, dv_h, dv_s), 0, HEAD, D,
+                     n_m, causal_offset, chunk, scale_log2, scale, (dk_b, dk_h, dk_s), (dv_b, dv_h, dv_s), 0, HEAD, D,
                      CAUSAL, RS, DETERMINISTIC)),
         (_consumer, (k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready, q_ready, q_empty, ds_ready,
                      ds_free, dq_desc, LSE, Delta, DK, DV, Locks, heads, kv_heads, group, seqlen_q, seqlen_k,
-                     n_m, causal_offset, scale_log2, scale, (dk_b, dk_h, dk_s), (dv_b, dv_h, dv_s), 1, HEAD, D,
+                     n_m, causal_offset, chunk, scale_log2, scale, (dk_b, dk_h, dk_s), (dv_b, dv_h, dv_s), 1, HEAD, D,
                      CAUSAL, RS, DETERMINISTIC)),
         (_producer, (q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, kv_ready, q_ready, q_empty,
-                     kv_heads, group, n_m, causal_offset, place, CAUSAL, DETERMINISTIC)),
+                     kv_heads, group, n_m, causal_offset, chunk, place, CAUSAL, DETERMINISTIC)),
     ], [4, 1], [240, 24])
 
 
@@ -426,10 +445,11 @@ def launch(prob, q, k, v, do, lse, delta, dk, dv, layout: str, strides, determin
     locks = (torch.zeros(prob.batch * prob.heads * n_m * 2, dtype=torch.int32, device=q.device) if deterministic
              else delta)
     grid = (triton.cdiv(prob.seqlen_k, BLOCK_N.value), prob.batch * prob.kv_heads)
+    chunk = min(grid[0], n_m, device_facts(q.device.index)[1])  # (:func:`_turn`: a chunk's programs fit the SMs)
     scale = prob.scale_log2 / LOG2E_VALUE
     backward_kernel[grid](q_desc, k_desc, v_desc, do_desc, dq_desc, lse, delta, dk, dv, locks, prob.heads,
                           prob.kv_heads,
-                          prob.heads // prob.kv_heads, prob.seqlen_q, prob.seqlen_k, n_m, prob.causal_offset,
+                          prob.heads // prob.kv_heads, prob.seqlen_q, prob.seqlen_k, n_m, prob.causal_offset, chunk,
                           prob.scale_log2, scale, *place, *strides["dk"], *strides["dv"], HEAD=head,
                           D=prob.head_dim, CAUSAL=bool(prob.causal), RS=regs_operands(head),
                           DETERMINISTIC=deterministic, num_warps=4)
