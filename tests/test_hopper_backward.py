@@ -12,12 +12,15 @@ from fmha.verify import check_grads
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("every_length")]
 RULE = dict(backward.GLUON_ROWS)
+RULE_DETERMINISTIC = dict(backward.GLUON_ROWS_DETERMINISTIC)
 
 
 @pytest.fixture
 def every_length(monkeypatch):
-    """The Gluon backward on every length (the table sends short walks to the Triton kernels)."""
+    """The Gluon backward on every length, deterministic too (the tables send short walks, and deterministic
+    ones at head_dim 64, to the Triton kernels)."""
     monkeypatch.setattr(backward, "GLUON_ROWS", {d: 0 for d in RULE})
+    monkeypatch.setattr(backward, "GLUON_ROWS_DETERMINISTIC", {d: 0 for d in RULE})
 
 SHAPES = [  # (batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim)
     (2, 4, 2, 300, 200, 128),   # GQA, sq > sk, neither a multiple of a tile
@@ -42,9 +45,9 @@ def gradients(q, k, v, seed, **kw):
     return (q.grad, k.grad, v.grad), (q, k, v, do)
 
 
-def runs_on(q, k, v, layout="bhsd", causal=False, **kw):
+def runs_on(q, k, v, layout="bhsd", causal=False, deterministic=False, **kw):
     prob = plan.problem(*plan.sizes(q, k, layout), causal=causal, scale=None, **kw)
-    return backward.kernel(prob, q, k, v, q, layout, None)
+    return backward.kernel(prob, q, k, v, q, layout, None, deterministic)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}h{}kv{}-q{}k{}-d{}".format(*s))
@@ -95,8 +98,8 @@ def test_hopper_backward_agrees_with_the_triton_backward(causal, monkeypatch):
     q, k, v = make_qkv(2, 8, 2, 2048, 2048, 128, torch.bfloat16, seed=9)
     assert runs_on(q, k, v, causal=causal) == "hopper"
     fast, _ = gradients(q, k, v, 5, causal=causal)
-    monkeypatch.setattr(backward, "GLUON_ROWS", {d: 1 << 30 for d in RULE})
-    assert runs_on(q, k, v, causal=causal) == "triton"
+    monkeypatch.setattr(backward, "GLUON_ROWS_DETERMINISTIC", {d: None for d in RULE})
+    assert runs_on(q, k, v, causal=causal, deterministic=True) == "triton"
     exact, _ = gradients(q, k, v, 5, causal=causal, deterministic=True)
     for name, a, e in zip("qkv", fast, exact):
         scale = e.float().abs().max().item()
@@ -120,7 +123,7 @@ def test_deterministic_hopper_backward_repeats_its_bits(shape, causal, align):
     come (the kernel would hang), so every causal alignment and both length orders are walked here."""
     i = DETERMINISTIC_SHAPES.index(shape)
     q, k, v = make_qkv(*shape, torch.bfloat16, seed=20 + i)
-    assert runs_on(q, k, v, causal=causal, causal_align=align) == "hopper"
+    assert runs_on(q, k, v, causal=causal, causal_align=align, deterministic=True) == "hopper"
     kw = dict(causal=causal, causal_align=align, deterministic=True)
     runs = [gradients(q, k, v, i, **kw) for _ in range(3)]
     for grads, _ in runs[1:]:
@@ -136,7 +139,7 @@ def test_deterministic_hopper_backward_with_more_key_blocks_than_sms():
     sms = torch.cuda.get_device_properties(DEVICE).multi_processor_count
     sk = (sms + 5) * 128
     q, k, v = make_qkv(1, 2, 1, 64 * (sms + 9), sk, 64, torch.bfloat16, seed=31)
-    assert runs_on(q, k, v) == "hopper"
+    assert runs_on(q, k, v, deterministic=True) == "hopper"
     (a, _), (b, _) = (gradients(q, k, v, 7, deterministic=True) for _ in range(2))
     fast, _ = gradients(q, k, v, 7)
     for name, x, y, f in zip("qkv", a, b, fast):
@@ -146,10 +149,15 @@ def test_deterministic_hopper_backward_with_more_key_blocks_than_sms():
 
 def test_what_the_hopper_backward_leaves_to_triton(monkeypatch):
     monkeypatch.setattr(backward, "GLUON_ROWS", RULE)
+    monkeypatch.setattr(backward, "GLUON_ROWS_DETERMINISTIC", RULE_DETERMINISTIC)
     for head_dim, rows in RULE.items():  # the walks too short to pay for a program's K/V and dK/dV
         q, k, v = make_qkv(1, 2, 2, rows, rows, head_dim, torch.bfloat16)
         assert runs_on(q, k, v) == "hopper"
         assert runs_on(q[:, :, :rows // 2], k, v) == "triton"
+    for head_dim, rows in RULE_DETERMINISTIC.items():  # deterministic: where the fixed order beat the dQ pass
+        q, k, v = make_qkv(1, 2, 2, rows or 4096, rows or 4096, head_dim, torch.bfloat16)
+        assert runs_on(q, k, v, deterministic=True) == ("hopper" if rows else "triton")
+        assert runs_on(q[:, :, :(rows or 4096) // 2], k, v, deterministic=True) == "triton"
     q, k, v = make_qkv(1, 2, 2, 64, 64, 256, torch.bfloat16)
     assert runs_on(q, k, v) == "triton"
     q, k, v = make_qkv(1, 2, 2, 64, 64, 64, torch.bfloat16)

@@ -98,17 +98,23 @@ def packed(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
 # dim: 1k rows at head_dim 128 (0.83-0.86x cuDNN against 0.69-0.73x), 2k at 64 (at 1k 0.75-0.81x against
 # 0.77-0.87x); at 512 rows a program's 8 query tiles do not pay for its K/V load and dK/dV stores
 GLUON_ROWS = {64: 2048, 128: 1024}
+# the same when deterministic, against the Triton kernels' separate dQ pass: at head_dim 128 from 2k rows
+# (1.05-1.17x from 2k; at 1k 1.08x without causal, 0.88x causal); at 64 none (0.80-0.83x without causal, 0.79-1.03x
+# causal: the fixed order splits dQ's columns between the warpgroups, which the fast mode does not at 64)
+GLUON_ROWS_DETERMINISTIC = {64: None, 128: 2048}
 
 
-def kernel(prob, q, k, v, do, layout: str, alibi) -> str:
+def kernel(prob, q, k, v, do, layout: str, alibi, deterministic: bool = False) -> str:
     """Which backward runs: ``"hopper"`` (the Gluon kernel, :mod:`fmha.kernels.hopper.backward`) where it
-    takes the call and measured faster (:data:`GLUON_ROWS`), else ``"triton"`` (:mod:`fmha.kernels.backward`)."""
+    takes the call and measured faster (:data:`GLUON_ROWS`, :data:`GLUON_ROWS_DETERMINISTIC`), else ``"triton"``
+    (:mod:`fmha.kernels.backward`)."""
     if interpreting() or not q.is_cuda:
         return "triton"
     from .kernels.hopper import backward as hopper
     if hopper.supports(prob, q, k, v, do, layout, alibi is not None):
         return "triton"
-    return "hopper" if prob.seqlen_q >= GLUON_ROWS[hopper.tile_width(prob.head_dim)] else "triton"
+    rows = (GLUON_ROWS_DETERMINISTIC if deterministic else GLUON_ROWS)[hopper.tile_width(prob.head_dim)]
+    return "hopper" if rows is not None and prob.seqlen_q >= rows else "triton"
 
 
 def _delta(prob, o, do, lse, layout, cu_q, rows):
@@ -146,7 +152,7 @@ def _run(prob, do, q, k, v, o, lse, layout, alibi, seqs, rows, keys, sinks, dete
     if 0 in (prob.batch, prob.heads, rows, keys) or q.numel() == 0:
         return (torch.zeros_like(q, memory_format=torch.contiguous_format), dk.zero_(), dv.zero_(),
                 None if sinks is None else torch.zeros_like(sinks))
-    if kernel(prob, q, k, v, do, layout, alibi) == "hopper":
+    if kernel(prob, q, k, v, do, layout, alibi, deterministic) == "hopper":
         return _hopper(prob, do, q, k, v, o, lse, dk, dv, layout, sinks, deterministic)
     kv_tiles, q_tiles = tiles(max(prob.head_dim, prob.dv), prob.causal, deterministic, family_of(q.device))
     atomic = q_tiles is None

@@ -182,6 +182,7 @@ def _config_of(p: Provider, cell: Cell, q, k, v) -> str:
         return "library default"
     from fmha import api
     variant = p.name.split(":", 1)[1]
+    variant = "auto" if variant == "deterministic" else variant  # (auto's forward, the deterministic backward)
     try:
         return api.describe(q, k, v, causal=cell.causal, variant=variant, **modifiers(cell, q.device))
     except ValueError as e:
