@@ -53,6 +53,7 @@ from .resources import padded
 BLOCK_N = gl.constexpr(128)  # keys a program owns: 64 a consumer warpgroup
 BLOCK_M = gl.constexpr(64)  # query rows a tile
 STAGES = gl.constexpr(2)  # Q/dO tiles in flight
+DS_BUFS = gl.constexpr(2)  # P and dS buffers: a warpgroup writes the next tile's while the other still reads these
 LOG2E = gl.constexpr(LOG2E_VALUE)
 WARPS = gl.constexpr(4)  # a consumer warpgroup's
 
@@ -192,6 +193,25 @@ def _producer(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, 
 
 
 @gluon.jit
+def _pds_views(p_smem, ds_smem, d, WG: gl.constexpr, RS: gl.constexpr, SPLIT_COLS: gl.constexpr):
+    """Buffer ``d`` of P and dS: this warpgroup's part of P ([query rows, its keys]) and of dS ([query rows, its
+    keys], or RS: dS^T's [its keys, query rows]), and the dS operand of its dQ product (every key's rows for a
+    column half, else its own)."""
+    KEYS: gl.constexpr = BLOCK_N // 2
+    p_w = p_smem.index(0 if RS else d).slice(WG * KEYS, KEYS, dim=1)
+    ds = ds_smem.index(d)
+    if RS:
+        ds_w = ds.slice(WG * KEYS, KEYS, dim=0)
+        ds_all = ds.permute((1, 0))
+        ds_own = ds_w.permute((1, 0))
+    else:
+        ds_w = ds.slice(WG * KEYS, KEYS, dim=1)
+        ds_all = ds
+        ds_own = ds_w
+    return p_w, ds_w, ds_all if SPLIT_COLS else ds_own
+
+
+@gluon.jit
 def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready, q_ready, q_empty, ds_ready, ds_free,
               dq_desc, LSE, Delta, DK, DV, Locks, heads, kv_heads, group, seqlen_q, seqlen_k, n_m, causal_offset, chunk,
               scale_log2, scale, dk_strides, dv_strides, WG: gl.constexpr, HEAD: gl.constexpr, D: gl.constexpr,
@@ -217,21 +237,10 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
     key0 = pid_n * BLOCK_N + WG * KEYS
     k_w = k_smem.slice(WG * KEYS, KEYS, dim=0)
     v_w = v_smem.slice(WG * KEYS, KEYS, dim=0)
-    p_w = p_smem.slice(WG * KEYS, KEYS, dim=1)  # [query rows, this warpgroup's keys]
-    if RS:  # dS^T: [keys, query rows]
-        ds_w = ds_smem.slice(WG * KEYS, KEYS, dim=0)
-        ds_all = ds_smem.permute((1, 0))
-        ds_own = ds_w.permute((1, 0))
-    else:
-        ds_w = ds_smem.slice(WG * KEYS, KEYS, dim=1)
-        ds_all = ds_smem
-        ds_own = ds_w
     if SPLIT_COLS:  # dQ[:, cols] = dS[:, all keys] K[all keys, cols]
-        ds_a = ds_all
         k_b = k_smem.slice(WG * DQ_COLS, DQ_COLS, dim=1)
         dq_col = WG * DQ_COLS
     else:  # dQ[:, all] += dS[:, own keys] K[own keys, all]
-        ds_a = ds_own
         k_b = k_w
         dq_col = 0
     dq_tile = dq_box.index(WG)._reinterpret(gl.float32, [BLOCK_M, DQ_COLS], TILE_F32)
@@ -256,6 +265,9 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
             delta = gl.load(Delta + stat, mask=rows < seqlen_q, other=0.0)
             q_s = q_bufs.index(s)
             do_s = do_bufs.index(s)
+            d = it % DS_BUFS
+            d_phase = (it // DS_BUFS) & 1
+            p_w, ds_w, ds_a = _pds_views(p_smem, ds_smem, d, WG, RS, SPLIT_COLS)
             mbarrier.wait(q_ready.index(s), (it // STAGES) & 1)
             if RS:  # S^T and dP^T (keys the rows): P^T and dS^T are dV's and dK's A operands in registers
                 zeros_t = gl.zeros([KEYS, BLOCK_M], gl.float32, t_layout)
@@ -269,10 +281,10 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
                 dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do_s, dv, is_async=True)
                 dpt = warpgroup_mma_wait(1, deps=[dpt])
                 dst = (pt * (dpt - delta[None, :]) * scale).to(dtype)
-                mbarrier.wait(ds_free, (it & 1) ^ 1)
+                mbarrier.wait(ds_free.index(d), d_phase ^ 1)
                 ds_w.store(dst)
                 fence_async_shared()
-                mbarrier.arrive(ds_ready, count=1)
+                mbarrier.arrive(ds_ready.index(d), count=1)
                 dk = warpgroup_mma(gl.convert_layout(dst, a_layout), q_s, dk, is_async=True)
             else:
                 zeros = gl.zeros([BLOCK_M, KEYS], gl.float32, s_layout)
@@ -285,24 +297,24 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
                         p = gl.where(offs_k[None, :] <= rows[:, None] + causal_offset, p, 0.0)
                 # P and dS into shared memory (the A operands of dV and dK transposed, of dQ as they are), once
                 # both warpgroups are done with the previous tile's
-                mbarrier.wait(ds_free, (it & 1) ^ 1)
+                mbarrier.wait(ds_free.index(d), d_phase ^ 1)
                 p_w.store(p.to(dtype))
                 dp = warpgroup_mma_wait(0, deps=[dp])
                 ds_w.store((p * (dp - delta[:, None]) * scale).to(dtype))
                 fence_async_shared()
-                mbarrier.arrive(ds_ready, count=1)
+                mbarrier.arrive(ds_ready.index(d), count=1)
                 dv = warpgroup_mma(p_w.permute((1, 0)), do_s, dv, is_async=True)
                 dk = warpgroup_mma(ds_w.permute((1, 0)), q_s, dk, is_async=True)
             if DETERMINISTIC:  # the previous tile's add, complete by now: the next block's turn at that tile
                 if it > 0:
                     _pass_turn(lock)
             if SPLIT_COLS:
-                mbarrier.wait(ds_ready, it & 1)
+                mbarrier.wait(ds_ready.index(d), d_phase)
             dq = warpgroup_mma(ds_a, k_b, gl.zeros([BLOCK_M, DQ_COLS], gl.float32, q_layout), use_acc=False,
                                is_async=True)
             dq, dv, dk = warpgroup_mma_wait(0, deps=[dq, dv, dk])
             mbarrier.arrive(q_empty.index(s), count=1)
-            mbarrier.arrive(ds_free, count=1)
+            mbarrier.arrive(ds_free.index(d), count=1)
             tma.store_wait(0)  # the previous tile's reduce-add has read the buffer
             dq_tile.store(dq)
             fence_async_shared()
@@ -346,21 +358,22 @@ def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, Delta, DK, DV
     do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD], TILE)
     k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD], TILE)
     v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD], TILE)
-    p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], TILE)
-    ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M] if RS else [BLOCK_M, BLOCK_N], TILE)
+    p_smem = gl.allocate_shared_memory(dtype, [DS_BUFS if not RS else 1, BLOCK_M, BLOCK_N], TILE)
+    ds_smem = gl.allocate_shared_memory(dtype, [DS_BUFS, BLOCK_N, BLOCK_M] if RS else [DS_BUFS, BLOCK_M, BLOCK_N], TILE)
     DQ_COLS: gl.constexpr = dq_desc.block_type.shape[2]
     dq_box = gl.allocate_shared_memory(gl.float32, [2, 1, BLOCK_M, DQ_COLS], dq_desc.layout)
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    ds_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ds_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ds_ready = gl.allocate_shared_memory(gl.int64, [DS_BUFS, 1], mbarrier.MBarrierLayout())
+    ds_free = gl.allocate_shared_memory(gl.int64, [DS_BUFS, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_ready, count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=2)
-    mbarrier.init(ds_ready, count=2)
-    mbarrier.init(ds_free, count=2)
+    for i in gl.static_range(DS_BUFS):
+        mbarrier.init(ds_ready.index(i), count=2)
+        mbarrier.init(ds_free.index(i), count=2)
     place = (q_lead, q_first_b, q_first_h, k_lead, k_first_b, k_first_h, v_lead, v_first_b, v_first_h, do_lead,
              do_first_b, do_first_h)
     gl.warp_specialize([
