@@ -115,6 +115,7 @@ def test_backward_pass_cells_check_gradients_and_count_their_flops():
             flops = factor * attention_flops(1, 2, 17, 40, 64, True)
             assert by[name]["tflops"] == pytest.approx(flops / (by[name]["ms"] * 1e-3) / 1e12, rel=1e-3)
         assert by["detached"]["note"].startswith("failed"), by["detached"]
+        assert "; triton backward dK/dV 16x16" in by["fmha:auto"]["config"], by["fmha:auto"]["config"]
     with pytest.raises(ValueError, match="without a window"):
         runner.run_cell(grids.Cell(1, 2, 2, 16, 16, 32, True, window=4), torch.float16, provs, "cpu", 1.0,
                         pass_="bwd")

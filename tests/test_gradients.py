@@ -59,6 +59,18 @@ def test_amd_tiles_have_the_reference_gradients(monkeypatch, family, head_dim, c
     check_grads(grads, q, k, v, do, causal, "bottom_right", "bhsd")
 
 
+def test_describe_names_the_backward_that_runs(monkeypatch):
+    """:func:`fmha.backward.describe` says which backward runs and with which tiles, as :func:`fmha.backward.dense`
+    picks them: the table's tiles (AMD's here, the family patched), dQ from its own kernel when deterministic."""
+    from fmha import backward
+    q, k, v = make_qkv(1, 2, 1, 37, 45, 64, torch.bfloat16, "bhsd", seed=0)
+    monkeypatch.setattr(backward, "family_of", lambda device: "cdna")
+    (m, n, w), _, (qm, qn, qw) = backward.AMD_TILES["cdna"][64]
+    assert backward.describe(q, k, v, deterministic=True) == (
+        f"triton backward dK/dV {m}x{n} warps={w} stages=1, dQ {qm}x{qn} warps={qw} stages=1, deterministic")
+    assert backward.describe(q, k, v, causal=True).endswith(", dQ added atomically")
+
+
 @pytest.mark.parametrize("mods", [{"window": (6, 0)}, {"window": (4, 3)}, {"softcap": 5.0},
                                   {"alibi_slopes": "alibi"}, {"softcap": 8.0, "window": (9, -1)}], ids=str)
 def test_modifiers_have_their_gradients(mods):

@@ -117,6 +117,23 @@ def kernel(prob, q, k, v, do, layout: str, alibi, deterministic: bool = False) -
     return "hopper" if rows is not None and prob.seqlen_q >= rows else "triton"
 
 
+def describe(q, k, v, *, causal: bool = False, layout: str = "bhsd", deterministic: bool = False) -> str:
+    """Which backward :func:`dense` runs for these q, k, v and its tiles, in words (the ledger's config of a
+    backward row)."""
+    prob = planning.problem(*planning.sizes(q, k, layout), causal=causal, scale=None, head_dim_v=v.shape[3])
+    order = ", deterministic" if deterministic else ""
+    if kernel(prob, q, k, v, q, layout, None, deterministic) == "hopper":
+        from .kernels.hopper import backward as hopper
+        return (f"hopper backward BLOCK_M={hopper.BLOCK_M.value} BLOCK_N={hopper.BLOCK_N.value} "
+                f"stages={hopper.STAGES.value} ds_bufs={hopper.DS_BUFS.value}{order}")
+    kv_tiles, q_tiles = tiles(max(prob.head_dim, prob.dv), prob.causal, deterministic, family_of(q.device))
+
+    def shape(t):
+        return f"{t['BLOCK_M']}x{t['BLOCK_N']} warps={t['num_warps']} stages={t['num_stages']}"
+    dq = f"dQ {shape(q_tiles)}" if q_tiles else "dQ added atomically"
+    return f"triton backward dK/dV {shape(kv_tiles)}, {dq}{order}"
+
+
 def _delta(prob, o, do, lse, layout, cu_q, rows):
     """``delta`` (float32, laid out as the LSE): the row sums of dO * O."""
     delta = torch.empty_like(lse)

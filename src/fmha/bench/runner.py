@@ -152,7 +152,7 @@ def run_cell(cell: Cell, dtype: torch.dtype, provs: list[Provider], device: str,
     base = dict(cell_columns(cell, dtype), **{"pass": pass_})
     rows, ready = [], []
     for p in provs:  # first every provider once: compile, check; a failure is recorded, the run goes on
-        row = dict(base, provider=p.name, config=_config_of(p, cell, q, k, v), _peer=p.peer)
+        row = dict(base, provider=p.name, config=_config_of(p, cell, q, k, v, pass_), _peer=p.peer)
         try:
             fn, row["error"] = _checked(p, q, k, v, cell, ref, pass_, do, ref_grads)
             ready.append((row, fn))
@@ -175,18 +175,24 @@ def run_cell(cell: Cell, dtype: torch.dtype, provs: list[Provider], device: str,
     return rows
 
 
-def _config_of(p: Provider, cell: Cell, q, k, v) -> str:
+def _config_of(p: Provider, cell: Cell, q, k, v, pass_: str = "fwd") -> str:
+    """What ran: a provider's own config, or fmha's forward (:func:`fmha.api.describe`) and, for a backward
+    pass, its backward (:func:`fmha.backward.describe`)."""
     if p.config is not None:
         return str(p.config(cell))
     if not p.name.startswith("fmha:"):
         return "library default"
-    from fmha import api
+    from fmha import api, backward
     variant = p.name.split(":", 1)[1]
-    variant = "auto" if variant == "deterministic" else variant  # (auto's forward, the deterministic backward)
+    deterministic = variant == "deterministic"  # (auto's forward, the deterministic backward)
+    variant = "auto" if deterministic else variant
     try:
-        return api.describe(q, k, v, causal=cell.causal, variant=variant, **modifiers(cell, q.device))
+        config = api.describe(q, k, v, causal=cell.causal, variant=variant, **modifiers(cell, q.device))
     except ValueError as e:
         return f"{variant} ({e})"
+    if pass_ == "fwd":
+        return config
+    return f"{config}; {backward.describe(q, k, v, causal=cell.causal, deterministic=deterministic)}"
 
 
 def _fill_ratios(rows: list[dict]) -> None:
