@@ -8,10 +8,11 @@ weights, bf16), eager.
 Per model, batch and prompt length, for each implementation: the prefill forward's time, the time
 inside attention (CUDA events around every attention call of that forward, summed), and the
 time per token of greedy ``generate()`` after that prompt (the two implementations' runs alternating);
-fmha's rows say which variants ran, and
-whether its greedy tokens equal SDPA's.  ``--packed N``: at batch 1, also a training step's forward and
-backward over N sequences packed in the prompt's length by position_ids (padding-free: SDPA gets
-transformers' block-diagonal mask).  Rows go to the ledger (``provider`` ``transformers:<impl>``,
+fmha's rows say which variants ran, whether its greedy tokens equal SDPA's, and where a row's part from
+SDPA's, whether SDPA's model rates both tokens there within a bf16 step (:func:`fmha.verify.greedy_partings`:
+random weights give near-ties; a row parting off a tie is marked ``!`` and listed).  ``--packed N``: at
+batch 1, also a training step's forward and backward over N sequences packed in the prompt's length by
+position_ids (padding-free: SDPA gets transformers' block-diagonal mask).  Rows go to the ledger (``provider`` ``transformers:<impl>``,
 ``features`` ``part=forward|attention|decode``, ``ratio_best_peer`` against SDPA's row).
 """
 from __future__ import annotations
@@ -29,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import fmha.plan  # noqa: E402
 import fmha.integrations.transformers as fmha_hf  # noqa: E402
+from fmha import verify  # noqa: E402
 from fmha.bench import ledger  # noqa: E402
 
 VOCAB = 32000  # real embedding tables would only add one large GEMM
@@ -221,12 +223,19 @@ def main():
                 for impl, r in decode(models, ids, args.new_tokens).items():
                     res[impl].update(r)
                 same = int((res["fmha"]["tokens"] == res["sdpa"]["tokens"]).all(dim=0).cumprod(0).sum())
+                full = {impl: torch.cat([ids, res[impl]["tokens"]], 1) for impl in res}
+                parts = verify.greedy_partings(full["fmha"], full["sdpa"], models["sdpa"])
+                off = [(row, at - s, gap, step) for row, at, gap, step in parts if gap > step]
+                parting = ("" if not parts else "; where a row parts, SDPA's model rates both tokens within a "
+                           "bf16 step" if not off else "; rows parting off a bf16 tie (row, token, gap, step): "
+                           + " ".join(f"({r}, {t}, {g:.3g}, {st:.3g})" for r, t, g, st in off))
                 ran = "+".join(sorted(RAN)) or "-"
                 ratio = {part: res["sdpa"][part] / res["fmha"][part] for part in ("forward", "attention", "decode")}
                 print(f"{name:8} {b:>2} {s:>6} | {res['fmha']['forward']:8.2f}/{res['sdpa']['forward']:<8.2f} "
                       f"{ratio['forward']:5.2f} | {res['fmha']['attention']:8.2f}/{res['sdpa']['attention']:<8.2f} "
                       f"{ratio['attention']:5.2f} | {res['fmha']['decode']:8.2f}/{res['sdpa']['decode']:<9.2f} "
-                      f"{ratio['decode']:5.2f} | {same:>3}/{args.new_tokens + 1:<3}     | {ran}", flush=True)
+                      f"{ratio['decode']:5.2f} | {same:>3}/{args.new_tokens + 1:<3}{'!' if off else ' '}    | {ran}",
+                      flush=True)
                 rows = []
                 what = {"fmha": f"{name} {args.layers} layers ({ran})", "sdpa": f"{name} {args.layers} layers"}
                 for impl, r in res.items():
@@ -237,7 +246,7 @@ def main():
                                          config=what[impl],
                                          ratio_best_peer=ratio[part] if impl == "fmha" else 1.0,
                                          note=(f"greedy tokens equal sdpa's: first {same} of {args.new_tokens + 1}"
-                                               if impl == "fmha" and part == "decode" else "ok")))
+                                               f"{parting}" if impl == "fmha" and part == "decode" else "ok")))
                 if args.packed and b == 1:
                     t = packed_step(models, s, args.packed)
                     print(f"{name:8} packed {args.packed} sequences in {s} tokens, training step fmha/sdpa ms: "

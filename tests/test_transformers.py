@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from conftest import DEVICE
+from fmha.verify import greedy_partings
 
 transformers = pytest.importorskip("transformers")
 
@@ -23,24 +24,13 @@ def twins(cls, cfg):
 
 def assert_greedy_alike(got, want, ref, mask=None):
     """fmha's greedy tokens ``got`` are SDPA's ``want``, or part from them only where SDPA's model (``ref``) rates
-    both tokens within one bfloat16 step of each other (random weights give near-ties that rounding decides;
-    past the first, the continuations differ).  ``mask``: the prompt's attention mask."""
+    both tokens within one bfloat16 step of each other (:func:`fmha.verify.greedy_partings`; past the first, the
+    continuations differ).  ``mask``: the prompt's attention mask."""
     if torch.equal(got, want):
         return
     assert got.shape == want.shape, (got.shape, want.shape)
-    for row in range(got.shape[0]):
-        differ = (got[row] != want[row]).nonzero()
-        if not len(differ):
-            continue
-        at = int(differ[0, 0])
-        prefix = want[row:row + 1, :at]
-        keep = None if mask is None else torch.cat(
-            [mask[row:row + 1], mask.new_ones(1, at - mask.shape[1])], 1)
-        place = None if keep is None else (keep.cumsum(-1) - 1).clamp(min=0)  # left padding: as generate() places
-        with torch.no_grad():
-            logits = ref(prefix, attention_mask=keep, position_ids=place).logits[0, -1].float()
-        a, b = logits[got[row, at]], logits[want[row, at]]
-        assert (a - b).abs() <= 2.0 ** -7 * logits.abs().max(), (row, at, a.item(), b.item())
+    for row, at, gap, step in greedy_partings(got, want, ref, mask):
+        assert gap <= step, (row, at, gap, step)
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +38,22 @@ def models():
     return twins(transformers.LlamaForCausalLM, transformers.LlamaConfig(
         vocab_size=101, hidden_size=128, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=128))
+
+
+def test_greedy_partings_tell_a_tie_from_a_wrong_token(models):
+    """:func:`fmha.verify.greedy_partings`: nothing where the tokens agree; where one row's token is swapped for the
+    one SDPA's model rates lowest, that row, that place, and a gap far past one bfloat16 step."""
+    ref, _ = models
+    ids = torch.randint(0, 101, (2, 9), generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    with torch.no_grad():
+        want = ref.generate(ids, max_new_tokens=4, do_sample=False)
+        at = ids.shape[1] + 2
+        worst = ref(want[1:, :at]).logits[0, -1].argmin()
+    assert greedy_partings(want, want.clone(), ref) == []
+    got = want.clone()
+    got[1, at] = worst
+    [(row, place, gap, step)] = greedy_partings(got, want, ref)
+    assert (row, place) == (1, at) and gap > 10 * step > 0, (gap, step)
 
 
 def test_hidden_states_match_sdpa(models, monkeypatch):

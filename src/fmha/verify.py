@@ -133,3 +133,25 @@ def check_grads(grads, q, k, v, do, causal, causal_align="top_left", layout="bhs
                                                      f"the stored O's {o_err:.3g}) + {ulp:.3g}")
         errs.append(err)
     return errs
+
+
+def greedy_partings(got, want, model, mask=None) -> list[tuple[int, int, float, float]]:
+    """Where greedy tokens ``got`` (a model run with fmha) first part from ``want`` (the same model with SDPA),
+    row by row, and how close ``model`` (SDPA's) rates the two tokens there: ``(row, index, gap, step)``, with
+    ``step`` one bfloat16 unit at the largest logit.  Random weights give near-ties that rounding decides; a
+    ``gap`` within ``step`` is one of those, a larger one is a wrong answer.  ``got``/``want``: prompt and new
+    tokens; ``mask``: the prompt's attention mask (left padding placed as generate() places it)."""
+    out = []
+    for row in range(got.shape[0]):
+        differ = (got[row] != want[row]).nonzero()
+        if not len(differ):
+            continue
+        at = int(differ[0, 0])
+        prefix = want[row:row + 1, :at]
+        keep = None if mask is None else torch.cat([mask[row:row + 1], mask.new_ones(1, at - mask.shape[1])], 1)
+        place = None if keep is None else (keep.cumsum(-1) - 1).clamp(min=0)
+        with torch.no_grad():
+            logits = model(prefix, attention_mask=keep, position_ids=place).logits[0, -1].float()
+        gap = (logits[got[row, at]] - logits[want[row, at]]).abs().item()
+        out.append((row, at, gap, ULP[torch.bfloat16] * logits.abs().max().item()))
+    return out
