@@ -13,7 +13,7 @@ two registers a thread):
 * ``P = exp2(scale_log2 S - lse2)`` from the forward's LSE, zero above the causal diagonal;
 * ``dS = scale P (dP - delta)``;
 * P and dS into shared memory (a tile of 64 query rows by the block's 128 keys, each warpgroup its
-  column half), then ``dV += P^T dO`` and ``dK += dS^T Q`` with P^T and dS^T read transposed; or, in tiles
+  column half; two buffers of each, :data:`DS_BUFS`), then ``dV += P^T dO`` and ``dK += dS^T Q`` with P^T and dS^T read transposed; or, in tiles
   64 wide (``RS``, :func:`regs_operands`), FlashAttention-3's form: ``S^T = K Q^T`` and ``dP^T = V dO^T``,
   keys the rows, so that P^T and dS^T are dV's and dK's A operands straight from registers and only dS^T
   goes to shared memory (for dQ);
