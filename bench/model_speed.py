@@ -3,7 +3,8 @@ Gemma 2 and Mistral built from configs (their real widths and head counts, a few
 weights, bf16), eager.
 
     PYTHONPATH=src python3 bench/model_speed.py [--models llama qwen2 gemma2 mistral] [--layers 4]
-        [--seqlens 1024 4096 16384] [--batches 1 8] [--new-tokens 32] [--packed 8] [--ledger bench/ledger.csv]
+        [--seqlens 1024 4096 16384] [--batches 1 8] [--new-tokens 32] [--packed 8] [--first-generate]
+        [--ledger bench/ledger.csv]
 
 Per model, batch and prompt length, for each implementation: the prefill forward's time, the time
 inside attention (CUDA events around every attention call of that forward, summed), and the
@@ -12,8 +13,11 @@ fmha's rows say which variants ran, whether its greedy tokens equal SDPA's, and 
 SDPA's, whether SDPA's model rates both tokens there within a bf16 step (:func:`fmha.verify.greedy_partings`:
 random weights give near-ties; a row parting off a tie is marked ``!`` and listed).  ``--packed N``: at
 batch 1, also a training step's forward and backward over N sequences packed in the prompt's length by
-position_ids (padding-free: SDPA gets transformers' block-diagonal mask).  Rows go to the ledger (``provider`` ``transformers:<impl>``,
-``features`` ``part=forward|attention|decode``, ``ratio_best_peer`` against SDPA's row).
+position_ids (padding-free: SDPA gets transformers' block-diagonal mask).  ``--first-generate``: every timed
+generate() as a program's first (fmha's recipes forgotten before each: each cache length a new kind; without
+it the lengths recur from the runs before and every fmha call replays).  Rows go to the ledger (``provider``
+``transformers:<impl>``, ``features`` ``part=forward|attention|decode`` (``decode first-generate``),
+``ratio_best_peer`` against SDPA's row).
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import fmha.plan  # noqa: E402
+import fmha.replay  # noqa: E402
 import fmha.integrations.transformers as fmha_hf  # noqa: E402
 from fmha import verify  # noqa: E402
 from fmha.bench import ledger  # noqa: E402
@@ -137,10 +142,13 @@ def measure(models: dict, timers: dict, ids, reps: int = 5) -> dict:
     return out
 
 
-def decode(models: dict, ids, new_tokens: int, reps: int = 3) -> dict:
+def decode(models: dict, ids, new_tokens: int, reps: int = 3, first: bool = False) -> dict:
     """Per model: the time per token of greedy generate() after ``ids`` (``1 + new_tokens`` tokens less one
     token's time, over ``new_tokens``) and the tokens it made.  The models' runs alternate, so a drift of the
-    host's speed (eager decoding is host-bound) reaches each alike."""
+    host's speed (eager decoding is host-bound) reaches each alike.  Each cache length recurs from the runs
+    before, so fmha replays every call; ``first``: fmha's recipes are forgotten before each timed run (its
+    compiled kernels kept), so each length is a kind it has not met, as in a program's first generate()
+    (:mod:`fmha.replay`)."""
     def gen(model, n):  # the all-ones mask a tokenizer hands over: without it generate() takes random tokens
         # equal to the pad id for padding (Gemma 2's is 0)
         return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
@@ -153,8 +161,10 @@ def decode(models: dict, ids, new_tokens: int, reps: int = 3) -> dict:
             gen(model, 1)
         for _ in range(reps):
             for impl, model in models.items():
-                times[impl][0].append(_ms(partial(gen, model, 1)))
-                times[impl][1].append(_ms(partial(gen, model, 1 + new_tokens)))
+                for at, n in enumerate((1, 1 + new_tokens)):
+                    if first and impl == "fmha":
+                        fmha.replay.clear(compiled=False)
+                    times[impl][at].append(_ms(partial(gen, model, n)))
     for impl, (one, many) in times.items():
         out[impl]["decode"] = (statistics.median(many) - statistics.median(one)) / new_tokens
     return out
@@ -195,6 +205,8 @@ def main():
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--packed", type=int, default=0,
                    help="also a padding-free training step per seqlen: one row of that many packed sequences")
+    p.add_argument("--first-generate", action="store_true",
+                   help="time each generate() as a program's first: fmha's recipes forgotten before each timed run")
     p.add_argument("--ledger", default=None)
     args = p.parse_args()
     timed = register()
@@ -220,7 +232,7 @@ def main():
                 ids = torch.randint(0, VOCAB, (b, s), device="cuda", generator=torch.Generator("cuda").manual_seed(s))
                 RAN.clear()
                 res = measure(models, timed, ids)
-                for impl, r in decode(models, ids, args.new_tokens).items():
+                for impl, r in decode(models, ids, args.new_tokens, first=args.first_generate).items():
                     res[impl].update(r)
                 same = int((res["fmha"]["tokens"] == res["sdpa"]["tokens"]).all(dim=0).cumprod(0).sum())
                 full = {impl: torch.cat([ids, res[impl]["tokens"]], 1) for impl in res}
@@ -237,12 +249,14 @@ def main():
                       f"{ratio['decode']:5.2f} | {same:>3}/{args.new_tokens + 1:<3}{'!' if off else ' '}    | {ran}",
                       flush=True)
                 rows = []
+                first = " first-generate" if args.first_generate else ""
                 what = {"fmha": f"{name} {args.layers} layers ({ran})", "sdpa": f"{name} {args.layers} layers"}
                 for impl, r in res.items():
                     for part in ("forward", "attention", "decode"):
                         rows.append(dict(env, provider=f"transformers:{impl}", dtype="bfloat16", batch=b, heads=heads,
                                          kv_heads=kvh, seqlen_q=s if part != "decode" else 1, seqlen_k=s,
-                                         head_dim=d, causal=1, ms=r[part], features=f"part={part}",
+                                         head_dim=d, causal=1, ms=r[part],
+                                         features=f"part={part}" + (first if part == "decode" else ""),
                                          config=what[impl],
                                          ratio_best_peer=ratio[part] if impl == "fmha" else 1.0,
                                          note=(f"greedy tokens equal sdpa's: first {same} of {args.new_tokens + 1}"

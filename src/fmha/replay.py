@@ -455,8 +455,9 @@ def call(k: tuple, inputs, device: torch.device, run, checks=None):
     return outputs
 
 
-def clear() -> None:
-    """Forget every recipe and compiled kernel kept (the next call of each kind takes the ordinary path again,
-    through Triton's JIT)."""
+def clear(compiled: bool = True) -> None:
+    """Forget every recipe (the next call of each kind takes the ordinary path again) and, with ``compiled``, the
+    compiled kernels kept for new kinds (their launches go through Triton's JIT again)."""
     _RECIPES.clear()
-    _COMPILED.clear()
+    if compiled:
+        _COMPILED.clear()

@@ -13,13 +13,13 @@ two registers a thread):
 * ``P = exp2(scale_log2 S - lse2)`` from the forward's LSE, zero above the causal diagonal;
 * ``dS = scale P (dP - delta)``;
 * P and dS into shared memory (a tile of 64 query rows by the block's 128 keys, each warpgroup its
-  column half; two buffers of each, :data:`DS_BUFS`), then ``dV += P^T dO`` and ``dK += dS^T Q`` with P^T and dS^T read transposed; or, in tiles
-  64 wide (``RS``, :func:`regs_operands`), FlashAttention-3's form: ``S^T = K Q^T`` and ``dP^T = V dO^T``,
-  keys the rows, so that P^T and dS^T are dV's and dK's A operands straight from registers and only dS^T
-  goes to shared memory (for dQ);
-* ``dQ += dS K``: at head_dim 128 the two warpgroups take a column half each over all 128 keys (a
-  barrier pair between them: both halves of dS in place, and both done with them); at 64, each its
-  own keys over every column.  The float32 tile goes to shared memory and is added into a float32
+  column half; two buffers of each, :data:`DS_BUFS`), then ``dV += P^T dO`` and ``dK += dS^T Q`` with P^T
+  and dS^T read transposed; or, in tiles 64 wide (``RS``, :func:`regs_operands`), FlashAttention-3's form:
+  ``S^T = K Q^T`` and ``dP^T = V dO^T``, keys the rows, so that P^T and dS^T are dV's and dK's A operands
+  straight from registers and only dS^T goes to shared memory (for dQ);
+* ``dQ += dS K``: at head_dim 128 (and deterministic) the two warpgroups take a column half each over
+  all 128 keys (a barrier pair between them: both halves of dS in place, and both done with them); at 64,
+  each its own keys over every column (:func:`dq_columns`).  The float32 tile goes to shared memory and is added into a float32
   dQ buffer by a TMA reduce-add (``cp.reduce.async.bulk.tensor``: Gluon 3.6 has only the TMA store,
   so the build marks itself and :mod:`.reduce_pass` turns its stores into reduce-adds), in an
   order that varies from run to run; or, ``DETERMINISTIC``, in one fixed order (:func:`_turn`): each dQ
