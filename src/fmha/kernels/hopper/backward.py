@@ -19,10 +19,10 @@ two registers a thread):
   straight from registers and only dS^T goes to shared memory (for dQ);
 * ``dQ += dS K``: at head_dim 128 (and deterministic) the two warpgroups take a column half each over
   all 128 keys (a barrier pair between them: both halves of dS in place, and both done with them); at 64,
-  each its own keys over every column (:func:`dq_columns`).  The float32 tile goes to shared memory and is added into a float32
-  dQ buffer by a TMA reduce-add (``cp.reduce.async.bulk.tensor``: Gluon 3.6 has only the TMA store,
-  so the build marks itself and :mod:`.reduce_pass` turns its stores into reduce-adds), in an
-  order that varies from run to run; or, ``DETERMINISTIC``, in one fixed order (:func:`_turn`): each dQ
+  each its own keys over every column (:func:`dq_columns`).  The float32 tile goes to shared memory and
+  is added into a float32 dQ buffer by a TMA reduce-add (``cp.reduce.async.bulk.tensor``: Gluon 3.6 has
+  only the TMA store, so the build marks itself and :mod:`.reduce_pass` turns its stores into reduce-adds),
+  in an order that varies from run to run; or, ``DETERMINISTIC``, in one fixed order (:func:`_turn`): each dQ
   tile's column slice has a counter in global memory, a warpgroup spins until the counter says its
   turn has come, adds, and counts the add once it has completed.
 
