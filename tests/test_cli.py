@@ -65,6 +65,14 @@ def test_compile_builds_the_gluon_backward():
     report = report[0] if isinstance(report, list) else report
     assert report["variant"] == "hopper_backward" and report["target"] == "sm_90" and report["causal"]
     assert report["spilled_registers"] == 0 and report["occupancy"]["warps_per_sm"] == 12
+    out = fmha("compile", "--variant", "hopper", "--backward", "--deterministic", "--target", "sm_90", "--head-dim",
+               "128", "--json")
+    assert out.returncode == 0, out.stderr[-2000:]
+    report = json.loads(out.stdout)
+    report = report[0] if isinstance(report, list) else report
+    assert report["config"]["deterministic"] and report["spilled_registers"] <= 512, report
+    refused = fmha("compile", "--variant", "tiled", "--deterministic", "--target", "sm_90")
+    assert refused.returncode != 0 and "--deterministic names a backward build" in refused.stderr
 
 
 def test_compile_takes_v_head_dim_apart():

@@ -292,6 +292,8 @@ def cmd_compile(args) -> int:
     try:
         for name in names:
             targets._check_choice("target", name, list(targets.TARGETS))
+        if args.deterministic and not args.backward:
+            raise ValueError("--deterministic names a backward build: give --backward too")
         if args.backward:
             gluon = args.variant == "hopper" and args.target == "sm_90" and args.head_dim <= 128
             if args.variant and not gluon or args.dtype == "float8_e4m3fn" or args.head_dim > 256:
@@ -305,10 +307,11 @@ def cmd_compile(args) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     if args.backward and args.variant:
-        return _report_builds(args, [targets.build_hopper_backward(args.head_dim, args.dtype, args.causal)])
+        return _report_builds(args, [targets.build_hopper_backward(args.head_dim, args.dtype, args.causal,
+                                                                   args.deterministic)])
     if args.backward:
         builds = [b for name in names for b in targets.build_backward_kernels(name, args.head_dim, args.dtype,
-                                                                              args.causal)]
+                                                                              args.causal, args.deterministic)]
         return _report_builds(args, builds)
     if args.target == "all":  # every target this variant builds for
         skipped = [n for n in names if targets.unbuildable(args.variant, n, args.head_dim, args.dtype)]
@@ -357,6 +360,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--backward", action="store_true",
                    help="build the portable backward's kernels (dK/dV, dQ) with the tiles this target takes; with "
                         "--variant hopper (sm_90), the Gluon backward")
+    c.add_argument("--deterministic", action="store_true",
+                   help="with --backward: the build that deterministic=True runs (dQ from its own kernel, or the Gluon "
+                        "kernel's adds in one fixed order)")
     c.add_argument("--head-dim", type=int, default=128, choices=[*HEAD_DIMS, MLA_ABSORBED[0]],
                    help=f"{MLA_ABSORBED[0]}: MLA's absorbed decode (V {MLA_ABSORBED[1]}), tiled only")
     c.add_argument("--head-dim-v", type=int, default=0, choices=[0, *HEAD_DIMS],

@@ -154,18 +154,20 @@ def build_backward(head_dim: int, dtype: str = "bfloat16", causal: bool = False,
                           options={"num_warps": 4})
 
 
-def build_hopper_backward(head_dim: int, dtype: str = "bfloat16", causal: bool = False) -> "Build":
+def build_hopper_backward(head_dim: int, dtype: str = "bfloat16", causal: bool = False,
+                          deterministic: bool = False) -> "Build":
     """:func:`build_backward` as a :class:`Build` of ``sm_90`` (variant ``hopper_backward``) for :func:`report` and
-    :func:`write`: its config names the tile (64 query rows, 128 keys a program), the ring's depth and the CTA's
-    12 warps (two consumer warpgroups and the producer's, padded to a warpgroup)."""
+    :func:`write`: its config names the tile (64 query rows, 128 keys a program), the ring's depth, the CTA's
+    12 warps (two consumer warpgroups and the producer's, padded to a warpgroup) and, deterministic, the fixed
+    order of dQ's adds."""
     from .kernels.hopper import backward
     _check_choice("dtype", dtype, ["float16", "bfloat16"])
     _check_choice("head_dim", head_dim, [d for d in HEAD_DIMS if d <= 128])
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
-        return _build_elsewhere(head_dim, dtype, causal, builder="build_hopper_backward")
-    compiled = build_backward(head_dim, dtype, causal)
+        return _build_elsewhere(head_dim, dtype, causal, deterministic, builder="build_hopper_backward")
+    compiled = build_backward(head_dim, dtype, causal, deterministic)
     cfg = dict(block_m=backward.BLOCK_M.value, block_n=backward.BLOCK_N.value, num_warps=12,
-               num_stages=backward.STAGES.value)
+               num_stages=backward.STAGES.value, **({"deterministic": True} if deterministic else {}))
     return Build("hopper_backward", "sm_90", head_dim, dtype, causal, cfg, dict(compiled.asm),
                  _plain(compiled.metadata))
 
@@ -206,7 +208,8 @@ def build_backward_kernels(target: str, head_dim: int, dtype: str = "bfloat16", 
         aligned = {**dict.fromkeys(("Q", "K", "V", "DO", "DK", "DV"), dt), "DQ": "fp32" if atomic else dt,
                    **dict.fromkeys(("LSE", "Delta", "Alibi"), "fp32")}
         compiled = _compile(kernel, const, aligned, chip, t["num_warps"], t["num_stages"])
-        cfg = dict(block_m=t["BLOCK_M"], block_n=t["BLOCK_N"], num_warps=t["num_warps"], num_stages=t["num_stages"])
+        cfg = dict(block_m=t["BLOCK_M"], block_n=t["BLOCK_N"], num_warps=t["num_warps"], num_stages=t["num_stages"],
+                   **({"deterministic": True} if deterministic else {}))
         out.append(Build(kernel.__name__, target, head_dim, dtype, causal, cfg, dict(compiled.asm),
                          _plain(compiled.metadata)))
     return out
