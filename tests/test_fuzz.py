@@ -19,6 +19,26 @@ def test_drawn_problems_pass_and_cover_the_patterns():
     assert {p.layout for p in drawn} == set(fuzz.LAYOUTS)
     assert all(p.head_dim_v < p.head_dim for p in drawn if p.head_dim_v)
     assert {p.entry for p in drawn if p.head_dim_v} == {"attention", "varlen", "paged"}
+    more = [fuzz.draw(random.Random(s), False, False) for s in range(400)]
+    assert {p.grad for p in more} == {"", *fuzz.GRADS} and all(fuzz._takes_grad(p) for p in more if p.grad)
+
+
+def test_a_wrong_gradient_is_caught(monkeypatch):
+    """Backward problems (fast and deterministic) pass; a backward whose dK is 1% too large fails each of them."""
+    from fmha import backward
+    drawn = [fuzz.draw(random.Random(s), False, False) for s in range(400)]
+    grads = [next(p for p in drawn if p.grad == kind) for kind in fuzz.GRADS]
+    for p in grads:
+        fuzz.run(p, DEVICE)
+    real = backward.dense
+
+    def off_by_a_little(*args, **kwargs):
+        dq, dk, dv, dsinks = real(*args, **kwargs)
+        return dq, dk * 1.01, dv, dsinks
+    monkeypatch.setattr(backward, "dense", off_by_a_little)
+    for p in grads:
+        with pytest.raises(AssertionError, match="dk"):
+            fuzz.run(p, DEVICE)
 
 
 def test_problems_with_a_narrower_v_pass():
@@ -39,6 +59,8 @@ def test_a_wrong_answer_is_reported_as_a_problem_that_rebuilds(monkeypatch):
 
     def off_by_a_little(*args, **kwargs):  # a kernel whose output is 1% too large
         o, lse = real(*args, **kwargs)
+        if "out" not in kwargs:  # a backward problem: its gradients follow
+            return o * 1.01, lse
         kwargs["out"].mul_(1.01)
         return o, lse
 

@@ -9,7 +9,9 @@ softmax and the pivots that stand in for the row max: scores rising along the ke
 the row, rows whose first visible key comes late, all-equal scores, inf or NaN in one key, magnitudes near
 the dtype's limits.
 Each answer (output poisoned with NaN first, and its LSE) is held against the float64 reference by
-:mod:`fmha.verify`'s rule.  A failure prints as one JSON line: ``Problem(**json.loads(line))``
+:mod:`fmha.verify`'s rule.  Some ``attention`` problems with finite inputs also take the backward, fast or
+``deterministic`` (:data:`GRADS`): dQ, dK and dV against the float64 reference's, and a deterministic
+backward run twice gives the same bits.  A failure prints as one JSON line: ``Problem(**json.loads(line))``
 rebuilds it, which is how a failure becomes a named regression test.
 """
 from __future__ import annotations
@@ -59,6 +61,7 @@ class Problem:
     pattern: str
     seed: int
     head_dim_v: int = 0     # V's and O's head dim where it is smaller than q/k's (MLA's 192/128), else 0
+    grad: str = ""          # attention: also the backward, "fast" or "deterministic" (:func:`_takes_grad`)
 
     def __str__(self):
         return json.dumps(dataclasses.asdict(self))
@@ -83,8 +86,20 @@ def _table_configs(variant: str, head_dim: int, causal: bool, head_dim_v: int = 
     return []
 
 
+GRADS = ("fast", "deterministic")
+
+
+def _takes_grad(p: Problem) -> bool:
+    """Whether ``p`` may take the backward too: an ``attention`` call autograd can record (no key padding, no
+    forced key split, no fused projection's slices) with finite inputs that leave its gradients finite (no
+    inf or NaN key, no magnitudes near the dtype's limits), on a variant the backward runs behind."""
+    return (p.entry == "attention" and not p.seqused and not p.num_splits and p.layout != "fused-qkv"
+            and p.pattern not in ("inf_key", "nan_key", "extreme") and p.variant in ("auto", "tiled", "hopper"))
+
+
 def draw(rng: random.Random, on_gpu: bool, hopper: bool) -> Problem:
-    """One random problem; on the CPU (the interpreter) small enough to run in a second."""
+    """One random problem; on the CPU (the interpreter) small enough to run in a second.  Whether a problem
+    that can takes the backward too is drawn from its own seed, so the rest of the draw stays as it was."""
     entry = rng.choices(["attention", "varlen", "paged"], [7, 2, 2])[0]
     head_dim = rng.choice(HEAD_DIMS)
     narrower = [d for d in HEAD_DIMS if d < head_dim]
@@ -109,13 +124,17 @@ def draw(rng: random.Random, on_gpu: bool, hopper: bool) -> Problem:
     table = _table_configs(variant, head_dim, causal, head_dim_v)
     config = rng.choice(table) if table and rng.random() < 0.6 else None
     page = rng.choice([128, 256] if variant == "hopper" else [16, 32, 64, 128])
-    return Problem(entry=entry, variant=variant, config=config, dtype=rng.choice(list(DTYPES)),
-                   layout=rng.choice(LAYOUTS), batch=rng.randint(1, 3), heads=heads, kv_heads=kv_heads,
-                   seqlen_q=seqlen_q, seqlen_k=seqlen_k, head_dim=head_dim, causal=causal, align=align,
-                   window=window, softcap=rng.uniform(1.0, 50.0) if rng.random() < 0.2 else 0.0,
-                   alibi=rng.random() < 0.15, seqused=rng.random() < 0.25,
-                   num_splits=rng.randint(1, 6) if rng.random() < 0.2 else 0, page=page, pattern=pattern,
-                   seed=rng.randrange(1 << 30), head_dim_v=head_dim_v)
+    p = Problem(entry=entry, variant=variant, config=config, dtype=rng.choice(list(DTYPES)),
+                layout=rng.choice(LAYOUTS), batch=rng.randint(1, 3), heads=heads, kv_heads=kv_heads,
+                seqlen_q=seqlen_q, seqlen_k=seqlen_k, head_dim=head_dim, causal=causal, align=align,
+                window=window, softcap=rng.uniform(1.0, 50.0) if rng.random() < 0.2 else 0.0,
+                alibi=rng.random() < 0.15, seqused=rng.random() < 0.25,
+                num_splits=rng.randint(1, 6) if rng.random() < 0.2 else 0, page=page, pattern=pattern,
+                seed=rng.randrange(1 << 30), head_dim_v=head_dim_v)
+    own = random.Random(p.seed)
+    if _takes_grad(p) and own.random() < 0.5:
+        p = dataclasses.replace(p, grad=own.choice(GRADS))
+    return p
 
 
 def inputs(p: Problem):
@@ -180,6 +199,8 @@ def run(p: Problem, device: str) -> None:
     mods = dict(window=tuple(p.window), softcap=p.softcap,
                 alibi_slopes=torch.rand(p.heads, generator=g).to(device) if p.alibi else None)
     cfg = configs.KernelConfig(**p.config) if p.config else None
+    if p.grad:
+        return _run_grad(p, q, k, v, g, dtype, device, mods, cfg)
     if p.entry == "varlen":
         return _run_varlen(p, q, k, v, lengths, g, dtype, device, mods, cfg)
     if p.entry == "paged":
@@ -202,6 +223,25 @@ def run(p: Problem, device: str) -> None:
     for b, n in enumerate(lengths.tolist()):
         own = slice(b, b + 1)
         verify.check(o[own], qb[own], kb[own, :, :n], vb[own, :, :n], p.causal, p.align, lse=lse[own], **mods)
+
+
+def _run_grad(p, q, k, v, g, dtype, device, mods, cfg):
+    """``p``'s call recorded by autograd, and its backward for a random dO: dQ, dK, dV against the float64
+    reference (:func:`fmha.verify.check_grads`); ``deterministic``, a second backward gives the same bits."""
+    (qd, layout), (kd, _), (vd, _) = (_place(t, p.layout, dtype, device) for t in (q, k, v))
+    qd, kd, vd = (t.detach().requires_grad_(True) for t in (qd, kd, vd))
+    deterministic = p.grad == "deterministic"
+
+    def grads(do=None):
+        o, _ = attention(qd, kd, vd, causal=p.causal, causal_align=p.align, layout=layout, variant=p.variant,
+                         config=cfg, return_lse=True, deterministic=deterministic, **mods)
+        do = torch.randn(o.shape, generator=g).to(dtype).to(device) if do is None else do
+        return torch.autograd.grad(o, (qd, kd, vd), do), do
+    got, do = grads()
+    verify.check_grads(got, qd, kd, vd, do, p.causal, p.align, layout, **mods)
+    if deterministic:
+        again, _ = grads(do)
+        assert all(torch.equal(a, b) for a, b in zip(got, again)), "deterministic: two backward runs differ"
 
 
 def _run_varlen(p, q, k, v, lengths, g, dtype, device, mods, cfg):
@@ -265,6 +305,8 @@ def fuzz(seconds: float | None, problems: int | None, seed: int, device: str, st
                 run(p, device)
             counts["passed"] += 1
             counts["passed " + p.pattern] += 1
+            if p.grad:
+                counts["with the backward, " + p.grad] += 1
         except ValueError as e:  # the variant or config does not take this call: said, not wrong
             counts["refused"] += 1
             refused[str(e).split(":")[0][:80]] += 1
