@@ -147,8 +147,8 @@ def _take_turn(lock, turn):
 @gluon.jit
 def _pass_turn(lock):
     """Count this warpgroup's add at ``lock`` once it has completed (not only read its shared memory): every
-    thread waits for its own bulk copies (the one that issued the add waits for it), then each warp's first
-    thread adds 1 with release semantics, after its warp's (a warpgroup's turn ends at 4 counts)."""
+    thread waits for its own bulk copies (the one that issued the add waits for it), its warp meets, and the
+    warp's first thread adds 1 with release semantics (a warpgroup's turn ends at :data:`WARPS` counts)."""
     gl.inline_asm_elementwise(
         "cp.async.bulk.wait_group 0;\n\tbar.warp.sync -1;\n\t{\n\t.reg .pred lead;\n\t.reg .b32 lane;\n\t"
         "mov.u32 lane, %laneid;\n\tsetp.eq.u32 lead, lane, 0;\n\t@lead red.release.gpu.global.add.s32 [$1], 1;\n\t"
