@@ -458,12 +458,12 @@ def launch(prob, q, k, v, do, lse, delta, dk, dv, layout: str, strides, determin
     locks = (torch.zeros(prob.batch * prob.heads * n_m * 2, dtype=torch.int32, device=q.device) if deterministic
              else delta)
     grid = (triton.cdiv(prob.seqlen_k, BLOCK_N.value), prob.batch * prob.kv_heads)
-    chunk = min(grid[0], n_m, device_facts(q.device.index)[1])  # (:func:`_turn`: a chunk's programs fit the SMs)
+    # deterministic: the blocks that walk side by side (:func:`_turn`: a chunk's programs fit the SMs); unused else
+    chunk = min(grid[0], n_m, device_facts(q.device.index)[1]) if deterministic else 1
     scale = prob.scale_log2 / LOG2E_VALUE
     backward_kernel[grid](q_desc, k_desc, v_desc, do_desc, dq_desc, lse, delta, dk, dv, locks, prob.heads,
-                          prob.kv_heads,
-                          prob.heads // prob.kv_heads, prob.seqlen_q, prob.seqlen_k, n_m, prob.causal_offset, chunk,
-                          prob.scale_log2, scale, *place, *strides["dk"], *strides["dv"], HEAD=head,
-                          D=prob.head_dim, CAUSAL=bool(prob.causal), RS=regs_operands(head),
+                          prob.kv_heads, prob.heads // prob.kv_heads, prob.seqlen_q, prob.seqlen_k, n_m,
+                          prob.causal_offset, chunk, prob.scale_log2, scale, *place, *strides["dk"], *strides["dv"],
+                          HEAD=head, D=prob.head_dim, CAUSAL=bool(prob.causal), RS=regs_operands(head),
                           DETERMINISTIC=deterministic, num_warps=4)
     return dq
