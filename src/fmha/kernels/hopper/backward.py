@@ -132,14 +132,19 @@ def _turn(m, pid_n, causal_offset, chunk, CAUSAL: gl.constexpr):
 
 
 @gluon.jit
+def _load_acquire(lock):
+    """The counter at ``lock``, read with acquire semantics at GPU scope."""
+    return gl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [lock], dtype=gl.int32,
+                                     is_pure=False, pack=1)
+
+
+@gluon.jit
 def _take_turn(lock, turn):
     """Spin until the counter at ``lock`` reads ``turn`` (every thread: the one that issues the add is among
     them); the add that follows is ordered after it."""
-    seen = gl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [lock], dtype=gl.int32,
-                                     is_pure=False, pack=1)
+    seen = _load_acquire(lock)
     while seen != turn:
-        seen = gl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [lock], dtype=gl.int32,
-                                         is_pure=False, pack=1)
+        seen = _load_acquire(lock)
     gl.inline_asm_elementwise("fence.proxy.async.global;\n\tmov.u32 $0, 0;", "=r", [], dtype=gl.int32,
                               is_pure=False, pack=1)
 
