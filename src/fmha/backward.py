@@ -124,8 +124,9 @@ def describe(q, k, v, *, causal: bool = False, layout: str = "bhsd", determinist
     order = ", deterministic" if deterministic else ""
     if kernel(prob, q, k, v, q, layout, None, deterministic) == "hopper":
         from .kernels.hopper import backward as hopper
-        return (f"hopper backward BLOCK_M={hopper.BLOCK_M.value} BLOCK_N={hopper.BLOCK_N.value} "
-                f"stages={hopper.STAGES.value} ds_bufs={hopper.DS_BUFS.value}{order}")
+        cut = hopper.tiles(hopper.tile_width(prob.head_dim), deterministic)
+        return (f"hopper backward BLOCK_M={cut.rows} BLOCK_N={hopper.BLOCK_N.value} stages={hopper.STAGES.value} "
+                f"ds_bufs={cut.ds_bufs} rs={int(cut.rs)} dq_cols={cut.dq_cols}{order}")
     kv_tiles, q_tiles = tiles(max(prob.head_dim, prob.dv), prob.causal, deterministic, family_of(q.device))
 
     def shape(t):

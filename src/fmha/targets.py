@@ -127,11 +127,11 @@ def build_backward(head_dim: int, dtype: str = "bfloat16", causal: bool = False,
     from .kernels.hopper import backward, reduce_pass
     tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
     head = backward.tile_width(head_dim)
+    cut = backward.tiles(head, deterministic)
     t = torch.empty(1, 1, 256, head_dim, dtype=tdt)
-    descs, _ = backward.descriptors(t, t, t, t, torch.empty(1, 256, head, dtype=torch.float32), "bhsd", head,
-                                    deterministic)
+    descs, _ = backward.descriptors(t, t, t, t, torch.empty(1, 256, head, dtype=torch.float32), "bhsd", head, cut)
     kernel = backward.backward_kernel
-    const = dict(HEAD=head, D=head_dim, CAUSAL=causal, RS=backward.regs_operands(head), DETERMINISTIC=deterministic)
+    const = dict(HEAD=head, D=head_dim, CAUSAL=causal, RS=cut.rs, DS_BUFS=cut.ds_bufs, DETERMINISTIC=deterministic)
     by_name = dict(zip(("q_desc", "k_desc", "v_desc", "do_desc", "dq_desc"), descs))
     sig = {}
     for name in kernel.arg_names:
@@ -166,7 +166,8 @@ def build_hopper_backward(head_dim: int, dtype: str = "bfloat16", causal: bool =
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         return _build_elsewhere(head_dim, dtype, causal, deterministic, builder="build_hopper_backward")
     compiled = build_backward(head_dim, dtype, causal, deterministic)
-    cfg = dict(block_m=backward.BLOCK_M.value, block_n=backward.BLOCK_N.value, num_warps=12,
+    cfg = dict(block_m=backward.tiles(backward.tile_width(head_dim), deterministic).rows,
+               block_n=backward.BLOCK_N.value, num_warps=12,
                num_stages=backward.STAGES.value, **({"deterministic": True} if deterministic else {}))
     return Build("hopper_backward", "sm_90", head_dim, dtype, causal, cfg, dict(compiled.asm),
                  _plain(compiled.metadata))

@@ -36,6 +36,8 @@ either alignment; anything else runs on the Triton kernels.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 from triton.experimental import gluon
@@ -51,9 +53,7 @@ from . import reduce_pass
 from .resources import padded
 
 BLOCK_N = gl.constexpr(128)  # keys a program owns: 64 a consumer warpgroup
-BLOCK_M = gl.constexpr(64)  # query rows a tile
 STAGES = gl.constexpr(2)  # Q/dO tiles in flight
-DS_BUFS = gl.constexpr(2)  # P and dS buffers: a warpgroup writes the next tile's while the other still reads these
 LOG2E = gl.constexpr(LOG2E_VALUE)
 WARPS = gl.constexpr(4)  # a consumer warpgroup's
 
@@ -66,7 +66,7 @@ DQ_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, ra
 
 
 @gluon.jit
-def _first_tile(pid_n, causal_offset, CAUSAL: gl.constexpr):
+def _first_tile(pid_n, causal_offset, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
     """The first query tile that sees a key of block ``pid_n`` (causal: query i sees key j <= i + offset)."""
     first = 0
     if CAUSAL:
@@ -104,7 +104,7 @@ def _query_tile(j, first, n_m, pid_n, chunk, CAUSAL: gl.constexpr, DETERMINISTIC
 
 
 @gluon.jit
-def _turn(m, pid_n, causal_offset, chunk, CAUSAL: gl.constexpr):
+def _turn(m, pid_n, causal_offset, chunk, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
     """Key block ``pid_n``'s place among the blocks that add into query tile ``m``, deterministic: the order in
     which the walks reach the tile (:func:`_query_tile`).
 
@@ -171,6 +171,7 @@ def _producer(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, 
               kv_heads, group, n_m, causal_offset, chunk, place, CAUSAL: gl.constexpr,
               DETERMINISTIC: gl.constexpr):
     """K and V of the block once, then Q and dO of each (head, query tile) into the ring."""
+    BLOCK_M: gl.constexpr = q_bufs.shape[1]
     pid_n = _key_block(CAUSAL, DETERMINISTIC)
     b = gl.program_id(1) // kv_heads
     kvh = gl.program_id(1) % kv_heads
@@ -181,7 +182,7 @@ def _producer(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, 
     tma.async_copy_global_to_shared(v_desc, [kvh * place[6], b * place[7] + kvh * place[8], pid_n * BLOCK_N, 0],
                                     kv_ready, _box(v_smem))
     q_bytes: gl.constexpr = q_desc.block_type.nbytes + do_desc.block_type.nbytes
-    first = _first_tile(pid_n, causal_offset, CAUSAL)
+    first = _first_tile(pid_n, causal_offset, BLOCK_M, CAUSAL)
     it = 0
     for gi in range(group):
         h = kvh * group + gi
@@ -203,13 +204,14 @@ def _pds_views(p_smem, ds_smem, d, WG: gl.constexpr, RS: gl.constexpr, SPLIT_COL
     keys], or RS: dS^T's [its keys, query rows]), and the dS operand of its dQ product (every key's rows for a
     column half, else its own)."""
     KEYS: gl.constexpr = BLOCK_N // 2
-    p_w = p_smem.index(0 if RS else d).slice(WG * KEYS, KEYS, dim=1)
     ds = ds_smem.index(d)
     if RS:
         ds_w = ds.slice(WG * KEYS, KEYS, dim=0)
+        p_w = ds_w  # (P stays in registers)
         ds_all = ds.permute((1, 0))
         ds_own = ds_w.permute((1, 0))
     else:
+        p_w = p_smem.index(d).slice(WG * KEYS, KEYS, dim=1)
         ds_w = ds.slice(WG * KEYS, KEYS, dim=1)
         ds_all = ds
         ds_own = ds_w
@@ -222,6 +224,8 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
               scale_log2, scale, dk_strides, dv_strides, WG: gl.constexpr, HEAD: gl.constexpr, D: gl.constexpr,
               CAUSAL: gl.constexpr, RS: gl.constexpr, DETERMINISTIC: gl.constexpr):
     KEYS: gl.constexpr = BLOCK_N // 2  # this warpgroup's keys
+    BLOCK_M: gl.constexpr = q_bufs.shape[1]  # query rows a tile
+    DS_BUFS: gl.constexpr = ds_smem.shape[0]
     DQ_COLS: gl.constexpr = dq_desc.block_type.shape[2]  # (:func:`dq_columns`)
     SPLIT_COLS: gl.constexpr = DQ_COLS < HEAD  # dQ: a column half each over all keys, else own keys, all columns
     dtype: gl.constexpr = k_smem.dtype
@@ -254,7 +258,7 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
     offs_k = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, t_layout) if RS else gl.SliceLayout(0, s_layout))
     dk = gl.zeros([KEYS, HEAD], gl.float32, g_layout)
     dv = gl.zeros([KEYS, HEAD], gl.float32, g_layout)
-    first = _first_tile(pid_n, causal_offset, CAUSAL)
+    first = _first_tile(pid_n, causal_offset, BLOCK_M, CAUSAL)
     lock = Locks  # deterministic: the counter of the dQ tile's column half added last
     mbarrier.wait(kv_ready, 0)
     it = 0
@@ -325,7 +329,7 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
             fence_async_shared()
             if DETERMINISTIC:
                 lock = Locks + (bh * n_m + m) * 2 + WG  # (column halves: :func:`dq_columns`)
-                _take_turn(lock, WARPS * _turn(m, pid_n, causal_offset, chunk, CAUSAL))
+                _take_turn(lock, WARPS * _turn(m, pid_n, causal_offset, chunk, BLOCK_M, CAUSAL))
             tma.async_copy_shared_to_global(dq_desc, [bh, m * BLOCK_M, dq_col], dq_box.index(WG))
             it += 1
     if DETERMINISTIC:
@@ -353,18 +357,23 @@ def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, Delta, DK, DV
                     seqlen_k, n_m, causal_offset, chunk, scale_log2, scale, q_lead, q_first_b, q_first_h, k_lead,
                     k_first_b, k_first_h, v_lead, v_first_b, v_first_h, do_lead, do_first_b, do_first_h, dk_b, dk_h,
                     dk_s, dv_b, dv_h, dv_s, HEAD: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr,
-                    RS: gl.constexpr, DETERMINISTIC: gl.constexpr):
+                    RS: gl.constexpr, DS_BUFS: gl.constexpr, DETERMINISTIC: gl.constexpr):
     """dK and dV of a key block (:func:`_key_block`) of (batch, KV head) ``program_id(1)``, and its share of dQ
     added into ``dq_desc``'s float32 buffer.  HEAD: the tile width (head_dim padded), D: head_dim.
     ``Locks``: deterministic, zeroed int32 counters, one a column half of each (batch * head, query tile);
     ``chunk``: deterministic, the key blocks that walk side by side (:func:`_turn`)."""
     dtype: gl.constexpr = q_desc.dtype
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     q_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD], TILE)
     do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD], TILE)
     k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD], TILE)
     v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD], TILE)
-    p_smem = gl.allocate_shared_memory(dtype, [DS_BUFS if not RS else 1, BLOCK_M, BLOCK_N], TILE)
-    ds_smem = gl.allocate_shared_memory(dtype, [DS_BUFS, BLOCK_N, BLOCK_M] if RS else [DS_BUFS, BLOCK_M, BLOCK_N], TILE)
+    if RS:  # P stays in registers
+        ds_smem = gl.allocate_shared_memory(dtype, [DS_BUFS, BLOCK_N, BLOCK_M], TILE)
+        p_smem = ds_smem
+    else:
+        ds_smem = gl.allocate_shared_memory(dtype, [DS_BUFS, BLOCK_M, BLOCK_N], TILE)
+        p_smem = gl.allocate_shared_memory(dtype, [DS_BUFS, BLOCK_M, BLOCK_N], TILE)
     DQ_COLS: gl.constexpr = dq_desc.block_type.shape[2]
     dq_box = gl.allocate_shared_memory(gl.float32, [2, 1, BLOCK_M, DQ_COLS], dq_desc.layout)
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -419,32 +428,40 @@ def _place(t: torch.Tensor, layout: str):
     return shape, strides, (int(view.col > 0), view.batch, view.head)
 
 
-def dq_columns(head: int, deterministic: bool) -> int:
-    """The dQ columns one warpgroup adds: at 128 a half each over all the block's keys (a whole-width dQ
-    accumulator beside dK's and dV's does not fit), and deterministic too (each half its own turns, where two
-    warpgroups adding whole tiles wait for each other); else every column over its own keys."""
-    return head // 2 if head == 128 or deterministic else head
+class Tiles(NamedTuple):
+    """How the kernel cuts a call of one tile width (:func:`tiles`)."""
+    rows: int  # query rows a tile (``BLOCK_M``)
+    rs: bool  # S^T and dP^T, keys the rows: P^T and dS^T are dV's and dK's A operands in registers
+    ds_bufs: int  # buffers of P and dS: with two, a warpgroup writes the next tile's while the other reads these
+    dq_cols: int  # the dQ columns a warpgroup adds: a half each over all keys, or every column over its own keys
 
 
-def descriptors(q, k, v, do, dq, layout: str, head: int, deterministic: bool = False) -> tuple[list, list[int]]:
+def tiles(head: int, deterministic: bool = False) -> Tiles:
+    """The tiles of a call ``head`` columns wide.
+
+    At 128: P and dS through shared memory in two buffers (224 KB); with S^T's registers form ptxas spills
+    392-504 bytes beside dK's and dV's accumulators and it ran 12-14% slower (docs/PERF.md, "The Gluon
+    backward"); dQ in column halves over all 128 keys (a whole-width dQ accumulator beside dK's and dV's does
+    not fit).  At 64: S^T's registers form (1-4% faster than through shared memory), dQ over each warpgroup's
+    own keys.  Deterministic, dQ is always in column halves (each half its own turns, where two warpgroups
+    adding whole tiles wait for each other)."""
+    if head <= 64:
+        return Tiles(rows=64, rs=True, ds_bufs=2, dq_cols=head // 2 if deterministic else head)
+    return Tiles(rows=64, rs=False, ds_bufs=2, dq_cols=head // 2)
+
+
+def descriptors(q, k, v, do, dq, layout: str, head: int, cut: Tiles) -> tuple[list, list[int]]:
     """The TMA descriptors of q, k, v, dO (a box of one (batch, head) sequence's rows, ``head`` columns) and
     of the float32 ``dq`` buffer (a warpgroup's share of a tile), and the (batch, head) placements of the
     first four."""
     descs, place = [], []
-    for t, rows in ((q, BLOCK_M.value), (k, BLOCK_N.value), (v, BLOCK_N.value), (do, BLOCK_M.value)):
+    for t, rows in ((q, cut.rows), (k, BLOCK_N.value), (v, BLOCK_N.value), (do, cut.rows)):
         shape, st, p = _place(t, layout)
         descs.append(TensorDescriptor(t, shape, st, [1, 1, rows, head], IN_LAYOUT))
         place += p
-    box = [1, BLOCK_M.value, dq_columns(head, deterministic)]
+    box = [1, cut.rows, cut.dq_cols]
     descs.append(TensorDescriptor(dq, list(dq.shape), list(dq.stride()), box, DQ_LAYOUT))
     return descs, place
-
-
-def regs_operands(head: int) -> bool:
-    """Whether tiles ``head`` wide take S^T and dP^T, with P^T and dS^T as dV's and dK's A operands in registers
-    (``RS``): at 64, 1-4% faster than through shared memory; at 128 ptxas spills 392-504 bytes beside dK's and
-    dV's accumulators (224-304 without) and it ran 12-14% slower (docs/PERF.md, "The Gluon backward")."""
-    return head <= 64
 
 
 def tile_width(head_dim: int) -> int:
@@ -456,10 +473,11 @@ def launch(prob, q, k, v, do, lse, delta, dk, dv, layout: str, strides, determin
     """dK and dV into ``dk``, ``dv``; returns dQ (float32, ``[batch * heads, seqlen_q, tile width]``), its adds
     in one fixed order when ``deterministic``."""
     head = tile_width(prob.head_dim)
+    cut = tiles(head, deterministic)
     dq = torch.zeros(prob.batch * prob.heads, prob.seqlen_q, head, dtype=torch.float32, device=q.device)
-    (q_desc, k_desc, v_desc, do_desc, dq_desc), place = descriptors(q, k, v, do, dq, layout, head, deterministic)
+    (q_desc, k_desc, v_desc, do_desc, dq_desc), place = descriptors(q, k, v, do, dq, layout, head, cut)
     reduce_pass.install()
-    n_m = triton.cdiv(prob.seqlen_q, BLOCK_M.value)
+    n_m = triton.cdiv(prob.seqlen_q, cut.rows)
     locks = (torch.zeros(prob.batch * prob.heads * n_m * 2, dtype=torch.int32, device=q.device) if deterministic
              else delta)
     grid = (triton.cdiv(prob.seqlen_k, BLOCK_N.value), prob.batch * prob.kv_heads)
@@ -469,6 +487,6 @@ def launch(prob, q, k, v, do, lse, delta, dk, dv, layout: str, strides, determin
     backward_kernel[grid](q_desc, k_desc, v_desc, do_desc, dq_desc, lse, delta, dk, dv, locks, prob.heads,
                           prob.kv_heads, prob.heads // prob.kv_heads, prob.seqlen_q, prob.seqlen_k, n_m,
                           prob.causal_offset, chunk, prob.scale_log2, scale, *place, *strides["dk"], *strides["dv"],
-                          HEAD=head, D=prob.head_dim, CAUSAL=bool(prob.causal), RS=regs_operands(head),
-                          DETERMINISTIC=deterministic, num_warps=4)
+                          HEAD=head, D=prob.head_dim, CAUSAL=bool(prob.causal), RS=cut.rs,
+                          DS_BUFS=cut.ds_bufs, DETERMINISTIC=deterministic, num_warps=4)
     return dq
