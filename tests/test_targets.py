@@ -120,6 +120,16 @@ def test_hopper_fence_and_q_in_registers(tmp_path, head_dim, causal):
     assert q_from_regs.search(sass[1]) and not q_from_regs.search(sass[0])
 
 
+@pytest.mark.parametrize("head_dim,causal", [(128, False), (64, True)])
+def test_hopper_table_keeps_wgmma_asynchronous(head_dim, causal):
+    """The table's Gluon forward at 16k keys: ptxas keeps its wgmma products asynchronous (it serializes them
+    all where a product's accumulator registers are read while it may be in flight: ``ptxas_usage``)."""
+    from fmha import configs
+    b = targets.build("hopper", "sm_90", head_dim, "bfloat16", causal, configs.hopper_config(head_dim, causal, 16384),
+                      seqlen_k=16384)
+    assert not targets.ptxas_usage(b.asm["ptx"], 90)["serialized"]
+
+
 def test_hopper_builds_balanced_causal():
     """``balance``: the table's D=64 causal rows (128 rows with Q in registers, 192 rows) build for
     sm_90 without spills, and their programs read the host-built list (global loads the pairs'
@@ -405,7 +415,8 @@ def test_fp8_builds_for_sm90_on_hopper(head_dim, causal):
     assert b.config == configs.HOPPER_FP8[int(causal)][2].as_dict() and r.spilled_registers == 0
     assert set(r.matrix_instructions) == {"wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3"}
     assert "cvt.rn.satfinite.e4m3x2.f32" in b.asm["ptx"]
-    assert targets.ptxas_usage(b.asm["ptx"], 90)["spill_stores"] == 0
+    usage = targets.ptxas_usage(b.asm["ptx"], 90)
+    assert usage["spill_stores"] == 0 and not usage["serialized"], usage
     # P reordered to the float8 A operand's layout in each thread's own registers: no more shuffles than bf16's
     bf16 = targets.build("hopper", "sm_90", head_dim, "bfloat16", causal, config=configs.HOPPER_FP8[int(causal)][2])
     assert b.asm["ptx"].count("shfl.sync") <= bf16.asm["ptx"].count("shfl.sync")
@@ -417,7 +428,8 @@ def test_hopper_backward_builds_with_tma_reduce_adds(head_dim, causal, determini
     """The Gluon backward for sm_90: its dQ tiles leave as TMA reduce-adds (the PTX pass), no plain TMA
     store is left, dK/dV/S/dP run on wgmma; at head_dim 64 nothing spills and P^T and dS^T go to dV's and dK's
     products from registers (at 128 the two 64x128 float32 accumulators leave ptxas a few registers short: a
-    bounded spill, ledgered speed; P and dS go through shared memory).  Deterministic, each add waits for its
+    bounded spill, ledgered speed; P and dS go through shared memory); ptxas keeps the products asynchronous
+    (a dK product left in flight across tiles made it serialize them all).  Deterministic, each add waits for its
     turn (an acquiring load of the tile's counter) and is counted once complete (a releasing add)."""
     from fmha.kernels.hopper import reduce_pass
     compiled = targets.build_backward(head_dim, "bfloat16", causal, deterministic)
@@ -429,6 +441,7 @@ def test_hopper_backward_builds_with_tma_reduce_adds(head_dim, causal, determini
     assert "wgmma.mma_async" in ptx
     usage = targets.ptxas_usage(ptx, 90)
     assert usage["spill_stores"] == 0 if head_dim == 64 else usage["spill_stores"] <= 512, usage
+    assert not usage["serialized"], "ptxas waits for each wgmma before the next"
     # 64-wide tiles: dV's and dK's A operands (P^T, dS^T) from registers (16 wgmma instructions, both warpgroups)
     from_regs = len(re.findall(r"wgmma\.mma_async[^;]*\{[^}]*\}, \{%r", ptx))
     assert from_regs == (16 if head_dim == 64 else 0), from_regs

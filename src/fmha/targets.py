@@ -504,7 +504,9 @@ def hsaco_metadata(hsaco: bytes) -> dict:
 
 
 def ptxas_usage(ptx: str, arch: int) -> dict:
-    """Registers, spill bytes and stack frame from ``ptxas -v`` (an independent second reading)."""
+    """Registers, spill bytes and stack frame from ``ptxas -v`` (an independent second reading), and whether
+    ptxas serialized the wgmma instructions (``serialized``: it waits for each product before the next, for
+    instance where a product's accumulator registers are read or copied while it may be in flight)."""
     from triton.backends.nvidia.compiler import get_ptxas
     exe = get_ptxas(arch).path if hasattr(get_ptxas(arch), "path") else get_ptxas(arch)
     with tempfile.TemporaryDirectory() as d:
@@ -516,7 +518,8 @@ def ptxas_usage(ptx: str, arch: int) -> dict:
     text = out.stdout + out.stderr
     g = lambda p: int(m.group(1)) if (m := re.search(p, text)) else 0  # noqa: E731
     return {"registers": g(r"Used (\d+) registers"), "spill_stores": g(r"(\d+) bytes spill stores"),
-            "spill_loads": g(r"(\d+) bytes spill loads"), "stack_frame": g(r"(\d+) bytes stack frame")}
+            "spill_loads": g(r"(\d+) bytes spill loads"), "stack_frame": g(r"(\d+) bytes stack frame"),
+            "serialized": "wgmma.mma_async instructions are serialized" in text}
 
 
 def report(b: Build) -> Report:
