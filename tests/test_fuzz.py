@@ -76,3 +76,23 @@ def test_a_wrong_answer_is_reported_as_a_problem_that_rebuilds(monkeypatch):
         fuzz.run(problem, DEVICE)
     monkeypatch.setattr(fuzz, "attention", real)
     fuzz.run(problem, DEVICE)  # the right kernel passes the same problem
+
+
+def test_a_crash_is_reported_and_the_run_goes_on(monkeypatch):
+    """A call that raises (a kernel that does not fit the GPU's shared memory, say) is a failed problem whose
+    line names the error; the problems after it still run."""
+    real = fuzz.run
+    calls = []
+
+    def crash_first(p, device):
+        calls.append(p)
+        if len(calls) == 1:
+            raise RuntimeError("out of resource: shared memory")
+        return real(p, device)
+    monkeypatch.setattr(fuzz, "run", crash_first)
+    stream = io.StringIO()
+    counts = fuzz.fuzz(None, 3, seed=5, device=DEVICE, stream=stream)
+    assert counts["run"] == 3 and counts["failed"] == 1 and len(calls) == 3, counts
+    line = json.loads(stream.getvalue())
+    assert line["error"] == "RuntimeError: out of resource: shared memory"
+    assert str(fuzz.Problem(**line["problem"])) == str(calls[0])

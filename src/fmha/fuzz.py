@@ -288,8 +288,9 @@ def _run_paged(p, q, k, v, lengths, g, dtype, device, mods, cfg):
 
 
 def fuzz(seconds: float | None, problems: int | None, seed: int, device: str, stream=sys.stdout) -> dict:
-    """Draw and check problems until ``seconds`` pass or ``problems`` have run; failures print as
-    JSON lines on ``stream``, progress on stderr.  Returns the counts."""
+    """Draw and check problems until ``seconds`` pass or ``problems`` have run; failures (a wrong answer, or a
+    call that raised anything but a refusal's ValueError) print as JSON lines on ``stream``, progress on
+    stderr.  Returns the counts."""
     on_gpu = device == "cuda"
     hopper = on_gpu and torch.cuda.get_device_capability()[0] == 9
     rng = random.Random(seed)
@@ -310,10 +311,12 @@ def fuzz(seconds: float | None, problems: int | None, seed: int, device: str, st
         except ValueError as e:  # the variant or config does not take this call: said, not wrong
             counts["refused"] += 1
             refused[str(e).split(":")[0][:80]] += 1
-        except AssertionError as e:
+        except Exception as e:  # a wrong answer (AssertionError) or a call that crashed: the problem, and go on
             counts["failed"] += 1
-            print(json.dumps({"problem": dataclasses.asdict(p), "error": " ".join(str(e).split())[:300]}),
-                  file=stream, flush=True)
+            error = " ".join(str(e).split())[:300]
+            if not isinstance(e, AssertionError):
+                error = f"{type(e).__name__}: {error}"
+            print(json.dumps({"problem": dataclasses.asdict(p), "error": error}), file=stream, flush=True)
         if counts["run"] % 25 == 0:
             print(f"fuzz: {counts['run']} problems, {counts['failed']} failed, {time.monotonic() - start:.0f} s",
                   file=sys.stderr, flush=True)
