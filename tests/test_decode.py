@@ -139,3 +139,20 @@ def test_amd_decode_configs_match_reference(head_dim, sq, heads):
     fmha.attention(q, k, v, causal=True, causal_align="bottom_right", variant="tiled", config=cfg, num_splits=3,
                    out=out)
     check_against_reference(out, q, k, v, True, "bottom_right")
+
+
+def test_only_tiled_takes_the_decode_table_on_a_split(monkeypatch):
+    """A forced key split over 1074 query rows at head_dim 256 on sm_90: ``tiled`` runs the decode table's
+    tiles; the seed's variants keep their own (the decode tiles, three 64 x 256 K/V stages, ask ``pipelined``
+    for 256 KB of shared memory, past the H200's 227: a GPU fuzz problem that crashed)."""
+    from fmha import configs, plan
+    monkeypatch.setattr(plan, "arch_of", lambda device: "sm90")
+    q = torch.zeros(1, 2, 1074, 256, dtype=torch.bfloat16)
+    k = v = torch.zeros(1, 2, 1257, 256, dtype=torch.bfloat16)
+    prob = plan.problem(*plan.sizes(q, k, "bhsd"), causal=True, scale=None)
+    tiled = plan.plan(prob, q, k, v, q, "bhsd", "tiled", None, None, 4)
+    assert tiled.config == configs.decode_config(1074, 1257, 256, "sm90") and tiled.split_len
+    for variant in ("pipelined", "singlewave"):
+        p = plan.plan(prob, q, k, v, q, "bhsd", variant, None, None, 4)
+        own = configs.default_config(variant, "sm90", 256, True, 1257, False, per_sequence=False, seqlen_q=1074)
+        assert p.config == own and p.split_len, (variant, p.config)

@@ -132,11 +132,13 @@ def _pack_gqa(prob: Problem, alibi_slopes) -> Problem:
     return prob
 
 
-def _split_plan(num_splits: int, arch: str, prob: Problem, cfg, device, fixed: bool = False):
-    """(config, keys per split): a split launch on a GPU runs the decode config (a few query
-    rows: small blocks, the keys spread over programs) unless the caller fixed one."""
+def _split_plan(num_splits: int, arch: str, prob: Problem, cfg, device, variant: str, fixed: bool = False):
+    """(config, keys per split): a split launch of ``tiled`` on a GPU runs the decode config (a few query
+    rows: small blocks, the keys spread over programs) unless the caller fixed one.  The seed's one-warp
+    variants keep their own: the decode table's tiles are ``tiled``'s (``pipelined`` at head_dim 192-256 in
+    its 64 x 64 tiles, three stages, asks for 256 KB of shared memory, past the H200's 227)."""
     split_len = _split_len(num_splits, arch, prob, cfg, device)
-    if split_len and not fixed and arch != "interpreter":
+    if split_len and not fixed and variant == "tiled" and arch != "interpreter":
         rows = prob.seqlen_q * (prob.heads // prob.kv_heads if prob.pack_gqa else 1)
         cfg = configs.decode_config(rows, prob.seqlen_k, prob.head_dim, arch)
         split_len = _split_len(num_splits, arch, prob, cfg, device)
@@ -179,7 +181,7 @@ def plan(prob: Problem, q, k, v, o, layout: str, variant: str, config, alibi_slo
     split_len = 0
     if name != "hopper" and not prob.varlen:
         prob = _pack_gqa(prob, alibi_slopes)
-        cfg, split_len = _split_plan(num_splits, arch, prob, cfg, q.device, fixed=config is not None)
+        cfg, split_len = _split_plan(num_splits, arch, prob, cfg, q.device, name, fixed=config is not None)
         # the decode table's TMA, where the call can take it; float8 K/V by TMA decoded 5-20% slower than by
         # pointer on the H200 (bench/fp8_speed.py), so they take it only when the caller's config asks
         if cfg.tma and (kernels.unsupported(name, cfg, prob, q, k, v, o, layout) or prob.fp8 and config is None):
