@@ -1,8 +1,8 @@
 """``hopper``'s backward: FlashAttention-3's shape in Gluon (TMA, wgmma, warp specialization), with
 the math of :mod:`..backward` (docs/BACKWARD.md).
 
-A program owns one block of ``BLOCK_N = 128`` keys of one (batch, KV head) and walks the 64-row
-query tiles of every query head of its group that see those keys (causal: from the first tile at
+A program owns one block of ``BLOCK_N = 128`` keys of one (batch, KV head) and walks the query
+tiles (``BLOCK_M`` rows, :func:`tiles`) of every query head of its group that see those keys (causal: from the first tile at
 or past the block's diagonal), each key block starting at its own tile (:func:`_query_tile`).  A
 one-warp producer loads K and V once and streams each tile's Q and dO by TMA into a ``STAGES``-deep
 ring; two consumer warpgroups own 64 keys each, with dK and dV in registers (wgmma accumulators) for
@@ -12,14 +12,14 @@ two registers a thread):
 * ``S = Q K^T`` and ``dP = dO V^T`` over its keys;
 * ``P = exp2(scale_log2 S - lse2)`` from the forward's LSE, zero above the causal diagonal;
 * ``dS = scale P (dP - delta)``;
-* P and dS into shared memory (a tile of 64 query rows by the block's 128 keys, each warpgroup its
-  column half; two buffers of each, :data:`DS_BUFS`), then ``dV += P^T dO`` and ``dK += dS^T Q`` with P^T
-  and dS^T read transposed; or, in tiles 64 wide (``RS``, :func:`regs_operands`), FlashAttention-3's form:
+* P and dS into shared memory (a tile's query rows by the block's 128 keys, each warpgroup its column
+  half; two buffers of each, ``DS_BUFS``), then ``dV += P^T dO`` and ``dK += dS^T Q`` with P^T and dS^T
+  read transposed; or, in tiles 64 wide (``RS``, :func:`tiles`), FlashAttention-3's form:
   ``S^T = K Q^T`` and ``dP^T = V dO^T``, keys the rows, so that P^T and dS^T are dV's and dK's A operands
   straight from registers and only dS^T goes to shared memory (for dQ);
 * ``dQ += dS K``: at head_dim 128 (and deterministic) the two warpgroups take a column half each over
   all 128 keys (a barrier pair between them: both halves of dS in place, and both done with them); at 64,
-  each its own keys over every column (:func:`dq_columns`).  The float32 tile goes to shared memory and
+  each its own keys over every column (:func:`tiles`).  The float32 tile goes to shared memory and
   is added into a float32 dQ buffer by a TMA reduce-add (``cp.reduce.async.bulk.tensor``: Gluon 3.6 has
   only the TMA store, so the build marks itself and :mod:`.reduce_pass` turns its stores into reduce-adds),
   in an order that varies from run to run; or, ``DETERMINISTIC``, in one fixed order (:func:`_turn`): each dQ
@@ -226,7 +226,7 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
     KEYS: gl.constexpr = BLOCK_N // 2  # this warpgroup's keys
     BLOCK_M: gl.constexpr = q_bufs.shape[1]  # query rows a tile
     DS_BUFS: gl.constexpr = ds_smem.shape[0]
-    DQ_COLS: gl.constexpr = dq_desc.block_type.shape[2]  # (:func:`dq_columns`)
+    DQ_COLS: gl.constexpr = dq_desc.block_type.shape[2]  # (:func:`tiles`)
     SPLIT_COLS: gl.constexpr = DQ_COLS < HEAD  # dQ: a column half each over all keys, else own keys, all columns
     dtype: gl.constexpr = k_smem.dtype
     gl.inline_asm_elementwise(REDUCE_MARK, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
@@ -328,7 +328,7 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
             dq_tile.store(dq)
             fence_async_shared()
             if DETERMINISTIC:
-                lock = Locks + (bh * n_m + m) * 2 + WG  # (column halves: :func:`dq_columns`)
+                lock = Locks + (bh * n_m + m) * 2 + WG  # (column halves: :func:`tiles`)
                 _take_turn(lock, WARPS * _turn(m, pid_n, causal_offset, chunk, BLOCK_M, CAUSAL))
             tma.async_copy_shared_to_global(dq_desc, [bh, m * BLOCK_M, dq_col], dq_box.index(WG))
             it += 1
@@ -442,8 +442,10 @@ def tiles(head: int, deterministic: bool = False) -> Tiles:
     At 128: P and dS through shared memory in two buffers (224 KB); with S^T's registers form ptxas spills
     392-504 bytes beside dK's and dV's accumulators and it ran 12-14% slower (docs/PERF.md, "The Gluon
     backward"); dQ in column halves over all 128 keys (a whole-width dQ accumulator beside dK's and dV's does
-    not fit).  At 64: S^T's registers form (1-4% faster than through shared memory), dQ over each warpgroup's
-    own keys.  Deterministic, dQ is always in column halves (each half its own turns, where two warpgroups
+    not fit).  At 64: 64-row tiles in S^T's registers form (1-4% faster than through shared memory), dQ over
+    each warpgroup's own keys; FlashAttention-3's 128-row tiles there spill 532-1056 bytes beside the 64 x 128
+    accumulators and ran 11-13% slower causal (through shared memory) or 24-33% slower (registers form;
+    docs/PERF.md, "The Gluon backward").  Deterministic, dQ is always in column halves (each half its own turns, where two warpgroups
     adding whole tiles wait for each other)."""
     if head <= 64:
         return Tiles(rows=64, rs=True, ds_bufs=2, dq_cols=head // 2 if deterministic else head)
