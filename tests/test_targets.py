@@ -526,3 +526,17 @@ def test_amd_decoding_fits_a_workgroups_lds(target, head_dim, rows):
     assert r.shared_bytes <= 65536
     limit = 100 if (target, head_dim) == ("gfx1151", 256) else 0
     assert r.spilled_registers <= limit, (cfg, r.spilled_registers)
+
+
+@pytest.mark.parametrize("variant,head_dim,rows", [("tiled", 128, 0), ("tiled", 256, 64), ("tiled", 256, 16),
+                                                   ("pipelined", 256, 0), ("singlewave", 256, 0)])
+def test_sm90_builds_fit_shared_memory(variant, head_dim, rows):
+    """What the plan runs on sm_90 fits its shared memory (the planner raises nothing; Triton would, at the
+    launch): ``tiled``'s prefill row at 128 (224 KB), its decode tiles at 256 (``rows``: a key split's query
+    rows; three 64-key stages), the seed's variants at 256 in their own tiles (the decode tiles asked
+    ``pipelined`` for 256 KB)."""
+    from fmha import configs
+    from fmha.kernels.hopper.resources import SMEM_LIMIT
+    config = configs.decode_config(rows, 4096, head_dim, "sm90") if rows else None
+    b = targets.build(variant, "sm_90", head_dim, "bfloat16", True, config)
+    assert b.metadata["shared"] <= SMEM_LIMIT, b.metadata["shared"]

@@ -2,8 +2,9 @@
 the math of :mod:`..backward` (docs/BACKWARD.md).
 
 A program owns one block of ``BLOCK_N = 128`` keys of one (batch, KV head) and walks the query
-tiles (``BLOCK_M`` rows, :func:`tiles`) of every query head of its group that see those keys (causal: from the first tile at
-or past the block's diagonal), each key block starting at its own tile (:func:`_query_tile`).  A
+tiles (``BLOCK_M`` rows, :func:`tiles`) of every query head of its group that see those keys (causal:
+from the first tile at or past the block's diagonal), each key block starting at its own tile
+(:func:`_query_tile`).  A
 one-warp producer loads K and V once and streams each tile's Q and dO by TMA into a ``STAGES``-deep
 ring; two consumer warpgroups own 64 keys each, with dK and dV in registers (wgmma accumulators) for
 the whole walk.  Per tile a consumer computes, its query rows the rows (so a row's LSE and delta are
@@ -445,8 +446,8 @@ def tiles(head: int, deterministic: bool = False) -> Tiles:
     not fit).  At 64: 64-row tiles in S^T's registers form (1-4% faster than through shared memory), dQ over
     each warpgroup's own keys; FlashAttention-3's 128-row tiles there spill 532-1056 bytes beside the 64 x 128
     accumulators and ran 11-13% slower causal (through shared memory) or 24-33% slower (registers form;
-    docs/PERF.md, "The Gluon backward").  Deterministic, dQ is always in column halves (each half its own turns, where two warpgroups
-    adding whole tiles wait for each other)."""
+    docs/PERF.md, "The Gluon backward").  Deterministic, dQ is always in column halves (each half its own
+    turns, where two warpgroups adding whole tiles wait for each other)."""
     if head <= 64:
         return Tiles(rows=64, rs=True, ds_bufs=2, dq_cols=head // 2 if deterministic else head)
     return Tiles(rows=64, rs=False, ds_bufs=2, dq_cols=head // 2)
