@@ -4,10 +4,9 @@ the math of :mod:`..backward` (docs/BACKWARD.md).
 A program owns one block of ``BLOCK_N = 128`` keys of one (batch, KV head) and walks the query
 tiles (``BLOCK_M`` rows, :func:`tiles`) of every query head of its group that see those keys (causal:
 from the first tile at or past the block's diagonal), each key block starting at its own tile
-(:func:`_query_tile`).  A
-one-warp producer loads K and V once and streams each tile's Q and dO by TMA into a ``STAGES``-deep
-ring; two consumer warpgroups own 64 keys each, with dK and dV in registers (wgmma accumulators) for
-the whole walk.  Per tile a consumer computes, its query rows the rows (so a row's LSE and delta are
+(:func:`_query_tile`).  A one-warp producer loads K and V once and streams each tile's Q and dO by TMA
+into a ``STAGES``-deep ring; two consumer warpgroups own 64 keys each, with dK and dV in registers (wgmma
+accumulators) for the whole walk.  Per tile a consumer computes, its query rows the rows (so a row's LSE and delta are
 two registers a thread):
 
 * ``S = Q K^T`` and ``dP = dO V^T`` over its keys;
