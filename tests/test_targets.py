@@ -432,8 +432,7 @@ def test_hopper_backward_builds_with_tma_reduce_adds(head_dim, causal, determini
     (a dK product left in flight across tiles made it serialize them all).  Deterministic, each add waits for its
     turn (an acquiring load of the tile's counter) and is counted once complete (a releasing add)."""
     from fmha.kernels.hopper import reduce_pass
-    compiled = targets.build_backward(head_dim, "bfloat16", causal, deterministic)
-    ptx = compiled.asm["ptx"]
+    ptx = targets.build_hopper_backward(head_dim, "bfloat16", causal, deterministic).asm["ptx"]
     assert ("ld.acquire.gpu.global" in ptx, "red.release.gpu.global.add" in ptx) == (deterministic, deterministic)
     assert reduce_pass.KERNEL_MARK in ptx
     assert len(re.findall(r"cp\.reduce\.async\.bulk\.tensor\.3d\.global\.shared::cta\.add\.tile", ptx)) == 2
