@@ -96,3 +96,16 @@ def test_a_crash_is_reported_and_the_run_goes_on(monkeypatch):
     line = json.loads(stream.getvalue())
     assert line["error"] == "RuntimeError: out of resource: shared memory"
     assert str(fuzz.Problem(**line["problem"])) == str(calls[0])
+
+
+def test_a_gradient_is_judged_against_the_output_the_forward_stored():
+    """A problem the CPU fuzzer drew: rising scores with one key 50 high, so each row's probability sits on one
+    key and ``dO . (V - O)`` cancels; dQ then follows the forward's O (one bfloat16 unit off where P was rounded
+    before P V), times K. Judged against the exactly rounded O it failed (0.64 against a bound of 0.22); against
+    the O the forward stored, as every flash backward takes it, it passes (the backward agrees with float64's
+    from that O to 0.02). A wrong backward on ordinary problems still fails: ``test_a_wrong_gradient_is_caught``."""
+    p = fuzz.Problem(entry="attention", variant="tiled", config=None, dtype="bfloat16", layout="bhsd", batch=1,
+                     heads=6, kv_heads=3, seqlen_q=22, seqlen_k=8, head_dim=96, causal=True, align="bottom_right",
+                     window=(2, 2), softcap=0.0, alibi=False, seqused=False, num_splits=0, page=16, pattern="rising",
+                     seed=787726347, grad="fast")
+    fuzz.run(p, DEVICE)

@@ -226,21 +226,23 @@ def run(p: Problem, device: str) -> None:
 
 
 def _run_grad(p, q, k, v, g, dtype, device, mods, cfg):
-    """``p``'s call recorded by autograd, and its backward for a random dO: dQ, dK, dV against the float64
-    reference (:func:`fmha.verify.check_grads`); ``deterministic``, a second backward gives the same bits."""
+    """``p``'s call recorded by autograd, its output checked, and its backward for a random dO: dQ, dK, dV
+    against the float64 reference from that output (:func:`fmha.verify.check_grads`); ``deterministic``, a
+    second backward gives the same bits."""
     (qd, layout), (kd, _), (vd, _) = (_place(t, p.layout, dtype, device) for t in (q, k, v))
     qd, kd, vd = (t.detach().requires_grad_(True) for t in (qd, kd, vd))
     deterministic = p.grad == "deterministic"
 
     def grads(do=None):
-        o, _ = attention(qd, kd, vd, causal=p.causal, causal_align=p.align, layout=layout, variant=p.variant,
-                         config=cfg, return_lse=True, deterministic=deterministic, **mods)
+        o, lse = attention(qd, kd, vd, causal=p.causal, causal_align=p.align, layout=layout, variant=p.variant,
+                           config=cfg, return_lse=True, deterministic=deterministic, **mods)
         do = torch.randn(o.shape, generator=g).to(dtype).to(device) if do is None else do
-        return torch.autograd.grad(o, (qd, kd, vd), do), do
-    got, do = grads()
-    verify.check_grads(got, qd, kd, vd, do, p.causal, p.align, layout, **mods)
+        return torch.autograd.grad(o, (qd, kd, vd), do), do, o.detach(), lse
+    got, do, o, lse = grads()
+    verify.check(verify.to_bhsd(o, layout), *(t.to(dtype) for t in (q, k, v)), p.causal, p.align, lse=lse, **mods)
+    verify.check_grads(got, qd, kd, vd, do, p.causal, p.align, layout, o=o, **mods)
     if deterministic:
-        again, _ = grads(do)
+        again, _, _, _ = grads(do)
         assert all(torch.equal(a, b) for a, b in zip(got, again)), "deterministic: two backward runs differ"
 
 

@@ -110,16 +110,21 @@ def torch_lowp_grads(q, k, v, do, causal, causal_align, scale=None, window=(-1, 
     return tuple(t.grad.double().cpu().numpy() for t in (q, k, v))
 
 
-def check_grads(grads, q, k, v, do, causal, causal_align="top_left", layout="bhsd", scale=None, **mods):
+def check_grads(grads, q, k, v, do, causal, causal_align="top_left", layout="bhsd", scale=None, o=None, **mods):
     """Assert the gradients ``(dq, dk, dv)`` (in ``layout``) of attention on ``q, k, v`` for ``do`` pass the
     yardstick against :func:`fmha.reference.dense_attention_backward`: each within twice the sum of
     PyTorch's own error at the input precision and the error that taking ``delta = rowsum(dO * O)`` from
-    the output as stored (rounded to the input dtype, as every flash backward does) causes in float64,
-    plus one unit in the last place at its largest magnitude; and finite.  Returns the errors."""
+    the output as stored (as every flash backward does) causes in float64, plus one unit in the last place
+    at its largest magnitude; and finite.  ``o``: the output as the forward stored it (in ``layout``; its
+    own check is the forward's), else the float64 output rounded to the input dtype.  Where a row's
+    probability sits on one key, ``dO . (V - O)`` cancels and dQ follows O's rounding, times K: a forward's O
+    one unit off (P rounded to 16 bits before P V) then moves dQ twice as far as the rounded output does.
+    Returns the errors."""
     q, k, v, do = (to_bhsd(t, layout).detach() for t in (q, k, v, do))
     kw = dict(causal=causal, causal_align=causal_align, scale=scale, **mods)
     refs = reference.dense_attention_backward(q, k, v, do, **kw)[:3]
-    stored = torch.from_numpy(reference.dense_attention(q, k, v, **kw)).to(q.dtype)
+    stored = (to_bhsd(o, layout).detach().cpu() if o is not None
+              else torch.from_numpy(reference.dense_attention(q, k, v, **kw)).to(q.dtype))
     from_stored = reference.dense_attention_backward(q, k, v, do, o=stored, **kw)[:3]
     lowp = torch_lowp_grads(q, k, v, do, causal, causal_align, scale, **mods)
     errs = []
