@@ -144,7 +144,8 @@ def greedy_partings(got, want, model, mask=None) -> list[tuple[int, int, float, 
     """Where greedy tokens ``got`` (a model run with fmha) first part from ``want`` (the same model with SDPA),
     row by row, and how close ``model`` (SDPA's) rates the two tokens there: ``(row, index, gap, step)``, with
     ``step`` one bfloat16 unit at the largest logit.  Random weights give near-ties that rounding decides; a
-    ``gap`` within ``step`` is one of those, a larger one is a wrong answer.  ``got``/``want``: prompt and new
+    ``gap`` within ``step`` is one of those, a larger one is not (after several bf16 layers a parting just past
+    one step has been seen, not examined).  ``got``/``want``: prompt and new
     tokens; ``mask``: the prompt's attention mask (left padding placed as generate() places it)."""
     out = []
     for row in range(got.shape[0]):
