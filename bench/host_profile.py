@@ -153,6 +153,8 @@ def breakdown(fn, calls: int, rounds: int) -> dict:
         return {"whole call (not on the fast replay path)": host_us({"": fn}, calls, rounds)[""]}
     n, stream = len(inputs), replay._stream(device)
     held = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in recipe.buffers]
+    for i, count in recipe.tickets:  # (a split's counters: the stream's, at zero)
+        held[i] = replay._tickets(device, stream, count)
     ptrs = [None if t is None else t.data_ptr() for t in (*inputs, *held)]
 
     def allocate():

@@ -12,7 +12,11 @@ from fmha.kernels import VARIANTS
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("sq,sk,splits,causal", [(1, 200, 3, False), (4, 257, 5, True), (16, 130, 2, True),
                                                  (7, 64, 8, False)])
-def test_split_keys_match_reference(variant, sq, sk, splits, causal):
+@pytest.mark.parametrize("merge_in_split", [True, False])
+def test_split_keys_match_reference(variant, sq, sk, splits, causal, merge_in_split, monkeypatch):
+    if merge_in_split and variant != "tiled":
+        pytest.skip("the seed's variants merge apart")
+    monkeypatch.setattr(fmha.forward, "merge_in_split", lambda device: merge_in_split)
     q, k, v = make_qkv(2, 4, 1, sq, sk, 64, torch.bfloat16, seed=sk)
     out = nan_like(q)
     o, lse = fmha.attention(q, k, v, causal=causal, causal_align="bottom_right", variant=variant,
@@ -20,6 +24,25 @@ def test_split_keys_match_reference(variant, sq, sk, splits, causal):
     check_against_reference(out, q, k, v, causal, "bottom_right")
     _, ref_lse = reference.dense_attention(q, k, v, causal=causal, causal_align="bottom_right", return_lse=True)
     np.testing.assert_allclose(lse.cpu().double().numpy(), ref_lse, atol=2e-3)
+
+
+@pytest.mark.parametrize("return_lse", [True, False])
+def test_a_split_merges_its_own_partials_in_one_launch(return_lse, monkeypatch):
+    # the split that finishes a row block last merges it: one launch, the counters left at zero for the next
+    from fmha import replay
+    launched = []
+    real = replay.launch
+    monkeypatch.setattr(replay, "launch", lambda kernel, *a, **kw: (launched.append(kernel), real(kernel, *a, **kw)))
+    q, k, v = make_qkv(2, 8, 2, 3, 300, 64, torch.float16, layout="bshd", seed=5)
+    for _ in range(2):  # the second call meets the counters the first one left
+        launched.clear()
+        replay.clear(compiled=False)  # (on a GPU the second call would replay the first's launches)
+        out = nan_like(q)
+        got = fmha.attention(q, k, v, layout="bshd", num_splits=4, return_lse=return_lse, out=out)
+        o, lse = got if return_lse else (got, None)
+        assert launched == [VARIANTS["tiled"]]
+        check_against_reference(out, q, k, v, False, layout="bshd", lse=lse)
+    assert all(int(block.abs().sum()) == 0 for block in replay._TICKETS.values())
 
 
 def test_split_with_rows_that_see_nothing():

@@ -204,6 +204,34 @@ def test_without_hooks_a_replay_drives_the_raw_launcher(monkeypatch):
     assert kernel.launches[-1][0] == "direct"
 
 
+def test_a_replay_counts_in_the_tickets_of_the_stream_it_launches_on(monkeypatch):
+    """A launch's counters (a split that merges its own partials) are the launching stream's block, at zero:
+    never the recorded call's block replayed on another stream, never the scratch."""
+    monkeypatch.setattr(replay, "_fill_descriptor", lambda ptr, *fill: ("map", ptr))
+    monkeypatch.setattr(replay, "_TICKETS", {})
+    stream = [0]
+    monkeypatch.setattr(replay, "_stream", lambda device: stream[0])
+    kernel = RawKernel()
+    x, y = torch.zeros(4), torch.ones(4)
+    cpu = torch.device("cpu")
+
+    def counting():
+        out, _ = _call(kernel, x, y)
+        replay.launch(kernel, (1,), x, replay.buffer(torch.empty(3)), replay.tickets(cpu, 6), Desc(y, [8]), 5)
+        return out, None
+    replay.call(_kind(x, y), (x, y), cpu, counting)
+    recorded = replay._TICKETS[(cpu, 0)]
+    seen = []
+    for s in (0, 7, 0):
+        stream[0] = s
+        replay.call(_kind(x, y), (x, y), cpu, lambda: pytest.fail("not replayed"))
+        seen.append(kernel.launches[-1][2][2])
+        assert seen[-1] != kernel.launches[-1][2][1]  # not the scratch
+    other = replay._TICKETS[(cpu, 7)]
+    assert seen == [recorded.data_ptr(), other.data_ptr(), recorded.data_ptr()]
+    assert other.numel() >= 6 and not other.any() and other.data_ptr() != recorded.data_ptr()
+
+
 def test_the_key_tells_layouts_and_alignment_apart():
     x = torch.zeros(2, 3, 8)
     assert replay.key("k", (x,)) == replay.key("k", (torch.ones(2, 3, 8),))

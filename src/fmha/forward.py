@@ -40,7 +40,8 @@ def _replayed(kind: str, inputs, call, *flags, checks=None):
         if checks is not None:
             checks()
         return call()
-    return tuple(replay.call(replay.key(kind, inputs, *flags), inputs, q.device, call, checks))
+    capturing = torch._C._cuda_isCurrentStreamCapturing()  # (a split merges apart under capture: merge_in_split)
+    return tuple(replay.call(replay.key(kind, inputs, *flags, capturing), inputs, q.device, call, checks))
 
 
 def dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse, out=None, config=None,
@@ -167,10 +168,18 @@ def _no_keys(o, lse):
     return o, lse
 
 
+def merge_in_split(device: torch.device) -> bool:
+    """Whether a split launch of ``tiled`` merges its own partials (the split that ends a row block last
+    merges it): one launch fewer, 6-8 us of an eager call's host time, for about 0.4 us more on the GPU at
+    1k keys (docs/PERF.md, decoding).  Not while the stream is captured into a CUDA graph, where the host's
+    launch costs nothing and the separate merge is the faster."""
+    return not (device.type == "cuda" and torch._C._cuda_isCurrentStreamCapturing())
+
+
 def run(p: planning.Plan, q, k, v, o, lse, layout, alibi, seqs, block_table=None, descale=None) -> None:
-    """Launch ``p``: directly, or split over the keys into float32 partials merged by their LSE in
-    a second kernel (merging inside the split launch, stream-K and a programmatic dependent launch
-    of the merge all measured slower: docs/PERF.md, decoding)."""
+    """Launch ``p``: directly, or split over the keys into float32 partials merged by their LSE, inside
+    the split launch (:func:`merge_in_split`) or in a second kernel (stream-K and a programmatic dependent
+    launch of the merge measured slower: docs/PERF.md, decoding)."""
     from . import kernels
     prob = p.problem
     with on(q.device):
@@ -182,6 +191,8 @@ def run(p: planning.Plan, q, k, v, o, lse, layout, alibi, seqs, block_table=None
         shape = (-(-prob.seqlen_k // p.split_len), prob.batch, prob.heads, prob.seqlen_q)
         o_parts = replay.buffer(torch.empty((*shape, prob.dv), dtype=torch.float32, device=q.device))
         lse_parts = replay.buffer(torch.empty(shape, dtype=torch.float32, device=q.device))
+        merge = (o, lse) if p.variant == "tiled" and merge_in_split(q.device) else None
         kernels.launch(p.variant, p.config, prob, q, k, v, o_parts, lse_parts, layout, alibi, seqs,
-                       split_len=p.split_len, block_table=block_table, descale=descale)
-        combine.launch(o_parts, lse_parts, o, lse, kernels.strides_bhsd(o, layout), prob.heads, prob.seqlen_q)
+                       split_len=p.split_len, block_table=block_table, descale=descale, merge=merge)
+        if merge is None:
+            combine.launch(o_parts, lse_parts, o, lse, kernels.strides_bhsd(o, layout), prob.heads, prob.seqlen_q)

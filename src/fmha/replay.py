@@ -209,6 +209,29 @@ def host_work() -> None:
         _local.steps.append(None)
 
 
+_TICKETS: dict = {}  # (device, stream) -> int32 counters, left at zero by every launch that takes them
+
+
+def tickets(device: torch.device, n: int) -> torch.Tensor:
+    """At least ``n`` int32 counters at zero for a launch that counts its programs as they finish (a split
+    launch merging its own partials: each launch leaves them at zero), one block per device and stream: the
+    launches of one stream run one after another, two streams' never share counters.  A replay takes the
+    block of the stream it launches on."""
+    block = _tickets(device, _stream(device), n)
+    if getattr(_local, "steps", None) is not None:
+        _local.tickets.append(block)
+    return block
+
+
+def _tickets(device: torch.device, stream: int, n: int) -> torch.Tensor:
+    block = _TICKETS.get((device, stream))
+    if block is None or block.numel() < n:
+        if block is None and len(_TICKETS) >= 64:  # streams come from torch's pool; past it, start again
+            _TICKETS.clear()
+        block = _TICKETS[(device, stream)] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+    return block
+
+
 def constant(t: torch.Tensor) -> torch.Tensor:
     """``t``, a tensor whose contents follow from the call's key alone: a replay passes this one."""
     if getattr(_local, "steps", None) is not None:
@@ -227,8 +250,9 @@ class _Descriptor:
 class Recipe:
     """The launches of one kind of call, with the tensors named (:mod:`fmha.replay`)."""
 
-    def __init__(self, steps, inputs, outputs, buffers, constants):
-        self.buffers = []  # (shape, dtype) of each buffer the call allocates
+    def __init__(self, steps, inputs, outputs, buffers, constants, counters=()):
+        self.buffers = []  # (shape, dtype) of each buffer the call allocates, then of each block of counters
+        self.tickets = []  # (buffer index, counters): the blocks of :func:`tickets`, the launching stream's
         # per launch: (compiled kernel, its launcher, function and packed metadata, grid, argument template,
         # [(position, is an input, index)], [(position, is an input, index, shape, strides, padding)])
         self.steps = []
@@ -241,7 +265,12 @@ class Recipe:
                     raise LookupError("a strided buffer")
                 named[id(t)] = (False, len(self.buffers))
                 self.buffers.append((tuple(t.shape), t.dtype))
-        tensors = [t for t in (*inputs, *buffers) if t is not None]
+        for t in counters:
+            if id(t) not in named:
+                named[id(t)] = (False, len(self.buffers))
+                self.tickets.append((len(self.buffers), t.numel()))
+                self.buffers.append((tuple(t.shape), t.dtype))
+        tensors = [t for t in (*inputs, *buffers, *counters) if t is not None]
         at = {t.data_ptr(): named[id(t)] for t in tensors}  # views made inside the call start there
 
         def name(t):
@@ -268,9 +297,10 @@ class Recipe:
         # the fast path allocates the buffers it returns, and one block for the others (partials of a split)
         returned = {o[1] for o in self.outputs if o is not None and not o[0]}
         self.returned = [(i, shape, dtype) for i, (shape, dtype) in enumerate(self.buffers) if i in returned]
+        counting = {i for i, _ in self.tickets}
         self.scratch, self.scratch_bytes = [], 0
         for i, (shape, dtype) in enumerate(self.buffers):
-            if i not in returned:
+            if i not in returned and i not in counting:
                 self.scratch.append((i, self.scratch_bytes))
                 self.scratch_bytes += -(-math.prod(shape) * dtype.itemsize // 256) * 256
         try:
@@ -300,10 +330,14 @@ class Recipe:
                 base = scratch.data_ptr()
                 for i, offset in self.scratch:
                     ptrs[n + i] = base + offset
+            for i, count in self.tickets:
+                ptrs[n + i] = _tickets(device, stream, count).data_ptr()
             for step in self.fast:
                 step(ptrs, n, stream)
             return [None if o is None else (inputs[o[1]] if o[0] else buffers[o[1]]) for o in self.outputs]
         buffers = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in self.buffers]
+        for i, count in self.tickets:
+            buffers[i] = _tickets(device, stream, count)
         for compiled, launcher, function, packed, grid, template, plain, descs in self.steps:
             args = template.copy()
             for pos, is_input, i in plain:
@@ -422,7 +456,7 @@ def _fill_descriptor(ptr, *fill):
 
 
 def _stream(device: torch.device) -> int:
-    return torch._C._cuda_getCurrentRawStream(device.index)
+    return torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" else 0
 
 
 def call(k: tuple, inputs, device: torch.device, run, checks=None):
@@ -436,11 +470,12 @@ def call(k: tuple, inputs, device: torch.device, run, checks=None):
         checks()
     if recipe is UNRECORDABLE or getattr(_local, "steps", None) is not None:
         return run()
-    _local.steps, _local.buffers, _local.constants = steps, buffers, constants = [], [], []
+    _local.steps, _local.buffers, _local.constants, _local.tickets = steps, buffers, constants, counters = \
+        [], [], [], []
     try:
         outputs = run()
     finally:
-        _local.steps = _local.buffers = _local.constants = None
+        _local.steps = _local.buffers = _local.constants = _local.tickets = None
     if not steps or any(s is not None and s[1] is None for s in steps):  # an edge answered without a launch;
         return outputs  # the interpreter
     if None in steps:  # :func:`host_work`
@@ -449,7 +484,7 @@ def call(k: tuple, inputs, device: torch.device, run, checks=None):
     if len(_RECIPES) >= _MAX_RECIPES:
         _RECIPES.clear()
     try:
-        _RECIPES[k] = Recipe(steps, inputs, outputs, buffers, constants)
+        _RECIPES[k] = Recipe(steps, inputs, outputs, buffers, constants, counters)
     except LookupError:
         _RECIPES[k] = UNRECORDABLE
     return outputs

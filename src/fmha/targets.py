@@ -337,13 +337,16 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
         const.update(FP8=fp8)
     if "QK_LO" in kernel.arg_names:  # tiled: no second slice of Q K^T (MLA's absorbed form), V read apart
         const.update(QK_LO=0, V_FROM_K=False)
+    if "MERGE" in kernel.arg_names:  # tiled: a split launch's partials merged apart
+        const.update(MERGE=False, MERGE_LSE=False)
     if head_dim == MLA_ABSORBED[0]:  # MLA's absorbed decode: 512 + 64 columns, V K's first 512, keys split, GQA packed
         const.update(HEAD_DIM=512, BLOCK_D=512, HEAD_V=512, BLOCK_DV=512, QK_LO=64, V_FROM_K=True, SPLIT=True,
                      PACK_GQA=True, ALIGN_BR=True, SEQUSED=True)
     const.update({name: 1 for name in kernel.arg_names  # unit strides, as launches specialise them
                   if name.startswith("stride_") and name.endswith("d") and name not in const})
-    aligned = {**dict.fromkeys(("Q", "K", "V"), DTYPES[dtype]), "O": "bf16" if fp8 else DTYPES[dtype],
-               **dict.fromkeys(("LSE", "Alibi", "Descale"), "fp32")}
+    out = "bf16" if fp8 else DTYPES[dtype]
+    aligned = {**dict.fromkeys(("Q", "K", "V"), DTYPES[dtype]), **dict.fromkeys(("O", "Out"), out),
+               **dict.fromkeys(("LSE", "Alibi", "Descale", "LseOut"), "fp32")}
     compiled = _compile(kernel, const, aligned, chip, cfg.num_warps, cfg.num_stages)
     return Build(variant, target, head_dim, dtype, causal, cfg.as_dict(), dict(compiled.asm),
                  _plain(compiled.metadata))
@@ -360,7 +363,7 @@ def _compile(kernel, const: dict, aligned: dict, chip, num_warps: int, num_stage
             sig[name] = "constexpr"
         elif name in aligned:
             sig[name], attrs[(i,)] = "*" + aligned[name], [["tt.divisibility", 16]]
-        elif name in ("CuQ", "CuK", "SeqK", "BlockTable"):
+        elif name in ("CuQ", "CuK", "SeqK", "BlockTable", "Tickets"):
             sig[name] = "*i32"
         elif name in ("scale_log2", "softcap"):
             sig[name] = "fp32"

@@ -72,13 +72,16 @@ def v_from_k(prob, k, v) -> bool:
 
 
 def launch(variant: str, cfg, prob, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None, None),
-           grid_m: int | None = None, split_len: int = 0, block_table=None, longest=None, descale=None) -> None:
+           grid_m: int | None = None, split_len: int = 0, block_table=None, longest=None, descale=None,
+           merge=None) -> None:
     """Run ``variant`` with ``cfg`` on ``prob``: writes ``o`` (and ``lse`` if not None).
     ``seqs = (cu_seqlens_q, cu_seqlens_k, seqused_k)``; ``grid_m`` rows cover the longest sequence;
     ``longest``: packed sequences' max_seqlen_q and max_seqlen_k (the room of ``hopper``'s work list).
     ``split_len > 0``: keys split in chunks of that many (flash-decoding); ``o`` is then a float32
     ``[splits, batch, heads, seqlen_q, D]`` workspace and ``lse`` ``[splits, batch, heads, seqlen_q]``.
-    ``descale`` (``prob.fp8``): float32 ``[batch * kv_heads, 3]``, each (batch, kv head)'s q, k and v factors."""
+    ``descale`` (``prob.fp8``): float32 ``[batch * kv_heads, 3]``, each (batch, kv head)'s q, k and v factors.
+    ``merge = (out, out_lse)`` (``tiled``, split): the split that ends each row block last merges the partials
+    into ``out`` (in ``layout``) and, when not None, ``out_lse`` (``[batch, heads, seqlen_q]``)."""
     if variant == "hopper":
         from . import hopper
         return hopper.launch(prob, cfg, q, k, v, o, lse, layout, alibi, seqs, longest, block_table, descale)
@@ -119,4 +122,18 @@ def launch(variant: str, cfg, prob, q, k, v, o, lse, layout: str, alibi=None, se
         **(dict(Descale=descale if descale is not None else o, FP8=prob.fp8) if "FP8" in params else {}),
         **(dict(QK_LO=prob.qk_lo, V_FROM_K=v_from_k(prob, k, v)) if "QK_LO" in params else {}),
         **(dict(AMD=torch.version.hip is not None and q.is_cuda) if "AMD" in params else {}),
+        **(_merge_args(merge, layout, q.device, grid, o) if "MERGE" in params else {}),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def _merge_args(merge, layout: str, device, grid, o) -> dict:
+    """The tiled kernel's arguments for a split launch that merges its own partials (``merge = (out,
+    out_lse)``), or for one that does not (None)."""
+    if merge is None:
+        return dict(Out=o, stride_fb=0, stride_fh=0, stride_fs=0, stride_fd=0, LseOut=o, Tickets=o, MERGE=False,
+                    MERGE_LSE=False)
+    out, out_lse = merge
+    fb, fh, fs, fd = strides_bhsd(out, layout)
+    return dict(Out=out, stride_fb=fb, stride_fh=fh, stride_fs=fs, stride_fd=fd,
+                LseOut=out_lse if out_lse is not None else o, Tickets=replay.tickets(device, grid[0] * grid[1]),
+                MERGE=True, MERGE_LSE=out_lse is not None)

@@ -9,8 +9,8 @@ ragged end), masked elementwise.  Tile sizes, warps and stages come from
 import triton
 import triton.language as tl
 
-from .common import (causal_stop, full_stop, head_slope, initial_state, load_rows, mma, online_softmax_step, paged_rows,
-                     program_start, scores, split_keys, window_start, write_output)
+from .common import (causal_stop, full_stop, head_slope, initial_state, load_rows, merge_if_last, mma,
+                     online_softmax_step, paged_rows, program_start, scores, split_keys, window_start, write_output)
 
 
 @triton.jit
@@ -89,13 +89,17 @@ def tiled_kernel(
         ALIBI: tl.constexpr, VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr,
         SPLIT: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr, PACK_GQA: tl.constexpr,
         KV_TMA: tl.constexpr, HEAD_V: tl.constexpr, BLOCK_DV: tl.constexpr, Descale, FP8: tl.constexpr,
-        QK_LO: tl.constexpr, V_FROM_K: tl.constexpr):
+        QK_LO: tl.constexpr, V_FROM_K: tl.constexpr,
+        Out, stride_fb, stride_fh, stride_fs, stride_fd, LseOut, Tickets, MERGE: tl.constexpr,
+        MERGE_LSE: tl.constexpr):
     """HEAD_V, BLOCK_DV: V's and O's head dimension (DeepSeek's MLA: 128 against q/k's 192), else HEAD_DIM's.
     QK_LO: q/k have ``QK_LO`` more columns after their first ``BLOCK_D`` (MLA's absorbed form: 576 = 512 + 64,
     HEAD_DIM then 512), a second slice of Q K^T; V_FROM_K: V is K's first columns, read once as K's tile.
     FP8: float8 K and V (q float8 or 16-bit), dequantized on load to q's 16 bits (bfloat16 for float8 q);
     ``Descale`` holds each (batch, kv head)'s q, k and v factors: q's and k's scale the scores (with
-    ``scale_log2``), v's the output."""
+    ``scale_log2``), v's the output.  MERGE (SPLIT): the split that finishes a row block last merges the
+    partials into ``Out`` (strides ``stride_f*``) and, MERGE_LSE, ``LseOut``, counting splits in ``Tickets``
+    (int32, one per row block and batch*head program, at zero)."""
     (row_lo, row_hi, offs_m, q, k_base, v_base, o_rows, lse_rows, seqlen_q, seqlen_k, causal_offset, window_offset,
      align_offset) = program_start(
         Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh,
@@ -156,6 +160,11 @@ def tiled_kernel(
         acc = acc * tl.load(factors + 2)
     write_output(o_rows, LSE, lse_rows, acc, l, m, offs_m, seqlen_q, offs_dv, stride_od,
                  HEAD_V, BLOCK_DV, STORE_LSE)
+    if MERGE:
+        tl.static_assert(SPLIT and STORE_LSE and not VARLEN, "the merge reads a dense split's partials")
+        merge_if_last(o_rows, LSE, lse_rows, Out, LseOut, Tickets, offs_m, heads, seqlen_q, offs_dv, stride_od,
+                      stride_osplit, lse_split, stride_fb, stride_fh, stride_fs, stride_fd, HEAD_V, BLOCK_DV,
+                      BLOCK_M, MERGE_LSE)
 
 
 KERNEL = tiled_kernel
