@@ -4,7 +4,7 @@ weights, bf16), eager.
 
     PYTHONPATH=src python3 bench/model_speed.py [--models llama qwen2 gemma2 mistral] [--layers 4]
         [--seqlens 1024 4096 16384] [--batches 1 8] [--new-tokens 32] [--packed 8] [--first-generate]
-        [--ledger bench/ledger.csv]
+        [--compiled] [--ledger bench/ledger.csv]
 
 Per model, batch and prompt length, for each implementation: the prefill forward's time, the time
 inside attention (CUDA events around every attention call of that forward, summed), and the
@@ -17,7 +17,9 @@ position_ids (padding-free: SDPA gets transformers' block-diagonal mask).  ``--f
 generate() as a program's first (fmha's recipes forgotten before each: each cache length a new kind; without
 it the lengths recur from the runs before and every fmha call replays).  Rows go to the ledger (``provider``
 ``transformers:<impl>``, ``features`` ``part=forward|attention|decode`` (``decode first-generate``),
-``ratio_best_peer`` against SDPA's row).
+``ratio_best_peer`` against SDPA's row).  ``--compiled``: generate() alone with a static cache, whose decoding steps
+transformers compiles (``torch.compile(mode="reduce-overhead")``), with dynamo's counts of graphs,
+graph breaks and recompilations while timed (:func:`compiled_decode`; ``features`` ``part=decode compiled=...``).
 """
 from __future__ import annotations
 
@@ -170,6 +172,41 @@ def decode(models: dict, ids, new_tokens: int, reps: int = 3, first: bool = Fals
     return out
 
 
+def compiled_decode(models: dict, ids, new_tokens: int, reps: int = 3) -> dict:
+    """Per model: the time per token of greedy generate() with a static cache (``cache_implementation="static"``),
+    whose decoding steps transformers compiles itself (``torch.compile``, ``mode="reduce-overhead"``: CUDA
+    graphs; the prefill stays eager), timed as :func:`decode` times it after two untimed runs (the compilation,
+    the graphs' recording); with dynamo's counts: graphs compiled in all, graph breaks, and graphs compiled
+    during the timed runs (a recompilation per token shows there)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    def gen(model, n):
+        return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                              do_sample=False, cache_implementation="static")
+    out = {}
+    for impl, model in models.items():
+        torch._dynamo.reset()
+        counters.clear()
+        try:
+            with torch.no_grad():
+                for _ in range(2):
+                    tokens = gen(model, 1 + new_tokens)[:, ids.shape[1]:]
+                    gen(model, 1)
+                before = counters["stats"]["unique_graphs"]
+                one, many = [], []
+                for _ in range(reps):
+                    for at, n in enumerate((1, 1 + new_tokens)):
+                        (one, many)[at].append(_ms(partial(gen, model, n)))
+            out[impl] = {"decode": (statistics.median(many) - statistics.median(one)) / new_tokens,
+                         "tokens": tokens, "graphs": counters["stats"]["unique_graphs"],
+                         "breaks": sum(counters["graph_break"].values()),
+                         "recompiled": counters["stats"]["unique_graphs"] - before}
+        finally:
+            torch._dynamo.reset()
+    return out
+
+
 def packed_step(models: dict, tokens: int, sequences: int, reps: int = 5) -> dict:
     """Per model: the time of one training step's forward and backward (no optimizer) over one row of ``tokens``
     tokens packed from ``sequences`` sequences of random lengths, told apart by position_ids alone
@@ -207,6 +244,9 @@ def main():
                    help="also a padding-free training step per seqlen: one row of that many packed sequences")
     p.add_argument("--first-generate", action="store_true",
                    help="time each generate() as a program's first: fmha's recipes forgotten before each timed run")
+    p.add_argument("--compiled", action="store_true",
+                   help="time generate() only, with a static cache (transformers compiles its decoding steps in "
+                        "torch.compile's reduce-overhead mode: CUDA graphs), counting graphs, breaks, recompilations")
     p.add_argument("--ledger", default=None)
     args = p.parse_args()
     timed = register()
@@ -230,6 +270,11 @@ def main():
                 if b * s > args.max_tokens:
                     continue
                 ids = torch.randint(0, VOCAB, (b, s), device="cuda", generator=torch.Generator("cuda").manual_seed(s))
+                if args.compiled:
+                    rows = _compiled_rows(name, args.layers, b, s, heads, kvh, d, env,
+                                          compiled_decode(models, ids, args.new_tokens), args.new_tokens)
+                    ledger.append(args.ledger, rows)
+                    continue
                 RAN.clear()
                 res = measure(models, timed, ids)
                 for impl, r in decode(models, ids, args.new_tokens, first=args.first_generate).items():
@@ -274,6 +319,24 @@ def main():
                 torch.cuda.empty_cache()
         del models
         torch.cuda.empty_cache()
+
+
+def _compiled_rows(name, layers, b, s, heads, kvh, d, env, res, new_tokens) -> list:
+    """Print :func:`compiled_decode`'s figures for one cell; its ledger rows."""
+    same = int((res["fmha"]["tokens"] == res["sdpa"]["tokens"]).all(dim=0).cumprod(0).sum())
+    ratio = res["sdpa"]["decode"] / res["fmha"]["decode"]
+    counts = {impl: f"graphs {r['graphs']}, breaks {r['breaks']}, compiled while timed {r['recompiled']}"
+              for impl, r in res.items()}
+    print(f"{name:8} {b:>2} {s:>6} | compiled, static cache, per token fmha/sdpa ms {res['fmha']['decode']:.2f}/"
+          f"{res['sdpa']['decode']:.2f} ({ratio:.2f}x) | same tokens {same}/{new_tokens + 1} | fmha: "
+          f"{counts['fmha']}; sdpa: {counts['sdpa']}", flush=True)
+    return [dict(env, provider=f"transformers:{impl}", dtype="bfloat16", batch=b, heads=heads, kv_heads=kvh,
+                 seqlen_q=1, seqlen_k=s, head_dim=d, causal=1, ms=r["decode"],
+                 features="part=decode compiled=reduce-overhead cache=static", config=f"{name} {layers} layers",
+                 ratio_best_peer=ratio if impl == "fmha" else 1.0,
+                 note=counts[impl] + (f"; greedy tokens equal sdpa's: first {same} of {new_tokens + 1}"
+                                      if impl == "fmha" else ""))
+            for impl, r in res.items()]
 
 
 if __name__ == "__main__":
