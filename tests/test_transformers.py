@@ -364,21 +364,25 @@ def test_compiled_generation_with_a_mask_neither_breaks_nor_recompiles(models, m
 
 def test_compiled_generation_with_a_static_cache_runs_fmha_with_its_lengths(models, monkeypatch):
     """The whole model under ``torch.compile`` with a static cache (generate()'s ``cache_implementation="static"``,
-    whose mask hides the slots not yet written): ``torch.cond`` reads the mask as a static cache's on the device
-    and runs fmha with ``seqused_k``, with no graph break; the tokens are SDPA's, the all-ones and a left-padded
-    batch alike (the padded one's mask is no prefix: SDPA with the mask)."""
+    whose mask hides the slots not yet written): the prefill's ``torch.cond`` reads the mask as a static cache's
+    on the device and runs fmha with ``seqused_k``; a decoding step runs fmha with the mask itself and the keys
+    up to its last real one, in a graph with no ``torch.cond`` (which would cost it its CUDA graph); no graph
+    break; the tokens are SDPA's, the all-ones and a left-padded batch alike."""
     import torch._dynamo
     from torch._dynamo.utils import counters
     from fmha import forward
     ref, ours = models
     lengths = []
     dense = forward.dense
-    monkeypatch.setattr(forward, "dense", lambda *a, **kw: lengths.append(kw.get("seqused_k")) or dense(*a, **kw))
+    masked = []
+    monkeypatch.setattr(forward, "dense", lambda *a, **kw: lengths.append(kw.get("seqused_k")) or masked.append(
+        kw.get("attn_mask") is not None) or dense(*a, **kw))
     ids = torch.randint(1, 101, (2, 12), generator=torch.Generator().manual_seed(9)).to(DEVICE)
     left = torch.ones_like(ids)
     left[1, :3] = 0
     compiled = copy.deepcopy(ours)
-    compiled.forward = torch.compile(compiled.forward, backend=lambda gm, ex: gm.forward)
+    graphs = []
+    compiled.forward = torch.compile(compiled.forward, backend=lambda gm, ex: graphs.append(gm) or gm.forward)
     torch._dynamo.reset()
     counters.clear()
     try:
@@ -393,6 +397,8 @@ def test_compiled_generation_with_a_static_cache_runs_fmha_with_its_lengths(mode
     finally:
         torch._dynamo.reset()
     assert sum(counters["graph_break"].values()) == 0
+    assert any(masked)  # decoding steps ran fmha with the mask, in a graph without torch.cond
+    assert any("fmha.attention" in str(g.graph) and "cond" not in str(g.graph) for g in graphs)
 
 
 def test_a_compiled_training_step_with_a_mask_has_no_graph_break():

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from . import configs, forward
-from .checks import (check_features, check_forward_only, check_fp8, check_index, check_inputs, check_out,
-                     check_paged_call, check_splits, check_varlen_call, variants)
+from .checks import (attn_mask_view, check_features, check_forward_only, check_fp8, check_index, check_inputs,
+                     check_out, check_paged_call, check_splits, check_varlen_call, variants)
 from . import gradients
 from .plan import describe, select_variant
 from .sinks import attach as attach_sinks
@@ -22,7 +22,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
               seqused_k: torch.Tensor | None = None, num_splits: int = 0, sinks: torch.Tensor | None = None,
               deterministic: bool = False, config: configs.KernelConfig | None = None,
               q_descale: torch.Tensor | None = None, k_descale: torch.Tensor | None = None,
-              v_descale: torch.Tensor | None = None):
+              v_descale: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None):
     """Exact attention ``softmax(scale * q k^T) v``, computed flash-style (no score matrix).
 
     Shapes (``layout="bhsd"``): ``q`` ``[batch, heads, seqlen_q, head_dim]``, ``k`` and
@@ -64,6 +64,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     row's softmax denominator and brings no value (not scaled; a row that sees no key returns 0 and LSE
     ``sink_h``); differentiable (:mod:`fmha.sinks`).
 
+    ``attn_mask``: SDPA's boolean mask, True where a key takes part, broadcastable to ``[batch, heads,
+    seqlen_q, seqlen_k]`` whatever the layout (transformers' 4-D masks as they are), joined with the band
+    and modifiers above; a row it leaves no key gives 0 (SDPA's math gives NaN there); a key it hides takes
+    part as ``0 * v`` (NaN in its value reaches the row, as in SDPA; in its key it does not).  It runs on the
+    ``tiled`` variant, which reads the mask's rows tile by tile (the band's own tiles are skipped whole, the
+    mask's are not: pass ``causal``/``window`` for what is a band and the mask for the rest);
+    forward only.  An additive float mask is not taken.
     ``num_splits``: split the keys over that many programs per query block and merge
     the partials by their LSE (flash-decoding); 0 (default) decides: on a GPU, short
     queries (seqlen_q <= 16) against long keys are split to fill the chip; 1 never splits.
@@ -80,6 +87,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     does (the Triton kernels: its own pass over the keys; the Gluon kernel: its adds in one fixed order).
     """
     descales = (q_descale, k_descale, v_descale)
+    mask = None if attn_mask is None else attn_mask_view(attn_mask, q, k, layout)
 
     def checks():
         check_inputs(q, k, v, causal_align, layout, variant, scale, fp8=True)
@@ -92,24 +100,27 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         if out is not None:
             check_out(out, q, k, v)
     if (out is None and sinks is None and q_descale is None and k_descale is None and v_descale is None
-            and _replayable(q, k, v, alibi_slopes, seqused_k, window=window, softcap=softcap)
+            and _replayable(q, k, v, alibi_slopes, seqused_k, mask, window=window, softcap=softcap)
             and not gradients.needs_grad(q, k, v) and not torch.compiler.is_compiling()):
         o, lse = forward.dense(q, k, v, causal=causal, scale=scale, variant=variant, causal_align=causal_align,
                                layout=layout, return_lse=return_lse, config=config, window=window,
                                softcap=float(softcap), alibi_slopes=alibi_slopes, seqused_k=seqused_k,
                                num_splits=num_splits, descale=forward.descale_table(q, k, layout, descales),
-                               checks=checks)
+                               checks=checks, attn_mask=mask)
         return (o, lse) if return_lse else o
     checks()
     descale = forward.descale_table(q, k, layout, descales)
     if descale is not None and torch.compiler.is_compiling():
         raise NotImplementedError("float8 attention does not run under torch.compile: call it eagerly")
     grad = gradients.needs_grad(q, k, v, sinks)
+    if grad and mask is not None:
+        raise NotImplementedError("attn_mask has no backward: run the call under torch.no_grad(), or express the "
+                                  "mask as causal, window, seqused_k or packed sequences (attention_varlen)")
     if torch.compiler.is_compiling() and out is None and config is None:
         from .custom_op import attention_op
         o, lse = attention_op(q, k, v, bool(causal), None if scale is None else float(scale), variant,
                               causal_align, layout, return_lse or grad, bool(deterministic), int(window[0]),
-                              int(window[1]), float(softcap), alibi_slopes, seqused_k, int(num_splits), sinks)
+                              int(window[1]), float(softcap), alibi_slopes, seqused_k, int(num_splits), sinks, mask)
         lse = lse if return_lse else None
     elif grad:
         if out is not None:
@@ -122,7 +133,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         o, lse = forward.dense(q, k, v, causal=causal, scale=scale, variant=variant, causal_align=causal_align,
                                layout=layout, return_lse=return_lse or sinks is not None, out=out, config=config,
                                window=tuple(window), softcap=float(softcap), alibi_slopes=alibi_slopes,
-                               seqused_k=seqused_k, num_splits=num_splits, descale=descale)
+                               seqused_k=seqused_k, num_splits=num_splits, descale=descale, attn_mask=mask)
         if sinks is not None:
             o, lse = attach_sinks(o, lse, sinks, layout)
     return (o, lse) if return_lse else o

@@ -103,6 +103,29 @@ def check_features(q, layout: str, window, softcap, alibi_slopes, sinks=None) ->
             raise ValueError(f"sinks must be a float32 tensor of shape ({heads},) on {q.device}, got {got}")
 
 
+def attn_mask_view(attn_mask, q, k, layout: str) -> torch.Tensor:
+    """``attn_mask`` (SDPA's boolean mask: True where the key takes part, broadcastable to ``[batch, heads,
+    seqlen_q, seqlen_k]`` in every layout) checked and expanded to that shape (broadcast dimensions stride 0)."""
+    batch, heads, seqlen_q = (q.shape[0], q.shape[1], q.shape[2]) if layout == "bhsd" else (
+        q.shape[0], q.shape[2], q.shape[1])
+    seqlen_k = k.shape[2] if layout == "bhsd" else k.shape[1]
+    full = (batch, heads, seqlen_q, seqlen_k)
+    if not isinstance(attn_mask, torch.Tensor):
+        raise ValueError(f"attn_mask must be a boolean tensor, got {type(attn_mask).__name__}")
+    if attn_mask.dtype != torch.bool:
+        raise ValueError(f"attn_mask must be boolean (True: the key takes part), got {attn_mask.dtype}: an additive "
+                         "float mask is not taken")
+    if attn_mask.device != q.device:
+        raise ValueError(f"attn_mask must be on {q.device}, got {attn_mask.device}")
+    try:
+        if attn_mask.dim() > 4 or torch.broadcast_shapes(attn_mask.shape, full) != full:
+            raise RuntimeError
+    except RuntimeError:
+        raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to [batch, heads, "
+                         f"seqlen_q, seqlen_k] = {list(full)}") from None
+    return attn_mask.expand(full)
+
+
 def check_index(t, name: str, shape: tuple, device) -> None:
     """An int32 index tensor of ``shape`` on ``device`` (lengths, offsets, block tables)."""
     if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or tuple(t.shape) != shape or t.device != device:

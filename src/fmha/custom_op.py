@@ -1,8 +1,8 @@
 """``fmha.attention``, ``fmha.attention_varlen`` and ``fmha.attention_paged`` as ``torch.library`` custom ops,
 so ``torch.compile`` can trace around them.
 
-The op ``fmha::attention`` takes :func:`fmha.attention`'s arguments but ``out`` and ``config`` (the
-window as its two sides) and returns ``(o, lse)`` (``lse`` empty unless asked for:
+The op ``fmha::attention`` takes :func:`fmha.attention`'s arguments but ``out``, ``config`` and the float8
+descale factors (the window as its two sides) and returns ``(o, lse)`` (``lse`` empty unless asked for:
 :func:`fmha.attention` asks whenever autograd records the call); its fake implementation gives shapes
 and dtypes without running a kernel.  :func:`fmha.attention` routes through it while ``torch.compile``
 is tracing; it runs the same checks and :func:`fmha.forward.dense` as the eager call.  Its registered
@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 
 from . import backward, forward, sinks as sink_mod
-from .checks import (check_features, check_forward_only, check_index, check_inputs, check_paged_call, check_splits,
-                     check_varlen_call)
+from .checks import (attn_mask_view, check_features, check_forward_only, check_index, check_inputs, check_paged_call,
+                     check_splits, check_varlen_call)
 
 
 @torch.library.custom_op("fmha::attention", mutates_args=())
@@ -26,7 +26,8 @@ def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
                  variant: str, causal_align: str, layout: str, return_lse: bool, deterministic: bool = False,
                  window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
                  alibi_slopes: torch.Tensor | None = None, seqused_k: torch.Tensor | None = None,
-                 num_splits: int = 0, sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 num_splits: int = 0, sinks: torch.Tensor | None = None,
+                 attn_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     window = (window_left, window_right)
     check_inputs(q, k, v, causal_align, layout, variant, scale)
     check_features(q, layout, window, softcap, alibi_slopes, sinks)
@@ -35,7 +36,8 @@ def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
     check_splits(num_splits)
     o, lse = forward.dense(q, k, v, causal=causal, scale=scale, variant=variant, causal_align=causal_align,
                            layout=layout, return_lse=return_lse or sinks is not None, window=window, softcap=softcap,
-                           alibi_slopes=alibi_slopes, seqused_k=seqused_k, num_splits=num_splits)
+                           alibi_slopes=alibi_slopes, seqused_k=seqused_k, num_splits=num_splits,
+                           attn_mask=None if attn_mask is None else attn_mask_view(attn_mask, q, k, layout))
     if sinks is not None:
         o, lse = sink_mod.attach(o, lse, sinks, layout)
     if not return_lse:
@@ -54,7 +56,7 @@ def _outputs_like(q, v, layout: str, return_lse: bool):
 
 @attention_op.register_fake
 def _(q, k, v, causal, scale, variant, causal_align, layout, return_lse, deterministic=False, window_left=-1,
-      window_right=-1, softcap=0.0, alibi_slopes=None, seqused_k=None, num_splits=0, sinks=None):
+      window_right=-1, softcap=0.0, alibi_slopes=None, seqused_k=None, num_splits=0, sinks=None, attn_mask=None):
     return _outputs_like(q, v, layout, return_lse)
 
 
@@ -81,7 +83,7 @@ def _(do, q, k, v, o, lse, causal, scale, causal_align, layout, deterministic, w
 
 def _save(ctx, inputs, output):
     (q, k, v, causal, scale, _, causal_align, layout, _, deterministic, window_left, window_right, softcap,
-     alibi_slopes, seqused_k, _, sinks) = inputs
+     alibi_slopes, seqused_k, _, sinks, _) = inputs
     ctx.save_for_backward(q, k, v, *output, alibi_slopes, seqused_k, sinks)
     ctx.args = (causal, scale, causal_align, layout, deterministic, window_left, window_right, softcap)
 
@@ -90,7 +92,7 @@ def _backward(ctx, grad_o, grad_lse):
     q, k, v, o, lse, alibi_slopes, seqused_k, sinks = ctx.saved_tensors
     check_forward_only(q, v, True)
     dq, dk, dv, dsinks = attention_backward_op(grad_o, q, k, v, o, lse, *ctx.args, alibi_slopes, seqused_k, sinks)
-    return (dq, dk, dv, *[None] * 13, dsinks if sinks is not None else None)
+    return (dq, dk, dv, *[None] * 13, dsinks if sinks is not None else None, None)
 
 
 attention_op.register_autograd(_backward, setup_context=_save)

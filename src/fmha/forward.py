@@ -45,19 +45,22 @@ def _replayed(kind: str, inputs, call, *flags, checks=None):
 
 
 def dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse, out=None, config=None,
-          window=(-1, -1), softcap=0.0, alibi_slopes=None, seqused_k=None, num_splits=0, descale=None, checks=None):
+          window=(-1, -1), softcap=0.0, alibi_slopes=None, seqused_k=None, num_splits=0, descale=None, checks=None,
+          attn_mask=None):
     """:func:`fmha.attention` on checked inputs (or with their ``checks``, run unless the call is
-    replayed); ``descale``: float8 K/V's factors (:func:`descale_table`).  Returns ``(o, lse or None)``."""
+    replayed); ``descale``: float8 K/V's factors (:func:`descale_table`); ``attn_mask``: a boolean
+    ``[batch, heads, seqlen_q, seqlen_k]`` view (:func:`fmha.checks.attn_mask_view`).  Returns ``(o, lse or None)``."""
     def call():
         return _dense(q, k, v, causal=causal, scale=scale, variant=variant, causal_align=causal_align,
                       layout=layout, return_lse=return_lse, out=out, config=config, window=window, softcap=softcap,
-                      alibi_slopes=alibi_slopes, seqused_k=seqused_k, num_splits=num_splits, descale=descale)
-    return _replayed("dense", (q, k, v, out, alibi_slopes, seqused_k, descale), call, causal, scale, variant,
-                     causal_align, layout, return_lse, config, window, softcap, num_splits, checks=checks)
+                      alibi_slopes=alibi_slopes, seqused_k=seqused_k, num_splits=num_splits, descale=descale,
+                      attn_mask=attn_mask)
+    return _replayed("dense", (q, k, v, out, alibi_slopes, seqused_k, descale, attn_mask), call, causal, scale,
+                     variant, causal_align, layout, return_lse, config, window, softcap, num_splits, checks=checks)
 
 
 def _dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse, out, config, window, softcap,
-           alibi_slopes, seqused_k, num_splits, descale):
+           alibi_slopes, seqused_k, num_splits, descale, attn_mask):
     batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim = planning.sizes(q, k, layout)
     o = replay.buffer(output(q, v.shape[3])) if out is None else out
     lse = replay.buffer(torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device)) \
@@ -68,9 +71,10 @@ def _dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse,
         return _no_keys(o, lse)
     prob = planning.problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal=causal, scale=scale,
                             window=window, causal_align=causal_align, softcap=softcap,
-                            seqused=seqused_k is not None, head_dim_v=v.shape[3], fp8=descale is not None)
+                            seqused=seqused_k is not None, head_dim_v=v.shape[3], fp8=descale is not None,
+                            attn_mask=attn_mask is not None)
     p = planning.plan(prob, q, k, v, o, layout, variant, config, alibi_slopes, num_splits)
-    run(p, q, k, v, o, lse, layout, alibi_slopes, (None, None, seqused_k), descale=descale)
+    run(p, q, k, v, o, lse, layout, alibi_slopes, (None, None, seqused_k), descale=descale, attn_mask=attn_mask)
     return o, lse
 
 
@@ -176,7 +180,8 @@ def merge_in_split(device: torch.device) -> bool:
     return not (device.type == "cuda" and torch._C._cuda_isCurrentStreamCapturing())
 
 
-def run(p: planning.Plan, q, k, v, o, lse, layout, alibi, seqs, block_table=None, descale=None) -> None:
+def run(p: planning.Plan, q, k, v, o, lse, layout, alibi, seqs, block_table=None, descale=None,
+        attn_mask=None) -> None:
     """Launch ``p``: directly, or split over the keys into float32 partials merged by their LSE, inside
     the split launch (:func:`merge_in_split`) or in a second kernel (stream-K and a programmatic dependent
     launch of the merge measured slower: docs/PERF.md, decoding)."""
@@ -185,7 +190,7 @@ def run(p: planning.Plan, q, k, v, o, lse, layout, alibi, seqs, block_table=None
     with on(q.device):
         if not p.split_len:
             kernels.launch(p.variant, p.config, prob, q, k, v, o, lse, layout, alibi, seqs, block_table=block_table,
-                           descale=descale)
+                           descale=descale, attn_mask=attn_mask)
             return
         from .kernels import combine
         shape = (-(-prob.seqlen_k // p.split_len), prob.batch, prob.heads, prob.seqlen_q)
@@ -193,6 +198,7 @@ def run(p: planning.Plan, q, k, v, o, lse, layout, alibi, seqs, block_table=None
         lse_parts = replay.buffer(torch.empty(shape, dtype=torch.float32, device=q.device))
         merge = (o, lse) if p.variant == "tiled" and merge_in_split(q.device) else None
         kernels.launch(p.variant, p.config, prob, q, k, v, o_parts, lse_parts, layout, alibi, seqs,
-                       split_len=p.split_len, block_table=block_table, descale=descale, merge=merge)
+                       split_len=p.split_len, block_table=block_table, descale=descale, merge=merge,
+                       attn_mask=attn_mask)
         if merge is None:
             combine.launch(o_parts, lse_parts, o, lse, kernels.strides_bhsd(o, layout), prob.heads, prob.seqlen_q)

@@ -34,6 +34,7 @@ class Problem:
     pack_gqa: bool = False            # a program's rows: the query heads of one KV head, interleaved
     head_dim_v: int = 0               # V's and O's head dimension when it differs from q/k's (MLA), else 0
     fp8: bool = False                 # float8 K and V (and q), dequantized on load by their descale factors
+    attn_mask: bool = False           # a boolean mask [batch, heads, seqlen_q, seqlen_k] joins the band
 
     def grid(self, block_m: int, rows: int | None = None) -> tuple[int, int]:
         """(row blocks, batch * heads per program axis) covering ``rows`` queries (default seqlen_q)."""
@@ -79,7 +80,7 @@ def band(causal: bool, window, align: int):
 
 def problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, *, causal, scale, window=(-1, -1),
             causal_align="top_left", softcap=0.0, varlen=False, seqused=False, page=0, head_dim_v=0,
-            fp8=False) -> Problem:
+            fp8=False, attn_mask=False) -> Problem:
     """The :class:`Problem` of a checked call: the band placed on the diagonal its alignment picks
     (per sequence when ``varlen``), and ``scale`` (default ``1/sqrt(head_dim)``) folded with log2(e)."""
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
@@ -88,7 +89,7 @@ def problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, *, causal, sca
     return Problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, upper, causal_offset, scale * LOG2E,
                    window_offset=window_offset, align_offset=align, softcap=float(softcap),
                    align_br=causal_align == "bottom_right", varlen=varlen, seqused=seqused, page=page,
-                   head_dim_v=head_dim_v if head_dim_v != head_dim else 0, fp8=fp8)
+                   head_dim_v=head_dim_v if head_dim_v != head_dim else 0, fp8=fp8, attn_mask=attn_mask)
 
 
 def select_variant(arch: str, shape: dict | None = None) -> str:
@@ -164,7 +165,7 @@ def plan(prob: Problem, q, k, v, o, layout: str, variant: str, config, alibi_slo
     shape = {"head_dim": prob.head_dim, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k, "causal": bool(prob.causal),
              "varlen": prob.varlen}
     name = select_variant(arch, shape) if variant == "auto" else variant
-    scores_modified = prob.softcap > 0 or alibi_slopes is not None
+    scores_modified = prob.softcap > 0 or alibi_slopes is not None or prob.attn_mask
     modifiers = prob.window_offset is not None or scores_modified
     reason = kernels.unsupported_problem(name, prob)  # before the config: the variant's table may have no row
     if not reason:

@@ -108,12 +108,14 @@ def _softmax(z: np.ndarray, sinks=None):
 
 def dense_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
                     causal_align: str = "top_left", return_lse: bool = False, window=(-1, -1),
-                    softcap: float = 0.0, alibi_slopes=None, sinks=None):
+                    softcap: float = 0.0, alibi_slopes=None, sinks=None, attn_mask=None):
     """(a) ``softmax(scale * Q K^T) V`` in float64, the whole score matrix at once.
 
     Returns ``o`` ``[B, H, Sq, D]`` float64 (and the natural-log LSE ``[B, H, Sq]``
     when ``return_lse``).  Rows with no visible key give 0 and LSE ``-inf``.  ``sinks``: one
-    logit a head in every row's denominator, with no value (gpt-oss's attention sinks).
+    logit a head in every row's denominator, with no value (gpt-oss's attention sinks).  ``attn_mask``:
+    a boolean mask broadcastable to ``[B, H, Sq, Sk]`` (SDPA's: True, the key takes part), joined with
+    the band.
     """
     q, k, v = _as_f64(q), _as_f64(k), _as_f64(v)
     k, v = _expand_kv(q, k, v)
@@ -121,6 +123,8 @@ def dense_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
     s = score_mods(scale * (q @ k.swapaxes(-1, -2)), seqlen_q, seqlen_k, causal_align, softcap, alibi_slopes)
     mask = visible(seqlen_q, seqlen_k, causal, causal_align, window)
+    if attn_mask is not None:
+        mask = mask & np.asarray(attn_mask.cpu() if hasattr(attn_mask, "cpu") else attn_mask, dtype=bool)
     p, lse = _softmax(np.where(mask, s, -np.inf), sinks)
     o = p @ v
     return (o, lse) if return_lse else o

@@ -337,8 +337,8 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
         const.update(FP8=fp8)
     if "QK_LO" in kernel.arg_names:  # tiled: no second slice of Q K^T (MLA's absorbed form), V read apart
         const.update(QK_LO=0, V_FROM_K=False)
-    if "MERGE" in kernel.arg_names:  # tiled: a split launch's partials merged apart
-        const.update(MERGE=False, MERGE_LSE=False)
+    if "MERGE" in kernel.arg_names:  # tiled: a split launch's partials merged apart, no attn_mask
+        const.update(MERGE=False, MERGE_LSE=False, ATTN_MASK=False)
     if head_dim == MLA_ABSORBED[0]:  # MLA's absorbed decode: 512 + 64 columns, V K's first 512, keys split, GQA packed
         const.update(HEAD_DIM=512, BLOCK_D=512, HEAD_V=512, BLOCK_DV=512, QK_LO=64, V_FROM_K=True, SPLIT=True,
                      PACK_GQA=True, ALIGN_BR=True, SEQUSED=True)
@@ -365,6 +365,8 @@ def _compile(kernel, const: dict, aligned: dict, chip, num_warps: int, num_stage
             sig[name], attrs[(i,)] = "*" + aligned[name], [["tt.divisibility", 16]]
         elif name in ("CuQ", "CuK", "SeqK", "BlockTable", "Tickets"):
             sig[name] = "*i32"
+        elif name == "AttnMask":
+            sig[name] = "*i1"
         elif name in ("scale_log2", "softcap"):
             sig[name] = "fp32"
         else:

@@ -32,7 +32,7 @@ def _softmax_lowp(s, sinks):
 
 
 def torch_lowp(q, k, v, causal, causal_align, scale=None, window=(-1, -1), softcap=0.0, alibi_slopes=None,
-               sinks=None):
+               sinks=None, attn_mask=None):
     """The same attention in PyTorch at the input precision (bhsd, float64 numpy out)."""
     dt = q.dtype
     group = q.shape[1] // k.shape[1]
@@ -43,6 +43,8 @@ def torch_lowp(q, k, v, causal, causal_align, scale=None, window=(-1, -1), softc
         s = torch.from_numpy(reference.score_mods(s.cpu().double().numpy(), q.shape[2], k.shape[2], causal_align,
                                                   softcap, alibi_slopes)).float().to(q.device)
     mask = torch.from_numpy(reference.visible(q.shape[2], k.shape[2], causal, causal_align, window)).to(q.device)
+    if attn_mask is not None:
+        mask = mask & attn_mask.to(q.device)
     s = s.masked_fill(~mask, float("-inf"))
     p = _softmax_lowp(s, sinks).nan_to_num(0.0).to(dt)
     return (p @ v).double().cpu().numpy()
@@ -54,7 +56,7 @@ def max_err(a, b) -> float:
 
 def check(o, q, k, v, causal, causal_align="top_left", layout="bhsd", scale=None, lse=None, **mods):
     """Assert ``o`` (in ``layout``) and ``lse`` (when given, ``[batch, heads, seqlen_q]``) pass the
-    yardstick; ``mods``: window, softcap, alibi_slopes as the kernel got them.  Returns
+    yardstick; ``mods``: window, softcap, alibi_slopes, attn_mask as the kernel got them.  Returns
     ``(error, PyTorch's error)``."""
     q, k, v, o = (to_bhsd(t, layout) for t in (q, k, v, o))
     o = o.detach().cpu().double().numpy()

@@ -19,7 +19,9 @@ Sequences packed along a row and told apart by position_ids alone (transformers'
 mask function notes them, :func:`mask`, or FlashAttention's kwargs ``cu_seq_lens_q/k`` and
 ``max_length_q/k`` tell them).  Any other mask goes to torch SDPA with that mask, so nothing is computed
 wrong (with sinks, which SDPA lacks, such a mask is refused).  Under ``torch.compile`` a mask is not read
-on the host: ``torch.cond`` picks fmha for the band alone, fmha with ``seqused_k`` for a static cache's
+on the host: a decoding step runs fmha with the mask itself (``attn_mask``, the keys up to its last real one),
+with no ``torch.cond``, so transformers' compiled decoding (a static cache, CUDA graphs) keeps its CUDA graph;
+otherwise ``torch.cond`` picks fmha for the band alone, fmha with ``seqused_k`` for a static cache's
 mask and SDPA with the mask otherwise (no graph break, no graphs that depend on the mask's values).
 Training works (gradients through :mod:`fmha.gradients`), under autocast too (float32 q, k, v are cast
 to the autocast dtype, as autocast casts SDPA's); attention dropout is refused.
@@ -206,8 +208,22 @@ def _gather(valid: torch.Tensor, q_len: int, n_keys: int, n_rows: int, all_rows:
     return rows, keys, cu[0], cu[1]
 
 
+def masked_decode(q, k, v, mask, *, scale, softcap, sinks=None):
+    """One query row a sequence (bshd) against keys that ``mask`` (boolean ``[batch, 1, 1, k_len]``, the band,
+    window and padding all in it) picks: fmha with the mask as it is, reading keys up to the last one the mask
+    keeps (a static cache's unused slots after it are not read).  No ``torch.cond`` and nothing read on the host,
+    so a compiled decoding step stays one CUDA graph (``torch.cond`` makes inductor give up CUDA graphs for the
+    whole graph)."""
+    seen = mask.any(dim=2).any(dim=1)  # [batch, k_len]
+    last = mask.shape[-1] - torch.flip(seen, (1,)).to(torch.int32).argmax(dim=1)  # past the last key kept
+    used = torch.where(seen.any(dim=1), last, 0).to(torch.int32)
+    return fmha.attention(q, k, v, layout="bshd", attn_mask=mask, seqused_k=used, scale=scale, softcap=softcap,
+                          sinks=sinks)
+
+
 def _compiled_masked(module, query, key, value, attention_mask, q, k, v, kw, dropout, is_causal, kwargs):
-    """A mask met under ``torch.compile``: its structure is read on the device and chooses,
+    """A mask met under ``torch.compile``.  A decoding step without gradients (one query row) runs fmha with the
+    mask itself (:func:`masked_decode`).  Otherwise the mask's structure is read on the device and chooses,
     through ``torch.cond``, fmha when the mask is the band alone (every key real: generate()'s all-ones
     mask), fmha with ``seqused_k`` when it is a static cache's (each sequence's real keys a prefix, the queries
     the last of them: the lengths come from the mask on the device; without gradients), and SDPA with the mask
@@ -220,6 +236,9 @@ def _compiled_masked(module, query, key, value, attention_mask, q, k, v, kw, dro
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=kw["scale"], is_causal=is_causal, **kwargs)[0]
     q_len, k_len = q.shape[1], k.shape[1]
+    training = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    if q_len == 1 and not training:
+        return masked_decode(q, k, v, attention_mask, scale=kw["scale"], softcap=kw["softcap"], sinks=kw["sinks"])
     _, end, verdicts = _structure(attention_mask, q_len, k_len, kw["causal"], kw["window"])
     one_run, aligned, last, prefix, full = (verdicts[i].bool() for i in range(5))
     band_alone = aligned & full
@@ -249,7 +268,6 @@ def _compiled_masked(module, query, key, value, attention_mask, q, k, v, kw, dro
         return torch.cond(cached, with_lengths, theirs, (q, k, v, mask, end, cached))
     # a static cache is an inference thing; with gradients the branches' gradients would have to agree in strides
     # too, which the lengths' branch and SDPA's do not
-    training = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     out = torch.cond(band_alone, ours, theirs if training else other, (q, k, v, attention_mask, end, cached))
     return out.view(*q.shape[:3], v.shape[3])
 

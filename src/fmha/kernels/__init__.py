@@ -37,6 +37,8 @@ def unsupported_problem(variant: str, prob) -> str | None:
         return "float8 K/V run on the tiled variant (dequantized on load) or, with float8 q, on hopper"
     if prob.qk_lo and variant != "tiled":
         return "q/k head dim 576 (MLA's absorbed form) runs on the tiled variant"
+    if prob.attn_mask and variant != "tiled":
+        return "an attn_mask runs on the tiled variant"
     return None
 
 
@@ -73,7 +75,7 @@ def v_from_k(prob, k, v) -> bool:
 
 def launch(variant: str, cfg, prob, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None, None),
            grid_m: int | None = None, split_len: int = 0, block_table=None, longest=None, descale=None,
-           merge=None) -> None:
+           merge=None, attn_mask=None) -> None:
     """Run ``variant`` with ``cfg`` on ``prob``: writes ``o`` (and ``lse`` if not None).
     ``seqs = (cu_seqlens_q, cu_seqlens_k, seqused_k)``; ``grid_m`` rows cover the longest sequence;
     ``longest``: packed sequences' max_seqlen_q and max_seqlen_k (the room of ``hopper``'s work list).
@@ -81,7 +83,8 @@ def launch(variant: str, cfg, prob, q, k, v, o, lse, layout: str, alibi=None, se
     ``[splits, batch, heads, seqlen_q, D]`` workspace and ``lse`` ``[splits, batch, heads, seqlen_q]``.
     ``descale`` (``prob.fp8``): float32 ``[batch * kv_heads, 3]``, each (batch, kv head)'s q, k and v factors.
     ``merge = (out, out_lse)`` (``tiled``, split): the split that ends each row block last merges the partials
-    into ``out`` (in ``layout``) and, when not None, ``out_lse`` (``[batch, heads, seqlen_q]``)."""
+    into ``out`` (in ``layout``) and, when not None, ``out_lse`` (``[batch, heads, seqlen_q]``).
+    ``attn_mask`` (``tiled``): a boolean ``[batch, heads, seqlen_q, seqlen_k]`` view (any strides) joining the band."""
     if variant == "hopper":
         from . import hopper
         return hopper.launch(prob, cfg, q, k, v, o, lse, layout, alibi, seqs, longest, block_table, descale)
@@ -123,7 +126,16 @@ def launch(variant: str, cfg, prob, q, k, v, o, lse, layout: str, alibi=None, se
         **(dict(QK_LO=prob.qk_lo, V_FROM_K=v_from_k(prob, k, v)) if "QK_LO" in params else {}),
         **(dict(AMD=torch.version.hip is not None and q.is_cuda) if "AMD" in params else {}),
         **(_merge_args(merge, layout, q.device, grid, o) if "MERGE" in params else {}),
+        **(_mask_args(attn_mask, o) if "ATTN_MASK" in params else {}),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def _mask_args(attn_mask, o) -> dict:
+    """The tiled kernel's arguments for an attn_mask (a ``[batch, heads, seqlen_q, seqlen_k]`` view), or none."""
+    if attn_mask is None:
+        return dict(AttnMask=o, stride_mb=0, stride_mh=0, stride_mq=0, stride_mk=0, ATTN_MASK=False)
+    mb, mh, mq, mk = attn_mask.stride()
+    return dict(AttnMask=attn_mask, stride_mb=mb, stride_mh=mh, stride_mq=mq, stride_mk=mk, ATTN_MASK=True)
 
 
 def _merge_args(merge, layout: str, device, grid, o) -> dict:

@@ -17,14 +17,15 @@ from .common import (causal_stop, full_stop, head_slope, initial_state, load_row
 def _key_range(acc, l, m, q, q_lo, k_base, v_base, lo, hi, offs_m, offs_n, offs_d, offs_dv,
                stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, causal_offset, scale_log2,
                window_offset, align_offset, softcap, slope, BlockTable, b, stride_bt, max_pages, stride_kb, stride_vb,
-               K_desc, V_desc, kv_seq, kv_col,
+               K_desc, V_desc, kv_seq, kv_col, mask_rows, stride_mk,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
                SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr,
                KV_TMA: tl.constexpr, HEAD_V: tl.constexpr, BLOCK_DV: tl.constexpr, FP8: tl.constexpr,
-               QK_LO: tl.constexpr, V_FROM_K: tl.constexpr):
+               QK_LO: tl.constexpr, V_FROM_K: tl.constexpr, ATTN_MASK: tl.constexpr):
     """The key tiles ``[lo, hi)``.  QK_LO: Q K^T also over the ``QK_LO`` columns after q/k's first ``BLOCK_D``
-    (``q_lo``: Q's); V_FROM_K: V is K's first ``BLOCK_DV`` columns (MLA's absorbed form), so K's tile serves."""
+    (``q_lo``: Q's); V_FROM_K: V is K's first ``BLOCK_DV`` columns (MLA's absorbed form), so K's tile serves.
+    ATTN_MASK: each row's boolean mask (``mask_rows``, key stride ``stride_mk``) joins the band, in every tile."""
     first = (lo + offs_n).to(tl.int64)
     k_ptrs = k_base + first[:, None] * stride_ks + offs_d[None, :] * stride_kd
     v_ptrs = v_base + first[:, None] * stride_vs + offs_dv[None, :] * stride_vd
@@ -56,6 +57,10 @@ def _key_range(acc, l, m, q, q_lo, k_base, v_base, lo, hi, offs_m, offs_n, offs_
             qk = mma(q_lo, tl.trans(k_lo), qk)
         s = scores(qk, offs_m, cols, seqlen_k, scale_log2, softcap, slope, causal_offset, window_offset, align_offset,
                    MASKED, CAUSAL and MASKED, WINDOW and MASKED, SOFTCAP, ALIBI)
+        if ATTN_MASK:  # (keys past seqlen_k read False)
+            keep = tl.load(mask_rows[:, None] + cols[None, :].to(tl.int64) * stride_mk,
+                           mask=(offs_m >= 0)[:, None] & (cols < seqlen_k)[None, :], other=0)
+            s = tl.where(keep != 0, s, float("-inf"))
         if V_FROM_K:  # (already 16-bit, and zero past seqlen_k where MASKED)
             v = k
         elif KV_TMA:
@@ -75,6 +80,22 @@ def _key_range(acc, l, m, q, q_lo, k_base, v_base, lo, hi, offs_m, offs_n, offs_
 
 
 @triton.jit
+def _mask_rows(AttnMask, lse_rows, offs_m, heads, seqlen_q, lse_split, stride_mb, stride_mh, stride_mq,
+               SPLIT: tl.constexpr, VARLEN: tl.constexpr, ATTN_MASK: tl.constexpr):
+    """ATTN_MASK: a pointer to each row's mask row, read off the row's place ``(b * heads + h) * seqlen_q + i``
+    (``lse_rows``, split 0's); rows past the sequence's end (never stored) read the first row's."""
+    rows = lse_rows
+    if ATTN_MASK:
+        tl.static_assert(not VARLEN, "an attn_mask is [batch, heads, seqlen_q, seqlen_k]: not packed sequences")
+        if SPLIT:
+            rows = lse_rows - tl.program_id(2).to(tl.int64) * lse_split
+        rows = tl.where(offs_m < seqlen_q, rows, 0)
+        bh = rows // seqlen_q
+        rows = AttnMask + (bh // heads) * stride_mb + (bh % heads) * stride_mh + (rows % seqlen_q) * stride_mq
+    return rows
+
+
+@triton.jit
 def tiled_kernel(
         Q, K, V, O, LSE,
         stride_qb, stride_qh, stride_qs, stride_qd,
@@ -91,7 +112,7 @@ def tiled_kernel(
         KV_TMA: tl.constexpr, HEAD_V: tl.constexpr, BLOCK_DV: tl.constexpr, Descale, FP8: tl.constexpr,
         QK_LO: tl.constexpr, V_FROM_K: tl.constexpr,
         Out, stride_fb, stride_fh, stride_fs, stride_fd, LseOut, Tickets, MERGE: tl.constexpr,
-        MERGE_LSE: tl.constexpr):
+        MERGE_LSE: tl.constexpr, AttnMask, stride_mb, stride_mh, stride_mq, stride_mk, ATTN_MASK: tl.constexpr):
     """HEAD_V, BLOCK_DV: V's and O's head dimension (DeepSeek's MLA: 128 against q/k's 192), else HEAD_DIM's.
     QK_LO: q/k have ``QK_LO`` more columns after their first ``BLOCK_D`` (MLA's absorbed form: 576 = 512 + 64,
     HEAD_DIM then 512), a second slice of Q K^T; V_FROM_K: V is K's first columns, read once as K's tile.
@@ -99,7 +120,8 @@ def tiled_kernel(
     ``Descale`` holds each (batch, kv head)'s q, k and v factors: q's and k's scale the scores (with
     ``scale_log2``), v's the output.  MERGE (SPLIT): the split that finishes a row block last merges the
     partials into ``Out`` (strides ``stride_f*``) and, MERGE_LSE, ``LseOut``, counting splits in ``Tickets``
-    (int32, one per row block and batch*head program, at zero)."""
+    (int32, one per row block and batch*head program, at zero).  ATTN_MASK: a boolean mask ``[batch, heads,
+    seqlen_q, seqlen_k]`` (strides ``stride_m*``, broadcast dimensions 0) joins the band (not VARLEN)."""
     (row_lo, row_hi, offs_m, q, k_base, v_base, o_rows, lse_rows, seqlen_q, seqlen_k, causal_offset, window_offset,
      align_offset) = program_start(
         Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh,
@@ -112,6 +134,8 @@ def tiled_kernel(
     tl.static_assert(not V_FROM_K or (BLOCK_DV == BLOCK_D and HEAD_V == HEAD_DIM), "V_FROM_K: V is K's first slice")
     if row_lo >= seqlen_q:  # past this sequence's end (packed batches): nothing to do
         return
+    mask_rows = _mask_rows(AttnMask, lse_rows, offs_m, heads, seqlen_q, lse_split, stride_mb, stride_mh, stride_mq,
+                           SPLIT, VARLEN, ATTN_MASK)
     q_lo = q
     if QK_LO:  # Q's second slice: the same rows from column BLOCK_D on
         q_lo = program_start(
@@ -146,16 +170,18 @@ def tiled_kernel(
     acc, l, m = _key_range(acc, l, m, q, q_lo, k_base, v_base, u0, u1, offs_m, offs_n, offs_d, offs_dv,
                            stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, causal_offset, scale_log2,
                            window_offset, align_offset, softcap, slope, BlockTable, b, stride_bt, max_pages,
-                           stride_kb, stride_vb, K_desc, V_desc, kv_seq, kv_col, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
+                           stride_kb, stride_vb, K_desc, V_desc, kv_seq, kv_col, mask_rows, stride_mk,
+                           HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
                            False, CAUSAL, WINDOW, SOFTCAP, ALIBI, PAGED, PAGE, KV_TMA, HEAD_V, BLOCK_DV, FP8,
-                           QK_LO, V_FROM_K)
+                           QK_LO, V_FROM_K, ATTN_MASK)
     # the diagonal, the band's edges and the ragged end, up to the early exit: masked
     acc, l, m = _key_range(acc, l, m, q, q_lo, k_base, v_base, lo, hi, offs_m, offs_n, offs_d, offs_dv,
                            stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, causal_offset, scale_log2,
                            window_offset, align_offset, softcap, slope, BlockTable, b, stride_bt, max_pages,
-                           stride_kb, stride_vb, K_desc, V_desc, kv_seq, kv_col, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
+                           stride_kb, stride_vb, K_desc, V_desc, kv_seq, kv_col, mask_rows, stride_mk,
+                           HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
                            True, CAUSAL, WINDOW, SOFTCAP, ALIBI, PAGED, PAGE, KV_TMA, HEAD_V, BLOCK_DV, FP8,
-                           QK_LO, V_FROM_K)
+                           QK_LO, V_FROM_K, ATTN_MASK)
     if FP8:
         acc = acc * tl.load(factors + 2)
     write_output(o_rows, LSE, lse_rows, acc, l, m, offs_m, seqlen_q, offs_dv, stride_od,

@@ -1,0 +1,88 @@
+"""``attn_mask``: SDPA's boolean mask joined with the band, on the tiled variant (every split and layout), against
+the float64 reference; its refusals; and the custom op under ``torch.compile``."""
+import numpy as np
+import pytest
+import torch
+
+import fmha
+from conftest import DEVICE, check_against_reference, make_qkv, nan_like
+
+
+def _mask(shape, seed, keep=0.6):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.rand(shape, generator=g) < keep).to(DEVICE)
+
+
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("b,h,kvh,sq,sk,d,mask_shape,causal,splits", [
+    (2, 4, 2, 37, 90, 64, (2, 1, 37, 90), False, 0),     # transformers' [batch, 1, q, k]
+    (2, 4, 2, 1, 300, 64, (2, 1, 1, 300), False, 3),     # a decoding step, keys split and merged
+    (1, 8, 2, 5, 200, 32, (8, 5, 200), True, 2),         # per head, GQA rows packed, with the band
+    (2, 4, 4, 20, 20, 128, (20, 20), False, 1),          # one [q, k] mask for every batch and head
+    (2, 2, 1, 70, 130, 96, (2, 2, 70, 130), True, 1),    # the full shape, bottom-right band beside it
+])
+def test_a_mask_joins_the_band(layout, b, h, kvh, sq, sk, d, mask_shape, causal, splits):
+    q, k, v = make_qkv(b, h, kvh, sq, sk, d, torch.bfloat16, layout=layout, seed=sk + sq)
+    mask = _mask(mask_shape, seed=sq)
+    out = nan_like(q)
+    o, lse = fmha.attention(q, k, v, attn_mask=mask, layout=layout, causal=causal, causal_align="bottom_right",
+                            num_splits=splits, return_lse=True, out=out)
+    assert o is out
+    check_against_reference(out, q, k, v, causal, "bottom_right", layout=layout, lse=lse,
+                            attn_mask=mask.expand(b, h, sq, sk))
+    again = fmha.attention(q, k, v, attn_mask=mask, layout=layout, causal=causal, causal_align="bottom_right",
+                           num_splits=splits)  # the fast path (no out=): the same bits
+    assert torch.equal(again, out)
+
+
+def test_rows_the_mask_leaves_empty_give_zero():
+    q, k, v = make_qkv(1, 2, 2, 6, 40, 64, torch.float16)
+    mask = _mask((1, 2, 6, 40), seed=1)
+    mask[0, 1, 2] = False
+    mask[0, 0, 5] = False
+    o, lse = fmha.attention(q, k, v, attn_mask=mask, num_splits=2, return_lse=True)
+    assert (o[0, 1, 2] == 0).all() and (o[0, 0, 5] == 0).all()
+    assert torch.isneginf(lse[0, 1, 2]) and torch.isneginf(lse[0, 0, 5])
+    check_against_reference(o, q, k, v, False, lse=lse, attn_mask=mask)
+
+
+def test_a_key_the_mask_hides_may_hold_nan():
+    # its score is NaN, and the mask must make it -inf all the same (where(), not a multiplication)
+    q, k, v = make_qkv(1, 2, 1, 3, 64, 64, torch.bfloat16)
+    mask = torch.ones(1, 1, 3, 64, dtype=torch.bool, device=DEVICE)
+    mask[..., 17] = False
+    k[:, :, 17] = float("nan")
+    o = fmha.attention(q, k, v, attn_mask=mask)
+    assert torch.isfinite(o).all()
+    keep = [j for j in range(64) if j != 17]
+    check_against_reference(o, q, k[:, :, keep], v[:, :, keep], False)
+
+
+def test_what_a_mask_call_refuses():
+    q, k, v = make_qkv(1, 2, 2, 4, 16, 64, torch.float16)
+    with pytest.raises(ValueError, match="attn_mask must be boolean"):
+        fmha.attention(q, k, v, attn_mask=torch.zeros(4, 16, device=DEVICE))
+    with pytest.raises(ValueError, match="does not broadcast"):
+        fmha.attention(q, k, v, attn_mask=torch.ones(4, 15, dtype=torch.bool, device=DEVICE))
+    with pytest.raises(ValueError, match="cannot take this call: an attn_mask runs on the tiled variant"):
+        fmha.attention(q, k, v, attn_mask=torch.ones(4, 16, dtype=torch.bool, device=DEVICE), variant="singlewave")
+    qg = q.clone().requires_grad_(True)
+    with pytest.raises(NotImplementedError, match="attn_mask has no backward"):
+        fmha.attention(qg, k, v, attn_mask=torch.ones(4, 16, dtype=torch.bool, device=DEVICE))
+
+
+def test_the_custom_op_takes_the_mask_under_compile():
+    import torch._dynamo
+    q, k, v = make_qkv(2, 4, 2, 1, 100, 64, torch.bfloat16, layout="bshd", seed=3)
+    mask = _mask((2, 1, 1, 100), seed=4)
+    graphs = []
+    fn = torch.compile(lambda q, k, v, m: fmha.attention(q, k, v, layout="bshd", attn_mask=m),
+                       backend=lambda gm, ex: graphs.append(gm) or gm.forward, fullgraph=True)
+    try:
+        got = fn(q, k, v, mask)
+    finally:
+        torch._dynamo.reset()
+    assert any("fmha.attention" in str(g.graph) for g in graphs)
+    np.testing.assert_array_equal(got.float().cpu().numpy(),
+                                  fmha.attention(q, k, v, layout="bshd", attn_mask=mask).float().cpu().numpy())
+    check_against_reference(got, q, k, v, False, layout="bshd", attn_mask=mask.expand(2, 4, 1, 100))
