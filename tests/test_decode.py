@@ -45,6 +45,24 @@ def test_a_split_merges_its_own_partials_in_one_launch(return_lse, monkeypatch):
     assert all(int(block.abs().sum()) == 0 for block in replay._TICKETS.values())
 
 
+def test_a_call_that_holds_nothing_merges_apart(monkeypatch):
+    # inside a custom op's call (compiled code, whose CUDA graphs warm up in their own memory pool) no counters
+    # are held: the merge is a launch of its own
+    from fmha import replay
+    from fmha.kernels import combine
+    launched = []
+    real = replay.launch
+    monkeypatch.setattr(replay, "launch", lambda kernel, *a, **kw: (launched.append(kernel), real(kernel, *a, **kw)))
+    q, k, v = make_qkv(1, 4, 1, 1, 200, 64, torch.bfloat16, seed=2)
+    replay.clear(compiled=False)
+    with replay.transient():
+        assert not replay.holding(q.device)
+        o = fmha.attention(q, k, v, num_splits=3)
+    assert replay.holding(q.device)
+    assert launched == [VARIANTS["tiled"], combine.merge_kernel]
+    check_against_reference(o, q, k, v, False)
+
+
 def test_split_with_rows_that_see_nothing():
     # bottom-right with sq > sk: the first rows see no key in any split
     q, k, v = make_qkv(1, 2, 2, 12, 40, 32, torch.float16)

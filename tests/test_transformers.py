@@ -251,8 +251,12 @@ def test_static_cache_generation_matches_sdpa(models, monkeypatch):
                             attention_mask=torch.ones_like(ids))
     assert_greedy_alike(got, want, ref)
     # every layer of the prefill and the 4 decode steps runs fmha (none SDPA, none gathered), the first 4 with
-    # the cache's lengths; eagerly, the last step fills every slot: the band alone
-    assert len(used) == 2 * 5 and all(used[:8])
+    # the cache's lengths; eagerly, the last step fills every slot: the band alone.  On a GPU generate() compiles
+    # the decoding steps into CUDA graphs, whose replays call no Python: each call seen ran with the lengths
+    if DEVICE == "cpu":
+        assert len(used) == 2 * 5 and all(used[:8])
+    else:
+        assert len(used) >= 4 and all(used)
 
 
 def test_other_masks_go_to_sdpa(monkeypatch):

@@ -5,8 +5,9 @@ The op ``fmha::attention`` takes :func:`fmha.attention`'s arguments but ``out``,
 descale factors (the window as its two sides) and returns ``(o, lse)`` (``lse`` empty unless asked for:
 :func:`fmha.attention` asks whenever autograd records the call); its fake implementation gives shapes
 and dtypes without running a kernel.  :func:`fmha.attention` routes through it while ``torch.compile``
-is tracing; it runs the same checks and :func:`fmha.forward.dense` as the eager call.  Its registered
-backward is the op ``fmha::attention_backward`` (:func:`fmha.backward.dense`), so
+is tracing; it runs the same checks and :func:`fmha.forward.dense` as the eager call, holding no buffer past
+the call (:func:`fmha.replay.transient`: the compiled code's CUDA graphs warm up in their own memory pool).
+Its registered backward is the op ``fmha::attention_backward`` (:func:`fmha.backward.dense`), so
 ``torch.compile(fullgraph=True)`` traces forward and backward, modifiers and sinks included.  The op
 ``fmha::attention_varlen`` does the same for packed sequences (:func:`fmha.forward.packed`, its backward
 :func:`fmha.backward.packed`); the max_seqlens are integers of the op (symbolic where Dynamo makes them so).
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from . import backward, forward, sinks as sink_mod
+from . import backward, forward, replay, sinks as sink_mod
 from .checks import (attn_mask_view, check_features, check_forward_only, check_index, check_inputs, check_paged_call,
                      check_splits, check_varlen_call)
 
@@ -34,10 +35,11 @@ def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
     if seqused_k is not None:
         check_index(seqused_k, "seqused_k", (q.shape[0],), q.device)
     check_splits(num_splits)
-    o, lse = forward.dense(q, k, v, causal=causal, scale=scale, variant=variant, causal_align=causal_align,
-                           layout=layout, return_lse=return_lse or sinks is not None, window=window, softcap=softcap,
-                           alibi_slopes=alibi_slopes, seqused_k=seqused_k, num_splits=num_splits,
-                           attn_mask=None if attn_mask is None else attn_mask_view(attn_mask, q, k, layout))
+    with replay.transient():
+        o, lse = forward.dense(q, k, v, causal=causal, scale=scale, variant=variant, causal_align=causal_align,
+                               layout=layout, return_lse=return_lse or sinks is not None, window=window,
+                               softcap=softcap, alibi_slopes=alibi_slopes, seqused_k=seqused_k, num_splits=num_splits,
+                               attn_mask=None if attn_mask is None else attn_mask_view(attn_mask, q, k, layout))
     if sinks is not None:
         o, lse = sink_mod.attach(o, lse, sinks, layout)
     if not return_lse:
@@ -108,10 +110,11 @@ def attention_varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_se
     window = (window_left, window_right)
     check_varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, causal_align, variant, scale, window, softcap, alibi_slopes,
                       sinks)
-    o, lse = forward.packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
-                            scale=scale, variant=variant, causal_align=causal_align,
-                            return_lse=return_lse or sinks is not None, window=window, softcap=softcap,
-                            alibi_slopes=alibi_slopes, config=None)
+    with replay.transient():
+        o, lse = forward.packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
+                                scale=scale, variant=variant, causal_align=causal_align,
+                                return_lse=return_lse or sinks is not None, window=window, softcap=softcap,
+                                alibi_slopes=alibi_slopes, config=None)
     if sinks is not None:
         o, lse = sink_mod.attach(o, lse, sinks, "packed")
     if not return_lse:
@@ -177,10 +180,11 @@ def attention_paged_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     window = (window_left, window_right)
     check_paged_call(q, k_cache, v_cache, block_table, cache_seqlens, causal_align, layout, variant, scale, window,
                      softcap, alibi_slopes, sinks, num_splits)
-    o, lse = forward.paged(q, k_cache, v_cache, block_table, cache_seqlens, causal=causal, scale=scale,
-                           causal_align=causal_align, layout=layout, return_lse=return_lse or sinks is not None,
-                           window=window, softcap=softcap, alibi_slopes=alibi_slopes, num_splits=num_splits,
-                           variant=variant, config=None)
+    with replay.transient():
+        o, lse = forward.paged(q, k_cache, v_cache, block_table, cache_seqlens, causal=causal, scale=scale,
+                               causal_align=causal_align, layout=layout, return_lse=return_lse or sinks is not None,
+                               window=window, softcap=softcap, alibi_slopes=alibi_slopes, num_splits=num_splits,
+                               variant=variant, config=None)
     if sinks is not None:
         o, lse = sink_mod.attach(o, lse, sinks, layout)
     if not return_lse:

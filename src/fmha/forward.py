@@ -40,8 +40,8 @@ def _replayed(kind: str, inputs, call, *flags, checks=None):
         if checks is not None:
             checks()
         return call()
-    capturing = torch._C._cuda_isCurrentStreamCapturing()  # (a split merges apart under capture: merge_in_split)
-    return tuple(replay.call(replay.key(kind, inputs, *flags, capturing), inputs, q.device, call, checks))
+    holding = replay.holding(q.device)  # (a split merges apart where a call holds nothing: merge_in_split)
+    return tuple(replay.call(replay.key(kind, inputs, *flags, holding), inputs, q.device, call, checks))
 
 
 def dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse, out=None, config=None,
@@ -176,8 +176,9 @@ def merge_in_split(device: torch.device) -> bool:
     """Whether a split launch of ``tiled`` merges its own partials (the split that ends a row block last
     merges it): one launch fewer, 6-8 us of an eager call's host time, for about 0.4 us more on the GPU at
     1k keys (docs/PERF.md, decoding).  Not while the stream is captured into a CUDA graph, where the host's
-    launch costs nothing and the separate merge is the faster."""
-    return not (device.type == "cuda" and torch._C._cuda_isCurrentStreamCapturing())
+    launch costs nothing and the separate merge is the faster, nor where a call may hold no buffer past its end
+    (:func:`fmha.replay.holding`: the merge's counters are held)."""
+    return replay.holding(device)
 
 
 def run(p: planning.Plan, q, k, v, o, lse, layout, alibi, seqs, block_table=None, descale=None,

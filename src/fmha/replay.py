@@ -209,6 +209,27 @@ def host_work() -> None:
         _local.steps.append(None)
 
 
+def holding(device: torch.device) -> bool:
+    """Whether a call may keep buffers past its end (the thread's workspace, a stream's counters): not while the
+    stream is captured into a CUDA graph, nor inside :func:`transient` (a custom op's call from compiled code,
+    whose CUDA graphs, torch.compile's cudagraph trees, run their warm-up in the graphs' memory pool: a buffer
+    kept from there would be a live block of the pool that no graph owns, which the trees refuse)."""
+    if getattr(_local, "transient", False):
+        return False
+    return not (device.type == "cuda" and torch._C._cuda_isCurrentStreamCapturing())
+
+
+class transient:
+    """Within it, calls keep no buffer past their end (:func:`holding`)."""
+
+    def __enter__(self):
+        self.before = getattr(_local, "transient", False)
+        _local.transient = True
+
+    def __exit__(self, *exc):
+        _local.transient = self.before
+
+
 _TICKETS: dict = {}  # (device, stream) -> int32 counters, left at zero by every launch that takes them
 
 
@@ -353,10 +374,11 @@ def _workspace(nbytes: int, device: torch.device, stream: int) -> torch.Tensor:
     """At least ``nbytes`` of scratch for a replay's launches on ``stream``: this thread's workspace on that
     stream, grown when short (the launches of one thread on one stream run in the order they were enqueued,
     so each call's use of it ends before the next call's begins, as cuBLAS's workspace does).  While the
-    stream is being captured into a CUDA graph, a block of the capture's pool, freed when the call returns
-    (the graph's later work reuses it in order); likewise past :data:`WORKSPACE_BYTES`, where a call's kernels
-    outlast an allocation's cost and a held block would keep memory from everything else."""
-    if nbytes > WORKSPACE_BYTES or device.type == "cuda" and torch._C._cuda_isCurrentStreamCapturing():
+    stream is being captured into a CUDA graph (or where the call may hold nothing, :func:`holding`), a block of
+    its own, freed when the call returns (a capture's later work reuses it in order); likewise past
+    :data:`WORKSPACE_BYTES`, where a call's kernels outlast an allocation's cost and a held block would keep
+    memory from everything else."""
+    if nbytes > WORKSPACE_BYTES or not holding(device):
         return torch.empty(nbytes, dtype=torch.uint8, device=device)
     spaces = getattr(_local, "workspaces", None)
     if spaces is None:

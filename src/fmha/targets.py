@@ -366,7 +366,7 @@ def _compile(kernel, const: dict, aligned: dict, chip, num_warps: int, num_stage
         elif name in ("CuQ", "CuK", "SeqK", "BlockTable", "Tickets"):
             sig[name] = "*i32"
         elif name == "AttnMask":
-            sig[name] = "*i1"
+            sig[name] = "*u8"
         elif name in ("scale_log2", "softcap"):
             sig[name] = "fp32"
         else:

@@ -134,8 +134,9 @@ def _mask_args(attn_mask, o) -> dict:
     """The tiled kernel's arguments for an attn_mask (a ``[batch, heads, seqlen_q, seqlen_k]`` view), or none."""
     if attn_mask is None:
         return dict(AttnMask=o, stride_mb=0, stride_mh=0, stride_mq=0, stride_mk=0, ATTN_MASK=False)
-    mb, mh, mq, mk = attn_mask.stride()
-    return dict(AttnMask=attn_mask, stride_mb=mb, stride_mh=mh, stride_mq=mq, stride_mk=mk, ATTN_MASK=True)
+    mb, mh, mq, mk = attn_mask.stride()  # (read as bytes: the kernel tests them against 0)
+    return dict(AttnMask=attn_mask.view(torch.uint8), stride_mb=mb, stride_mh=mh, stride_mq=mq, stride_mk=mk,
+                ATTN_MASK=True)
 
 
 def _merge_args(merge, layout: str, device, grid, o) -> dict:
