@@ -213,6 +213,15 @@ def tiled_config(arch: str, head_dim: int, fp8: bool = False) -> KernelConfig:
     raise ValueError(f"no tiled config for arch={arch!r}, head_dim={head_dim}")
 
 
+def with_attn_mask(cfg: KernelConfig) -> KernelConfig:
+    """A ``tiled`` config beside an attn_mask, whose tiles (block_m x block_n bytes a stage) take shared memory
+    too: at 128 x 128 tiles three stages need 256 KB with them (sm_90 build: 224 KB without), past the H200's
+    227, so they take two (192 KB)."""
+    if cfg.block_m * cfg.block_n >= 128 * 128 and cfg.num_stages > 2:
+        return replace(cfg, num_stages=2)
+    return cfg
+
+
 def default_config(variant: str, arch: str, head_dim: int, causal: bool = False, seqlen_k: int = 0,
                    modifiers: bool = False, per_sequence: bool = False, seqlen_q: int = 0,
                    fp8: bool = False, head_dim_v: int = 0, window_only: bool = False) -> KernelConfig:

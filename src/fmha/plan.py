@@ -187,6 +187,8 @@ def plan(prob: Problem, q, k, v, o, layout: str, variant: str, config, alibi_slo
         # pointer on the H200 (bench/fp8_speed.py), so they take it only when the caller's config asks
         if cfg.tma and (kernels.unsupported(name, cfg, prob, q, k, v, o, layout) or prob.fp8 and config is None):
             cfg = dataclasses.replace(cfg, tma=0)
+    if prob.attn_mask and config is None:
+        cfg = configs.with_attn_mask(cfg)
     return Plan(name, cfg, prob, split_len)
 
 

@@ -290,11 +290,13 @@ def _check_choice(kind: str, value, valid) -> None:
 
 
 def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16", causal: bool = False,
-          config=None, seqlen_k: int = 0, lengths: str = "dense", head_dim_v: int = 0) -> Build:
+          config=None, seqlen_k: int = 0, lengths: str = "dense", head_dim_v: int = 0,
+          attn_mask: bool = False) -> Build:
     """Compile ``variant`` for ``target`` (a key of :data:`TARGETS`) without a GPU.  ``seqlen_k``
     and ``lengths`` matter to ``hopper`` only (a length off its key tile builds the ragged key
     mask; "varlen" or "seqused" the lengths per sequence; "paged" those in a paged cache).  ``head_dim_v``:
-    V's head dim where it differs from q/k's (DeepSeek's 192/128; no larger), 0 where it does not."""
+    V's head dim where it differs from q/k's (DeepSeek's 192/128; no larger), 0 where it does not.
+    ``attn_mask`` (``tiled``): built to read an attn_mask, its keys one byte apart as a launch specialises them."""
     from . import configs
     _check_choice("target", target, list(TARGETS))
     _check_choice("variant", variant, variants())
@@ -305,11 +307,14 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
         if variant in ("singlewave", "pipelined") or head_dim == MLA_ABSORBED[0]:
             raise ValueError(f"head_dim_v: {variant} at head_dim {head_dim} takes V's head dim as it is")
         _check_choice("head_dim_v", head_dim_v, [d for d in HEAD_DIMS if d <= head_dim])
+    if attn_mask and variant != "tiled":
+        raise ValueError(f"attn_mask: {variant} takes none (the tiled variant reads it)")
     reason = unbuildable(variant, target, head_dim, dtype)
     if reason:
         raise ValueError(reason)
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
-        return _build_elsewhere(variant, target, head_dim, dtype, causal, config, seqlen_k, lengths, head_dim_v)
+        return _build_elsewhere(variant, target, head_dim, dtype, causal, config, seqlen_k, lengths, head_dim_v,
+                                attn_mask)
     chip = TARGETS[target]
     arch_key = "hip" if chip.backend == "hip" else ("sm90" if chip.arch == 90 else "sm80")
     cfg = config or configs.default_config(variant, arch_key, head_dim, causal, fp8=dtype == "float8_e4m3fn",
@@ -337,8 +342,8 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
         const.update(FP8=fp8)
     if "QK_LO" in kernel.arg_names:  # tiled: no second slice of Q K^T (MLA's absorbed form), V read apart
         const.update(QK_LO=0, V_FROM_K=False)
-    if "MERGE" in kernel.arg_names:  # tiled: a split launch's partials merged apart, no attn_mask
-        const.update(MERGE=False, MERGE_LSE=False, ATTN_MASK=False)
+    if "MERGE" in kernel.arg_names:  # tiled: a split launch's partials merged apart; an attn_mask when asked
+        const.update(MERGE=False, MERGE_LSE=False, ATTN_MASK=attn_mask, **({"stride_mk": 1} if attn_mask else {}))
     if head_dim == MLA_ABSORBED[0]:  # MLA's absorbed decode: 512 + 64 columns, V K's first 512, keys split, GQA packed
         const.update(HEAD_DIM=512, BLOCK_D=512, HEAD_V=512, BLOCK_DV=512, QK_LO=64, V_FROM_K=True, SPLIT=True,
                      PACK_GQA=True, ALIGN_BR=True, SEQUSED=True)
