@@ -49,9 +49,27 @@ def test_problems_with_a_narrower_v_pass():
     assert {p.entry for p in mla} == {"attention", "varlen", "paged"}
     for p in mla:
         fuzz.run(p, DEVICE)
-    seed = next(p for p in drawn if p.head_dim_v and p.variant == "singlewave")
+    seed = next(p for p in drawn if p.head_dim_v and p.variant == "singlewave" and not p.attn_mask)
     with pytest.raises(ValueError, match="V head dim"):
         fuzz.run(seed, DEVICE)
+
+
+def test_problems_with_an_attn_mask_pass_and_a_dropped_mask_is_caught(monkeypatch):
+    """Forward problems with a random boolean mask run on ``tiled`` (``auto`` picks it) against float64; the
+    seed's one-warp variants refuse them; a call that drops the mask fails each of them."""
+    drawn = [fuzz.draw(random.Random(s), False, False) for s in range(400)]
+    masked = [p for p in drawn if p.attn_mask and p.variant in ("auto", "tiled")][:6]
+    assert len(masked) == 6 and not any(p.grad for p in drawn if p.attn_mask)
+    for p in masked:
+        fuzz.run(p, DEVICE)
+    refused = next(p for p in drawn if p.attn_mask and p.variant == "pipelined")
+    with pytest.raises(ValueError, match="attn_mask runs on the tiled variant"):
+        fuzz.run(refused, DEVICE)
+    real = fuzz.attention
+    monkeypatch.setattr(fuzz, "attention", lambda *a, attn_mask=None, **kw: real(*a, **kw))
+    for p in masked:
+        with pytest.raises(AssertionError):
+            fuzz.run(p, DEVICE)
 
 
 def test_a_wrong_answer_is_reported_as_a_problem_that_rebuilds(monkeypatch):

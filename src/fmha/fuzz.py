@@ -62,6 +62,7 @@ class Problem:
     seed: int
     head_dim_v: int = 0     # V's and O's head dim where it is smaller than q/k's (MLA's 192/128), else 0
     grad: str = ""          # attention: also the backward, "fast" or "deterministic" (:func:`_takes_grad`)
+    attn_mask: bool = False  # attention, forward: a random boolean mask [batch, 1 or heads, seqlen_q, seqlen_k] too
 
     def __str__(self):
         return json.dumps(dataclasses.asdict(self))
@@ -134,6 +135,8 @@ def draw(rng: random.Random, on_gpu: bool, hopper: bool) -> Problem:
     own = random.Random(p.seed)
     if _takes_grad(p) and own.random() < 0.5:
         p = dataclasses.replace(p, grad=own.choice(GRADS))
+    elif p.entry == "attention" and own.random() < 0.2:
+        p = dataclasses.replace(p, attn_mask=True)
     return p
 
 
@@ -215,14 +218,21 @@ def run(p: Problem, device: str) -> None:
     if p.head_dim_v:  # O as wide as V, in q's layout
         out = _place(torch.full((p.batch, p.heads, p.seqlen_q, p.head_dim_v), math.nan),
                      "bshd" if p.layout == "fused-qkv" else p.layout, dtype, device)[0]
+    mask = None
+    if p.attn_mask:  # one mask for every head or one a head, about a third of the keys hidden
+        heads = p.heads if torch.rand(1, generator=g).item() < 0.5 else 1
+        mask = torch.rand(p.batch, heads, p.seqlen_q, p.seqlen_k, generator=g) < 0.65
     _, lse = attention(qd, kd, vd, causal=p.causal, causal_align=p.align, layout=layout, variant=p.variant,
                        config=cfg, out=out, return_lse=True, num_splits=p.num_splits,
-                       seqused_k=lengths.to(device) if p.seqused else None, **mods)
+                       seqused_k=lengths.to(device) if p.seqused else None,
+                       attn_mask=mask.to(device) if mask is not None else None, **mods)
     o = verify.to_bhsd(out, layout)
     qb, kb, vb = (t.to(dtype) for t in (q, k, v))
     for b, n in enumerate(lengths.tolist()):
         own = slice(b, b + 1)
-        verify.check(o[own], qb[own], kb[own, :, :n], vb[own, :, :n], p.causal, p.align, lse=lse[own], **mods)
+        hidden = {} if mask is None else {"attn_mask": mask[own, :, :, :n].expand(1, p.heads, p.seqlen_q, n)}
+        verify.check(o[own], qb[own], kb[own, :, :n], vb[own, :, :n], p.causal, p.align, lse=lse[own], **mods,
+                     **hidden)
 
 
 def _run_grad(p, q, k, v, g, dtype, device, mods, cfg):
