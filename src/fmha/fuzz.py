@@ -320,6 +320,8 @@ def fuzz(seconds: float | None, problems: int | None, seed: int, device: str, st
             counts["passed " + p.pattern] += 1
             if p.grad:
                 counts["with the backward, " + p.grad] += 1
+            if p.attn_mask:
+                counts["with an attn_mask"] += 1
         except ValueError as e:  # the variant or config does not take this call: said, not wrong
             counts["refused"] += 1
             refused[str(e).split(":")[0][:80]] += 1
