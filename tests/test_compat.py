@@ -1,5 +1,6 @@
-"""FlashAttention's entry points (``fmha.compat``): its names and conventions (bshd, bottom-right causal,
-``window_size``, ``softmax_scale``, the kv-cache append) against the float64 reference."""
+"""FlashAttention's and torch SDPA's entry points (``fmha.compat``): their names and conventions (bshd,
+bottom-right causal, ``window_size``, ``softmax_scale``, the kv-cache append; SDPA's bhsd, top-left ``is_causal``,
+boolean ``attn_mask``, ``enable_gqa``) against the float64 reference."""
 import pytest
 import torch
 
@@ -68,6 +69,31 @@ def test_flash_attn_with_kvcache_appends_then_attends(paged):
         flat = kc[table.long().cpu()].reshape(batch, cap, kv_heads, d)
         for b, n in enumerate(lens.tolist()):
             torch.testing.assert_close(flat[b, n:n + 3], k_new[b], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("sq,sk,causal,masked", [(9, 30, True, False), (30, 9, True, True), (1, 70, False, True),
+                                                (17, 17, False, False)])
+def test_sdpa_is_top_left_bhsd_with_its_mask(sq, sk, causal, masked):
+    g = torch.Generator().manual_seed(sq + sk)
+    q, k, v = (torch.randn(2, h, s, 64, generator=g).to(F16).to(DEVICE) for h, s in ((4, sq), (2, sk), (2, sk)))
+    mask = (torch.rand(2, 1, sq, sk, generator=g) < 0.7).to(DEVICE) if masked else None
+    o = compat.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
+    mods = {} if mask is None else {"attn_mask": mask.expand(2, 4, sq, sk)}
+    check_against_reference(o, q, k, v, causal, "top_left", **mods)
+    if not masked and DEVICE == "cpu":  # torch's own, where it defines every row
+        want = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal,
+                                                                enable_gqa=True)
+        torch.testing.assert_close(o.float(), want, atol=2e-3, rtol=0)
+
+
+def test_sdpa_refuses_what_it_would_and_what_fmha_does_not_take():
+    q, k, v = (torch.randn(1, h, 8, 64).to(F16).to(DEVICE) for h in (4, 2, 2))
+    with pytest.raises(ValueError, match="enable_gqa=True"):
+        compat.scaled_dot_product_attention(q, k, v)
+    with pytest.raises(NotImplementedError, match="additive float mask"):
+        compat.scaled_dot_product_attention(q, k, v, attn_mask=torch.zeros(8, 8, device=DEVICE), enable_gqa=True)
+    with pytest.raises(NotImplementedError, match="dropout_p"):
+        compat.scaled_dot_product_attention(q, k, v, dropout_p=0.1, enable_gqa=True)
 
 
 def test_what_fmha_does_not_take_is_refused_by_name():

@@ -1,4 +1,5 @@
-"""FlashAttention's entry points on fmha: its argument names and conventions, for code written for it.
+"""FlashAttention's and torch SDPA's entry points on fmha: their argument names and conventions, for code written
+for them.
 
 ``fmha.compat.flash_attn_func``, ``flash_attn_varlen_func`` and ``flash_attn_with_kvcache`` take
 FlashAttention 2's arguments: tensors ``[batch, seqlen, heads, head_dim]`` (bshd), ``softmax_scale``,
@@ -6,7 +7,8 @@ FlashAttention 2's arguments: tensors ``[batch, seqlen, heads, head_dim]`` (bshd
 new queries are the last positions of the keys), as FlashAttention does since 2.1.  What fmha cannot do
 is refused by name rather than ignored: dropout, returning the attention probabilities' matrix,
 rotary embeddings inside the call, cache batch indices and left padding.  ``flash_attn_func`` and
-``flash_attn_varlen_func`` are differentiable (:mod:`fmha.gradients`).
+``flash_attn_varlen_func`` are differentiable (:mod:`fmha.gradients`).  ``scaled_dot_product_attention``
+takes torch's: bhsd tensors, ``is_causal`` aligned top-left, a boolean ``attn_mask``, ``enable_gqa``.
 """
 from __future__ import annotations
 
@@ -104,3 +106,21 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                        device=q.device)
         return attention_paged(q, k_cache, v_cache, block_table, cache_seqlens, **kw)
     return attention(q, k_cache, v_cache, seqused_k=cache_seqlens, **kw)
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,
+                                 scale: float | None = None, enable_gqa: bool = False):
+    """``torch.nn.functional.scaled_dot_product_attention``: ``[batch, heads, seq, head_dim]`` tensors, ``is_causal``
+    aligned top-left (query i sees keys ``j <= i``), a boolean ``attn_mask`` (True: the key takes part;
+    broadcastable to ``[batch, heads, seqlen_q, seqlen_k]``; forward only), query heads a multiple of the key's
+    with ``enable_gqa``.  A row that sees no key gives 0 where SDPA's math gives NaN; ``is_causal`` and a mask
+    may come together (joined).  An additive float mask and dropout are refused by name; differentiable
+    without a mask."""
+    _refuse(dropout_p=dropout_p)
+    if isinstance(attn_mask, torch.Tensor) and attn_mask.dtype != torch.bool:
+        raise NotImplementedError(f"fmha.compat takes a boolean attn_mask (True: the key takes part), got "
+                                  f"{attn_mask.dtype}: an additive float mask is not taken")
+    if query.dim() == 4 and key.dim() == 4 and query.shape[1] != key.shape[1] and not enable_gqa:
+        raise ValueError(f"query has {query.shape[1]} heads and key {key.shape[1]}: grouped-query attention asks for "
+                         "enable_gqa=True, as SDPA does")
+    return attention(query, key, value, causal=is_causal, scale=scale, attn_mask=attn_mask)
