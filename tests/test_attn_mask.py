@@ -86,3 +86,13 @@ def test_the_custom_op_takes_the_mask_under_compile():
     np.testing.assert_array_equal(got.float().cpu().numpy(),
                                   fmha.attention(q, k, v, layout="bshd", attn_mask=mask).float().cpu().numpy())
     check_against_reference(got, q, k, v, False, layout="bshd", attn_mask=mask.expand(2, 4, 1, 100))
+
+
+def test_a_mask_beside_attention_sinks():
+    # gpt-oss under a padding mask: the sink joins each row's denominator over the keys the mask keeps
+    q, k, v = make_qkv(2, 4, 2, 1, 80, 64, torch.bfloat16, layout="bshd", seed=8)
+    mask = _mask((2, 1, 1, 80), seed=9)
+    sinks = torch.randn(4, generator=torch.Generator().manual_seed(10)).to(DEVICE)
+    o, lse = fmha.attention(q, k, v, layout="bshd", attn_mask=mask, sinks=sinks, num_splits=2, return_lse=True)
+    check_against_reference(o, q, k, v, False, layout="bshd", lse=lse, sinks=sinks,
+                            attn_mask=mask.expand(2, 4, 1, 80))
