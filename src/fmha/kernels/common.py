@@ -9,9 +9,7 @@
 * :func:`causal_stop` -- the early exit (Section 7);
 * :func:`softmax_weights`, :func:`online_softmax_step`, :func:`pv_half` -- one tile of the
   recurrence (5.3-5.6), the product with V whole or a half of the head dimension at a time;
-* :func:`write_output` -- the epilogue with the ``l == 0`` guard (Section 6) and LSE;
-* :func:`merge_step`, :func:`merge_if_last` -- a key split's partial results merged by their LSE, by the
-  split that finishes its row block last (flash-decoding's second pass inside the split launch).
+* :func:`write_output` -- the epilogue with the ``l == 0`` guard (Section 6) and LSE.
 
 Scores live in the base-2 domain: ``s = scale_log2 * q.k`` with
 ``scale_log2 = scale * log2(e)`` folded on the host (8.1), so every exponential is
@@ -296,50 +294,6 @@ def write_output(o_rows, LSE, lse_rows, acc, l, m, offs_m, seqlen_q, offs_d, str
     if STORE_LSE:
         lse = tl.where(l == 0.0, float("-inf"), (m + tl.math.log2(l)) * LN2)
         tl.store(LSE + lse_rows, lse, mask=offs_m < seqlen_q)
-
-
-@triton.jit
-def merge_step(acc, l, m, lse, o):
-    """One partial result into a running merge (Section 3's recurrence, a partial standing for a key):
-    ``o`` (already over its own sum) weighs ``2**lse`` (``lse`` in base 2); ``m`` is the largest ``lse``
-    so far, ``l`` the weights' sum and ``acc`` the weighted sum, both relative to ``2**m``.  A partial that
-    saw no key (``lse = -inf``) weighs 0."""
-    m_new = tl.maximum(m, lse)
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.math.exp2(m - m_safe)
-    w = tl.math.exp2(lse - m_safe)
-    return acc * alpha[:, None] + w[:, None] * o, l * alpha + w, m_new
-
-
-@triton.jit
-def merge_if_last(o_rows, LSE, lse_rows, Out, LseOut, Tickets, offs_m, heads, seqlen_q, offs_d, stride_od,
-                  stride_osplit, lse_split, stride_fb, stride_fh, stride_fs, stride_fd, HEAD_DIM: tl.constexpr,
-                  BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, MERGE_LSE: tl.constexpr):
-    """Flash-decoding's second pass inside the split launch.  Once this split's partial is stored
-    (``o_rows`` into ``O``, ``lse_rows`` into ``LSE``, rows ``(b * heads + h) * seqlen_q + i``), the split
-    takes a ticket for its row block; the split that takes the last one merges every split's partial
-    (:func:`merge_step`) into ``Out`` (strides ``stride_f*``) and, MERGE_LSE, the whole LSE into ``LseOut``
-    (``[batch, heads, seqlen_q]``), and sets the ticket back to 0 for the next launch on the stream.  The
-    partials are read through L2 (``.cg``): other SMs wrote them."""
-    n = tl.num_programs(2)
-    ticket = Tickets + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
-    tl.debug_barrier()  # every thread's part of the partial is stored before the ticket is taken
-    if tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == n - 1:
-        tl.atomic_xchg(ticket, 0, sem="relaxed", scope="gpu")
-        rows = offs_m < seqlen_q
-        here = tl.program_id(2).to(tl.int64)
-        o_rows -= here * stride_osplit  # split 0's
-        lse_rows -= here * lse_split
-        m, l, acc = initial_state(BLOCK_M, BLOCK_D)
-        for s in range(n):
-            lse = tl.load(LSE + lse_rows + s * lse_split, mask=rows, other=float("-inf"), cache_modifier=".cg")
-            o = tl.load(o_rows[:, None] + s * stride_osplit + offs_d[None, :] * stride_od,
-                        mask=rows[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0, cache_modifier=".cg")
-            acc, l, m = merge_step(acc, l, m, lse * LOG2E, o)
-        bh = lse_rows // seqlen_q
-        f_rows = Out + (bh // heads) * stride_fb + (bh % heads) * stride_fh + (lse_rows % seqlen_q) * stride_fs
-        write_output(f_rows, LseOut, lse_rows, acc, l, m, offs_m, seqlen_q, offs_d, stride_fd, HEAD_DIM, BLOCK_D,
-                     MERGE_LSE)
 
 
 @triton.jit

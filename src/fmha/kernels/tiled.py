@@ -9,8 +9,9 @@ ragged end), masked elementwise.  Tile sizes, warps and stages come from
 import triton
 import triton.language as tl
 
-from .common import (causal_stop, full_stop, head_slope, initial_state, load_rows, merge_if_last, mma,
-                     online_softmax_step, paged_rows, program_start, scores, split_keys, window_start, write_output)
+from .combine import merge_if_last
+from .common import (causal_stop, full_stop, head_slope, initial_state, load_rows, mma, online_softmax_step, paged_rows,
+                     program_start, scores, split_keys, window_start, write_output)
 
 
 @triton.jit
