@@ -271,21 +271,16 @@ def main():
                     continue
                 ids = torch.randint(0, VOCAB, (b, s), device="cuda", generator=torch.Generator("cuda").manual_seed(s))
                 if args.compiled:
-                    rows = _compiled_rows(name, args.layers, b, s, heads, kvh, d, env,
-                                          compiled_decode(models, ids, args.new_tokens), args.new_tokens)
+                    res = compiled_decode(models, ids, args.new_tokens)
+                    rows = _compiled_rows(name, args.layers, b, s, heads, kvh, d, env, res, args.new_tokens,
+                                          *_agreement(res, ids, models["sdpa"]))
                     ledger.append(args.ledger, rows)
                     continue
                 RAN.clear()
                 res = measure(models, timed, ids)
                 for impl, r in decode(models, ids, args.new_tokens, first=args.first_generate).items():
                     res[impl].update(r)
-                same = int((res["fmha"]["tokens"] == res["sdpa"]["tokens"]).all(dim=0).cumprod(0).sum())
-                full = {impl: torch.cat([ids, res[impl]["tokens"]], 1) for impl in res}
-                parts = verify.greedy_partings(full["fmha"], full["sdpa"], models["sdpa"])
-                off = [(row, at - s, gap, step) for row, at, gap, step in parts if gap > step]
-                parting = ("" if not parts else "; where a row parts, SDPA's model rates both tokens within a "
-                           "bf16 step" if not off else "; rows parting off a bf16 tie (row, token, gap, step): "
-                           + " ".join(f"({r}, {t}, {g:.3g}, {st:.3g})" for r, t, g, st in off))
+                same, parting, off = _agreement(res, ids, models["sdpa"])
                 ran = "+".join(sorted(RAN)) or "-"
                 ratio = {part: res["sdpa"][part] / res["fmha"][part] for part in ("forward", "attention", "decode")}
                 print(f"{name:8} {b:>2} {s:>6} | {res['fmha']['forward']:8.2f}/{res['sdpa']['forward']:<8.2f} "
@@ -321,20 +316,33 @@ def main():
         torch.cuda.empty_cache()
 
 
-def _compiled_rows(name, layers, b, s, heads, kvh, d, env, res, new_tokens) -> list:
-    """Print :func:`compiled_decode`'s figures for one cell; its ledger rows."""
+def _agreement(res: dict, ids, sdpa_model) -> tuple[int, str, list]:
+    """How far fmha's greedy tokens (``res[impl]["tokens"]`` after the prompt ``ids``) equal SDPA's in every row,
+    the note on where rows part (:func:`fmha.verify.greedy_partings`: SDPA's model rates both tokens within a
+    bf16 step, or not), and the rows that part off such a tie ``(row, token, gap, step)``."""
     same = int((res["fmha"]["tokens"] == res["sdpa"]["tokens"]).all(dim=0).cumprod(0).sum())
+    full = {impl: torch.cat([ids, res[impl]["tokens"]], 1) for impl in ("fmha", "sdpa")}
+    parts = verify.greedy_partings(full["fmha"], full["sdpa"], sdpa_model)
+    off = [(row, at - ids.shape[1], gap, step) for row, at, gap, step in parts if gap > step]
+    parting = ("" if not parts else "; where a row parts, SDPA's model rates both tokens within a "
+               "bf16 step" if not off else "; rows parting off a bf16 tie (row, token, gap, step): "
+               + " ".join(f"({r}, {t}, {g:.3g}, {st:.3g})" for r, t, g, st in off))
+    return same, parting, off
+
+
+def _compiled_rows(name, layers, b, s, heads, kvh, d, env, res, new_tokens, same, parting, off) -> list:
+    """Print :func:`compiled_decode`'s figures for one cell; its ledger rows."""
     ratio = res["sdpa"]["decode"] / res["fmha"]["decode"]
     counts = {impl: f"graphs {r['graphs']}, breaks {r['breaks']}, compiled while timed {r['recompiled']}"
               for impl, r in res.items()}
     print(f"{name:8} {b:>2} {s:>6} | compiled, static cache, per token fmha/sdpa ms {res['fmha']['decode']:.2f}/"
-          f"{res['sdpa']['decode']:.2f} ({ratio:.2f}x) | same tokens {same}/{new_tokens + 1} | fmha: "
-          f"{counts['fmha']}; sdpa: {counts['sdpa']}", flush=True)
+          f"{res['sdpa']['decode']:.2f} ({ratio:.2f}x) | same tokens {same}/{new_tokens + 1}{'!' if off else ''} | "
+          f"fmha: {counts['fmha']}; sdpa: {counts['sdpa']}", flush=True)
     return [dict(env, provider=f"transformers:{impl}", dtype="bfloat16", batch=b, heads=heads, kv_heads=kvh,
                  seqlen_q=1, seqlen_k=s, head_dim=d, causal=1, ms=r["decode"],
                  features="part=decode compiled=reduce-overhead cache=static", config=f"{name} {layers} layers",
                  ratio_best_peer=ratio if impl == "fmha" else 1.0,
-                 note=counts[impl] + (f"; greedy tokens equal sdpa's: first {same} of {new_tokens + 1}"
+                 note=counts[impl] + (f"; greedy tokens equal sdpa's: first {same} of {new_tokens + 1}{parting}"
                                       if impl == "fmha" else ""))
             for impl, r in res.items()]
 
