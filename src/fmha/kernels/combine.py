@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from .. import replay
-from .common import LN2, LOG2E, initial_state, write_output
+from .common import LN2, LOG2E, initial_state, row_place, write_output
 
 
 @triton.jit
@@ -47,9 +47,7 @@ def merge_kernel(OP, LP, O, LSE, Rows, n_parts, heads, seqlen_q, stride_op, lse_
         l = l * alpha + tl.sum(w, 1)
         m = m_new
     inv_l = tl.where(l == 0.0, 0.0, 1.0 / l)
-    i = row % seqlen_q
-    bh = row // seqlen_q
-    o_ptrs = O + (bh // heads) * stride_ob + (bh % heads) * stride_oh + i * stride_os + offs_d * stride_od
+    o_ptrs = row_place(O, row, heads, seqlen_q, stride_ob, stride_oh, stride_os) + offs_d * stride_od
     tl.store(o_ptrs, (acc * inv_l).to(O.dtype.element_ty), mask=(offs_d < HEAD_DIM) & (row >= 0))
     if STORE_LSE:
         total = tl.where(l == 0.0, float("-inf"), (m + tl.math.log2(l)) * LN2)
@@ -94,8 +92,7 @@ def merge_if_last(o_rows, LSE, lse_rows, Out, LseOut, Tickets, offs_m, heads, se
             o = tl.load(o_rows[:, None] + s * stride_osplit + offs_d[None, :] * stride_od,
                         mask=rows[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0, cache_modifier=".cg")
             acc, l, m = merge_step(acc, l, m, lse * LOG2E, o)
-        bh = lse_rows // seqlen_q
-        f_rows = Out + (bh // heads) * stride_fb + (bh % heads) * stride_fh + (lse_rows % seqlen_q) * stride_fs
+        f_rows = row_place(Out, lse_rows, heads, seqlen_q, stride_fb, stride_fh, stride_fs)
         write_output(f_rows, LseOut, lse_rows, acc, l, m, offs_m, seqlen_q, offs_d, stride_fd, HEAD_DIM, BLOCK_D,
                      MERGE_LSE)
 

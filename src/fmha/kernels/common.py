@@ -2,7 +2,7 @@
 
 * :func:`mma` -- the one matrix product, with the interpreter switch;
 * :func:`program_start`, :func:`sequence`, :func:`initial_state` -- what a program owns, its
-  sequence's place and lengths, and m, l, acc at t = 0;
+  sequence's place and lengths, and m, l, acc at t = 0; :func:`row_place` -- a flattened query row's place;
 * :func:`load_rows` -- a masked ``[rows, head_dim]`` tile load;
 * :func:`scores` -- scale, softcap, ALiBi, and the key-boundary, causal and window masks (5.2);
 * :func:`window_start` -- the sliding window's whole-tile skip;
@@ -105,6 +105,14 @@ def program_start(Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride
     q = load_rows(q_rows[:, None] + offs_d[None, :] * stride_qd, offs_m, sq, offs_d, HEAD_DIM, BLOCK_D, True)
     return (row_lo, row_hi, offs_m, q, k_base, v_base, o_rows, lse_rows, sq, sk, causal_offset + align,
             window_offset + align, align_offset + align)
+
+
+@triton.jit
+def row_place(Base, row, heads, seqlen_q, stride_b, stride_h, stride_s):
+    """Query row ``(b, h, i)`` flattened as ``row = (b * heads + h) * seqlen_q + i`` (an LSE's or a split's
+    partials' order), placed in a tensor through its (batch, head, seq) strides: ``Base`` plus its offset."""
+    bh = row // seqlen_q
+    return Base + (bh // heads) * stride_b + (bh % heads) * stride_h + (row % seqlen_q) * stride_s
 
 
 @triton.jit

@@ -11,7 +11,7 @@ import triton.language as tl
 
 from .combine import merge_if_last
 from .common import (causal_stop, full_stop, head_slope, initial_state, load_rows, mma, online_softmax_step, paged_rows,
-                     program_start, scores, split_keys, window_start, write_output)
+                     program_start, row_place, scores, split_keys, window_start, write_output)
 
 
 @triton.jit
@@ -90,9 +90,8 @@ def _mask_rows(AttnMask, lse_rows, offs_m, heads, seqlen_q, lse_split, stride_mb
         tl.static_assert(not VARLEN, "an attn_mask is [batch, heads, seqlen_q, seqlen_k]: not packed sequences")
         if SPLIT:
             rows = lse_rows - tl.program_id(2).to(tl.int64) * lse_split
-        rows = tl.where(offs_m < seqlen_q, rows, 0)
-        bh = rows // seqlen_q
-        rows = AttnMask + (bh // heads) * stride_mb + (bh % heads) * stride_mh + (rows % seqlen_q) * stride_mq
+        rows = row_place(AttnMask, tl.where(offs_m < seqlen_q, rows, 0), heads, seqlen_q, stride_mb, stride_mh,
+                         stride_mq)
     return rows
 
 
