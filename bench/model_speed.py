@@ -4,7 +4,7 @@ weights, bf16), eager.
 
     PYTHONPATH=src python3 bench/model_speed.py [--models llama qwen2 gemma2 mistral] [--layers 4]
         [--seqlens 1024 4096 16384] [--batches 1 8] [--new-tokens 32] [--packed 8] [--first-generate]
-        [--compiled] [--ledger bench/ledger.csv]
+        [--compiled [--profile]] [--ledger bench/ledger.csv]
 
 Per model, batch and prompt length, for each implementation: the prefill forward's time, the time
 inside attention (CUDA events around every attention call of that forward, summed), and the
@@ -19,7 +19,8 @@ it the lengths recur from the runs before and every fmha call replays).  Rows go
 ``transformers:<impl>``, ``features`` ``part=forward|attention|decode`` (``decode first-generate``),
 ``ratio_best_peer`` against SDPA's row).  ``--compiled``: generate() alone with a static cache, whose decoding steps
 transformers compiles (``torch.compile(mode="reduce-overhead")``), with dynamo's counts of graphs,
-graph breaks and recompilations while timed (:func:`compiled_decode`; ``features`` ``part=decode compiled=...``).
+graph breaks and recompilations while timed (:func:`compiled_decode`; ``features`` ``part=decode compiled=...``);
+``--profile`` prints each implementation's GPU kernels over one such generate().
 """
 from __future__ import annotations
 
@@ -172,12 +173,14 @@ def decode(models: dict, ids, new_tokens: int, reps: int = 3, first: bool = Fals
     return out
 
 
-def compiled_decode(models: dict, ids, new_tokens: int, reps: int = 3) -> dict:
+def compiled_decode(models: dict, ids, new_tokens: int, reps: int = 3, profile: bool = False) -> dict:
     """Per model: the time per token of greedy generate() with a static cache (``cache_implementation="static"``),
     whose decoding steps transformers compiles itself (``torch.compile``, ``mode="reduce-overhead"``: CUDA
     graphs; the prefill stays eager), timed as :func:`decode` times it after two untimed runs (the compilation,
     the graphs' recording); with dynamo's counts: graphs compiled in all, graph breaks, and graphs compiled
-    during the timed runs (a recompilation per token shows there)."""
+    during the timed runs (a recompilation per token shows there).  ``profile``: then one more generate() under
+    torch's profiler, its GPU kernels' times printed, the costliest first (each decoding step's, the graph
+    replayed, among them)."""
     import torch._dynamo
     from torch._dynamo.utils import counters
 
@@ -198,6 +201,8 @@ def compiled_decode(models: dict, ids, new_tokens: int, reps: int = 3) -> dict:
                 for _ in range(reps):
                     for at, n in enumerate((1, 1 + new_tokens)):
                         (one, many)[at].append(_ms(partial(gen, model, n)))
+                if profile:
+                    _profile(impl, partial(gen, model, 1 + new_tokens))
             out[impl] = {"decode": (statistics.median(many) - statistics.median(one)) / new_tokens,
                          "tokens": tokens, "graphs": counters["stats"]["unique_graphs"],
                          "breaks": sum(counters["graph_break"].values()),
@@ -205,6 +210,16 @@ def compiled_decode(models: dict, ids, new_tokens: int, reps: int = 3) -> dict:
         finally:
             torch._dynamo.reset()
     return out
+
+
+def _profile(impl: str, fn) -> None:
+    """Print the GPU kernels of one run of ``fn`` under torch's profiler, by total time, the costliest first."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    print(f"{impl}: the GPU kernels of one generate()")
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=70))
 
 
 def packed_step(models: dict, tokens: int, sequences: int, reps: int = 5) -> dict:
@@ -247,6 +262,7 @@ def main():
     p.add_argument("--compiled", action="store_true",
                    help="time generate() only, with a static cache (transformers compiles its decoding steps in "
                         "torch.compile's reduce-overhead mode: CUDA graphs), counting graphs, breaks, recompilations")
+    p.add_argument("--profile", action="store_true", help="--compiled: print each implementation's GPU kernels")
     p.add_argument("--ledger", default=None)
     args = p.parse_args()
     timed = register()
@@ -271,7 +287,7 @@ def main():
                     continue
                 ids = torch.randint(0, VOCAB, (b, s), device="cuda", generator=torch.Generator("cuda").manual_seed(s))
                 if args.compiled:
-                    res = compiled_decode(models, ids, args.new_tokens)
+                    res = compiled_decode(models, ids, args.new_tokens, profile=args.profile)
                     rows = _compiled_rows(name, args.layers, b, s, heads, kvh, d, env, res, args.new_tokens,
                                           *_agreement(res, ids, models["sdpa"]))
                     ledger.append(args.ledger, rows)
