@@ -3,24 +3,25 @@ Gemma 2 and Mistral built from configs (their real widths and head counts, a few
 weights, bf16), eager.
 
     PYTHONPATH=src python3 bench/model_speed.py [--models llama qwen2 gemma2 mistral] [--layers 4]
-        [--seqlens 1024 4096 16384] [--batches 1 8] [--new-tokens 32] [--packed 8] [--first-generate]
+        [--seqlens 1024 4096 16384] [--batches 1 8] [--new-tokens 32] [--left-pad 256] [--packed 8]
+        [--first-generate]
         [--compiled [--profile]] [--ledger bench/ledger.csv]
 
-Per model, batch and prompt length, for each implementation: the prefill forward's time, the time
-inside attention (CUDA events around every attention call of that forward, summed), and the
-time per token of greedy ``generate()`` after that prompt (the two implementations' runs alternating);
-fmha's rows say which variants ran, whether its greedy tokens equal SDPA's, and where a row's part from
-SDPA's, whether SDPA's model rates both tokens there within a bf16 step (:func:`fmha.verify.greedy_partings`:
-random weights give near-ties; a row parting off a tie is marked ``!`` and listed).  ``--packed N``: at
-batch 1, also a training step's forward and backward over N sequences packed in the prompt's length by
-position_ids (padding-free: SDPA gets transformers' block-diagonal mask).  ``--first-generate``: every timed
-generate() as a program's first (fmha's recipes forgotten before each: each cache length a new kind; without
-it the lengths recur from the runs before and every fmha call replays).  Rows go to the ledger (``provider``
-``transformers:<impl>``, ``features`` ``part=forward|attention|decode`` (``decode first-generate``),
-``ratio_best_peer`` against SDPA's row).  ``--compiled``: generate() alone with a static cache, whose decoding steps
-transformers compiles (``torch.compile(mode="reduce-overhead")``), with dynamo's counts of graphs,
-graph breaks and recompilations while timed (:func:`compiled_decode`; ``features`` ``part=decode compiled=...``);
-``--profile`` prints each implementation's GPU kernels over one such generate().
+Per model, batch and prompt length, for each implementation: the prefill forward's time, the time inside attention
+(CUDA events around every attention call of that forward, summed), and the time per token of greedy ``generate()``
+after that prompt (the two implementations' runs alternating); fmha's rows say which variants ran, whether its
+greedy tokens equal SDPA's, and where a row's part from SDPA's, whether SDPA's model rates both tokens there within
+a bf16 step (:func:`fmha.verify.greedy_partings`: random weights give near-ties; a row parting off a tie is marked
+``!`` and listed). ``--left-pad N``: generate()'s prompts, the first half of the rows, left-padded by N tokens
+(``features`` ``padding=leftN``). ``--packed N``: at batch 1, also a training step's forward and backward over N
+sequences packed in the prompt's length by position_ids (padding-free: SDPA gets transformers' block-diagonal mask).
+``--first-generate``: every timed generate() as a program's first (fmha's recipes forgotten before each: each cache
+length a new kind; without it the lengths recur from the runs before and every fmha call replays). Rows go to the
+ledger (``provider`` ``transformers:<impl>``, ``features`` ``part=forward|attention|decode`` (``decode
+first-generate``), ``ratio_best_peer`` against SDPA's row). ``--compiled``: generate() alone with a static cache,
+whose decoding steps transformers compiles (``torch.compile(mode="reduce-overhead")``), with dynamo's counts of
+graphs, graph breaks and recompilations while timed (:func:`compiled_decode`; ``features`` ``part=decode
+compiled=...``); ``--profile`` prints each implementation's GPU kernels over one such generate().
 """
 from __future__ import annotations
 
@@ -145,17 +146,26 @@ def measure(models: dict, timers: dict, ids, reps: int = 5) -> dict:
     return out
 
 
-def decode(models: dict, ids, new_tokens: int, reps: int = 3, first: bool = False) -> dict:
+def prompt_mask(ids, pad: int = 0):
+    """The attention mask a tokenizer hands over with ``ids``: all ones (without it generate() takes random tokens
+    equal to the pad id for padding: Gemma 2's is 0), or with the first half of the rows (one at batch 1)
+    left-padded by ``pad`` tokens, as a batch of prompts of unequal lengths is."""
+    mask = torch.ones_like(ids)
+    mask[:max(1, ids.shape[0] // 2), :pad] = 0
+    return mask
+
+
+def decode(models: dict, ids, new_tokens: int, reps: int = 3, first: bool = False, mask=None) -> dict:
     """Per model: the time per token of greedy generate() after ``ids`` (``1 + new_tokens`` tokens less one
     token's time, over ``new_tokens``) and the tokens it made.  The models' runs alternate, so a drift of the
     host's speed (eager decoding is host-bound) reaches each alike.  Each cache length recurs from the runs
     before, so fmha replays every call; ``first``: fmha's recipes are forgotten before each timed run (its
     compiled kernels kept), so each length is a kind it has not met, as in a program's first generate()
-    (:mod:`fmha.replay`)."""
-    def gen(model, n):  # the all-ones mask a tokenizer hands over: without it generate() takes random tokens
-        # equal to the pad id for padding (Gemma 2's is 0)
-        return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                              do_sample=False)
+    (:mod:`fmha.replay`).  ``mask``: the prompt's attention mask (:func:`prompt_mask`'s all ones by default)."""
+    mask = prompt_mask(ids) if mask is None else mask
+
+    def gen(model, n):
+        return model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False)
     times = {impl: ([], []) for impl in models}
     out = {}
     with torch.no_grad():
@@ -259,6 +269,8 @@ def main():
                    help="also a padding-free training step per seqlen: one row of that many packed sequences")
     p.add_argument("--first-generate", action="store_true",
                    help="time each generate() as a program's first: fmha's recipes forgotten before each timed run")
+    p.add_argument("--left-pad", type=int, default=0,
+                   help="generate(): the first half of the rows left-padded by this many tokens")
     p.add_argument("--compiled", action="store_true",
                    help="time generate() only, with a static cache (transformers compiles its decoding steps in "
                         "torch.compile's reduce-overhead mode: CUDA graphs), counting graphs, breaks, recompilations")
@@ -294,9 +306,10 @@ def main():
                     continue
                 RAN.clear()
                 res = measure(models, timed, ids)
-                for impl, r in decode(models, ids, args.new_tokens, first=args.first_generate).items():
+                mask = prompt_mask(ids, args.left_pad)
+                for impl, r in decode(models, ids, args.new_tokens, first=args.first_generate, mask=mask).items():
                     res[impl].update(r)
-                same, parting, off = _agreement(res, ids, models["sdpa"])
+                same, parting, off = _agreement(res, ids, models["sdpa"], mask)
                 ran = "+".join(sorted(RAN)) or "-"
                 ratio = {part: res["sdpa"][part] / res["fmha"][part] for part in ("forward", "attention", "decode")}
                 print(f"{name:8} {b:>2} {s:>6} | {res['fmha']['forward']:8.2f}/{res['sdpa']['forward']:<8.2f} "
@@ -305,7 +318,8 @@ def main():
                       f"{ratio['decode']:5.2f} | {same:>3}/{args.new_tokens + 1:<3}{'!' if off else ' '}    | {ran}",
                       flush=True)
                 rows = []
-                first = " first-generate" if args.first_generate else ""
+                first = (" first-generate" if args.first_generate else "") + (
+                    f" padding=left{args.left_pad}" if args.left_pad else "")
                 what = {"fmha": f"{name} {args.layers} layers ({ran})", "sdpa": f"{name} {args.layers} layers"}
                 for impl, r in res.items():
                     for part in ("forward", "attention", "decode"):
@@ -332,13 +346,14 @@ def main():
         torch.cuda.empty_cache()
 
 
-def _agreement(res: dict, ids, sdpa_model) -> tuple[int, str, list]:
-    """How far fmha's greedy tokens (``res[impl]["tokens"]`` after the prompt ``ids``) equal SDPA's in every row,
-    the note on where rows part (:func:`fmha.verify.greedy_partings`: SDPA's model rates both tokens within a
-    bf16 step, or not), and the rows that part off such a tie ``(row, token, gap, step)``."""
+def _agreement(res: dict, ids, sdpa_model, mask=None) -> tuple[int, str, list]:
+    """How far fmha's greedy tokens (``res[impl]["tokens"]`` after the prompt ``ids``, ``mask`` its attention
+    mask) equal SDPA's in every row, the note on where rows part (:func:`fmha.verify.greedy_partings`: SDPA's model
+    rates both tokens within a bf16 step, or not), and the rows that part off such a tie ``(row, token, gap,
+    step)``."""
     same = int((res["fmha"]["tokens"] == res["sdpa"]["tokens"]).all(dim=0).cumprod(0).sum())
     full = {impl: torch.cat([ids, res[impl]["tokens"]], 1) for impl in ("fmha", "sdpa")}
-    parts = verify.greedy_partings(full["fmha"], full["sdpa"], sdpa_model)
+    parts = verify.greedy_partings(full["fmha"], full["sdpa"], sdpa_model, mask)
     off = [(row, at - ids.shape[1], gap, step) for row, at, gap, step in parts if gap > step]
     parting = ("" if not parts else "; where a row parts, SDPA's model rates both tokens within a "
                "bf16 step" if not off else "; rows parting off a bf16 tie (row, token, gap, step): "

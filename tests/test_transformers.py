@@ -437,6 +437,28 @@ def test_a_compiled_training_step_with_a_mask_has_no_graph_break():
         torch.testing.assert_close(b, a, atol=2e-2, rtol=5e-2)
 
 
+@pytest.mark.parametrize("which", ["models", "sliding_models"])
+def test_a_padded_batch_decodes_over_its_cache_in_place(which, request, monkeypatch):
+    """generate() on a left-padded batch: the prompt runs as packed sequences, and each decoding step (one new
+    token a sequence) runs fmha with transformers' mask as ``attn_mask``, the cache read where it lies, nothing
+    gathered (the sliding model's window joins the mask); the tokens are SDPA's, or part from them at a bf16 tie."""
+    import fmha.integrations.transformers as fmha_hf
+    ref, ours = request.getfixturevalue(which)
+    masked, packed = [], []
+    real, real_varlen = fmha_hf.fmha.attention, fmha_hf.fmha.attention_varlen
+    monkeypatch.setattr(fmha_hf.fmha, "attention",
+                        lambda *a, **kw: masked.append(kw.get("attn_mask") is not None) or real(*a, **kw))
+    monkeypatch.setattr(fmha_hf.fmha, "attention_varlen", lambda *a, **kw: packed.append(1) or real_varlen(*a, **kw))
+    ids = torch.randint(1, 101, (2, 6), generator=torch.Generator().manual_seed(12)).to(DEVICE)
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0  # (within the sliding model's 8-key window at every step)
+    with torch.no_grad():
+        want = ref.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
+        got = ours.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
+    assert_greedy_alike(got, want, ref, mask)
+    assert len(packed) == 2 and masked == [True] * 6  # the prompt, then 3 steps of 2 layers
+
+
 def test_a_padded_batch_trains_through_the_gathered_path(models, monkeypatch):
     """A left-padded batch (eager): the real tokens go through ``attention_varlen`` by index (made once a
     forward), and the gradients of a loss over the real tokens are SDPA's within bfloat16 rounding.  A padded

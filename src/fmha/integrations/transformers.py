@@ -11,9 +11,10 @@ mask whenever the causal band and the layer's window are all there is (no paddin
 positions of the keys), under ``torch.compile`` too, so those calls make no host checks and trace whole.
 A padded batch (a mask that is exactly the causal band, the layer's window and one contiguous run of real
 tokens per sequence) runs as packed sequences: the real tokens gathered, :func:`fmha.attention_varlen`,
-scattered back, with zeros on padded query rows; a static cache's mask (the real keys a prefix, the
-queries the last of them, the unused slots after) runs with ``seqused_k``.  A padding mask with no band
-(an encoder's own, a decoder's cross-attention) computes every query row against the real keys.
+scattered back, with zeros on padded query rows; its decoding steps (one query row a sequence, every row
+computed) run fmha with the mask as ``attn_mask``, the cache read in place; a static cache's mask (the real
+keys a prefix, the queries the last of them, the unused slots after) runs with ``seqused_k``.  A padding mask
+with no band (an encoder's own, a decoder's cross-attention) computes every query row against the real keys.
 Sequences packed along a row and told apart by position_ids alone (transformers' padding-free format,
 ``DataCollatorWithFlattening``) run as one varlen call over every token (:func:`packed_attention`; the
 mask function notes them, :func:`mask`, or FlashAttention's kwargs ``cu_seq_lens_q/k`` and
@@ -87,6 +88,9 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         return fmha.attention(q, k, v, causal_align="bottom_right", layout="bshd", **kw), None
     if padding.used is not None:  # each sequence's real keys a prefix, its queries the last of them
         return fmha.attention(q, k, v, causal_align="bottom_right", layout="bshd", seqused_k=padding.used, **kw), None
+    if q.shape[1] == 1 and padding.all_rows:  # a decoding step over a padded cache: the cache read in place
+        return fmha.attention(q, k, v, causal_align="bottom_right", layout="bshd", attn_mask=attention_mask,
+                              **kw), None
     return unpadded_attention(q, k, v, padding.gather, **kw), None
 
 
