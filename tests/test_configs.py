@@ -1,6 +1,7 @@
 """The config tables: every row reachable, every answer one its kernel takes."""
 import numpy as np
 import pytest
+import torch
 
 from fmha import configs
 from fmha.kernels import hopper
@@ -104,6 +105,19 @@ def test_split_pieces_only_where_items_cost_the_same_and_memory_allows():
     # 80 items, all in the last round: pieces of them would need more than the output's bytes
     small = Problem(1, 5, 5, 2048, 4096, 128, False, 0, 1.0)
     assert hopper.split_pieces(small, cfg, 80, 132, 5 * 2048 * 128 * 2) == 1
+
+
+def test_a_schedule_is_built_only_where_it_may_be_kept():
+    """The balanced schedule is kept for the next call of its shape; a call that may keep nothing (``build=False``:
+    compiled code's CUDA graphs, a stream being captured) gets None until a call that may keep it has built it."""
+    from fmha.kernels.hopper import schedule
+    shape = ("cpu", 3, 101, 132, 128, 128, 3 * 128, 0)
+    schedule._SCHEDULES.clear()
+    assert schedule._schedule(*shape, build=False) is None and not schedule._SCHEDULES
+    built = schedule._schedule(*shape)
+    assert schedule._schedule(*shape, build=False) is built
+    tiles = hopper.block_tiles(np.arange(3) * 128, 3 * 128, 0, 0, 128, 128, True, False)
+    assert torch.equal(built, torch.from_numpy(hopper.balanced_tail(3, 101, 132, tiles)))
 
 
 @pytest.mark.parametrize("n_m, n_bh, programs", [(4, 1024, 132), (8, 512, 132), (128, 16, 132), (86, 32, 132),

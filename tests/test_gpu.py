@@ -565,6 +565,24 @@ def test_torch_compile_inductor():
     torch.testing.assert_close(got.double(), ref, atol=1e-1, rtol=5e-2)
 
 
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(2048, 2048), (1, 8192)], ids=["balanced-prefill", "split-decode"])
+def test_reduce_overhead_compile_keeps_nothing_in_the_graphs_pool(seqlen_q, seqlen_k):
+    """``torch.compile(mode="reduce-overhead")``: cudagraph trees warm up and record in the graphs' own memory pool
+    and refuse a live block there that no graph owns.  A call met first there keeps nothing: a balanced causal
+    schedule (D=64 causal, more items than SMs) is not built and kept, a split decode's workspace and counters not
+    held; the three calls (warm-up, recording, replay) match float64, the shape never run eagerly before."""
+    torch._dynamo.reset()
+    q, k, v = make_qkv(1, 16, 4, seqlen_q, seqlen_k, 64, torch.bfloat16, layout="bshd", seed=seqlen_q)
+    causal = seqlen_q > 1
+    step = torch.compile(lambda q, k, v: fmha.attention(q, k, v, causal=causal, layout="bshd") * 1.0,
+                         mode="reduce-overhead")
+    outs = [step(q, k, v).clone() for _ in range(3)]
+    torch.cuda.synchronize()
+    check_against_reference(outs[0], q, k, v, causal, layout="bshd")
+    assert all(torch.equal(o, outs[0]) for o in outs[1:])
+    torch._dynamo.reset()
+
+
 def test_offsets_past_2_to_the_31():
     # batch 1 of q, k and v starts 2**31 + 2**20 elements into one buffer: 32-bit offsets would wrap
     n = 2 ** 31 + 2 ** 20

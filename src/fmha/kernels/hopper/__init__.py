@@ -231,10 +231,14 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
     paired = bool(prob.causal and prob.window_offset is None and persistent and n_tiles > resident and not prob.varlen)
     grid = (min(-(-n_tiles // 2) if paired else n_tiles, resident) if persistent else n_tiles,)
     balance = paired and bool(cfg.balance)
-    if balance:  # the last round or two of pairs dealt out longest item first to the least loaded program
+    if balance:  # the last round or two of pairs dealt out longest item first to the least loaded program (a list
+        # built on the host; where a call may keep nothing and none is kept yet, the pairs alone)
+        schedule = _schedule(q.device, n_m, n_tiles // n_m, min(n_tiles, resident), cfg.block_m, cfg.block_n,
+                             prob.seqlen_k, causal_offset, build=replay.holding(q.device))
+        balance = schedule is not None
+    if balance:
         grid = (min(n_tiles, resident),)
-        items = replay.constant(_schedule(q.device, n_m, n_tiles // n_m, grid[0], cfg.block_m, cfg.block_n,
-                                          prob.seqlen_k, causal_offset))
+        items = replay.constant(schedule)
     pieces = split_pieces(prob, cfg, n_tiles, resident, o.numel() * o.element_size())
     if pieces > 1:  # the last round's items in pieces, each piece's float32 result merged after the kernel
         grid = (min(resident, n_tiles // resident * resident + n_tiles % resident * pieces),)

@@ -3,7 +3,6 @@
 host-built list behind the causal tail (by LPT); packed sequences' list is built on the device (:mod:`.worklist`)."""
 from __future__ import annotations
 
-import functools
 import heapq
 
 import numpy as np
@@ -205,12 +204,23 @@ def balanced_tail(n_m: int, n_bh: int, programs: int, tiles) -> np.ndarray:
     return np.concatenate([[lead], offsets, *lists]).astype(np.int32)
 
 
-@functools.lru_cache(maxsize=64)
+_SCHEDULES: dict = {}  # (device, shape) -> balanced_tail's list on the device
+
+
 def _schedule(device, n_m: int, n_bh: int, programs: int, block_m: int, block_n: int, seqlen_k: int,
-              causal_offset: int) -> torch.Tensor:
-    """:func:`balanced_tail` on ``device``, kept for the next call of the same shape."""
-    tiles = block_tiles(np.arange(n_m) * block_m, seqlen_k, causal_offset, 0, block_m, block_n, True, False)
-    return torch.from_numpy(balanced_tail(n_m, n_bh, programs, tiles)).to(device)
+              causal_offset: int, build: bool = True) -> torch.Tensor | None:
+    """:func:`balanced_tail` on ``device``, kept for the next call of the same shape; None where it is not kept yet
+    and ``build`` is false: a call that may keep nothing past its end (``replay.holding``) must not leave it in a
+    CUDA graph's memory pool (cudagraph trees refuse a live block there that no graph owns), and a stream being
+    captured cannot copy it from the host."""
+    key = (device, n_m, n_bh, programs, block_m, block_n, seqlen_k, causal_offset)
+    items = _SCHEDULES.get(key)
+    if items is None and build:
+        if len(_SCHEDULES) >= 64:
+            _SCHEDULES.clear()
+        tiles = block_tiles(np.arange(n_m) * block_m, seqlen_k, causal_offset, 0, block_m, block_n, True, False)
+        items = _SCHEDULES[key] = torch.from_numpy(balanced_tail(n_m, n_bh, programs, tiles)).to(device)
+    return items
 
 
 def per_sequence(prob) -> bool:
