@@ -8,7 +8,7 @@ import torch
 import fmha
 from conftest import DEVICE, check_against_reference, make_qkv, nan_like, packed
 from fmha import reference
-from fmha.verify import check_grads, check_lse
+from fmha.verify import check_grads, check_lse, greedy_partings
 
 SINKS = [0.5, -3.0, 6.0, 0.0]  # one head's sink well above its scores, one well below
 
@@ -88,9 +88,9 @@ def test_sinks_are_checked():
             fmha.attention(q, k, v, sinks=bad)
 
 
-def test_gpt_oss_matches_its_eager_attention():
-    """A small gpt-oss (sinks in every layer, sliding and full layers alternating) with fmha: hidden
-    states as its own eager attention computes them, and a training step's sink gradients."""
+def _gpt_oss():
+    """A small gpt-oss (sinks in every layer, sliding and full layers alternating), with its eager attention and
+    with fmha, the same random weights (sinks of some weight)."""
     transformers = pytest.importorskip("transformers")
     import fmha.integrations.transformers as fmha_hf
     fmha_hf.register()
@@ -105,6 +105,34 @@ def test_gpt_oss_matches_its_eager_attention():
         for layer in m.model.layers:
             torch.nn.init.normal_(layer.self_attn.sinks, std=2.0)
     models["fmha"].load_state_dict(models["eager"].state_dict())
+    return models
+
+
+def test_gpt_oss_generates_a_left_padded_batch_as_its_eager_attention(monkeypatch):
+    """gpt-oss's generate() on a left-padded batch: the prompt as packed sequences, each decoding step with the mask
+    as ``attn_mask`` beside the sinks; the tokens are those of its eager attention, or part from them only at a
+    bf16 tie of the eager model's own rating."""
+    import fmha.integrations.transformers as fmha_hf
+    models = _gpt_oss()
+    masked = []
+    real = fmha_hf.fmha.attention
+    monkeypatch.setattr(fmha_hf.fmha, "attention",
+                        lambda *a, **kw: masked.append(kw.get("attn_mask") is not None) or real(*a, **kw))
+    ids = torch.randint(1, 64, (2, 6), generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    with torch.no_grad():
+        got, want = (models[impl].eval().generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False)
+                     for impl in ("fmha", "eager"))
+    assert masked.count(True) >= 4  # the full layers' decoding steps at least
+    for row, at, gap, step in greedy_partings(got, want, models["eager"], mask):
+        assert gap <= step, (row, at, gap, step)
+
+
+def test_gpt_oss_matches_its_eager_attention():
+    """A small gpt-oss (sinks in every layer, sliding and full layers alternating) with fmha: hidden
+    states as its own eager attention computes them, and a training step's sink gradients."""
+    models = _gpt_oss()
     ids = torch.randint(0, 64, (2, 24), generator=torch.Generator().manual_seed(1)).to(DEVICE)
     out = {}
     for impl, m in models.items():
