@@ -129,6 +129,48 @@ def test_gpt_oss_generates_a_left_padded_batch_as_its_eager_attention(monkeypatc
         assert gap <= step, (row, at, gap, step)
 
 
+@pytest.mark.parametrize("left_padded", [False, True], ids=["all-ones", "left-padded"])
+def test_gpt_oss_generates_with_a_static_cache_as_its_eager_attention(left_padded):
+    """gpt-oss's generate() with a static cache, whose masks (the unused slots after the real keys, the sliding
+    layers' window) fmha reads as no padding it knows: with the sinks, which SDPA lacks, fmha runs with the mask
+    itself (``attn_mask``; there are no gradients); the tokens are its eager attention's, up to a bf16 tie."""
+    models = _gpt_oss()
+    ids = torch.randint(1, 64, (2, 10), generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    mask = torch.ones_like(ids)
+    if left_padded:
+        mask[1, :3] = 0
+    kw = dict(attention_mask=mask, max_new_tokens=4, min_new_tokens=4, do_sample=False, cache_implementation="static")
+    with torch.no_grad():
+        got, want = (models[impl].eval().generate(ids, **kw) for impl in ("fmha", "eager"))
+    for row, at, gap, step in greedy_partings(got, want, models["eager"], mask):
+        assert gap <= step, (row, at, gap, step)
+
+
+def test_sinks_with_any_boolean_mask_run_fmha_with_it():
+    """transformers' attention call with sinks and a boolean mask that is no padding fmha knows (keys hidden at
+    random): fmha with the mask as ``attn_mask``, against float64, eagerly and compiled whole (``fullgraph``: the
+    mask is not read on the host); with gradients, or with a float mask, refused by name (SDPA has no sinks)."""
+    import fmha.integrations.transformers as fmha_hf
+    module = torch.nn.Module()
+    module.is_causal = True
+    q, k, v = make_qkv(2, 4, 2, 9, 30, 64, torch.bfloat16, seed=4)  # transformers' [batch, heads, seq, dim]
+    sinks = sinks_for(4)
+    mask = torch.rand(2, 1, 9, 30, generator=torch.Generator().manual_seed(5)).to(DEVICE) < 0.6
+    mask[0, :, 2] = False  # a row that sees no key
+
+    def call(q, k, v, mask):
+        return fmha_hf.attention_forward(module, q, k, v, mask, scaling=0.125, s_aux=sinks)[0]
+    with torch.no_grad():
+        for run in (call, torch.compile(call, fullgraph=True, backend="eager")):
+            out = run(q, k, v, mask)  # [batch, seq, heads, dim]
+            check_against_reference(out, *(t.transpose(1, 2) for t in (q, k, v)), False, layout="bshd", scale=0.125,
+                                    attn_mask=mask.expand(2, 4, 9, 30), sinks=sinks)
+    with pytest.raises(NotImplementedError, match="boolean masks"):
+        call(q.requires_grad_(), k, v, mask)
+    with pytest.raises(NotImplementedError, match="boolean masks"):
+        call(q.detach(), k, v, torch.zeros(2, 1, 9, 30, device=DEVICE))
+
+
 def test_gpt_oss_matches_its_eager_attention():
     """A small gpt-oss (sinks in every layer, sliding and full layers alternating) with fmha: hidden
     states as its own eager attention computes them, and a training step's sink gradients."""
