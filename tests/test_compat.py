@@ -71,6 +71,27 @@ def test_flash_attn_with_kvcache_appends_then_attends(paged):
             torch.testing.assert_close(flat[b, n:n + 3], k_new[b], atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("window", [(-1, -1), (6, 0)])
+def test_flash_attn_with_kvcache_takes_a_left_padded_cache(window):
+    """``cache_leftpad``: sequence b's keys are slots ``cache_leftpad[b]`` to ``cache_seqlens[b]`` (then the
+    appended ones); the same as attending over those slots alone, causal bottom-right, with a window."""
+    batch, heads, kv_heads, d, cap = 3, 4, 2, 32, 48
+    pad = torch.tensor([0, 5, 17], dtype=torch.int32, device=DEVICE)
+    lens = torch.tensor([20, 33, 17], dtype=torch.int32, device=DEVICE)  # the last: every old slot is padding
+    cache_k, cache_v = bshd(batch, kv_heads, cap, d, 12), bshd(batch, kv_heads, cap, d, 13)
+    q, k_new, v_new = bshd(batch, heads, 2, d, 14), bshd(batch, kv_heads, 2, d, 15), bshd(batch, kv_heads, 2, d, 16)
+    kc, vc = cache_k.clone(), cache_v.clone()
+    out = compat.flash_attn_with_kvcache(q, kc, vc, k=k_new, v=v_new, cache_seqlens=lens, cache_leftpad=pad,
+                                         causal=True, window_size=window)
+    for b, (p, n) in enumerate(zip(pad.tolist(), lens.tolist())):
+        keys = torch.cat([cache_k[b:b + 1, p:n], k_new[b:b + 1]], 1)
+        vals = torch.cat([cache_v[b:b + 1, p:n], v_new[b:b + 1]], 1)
+        check_against_reference(out[b:b + 1], q[b:b + 1], keys, vals, True, "bottom_right", "bshd", window=window)
+    with pytest.raises(NotImplementedError, match="cache_leftpad with a block_table"):
+        compat.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, cache_leftpad=pad,
+                                       block_table=torch.zeros(batch, 3, dtype=torch.int32, device=DEVICE))
+
+
 @pytest.mark.parametrize("sq,sk,causal,masked", [(9, 30, True, False), (30, 9, True, True), (1, 70, False, True),
                                                 (17, 17, False, False)])
 def test_sdpa_is_top_left_bhsd_with_its_mask(sq, sk, causal, masked):

@@ -4,9 +4,10 @@ for them.
 ``fmha.compat.flash_attn_func``, ``flash_attn_varlen_func`` and ``flash_attn_with_kvcache`` take
 FlashAttention 2's arguments: tensors ``[batch, seqlen, heads, head_dim]`` (bshd), ``softmax_scale``,
 ``window_size=(left, right)``, ``softcap``, ``alibi_slopes`` and causal masks aligned bottom-right (the
-new queries are the last positions of the keys), as FlashAttention does since 2.1.  What fmha cannot do
+new queries are the last positions of the keys), as FlashAttention does since 2.1; a left-padded cache
+(``cache_leftpad``) hides the keys before each sequence's start with a mask (``attn_mask``).  What fmha cannot do
 is refused by name rather than ignored: dropout, returning the attention probabilities' matrix,
-rotary embeddings inside the call, cache batch indices and left padding.  ``flash_attn_func`` and
+rotary embeddings inside the call, cache batch indices.  ``flash_attn_func`` and
 ``flash_attn_varlen_func`` are differentiable (:mod:`fmha.gradients`).  ``scaled_dot_product_attention``
 takes torch's: bhsd tensors, ``is_causal`` aligned top-left, a boolean ``attn_mask``, ``enable_gqa``.
 """
@@ -83,10 +84,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     with an int32 ``block_table [batch, pages_per_seq]``.  ``cache_seqlens`` (int32 ``[batch]`` or an
     int; default: the whole cache) are the keys in use; new ``k``/``v`` ``[batch, seqlen_new,
     kv_heads, D]`` are first written into the cache after them (in place, as FlashAttention does),
-    and attention then runs over ``cache_seqlens + seqlen_new`` keys.  ``num_splits`` as in
-    :func:`fmha.attention` (0: decide)."""
-    _refuse(rotary_cos=rotary_cos, rotary_sin=rotary_sin, cache_batch_idx=cache_batch_idx,
-            cache_leftpad=cache_leftpad)
+    and attention then runs over ``cache_seqlens + seqlen_new`` keys.  ``cache_leftpad`` (int32 ``[batch]``,
+    not with a block table): sequence b's keys start at ``cache_leftpad[b]``, the slots before it hidden (the
+    band and window keep their places: a position is its slot).  ``num_splits`` as in :func:`fmha.attention`
+    (0: decide)."""
+    _refuse(rotary_cos=rotary_cos, rotary_sin=rotary_sin, cache_batch_idx=cache_batch_idx)
+    if cache_leftpad is not None and block_table is not None:
+        raise NotImplementedError("flash_attn_with_kvcache: cache_leftpad with a block_table (as FlashAttention, "
+                                  "fmha takes left padding in a contiguous cache only)")
     batch = q.shape[0]
     if isinstance(cache_seqlens, int):
         cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
@@ -105,6 +110,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             cache_seqlens = torch.full((batch,), block_table.shape[1] * k_cache.shape[1], dtype=torch.int32,
                                        device=q.device)
         return attention_paged(q, k_cache, v_cache, block_table, cache_seqlens, **kw)
+    if cache_leftpad is not None:  # [batch, 1, 1, slots]: a slot before the sequence's start is hidden
+        slots = torch.arange(k_cache.shape[1], device=q.device)
+        kw["attn_mask"] = (slots[None, :] >= cache_leftpad.to(q.device)[:, None])[:, None, None, :]
     return attention(q, k_cache, v_cache, seqused_k=cache_seqlens, **kw)
 
 
