@@ -195,7 +195,7 @@ def compiled_decode(models: dict, ids, new_tokens: int, reps: int = 3, profile: 
     from torch._dynamo.utils import counters
 
     def gen(model, n):
-        return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+        return model.generate(ids, attention_mask=prompt_mask(ids), max_new_tokens=n, min_new_tokens=n,
                               do_sample=False, cache_implementation="static")
     out = {}
     for impl, model in models.items():

@@ -39,6 +39,8 @@ import fmha
 from ..checks import HEAD_DIMS, MLA_ABSORBED
 
 NAME = "fmha"
+SINKS_MASKS = ("fmha takes attention sinks with causal, sliding-window and padding masks, and with other boolean "
+               "masks [batch, 1, q, k] without gradients; for this mask use attn_implementation='eager'")
 
 
 def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -82,9 +84,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     if padding is None:
         if sinks is not None:  # SDPA has no sinks: running it would drop them
             if training or not _boolean(attention_mask):
-                raise NotImplementedError("fmha takes attention sinks with causal, sliding-window and padding masks, "
-                                          "and with other boolean masks [batch, 1, q, k] without gradients; for this "
-                                          "mask use attn_implementation='eager'")
+                raise NotImplementedError(SINKS_MASKS)
             return masked_attention(q, k, v, attention_mask, scale=scaling, softcap=softcap, sinks=sinks), None
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
@@ -249,8 +249,7 @@ def _compiled_masked(module, query, key, value, attention_mask, q, k, v, kw, dro
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     if not _boolean(attention_mask):
         if kw["sinks"] is not None:  # SDPA has no sinks: running it would drop them
-            raise NotImplementedError("fmha takes attention sinks with boolean masks [batch, 1, q, k] only; for this "
-                                      "mask use attn_implementation='eager'")
+            raise NotImplementedError(SINKS_MASKS)
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=kw["scale"], is_causal=is_causal, **kwargs)[0]
     q_len, k_len = q.shape[1], k.shape[1]
