@@ -3,7 +3,9 @@
 `ncu --profile-from-start off ... python3 bench/ncu_profile.py [CELL...]`: the script warms each call up
 (so Triton compiles outside the profiled range), then opens the profiler (`cudaProfilerStart`) for one call
 of each provider and closes it.  Cells (bf16): `d128nc16k` (B=1, H=16, S=16384, D=128, non-causal: the
-670 TFLOP/s goal) and `decode8k` (B=4, 32 query heads on 8 KV heads, 1 query row, 8192 keys, D=128).
+670 TFLOP/s goal) and `decode8k` (B=4, 32 query heads on 8 KV heads, 1 query row, 8192 keys, D=128);
+`fp8nc16k`: `d128nc16k` with q, k and v quantized to float8 per (batch, head), whose float8 call is profiled
+beside the bf16 one (the float8 call's V^T pass too).
 `--hopper field=value,...` (each one a run more) also profiles the ``hopper`` kernel on the cell's table
 config with those fields changed, e.g. `--hopper split_tail=1` (its merge kernel is profiled with it).
 """
@@ -21,7 +23,7 @@ from fmha.bench.providers import config_changes
 def cell(name):
     def rand(*shape):
         return torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
-    if name == "d128nc16k":
+    if name in ("d128nc16k", "fp8nc16k"):
         return rand(1, 16, 16384, 128), rand(1, 16, 16384, 128), rand(1, 16, 16384, 128)
     if name == "decode8k":
         return rand(4, 32, 1, 128), rand(4, 8, 8192, 128), rand(4, 8, 8192, 128)
@@ -31,6 +33,12 @@ def cell(name):
 def cudnn(q, k, v):
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=q.shape[1] != k.shape[1])
+
+
+def quantized(t: torch.Tensor):
+    """``t`` in float8 e4m3 with one descale factor per (batch, head), FlashAttention-3's form."""
+    scale = (t.float().abs().amax(dim=(2, 3)) / 448).clamp_min(1e-6)
+    return (t.float() / scale[:, :, None, None]).to(torch.float8_e4m3fn), scale
 
 
 def changed(q, k, v, spec: str):
@@ -47,6 +55,9 @@ for name in args.cells:
     q, k, v = cell(name)
     print(f"{name}: fmha runs {fmha.api.describe(q, k, v)}; then {args.hopper}", flush=True)
     fns = [lambda: fmha.attention(q, k, v), lambda: cudnn(q, k, v)]
+    if name == "fp8nc16k":
+        (q8, qs), (k8, ks), (v8, vs) = (quantized(t) for t in (q, k, v))
+        fns[1] = lambda: fmha.attention(q8, k8, v8, q_descale=qs, k_descale=ks, v_descale=vs)
     fns += [changed(q, k, v, spec) for spec in args.hopper]
     for fn in fns:
         for _ in range(3):

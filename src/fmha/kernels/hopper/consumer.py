@@ -70,11 +70,33 @@ def _p_operand(p, p_dtype: gl.constexpr, p_layout: gl.constexpr, FP8: gl.constex
     """P narrowed to ``p_dtype`` as P V's A operand.  FP8: each 32-key group's columns reordered (bits
     h j1 t1 t0 j0 to h t1 t0 j1 j0) so that every thread's accumulator values are the operand's own, with no
     exchange between threads; V^T's keys are reordered alike (:mod:`.transpose`)."""
-    x = _narrow(p, p_dtype)
     if FP8:
-        n: gl.constexpr = x.shape[1]
-        x = x.reshape([x.shape[0], n // 32, 2, 2, 4, 2]).permute((0, 1, 2, 4, 3, 5)).reshape([x.shape[0], n])
-    return gl.convert_layout(x, p_layout)
+        n: gl.constexpr = p.shape[1]
+        x = p.reshape([p.shape[0], n // 32, 2, 2, 4, 2]).permute((0, 1, 2, 4, 3, 5)).reshape([p.shape[0], n])
+        return _narrow(gl.convert_layout(x, p_layout), p_dtype)
+    return gl.convert_layout(_narrow(p, p_dtype), p_layout)
+
+
+@gluon.jit
+def _carried_p(p, p_dtype: gl.constexpr, p_layout: gl.constexpr, FP8: gl.constexpr):
+    """P as the loop carries it to the next step's P V: P V's A operand, except float8's, carried as float32
+    and narrowed where P V is issued (:func:`_pv_operand`): a float8 operand crosses the loop one byte a
+    value, and packing the bytes again took four byte permutes a register."""
+    if FP8:
+        carried = p
+    else:
+        carried = _p_operand(p, p_dtype, p_layout, FP8)
+    return carried
+
+
+@gluon.jit
+def _pv_operand(p16, p_dtype: gl.constexpr, p_layout: gl.constexpr, FP8: gl.constexpr):
+    """P V's A operand from what :func:`_carried_p` carried."""
+    if FP8:
+        operand = _p_operand(p16, p_dtype, p_layout, FP8)
+    else:
+        operand = p16
+    return operand
 
 
 @gluon.jit
@@ -178,7 +200,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
         m = gl.max(qk, axis=1) * item_scale - P_SHIFT
         p = gl.exp2(qk * item_scale - _pivot(m, MASKED)[:, None])
         l = gl.sum(p, axis=1)
-        p16 = _p_operand(p, p_dtype, p_layout, FP8)
+        p16 = _carried_p(p, p_dtype, p_layout, FP8)
         for i in range(1, n_iters):
             s = (ring_pos + i) % STAGES
             ph = ((ring_pos + i) // STAGES) & 1
@@ -192,7 +214,8 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
             qk = _qk(q_op, q_lo, k_bufs, k_lo_bufs, s, s_layout, ROWS, BLOCK_N, QK_HI, QK_LO, SPLIT_QK)
             if not PINGPONG:
                 mbarrier.wait(v_ready.index(prev_slot), prev_phase)
-            acc = warpgroup_mma(p16, _v_operand(v_bufs.index(prev_slot), FP8), acc, is_async=True)
+            acc = warpgroup_mma(_pv_operand(p16, p_dtype, p_layout, FP8), _v_operand(v_bufs.index(prev_slot), FP8),
+                                acc, is_async=True)
             _pass_turn(turns, WG, NUM_WG, PINGPONG)
             n_turn += 1
             qk = warpgroup_mma_wait(1, deps=[qk])
@@ -228,13 +251,14 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
                 acc = _rescale_lazy(acc, alpha_o, HEAD_V)
             else:
                 acc = acc * alpha_o
-            p16 = _p_operand(p, p_dtype, p_layout, FP8)
+            p16 = _carried_p(p, p_dtype, p_layout, FP8)
         if not Q_REGS:  # every Q K^T of this item has retired: the producer may load the next item's Q
             mbarrier.arrive(q_empty, count=1)
         last = (ring_pos + n_iters - 1) % STAGES
         mbarrier.wait(v_ready.index(last), ((ring_pos + n_iters - 1) // STAGES) & 1)
         _take_turn(turns, n_turn, WG, PINGPONG)
-        acc = warpgroup_mma(p16, _v_operand(v_bufs.index(last), FP8), acc, is_async=True)
+        acc = warpgroup_mma(_pv_operand(p16, p_dtype, p_layout, FP8), _v_operand(v_bufs.index(last), FP8), acc,
+                            is_async=True)
         _pass_turn(turns, WG, NUM_WG, PINGPONG)
         n_turn += 1
         acc = _wait_pv(acc, p16, FP8)

@@ -18,12 +18,15 @@ LN2 = gl.constexpr(LN2_VALUE)
 def _narrow(x, dtype: gl.constexpr):
     """``x.to(dtype)`` for float32 ``x``, 16-bit types two values at a time: one packed ``cvt.rn`` per pair (the
     default lowering converts them one by one, and the pairs come out with their halves swapped,
-    a byte permute each to put back)."""
+    a byte permute each to put back); float8 four at a time, two pairs packed into one register as the
+    operand's register holds them."""
     if dtype == gl.bfloat16:
         return gl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [x], dtype=gl.bfloat16,
                                          is_pure=True, pack=2)
-    elif dtype == gl.float8e4nv:  # FP8's P: probabilities in [0, 1], rounded to float8 (as FlashAttention-3's)
-        return x.to(dtype)
+    elif dtype == gl.float8e4nv:  # FP8's P, up to 256 (the pivot's shift), rounded to float8 (saturating)
+        return gl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi; cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1; cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3; "
+            "mov.b32 $0, {lo, hi}; }", "=r,r,r,r,r", [x], dtype=gl.float8e4nv, is_pure=True, pack=4)
     else:
         return gl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [x], dtype=gl.float16,
                                          is_pure=True, pack=2)
