@@ -85,8 +85,10 @@ HOPPER = [
     (128, True, 16384, KernelConfig(128, 128, 4, 2, q_regs=1)),
     (128, True, None, KernelConfig(128, 128, 4, 3, q_regs=1)),
     # 256-wide tiles (head_dim 192 and 256): O's 64 x 256 accumulator takes 128 registers a thread,
-    # so 64-key tiles, Q in shared memory and O stored from registers (Q and the rings fill it)
-    (256, False, None, KernelConfig(128, 64, 4, 2)),
+    # so 64-key tiles, Q in shared memory and O stored from registers (Q and the rings fill it); non-causal, the
+    # standing pivot spares the 128 registers' rescale and the two warpgroups take turns: +2-3% from 4k keys
+    # (causal, the same spills a register or two in the sm_90 build; not taken)
+    (256, False, None, KernelConfig(128, 64, 4, 2, pingpong=1, stale=1)),
     (256, True, None, KernelConfig(128, 64, 4, 2)),
 ]
 
@@ -117,7 +119,8 @@ def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = 
     registers with window, softcap and ALiBi, causal; 134 with a window, non-causal), except under a causal
     window alone (``window_only``: 0-4 spilled registers, 2-7% faster at 4k tokens); so it does for a
     causal head dim padded to its tile (96), whose Q K^T then skips the zero columns
-    (``hopper.qk_slices``: 1-3% faster at D=96, docs/PERF.md); with them or lengths per sequence, no
+    (``hopper.qk_slices``: 1-3% faster at D=96, docs/PERF.md), and which takes the standing pivot (``stale``:
+    2-3% faster there, 1-5% slower at D=128 causal up to 8k keys); with them or lengths per sequence, no
     clusters (``hopper.supports``), nor where ``seqlen_q`` (0: not known) makes an odd number of
     query blocks (FlashAttention-3's rule): a cluster runs two blocks, and the partner of a last
     lone block would compute rows that do not exist (a 2x loss where a head has one block).  ``fp8``: float8
@@ -133,7 +136,9 @@ def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = 
     for key_d, key_causal, longest, cfg in HOPPER:
         if key_d == d and key_causal == bool(causal) and (longest is None or seqlen_k <= longest):
             narrow = modifiers or per_sequence or seqlen_k % cfg.block_n
-            if modifiers and d == 128 and not (window_only and causal) or causal and head_dim != padded(head_dim):
+            if causal and head_dim != padded(head_dim):  # Q K^T over its own columns; 96 the standing pivot too
+                cfg = replace(cfg, q_regs=0, stale=int(cfg.stale or d == 128))
+            elif modifiers and d == 128 and not (window_only and causal):
                 cfg = replace(cfg, q_regs=0)
             if modifiers or per_sequence or -(-seqlen_q // cfg.block_m) % 2:
                 cfg = replace(cfg, cluster=0)
