@@ -426,6 +426,21 @@ def test_fp8_builds_for_sm90_on_hopper(head_dim, causal):
         assert b.asm["ptx"].count(op) <= bf16.asm["ptx"].count(op), op
 
 
+def test_fp8_tiles_count_one_byte_an_element():
+    """The float8 kernel's shared memory as ``resources.smem_bytes`` counts it with one-byte Q, K and V^T tiles
+    (O staged in bf16), so deeper rings that fit are taken (counted as 16-bit tiles, 4 stages read 288 KB and
+    were refused)."""
+    from fmha.configs import KernelConfig
+    from fmha.kernels.hopper import resources
+    for stages in (2, 4):
+        cfg = KernelConfig(128, 128, 4, stages)
+        b = targets.build("hopper", "sm_90", 128, "float8_e4m3fn", False, cfg, seqlen_k=4096)
+        assert 0 <= b.metadata["shared"] - resources.smem_bytes(128, cfg, None, 1) < 1024
+        assert resources.o_staged(128, cfg, None, 1)
+        assert resources.smem_bytes(128, cfg, None, 1) + resources.SMEM_SPARE <= resources.SMEM_LIMIT
+    assert resources.smem_bytes(128, KernelConfig(128, 128, 4, 4)) + resources.SMEM_SPARE > resources.SMEM_LIMIT
+
+
 @pytest.mark.parametrize("head_dim,causal,deterministic", [(64, False, False), (128, True, False), (96, False, False),
                                                           (64, True, True), (128, False, True)])
 def test_hopper_backward_builds_with_tma_reduce_adds(head_dim, causal, deterministic):

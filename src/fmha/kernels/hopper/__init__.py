@@ -124,10 +124,11 @@ def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
     if cfg.split_qk and (prob.head_dim != SPLIT_QK_DIM or cfg.q_regs or cfg.cluster or prob.fp8):
         return (f"split_qk takes q/k head_dim {SPLIT_QK_DIM} (not {prob.head_dim}), Q in shared memory, no clusters "
                 "or float8")
-    smem = smem_bytes(prob.head_dim, cfg, prob.dv)
+    in_bytes = 1 if prob.fp8 else 2
+    smem = smem_bytes(prob.head_dim, cfg, prob.dv, in_bytes)
     if smem + SMEM_SPARE > SMEM_LIMIT:
         return f"needs {smem >> 10} KB of shared memory, sm_90 has {SMEM_LIMIT >> 10} KB"
-    if sm_bytes(prob.head_dim, cfg, prob.dv) > SMEM_SM:
+    if sm_bytes(prob.head_dim, cfg, prob.dv, in_bytes) > SMEM_SM:
         return f"{cfg.occupancy} programs of {smem >> 10} KB of shared memory do not fit on one SM ({SMEM_SM >> 10} KB)"
     why = tma.reason((q, k, v, o), layout, "bshd" if prob.page else layout, exact=True)
     if why:
@@ -288,6 +289,6 @@ def constexprs(prob, cfg, store_lse: bool, paired: bool = False, alibi: bool = F
                 RAGGED=per_sequence(prob) or prob.seqlen_k % cfg.block_n != 0, PAIRED=paired,
                 PINGPONG=bool(cfg.pingpong), STORE_LSE=store_lse, VARLEN=prob.varlen, SEQUSED=prob.seqused,
                 ALIGN_BR=per_sequence(prob) and prob.align_br, PAGED=bool(prob.page),
-                O_SMEM=o_staged(prob.head_dim, cfg, prob.dv), Q_REGS=bool(cfg.q_regs),
+                O_SMEM=o_staged(prob.head_dim, cfg, prob.dv, 1 if prob.fp8 else 2), Q_REGS=bool(cfg.q_regs),
                 FENCE=bool(cfg.fence), LAZY=bool(cfg.lazy), STALE=bool(cfg.stale), SPLIT=split, BALANCE=balance,
                 CLUSTER=bool(cfg.cluster), FP8=prob.fp8, SPLIT_QK=bool(cfg.split_qk))

@@ -46,24 +46,30 @@ def _tiles(head_dim: int, head_dim_v: int | None, cfg) -> tuple[int, int]:
     return head_dim if cfg.split_qk else padded(head_dim), padded(head_dim_v or head_dim)
 
 
-def o_staged(head_dim: int, cfg, head_dim_v: int | None = None) -> bool:
-    """Whether O goes out through shared memory (a TMA store) beside Q and the K/V rings; where it
-    does not fit (D=128 with 3 stages, D=256), each thread stores its part of O from registers."""
+def _inputs_bytes(head_dim: int, cfg, head_dim_v: int | None, in_bytes: int) -> int:
+    """Q's tile and the K/V rings, of ``in_bytes``-byte elements (1: float8 q, k and v; V^T's tiles as V's)."""
     d, dv = _tiles(head_dim, head_dim_v, cfg)
-    return 2 * (cfg.block_m * (d + dv) + cfg.num_stages * cfg.block_n * (d + dv)) + SMEM_SPARE <= SMEM_LIMIT
+    return in_bytes * (cfg.block_m * d + cfg.num_stages * cfg.block_n * (d + dv))
 
 
-def smem_bytes(head_dim: int, cfg, head_dim_v: int | None = None) -> int:
-    """Shared memory one program allocates (16-bit elements): Q, the K/V rings and, staged, O."""
-    d, dv = _tiles(head_dim, head_dim_v, cfg)
-    o = cfg.block_m * dv if o_staged(head_dim, cfg, head_dim_v) else 0
-    return 2 * (cfg.block_m * d + o + cfg.num_stages * cfg.block_n * (d + dv))
+def o_staged(head_dim: int, cfg, head_dim_v: int | None = None, in_bytes: int = 2) -> bool:
+    """Whether O (16-bit, float8 inputs' too) goes out through shared memory (a TMA store) beside Q and the
+    K/V rings; where it does not fit (16-bit D=128 with 3 stages, D=256), each thread stores its part of O
+    from registers."""
+    o = 2 * cfg.block_m * _tiles(head_dim, head_dim_v, cfg)[1]
+    return _inputs_bytes(head_dim, cfg, head_dim_v, in_bytes) + o + SMEM_SPARE <= SMEM_LIMIT
 
 
-def sm_bytes(head_dim: int, cfg, head_dim_v: int | None = None) -> int:
+def smem_bytes(head_dim: int, cfg, head_dim_v: int | None = None, in_bytes: int = 2) -> int:
+    """Shared memory one program allocates: Q, the K/V rings and, staged, O."""
+    o = 2 * cfg.block_m * _tiles(head_dim, head_dim_v, cfg)[1] if o_staged(head_dim, cfg, head_dim_v, in_bytes) else 0
+    return _inputs_bytes(head_dim, cfg, head_dim_v, in_bytes) + o
+
+
+def sm_bytes(head_dim: int, cfg, head_dim_v: int | None = None, in_bytes: int = 2) -> int:
     """Shared memory ``cfg.occupancy`` programs take on one SM (each with its barriers and the 1 KB
     the SM keeps for every resident block)."""
-    return max(cfg.occupancy, 1) * (smem_bytes(head_dim, cfg, head_dim_v) + SMEM_SPARE + 1024)
+    return max(cfg.occupancy, 1) * (smem_bytes(head_dim, cfg, head_dim_v, in_bytes) + SMEM_SPARE + 1024)
 
 
 def launch_regs(cfg) -> int:
