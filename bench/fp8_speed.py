@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from triton.testing import do_bench_cudagraph
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.append(str(Path(__file__).resolve().parents[1] / "src"))  # after PYTHONPATH: another tree can be timed
 
 import fmha  # noqa: E402
 from fmha.bench import flops as bench_flops, grids, ledger  # noqa: E402

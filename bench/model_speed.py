@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.append(str(Path(__file__).resolve().parents[1] / "src"))  # after PYTHONPATH: another tree can be timed
 
 import fmha.plan  # noqa: E402
 import fmha.replay  # noqa: E402
