@@ -1,11 +1,13 @@
 """``attn_mask``: SDPA's boolean mask joined with the band, on the tiled variant (every split and layout), against
-the float64 reference; its refusals; and the custom op under ``torch.compile``."""
+the float64 reference; its gradients against the float64 backward; its refusals; and the custom op under
+``torch.compile``, forward and backward."""
 import numpy as np
 import pytest
 import torch
 
 import fmha
 from conftest import DEVICE, check_against_reference, make_qkv, nan_like
+from fmha.verify import check_grads
 
 
 def _mask(shape, seed, keep=0.6):
@@ -66,9 +68,57 @@ def test_what_a_mask_call_refuses():
         fmha.attention(q, k, v, attn_mask=torch.ones(4, 15, dtype=torch.bool, device=DEVICE))
     with pytest.raises(ValueError, match="cannot take this call: an attn_mask runs on the tiled variant"):
         fmha.attention(q, k, v, attn_mask=torch.ones(4, 16, dtype=torch.bool, device=DEVICE), variant="singlewave")
-    qg = q.clone().requires_grad_(True)
-    with pytest.raises(NotImplementedError, match="attn_mask has no backward"):
-        fmha.attention(qg, k, v, attn_mask=torch.ones(4, 16, dtype=torch.bool, device=DEVICE))
+
+
+def _leaves(*tensors):
+    return [t.detach().clone().requires_grad_(True) for t in tensors]
+
+
+@pytest.mark.parametrize("layout,b,h,kvh,sq,sk,d,mask_shape,causal,deterministic", [
+    ("bhsd", 2, 4, 2, 37, 90, 64, (2, 1, 37, 90), False, False),   # transformers' [batch, 1, q, k], GQA
+    ("bshd", 1, 8, 2, 45, 45, 32, (8, 45, 45), True, True),        # per head, with the band, dQ in one order
+    ("bshd", 2, 2, 1, 20, 70, 128, (2, 1, 1, 70), False, True),    # a key-padding mask, MQA
+    ("bhsd", 1, 2, 2, 33, 33, 96, (33, 33), True, False),          # one [q, k] mask, a padded head dim
+])
+def test_a_mask_has_its_gradients(layout, b, h, kvh, sq, sk, d, mask_shape, causal, deterministic):
+    """dq, dk, dv of a masked call against the float64 backward of the same masked attention, with rows the mask
+    leaves empty (zero gradients and output, no NaN), and no gradient into keys a padding mask hides."""
+    q, k, v = make_qkv(b, h, kvh, sq, sk, d, torch.bfloat16, layout=layout, seed=sq + d)
+    mask = _mask(mask_shape, seed=sk)
+    empty = len(mask_shape) > 1 and mask_shape[-2] == sq
+    if empty:
+        mask[..., 3, :] = False  # query row 3 sees no key, in every head the mask reaches
+    full = mask.expand(b, h, sq, sk)
+    q, k, v = _leaves(q, k, v)
+    o = fmha.attention(q, k, v, attn_mask=mask, layout=layout, causal=causal, causal_align="bottom_right",
+                       deterministic=deterministic)
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(d), dtype=torch.float32).to(o)
+    o.backward(do)
+    check_grads((q.grad, k.grad, v.grad), q, k, v, do, causal, "bottom_right", layout, attn_mask=full)
+    row = (slice(None), 3) if layout == "bshd" else (slice(None), slice(None), 3)
+    assert not empty or not q.grad[row].any() and not o[row].any()
+    if mask_shape == (2, 1, 1, 70):  # a key the padding hides from every query: no gradient reaches it
+        hidden = (~mask[:, 0, 0]).nonzero()
+        for bi, j in hidden.tolist():
+            at = (bi, j) if layout == "bshd" else (bi, slice(None), j)
+            assert not k.grad[at].any() and not v.grad[at].any()
+
+
+def test_the_custom_op_trains_through_a_mask_under_compile():
+    """fullgraph=True: the mask reaches the custom op's backward; gradients equal eager's."""
+    q, k, v = make_qkv(2, 4, 2, 19, 40, 64, torch.bfloat16, layout="bshd", seed=5)
+    mask = _mask((2, 1, 19, 40), seed=6)
+    compiled_in, eager_in = _leaves(q, k, v), _leaves(q, k, v)
+
+    def block(q, k, v, m):
+        return (fmha.attention(q * 1.0, k, v, layout="bshd", attn_mask=m).float() ** 2).sum()
+    try:
+        torch.compile(block, backend="aot_eager", fullgraph=True)(*compiled_in, mask).backward()
+    finally:
+        torch._dynamo.reset()
+    block(*eager_in, mask).backward()
+    for a, b in zip(compiled_in, eager_in):
+        torch.testing.assert_close(a.grad, b.grad)
 
 
 def test_the_custom_op_takes_the_mask_under_compile():

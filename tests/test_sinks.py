@@ -149,7 +149,8 @@ def test_gpt_oss_generates_with_a_static_cache_as_its_eager_attention(left_padde
 def test_sinks_with_any_boolean_mask_run_fmha_with_it():
     """transformers' attention call with sinks and a boolean mask that is no padding fmha knows (keys hidden at
     random): fmha with the mask as ``attn_mask``, against float64, eagerly and compiled whole (``fullgraph``: the
-    mask is not read on the host); with gradients, or with a float mask, refused by name (SDPA has no sinks)."""
+    mask is not read on the host); its gradients, sinks' included, against float64 autograd, eagerly and compiled;
+    a float mask refused by name (SDPA has no sinks)."""
     import fmha.integrations.transformers as fmha_hf
     module = torch.nn.Module()
     module.is_causal = True
@@ -165,8 +166,20 @@ def test_sinks_with_any_boolean_mask_run_fmha_with_it():
             out = run(q, k, v, mask)  # [batch, seq, heads, dim]
             check_against_reference(out, *(t.transpose(1, 2) for t in (q, k, v)), False, layout="bshd", scale=0.125,
                                     attn_mask=mask.expand(2, 4, 9, 30), sinks=sinks)
-    with pytest.raises(NotImplementedError, match="boolean masks"):
-        call(q.requires_grad_(), k, v, mask)
+    do = torch.randn(2, 9, 4, 64, generator=torch.Generator().manual_seed(6)).to(DEVICE)
+    want = [t.detach().double().requires_grad_() for t in (q, k, v, sinks)]
+    kk, vv = (t.repeat_interleave(2, 1) for t in want[1:3])  # float64 autograd: the sink a column of the softmax
+    scores = (want[0] @ kk.transpose(-1, -2) * 0.125).masked_fill(~mask, float("-inf"))
+    logits = torch.cat([scores, want[3][None, :, None, None].expand(2, 4, 9, 1)], dim=-1)
+    ((torch.softmax(logits, -1)[..., :-1] @ vv).transpose(1, 2) * do.double()).sum().backward()
+
+    def with_sinks(q, k, v, mask, s):
+        return fmha_hf.attention_forward(module, q, k, v, mask, scaling=0.125, s_aux=s)[0]
+    for run in (with_sinks, torch.compile(with_sinks, fullgraph=True, backend="aot_eager")):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, sinks)]
+        (run(*leaves[:3], mask, leaves[3]).float() * do).sum().backward()
+        for got, w in zip(leaves, want):
+            torch.testing.assert_close(got.grad.double(), w.grad, atol=3e-2, rtol=3e-2)
     with pytest.raises(NotImplementedError, match="boolean masks"):
         call(q.detach(), k, v, torch.zeros(2, 1, 9, 30, device=DEVICE))
 

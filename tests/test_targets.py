@@ -441,6 +441,16 @@ def test_fp8_tiles_count_one_byte_an_element():
     assert resources.smem_bytes(128, KernelConfig(128, 128, 4, 4)) + resources.SMEM_SPARE > resources.SMEM_LIMIT
 
 
+@pytest.mark.parametrize("target,load", [("sm_90", "ld.global.b8"), ("gfx942", "global_load_ubyte")])
+def test_backward_kernels_build_with_an_attn_mask(target, load):
+    """The portable backward built to read an attn_mask (its keys one byte apart): the mask's bytes loaded in the
+    dK/dV kernel, and in none of the build without it."""
+    with_mask, without = (targets.build_backward_kernels(target, 64, "bfloat16", True, False, attn_mask=m)
+                          for m in (True, False))
+    asm = [b.asm.get("ptx") or b.asm["amdgcn"] for b in (*with_mask, *without)]
+    assert load in asm[0] and not any(load in a for a in asm[len(with_mask):])
+
+
 @pytest.mark.parametrize("head_dim,causal,deterministic", [(64, False, False), (128, True, False), (96, False, False),
                                                           (64, True, True), (128, False, True)])
 def test_hopper_backward_builds_with_tma_reduce_adds(head_dim, causal, deterministic):

@@ -70,7 +70,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     part as ``0 * v`` (NaN in its value reaches the row, as in SDPA; in its key it does not).  It runs on the
     ``tiled`` variant, which reads the mask's rows tile by tile (the band's own tiles are skipped whole, the
     mask's are not: pass ``causal``/``window`` for what is a band and the mask for the rest);
-    forward only.  An additive float mask is not taken.
+    differentiable through the Triton backward, which reads it too (a non-finite key it hides still
+    reaches dQ, ``0 * k`` in dS K, as in SDPA).  An additive float mask is not taken.
     ``num_splits``: split the keys over that many programs per query block and merge
     the partials by their LSE (flash-decoding); 0 (default) decides: on a GPU, short
     queries (seqlen_q <= 16) against long keys are split to fill the chip; 1 never splits.
@@ -113,9 +114,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     if descale is not None and torch.compiler.is_compiling():
         raise NotImplementedError("float8 attention does not run under torch.compile: call it eagerly")
     grad = gradients.needs_grad(q, k, v, sinks)
-    if grad and mask is not None:
-        raise NotImplementedError("attn_mask has no backward: run the call under torch.no_grad(), or express the "
-                                  "mask as causal, window, seqused_k or packed sequences (attention_varlen)")
     if torch.compiler.is_compiling() and out is None and config is None:
         from .custom_op import attention_op
         o, lse = attention_op(q, k, v, bool(causal), None if scale is None else float(scale), variant,
@@ -127,7 +125,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
             raise ValueError("out= is not differentiable: drop it, or run under torch.no_grad()")
         kw = dict(causal=causal, scale=scale, variant=variant, causal_align=causal_align, layout=layout, config=config,
                   window=tuple(window), softcap=float(softcap), num_splits=num_splits)
-        o, lse = gradients.Attention.apply(q, k, v, alibi_slopes, seqused_k, sinks, kw, bool(deterministic))
+        o, lse = gradients.Attention.apply(q, k, v, alibi_slopes, seqused_k, sinks, kw, bool(deterministic), mask)
         lse = lse if return_lse else None
     else:
         o, lse = forward.dense(q, k, v, causal=causal, scale=scale, variant=variant, causal_align=causal_align,

@@ -8,7 +8,7 @@ import triton
 
 from . import plan as planning
 from .device import family_of, interpreting, on
-from .kernels import strides_bhsd
+from .kernels import mask_args, strides_bhsd
 from .kernels import backward as kernels
 from .sinks import grad as sink_grad
 
@@ -65,18 +65,19 @@ def _unit_last(t: torch.Tensor) -> torch.Tensor:
 
 
 def dense(do, q, k, v, o, lse, *, causal, scale, causal_align, layout, window=(-1, -1), softcap=0.0,
-          alibi_slopes=None, seqused_k=None, sinks=None, deterministic=False):
+          alibi_slopes=None, seqused_k=None, sinks=None, deterministic=False, attn_mask=None):
     """Gradients ``(dq, dk, dv, dsinks or None)`` of :func:`fmha.attention` (``lse``: its float32
     ``[batch, heads, seqlen_q]``, the sinks included), each in the layout and strides order of its input.
+    ``attn_mask``: the forward's boolean ``[batch, heads, seqlen_q, seqlen_k]`` view (the Triton kernels).
     ``deterministic``: dQ bit for bit the same every run (the Triton kernels: dQ from its own kernel; the Gluon
     kernel: its adds in one fixed order); else, on the Triton kernels, that or dQ added up atomically by the
     dK/dV kernel, whichever :func:`tiles` finds faster (:mod:`fmha.kernels.backward`)."""
     batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim = planning.sizes(q, k, layout)
     prob = planning.problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal=causal, scale=scale,
                             window=window, causal_align=causal_align, softcap=softcap,
-                            seqused=seqused_k is not None, head_dim_v=v.shape[3])
+                            seqused=seqused_k is not None, head_dim_v=v.shape[3], attn_mask=attn_mask is not None)
     return _run(prob, do, q, k, v, o, lse, layout, alibi_slopes, (None, None, seqused_k), seqlen_q, seqlen_k, sinks,
-                deterministic)
+                deterministic, attn_mask)
 
 
 def packed(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal, scale,
@@ -107,8 +108,8 @@ GLUON_ROWS_DETERMINISTIC = {64: None, 128: 2048}
 def kernel(prob, q, k, v, do, layout: str, alibi, deterministic: bool = False) -> str:
     """Which backward runs: ``"hopper"`` (the Gluon kernel, :mod:`fmha.kernels.hopper.backward`) where it
     takes the call and measured faster (:data:`GLUON_ROWS`, :data:`GLUON_ROWS_DETERMINISTIC`), else ``"triton"``
-    (:mod:`fmha.kernels.backward`)."""
-    if interpreting() or not q.is_cuda:
+    (:mod:`fmha.kernels.backward`, which alone reads an attn_mask)."""
+    if interpreting() or not q.is_cuda or prob.attn_mask:
         return "triton"
     from .kernels.hopper import backward as hopper
     if hopper.supports(prob, q, k, v, do, layout, alibi is not None):
@@ -162,7 +163,7 @@ def _hopper(prob, do, q, k, v, o, lse, dk, dv, layout, sinks, deterministic):
     return dq, dk, dv, None if sinks is None else sink_grad(sinks, lse, delta)
 
 
-def _run(prob, do, q, k, v, o, lse, layout, alibi, seqs, rows, keys, sinks, deterministic):
+def _run(prob, do, q, k, v, o, lse, layout, alibi, seqs, rows, keys, sinks, deterministic, attn_mask=None):
     """The launches over ``rows`` query rows and ``keys`` keys per sequence (the longest, when
     packed); the sinks' gradient from ``delta`` (:mod:`fmha.sinks`)."""
     do, q, k, v, o = (_unit_last(t) for t in (do, q, k, v, o))
@@ -189,7 +190,7 @@ def _run(prob, do, q, k, v, o, lse, layout, alibi, seqs, rows, keys, sinks, dete
     flags = dict(HEAD_DIM=prob.head_dim, BLOCK_D=prob.block_d, CAUSAL=prob.causal,
                  WINDOW=prob.window_offset is not None, SOFTCAP=prob.softcap > 0, ALIBI=alibi is not None,
                  VARLEN=prob.varlen, SEQUSED=prob.seqused, ALIGN_BR=prob.align_br, HEAD_V=prob.dv,
-                 BLOCK_DV=prob.block_dv)
+                 BLOCK_DV=prob.block_dv, **mask_args(attn_mask, lse))
     group = prob.heads // prob.kv_heads
     with on(q.device):
         delta = _delta(prob, o, do, lse, layout, cu_q, rows)

@@ -122,8 +122,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     aligned top-left (query i sees keys ``j <= i``), a boolean ``attn_mask`` (True: the key takes part;
     broadcastable to ``[batch, heads, seqlen_q, seqlen_k]``; forward only), query heads a multiple of the key's
     with ``enable_gqa``.  A row that sees no key gives 0 where SDPA's math gives NaN; ``is_causal`` and a mask
-    may come together (joined).  An additive float mask and dropout are refused by name; differentiable
-    without a mask."""
+    may come together (joined).  An additive float mask and dropout are refused by name; differentiable, the
+    mask's calls too."""
     _refuse(dropout_p=dropout_p)
     if isinstance(attn_mask, torch.Tensor) and attn_mask.dtype != torch.bool:
         raise NotImplementedError(f"fmha.compat takes a boolean attn_mask (True: the key takes part), got "

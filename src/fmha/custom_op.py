@@ -67,33 +67,37 @@ def attention_backward_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
                           lse: torch.Tensor, causal: bool, scale: float | None, causal_align: str,
                           layout: str, deterministic: bool, window_left: int, window_right: int, softcap: float,
                           alibi_slopes: torch.Tensor | None, seqused_k: torch.Tensor | None,
-                          sinks: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                          sinks: torch.Tensor | None, attn_mask: torch.Tensor | None = None,
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward of ``fmha::attention``: :func:`fmha.backward.dense` on its saved O and LSE; the sinks'
     gradient last (empty without sinks)."""
+    mask = None if attn_mask is None else attn_mask_view(attn_mask, q, k, layout)
     dq, dk, dv, dsinks = backward.dense(do, q, k, v, o, lse, causal=causal, scale=scale, causal_align=causal_align,
                                         layout=layout, deterministic=deterministic, window=(window_left, window_right),
-                                        softcap=softcap, alibi_slopes=alibi_slopes, seqused_k=seqused_k, sinks=sinks)
+                                        softcap=softcap, alibi_slopes=alibi_slopes, seqused_k=seqused_k, sinks=sinks,
+                                        attn_mask=mask)
     return dq, dk, dv, dsinks if dsinks is not None else q.new_empty((0,), dtype=torch.float32)
 
 
 @attention_backward_op.register_fake
 def _(do, q, k, v, o, lse, causal, scale, causal_align, layout, deterministic, window_left, window_right, softcap,
-      alibi_slopes, seqused_k, sinks):
+      alibi_slopes, seqused_k, sinks, attn_mask=None):
     grads = tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
     return (*grads, torch.empty_like(sinks) if sinks is not None else q.new_empty((0,), dtype=torch.float32))
 
 
 def _save(ctx, inputs, output):
     (q, k, v, causal, scale, _, causal_align, layout, _, deterministic, window_left, window_right, softcap,
-     alibi_slopes, seqused_k, _, sinks, _) = inputs
-    ctx.save_for_backward(q, k, v, *output, alibi_slopes, seqused_k, sinks)
+     alibi_slopes, seqused_k, _, sinks, attn_mask) = inputs
+    ctx.save_for_backward(q, k, v, *output, alibi_slopes, seqused_k, sinks, attn_mask)
     ctx.args = (causal, scale, causal_align, layout, deterministic, window_left, window_right, softcap)
 
 
 def _backward(ctx, grad_o, grad_lse):
-    q, k, v, o, lse, alibi_slopes, seqused_k, sinks = ctx.saved_tensors
+    q, k, v, o, lse, alibi_slopes, seqused_k, sinks, attn_mask = ctx.saved_tensors
     check_forward_only(q, v, True)
-    dq, dk, dv, dsinks = attention_backward_op(grad_o, q, k, v, o, lse, *ctx.args, alibi_slopes, seqused_k, sinks)
+    dq, dk, dv, dsinks = attention_backward_op(grad_o, q, k, v, o, lse, *ctx.args, alibi_slopes, seqused_k, sinks,
+                                               attn_mask)
     return (dq, dk, dv, *[None] * 13, dsinks if sinks is not None else None, None)
 
 

@@ -38,9 +38,10 @@ def _first_order_only() -> None:
         raise RuntimeError(SECOND_ORDER)
 
 
-def dense(q, k, v, alibi_slopes, seqused_k, sinks, kw):
+def dense(q, k, v, alibi_slopes, seqused_k, sinks, kw, attn_mask=None):
     """:func:`fmha.forward.dense` with the sinks attached (:mod:`fmha.sinks`): ``(o, lse)``."""
-    o, lse = forward.dense(q, k, v, return_lse=True, alibi_slopes=alibi_slopes, seqused_k=seqused_k, **kw)
+    o, lse = forward.dense(q, k, v, return_lse=True, alibi_slopes=alibi_slopes, seqused_k=seqused_k,
+                           attn_mask=attn_mask, **kw)
     return (o, lse) if sinks is None else sink_mod.attach(o, lse, sinks, kw["layout"])
 
 
@@ -55,9 +56,9 @@ class Attention(torch.autograd.Function):
     """:func:`dense` with its backward; ``kw`` the forward's keyword arguments but the tensors."""
 
     @staticmethod
-    def forward(ctx, q, k, v, alibi_slopes, seqused_k, sinks, kw, deterministic):
-        o, lse = dense(q, k, v, alibi_slopes, seqused_k, sinks, kw)
-        ctx.save_for_backward(q, k, v, o, lse, alibi_slopes, seqused_k, sinks)
+    def forward(ctx, q, k, v, alibi_slopes, seqused_k, sinks, kw, deterministic, attn_mask=None):
+        o, lse = dense(q, k, v, alibi_slopes, seqused_k, sinks, kw, attn_mask)
+        ctx.save_for_backward(q, k, v, o, lse, alibi_slopes, seqused_k, sinks, attn_mask)
         ctx.kw, ctx.deterministic = kw, deterministic
         ctx.mark_non_differentiable(lse)
         return o, lse
@@ -65,11 +66,11 @@ class Attention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, _):
         _first_order_only()
-        q, k, v, o, lse, alibi_slopes, seqused_k, sinks = ctx.saved_tensors
+        q, k, v, o, lse, alibi_slopes, seqused_k, sinks, attn_mask = ctx.saved_tensors
         kw = {n: ctx.kw[n] for n in ("causal", "scale", "causal_align", "layout", "window", "softcap")}
         dq, dk, dv, dsinks = backward.dense(do, q, k, v, o, lse, alibi_slopes=alibi_slopes, seqused_k=seqused_k,
-                                            sinks=sinks, deterministic=ctx.deterministic, **kw)
-        return dq, dk, dv, None, None, dsinks, None, None
+                                            sinks=sinks, deterministic=ctx.deterministic, attn_mask=attn_mask, **kw)
+        return dq, dk, dv, None, None, dsinks, None, None, None
 
 
 class AttentionVarlen(torch.autograd.Function):

@@ -106,6 +106,14 @@ def _softmax(z: np.ndarray, sinks=None):
     return p, lse
 
 
+def _kept(seqlen_q: int, seqlen_k: int, causal: bool, causal_align: str, window, attn_mask) -> np.ndarray:
+    """The band (:func:`visible`) joined with a boolean ``attn_mask`` broadcastable to ``[B, H, Sq, Sk]``."""
+    mask = visible(seqlen_q, seqlen_k, causal, causal_align, window)
+    if attn_mask is not None:
+        mask = mask & np.asarray(attn_mask.cpu() if hasattr(attn_mask, "cpu") else attn_mask, dtype=bool)
+    return mask
+
+
 def dense_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
                     causal_align: str = "top_left", return_lse: bool = False, window=(-1, -1),
                     softcap: float = 0.0, alibi_slopes=None, sinks=None, attn_mask=None):
@@ -122,24 +130,21 @@ def dense_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     seqlen_q, seqlen_k, head_dim = q.shape[2], k.shape[2], q.shape[3]
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
     s = score_mods(scale * (q @ k.swapaxes(-1, -2)), seqlen_q, seqlen_k, causal_align, softcap, alibi_slopes)
-    mask = visible(seqlen_q, seqlen_k, causal, causal_align, window)
-    if attn_mask is not None:
-        mask = mask & np.asarray(attn_mask.cpu() if hasattr(attn_mask, "cpu") else attn_mask, dtype=bool)
-    p, lse = _softmax(np.where(mask, s, -np.inf), sinks)
+    p, lse = _softmax(np.where(_kept(seqlen_q, seqlen_k, causal, causal_align, window, attn_mask), s, -np.inf), sinks)
     o = p @ v
     return (o, lse) if return_lse else o
 
 
 def dense_attention_backward(q, k, v, do, *, causal: bool = False, scale: float | None = None,
                              causal_align: str = "top_left", window=(-1, -1), softcap: float = 0.0,
-                             alibi_slopes=None, o=None, sinks=None):
+                             alibi_slopes=None, o=None, sinks=None, attn_mask=None):
     """(c) The gradients ``(dq, dk, dv)`` of :func:`dense_attention` for the incoming ``do``, in float64,
     written as the kernels compute them (docs/BACKWARD.md): ``P`` from the scores, ``dV = P^T dO``,
     ``dP = dO V^T``, ``delta = rowsum(dO * O)``, ``dZ = P (dP - delta)``, then through the softcap's
     ``1 - tanh^2`` and the scale to ``dQ = dS K``, ``dK = dS^T Q``; dK and dV summed over each KV head's
     query heads.  Rows with no visible key have ``P = 0``: zero gradients.  ``o``: the output to take
     ``delta`` from (default the exact one; the kernels take the stored, rounded one).  With ``sinks``
-    also ``d sink_h = -sum_i P_sink,i delta_i``, a fourth result."""
+    also ``d sink_h = -sum_i P_sink,i delta_i``, a fourth result.  ``attn_mask``: as :func:`dense_attention`'s."""
     q, k, v, do = _as_f64(q), _as_f64(k), _as_f64(v), _as_f64(do)
     group = q.shape[1] // k.shape[1]
     ke, ve = _expand_kv(q, k, v)
@@ -147,7 +152,7 @@ def dense_attention_backward(q, k, v, do, *, causal: bool = False, scale: float 
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
     raw = scale * (q @ ke.swapaxes(-1, -2))
     z = score_mods(raw, seqlen_q, seqlen_k, causal_align, softcap, alibi_slopes)
-    z = np.where(visible(seqlen_q, seqlen_k, causal, causal_align, window), z, -np.inf)
+    z = np.where(_kept(seqlen_q, seqlen_k, causal, causal_align, window, attn_mask), z, -np.inf)
     p, lse = _softmax(z, sinks)
     o = p @ ve if o is None else _as_f64(o)
     dv = p.swapaxes(-1, -2) @ do

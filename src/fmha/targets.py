@@ -182,16 +182,17 @@ def family_of_target(target: str) -> str:
 
 
 def build_backward_kernels(target: str, head_dim: int, dtype: str = "bfloat16", causal: bool = False,
-                           deterministic: bool = False) -> list["Build"]:
+                           deterministic: bool = False, attn_mask: bool = False) -> list["Build"]:
     """The portable backward's kernels (:mod:`fmha.kernels.backward`: dK/dV, and dQ unless the first adds it
     atomically) compiled for ``target`` without a GPU, with the tiles :func:`fmha.backward.tiles` picks
-    there; their ``variant`` is the kernel's name."""
+    there; their ``variant`` is the kernel's name.  ``attn_mask``: built to read one (its keys one byte apart)."""
     from .backward import tiles
     from .kernels import backward as kernels
     _check_choice("target", target, list(TARGETS))
     _check_choice("dtype", dtype, ["float16", "bfloat16"])
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
-        return _build_elsewhere(target, head_dim, dtype, causal, deterministic, builder="build_backward_kernels")
+        return _build_elsewhere(target, head_dim, dtype, causal, deterministic, attn_mask,
+                                builder="build_backward_kernels")
     chip = TARGETS[target]
     kv_tiles, q_tiles = tiles(head_dim, causal, deterministic, family_of_target(target))
     block_d = max(16, triton.next_power_of_2(head_dim))
@@ -202,7 +203,7 @@ def build_backward_kernels(target: str, head_dim: int, dtype: str = "bfloat16", 
         atomic = kernel is kernels.dkdv_kernel and q_tiles is None
         const = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=t["BLOCK_M"], BLOCK_N=t["BLOCK_N"], CAUSAL=causal,
                      WINDOW=False, SOFTCAP=False, ALIBI=False, VARLEN=False, SEQUSED=False, ALIGN_BR=False,
-                     HEAD_V=head_dim, BLOCK_DV=block_d)
+                     HEAD_V=head_dim, BLOCK_DV=block_d, ATTN_MASK=attn_mask, **({"stride_mk": 1} if attn_mask else {}))
         if "ATOMIC_DQ" in kernel.arg_names:
             const["ATOMIC_DQ"] = atomic
         dt = DTYPES[dtype]

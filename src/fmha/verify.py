@@ -91,7 +91,7 @@ def check_lse(lse, ref_lse, atol=2e-3, skip=None):
 
 
 def torch_lowp_grads(q, k, v, do, causal, causal_align, scale=None, window=(-1, -1), softcap=0.0,
-                     alibi_slopes=None, sinks=None):
+                     alibi_slopes=None, sinks=None, attn_mask=None):
     """The gradients of :func:`torch_lowp`'s attention by PyTorch's autograd at the input precision
     (bhsd; float64 numpy out)."""
     dt = q.dtype
@@ -107,6 +107,8 @@ def torch_lowp_grads(q, k, v, do, causal, causal_align, scale=None, window=(-1, 
         dist = (i - torch.arange(k.shape[2], device=q.device)[None, :]).abs().float()
         s = s - alibi_slopes.float()[None, :, None, None] * dist
     mask = torch.from_numpy(reference.visible(q.shape[2], k.shape[2], causal, causal_align, window)).to(q.device)
+    if attn_mask is not None:
+        mask = mask & attn_mask.to(q.device)
     p = _softmax_lowp(s.masked_fill(~mask, float("-inf")), sinks).nan_to_num(0.0).to(dt)
     (p @ v.repeat_interleave(group, 1)).backward(do.to(dt))
     return tuple(t.grad.double().cpu().numpy() for t in (q, k, v))

@@ -19,8 +19,8 @@ Sequences packed along a row and told apart by position_ids alone (transformers'
 ``DataCollatorWithFlattening``) run as one varlen call over every token (:func:`packed_attention`; the
 mask function notes them, :func:`mask`, or FlashAttention's kwargs ``cu_seq_lens_q/k`` and
 ``max_length_q/k`` tell them).  Any other mask goes to torch SDPA with that mask, so nothing is computed
-wrong; with sinks, which SDPA lacks, fmha runs with a boolean mask itself (``attn_mask``: forward only, so with
-gradients such a mask is refused).  Under ``torch.compile`` a mask is not read on the host: a decoding step
+wrong; with sinks, which SDPA lacks, fmha runs with a boolean mask itself (``attn_mask``, gradients
+included).  Under ``torch.compile`` a mask is not read on the host: a decoding step without gradients
 (and any call with sinks) runs fmha with the mask itself (``attn_mask``, the keys up to its last real one),
 with no ``torch.cond``, so transformers' compiled decoding (a static cache, CUDA graphs) keeps its CUDA graph;
 otherwise ``torch.cond`` picks fmha for the band alone, fmha with ``seqused_k`` for a static cache's
@@ -40,7 +40,7 @@ from ..checks import HEAD_DIMS, MLA_ABSORBED
 
 NAME = "fmha"
 SINKS_MASKS = ("fmha takes attention sinks with causal, sliding-window and padding masks, and with other boolean "
-               "masks [batch, 1, q, k] without gradients; for this mask use attn_implementation='eager'")
+               "masks [batch, 1, q, k]; for this mask use attn_implementation='eager'")
 
 
 def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -74,7 +74,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     if attention_mask is None:
         return fmha.attention(q, k, v, causal_align="bottom_right", layout="bshd", **kw), None
     training = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    if torch.compiler.is_compiling() and (sinks is None or not training):
+    if torch.compiler.is_compiling():
         return _compiled_masked(module, query, key, value, attention_mask, q, k, v, kw, dropout, is_causal,
                                 kwargs, training), None
     sequences = _packed_sequences(attention_mask, q.shape[:2], k.shape[:2])
@@ -83,7 +83,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     padding = key_padding(attention_mask, q.shape[1], k.shape[1], causal, window)
     if padding is None:
         if sinks is not None:  # SDPA has no sinks: running it would drop them
-            if training or not _boolean(attention_mask):
+            if not _boolean(attention_mask):
                 raise NotImplementedError(SINKS_MASKS)
             return masked_attention(q, k, v, attention_mask, scale=scaling, softcap=softcap, sinks=sinks), None
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -224,7 +224,7 @@ def _boolean(mask: torch.Tensor) -> bool:
 
 def masked_attention(q, k, v, mask, *, scale, softcap, sinks=None):
     """Query rows (bshd) against the keys that ``mask`` (boolean ``[batch, 1, q_len, k_len]``, the band, window and
-    padding all in it) picks: fmha with the mask as it is (forward only), reading keys up to the last one the mask
+    padding all in it) picks: fmha with the mask as it is (differentiable), reading keys up to the last one the mask
     keeps (a static cache's unused slots after it are not read).  No ``torch.cond`` and nothing read on the host,
     so a compiled decoding step stays one CUDA graph (``torch.cond`` makes inductor give up CUDA graphs for the
     whole graph)."""
@@ -237,8 +237,8 @@ def masked_attention(q, k, v, mask, *, scale, softcap, sinks=None):
 
 def _compiled_masked(module, query, key, value, attention_mask, q, k, v, kw, dropout, is_causal, kwargs, training):
     """A mask met under ``torch.compile``.  A decoding step without gradients (one query row) runs fmha with the
-    mask itself (:func:`masked_attention`), as does any call with attention sinks (without gradients: SDPA, the
-    other branch below, has no sinks).  Otherwise the mask's structure is read on the device and chooses,
+    mask itself (:func:`masked_attention`), as does any call with attention sinks (SDPA, the other branch below,
+    has none).  Otherwise the mask's structure is read on the device and chooses,
     through ``torch.cond``, fmha when the mask is the band alone (every key real: generate()'s all-ones
     mask), fmha with ``seqused_k`` when it is a static cache's (each sequence's real keys a prefix, the queries
     the last of them: the lengths come from the mask on the device; without gradients), and SDPA with the mask
@@ -253,7 +253,7 @@ def _compiled_masked(module, query, key, value, attention_mask, q, k, v, kw, dro
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=kw["scale"], is_causal=is_causal, **kwargs)[0]
     q_len, k_len = q.shape[1], k.shape[1]
-    if (q_len == 1 or kw["sinks"] is not None) and not training:
+    if kw["sinks"] is not None or q_len == 1 and not training:
         return masked_attention(q, k, v, attention_mask, scale=kw["scale"], softcap=kw["softcap"], sinks=kw["sinks"])
     _, end, verdicts = _structure(attention_mask, q_len, k_len, kw["causal"], kw["window"])
     one_run, aligned, last, prefix, full = (verdicts[i].bool() for i in range(5))

@@ -126,12 +126,13 @@ def launch(variant: str, cfg, prob, q, k, v, o, lse, layout: str, alibi=None, se
         **(dict(QK_LO=prob.qk_lo, V_FROM_K=v_from_k(prob, k, v)) if "QK_LO" in params else {}),
         **(dict(AMD=torch.version.hip is not None and q.is_cuda) if "AMD" in params else {}),
         **(_merge_args(merge, layout, q.device, grid, o) if "MERGE" in params else {}),
-        **(_mask_args(attn_mask, o) if "ATTN_MASK" in params else {}),
+        **(mask_args(attn_mask, o) if "ATTN_MASK" in params else {}),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
-def _mask_args(attn_mask, o) -> dict:
-    """The tiled kernel's arguments for an attn_mask (a ``[batch, heads, seqlen_q, seqlen_k]`` view), or none."""
+def mask_args(attn_mask, o) -> dict:
+    """The arguments of a kernel that reads an attn_mask (``tiled``, the backward's), for a ``[batch, heads, seqlen_q,
+    seqlen_k]`` view, or for none (``o``: any tensor, never read)."""
     if attn_mask is None:
         return dict(AttnMask=o, stride_mb=0, stride_mh=0, stride_mq=0, stride_mk=0, ATTN_MASK=False)
     mb, mh, mq, mk = attn_mask.stride()  # (read as bytes: the kernel tests them against 0)

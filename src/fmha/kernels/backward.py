@@ -13,8 +13,9 @@ from the forward's LSE, ``O = P V`` and the incoming ``dO``:
   (two matmuls and one ``exp2`` a score fewer, in an order that varies from run to run).
 
 ``dZ' = dZ`` times the softcap's derivative ``1 - tanh^2(scale q.k / softcap)`` when capped.  Masks
-and modifiers are the forward's (:func:`.common.scores`); a row that sees no key (LSE ``-inf``) has
-``P = 0`` and so zero gradients.  Without ``ATOMIC_DQ`` the work is deterministic: each output
+and modifiers are the forward's (:func:`.common.scores`), and with ``ATTN_MASK`` its boolean mask (``P = 0``
+where it hides the key, :func:`_kept`); a row that sees no key (LSE ``-inf``) has ``P = 0`` and so zero
+gradients.  Without ``ATOMIC_DQ`` the work is deterministic: each output
 element is written by one program, in a fixed order.
 """
 import triton
@@ -70,6 +71,19 @@ def _probs(q, k, lse2, offs_m, offs_n, seqlen_k, scale_log2, softcap, slope, cau
 
 
 @triton.jit
+def _kept(p, AttnMask, b, h, offs_m, offs_n, sq, sk, stride_mb, stride_mh, stride_mq, stride_mk,
+          ATTN_MASK: tl.constexpr):
+    """``p`` where the boolean attn_mask ``[batch, heads, seqlen_q, seqlen_k]`` (read as bytes) keeps the key, 0
+    where it hides it (the forward's LSE left those keys out; ``where``, so a hidden NaN score stays out)."""
+    if ATTN_MASK:
+        at = AttnMask + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
+        keep = tl.load(at + offs_m.to(tl.int64)[:, None] * stride_mq + offs_n.to(tl.int64)[None, :] * stride_mk,
+                       mask=(offs_m < sq)[:, None] & (offs_n < sk)[None, :], other=0)
+        p = tl.where(keep != 0, p, 0.0)
+    return p
+
+
+@triton.jit
 def _row_stats(LSE, Delta, rows, offs_m, sq):
     """Each query row's base-2 LSE (``+inf`` past the rows: P = 0 there; 0 for a row that saw no key,
     whose scores are all ``-inf``) and its delta."""
@@ -93,11 +107,12 @@ def dkdv_kernel(Q, K, V, DO, LSE, Delta, DK, DV, DQ,
                 stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
                 stride_gb, stride_gh, stride_gs, stride_dkb, stride_dkh, stride_dks, stride_dvb, stride_dvh,
                 stride_dvs, stride_dqb, stride_dqh, stride_dqs, heads, group, seqlen_q, seqlen_k, causal_offset,
-                window_offset, align_offset, scale_log2, softcap, Alibi, CuQ, CuK, SeqK,
+                window_offset, align_offset, scale_log2, softcap, Alibi, CuQ, CuK, SeqK, AttnMask, stride_mb,
+                stride_mh, stride_mq, stride_mk,
                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
                 VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr, HEAD_V: tl.constexpr,
-                BLOCK_DV: tl.constexpr, ATOMIC_DQ: tl.constexpr):
+                BLOCK_DV: tl.constexpr, ATTN_MASK: tl.constexpr, ATOMIC_DQ: tl.constexpr):
     """dK and dV of key block ``program_id(0)`` of (batch, KV head) ``program_id(1)`` (HEAD_V: V's, O's and
     dO's head dimension); with ``ATOMIC_DQ`` also this block's share of dQ, added into the float32 ``DQ``."""
     kv_heads = heads // group
@@ -149,6 +164,8 @@ def dkdv_kernel(Q, K, V, DO, LSE, Delta, DK, DV, DQ,
             lse2, delta = _row_stats(LSE, Delta, rows, offs_m, sq)
             p, dcap = _probs(q, k, lse2, offs_m, offs_n, sk, scale_log2, softcap, slope, causal_offset,
                              window_offset, align_offset, CAUSAL, WINDOW, SOFTCAP, ALIBI, BLOCK_M, BLOCK_N)
+            p = _kept(p, AttnMask, b, h, offs_m, offs_n, sq, sk, stride_mb, stride_mh, stride_mq, stride_mk,
+                      ATTN_MASK)
             dv = mma(tl.trans(p.to(do.dtype)), do, dv)
             dp = mma(do, tl.trans(v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
             dz = p * (dp - delta[:, None]) * dcap
@@ -167,11 +184,12 @@ def dkdv_kernel(Q, K, V, DO, LSE, Delta, DK, DV, DQ,
 def dq_kernel(Q, K, V, DO, LSE, Delta, DQ,
               stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
               stride_gb, stride_gh, stride_gs, stride_dqb, stride_dqh, stride_dqs, heads, group, seqlen_q, seqlen_k,
-              causal_offset, window_offset, align_offset, scale_log2, softcap, Alibi, CuQ, CuK, SeqK,
+              causal_offset, window_offset, align_offset, scale_log2, softcap, Alibi, CuQ, CuK, SeqK, AttnMask,
+              stride_mb, stride_mh, stride_mq, stride_mk,
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
               VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr, HEAD_V: tl.constexpr,
-              BLOCK_DV: tl.constexpr):
+              BLOCK_DV: tl.constexpr, ATTN_MASK: tl.constexpr):
     """dQ of query block ``program_id(0)`` of (batch, head) ``program_id(1)``."""
     b = tl.program_id(1) // heads
     h = tl.program_id(1) % heads
@@ -215,6 +233,7 @@ def dq_kernel(Q, K, V, DO, LSE, Delta, DQ,
                       True)
         p, dcap = _probs(q, k, lse2, offs_m, offs_n, sk, scale_log2, softcap, slope, causal_offset, window_offset,
                          align_offset, CAUSAL, WINDOW, SOFTCAP, ALIBI, BLOCK_M, BLOCK_N)
+        p = _kept(p, AttnMask, b, h, offs_m, offs_n, sq, sk, stride_mb, stride_mh, stride_mq, stride_mk, ATTN_MASK)
         dp = mma(do, tl.trans(v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
         dz = p * (dp - delta[:, None]) * dcap
         dq = mma(dz.to(k.dtype), k, dq)
