@@ -55,11 +55,12 @@ def test_problems_with_a_narrower_v_pass():
 
 
 def test_problems_with_an_attn_mask_pass_and_a_dropped_mask_is_caught(monkeypatch):
-    """Forward problems with a random boolean mask run on ``tiled`` (``auto`` picks it) against float64; the
-    seed's one-warp variants refuse them; a call that drops the mask fails each of them."""
+    """Problems with a random boolean mask run on ``tiled`` (``auto`` picks it) against float64, forward and
+    (some) backward; the seed's one-warp variants refuse them; a call that drops the mask fails each of them."""
     drawn = [fuzz.draw(random.Random(s), False, False) for s in range(400)]
-    masked = [p for p in drawn if p.attn_mask and p.variant in ("auto", "tiled")][:6]
-    assert len(masked) == 6 and not any(p.grad for p in drawn if p.attn_mask)
+    masked = [p for p in drawn if p.attn_mask and not p.grad and p.variant in ("auto", "tiled")][:4]
+    masked += [p for p in drawn if p.attn_mask and p.grad][:3]
+    assert len(masked) == 7 and sum(bool(p.grad) for p in masked) == 3
     for p in masked:
         fuzz.run(p, DEVICE)
     refused = next(p for p in drawn if p.attn_mask and p.variant == "pipelined")

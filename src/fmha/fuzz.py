@@ -10,9 +10,10 @@ the row, rows whose first visible key comes late, all-equal scores, inf or NaN i
 the dtype's limits.
 Each answer (output poisoned with NaN first, and its LSE) is held against the float64 reference by
 :mod:`fmha.verify`'s rule.  Some ``attention`` problems with finite inputs also take the backward, fast or
-``deterministic`` (:data:`GRADS`): dQ, dK and dV against the float64 reference's, and a deterministic
-backward run twice gives the same bits.  A failure prints as one JSON line: ``Problem(**json.loads(line))``
-rebuilds it, which is how a failure becomes a named regression test.
+``deterministic`` (:data:`GRADS`), some of them under a random ``attn_mask``: dQ, dK and dV against the
+float64 reference's, and a deterministic backward run twice gives the same bits.  A failure prints as one
+JSON line: ``Problem(**json.loads(line))`` rebuilds it, which is how a failure becomes a named regression
+test.
 """
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ class Problem:
     seed: int
     head_dim_v: int = 0     # V's and O's head dim where it is smaller than q/k's (MLA's 192/128), else 0
     grad: str = ""          # attention: also the backward, "fast" or "deterministic" (:func:`_takes_grad`)
-    attn_mask: bool = False  # attention, forward: a random boolean mask [batch, 1 or heads, seqlen_q, seqlen_k] too
+    attn_mask: bool = False  # attention: a random boolean mask [batch, 1 or heads, seqlen_q, seqlen_k] too
 
     def __str__(self):
         return json.dumps(dataclasses.asdict(self))
@@ -134,7 +135,7 @@ def draw(rng: random.Random, on_gpu: bool, hopper: bool) -> Problem:
                 seed=rng.randrange(1 << 30), head_dim_v=head_dim_v)
     own = random.Random(p.seed)
     if _takes_grad(p) and own.random() < 0.5:
-        p = dataclasses.replace(p, grad=own.choice(GRADS))
+        p = dataclasses.replace(p, grad=own.choice(GRADS), attn_mask=own.random() < 0.2)
     elif p.entry == "attention" and own.random() < 0.2:
         p = dataclasses.replace(p, attn_mask=True)
     return p
@@ -218,10 +219,7 @@ def run(p: Problem, device: str) -> None:
     if p.head_dim_v:  # O as wide as V, in q's layout
         out = _place(torch.full((p.batch, p.heads, p.seqlen_q, p.head_dim_v), math.nan),
                      "bshd" if p.layout == "fused-qkv" else p.layout, dtype, device)[0]
-    mask = None
-    if p.attn_mask:  # one mask for every head or one a head, about a third of the keys hidden
-        heads = p.heads if torch.rand(1, generator=g).item() < 0.5 else 1
-        mask = torch.rand(p.batch, heads, p.seqlen_q, p.seqlen_k, generator=g) < 0.65
+    mask = _mask(p, g)
     _, lse = attention(qd, kd, vd, causal=p.causal, causal_align=p.align, layout=layout, variant=p.variant,
                        config=cfg, out=out, return_lse=True, num_splits=p.num_splits,
                        seqused_k=lengths.to(device) if p.seqused else None,
@@ -235,6 +233,14 @@ def run(p: Problem, device: str) -> None:
                      **hidden)
 
 
+def _mask(p, g):
+    """``p``'s attn_mask, if it takes one: one for every head or one a head, about a third of the keys hidden."""
+    if not p.attn_mask:
+        return None
+    heads = p.heads if torch.rand(1, generator=g).item() < 0.5 else 1
+    return torch.rand(p.batch, heads, p.seqlen_q, p.seqlen_k, generator=g) < 0.65
+
+
 def _run_grad(p, q, k, v, g, dtype, device, mods, cfg):
     """``p``'s call recorded by autograd, its output checked, and its backward for a random dO: dQ, dK, dV
     against the float64 reference from that output (:func:`fmha.verify.check_grads`); ``deterministic``, a
@@ -242,6 +248,9 @@ def _run_grad(p, q, k, v, g, dtype, device, mods, cfg):
     (qd, layout), (kd, _), (vd, _) = (_place(t, p.layout, dtype, device) for t in (q, k, v))
     qd, kd, vd = (t.detach().requires_grad_(True) for t in (qd, kd, vd))
     deterministic = p.grad == "deterministic"
+    mask = _mask(p, g)
+    if mask is not None:
+        mods = {**mods, "attn_mask": mask.to(device)}
 
     def grads(do=None):
         o, lse = attention(qd, kd, vd, causal=p.causal, causal_align=p.align, layout=layout, variant=p.variant,
@@ -249,8 +258,10 @@ def _run_grad(p, q, k, v, g, dtype, device, mods, cfg):
         do = torch.randn(o.shape, generator=g).to(dtype).to(device) if do is None else do
         return torch.autograd.grad(o, (qd, kd, vd), do), do, o.detach(), lse
     got, do, o, lse = grads()
-    verify.check(verify.to_bhsd(o, layout), *(t.to(dtype) for t in (q, k, v)), p.causal, p.align, lse=lse, **mods)
-    verify.check_grads(got, qd, kd, vd, do, p.causal, p.align, layout, o=o, **mods)
+    # the references take the mask as the kernels read it, [batch, heads, seqlen_q, seqlen_k]
+    ref = mods if mask is None else {**mods, "attn_mask": mask.expand(p.batch, p.heads, p.seqlen_q, p.seqlen_k)}
+    verify.check(verify.to_bhsd(o, layout), *(t.to(dtype) for t in (q, k, v)), p.causal, p.align, lse=lse, **ref)
+    verify.check_grads(got, qd, kd, vd, do, p.causal, p.align, layout, o=o, **ref)
     if deterministic:
         again, _, _, _ = grads(do)
         assert all(torch.equal(a, b) for a, b in zip(got, again)), "deterministic: two backward runs differ"
