@@ -426,6 +426,14 @@ def test_fp8_builds_for_sm90_on_hopper(head_dim, causal):
         assert b.asm["ptx"].count(op) <= bf16.asm["ptx"].count(op), op
 
 
+def test_fp8_on_hopper_refuses_the_head_dims_it_does_not_take():
+    """float8 on hopper off its 128-column tile (96 and 128): a refusal by name before any build, which would
+    abort in LLVM (a 64-byte row under the tiles' 128-byte swizzle)."""
+    for d in (32, 64, 192, 256):
+        with pytest.raises(ValueError, match=f"float8 on hopper takes head_dim 96 or 128 .*not {d}"):
+            targets.build("hopper", "sm_90", d, "float8_e4m3fn", False)
+
+
 def test_fp8_tiles_count_one_byte_an_element():
     """The float8 kernel's shared memory as ``resources.smem_bytes`` counts it with one-byte Q, K and V^T tiles
     (O staged in bf16), so deeper rings that fit are taken (counted as 16-bit tiles, 4 stages read 288 KB and

@@ -274,7 +274,8 @@ class Report:
 def unbuildable(variant: str, target: str, head_dim: int, dtype: str = "float16") -> str | None:
     """Why ``variant`` has no build for ``target`` at ``head_dim`` in ``dtype``, or None: the Gluon
     kernel is written for one chip; float8 runs on ``tiled`` (K/V dequantized on load, NVIDIA GPUs of sm_89
-    or newer) and on ``hopper`` (q, k and v float8)."""
+    or newer) and on ``hopper`` (q, k and v float8, at the head dims :func:`.kernels.hopper.fp8_head_dim_reason`
+    names)."""
     if variant == "hopper" and target != "sm_90":
         return f"variant 'hopper' builds for sm_90 only, not {target!r}"
     if dtype == "float8_e4m3fn":
@@ -282,6 +283,9 @@ def unbuildable(variant: str, target: str, head_dim: int, dtype: str = "float16"
             return f"float8 runs on the tiled variant (K/V dequantized on load) or on hopper, not {variant!r}"
         if target != "sm_90":
             return f"float8_e4m3fn builds for sm_90 (of these targets), not {target!r}"
+        if variant == "hopper":
+            from .kernels import hopper
+            return hopper.fp8_head_dim_reason(head_dim, head_dim)
     return None
 
 

@@ -147,6 +147,13 @@ def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
     return None
 
 
+def fp8_head_dim_reason(head_dim: int, head_dim_v: int) -> str | None:
+    """Why the float8 kernel does not take these head dims, or None: 96 or 128 (a 128-column tile), V's alike."""
+    if padded(head_dim) != 128 or head_dim_v != head_dim:
+        return f"float8 on hopper takes head_dim 96 or 128 (V's alike), not {head_dim}"
+    return None
+
+
 def fp8_reason(prob, cfg, q) -> str | None:
     """Why the float8 forward cannot take this call, or None: float8 q too (the wgmma multiplies two float8
     operands), a dense call (no packed sequences, per-batch lengths or pages), head_dim 96 or 128 alike for V,
@@ -155,8 +162,9 @@ def fp8_reason(prob, cfg, q) -> str | None:
         return f"float8 K/V with {q.dtype} q (the float8 wgmma takes float8 q; tiled dequantizes K/V instead)"
     if per_sequence(prob) or prob.page:
         return "float8 on hopper takes dense calls (no packed sequences, seqused_k or pages)"
-    if padded(prob.head_dim) != 128 or prob.dv != prob.head_dim:
-        return f"float8 on hopper takes head_dim 96 or 128 (V's alike), not {prob.head_dim}"
+    why = fp8_head_dim_reason(prob.head_dim, prob.dv)
+    if why:
+        return why
     if prob.softcap:
         return "float8 on hopper takes no softcap"
     if cfg.block_n != 128 or cfg.cluster or cfg.split_tail or cfg.q_regs:
