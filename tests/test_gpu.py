@@ -404,11 +404,12 @@ HOPPER_VARLEN = [  # (query lengths, key lengths) of the packed sequences
                                                  (True, "bottom_right", (-1, -1)), (True, "bottom_right", (300, -1)),
                                                  (False, "top_left", (200, 100))])
 @pytest.mark.parametrize("d,dv,dtype", [(64, 64, torch.bfloat16), (128, 128, torch.float16), (96, 96, torch.bfloat16),
-                                        (32, 32, torch.float16), (192, 128, torch.bfloat16)], ids=str)
+                                        (32, 32, torch.float16), (192, 128, torch.bfloat16),
+                                        (256, 256, torch.bfloat16)], ids=str)
 def test_hopper_varlen_matches_reference(d, dv, dtype, causal, align, window, lens):
     """Packed sequences on the Gluon kernel: every sequence (output and LSE) against its own
     float64 reference, the output's memory poisoned with NaN beforehand (192/128: Q and K unpadded,
-    ``split_qk``, the table's row)."""
+    ``split_qk``, the table's row; 256: 64-key tiles, non-causal with the standing pivot and ping-pong)."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("sm_90 only")
     lens_q, lens_k = lens
