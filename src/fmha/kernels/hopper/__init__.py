@@ -108,6 +108,11 @@ ROWS_LAYOUT_2 = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16
 KV_LAYOUT_2 = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4, cga_layout=[[0, 0, 0, 0]])
 
 
+def _in_bytes(prob) -> int:
+    """Bytes an element of q, k and v (1: float8)."""
+    return 1 if prob.fp8 else 2
+
+
 def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
     """None if the hopper kernel takes this call, else the reason it does not."""
     if not q.is_cuda or device_facts(q.device.index)[0] != 9:
@@ -124,7 +129,7 @@ def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
     if cfg.split_qk and (prob.head_dim != SPLIT_QK_DIM or cfg.q_regs or cfg.cluster or prob.fp8):
         return (f"split_qk takes q/k head_dim {SPLIT_QK_DIM} (not {prob.head_dim}), Q in shared memory, no clusters "
                 "or float8")
-    in_bytes = 1 if prob.fp8 else 2
+    in_bytes = _in_bytes(prob)
     smem = smem_bytes(prob.head_dim, cfg, prob.dv, in_bytes)
     if smem + SMEM_SPARE > SMEM_LIMIT:
         return f"needs {smem >> 10} KB of shared memory, sm_90 has {SMEM_LIMIT >> 10} KB"
@@ -297,6 +302,6 @@ def constexprs(prob, cfg, store_lse: bool, paired: bool = False, alibi: bool = F
                 RAGGED=per_sequence(prob) or prob.seqlen_k % cfg.block_n != 0, PAIRED=paired,
                 PINGPONG=bool(cfg.pingpong), STORE_LSE=store_lse, VARLEN=prob.varlen, SEQUSED=prob.seqused,
                 ALIGN_BR=per_sequence(prob) and prob.align_br, PAGED=bool(prob.page),
-                O_SMEM=o_staged(prob.head_dim, cfg, prob.dv, 1 if prob.fp8 else 2), Q_REGS=bool(cfg.q_regs),
+                O_SMEM=o_staged(prob.head_dim, cfg, prob.dv, _in_bytes(prob)), Q_REGS=bool(cfg.q_regs),
                 FENCE=bool(cfg.fence), LAZY=bool(cfg.lazy), STALE=bool(cfg.stale), SPLIT=split, BALANCE=balance,
                 CLUSTER=bool(cfg.cluster), FP8=prob.fp8, SPLIT_QK=bool(cfg.split_qk))

@@ -52,17 +52,22 @@ def _inputs_bytes(head_dim: int, cfg, head_dim_v: int | None, in_bytes: int) -> 
     return in_bytes * (cfg.block_m * d + cfg.num_stages * cfg.block_n * (d + dv))
 
 
+def _o_bytes(head_dim: int, cfg, head_dim_v: int | None) -> int:
+    """O's staging tile (16-bit, float8 inputs' too)."""
+    return 2 * cfg.block_m * _tiles(head_dim, head_dim_v, cfg)[1]
+
+
 def o_staged(head_dim: int, cfg, head_dim_v: int | None = None, in_bytes: int = 2) -> bool:
     """Whether O (16-bit, float8 inputs' too) goes out through shared memory (a TMA store) beside Q and the
     K/V rings; where it does not fit (16-bit D=128 with 3 stages, D=256), each thread stores its part of O
     from registers."""
-    o = 2 * cfg.block_m * _tiles(head_dim, head_dim_v, cfg)[1]
-    return _inputs_bytes(head_dim, cfg, head_dim_v, in_bytes) + o + SMEM_SPARE <= SMEM_LIMIT
+    return _inputs_bytes(head_dim, cfg, head_dim_v, in_bytes) + _o_bytes(head_dim, cfg, head_dim_v) + SMEM_SPARE \
+        <= SMEM_LIMIT
 
 
 def smem_bytes(head_dim: int, cfg, head_dim_v: int | None = None, in_bytes: int = 2) -> int:
     """Shared memory one program allocates: Q, the K/V rings and, staged, O."""
-    o = 2 * cfg.block_m * _tiles(head_dim, head_dim_v, cfg)[1] if o_staged(head_dim, cfg, head_dim_v, in_bytes) else 0
+    o = _o_bytes(head_dim, cfg, head_dim_v) if o_staged(head_dim, cfg, head_dim_v, in_bytes) else 0
     return _inputs_bytes(head_dim, cfg, head_dim_v, in_bytes) + o
 
 
