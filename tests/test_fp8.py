@@ -72,18 +72,19 @@ def check_fp8_p(o, lse, full, causal, align="top_left"):
 @pytest.mark.parametrize("causal,align", [(False, "top_left"), (True, "bottom_right")])
 @pytest.mark.parametrize("layout", ["bhsd", "bshd"])
 def test_fp8_matches_the_dequantized_reference(q_dtype, causal, align, layout):
+    """float8 K/V on ``tiled`` (dequantized on load) under each q dtype, in either layout, against the float64
+    reference of the dequantized inputs (the Gluon kernel's float8 has its own test below)."""
     (q, k, v), descales, full = fp8_inputs(2, 4, 2, 37, 53, 64, q_dtype, seed=3)
     qq, kk, vv = (t if layout == "bhsd" else t.transpose(1, 2).contiguous() for t in (q, k, v))
     dtype = torch.bfloat16 if q_dtype == F8 else q_dtype
     out = torch.full((*qq.shape[:-1], 64), float("nan"), dtype=dtype, device=DEVICE)
     o, lse = fmha.attention(qq, kk, vv, causal=causal, causal_align=align, layout=layout, out=out, return_lse=True,
-                            q_descale=descales[0], k_descale=descales[1], v_descale=descales[2])
+                            q_descale=descales[0], k_descale=descales[1], v_descale=descales[2], variant="tiled")
     assert o is out and o.dtype == dtype
     o = o if layout == "bhsd" else o.transpose(1, 2)
     check_fp8(o, full, causal, align)
     _, ref_lse = reference.dense_attention(*full, causal=causal, causal_align=align, return_lse=True)
     assert max_err(lse.cpu().double().numpy(), ref_lse) < 2e-3
-    assert fmha.api.describe(q, k, v, causal=causal).startswith("tiled")
 
 
 def test_fp8_decoding_splits_the_keys_and_takes_the_modifiers():
@@ -144,7 +145,8 @@ def _sm90() -> bool:
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal,align", [(False, "top_left"), (True, "bottom_right"), (True, "top_left")])
 @pytest.mark.parametrize("layout", ["bhsd", "bshd"])
-@pytest.mark.parametrize("d,sq,sk", [(128, 300, 300), (128, 200, 333), (96, 129, 130), (128, 1000, 1000)])
+@pytest.mark.parametrize("d,sq,sk", [(128, 300, 300), (128, 200, 333), (96, 129, 130), (128, 1000, 1000),
+                                     (64, 300, 300), (64, 200, 333)])
 def test_fp8_on_hopper_matches_the_dequantized_reference(causal, align, layout, d, sq, sk):
     """float8 q, k, v on the Gluon kernel (wgmma's float8 form, V transposed for P V, P rounded to float8):
     GQA, per-(batch, kv head) factors, lengths off the tiles, against the float64 reference of the
@@ -182,9 +184,9 @@ def test_fp8_on_hopper_sees_through_a_huge_key():
 
 
 def test_fp8_plans_hopper_for_float8_q(monkeypatch):
-    """On sm_90 ``auto`` and ``variant="hopper"`` take float8 q at head_dim 96 or 128 past 16 query rows with the
-    float8 table row; ``hopper`` refuses float8 K/V under a 16-bit q and other head dims, where ``auto`` (and
-    decoding) keeps ``tiled`` with its float8 config."""
+    """On sm_90 ``auto`` and ``variant="hopper"`` take float8 q at head_dim 64, 96 or 128 past 16 query rows with
+    the float8 table row of its tile; ``hopper`` refuses float8 K/V under a 16-bit q and other head dims, where
+    ``auto`` (and decoding) keeps ``tiled`` with its float8 config."""
     from fmha import configs, kernels, plan
     monkeypatch.setattr(plan, "arch_of", lambda device: "sm90")
     monkeypatch.setattr(kernels.hopper, "supports", lambda prob, cfg, q, *rest: kernels.hopper.fp8_reason(prob, cfg, q))
@@ -193,16 +195,16 @@ def test_fp8_plans_hopper_for_float8_q(monkeypatch):
         (q, k, v), _, _ = fp8_inputs(1, 4, 2, sq, 64, d, q_dtype)
         prob = plan.problem(*plan.sizes(q, k, "bhsd"), causal=True, scale=None, fp8=True)
         return plan.plan(prob, q, k, v, q, "bhsd", variant, None, None, 1)
-    p = planned(F8, 128, 64)
-    assert p.variant == "hopper" and p.config == configs.HOPPER_FP8[1][2]
-    assert planned(F8, 96, 64).variant == "hopper"
+    row = {d: cfg for d, causal, cfg in configs.HOPPER_FP8 if causal}
+    for d in (64, 96, 128):
+        for variant in ("hopper", "auto"):
+            p = planned(F8, d, 64, variant)
+            assert p.variant == "hopper" and p.config == row[64 if d <= 64 else 128], (d, variant)
     for q_dtype, d, says in ((torch.bfloat16, 128, "float8 K/V with torch.bfloat16 q"),
-                             (F8, 64, "takes head_dim 96 or 128")):
+                             (F8, 32, "takes head_dim 64, 96 or 128")):
         with pytest.raises(ValueError, match=says):
             planned(q_dtype, d, 64)
-    p = planned(F8, 128, 64, "auto")
-    assert p.variant == "hopper" and p.config == configs.HOPPER_FP8[1][2]
-    for q_dtype, d in ((torch.bfloat16, 128), (F8, 64)):
+    for q_dtype, d in ((torch.bfloat16, 128), (F8, 32)):
         p = planned(q_dtype, d, 64, "auto")
         assert p.variant == "tiled" and p.config == configs.tiled_config("sm90", d, fp8=True), (q_dtype, d)
     assert planned(F8, 128, 8, "auto").variant == "tiled"  # decoding: the keys split

@@ -404,7 +404,7 @@ def test_fp8_builds_for_sm90_on_tiled(head_dim):
             targets.build(variant, target, head_dim, "float8_e4m3fn", True)
 
 
-@pytest.mark.parametrize("head_dim,causal", [(128, False), (96, True)])
+@pytest.mark.parametrize("head_dim,causal", [(128, False), (96, True), (64, False)])
 def test_fp8_builds_for_sm90_on_hopper(head_dim, causal):
     """``fmha compile --variant hopper --dtype float8_e4m3fn``: both products on wgmma's float8 form (K 32 a
     step: Q K^T over head_dim, P V over the 128-key tile with V^T K-major), P rounded to float8 in registers,
@@ -413,24 +413,27 @@ def test_fp8_builds_for_sm90_on_hopper(head_dim, causal):
     from fmha import configs
     b = targets.build("hopper", "sm_90", head_dim, "float8_e4m3fn", causal)
     r = targets.report(b)
-    assert b.config == configs.HOPPER_FP8[int(causal)][2].as_dict() and r.spilled_registers == 0
-    assert set(r.matrix_instructions) == {"wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3"}
+    cfg = configs.hopper_config(head_dim, causal, 4096, fp8=True)
+    assert b.config == cfg.as_dict() and r.spilled_registers == 0
+    # Q K^T over 128 keys; P V over V's padded head dim (96: 128 columns, a quarter zeros)
+    width = max(64, 1 << (head_dim - 1).bit_length())
+    shapes = {f"wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3" for n in (128, width)}
+    assert set(r.matrix_instructions) == shapes
     assert "cvt.rn.satfinite.e4m3x2.f32" in b.asm["ptx"]
     usage = targets.ptxas_usage(b.asm["ptx"], 90)
     assert usage["spill_stores"] == 0 and not usage["serialized"], usage
     # P reordered to the float8 A operand's layout in each thread's own registers: no more shuffles than bf16's;
     # and packed four values a register as it is narrowed, carried as float32 across the loop, so no byte of it
     # is moved on its own (a float8 P carried by the loop crossed it one byte a value: 192 byte permutes)
-    bf16 = targets.build("hopper", "sm_90", head_dim, "bfloat16", causal, config=configs.HOPPER_FP8[int(causal)][2])
+    bf16 = targets.build("hopper", "sm_90", head_dim, "bfloat16", causal, config=cfg)
     for op in ("shfl.sync", "prmt.b32"):
         assert b.asm["ptx"].count(op) <= bf16.asm["ptx"].count(op), op
 
 
 def test_fp8_on_hopper_refuses_the_head_dims_it_does_not_take():
-    """float8 on hopper off its 128-column tile (96 and 128): a refusal by name before any build, which would
-    abort in LLVM (a 64-byte row under the tiles' 128-byte swizzle)."""
-    for d in (32, 64, 192, 256):
-        with pytest.raises(ValueError, match=f"float8 on hopper takes head_dim 96 or 128 .*not {d}"):
+    """float8 on hopper off its 64- and 128-column tiles (64, 96 and 128): a refusal by name before any build."""
+    for d in (32, 192, 256):
+        with pytest.raises(ValueError, match=f"float8 on hopper takes head_dim 64, 96 or 128 .*not {d}"):
             targets.build("hopper", "sm_90", d, "float8_e4m3fn", False)
 
 

@@ -79,7 +79,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     Float8: ``k`` and ``v`` ``torch.float8_e4m3fn`` (an FP8 KV cache), ``q`` float8 too or 16-bit, with
     FlashAttention-3's descale factors ``q_descale``, ``k_descale``, ``v_descale`` (float32 ``[batch, kv_heads]``,
     1 where not given): the attention of ``q * q_descale``, ``k * k_descale``, ``v * v_descale``; the output is
-    bfloat16 for float8 q.  On sm_90, float8 q, k and v past 16 query rows at head_dim 96 or 128 run on ``hopper``'s
+    bfloat16 for float8 q.  On sm_90, float8 q, k and v past 16 query rows at head_dim 64, 96 or 128 run on ``hopper``'s
     float8 wgmma; elsewhere the ``tiled`` variant runs it, K and V read as float8 (half the bytes) and dequantized
     on load; forward only, not under ``torch.compile``.
 

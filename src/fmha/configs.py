@@ -98,9 +98,12 @@ HOPPER = [
 HOPPER_SPLIT_QK = KernelConfig(128, 128, 4, 2, split_qk=1)
 
 
-# float8 q, k, v on the Gluon kernel (head_dim 96 and 128): 128-key tiles of one-byte elements, V^T's too;
-# Q in shared memory, no clusters, the exact pivot (``hopper.fp8_reason``)
+# float8 q, k, v on the Gluon kernel (head_dim 64, 96 and 128): 128-key tiles of one-byte elements, V^T's too;
+# Q in shared memory, no clusters, the exact pivot (``hopper.fp8_reason``); 64: 0.77-1.04x bf16, 2.1-2.4x tiled's
+# float8; a third stage within +-3% at either (docs/PERF.md, "Float8 on the Gluon kernel")
 HOPPER_FP8 = [
+    (64, False, KernelConfig(128, 128, 4, 2)),
+    (64, True, KernelConfig(128, 128, 4, 2)),
     (128, False, KernelConfig(128, 128, 4, 2, fence=1)),
     (128, True, KernelConfig(128, 128, 4, 2)),
 ]

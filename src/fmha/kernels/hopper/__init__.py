@@ -94,13 +94,6 @@ from .schedule import (ITEM_COST, _schedule, balanced_tail, block_tiles, item_ro
 # the same swizzle
 
 
-# FP8: float8 Q, K and V^T (one-byte elements; O stays 16-bit)
-ROWS_LAYOUT_FP8 = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=3)
-
-
-KV_LAYOUT_FP8 = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=4)
-
-
 # CLUSTER: the same layouts, whole in each CTA of the cluster
 ROWS_LAYOUT_2 = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3, cga_layout=[[0, 0, 0]])
 
@@ -153,15 +146,16 @@ def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
 
 
 def fp8_head_dim_reason(head_dim: int, head_dim_v: int) -> str | None:
-    """Why the float8 kernel does not take these head dims, or None: 96 or 128 (a 128-column tile), V's alike."""
-    if padded(head_dim) != 128 or head_dim_v != head_dim:
-        return f"float8 on hopper takes head_dim 96 or 128 (V's alike), not {head_dim}"
+    """Why the float8 kernel does not take these head dims, or None: 64, 96 or 128 (a 64- or 128-column tile), V's
+    alike."""
+    if padded(head_dim) not in (64, 128) or head_dim_v != head_dim:
+        return f"float8 on hopper takes head_dim 64, 96 or 128 (V's alike), not {head_dim}"
     return None
 
 
 def fp8_reason(prob, cfg, q) -> str | None:
     """Why the float8 forward cannot take this call, or None: float8 q too (the wgmma multiplies two float8
-    operands), a dense call (no packed sequences, per-batch lengths or pages), head_dim 96 or 128 alike for V,
+    operands), a dense call (no packed sequences, per-batch lengths or pages), head_dim 64, 96 or 128 alike for V,
     no softcap, 128-key tiles without clusters, pieces or Q in registers, and the exact pivot."""
     if q.dtype != FP8:
         return f"float8 K/V with {q.dtype} q (the float8 wgmma takes float8 q; tiled dequantizes K/V instead)"
@@ -198,14 +192,14 @@ def descriptors(prob, cfg, q, k, v, o, layout: str, vt=None) -> tuple:
     if cfg.split_qk:  # Q and K in 64-column boxes, three a tile (:mod:`.kernel`)
         boxes = ([1, 64, 64], [1, 1, cfg.block_n, 64], *boxes[2:])
         layouts = (tile_layout(64, 3), tile_layout(64, 4), *layouts[2:])
-    if vt is not None:
-        layouts = (ROWS_LAYOUT_FP8, KV_LAYOUT_FP8, KV_LAYOUT_FP8, layouts[3])
+    if vt is not None:  # float8 Q, K and V^T: one-byte elements (O stays 16-bit); V^T's rows are BLOCK_N keys
+        layouts = (tile_layout(d, 3, 8), tile_layout(d, 4, 8), tile_layout(cfg.block_n, 4, 8), layouts[3])
     descs = [TensorDescriptor(t, *tma.exact(t, w, lay), box, how)
              for (t, w, lay), box, how in zip(views, boxes, layouts)]
     if vt is not None:
         n, _, row = vt.shape
         descs[2] = TensorDescriptor(vt, [1, n, prob.dv, row], [n * prob.dv * row, prob.dv * row, row, 1],
-                                    [1, 1, dv, cfg.block_n], KV_LAYOUT_FP8)
+                                    [1, 1, dv, cfg.block_n], layouts[2])
     descs = tuple(descs)
     qw, kw, ow = views[0][1], views[1][1], views[3][1]
     return descs, (qw.batch, qw.head, int(qw.col > 0), kw.batch, kw.head, int(kw.col > 0), ow.batch, ow.head,

@@ -18,10 +18,6 @@ TILE_CLUSTER = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element
                                                  cga_layout=[[0, 0]]))
 
 
-# FP8: the float8 tiles of Q, K and V^T, 128 one-byte columns a row
-TILE_FP8 = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2))
-
-
 @gluon.jit
 def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK, Items, heads, group, seqlen_q,
                   seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2,
@@ -59,10 +55,12 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
         spare_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
         tile: gl.constexpr = tile_layout(HEAD)
         tile_v: gl.constexpr = tile_layout(HEAD_V)
-    if FP8:
-        in_tile: gl.constexpr = TILE_FP8
+    if FP8:  # one-byte Q and K tiles of HEAD columns; V^T's of BLOCK_N
+        in_tile: gl.constexpr = tile_layout(HEAD, 2, 8)
+        vt_tile: gl.constexpr = tile_layout(BLOCK_N, 2, 8)
     else:
         in_tile: gl.constexpr = tile
+        vt_tile: gl.constexpr = tile_v  # not used
     # Q and O: a [1, 64, HEAD] TMA box per warpgroup, read and written as its [64, HEAD] tile
     if SPLIT_QK:  # Q's first 128 columns in two boxes (2g, 2g + 1: warpgroup g's), its last 64 in one
         q_box = gl.allocate_shared_memory(q_desc.dtype, [2 * NUM_WG, 1, 64, 64], q_desc.layout)
@@ -87,7 +85,7 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
         v_bufs = v_load._reinterpret(v_desc.dtype, [STAGES, BLOCK_N, HEAD_V], tile_v)
     elif FP8:  # V^T's slots: [HEAD_V, BLOCK_N]
         k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD], in_tile)
-        v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, HEAD_V, BLOCK_N], in_tile)
+        v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, HEAD_V, BLOCK_N], vt_tile)
         k_load = k_bufs
         v_load = v_bufs
     elif SPLIT_QK:  # K's slot s: its first 128 columns in boxes 2s and 2s + 1, its last 64 in box s of k_lo
