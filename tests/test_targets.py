@@ -359,6 +359,18 @@ def test_hopper_builds_every_head_dim(head_dim):
         assert set(n) == {256, 64} and n[64] == 3 * n[256]
 
 
+def test_hopper_builds_96_in_192_by_64_tiles():
+    """Head_dim 96's long non-causal row (three consumer warpgroups at 160 registers, 64-key tiles, 3 stages) builds
+    for sm_90 without spills: Q K^T over the head dim's own 96 columns in 64-key products, P V over the padded 128."""
+    from fmha import configs
+    cfg = configs.hopper_config(96, False, 8192)
+    assert cfg == configs.HOPPER_96_LONG
+    b = targets.build("hopper", "sm_90", 96, "bfloat16", False, cfg, seqlen_k=8192)
+    assert targets.report(b).spilled_registers == 0
+    n = {int(re.search(r"m64n(\d+)k16", k)[1]) for k in targets.report(b).matrix_instructions}
+    assert n == {64, 128}
+
+
 def test_hopper_holds_q_and_k_of_192_unpadded():
     """``split_qk``: q/k head dim 192 held as a 128- and a 64-column tile, filled by 64-column TMA boxes, instead of
     a 256-column tile a quarter zeros: the same products (Q K^T in 12 steps of 64 keys, P V in 4), no spills,

@@ -98,6 +98,13 @@ HOPPER = [
 HOPPER_SPLIT_QK = KernelConfig(128, 128, 4, 2, split_qk=1)
 
 
+# head_dim 96 without causal past 2k keys, whole 64-key tiles, no modifiers: 192 x 64 tiles in 3 stages (three consumer
+# warpgroups, which 64-key tiles keep at 160 registers beside the padded 128-column P V; Q K^T over its own 96
+# columns): +4-6% at 4k-16k keys against the 128 rows' clusters, -8% at 1k (docs/PERF.md, "Every head dim")
+HOPPER_96_LONG = KernelConfig(192, 64, 4, 3, fence=1, stale=1)
+LONG_96_KEYS = 2048
+
+
 # float8 q, k, v on the Gluon kernel (head_dim 64, 96 and 128): 128-key tiles of one-byte elements, V^T's too;
 # Q in shared memory, no clusters, the exact pivot (``hopper.fp8_reason``); 64: 0.77-1.04x bf16, 2.1-2.4x tiled's
 # float8; a third stage within +-3% at either (docs/PERF.md, "Float8 on the Gluon kernel")
@@ -129,9 +136,13 @@ def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = 
     lone block would compute rows that do not exist (a 2x loss where a head has one block).  ``fp8``: float8
     q, k and v take the ``HOPPER_FP8`` row of their head dim (none: the 16-bit rows, which
     ``hopper.fp8_reason`` then refuses).  ``head_dim_v`` (0: q/k's): q/k 192 with V's 128 or fewer
-    takes ``HOPPER_SPLIT_QK``."""
+    takes ``HOPPER_SPLIT_QK``; 96 without causal past ``LONG_96_KEYS`` keys, dense and in whole key tiles,
+    ``HOPPER_96_LONG``."""
     if head_dim == SPLIT_QK_DIM and 0 < head_dim_v <= 128 and not fp8:
         return HOPPER_SPLIT_QK
+    if (head_dim == 96 and head_dim_v in (0, 96) and not (causal or fp8 or modifiers or per_sequence)
+            and seqlen_k > LONG_96_KEYS and seqlen_k % HOPPER_96_LONG.block_n == 0):
+        return HOPPER_96_LONG
     d = padded(head_dim, 64)
     for key_d, key_causal, cfg in HOPPER_FP8 if fp8 else ():
         if key_d == d and key_causal == bool(causal):

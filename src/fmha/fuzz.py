@@ -82,6 +82,8 @@ def _table_configs(variant: str, head_dim: int, causal: bool, head_dim_v: int = 
         split = configs.hopper_config(head_dim, causal, 0, head_dim_v=head_dim_v)
         if split.split_qk:  # q/k 192 with a narrower V: its own row
             rows.append(split.as_dict())
+        if head_dim == 96 and not causal:  # long dense calls at 96: their own row
+            rows.append(configs.HOPPER_96_LONG.as_dict())
         return rows
     if variant == "tiled":
         return [cfg.as_dict() for arch, max_d, cfg in configs.TILED if arch == "sm90" and head_dim <= max_d]
