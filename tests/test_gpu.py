@@ -100,7 +100,8 @@ def test_hopper_matches_reference(config, layout, dtype, causal, align, shape):
                                       (64, fmha.KernelConfig(64, 64, 4, 2, occupancy=3, stale=1)),
                                       (96, fmha.KernelConfig(128, 128, 4, 2, q_regs=1, stale=1)),
                                       (96, fmha.KernelConfig(128, 128, 4, 2, lazy=1)),
-                                      (32, fmha.KernelConfig(192, 128, 4, 2, pingpong=1, stale=1))], ids=str)
+                                      (32, fmha.KernelConfig(192, 128, 4, 2, pingpong=1, stale=1)),
+                                      (256, fmha.KernelConfig(128, 64, 4, 2, lazy=1))], ids=str)
 def test_hopper_rescales_as_scores_grow(d, config, growth):
     """Keys growing along the sequence (key j scaled by 1 + growth * j): at 0.05 every row's max grows
     by far more than 2**8 from one key tile to the next, so a lazy pivot moves (and O is rescaled) at
