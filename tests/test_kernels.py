@@ -104,6 +104,26 @@ def test_lse_matches_reference(variant):
 
 
 @pytest.mark.parametrize("max_d,cfg", [(d, cfg) for arch, d, cfg in configs.TILED if arch == "hip"], ids=str)
+def test_tiled_amd_build_reads_masked_v_rows_clamped(monkeypatch, max_d, cfg):
+    """An AMD build's masked tiles read V's rows clamped to the sequence's last key and zero those past it
+    (``tiled._v_rows_clamped``), here run by the interpreter with each AMD row at its largest head dim: K and V are
+    the first 45 rows of 64-row buffers whose other rows hold NaN, and batch 1 uses 30 keys (seqused_k) of them: rows
+    past either end taken into P V as they lie (neither clamped nor zeroed) would bring NaN into every row of the last
+    tile."""
+    from fmha import kernels
+    monkeypatch.setattr(kernels, "amd_build", lambda q: True)
+    q, k, v = make_qkv(2, 2, 1, 45, 64, max_d, BF16, seed=max_d)
+    lens = torch.tensor([45, 30], dtype=torch.int32, device=q.device)
+    k[:, :, 45:], v[:, :, 45:], k[1, :, 30:], v[1, :, 30:] = (float("nan"),) * 4
+    out = nan_like(q)
+    fmha.attention(q, k[:, :, :45], v[:, :, :45], causal=True, variant="tiled", config=cfg, out=out,
+                   causal_align="bottom_right", seqused_k=lens)
+    for b, n in enumerate(lens.tolist()):
+        check_against_reference(out[b:b + 1], q[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n], True, "bottom_right")
+    assert not out.isnan().any()
+
+
+@pytest.mark.parametrize("max_d,cfg", [(d, cfg) for arch, d, cfg in configs.TILED if arch == "hip"], ids=str)
 def test_tiled_amd_rows_match_reference(max_d, cfg):
     """Each of ``tiled``'s AMD rows (chosen by their builds, :data:`fmha.configs.TILED`), run by the interpreter
     at its largest head dim: its tile shapes walk ragged ends and the causal band right."""

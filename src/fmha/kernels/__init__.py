@@ -73,6 +73,12 @@ def v_from_k(prob, k, v) -> bool:
     return bool(prob.qk_lo) and prob.dv == prob.block_d and v.data_ptr() == k.data_ptr() and v.stride() == k.stride()
 
 
+def amd_build(q: torch.Tensor) -> bool:
+    """Whether a launch over ``q`` builds for an AMD GPU (ROCm's torch, a GPU tensor): the kernels with an ``AMD``
+    constexpr then order their loops and loads for its registers."""
+    return torch.version.hip is not None and q.is_cuda
+
+
 def launch(variant: str, cfg, prob, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None, None),
            grid_m: int | None = None, split_len: int = 0, block_table=None, longest=None, descale=None,
            merge=None, attn_mask=None) -> None:
@@ -124,7 +130,7 @@ def launch(variant: str, cfg, prob, q, k, v, o, lse, layout: str, alibi=None, se
         **(dict(HEAD_V=prob.dv, BLOCK_DV=prob.block_dv) if "HEAD_V" in params else {}),
         **(dict(Descale=descale if descale is not None else o, FP8=prob.fp8) if "FP8" in params else {}),
         **(dict(QK_LO=prob.qk_lo, V_FROM_K=v_from_k(prob, k, v)) if "QK_LO" in params else {}),
-        **(dict(AMD=torch.version.hip is not None and q.is_cuda) if "AMD" in params else {}),
+        **(dict(AMD=amd_build(q)) if "AMD" in params else {}),
         **(_merge_args(merge, layout, q.device, grid, o) if "MERGE" in params else {}),
         **(mask_args(attn_mask, o) if "ATTN_MASK" in params else {}),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)

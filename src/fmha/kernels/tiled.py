@@ -15,6 +15,19 @@ from .common import (causal_stop, full_stop, head_slope, initial_state, load_row
 
 
 @triton.jit
+def _v_rows_clamped(v_base, cols, seqlen_k, offs_dv, stride_vs, stride_vd, HEAD_V: tl.constexpr,
+                    BLOCK_DV: tl.constexpr):
+    """A V tile whose keys may run past ``seqlen_k``: each row read from ``min(key, seqlen_k - 1)`` (always memory of
+    the sequence), those past the end then set to 0 (P is 0 there, and 0 * NaN would not be).  The same tile as
+    :func:`load_rows` with its row mask; on gfx1151 a row-masked load of a 16 x 256 tile holds some 30 VGPRs more
+    than this (``tiled`` at head_dim 256 spilled 67 registers, none this way)."""
+    rows = tl.minimum(cols, seqlen_k - 1).to(tl.int64)
+    v = load_rows(v_base + rows[:, None] * stride_vs + offs_dv[None, :] * stride_vd, cols, seqlen_k, offs_dv, HEAD_V,
+                  BLOCK_DV, False)
+    return tl.where((cols < seqlen_k)[:, None], v, 0.0)
+
+
+@triton.jit
 def _key_range(acc, l, m, q, q_lo, k_base, v_base, lo, hi, offs_m, offs_n, offs_d, offs_dv,
                stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, causal_offset, scale_log2,
                window_offset, align_offset, softcap, slope, BlockTable, b, stride_bt, max_pages, stride_kb, stride_vb,
@@ -23,10 +36,11 @@ def _key_range(acc, l, m, q, q_lo, k_base, v_base, lo, hi, offs_m, offs_n, offs_
                BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
                SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr,
                KV_TMA: tl.constexpr, HEAD_V: tl.constexpr, BLOCK_DV: tl.constexpr, FP8: tl.constexpr,
-               QK_LO: tl.constexpr, V_FROM_K: tl.constexpr, ATTN_MASK: tl.constexpr):
+               QK_LO: tl.constexpr, V_FROM_K: tl.constexpr, ATTN_MASK: tl.constexpr, AMD: tl.constexpr):
     """The key tiles ``[lo, hi)``.  QK_LO: Q K^T also over the ``QK_LO`` columns after q/k's first ``BLOCK_D``
     (``q_lo``: Q's); V_FROM_K: V is K's first ``BLOCK_DV`` columns (MLA's absorbed form), so K's tile serves.
-    ATTN_MASK: each row's boolean mask (``mask_rows``, key stride ``stride_mk``) joins the band, in every tile."""
+    ATTN_MASK: each row's boolean mask (``mask_rows``, key stride ``stride_mk``) joins the band, in every tile.
+    AMD: a masked tile's V read as :func:`_v_rows_clamped` reads it."""
     first = (lo + offs_n).to(tl.int64)
     k_ptrs = k_base + first[:, None] * stride_ks + offs_d[None, :] * stride_kd
     v_ptrs = v_base + first[:, None] * stride_vs + offs_dv[None, :] * stride_vd
@@ -68,6 +82,8 @@ def _key_range(acc, l, m, q, q_lo, k_base, v_base, lo, hi, offs_m, offs_n, offs_
             v = V_desc.load([kv_seq, start_n, kv_col]).reshape([BLOCK_N, BLOCK_DV])
             if MASKED:  # rows past seqlen_k (seqused_k) hold real memory: 0 * NaN would be NaN
                 v = tl.where((cols < seqlen_k)[:, None], v, 0.0)
+        elif AMD and MASKED and not PAGED:
+            v = _v_rows_clamped(v_base, cols, seqlen_k, offs_dv, stride_vs, stride_vd, HEAD_V, BLOCK_DV)
         else:
             v = load_rows(v_ptrs, cols, seqlen_k, offs_dv, HEAD_V, BLOCK_DV, MASKED)
         if FP8 and not V_FROM_K:
@@ -112,7 +128,8 @@ def tiled_kernel(
         KV_TMA: tl.constexpr, HEAD_V: tl.constexpr, BLOCK_DV: tl.constexpr, Descale, FP8: tl.constexpr,
         QK_LO: tl.constexpr, V_FROM_K: tl.constexpr,
         Out, stride_fb, stride_fh, stride_fs, stride_fd, LseOut, Tickets, MERGE: tl.constexpr,
-        MERGE_LSE: tl.constexpr, AttnMask, stride_mb, stride_mh, stride_mq, stride_mk, ATTN_MASK: tl.constexpr):
+        MERGE_LSE: tl.constexpr, AttnMask, stride_mb, stride_mh, stride_mq, stride_mk, ATTN_MASK: tl.constexpr,
+        AMD: tl.constexpr):
     """HEAD_V, BLOCK_DV: V's and O's head dimension (DeepSeek's MLA: 128 against q/k's 192), else HEAD_DIM's.
     QK_LO: q/k have ``QK_LO`` more columns after their first ``BLOCK_D`` (MLA's absorbed form: 576 = 512 + 64,
     HEAD_DIM then 512), a second slice of Q K^T; V_FROM_K: V is K's first columns, read once as K's tile.
@@ -121,7 +138,8 @@ def tiled_kernel(
     ``scale_log2``), v's the output.  MERGE (SPLIT): the split that finishes a row block last merges the
     partials into ``Out`` (strides ``stride_f*``) and, MERGE_LSE, ``LseOut``, counting splits in ``Tickets``
     (int32, one per row block and batch*head program, at zero).  ATTN_MASK: a boolean mask ``[batch, heads,
-    seqlen_q, seqlen_k]`` (strides ``stride_m*``, broadcast dimensions 0) joins the band (not VARLEN)."""
+    seqlen_q, seqlen_k]`` (strides ``stride_m*``, broadcast dimensions 0) joins the band (not VARLEN).  AMD: an AMD
+    build (:func:`fmha.kernels.amd_build`), which reads V's masked tiles another way (:func:`_v_rows_clamped`)."""
     (row_lo, row_hi, offs_m, q, k_base, v_base, o_rows, lse_rows, seqlen_q, seqlen_k, causal_offset, window_offset,
      align_offset) = program_start(
         Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh,
@@ -173,7 +191,7 @@ def tiled_kernel(
                            stride_kb, stride_vb, K_desc, V_desc, kv_seq, kv_col, mask_rows, stride_mk,
                            HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
                            False, CAUSAL, WINDOW, SOFTCAP, ALIBI, PAGED, PAGE, KV_TMA, HEAD_V, BLOCK_DV, FP8,
-                           QK_LO, V_FROM_K, ATTN_MASK)
+                           QK_LO, V_FROM_K, ATTN_MASK, AMD)
     # the diagonal, the band's edges and the ragged end, up to the early exit: masked
     acc, l, m = _key_range(acc, l, m, q, q_lo, k_base, v_base, lo, hi, offs_m, offs_n, offs_d, offs_dv,
                            stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, causal_offset, scale_log2,
@@ -181,7 +199,7 @@ def tiled_kernel(
                            stride_kb, stride_vb, K_desc, V_desc, kv_seq, kv_col, mask_rows, stride_mk,
                            HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
                            True, CAUSAL, WINDOW, SOFTCAP, ALIBI, PAGED, PAGE, KV_TMA, HEAD_V, BLOCK_DV, FP8,
-                           QK_LO, V_FROM_K, ATTN_MASK)
+                           QK_LO, V_FROM_K, ATTN_MASK, AMD)
     if FP8:
         acc = acc * tl.load(factors + 2)
     write_output(o_rows, LSE, lse_rows, acc, l, m, offs_m, seqlen_q, offs_dv, stride_od,
