@@ -172,7 +172,8 @@ def test_kv_by_tma(sq, layout, causal):
 @pytest.mark.parametrize("sq,heads", [(1, 4), (8, 8)])
 def test_amd_decode_configs_match_reference(head_dim, sq, heads):
     """Decoding's AMD configs (:func:`fmha.configs.amd_decode_config`: 16- to 64-key tiles, one stage, GQA rows
-    packed into 16-, 32- and 64-row blocks) split and merged right, run by the interpreter."""
+    packed into 16-, 32- and 64-row blocks, 32 at most past head_dim 128) split and merged right, run by the
+    interpreter."""
     from fmha import configs
     cfg = configs.decode_config(sq * heads, 300, head_dim, "hip")
     q, k, v = make_qkv(1, heads, 1, sq, 300, head_dim, torch.bfloat16, seed=head_dim)

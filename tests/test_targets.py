@@ -572,13 +572,13 @@ def test_tiled_builds_for_amd_without_spills(target, head_dim):
 def test_amd_decoding_fits_a_workgroups_lds(target, head_dim, rows):
     """Decoding's AMD configs (:func:`fmha.configs.amd_decode_config`) ask for no more than the 64 KB of LDS a
     workgroup gets (the NVIDIA rows' three stages asked for up to 128 KB) and keep their values in registers on
-    both chips through head_dim 128; at 256 gfx1151 spills, gfx942 does not."""
+    both chips, at head_dim 256 too (gfx1151 spilled 92 registers there with 32 rows in 8 warps and V's masked rows
+    by a masked load)."""
     from fmha import configs
     cfg = configs.decode_config(rows, 4096, head_dim, "hip")
     r = targets.report(targets.build("tiled", target, head_dim, "bfloat16", False, config=cfg))
     assert r.shared_bytes <= 65536
-    limit = 100 if (target, head_dim) == ("gfx1151", 256) else 0
-    assert r.spilled_registers <= limit, (cfg, r.spilled_registers)
+    assert r.spilled_registers == 0, (cfg, r.spilled_registers)
 
 
 @pytest.mark.parametrize("head_dim,rows", [(64, 0), (128, 0), (256, 0), (128, 1), (256, 16)])

@@ -186,14 +186,15 @@ def decode_config(rows: int, seqlen_k: int, head_dim: int = 128, arch: str = "sm
 def amd_decode_config(block_m: int, head_dim: int) -> KernelConfig:
     """Decoding on AMD, with no chip to time: one stage (the NVIDIA rows' three stages of 64-128 keys ask for
     96-128 KB of LDS at head_dim 128-256, past the 64 KB a workgroup gets) and the largest key tiles that build
-    without spills for gfx1151 (RDNA) and gfx942 (CDNA); at head_dim 256 gfx1151 spills with every tile tried,
-    and 32-row blocks spill least."""
+    without spills for gfx1151 (RDNA) and gfx942 (CDNA); past head_dim 128 16-key tiles, 16 rows in 8 warps or 32 in
+    16 (at 256 none spill on either chip; 32 rows in 8 warps spilled 2 registers on gfx1151, 64 rows 4), so more rows
+    take more blocks of 32."""
     one_block = dict(split_per_sm=1) if block_m == 16 else {}
     if head_dim <= 64:
         return KernelConfig(block_m, 64 if block_m == 16 else 32, 8, 1, **one_block)
     if head_dim <= 128:
         return KernelConfig(block_m, 16, 4 if block_m == 16 else 8, 1, **one_block)
-    return KernelConfig(max(block_m, 32), 16, 8, 1)
+    return KernelConfig(min(block_m, 32), 16, 8 if block_m == 16 else 16, 1, **one_block)
 
 
 # float8 K/V (dequantized on load): the 16-bit copies of the float8 tiles beside 128-key tiles spill 16-18
