@@ -103,24 +103,28 @@ def test_lse_matches_reference(variant):
     assert (o[:, :, :25] == 0).all()
 
 
-@pytest.mark.parametrize("max_d,cfg", [(d, cfg) for arch, d, cfg in configs.TILED if arch == "hip"], ids=str)
-def test_tiled_amd_build_reads_masked_v_rows_clamped(monkeypatch, max_d, cfg):
-    """An AMD build's masked tiles read V's rows clamped to the sequence's last key and zero those past it
-    (``tiled._v_rows_clamped``), here run by the interpreter with each AMD row at its largest head dim: K and V are
-    the first 45 rows of 64-row buffers whose other rows hold NaN, and batch 1 uses 30 keys (seqused_k) of them: rows
-    past either end taken into P V as they lie (neither clamped nor zeroed) would bring NaN into every row of the last
-    tile."""
+@pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
+def test_tiled_amd_build_reads_v_without_masked_loads(monkeypatch, d):
+    """An AMD build's V tiles (``tiled._v_rows_clamped``, ``tiled._v_columns``), run by the interpreter with the AMD
+    table's tiles at each head dim: a masked tile's rows read clamped to the sequence's last key and zeroed past it,
+    and a head dim padded to its tile (96, 192) reads its last columns again instead of masking them.  K and V are the
+    first 45 rows of 64-row buffers whose other rows hold NaN, and batch 1 uses 30 keys (seqused_k) of them: rows past
+    either end taken into P V as they lie (neither clamped nor zeroed) would bring NaN into every row of the last tile.
+    Then a decode split three ways over the keys and merged, GQA-packed, on the AMD decode table's tiles."""
     from fmha import kernels
     monkeypatch.setattr(kernels, "amd_build", lambda q: True)
-    q, k, v = make_qkv(2, 2, 1, 45, 64, max_d, BF16, seed=max_d)
+    q, k, v = make_qkv(2, 2, 1, 45, 64, d, BF16, seed=d)
     lens = torch.tensor([45, 30], dtype=torch.int32, device=q.device)
     k[:, :, 45:], v[:, :, 45:], k[1, :, 30:], v[1, :, 30:] = (float("nan"),) * 4
     out = nan_like(q)
-    fmha.attention(q, k[:, :, :45], v[:, :, :45], causal=True, variant="tiled", config=cfg, out=out,
-                   causal_align="bottom_right", seqused_k=lens)
+    fmha.attention(q, k[:, :, :45], v[:, :, :45], causal=True, variant="tiled", config=configs.tiled_config("hip", d),
+                   out=out, causal_align="bottom_right", seqused_k=lens)
     for b, n in enumerate(lens.tolist()):
         check_against_reference(out[b:b + 1], q[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n], True, "bottom_right")
     assert not out.isnan().any()
+    q, k, v = make_qkv(1, 8, 2, 1, 300, d, BF16, seed=d + 1)
+    o = fmha.attention(q, k, v, variant="tiled", config=configs.decode_config(4, 300, d, "hip"), num_splits=3)
+    check_against_reference(o, q, k, v, False)
 
 
 @pytest.mark.parametrize("max_d,cfg", [(d, cfg) for arch, d, cfg in configs.TILED if arch == "hip"], ids=str)

@@ -554,12 +554,12 @@ def test_backward_kernels_build_for_amd_within_their_registers(target, matrix, h
 
 
 @pytest.mark.parametrize("target", ["gfx1151", "gfx942"])
-@pytest.mark.parametrize("head_dim", [96, 128, 256])
+@pytest.mark.parametrize("head_dim", [96, 128, 192, 256])
 def test_tiled_builds_for_amd_without_spills(target, head_dim):
-    """``tiled``'s AMD rows (the variant ``auto`` runs there) keep everything in registers on RDNA and CDNA
-    through head_dim 128 and at 256, causal (the larger build), with the matrix unit: at 256 on gfx1151 because a
-    masked tile's V rows are read clamped and zeroed, not by a masked load (67 spilled registers that way; 192,
-    whose V columns are masked past 192 in a 256-wide tile, still spills 78 there)."""
+    """``tiled``'s AMD rows (the variant ``auto`` runs there) keep everything in registers on RDNA and CDNA at
+    every head dim, causal (the larger build), with the matrix unit: at 192 and 256 on gfx1151 because V is read
+    without masked loads (a masked tile's rows clamped and zeroed, a padded head dim's last columns read again):
+    67-78 spilled registers with them."""
     b = targets.build("tiled", target, head_dim, "bfloat16", True)
     r = targets.report(b)
     assert r.spilled_registers == 0 and r.scratch_bytes == 0, (b.config, r.spilled_registers)
@@ -567,7 +567,7 @@ def test_tiled_builds_for_amd_without_spills(target, head_dim):
 
 
 @pytest.mark.parametrize("target", ["gfx1151", "gfx942"])
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
 @pytest.mark.parametrize("rows", [1, 32])
 def test_amd_decoding_fits_a_workgroups_lds(target, head_dim, rows):
     """Decoding's AMD configs (:func:`fmha.configs.amd_decode_config`) ask for no more than the 64 KB of LDS a

@@ -15,6 +15,16 @@ from .common import (causal_stop, full_stop, head_slope, initial_state, load_row
 
 
 @triton.jit
+def _v_columns(offs_dv, HEAD_V: tl.constexpr, BLOCK_DV: tl.constexpr, AMD: tl.constexpr):
+    """The columns V's tile reads: AMD, where V is padded to its tile (96 in 128, 192 in 256), the columns past
+    HEAD_V read again the ones just before them (always memory of the row; O's columns there are never stored), so
+    V's loads need no column mask, whose registers gfx1151 cannot spare at 192 (78 spilled with it, none without)."""
+    if AMD and HEAD_V != BLOCK_DV:
+        offs_dv = tl.where(offs_dv < HEAD_V, offs_dv, offs_dv - (BLOCK_DV - HEAD_V))
+    return offs_dv
+
+
+@triton.jit
 def _v_rows_clamped(v_base, cols, seqlen_k, offs_dv, stride_vs, stride_vd, HEAD_V: tl.constexpr,
                     BLOCK_DV: tl.constexpr):
     """A V tile whose keys may run past ``seqlen_k``: each row read from ``min(key, seqlen_k - 1)`` (always memory of
@@ -40,7 +50,9 @@ def _key_range(acc, l, m, q, q_lo, k_base, v_base, lo, hi, offs_m, offs_n, offs_
     """The key tiles ``[lo, hi)``.  QK_LO: Q K^T also over the ``QK_LO`` columns after q/k's first ``BLOCK_D``
     (``q_lo``: Q's); V_FROM_K: V is K's first ``BLOCK_DV`` columns (MLA's absorbed form), so K's tile serves.
     ATTN_MASK: each row's boolean mask (``mask_rows``, key stride ``stride_mk``) joins the band, in every tile.
-    AMD: a masked tile's V read as :func:`_v_rows_clamped` reads it."""
+    AMD: a masked tile's V read as :func:`_v_rows_clamped` reads it.  ``offs_dv`` and HEAD_V: the columns V's tile
+    reads and how many of them are real (columns past them read 0); an AMD build passes :func:`_v_columns`' and
+    BLOCK_DV."""
     first = (lo + offs_n).to(tl.int64)
     k_ptrs = k_base + first[:, None] * stride_ks + offs_d[None, :] * stride_kd
     v_ptrs = v_base + first[:, None] * stride_vs + offs_dv[None, :] * stride_vd
@@ -185,20 +197,22 @@ def tiled_kernel(
     u0, u1 = split_keys(first, lo, split_len, SPLIT)
     lo, hi = split_keys(lo, hi, split_len, SPLIT)
     # tiles every row sees: no mask
-    acc, l, m = _key_range(acc, l, m, q, q_lo, k_base, v_base, u0, u1, offs_m, offs_n, offs_d, offs_dv,
+    offs_vr = _v_columns(offs_dv, HEAD_V, BLOCK_DV, AMD)  # V's columns as read (AMD: no column mask)
+    V_READ: tl.constexpr = BLOCK_DV if AMD else HEAD_V
+    acc, l, m = _key_range(acc, l, m, q, q_lo, k_base, v_base, u0, u1, offs_m, offs_n, offs_d, offs_vr,
                            stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, causal_offset, scale_log2,
                            window_offset, align_offset, softcap, slope, BlockTable, b, stride_bt, max_pages,
                            stride_kb, stride_vb, K_desc, V_desc, kv_seq, kv_col, mask_rows, stride_mk,
                            HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
-                           False, CAUSAL, WINDOW, SOFTCAP, ALIBI, PAGED, PAGE, KV_TMA, HEAD_V, BLOCK_DV, FP8,
+                           False, CAUSAL, WINDOW, SOFTCAP, ALIBI, PAGED, PAGE, KV_TMA, V_READ, BLOCK_DV, FP8,
                            QK_LO, V_FROM_K, ATTN_MASK, AMD)
     # the diagonal, the band's edges and the ragged end, up to the early exit: masked
-    acc, l, m = _key_range(acc, l, m, q, q_lo, k_base, v_base, lo, hi, offs_m, offs_n, offs_d, offs_dv,
+    acc, l, m = _key_range(acc, l, m, q, q_lo, k_base, v_base, lo, hi, offs_m, offs_n, offs_d, offs_vr,
                            stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, causal_offset, scale_log2,
                            window_offset, align_offset, softcap, slope, BlockTable, b, stride_bt, max_pages,
                            stride_kb, stride_vb, K_desc, V_desc, kv_seq, kv_col, mask_rows, stride_mk,
                            HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
-                           True, CAUSAL, WINDOW, SOFTCAP, ALIBI, PAGED, PAGE, KV_TMA, HEAD_V, BLOCK_DV, FP8,
+                           True, CAUSAL, WINDOW, SOFTCAP, ALIBI, PAGED, PAGE, KV_TMA, V_READ, BLOCK_DV, FP8,
                            QK_LO, V_FROM_K, ATTN_MASK, AMD)
     if FP8:
         acc = acc * tl.load(factors + 2)
