@@ -103,7 +103,7 @@ def select_variant(arch: str, shape: dict | None = None) -> str:
     if arch == "sm90" and shape.get("varlen") and shape.get("causal") and shape.get("head_dim") == 64:
         return "tiled"  # packed causal D=64: hopper 0.85-1.00x tiled (docs/PERF.md, packed sequences)
     if arch == "sm90":  # float8 prefill too: its wgmma runs 1.7-2.8x the tiled kernel's dequantize-on-load
-        return "hopper"  # (docs/PERF.md); what it refuses (16-bit q, head_dim 64, softcap, varlen) falls back
+        return "hopper"  # (docs/PERF.md); what it refuses (16-bit q, head_dim 32 or 192+, softcap, varlen) falls back
     return "tiled"
 
 
