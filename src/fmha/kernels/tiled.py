@@ -151,7 +151,8 @@ def tiled_kernel(
     partials into ``Out`` (strides ``stride_f*``) and, MERGE_LSE, ``LseOut``, counting splits in ``Tickets``
     (int32, one per row block and batch*head program, at zero).  ATTN_MASK: a boolean mask ``[batch, heads,
     seqlen_q, seqlen_k]`` (strides ``stride_m*``, broadcast dimensions 0) joins the band (not VARLEN).  AMD: an AMD
-    build (:func:`fmha.kernels.amd_build`), which reads V's masked tiles another way (:func:`_v_rows_clamped`)."""
+    build (:func:`fmha.kernels.amd_build`), which reads V without masked loads (:func:`_v_rows_clamped`,
+    :func:`_v_columns`)."""
     (row_lo, row_hi, offs_m, q, k_base, v_base, o_rows, lse_rows, seqlen_q, seqlen_k, causal_offset, window_offset,
      align_offset) = program_start(
         Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh,
