@@ -60,7 +60,6 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
         vt_tile: gl.constexpr = tile_layout(BLOCK_N, 2, 8)
     else:
         in_tile: gl.constexpr = tile
-        vt_tile: gl.constexpr = tile_v  # not used
     # Q and O: a [1, 64, HEAD] TMA box per warpgroup, read and written as its [64, HEAD] tile
     if SPLIT_QK:  # Q's first 128 columns in two boxes (2g, 2g + 1: warpgroup g's), its last 64 in one
         q_box = gl.allocate_shared_memory(q_desc.dtype, [2 * NUM_WG, 1, 64, 64], q_desc.layout)
