@@ -101,7 +101,7 @@ HOPPER_SPLIT_QK = KernelConfig(128, 128, 4, 2, split_qk=1)
 
 # head_dim 96 without causal past 2k keys, whole 64-key tiles, no modifiers: 192 x 64 tiles in 3 stages (three consumer
 # warpgroups, which 64-key tiles keep at 160 registers beside the padded 128-column P V; Q K^T over its own 96
-# columns): +4-6% at 4k-16k keys against the 128 rows' clusters, -8% at 1k (docs/PERF.md, "Every head dim")
+# columns): +4-7% at 4k-16k keys against the 128 rows' clusters (two runs), -8% at 1k (docs/PERF.md, "Every head dim")
 HOPPER_96_LONG = KernelConfig(192, 64, 4, 3, fence=1, stale=1)
 LONG_96_KEYS = 2048
 
