@@ -159,6 +159,17 @@ def test_hopper_keeps_q_in_registers_under_a_causal_window_alone(per_sequence):
     assert configs.hopper_config(96, True, 4096, True, per_sequence, window_only=True).q_regs == 0  # padded
 
 
+def test_hopper_numbers_a_causal_window_across_the_heads():
+    """A causal window alone at D=128 numbers its items block by block across the heads (the whole bands first);
+    every other call at D=128 keeps the row's order."""
+    def group(causal, modifiers, window_only, d=128):
+        return configs.hopper_config(d, causal, 4096, modifiers, window_only=window_only).head_group
+    assert group(True, True, True) == configs.WINDOW_HEAD_GROUP
+    assert group(True, True, False) == group(True, False, False) != configs.WINDOW_HEAD_GROUP
+    assert group(False, True, True) != configs.WINDOW_HEAD_GROUP
+    assert group(True, True, True, d=64) != configs.WINDOW_HEAD_GROUP
+
+
 @pytest.mark.parametrize("mods,window_only", [(dict(window_offset=-512), True),
                                               (dict(window_offset=-512, softcap=30.0), False),
                                               (dict(softcap=30.0), False), ({}, False)])

@@ -260,6 +260,8 @@ def test_decode_long_keys_match_reference(head_dim, seqlen_k, seqlen_q, kv_heads
 HOPPER_FEATURES = [  # (causal, align, window, softcap, ALiBi)
     (False, "top_left", (256, -1), 0.0, False),           # a left window only: no upper edge
     (True, "top_left", (300, -1), 0.0, False),            # causal + window: a band, tiles skipped on both sides
+    (True, "top_left", (700, -1), 0.0, False),            # a band of several tiles: those past its edge unmasked
+    (False, "bottom_right", (555, 300), 0.0, False),      # the same with a right edge off the diagonal
     (False, "top_left", (200, 100), 0.0, False),          # a band with a right edge (the upper edge, uncausal)
     (True, "bottom_right", (-1, -1), 15.0, False),        # softcap
     (False, "top_left", (-1, -1), 0.0, True),             # ALiBi

@@ -32,6 +32,14 @@ def test_window_lower_edge_at_every_residue(variant, causal):
         check(variant, 40, 40, causal, window=(left, -1), seed=left)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_wide_window_lower_edge_at_every_residue(causal):
+    """A band of several tiles: ``tiled`` masks only the tiles across its lower edge and runs those past it,
+    up to the diagonal, unmasked; the edge moves through every residue there."""
+    for left in range(2 * TILE, 3 * TILE + 1):
+        check("tiled", 4 * TILE + 3, 4 * TILE + 3, causal, window=(left, -1), seed=left)
+
+
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_window_upper_edge_at_every_residue(variant):
     for right in range(TILE + 1):

@@ -86,11 +86,11 @@ HOPPER = [
     (128, True, None, KernelConfig(128, 128, 4, 3, q_regs=1)),
     # 256-wide tiles (head_dim 192 and 256): O's 64 x 256 accumulator takes 128 registers a thread,
     # so 64-key tiles, Q in shared memory and O stored from registers (Q and the rings fill it); non-causal, the
-    # standing pivot spares the 128 registers' rescale and the two warpgroups take turns: +2-3% from 4k keys
-    # (causal, the same spills a register or two in the sm_90 build; not taken; the lazy pivot builds without spills
-    # there, +0.5-2.1% in one run, and waits for its GPU tests: docs/PERF.md)
+    # standing pivot spares the 128 registers' rescale and the two warpgroups take turns: +2-3% from 4k keys;
+    # causal, where the standing pivot spills a register or two in the sm_90 build, the lazy pivot (no spills):
+    # +0.5-2.1% in one run (docs/PERF.md)
     (256, False, None, KernelConfig(128, 64, 4, 2, pingpong=1, stale=1)),
-    (256, True, None, KernelConfig(128, 64, 4, 2)),
+    (256, True, None, KernelConfig(128, 64, 4, 2, lazy=1)),
 ]
 
 
@@ -104,6 +104,12 @@ HOPPER_SPLIT_QK = KernelConfig(128, 128, 4, 2, split_qk=1)
 # columns): +4-7% at 4k-16k keys against the 128 rows' clusters (two runs), -8% at 1k (docs/PERF.md, "Every head dim")
 HOPPER_96_LONG = KernelConfig(192, 64, 4, 3, fence=1, stale=1)
 LONG_96_KEYS = 2048
+
+
+# a causal window alone at head_dim 128: work items numbered block by block across (up to) this many heads, so the
+# blocks whose band is whole (the longest) go first and the short ones at each head's start fill the last round;
+# +2-10% at 4k tokens (docs/PERF.md, "Beyond the default grid")
+WINDOW_HEAD_GROUP = 1024
 
 
 # float8 q, k, v on the Gluon kernel (head_dim 64, 96 and 128): 128-key tiles of one-byte elements, V^T's too;
@@ -155,6 +161,8 @@ def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = 
                 cfg = replace(cfg, q_regs=0, stale=int(cfg.stale or d == 128))
             elif modifiers and d == 128 and not (window_only and causal):
                 cfg = replace(cfg, q_regs=0)
+            elif window_only and causal and d == 128:  # full bands first, across the heads
+                cfg = replace(cfg, head_group=WINDOW_HEAD_GROUP)
             if modifiers or per_sequence or -(-seqlen_q // cfg.block_m) % 2:
                 cfg = replace(cfg, cluster=0)
             return replace(cfg, block_m=128) if narrow and cfg.block_m == 192 else cfg

@@ -5,7 +5,7 @@
   sequence's place and lengths, and m, l, acc at t = 0; :func:`row_place` -- a flattened query row's place;
 * :func:`load_rows` -- a masked ``[rows, head_dim]`` tile load;
 * :func:`scores` -- scale, softcap, ALiBi, and the key-boundary, causal and window masks (5.2);
-* :func:`window_start` -- the sliding window's whole-tile skip;
+* :func:`window_start` -- the sliding window's whole-tile skip; :func:`window_clear` -- the tiles past its edge;
 * :func:`causal_stop` -- the early exit (Section 7);
 * :func:`softmax_weights`, :func:`online_softmax_step`, :func:`pv_half` -- one tile of the
   recurrence (5.3-5.6), the product with V whole or a half of the head dimension at a time;
@@ -201,6 +201,17 @@ def window_start(row_lo, window_offset, BLOCK_N: tl.constexpr, WINDOW: tl.conste
     if WINDOW:
         first = (tl.maximum(row_lo + window_offset, 0) // BLOCK_N) * BLOCK_N
     return first
+
+
+@triton.jit
+def window_clear(row_hi, window_offset, BLOCK_N: tl.constexpr, WINDOW: tl.constexpr):
+    """Keys from the returned position on lie inside the window's lower edge for every row of the
+    block (queries before ``row_hi``), in whole ``BLOCK_N`` tiles: only the tiles before it need the
+    window's mask (0 without a window)."""
+    clear = 0
+    if WINDOW:
+        clear = tl.cdiv(tl.maximum(row_hi - 1 + window_offset, 0), BLOCK_N) * BLOCK_N
+    return clear
 
 
 @triton.jit

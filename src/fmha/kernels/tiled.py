@@ -11,7 +11,7 @@ import triton.language as tl
 
 from .combine import merge_if_last
 from .common import (causal_stop, full_stop, head_slope, initial_state, load_rows, mma, online_softmax_step, paged_rows,
-                     program_start, row_place, scores, split_keys, window_start, write_output)
+                     program_start, row_place, scores, split_keys, window_clear, window_start, write_output)
 
 
 @triton.jit
@@ -189,17 +189,27 @@ def tiled_kernel(
         if q.dtype == tl.float8e4nv:
             q = q.to(tl.bfloat16)
             q_lo = q_lo.to(tl.bfloat16)
+    # key tiles [first, u0): across the window's lower edge; [u0, lo): seen by every row; [lo, hi): across the
+    # diagonal or the ragged end, up to the early exit
     first = window_start(row_lo, window_offset, BLOCK_N, WINDOW)
-    if WINDOW:  # a band: every visited tile is masked
-        lo = first
-    else:
-        lo = full_stop(row_lo, seqlen_k, causal_offset, BLOCK_N, CAUSAL)
+    lo = full_stop(row_lo, seqlen_k, causal_offset, BLOCK_N, CAUSAL)
     hi = causal_stop(row_hi, seqlen_k, causal_offset, CAUSAL)
-    u0, u1 = split_keys(first, lo, split_len, SPLIT)
+    u0 = tl.maximum(first, tl.minimum(window_clear(row_hi, window_offset, BLOCK_N, WINDOW), lo))
+    lo = tl.maximum(lo, u0)
+    w0, w1 = split_keys(first, u0, split_len, SPLIT)
+    u0, u1 = split_keys(u0, lo, split_len, SPLIT)
     lo, hi = split_keys(lo, hi, split_len, SPLIT)
-    # tiles every row sees: no mask
     offs_vr = _v_columns(offs_dv, HEAD_V, BLOCK_DV, AMD)  # V's columns as read (AMD: no column mask)
     V_READ: tl.constexpr = BLOCK_DV if AMD else HEAD_V
+    if WINDOW:  # the window's edge: masked
+        acc, l, m = _key_range(acc, l, m, q, q_lo, k_base, v_base, w0, w1, offs_m, offs_n, offs_d, offs_vr,
+                               stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, causal_offset, scale_log2,
+                               window_offset, align_offset, softcap, slope, BlockTable, b, stride_bt, max_pages,
+                               stride_kb, stride_vb, K_desc, V_desc, kv_seq, kv_col, mask_rows, stride_mk,
+                               HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
+                               True, CAUSAL, WINDOW, SOFTCAP, ALIBI, PAGED, PAGE, KV_TMA, V_READ, BLOCK_DV, FP8,
+                               QK_LO, V_FROM_K, ATTN_MASK, AMD)
+    # tiles every row sees: no mask
     acc, l, m = _key_range(acc, l, m, q, q_lo, k_base, v_base, u0, u1, offs_m, offs_n, offs_d, offs_vr,
                            stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, causal_offset, scale_log2,
                            window_offset, align_offset, softcap, slope, BlockTable, b, stride_bt, max_pages,
@@ -207,7 +217,7 @@ def tiled_kernel(
                            HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
                            False, CAUSAL, WINDOW, SOFTCAP, ALIBI, PAGED, PAGE, KV_TMA, V_READ, BLOCK_DV, FP8,
                            QK_LO, V_FROM_K, ATTN_MASK, AMD)
-    # the diagonal, the band's edges and the ragged end, up to the early exit: masked
+    # the diagonal and the ragged end, up to the early exit: masked
     acc, l, m = _key_range(acc, l, m, q, q_lo, k_base, v_base, lo, hi, offs_m, offs_n, offs_d, offs_vr,
                            stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, causal_offset, scale_log2,
                            window_offset, align_offset, softcap, slope, BlockTable, b, stride_bt, max_pages,

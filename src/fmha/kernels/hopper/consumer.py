@@ -9,7 +9,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from .cluster import MMA_128_CLUSTER, _cluster_sync, _cta_rank, _release, _store, _wait_ring
 from .epilogue import _store_piece
-from .mask import _key_tiles, _mask_from, _scores, _sequence
+from .mask import _key_tiles, _mask_from, _scores, _sequence, _window_until
 from .schedule import _n_items, _piece, _tile, _work
 from .softmax import _any_row_over, _fence, _first_seen, _lse, _narrow, _pivot, _rescale_lazy, _softmax
 
@@ -177,6 +177,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
             v_scale = gl.load(factors + 2)
         # tiles before mask_from are visible to every row of this warpgroup: no mask
         mask_from = _mask_from(row0, sk, seq_causal, BLOCK_N, CAUSAL, RAGGED)
+        window_until = _window_until(row0, seq_window, ROWS, BLOCK_N, WINDOW)
         offs_m = row0 + gl.arange(0, ROWS, layout=row_layout)
         acc = gl.zeros([ROWS, HEAD_V], gl.float32, o_layout)
 
@@ -195,8 +196,8 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
         n_turn += 1
         qk, _k0 = warpgroup_mma_wait(0, deps=[qk, k_bufs.index(s)])
         _release(k_empty.index(s), CLUSTER)
-        qk = _scores(qk, first, mask_from, offs_m, offs_n, sk, seq_causal, seq_window, seq_align, cap_in, cap_out,
-                     slope, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
+        qk = _scores(qk, first, mask_from, window_until, offs_m, offs_n, sk, seq_causal, seq_window, seq_align,
+                     cap_in, cap_out, slope, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
         m = gl.max(qk, axis=1) * item_scale - P_SHIFT
         p = gl.exp2(qk * item_scale - _pivot(m, MASKED)[:, None])
         l = gl.sum(p, axis=1)
@@ -222,8 +223,8 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
             if not STALE:
                 _release(k_empty.index(s), CLUSTER)
             # 5.2-5.4 of tile i while P V of tile i-1 runs
-            qk = _scores(qk, first + i, mask_from, offs_m, offs_n, sk, seq_causal, seq_window, seq_align, cap_in,
-                         cap_out, slope, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
+            qk = _scores(qk, first + i, mask_from, window_until, offs_m, offs_n, sk, seq_causal, seq_window,
+                         seq_align, cap_in, cap_out, slope, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
             if STALE:  # the standing pivot, no row max; a row sum past STALE_SUM: the tile again, with its max
                 p = gl.exp2(qk * item_scale - _pivot(m, MASKED)[:, None])
                 l_tile = gl.sum(p, axis=1)
@@ -231,8 +232,9 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
                 if _any_row_over(_first_seen(l_tile, m, MASKED), WG) != 0:
                     qk2 = _qk(q_op, q_lo, k_bufs, k_lo_bufs, s, s_layout, ROWS, BLOCK_N, QK_HI, QK_LO, SPLIT_QK)
                     qk2 = warpgroup_mma_wait(0, deps=[qk2])
-                    qk2 = _scores(qk2, first + i, mask_from, offs_m, offs_n, sk, seq_causal, seq_window, seq_align,
-                                  cap_in, cap_out, slope, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
+                    qk2 = _scores(qk2, first + i, mask_from, window_until, offs_m, offs_n, sk, seq_causal,
+                                  seq_window, seq_align, cap_in, cap_out, slope, BLOCK_N, CAUSAL, WINDOW, SOFTCAP,
+                                  ALIBI, RAGGED)
                     p, alpha, m = _softmax(qk2, m, item_scale, MASKED, False)
                     l_tile = gl.sum(p, axis=1)
                 _release(k_empty.index(s), CLUSTER)

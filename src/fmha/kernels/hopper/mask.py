@@ -49,32 +49,45 @@ def _key_tiles(start_m, seqlen_k, causal_offset, window_offset, BLOCK_M: gl.cons
 
 
 @gluon.jit
-def _scores(qk, i, mask_from, offs_m, offs_n, seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out,
-            slope, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
-            ALIBI: gl.constexpr, RAGGED: gl.constexpr):
+def _scores(qk, i, mask_from, window_until, offs_m, offs_n, seqlen_k, causal_offset, window_offset, align_offset,
+            cap_in, cap_out, slope, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
+            SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, RAGGED: gl.constexpr):
     """Step 5.2 on key tile ``i``, in raw ``q.k`` units (the caller scales by ``scale_log2``):
     softcap ``cap_out * tanh(cap_in * qk)`` (``cap_in = scale / softcap``, ``cap_out = softcap /
     scale``), ALiBi ``- slope |row + align_offset - key|`` (``slope`` already over ``scale``),
     then -inf past the upper edge (tiles from ``mask_from``: those crossing it), which is the
     causal diagonal and, RAGGED, the last key (TMA reads zeros past seqlen_k), and before the
-    window's lower edge (every tile)."""
+    window's lower edge (tiles before ``window_until``: those crossing it)."""
     cols = i * BLOCK_N + offs_n
     if SOFTCAP:
         qk = cap_out * (1.0 - 2.0 / (gl.exp2((2.0 / LN2) * cap_in * qk) + 1.0))  # tanh via exp2
     if ALIBI:
         qk = qk - slope * gl.abs((offs_m[:, None] + align_offset - cols[None, :]).to(gl.float32))
-    if CAUSAL or RAGGED:
-        if i >= mask_from:  # one select per score for both edges (at D=64 the softmax is the bound)
-            if CAUSAL and RAGGED:
-                edge = gl.minimum(offs_m + causal_offset, seqlen_k - 1)[:, None]
-            elif CAUSAL:
-                edge = offs_m[:, None] + causal_offset
-            else:
-                edge = seqlen_k - 1
-            qk = gl.where(cols[None, :] <= edge, qk, float("-inf"))
-    if WINDOW:
-        qk = gl.where(cols[None, :] >= offs_m[:, None] + window_offset, qk, float("-inf"))
+    if CAUSAL or RAGGED or WINDOW:
+        if (i >= mask_from) | (i < window_until):  # one branch, one select per score for every edge
+            qk = gl.where(_visible(cols, offs_m, seqlen_k, causal_offset, window_offset, CAUSAL, WINDOW, RAGGED), qk,
+                          float("-inf"))
     return qk
+
+
+@gluon.jit
+def _visible(cols, offs_m, seqlen_k, causal_offset, window_offset, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
+             RAGGED: gl.constexpr):
+    """Which keys ``cols`` each row ``offs_m`` sees: those up to the causal diagonal and, RAGGED, the last
+    key; WINDOW, those from the window's lower edge."""
+    if CAUSAL and RAGGED:
+        keep = cols[None, :] <= gl.minimum(offs_m + causal_offset, seqlen_k - 1)[:, None]
+    elif CAUSAL:
+        keep = cols[None, :] <= offs_m[:, None] + causal_offset
+    elif RAGGED:
+        keep = cols[None, :] <= seqlen_k - 1
+    if WINDOW:
+        lower = cols[None, :] >= offs_m[:, None] + window_offset
+        if CAUSAL or RAGGED:
+            keep = keep & lower
+        else:
+            keep = lower
+    return keep
 
 
 @gluon.jit
@@ -88,3 +101,13 @@ def _mask_from(row0, seqlen_k, causal_offset, BLOCK_N: gl.constexpr, CAUSAL: gl.
     if RAGGED:
         first = gl.minimum(first, seqlen_k // BLOCK_N)
     return first
+
+
+@gluon.jit
+def _window_until(row0, window_offset, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, WINDOW: gl.constexpr):
+    """The first key tile wholly inside the window's lower edge for rows ``row0 .. row0 + ROWS - 1`` (its
+    first key at or past the last row's edge): :func:`_scores` masks the window on the tiles before it only."""
+    until = 0
+    if WINDOW:
+        until = (gl.maximum(row0 + ROWS - 1 + window_offset, 0) + BLOCK_N - 1) // BLOCK_N
+    return until
