@@ -201,30 +201,18 @@ def tiled_kernel(
     lo, hi = split_keys(lo, hi, split_len, SPLIT)
     offs_vr = _v_columns(offs_dv, HEAD_V, BLOCK_DV, AMD)  # V's columns as read (AMD: no column mask)
     V_READ: tl.constexpr = BLOCK_DV if AMD else HEAD_V
-    if WINDOW:  # the window's edge: masked
-        acc, l, m = _key_range(acc, l, m, q, q_lo, k_base, v_base, w0, w1, offs_m, offs_n, offs_d, offs_vr,
-                               stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, causal_offset, scale_log2,
-                               window_offset, align_offset, softcap, slope, BlockTable, b, stride_bt, max_pages,
-                               stride_kb, stride_vb, K_desc, V_desc, kv_seq, kv_col, mask_rows, stride_mk,
-                               HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
-                               True, CAUSAL, WINDOW, SOFTCAP, ALIBI, PAGED, PAGE, KV_TMA, V_READ, BLOCK_DV, FP8,
-                               QK_LO, V_FROM_K, ATTN_MASK, AMD)
-    # tiles every row sees: no mask
-    acc, l, m = _key_range(acc, l, m, q, q_lo, k_base, v_base, u0, u1, offs_m, offs_n, offs_d, offs_vr,
-                           stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, causal_offset, scale_log2,
-                           window_offset, align_offset, softcap, slope, BlockTable, b, stride_bt, max_pages,
-                           stride_kb, stride_vb, K_desc, V_desc, kv_seq, kv_col, mask_rows, stride_mk,
-                           HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
-                           False, CAUSAL, WINDOW, SOFTCAP, ALIBI, PAGED, PAGE, KV_TMA, V_READ, BLOCK_DV, FP8,
-                           QK_LO, V_FROM_K, ATTN_MASK, AMD)
-    # the diagonal and the ragged end, up to the early exit: masked
-    acc, l, m = _key_range(acc, l, m, q, q_lo, k_base, v_base, lo, hi, offs_m, offs_n, offs_d, offs_vr,
-                           stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, causal_offset, scale_log2,
-                           window_offset, align_offset, softcap, slope, BlockTable, b, stride_bt, max_pages,
-                           stride_kb, stride_vb, K_desc, V_desc, kv_seq, kv_col, mask_rows, stride_mk,
-                           HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
-                           True, CAUSAL, WINDOW, SOFTCAP, ALIBI, PAGED, PAGE, KV_TMA, V_READ, BLOCK_DV, FP8,
-                           QK_LO, V_FROM_K, ATTN_MASK, AMD)
+    # the window's edge (masked; none without a window), the tiles every row sees (no mask), the diagonal and the
+    # ragged end up to the early exit (masked)
+    ranges = ((w0, w1), (u0, u1), (lo, hi))
+    for part in tl.static_range(3):
+        if part != 0 or WINDOW:
+            acc, l, m = _key_range(acc, l, m, q, q_lo, k_base, v_base, ranges[part][0], ranges[part][1], offs_m,
+                                   offs_n, offs_d, offs_vr, stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k,
+                                   causal_offset, scale_log2, window_offset, align_offset, softcap, slope, BlockTable,
+                                   b, stride_bt, max_pages, stride_kb, stride_vb, K_desc, V_desc, kv_seq, kv_col,
+                                   mask_rows, stride_mk, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, part != 1, CAUSAL,
+                                   WINDOW, SOFTCAP, ALIBI, PAGED, PAGE, KV_TMA, V_READ, BLOCK_DV, FP8, QK_LO,
+                                   V_FROM_K, ATTN_MASK, AMD)
     if FP8:
         acc = acc * tl.load(factors + 2)
     write_output(o_rows, LSE, lse_rows, acc, l, m, offs_m, seqlen_q, offs_dv, stride_od,
