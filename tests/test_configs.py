@@ -159,6 +159,13 @@ def test_hopper_keeps_q_in_registers_under_a_causal_window_alone(per_sequence):
     assert configs.hopper_config(96, True, 4096, True, per_sequence, window_only=True).q_regs == 0  # padded
 
 
+def test_hopper_keeps_the_lazy_pivot_to_calls_without_modifiers():
+    """The lazy pivot of head_dim 256 causal was timed on plain calls; with a window it spills in the sm_90 build."""
+    assert configs.hopper_config(256, True, 4096).lazy == 1
+    assert configs.hopper_config(256, True, 4096, True, window_only=True).lazy == 0
+    assert configs.hopper_config(256, True, 4096, True).lazy == 0
+
+
 def test_hopper_numbers_a_causal_window_across_the_heads():
     """A causal window alone at D=128 numbers its items block by block across the heads (the whole bands first);
     every other call at D=128 keeps the row's order."""

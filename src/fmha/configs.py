@@ -88,7 +88,8 @@ HOPPER = [
     # so 64-key tiles, Q in shared memory and O stored from registers (Q and the rings fill it); non-causal, the
     # standing pivot spares the 128 registers' rescale and the two warpgroups take turns: +2-3% from 4k keys;
     # causal, where the standing pivot spills a register or two in the sm_90 build, the lazy pivot (no spills):
-    # +0.5-2.1% in one run (docs/PERF.md)
+    # +3.3-5.9% beside the row without it in one run, plain calls (with modifiers :func:`hopper_config` drops it)
+    # (docs/PERF.md)
     (256, False, None, KernelConfig(128, 64, 4, 2, pingpong=1, stale=1)),
     (256, True, None, KernelConfig(128, 64, 4, 2, lazy=1)),
 ]
@@ -163,6 +164,8 @@ def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = 
                 cfg = replace(cfg, q_regs=0)
             elif window_only and causal and d == 128:  # full bands first, across the heads
                 cfg = replace(cfg, head_group=WINDOW_HEAD_GROUP)
+            if modifiers:  # the lazy pivot was timed without them; beside a window at 256 it spills (sm_90 build)
+                cfg = replace(cfg, lazy=0)
             if modifiers or per_sequence or -(-seqlen_q // cfg.block_m) % 2:
                 cfg = replace(cfg, cluster=0)
             return replace(cfg, block_m=128) if narrow and cfg.block_m == 192 else cfg
