@@ -61,11 +61,15 @@ def extra_grid() -> list[Cell]:
 
 
 def features_grid() -> list[Cell]:
-    """Causal prefill with each modifier (Mistral-style windows, Gemma-style softcap, ALiBi), D=128:
-    the SDPA backends take the window and ALiBi as an explicit mask, and no softcap."""
+    """Causal prefill with each modifier (Mistral-style windows, Gemma-style softcap, ALiBi), D=128, then two real
+    models' sliding layers: Mistral-7B's (GQA 32/8, a 4096-key window, 16k tokens) and Gemma-2-9B's (16/8 heads of
+    256, a 4096-key window and softcap 50, 8k tokens).  The SDPA backends take the window and ALiBi as an explicit
+    mask, and no softcap."""
     return [Cell(1, 16, 16, 4096, 4096, 128, True, window=512), Cell(1, 16, 16, 4096, 4096, 128, True, window=2048),
             Cell(1, 32, 8, 4096, 4096, 128, True, window=1024), Cell(1, 16, 16, 4096, 4096, 128, True, softcap=30),
-            Cell(1, 16, 16, 4096, 4096, 128, True, alibi=1)]
+            Cell(1, 16, 16, 4096, 4096, 128, True, alibi=1),
+            Cell(1, 32, 8, 16384, 16384, 128, True, window=4096),
+            Cell(1, 16, 8, 8192, 8192, 256, True, window=4096, softcap=50)]
 
 
 def ragged_grid() -> list[Cell]:
