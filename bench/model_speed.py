@@ -4,12 +4,13 @@ weights, bf16), eager.
 
     PYTHONPATH=src python3 bench/model_speed.py [--models llama qwen2 gemma2 mistral] [--layers 4]
         [--seqlens 1024 4096 16384] [--batches 1 8] [--new-tokens 32] [--left-pad 256] [--packed 8]
-        [--first-generate]
+        [--first-generate] [--reps 3]
         [--compiled [--profile]] [--ledger bench/ledger.csv]
 
 Per model, batch and prompt length, for each implementation: the prefill forward's time, the time inside attention
 (CUDA events around every attention call of that forward, summed), and the time per token of greedy ``generate()``
-after that prompt (the two implementations' runs alternating); fmha's rows say which variants ran, whether its
+after that prompt (the two implementations' runs alternating, ``--reps`` rounds: the median of each, and the spread
+of the rounds' own ratios, printed and in the decode row's note); fmha's rows say which variants ran, whether its
 greedy tokens equal SDPA's, and where a row's part from SDPA's, whether SDPA's model rates both tokens there within
 a bf16 step (:func:`fmha.verify.greedy_partings`: random weights give near-ties; a row parting off a tie is marked
 ``!`` and listed). ``--left-pad N``: generate()'s prompts, the first half of the rows, left-padded by N tokens
@@ -180,6 +181,11 @@ def decode(models: dict, ids, new_tokens: int, reps: int = 3, first: bool = Fals
                     times[impl][at].append(_ms(partial(gen, model, n)))
     for impl, (one, many) in times.items():
         out[impl]["decode"] = (statistics.median(many) - statistics.median(one)) / new_tokens
+    # each round's own ratio, SDPA's time per token over fmha's: how far the host's drift moves one figure
+    per_token = {impl: [(m - o) / new_tokens for o, m in zip(*times[impl])] for impl in times}
+    if "fmha" in per_token and "sdpa" in per_token:
+        rounds = [s / f for f, s in zip(per_token["fmha"], per_token["sdpa"])]
+        out["fmha"]["rounds"] = (min(rounds), max(rounds))
     return out
 
 
@@ -275,6 +281,8 @@ def main():
                    help="time generate() only, with a static cache (transformers compiles its decoding steps in "
                         "torch.compile's reduce-overhead mode: CUDA graphs), counting graphs, breaks, recompilations")
     p.add_argument("--profile", action="store_true", help="--compiled: print each implementation's GPU kernels")
+    p.add_argument("--reps", type=int, default=3,
+                   help="rounds of generate() per implementation, alternating (the forward takes two more)")
     p.add_argument("--ledger", default=None)
     args = p.parse_args()
     timed = register()
@@ -305,9 +313,10 @@ def main():
                     ledger.append(args.ledger, rows)
                     continue
                 RAN.clear()
-                res = measure(models, timed, ids)
+                res = measure(models, timed, ids, reps=args.reps + 2)
                 mask = prompt_mask(ids, args.left_pad)
-                for impl, r in decode(models, ids, args.new_tokens, first=args.first_generate, mask=mask).items():
+                for impl, r in decode(models, ids, args.new_tokens, reps=args.reps, first=args.first_generate,
+                                      mask=mask).items():
                     res[impl].update(r)
                 same, parting, off = _agreement(res, ids, models["sdpa"], mask)
                 ran = "+".join(sorted(RAN)) or "-"
@@ -315,7 +324,8 @@ def main():
                 print(f"{name:8} {b:>2} {s:>6} | {res['fmha']['forward']:8.2f}/{res['sdpa']['forward']:<8.2f} "
                       f"{ratio['forward']:5.2f} | {res['fmha']['attention']:8.2f}/{res['sdpa']['attention']:<8.2f} "
                       f"{ratio['attention']:5.2f} | {res['fmha']['decode']:8.2f}/{res['sdpa']['decode']:<9.2f} "
-                      f"{ratio['decode']:5.2f} | {same:>3}/{args.new_tokens + 1:<3}{'!' if off else ' '}    | {ran}",
+                      f"{ratio['decode']:5.2f} ({_rounds(res['fmha'])}) | "
+                      f"{same:>3}/{args.new_tokens + 1:<3}{'!' if off else ' '}    | {ran}",
                       flush=True)
                 rows = []
                 first = (" first-generate" if args.first_generate else "") + (
@@ -330,7 +340,8 @@ def main():
                                          config=what[impl],
                                          ratio_best_peer=ratio[part] if impl == "fmha" else 1.0,
                                          note=(f"greedy tokens equal sdpa's: first {same} of {args.new_tokens + 1}"
-                                               f"{parting}" if impl == "fmha" and part == "decode" else "ok")))
+                                               f"{parting}; {args.reps} rounds, each {_rounds(r)}"
+                                               if impl == "fmha" and part == "decode" else "ok")))
                 if args.packed and b == 1:
                     t = packed_step(models, s, args.packed)
                     print(f"{name:8} packed {args.packed} sequences in {s} tokens, training step fmha/sdpa ms: "
@@ -344,6 +355,12 @@ def main():
                 torch.cuda.empty_cache()
         del models
         torch.cuda.empty_cache()
+
+
+def _rounds(r: dict) -> str:
+    """The spread of the rounds' own per-token ratios (:func:`decode`)."""
+    lo, hi = r["rounds"]
+    return f"{lo:.2f}-{hi:.2f}x"
 
 
 def _agreement(res: dict, ids, sdpa_model, mask=None) -> tuple[int, str, list]:
