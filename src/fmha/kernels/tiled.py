@@ -189,8 +189,8 @@ def tiled_kernel(
         if q.dtype == tl.float8e4nv:
             q = q.to(tl.bfloat16)
             q_lo = q_lo.to(tl.bfloat16)
-    # key tiles [first, u0): across the window's lower edge; [u0, lo): seen by every row; [lo, hi): across the
-    # diagonal or the ragged end, up to the early exit
+    # key tiles [first, u0): across the window's lower edge (masked; none without a window); [u0, lo): seen by
+    # every row (no mask); [lo, hi): across the diagonal or the ragged end, up to the early exit (masked)
     first = window_start(row_lo, window_offset, BLOCK_N, WINDOW)
     lo = full_stop(row_lo, seqlen_k, causal_offset, BLOCK_N, CAUSAL)
     hi = causal_stop(row_hi, seqlen_k, causal_offset, CAUSAL)
@@ -201,8 +201,6 @@ def tiled_kernel(
     lo, hi = split_keys(lo, hi, split_len, SPLIT)
     offs_vr = _v_columns(offs_dv, HEAD_V, BLOCK_DV, AMD)  # V's columns as read (AMD: no column mask)
     V_READ: tl.constexpr = BLOCK_DV if AMD else HEAD_V
-    # the window's edge (masked; none without a window), the tiles every row sees (no mask), the diagonal and the
-    # ragged end up to the early exit (masked)
     ranges = ((w0, w1), (u0, u1), (lo, hi))
     for part in tl.static_range(3):
         if part != 0 or WINDOW:

@@ -1,5 +1,6 @@
 """Which keys a block of rows sees: its sequence's lengths, the key-tile range (the causal early exit and
-the window's first tile), the tile from which masking starts, and the scores with softcap, ALiBi and masks."""
+the window's first tile), the tiles that need a mask (those crossing the diagonal, the ragged end or the window's
+lower edge), and the scores with softcap, ALiBi and masks."""
 from __future__ import annotations
 
 from triton.experimental import gluon
