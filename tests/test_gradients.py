@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import fmha
 from conftest import DEVICE, make_qkv, packed, drawn_inputs
-from fmha import reference
+from fmha import backward, reference
 from fmha.gradients import PAGED_MESSAGE
 from fmha.verify import check_grads
 
@@ -344,3 +344,37 @@ def test_gradcheck_through_the_interpreter(mods, deterministic):
     sinks = torch.tensor([0.3, -1.0], dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(f, (q, k, v, sinks), eps=1e-3, atol=2e-3, rtol=2e-3)
     assert torch.autograd.gradcheck(f, (q, k, v, sinks), eps=1e-3, atol=2e-3, rtol=2e-3, fast_mode=True)
+
+
+TILE = max(max(t["BLOCK_M"], t["BLOCK_N"]) for t in backward.tiles(32, True, True, "interpreter"))
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the interpreter's tiles")
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradients_at_every_band_edge(causal, deterministic):
+    """The backward's whole-tile skips and masks at every alignment of an edge against its tiles: a window's
+    lower edge moved through every residue of the tile, over several tiles, with the keys ending mid-tile;
+    causal, the diagonal too (bottom-right, the keys one more each time)."""
+    n = 5 * TILE + 3
+    q0, k0, v0 = make_qkv(1, 2, 1, n, n + TILE, 32, torch.float16, seed=7)
+    cases = [(n, "top_left", (left, -1)) for left in range(2 * TILE, 3 * TILE + 1)]
+    cases += [(n + extra, "bottom_right", (-1, -1)) for extra in range(TILE + 1)] if causal else []
+    for i, (sk, align, window) in enumerate(cases):
+        q, k, v = leaves(q0, k0[:, :, :sk], v0[:, :, :sk])
+        o = fmha.attention(q, k, v, causal=causal, causal_align=align, window=window, deterministic=deterministic)
+        grads, do = grads_of(o, (q, k, v), seed=i)
+        check_grads(grads, q, k, v, do, causal, align, window=window)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_keys_past_the_end_stay_out_when_every_score_is_far_below_zero(deterministic):
+    """A key tile past the keys' end reads zeros, whose score 0 would stand e^140 above a row's LSE here: unless
+    the keys past the end are masked, the zeros' P overflows and dQ turns NaN (inf * 0)."""
+    q, k, v = make_qkv(1, 2, 1, 20, 37, 32, torch.float16, seed=8)
+    q, k = leaves(torch.full_like(q, 5.0) + 0.1 * q, torch.full_like(k, -5.0) + 0.1 * k)
+    (v,) = leaves(v)
+    o = fmha.attention(q, k, v, deterministic=deterministic)
+    grads, do = grads_of(o, (q, k, v))
+    assert all(torch.isfinite(g).all() for g in grads)
+    check_grads(grads, q, k, v, do, False)
