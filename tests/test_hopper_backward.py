@@ -91,6 +91,34 @@ def test_nan_past_a_heads_rows_stays_out():
     check_grads(grads, q, k, v, do, True)
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_hopper_backward_under_scores_far_from_zero(head_dim, causal):
+    """One key 8x the others (every row's LSE near its score), and a scale of 4 with rising scores (LSEs
+    in the hundreds): S^T's accumulator starts at -LSE / scale (the 64-wide tiles), so P's exponent is the
+    difference of two large numbers there; it stays within the yardstick."""
+    q, k, v = make_qkv(1, 4, 2, 384, 384, head_dim, torch.bfloat16, seed=31)
+    k[:, :, 5] *= 8
+    rising = torch.linspace(0, 3, 384, device=DEVICE).to(q.dtype)[:, None]
+    for kw, (qq, kk) in ((dict(), (q, k)), (dict(scale=4.0), (q.abs() + 1, k.abs() * rising))):
+        assert runs_on(qq, kk, v, causal=causal) == "hopper"
+        grads, (a, b, c, do) = gradients(qq, kk, v, 6, causal=causal, **kw)
+        check_grads(grads, a, b, c, do, causal, scale=kw.get("scale"))
+
+
+def test_a_scale_below_the_hopper_backwards_least_runs_on_triton():
+    """The Gluon backward divides the LSE by the scale; a scale below ``MIN_SCALE`` (or not positive) goes
+    to the Triton kernels, whose gradients still pass."""
+    from fmha.kernels.hopper import backward as hopper
+    q, k, v = make_qkv(1, 2, 2, 256, 256, 64, torch.bfloat16, seed=32)
+    for scale in (2.0 ** -70, 0.0, -0.125):
+        prob = plan.problem(*plan.sizes(q, k, "bhsd"), causal=False, scale=scale)
+        assert hopper.supports(prob, q, k, v, q, "bhsd", False) is not None
+        assert backward.kernel(prob, q, k, v, q, "bhsd", None) == "triton"
+    grads, (a, b, c, do) = gradients(q, k, v, 7, scale=2.0 ** -70)
+    check_grads(grads, a, b, c, do, False, scale=2.0 ** -70)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_hopper_backward_agrees_with_the_triton_backward(causal, monkeypatch):
     """The same gradients as the deterministic Triton kernels, to bfloat16's rounding, on a longer sequence

@@ -478,9 +478,11 @@ def test_backward_kernels_build_with_an_attn_mask(target, load):
                                                           (64, True, True), (128, False, True)])
 def test_hopper_backward_builds_with_tma_reduce_adds(head_dim, causal, deterministic):
     """The Gluon backward for sm_90: its dQ tiles leave as TMA reduce-adds (the PTX pass), no plain TMA
-    store is left, dK/dV/S/dP run on wgmma; at head_dim 64 nothing spills and P^T and dS^T go to dV's and dK's
-    products from registers (at 128 the two 64x128 float32 accumulators leave ptxas a few registers short: a
-    bounded spill, ledgered speed; P and dS go through shared memory); ptxas keeps the products asynchronous
+    store is left, dK/dV/S/dP run on wgmma; at head_dim 64 (128-row tiles) P^T and dS^T go to dV's and dK's
+    products from registers, S^T and dP^T start from the statistics, and ptxas spills a few registers (holding
+    the statistics through the tile, 752-792 bytes); at 128 the two 64x128 float32 accumulators leave ptxas a
+    few registers short (P and dS go through shared memory): bounded spills, ledgered speed; ptxas keeps the
+    products asynchronous
     (a dK product left in flight across tiles made it serialize them all).  Deterministic, each add waits for its
     turn (an acquiring load of the tile's counter) and is counted once complete (a releasing add)."""
     from fmha.kernels.hopper import reduce_pass
@@ -491,11 +493,12 @@ def test_hopper_backward_builds_with_tma_reduce_adds(head_dim, causal, determini
     assert not re.search(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta", ptx)
     assert "wgmma.mma_async" in ptx
     usage = targets.ptxas_usage(ptx, 90)
-    assert usage["spill_stores"] == 0 if head_dim == 64 else usage["spill_stores"] <= 512, usage
+    assert usage["spill_stores"] <= (128 if head_dim == 64 else 512), usage
     assert not usage["serialized"], "ptxas waits for each wgmma before the next"
-    # 64-wide tiles: dV's and dK's A operands (P^T, dS^T) from registers (16 wgmma instructions, both warpgroups)
+    # 64-wide tiles: dV's and dK's A operands (P^T, dS^T) from registers (32 wgmma instructions over a 128-row
+    # tile, both warpgroups)
     from_regs = len(re.findall(r"wgmma\.mma_async[^;]*\{[^}]*\}, \{%r", ptx))
-    assert from_regs == (16 if head_dim == 64 else 0), from_regs
+    assert from_regs == (32 if head_dim == 64 else 0), from_regs
 
 
 def test_reduce_pass_rewrites_only_marked_stores():

@@ -96,13 +96,14 @@ def packed(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
 
 
 # the shortest walk (query rows) on which the Gluon backward beat the Triton kernels on the H200, by head
-# dim: 1k rows at head_dim 128 (0.83-0.86x cuDNN against 0.69-0.73x), 2k at 64 (at 1k 0.75-0.81x against
-# 0.77-0.87x); at 512 rows a program's 8 query tiles do not pay for its K/V load and dK/dV stores
-GLUON_ROWS = {64: 2048, 128: 1024}
+# dim: 1k rows at head_dim 128 (0.83-0.86x cuDNN against 0.69-0.73x) and at 64 (its 128-row tiles: 327-328
+# TFLOP/s against 274 without causal, 219-227 against 218 causal); at 512 rows a program's few query tiles do not
+# pay for its K/V load and dK/dV stores (at 64: 102-123 against 167 causal)
+GLUON_ROWS = {64: 1024, 128: 1024}
 # the same when deterministic, against the Triton kernels' separate dQ pass: at head_dim 128 from 2k rows
-# (1.05-1.17x from 2k; at 1k 1.08x without causal, 0.88x causal); at 64 none (0.80-0.83x without causal, 0.79-1.03x
-# causal: the fixed order splits dQ's columns between the warpgroups, which the fast mode does not at 64)
-GLUON_ROWS_DETERMINISTIC = {64: None, 128: 2048}
+# (1.05-1.17x from 2k; at 1k 1.08x without causal, 0.88x causal); at 64 from 1k (285 / 205 TFLOP/s against 273 /
+# 196 at 1k, 378 / 350 against 315 / 267 at 16k, without / with causal; at 512 196 / 101 against 242 / 154)
+GLUON_ROWS_DETERMINISTIC = {64: 1024, 128: 2048}
 
 
 def kernel(prob, q, k, v, do, layout: str, alibi, deterministic: bool = False) -> str:

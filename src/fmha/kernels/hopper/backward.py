@@ -16,7 +16,12 @@ two registers a thread):
   half; two buffers of each, ``DS_BUFS``), then ``dV += P^T dO`` and ``dK += dS^T Q`` with P^T and dS^T
   read transposed; or, in tiles 64 wide (``RS``, :func:`tiles`), FlashAttention-3's form:
   ``S^T = K Q^T`` and ``dP^T = V dO^T``, keys the rows, so that P^T and dS^T are dV's and dK's A operands
-  straight from registers and only dS^T goes to shared memory (for dQ);
+  straight from registers and only dS^T goes to shared memory (for dQ).  There the query rows are the
+  columns, and a thread would hold a quarter of a 128-row tile's LSEs and deltas (64 registers) through the
+  tile; instead the products start from them: S^T's accumulator from ``-LSE / scale`` (and ``-inf`` above
+  the causal diagonal), dP^T's from ``-delta``, so ``P^T = exp2(scale_log2 S^T)`` and ``dS^T = scale P^T
+  dP^T`` (the statistics are read in one register a thread and spread to the accumulators' layout as the
+  products are issued);
 * ``dQ += dS K``: at head_dim 128 (and deterministic) the two warpgroups take a column half each over
   all 128 keys (a barrier pair between them: both halves of dS in place, and both done with them); at 64,
   each its own keys over every column (:func:`tiles`).  The float32 tile goes to shared memory and
@@ -31,8 +36,8 @@ views of :mod:`..tma`), so the rows of a last tile past seqlen_q are TMA's zeros
 head's rows, which could hold NaN; their LSE loads as ``+inf`` and their P is 0.  Keys past
 seqlen_k are zeros too and their dK/dV rows are not stored.  A row that saw no key (LSE ``-inf``)
 has P = 0.  Takes (:func:`supports`): sm_90, head_dim 32-128 with V's the same (tiles of 64 or 128
-columns, zeros past head_dim), no window, softcap, ALiBi, packed sequences or seqused_k, causal in
-either alignment; anything else runs on the Triton kernels.
+columns, zeros past head_dim), a scale of at least :data:`MIN_SCALE`, no window, softcap, ALiBi, packed
+sequences or seqused_k, causal in either alignment; anything else runs on the Triton kernels.
 """
 from __future__ import annotations
 
@@ -56,6 +61,9 @@ BLOCK_N = gl.constexpr(128)  # keys a program owns: 64 a consumer warpgroup
 STAGES = gl.constexpr(2)  # Q/dO tiles in flight
 LOG2E = gl.constexpr(LOG2E_VALUE)
 WARPS = gl.constexpr(4)  # a consumer warpgroup's
+# the least scale (times log2 e) the kernel takes: S^T's accumulator starts at -LSE / scale, finite for any
+# LSE below 2^60 from there
+MIN_SCALE = 2.0 ** -60
 
 TILE = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
 TILE_F32 = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))
@@ -240,6 +248,7 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
     t_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=g_layout, k_width=2)
+    c_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     pid_n = _key_block(CAUSAL, DETERMINISTIC)
     b = gl.program_id(1) // kv_heads
     kvh = gl.program_id(1) % kv_heads
@@ -268,10 +277,17 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
             m = _query_tile(j, first, n_m, pid_n, chunk, CAUSAL, DETERMINISTIC)
             s = it % STAGES
             rows = m * BLOCK_M + offs_q
-            stat = bh.to(gl.int64) * seqlen_q + rows
-            lse = gl.load(LSE + stat, mask=rows < seqlen_q, other=float("inf"))
-            lse2 = gl.where(lse == float("-inf"), float("inf"), lse * LOG2E)  # P = 0 for a row that saw no key
-            delta = gl.load(Delta + stat, mask=rows < seqlen_q, other=0.0)
+            if RS:
+                rows_c = m * BLOCK_M + gl.arange(0, BLOCK_M, layout=c_layout)
+                stat_c = bh.to(gl.int64) * seqlen_q + rows_c
+                lse_c = gl.load(LSE + stat_c, mask=rows_c < seqlen_q, other=float("inf"))
+                lse_c = gl.where(lse_c == float("-inf"), float("inf"), lse_c / scale)
+                delta_c = gl.load(Delta + stat_c, mask=rows_c < seqlen_q, other=0.0)
+            else:
+                stat = bh.to(gl.int64) * seqlen_q + rows
+                lse = gl.load(LSE + stat, mask=rows < seqlen_q, other=float("inf"))
+                lse2 = gl.where(lse == float("-inf"), float("inf"), lse * LOG2E)  # P = 0 for a row that saw no key
+                delta = gl.load(Delta + stat, mask=rows < seqlen_q, other=0.0)
             q_s = q_bufs.index(s)
             do_s = do_bufs.index(s)
             d = it % DS_BUFS
@@ -280,16 +296,18 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
             mbarrier.wait(q_ready.index(s), (it // STAGES) & 1)
             if RS:  # S^T and dP^T (keys the rows): P^T and dS^T are dV's and dK's A operands in registers
                 zeros_t = gl.zeros([KEYS, BLOCK_M], gl.float32, t_layout)
-                st = warpgroup_mma(k_w, q_s.permute((1, 0)), zeros_t, use_acc=False, is_async=True)
-                dpt = warpgroup_mma(v_w, do_s.permute((1, 0)), zeros_t, use_acc=False, is_async=True)
-                st = warpgroup_mma_wait(1, deps=[st])
-                pt = gl.exp2(st * scale_log2 - lse2[None, :])
+                st0 = zeros_t - gl.convert_layout(lse_c, gl.SliceLayout(0, t_layout))[None, :]
                 if CAUSAL:
                     if m * BLOCK_M + causal_offset < key0 + KEYS - 1:  # the tile crosses the diagonal
-                        pt = gl.where(offs_k[:, None] <= rows[None, :] + causal_offset, pt, 0.0)
+                        st0 = gl.where(offs_k[:, None] <= rows[None, :] + causal_offset, st0, float("-inf"))
+                st = warpgroup_mma(k_w, q_s.permute((1, 0)), st0, is_async=True)
+                dpt = warpgroup_mma(v_w, do_s.permute((1, 0)),
+                                    zeros_t - gl.convert_layout(delta_c, gl.SliceLayout(0, t_layout))[None, :],
+                                    is_async=True)
+                st, dpt = warpgroup_mma_wait(0, deps=[st, dpt])
+                pt = gl.exp2(st * scale_log2)
+                dst = (pt * dpt * scale).to(dtype)
                 dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do_s, dv, is_async=True)
-                dpt = warpgroup_mma_wait(1, deps=[dpt])
-                dst = (pt * (dpt - delta[None, :]) * scale).to(dtype)
                 mbarrier.wait(ds_free.index(d), d_phase ^ 1)
                 ds_w.store(dst)
                 fence_async_shared()
@@ -412,6 +430,8 @@ def supports(prob, q, k, v, do, layout: str, alibi: bool) -> str | None:
         return f"head_dim {prob.head_dim} (V's {prob.dv}): takes 32-128, V's the same"
     if prob.window_offset is not None or prob.softcap > 0 or alibi or prob.varlen or prob.seqused:
         return "windows, softcap, ALiBi, packed sequences and seqused_k run on the Triton kernels"
+    if not prob.scale_log2 >= MIN_SCALE:
+        return f"scale {prob.scale_log2 / LOG2E_VALUE}: the kernel's LSE / scale needs a scale of 2^-60 or more"
     for name, t in (("q", q), ("k", k), ("v", v), ("dO", do)):
         if _place(t, layout) is None:
             return f"{name} with strides {tuple(t.stride())}: TMA cannot read it"
@@ -439,16 +459,18 @@ class Tiles(NamedTuple):
 def tiles(head: int, deterministic: bool = False) -> Tiles:
     """The tiles of a call ``head`` columns wide.
 
-    At 128: P and dS through shared memory in two buffers (224 KB); with S^T's registers form ptxas spills
-    392-504 bytes beside dK's and dV's accumulators and it ran 12-14% slower (docs/PERF.md, "The Gluon
-    backward"); dQ in column halves over all 128 keys (a whole-width dQ accumulator beside dK's and dV's does
-    not fit).  At 64: 64-row tiles in S^T's registers form (1-4% faster than through shared memory), dQ over
-    each warpgroup's own keys; FlashAttention-3's 128-row tiles there spill 532-1056 bytes beside the 64 x 128
-    accumulators and ran 11-13% slower causal (through shared memory) or 24-33% slower (registers form;
-    docs/PERF.md, "The Gluon backward").  Deterministic, dQ is always in column halves (each half its own
-    turns, where two warpgroups adding whole tiles wait for each other)."""
+    At 128: P and dS through shared memory in two buffers (224 KB), dQ in column halves over all 128 keys (a
+    whole-width dQ accumulator beside dK's and dV's does not fit).  S^T's registers form there spilled 392-504
+    bytes beside dK's and dV's accumulators holding the statistics through the tile (12-14% slower), and 28-40
+    with the products started from them (2-4% slower without causal, no faster causal; docs/PERF.md, "The
+    Gluon backward").  At 64: FlashAttention-3's
+    128-row tiles in S^T's registers form, the products started from the statistics, dQ over each warpgroup's
+    own keys: 1.21-1.27x the 64-row tiles from 1k tokens without causal, 1.04-1.10x causal (ptxas spills 56-60
+    bytes; holding the statistics through the tile spilled 752-792 and ran 24-33% slower).
+    Deterministic, dQ is always in column halves (each half its own turns, where two warpgroups adding whole
+    tiles wait for each other)."""
     if head <= 64:
-        return Tiles(rows=64, rs=True, ds_bufs=2, dq_cols=head // 2 if deterministic else head)
+        return Tiles(rows=128, rs=True, ds_bufs=2, dq_cols=head // 2 if deterministic else head)
     return Tiles(rows=64, rs=False, ds_bufs=2, dq_cols=head // 2)
 
 
