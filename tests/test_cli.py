@@ -55,8 +55,8 @@ def test_compile_builds_mla_absorbed_decode_on_tiled():
 
 
 def test_compile_builds_the_gluon_backward():
-    """``--backward --variant hopper``: the sm_90 training kernel, reported as any build is (at head_dim 64
-    nothing spills)."""
+    """``--backward --variant hopper``: the sm_90 training kernel, reported as any build is (at head_dim 64, in
+    128-row tiles, a few registers spill: :func:`test_targets.test_hopper_backward_builds_with_tma_reduce_adds`)."""
     import json
     out = fmha("compile", "--variant", "hopper", "--backward", "--target", "sm_90", "--head-dim", "64", "--dtype",
                "bfloat16", "--causal", "--json")
@@ -64,7 +64,7 @@ def test_compile_builds_the_gluon_backward():
     report = json.loads(out.stdout)
     report = report[0] if isinstance(report, list) else report
     assert report["variant"] == "hopper_backward" and report["target"] == "sm_90" and report["causal"]
-    assert report["spilled_registers"] == 0 and report["occupancy"]["warps_per_sm"] == 12
+    assert 0 <= report["spilled_registers"] <= 32 and report["occupancy"]["warps_per_sm"] == 12
     out = fmha("compile", "--variant", "hopper", "--backward", "--deterministic", "--target", "sm_90", "--head-dim",
                "128", "--json")
     assert out.returncode == 0, out.stderr[-2000:]
