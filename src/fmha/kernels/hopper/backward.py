@@ -312,7 +312,7 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
                 ds_w.store(dst)
                 fence_async_shared()
                 mbarrier.arrive(ds_ready.index(d), count=1)
-                dk = warpgroup_mma(gl.convert_layout(dst, a_layout), q_s, dk, is_async=True)
+                ds_t = gl.convert_layout(dst, a_layout)  # dK's A operand, issued after dQ's product (below)
             else:
                 zeros = gl.zeros([BLOCK_M, KEYS], gl.float32, s_layout)
                 qk = warpgroup_mma(q_s, k_w.permute((1, 0)), zeros, use_acc=False, is_async=True)
@@ -339,9 +339,13 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
                 mbarrier.wait(ds_ready.index(d), d_phase)
             dq = warpgroup_mma(ds_a, k_b, gl.zeros([BLOCK_M, DQ_COLS], gl.float32, q_layout), use_acc=False,
                                is_async=True)
-            dq, dv, dk = warpgroup_mma_wait(0, deps=[dq, dv, dk])
-            mbarrier.arrive(q_empty.index(s), count=1)
-            mbarrier.arrive(ds_free.index(d), count=1)
+            if RS:  # dK's product last, in flight while dQ's tile goes to shared memory and on to its add
+                dk = warpgroup_mma(ds_t, q_s, dk, is_async=True)
+                dq = warpgroup_mma_wait(1, deps=[dq])
+            else:  # (the same order ran 1-3% slower at 128)
+                dq, dv, dk = warpgroup_mma_wait(0, deps=[dq, dv, dk])
+                mbarrier.arrive(q_empty.index(s), count=1)
+                mbarrier.arrive(ds_free.index(d), count=1)
             tma.store_wait(0)  # the previous tile's reduce-add has read the buffer
             dq_tile.store(dq)
             fence_async_shared()
@@ -349,6 +353,10 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
                 lock = Locks + (bh * n_m + m) * 2 + WG  # (column halves: :func:`tiles`)
                 _take_turn(lock, WARPS * _turn(m, pid_n, causal_offset, chunk, BLOCK_M, CAUSAL))
             tma.async_copy_shared_to_global(dq_desc, [bh, m * BLOCK_M, dq_col], dq_box.index(WG))
+            if RS:
+                dv, dk = warpgroup_mma_wait(0, deps=[dv, dk])
+                mbarrier.arrive(q_empty.index(s), count=1)
+                mbarrier.arrive(ds_free.index(d), count=1)
             it += 1
     if DETERMINISTIC:
         if it > 0:
