@@ -29,6 +29,7 @@ SHAPES = [  # (batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim)
     (2, 4, 4, 64, 64, 32),
     (1, 4, 1, 77, 1030, 128),   # MQA, sk > sq
     (1, 4, 2, 100, 700, 64),    # sk > sq: causal key blocks past the last query's diagonal have no tile to visit
+    (1, 4, 2, 700, 300, 64),    # sq > sk: bottom-right, 400 rows see no key (LSE -inf) in the 128-row tiles
 ]
 ALIGNS = [(False, "top_left"), (True, "top_left"), (True, "bottom_right")]
 
