@@ -482,9 +482,9 @@ def test_hopper_backward_builds_with_tma_reduce_adds(head_dim, causal, determini
     products from registers, S^T and dP^T start from the statistics, and ptxas spills a few registers (holding
     the statistics through the tile, 752-792 bytes); at 128 the two 64x128 float32 accumulators leave ptxas a
     few registers short (P and dS go through shared memory): bounded spills, ledgered speed; ptxas keeps the
-    products asynchronous
-    (a dK product left in flight across tiles made it serialize them all).  Deterministic, each add waits for its
-    turn (an acquiring load of the tile's counter) and is counted once complete (a releasing add)."""
+    products asynchronous (a dK product left in flight across tiles made it serialize them all).  Deterministic,
+    each add waits for its turn (an acquiring load of the tile's counter) and is counted once complete (a
+    releasing add)."""
     from fmha.kernels.hopper import reduce_pass
     ptx = targets.build_hopper_backward(head_dim, "bfloat16", causal, deterministic).asm["ptx"]
     assert ("ld.acquire.gpu.global" in ptx, "red.release.gpu.global.add" in ptx) == (deterministic, deterministic)

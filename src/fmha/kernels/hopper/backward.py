@@ -444,7 +444,7 @@ def supports(prob, q, k, v, do, layout: str, alibi: bool) -> str | None:
     if prob.window_offset is not None or prob.softcap > 0 or alibi or prob.varlen or prob.seqused:
         return "windows, softcap, ALiBi, packed sequences and seqused_k run on the Triton kernels"
     if not prob.scale_log2 >= MIN_SCALE:
-        return f"scale {prob.scale_log2 / LOG2E_VALUE}: the kernel's LSE / scale needs a scale of 2^-60 or more"
+        return f"scale {prob.scale_log2 / LOG2E_VALUE}: the kernel's LSE / scale needs scale * log2(e) >= 2^-60"
     for name, t in (("q", q), ("k", k), ("v", v), ("dO", do)):
         if _place(t, layout) is None:
             return f"{name} with strides {tuple(t.stride())}: TMA cannot read it"
@@ -476,12 +476,11 @@ def tiles(head: int, deterministic: bool = False) -> Tiles:
     whole-width dQ accumulator beside dK's and dV's does not fit).  S^T's registers form there spilled 392-504
     bytes beside dK's and dV's accumulators holding the statistics through the tile (12-14% slower), and 28-40
     with the products started from them (2-4% slower without causal, no faster causal; docs/PERF.md, "The
-    Gluon backward").  At 64: FlashAttention-3's
-    128-row tiles in S^T's registers form, the products started from the statistics, dQ over each warpgroup's
-    own keys: 1.21-1.27x the 64-row tiles from 1k tokens without causal, 1.04-1.10x causal (ptxas spills 56-60
-    bytes; holding the statistics through the tile spilled 752-792 and ran 24-33% slower).
-    Deterministic, dQ is always in column halves (each half its own turns, where two warpgroups adding whole
-    tiles wait for each other)."""
+    Gluon backward").  At 64: FlashAttention-3's 128-row tiles in S^T's registers form, the products started
+    from the statistics, dQ over each warpgroup's own keys: 1.21-1.27x the 64-row tiles from 1k tokens without
+    causal, 1.04-1.10x causal (ptxas spills 56-60 bytes; holding the statistics through the tile spilled 752-792
+    and ran 24-33% slower).  Deterministic, dQ is always in column halves (each half its own turns, where two
+    warpgroups adding whole tiles wait for each other)."""
     if head <= 64:
         return Tiles(rows=128, rs=True, ds_bufs=2, dq_cols=head // 2 if deterministic else head)
     return Tiles(rows=64, rs=False, ds_bufs=2, dq_cols=head // 2)
