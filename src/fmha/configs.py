@@ -34,6 +34,7 @@ class KernelConfig:
     cluster: int = 0  # hopper, dense non-causal: 1 programs are 2-CTA clusters reading each K/V tile once (multicast)
     stale: int = 0  # hopper: 1 no row max past the first tile (the pivot stands until a tile's row sum passes 2**15)
     split_qk: int = 0  # hopper, q/k head dim 192: 1 Q and K held as a 128- and a 64-column tile (no padding)
+    wide: int = 0  # hopper: 1 P V over a padded V's whole tile (0: over its own columns, ``narrow_pass``)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -138,7 +139,8 @@ def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = 
     window alone (``window_only``: 0-4 spilled registers, 2-7% faster at 4k tokens); so it does for a
     causal head dim padded to its tile (96), whose Q K^T then skips the zero columns
     (``hopper.qk_slices``: 1-3% faster at D=96, docs/PERF.md), and which takes the standing pivot (``stale``:
-    2-3% faster there, 1-5% slower at D=128 causal up to 8k keys); with them or lengths per sequence, no
+    2-3% faster there, 1-5% slower at D=128 causal up to 8k keys) and the last rounds dealt by LPT (``balance``:
+    2-3% faster there); with them or lengths per sequence, no
     clusters (``hopper.supports``), nor where ``seqlen_q`` (0: not known) makes an odd number of
     query blocks (FlashAttention-3's rule): a cluster runs two blocks, and the partner of a last
     lone block would compute rows that do not exist (a 2x loss where a head has one block).  ``fp8``: float8
@@ -158,8 +160,8 @@ def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = 
     for key_d, key_causal, longest, cfg in HOPPER:
         if key_d == d and key_causal == bool(causal) and (longest is None or seqlen_k <= longest):
             narrow = modifiers or per_sequence or seqlen_k % cfg.block_n
-            if causal and head_dim != padded(head_dim):  # Q K^T over its own columns; 96 the standing pivot too
-                cfg = replace(cfg, q_regs=0, stale=int(cfg.stale or d == 128))
+            if causal and head_dim != padded(head_dim):  # Q K^T over its own columns; 96 the standing pivot and LPT
+                cfg = replace(cfg, q_regs=0, stale=int(cfg.stale or d == 128), balance=int(cfg.balance or d == 128))
             elif modifiers and d == 128 and not (window_only and causal):
                 cfg = replace(cfg, q_regs=0)
             elif window_only and causal and d == 128:  # full bands first, across the heads

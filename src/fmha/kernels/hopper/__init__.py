@@ -52,8 +52,9 @@ multiple of ``BLOCK_N`` keys, each key tile's page read from the block table by 
 producer).  A head dim runs in tiles of the next power of two, 32 at least
 (:func:`padded`; a 32-wide tile is swizzled by 64 bytes): Q and O go through 3-D descriptors and K and V
 through 4-D ones whose last dimension ends at head_dim (:func:`tma.exact`), so the columns of a box past
-it read zeros and are never written, and Q K^T skips them where Q stays in shared memory
-(:func:`qk_slices`); ``KernelConfig.split_qk`` holds a 192 head dim's Q and K as a 128- and a 64-column tile
+it read zeros and are never written, Q K^T skips them where Q stays in shared memory
+(:func:`qk_slices`) and P V's wgmma always (:mod:`.narrow_pass`: 96 columns of a 128-column tile, one
+``m64n96k16``); ``KernelConfig.split_qk`` holds a 192 head dim's Q and K as a 128- and a 64-column tile
 instead (a quarter less shared memory: room for 128-key tiles at DeepSeek's 192/128).  Rows of the last
 query block past the sequence's end are computed on
 whatever TMA reads there and never stored (a warpgroup that straddles the end, or
@@ -78,7 +79,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ... import replay
 from .. import combine, strides_bhsd, tma
-from . import multicast, transpose, worklist
+from . import multicast, narrow_pass, transpose, worklist
 from ...checks import FP8, HEAD_DIMS
 from ...constants import LOG2E
 from ...device import device_facts
@@ -256,8 +257,11 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
         dest = replay.buffer(torch.empty(rows, dtype=torch.int32, device=q.device))
     else:
         w = wl = dest = o
-    if cfg.cluster:  # the PTX pass must see the build: again, in case another stages hook replaced it since import
+    # the PTX passes must see the build: again, in case another stages hook replaced them since import
+    if cfg.cluster:
         multicast.install()
+    if not cfg.wide and narrow_pass.width(prob.dv, padded(prob.dv)):
+        narrow_pass.install()
     scale = prob.scale_log2 / LOG2E
     cap = prob.softcap or 1.0
     cu_q, cu_k, seqused = (t if t is not None else o for t in seqs)
@@ -298,4 +302,5 @@ def constexprs(prob, cfg, store_lse: bool, paired: bool = False, alibi: bool = F
                 ALIGN_BR=per_sequence(prob) and prob.align_br, PAGED=bool(prob.page),
                 O_SMEM=o_staged(prob.head_dim, cfg, prob.dv, _in_bytes(prob)), Q_REGS=bool(cfg.q_regs),
                 FENCE=bool(cfg.fence), LAZY=bool(cfg.lazy), STALE=bool(cfg.stale), SPLIT=split, BALANCE=balance,
-                CLUSTER=bool(cfg.cluster), FP8=prob.fp8, SPLIT_QK=bool(cfg.split_qk))
+                CLUSTER=bool(cfg.cluster), FP8=prob.fp8, SPLIT_QK=bool(cfg.split_qk),
+                NARROW=0 if cfg.wide else narrow_pass.width(prob.dv, padded(prob.dv)))

@@ -10,8 +10,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from .cluster import MMA_128_CLUSTER, _cluster_sync, _cta_rank, _release, _store, _wait_ring
 from .epilogue import _store_piece
 from .mask import _key_tiles, _mask_from, _scores, _sequence, _window_until
+from .narrow_pass import install as install_narrow_pass
+from .narrow_pass import mark
 from .schedule import _n_items, _piece, _tile, _work
 from .softmax import _any_row_over, _fence, _first_seen, _lse, _narrow, _pivot, _rescale_lazy, _softmax
+
+
+install_narrow_pass()
 
 
 @gluon.jit
@@ -52,6 +57,18 @@ def _qk(q_op, q_lo, k_bufs, k_lo_bufs, s, s_layout: gl.constexpr, ROWS: gl.const
             qk = warpgroup_mma(q_op.slice(QK_HI, QK_LO, dim=1), k_slot.slice(QK_HI, QK_LO, dim=1).permute((1, 0)),
                                qk, is_async=True)
         return qk
+
+
+@gluon.jit
+def _pv(p_op, v_op, acc, NARROW: gl.constexpr):
+    """P V of one tile into O's accumulator, issued (step 5.6).  NARROW > 0: a V padded to its tile's power
+    of two (96 in 128) runs over its first NARROW columns only, one wgmma of that width (:mod:`.narrow_pass`)."""
+    if NARROW:
+        gl.inline_asm_elementwise(mark(NARROW), "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+    acc = warpgroup_mma(p_op, v_op, acc, is_async=True)
+    if NARROW:
+        gl.inline_asm_elementwise(mark(0), "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+    return acc
 
 
 @gluon.jit
@@ -119,7 +136,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
               PAIRED: gl.constexpr, PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr, VARLEN: gl.constexpr,
               SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, O_SMEM: gl.constexpr, Q_REGS: gl.constexpr,
               FENCE: gl.constexpr, LAZY: gl.constexpr, STALE: gl.constexpr, SPLIT: gl.constexpr, BALANCE: gl.constexpr,
-              CLUSTER: gl.constexpr, FP8: gl.constexpr, SPLIT_QK: gl.constexpr):
+              CLUSTER: gl.constexpr, FP8: gl.constexpr, SPLIT_QK: gl.constexpr, NARROW: gl.constexpr):
     _cluster_sync(CLUSTER)
     rank = _cta_rank(CLUSTER)
     ROWS: gl.constexpr = 64
@@ -215,8 +232,8 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
             qk = _qk(q_op, q_lo, k_bufs, k_lo_bufs, s, s_layout, ROWS, BLOCK_N, QK_HI, QK_LO, SPLIT_QK)
             if not PINGPONG:
                 mbarrier.wait(v_ready.index(prev_slot), prev_phase)
-            acc = warpgroup_mma(_pv_operand(p16, p_dtype, p_layout, FP8), _v_operand(v_bufs.index(prev_slot), FP8),
-                                acc, is_async=True)
+            acc = _pv(_pv_operand(p16, p_dtype, p_layout, FP8), _v_operand(v_bufs.index(prev_slot), FP8), acc,
+                      NARROW)
             _pass_turn(turns, WG, NUM_WG, PINGPONG)
             n_turn += 1
             qk = warpgroup_mma_wait(1, deps=[qk])
@@ -259,8 +276,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
         last = (ring_pos + n_iters - 1) % STAGES
         mbarrier.wait(v_ready.index(last), ((ring_pos + n_iters - 1) // STAGES) & 1)
         _take_turn(turns, n_turn, WG, PINGPONG)
-        acc = warpgroup_mma(_pv_operand(p16, p_dtype, p_layout, FP8), _v_operand(v_bufs.index(last), FP8), acc,
-                            is_async=True)
+        acc = _pv(_pv_operand(p16, p_dtype, p_layout, FP8), _v_operand(v_bufs.index(last), FP8), acc, NARROW)
         _pass_turn(turns, WG, NUM_WG, PINGPONG)
         n_turn += 1
         acc = _wait_pv(acc, p16, FP8)

@@ -32,7 +32,7 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                   VARLEN: gl.constexpr, SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, PAGED: gl.constexpr,
                   O_SMEM: gl.constexpr, Q_REGS: gl.constexpr, FENCE: gl.constexpr, LAZY: gl.constexpr,
                   STALE: gl.constexpr, SPLIT: gl.constexpr, BALANCE: gl.constexpr, CLUSTER: gl.constexpr,
-                  FP8: gl.constexpr, SPLIT_QK: gl.constexpr):
+                  FP8: gl.constexpr, SPLIT_QK: gl.constexpr, NARROW: gl.constexpr):
     """Each program runs its work items (query block, batch*head), :func:`_n_items` and
     :func:`_tile`; the K/V rings and the barrier phases carry on from one item to the
     next, so the next item's first loads overlap this one's epilogue.  CLUSTER: a program is a
@@ -43,7 +43,8 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
     FP8: q, k and v float8 (``Descale``: each (batch, kv head)'s three factors), V read transposed (``v_desc``
     over V^T: the float8 wgmma takes its B operand K-major only), O bfloat16.  SPLIT_QK (q/k head dim 192): Q
     and K held as a 128-column tile and a 64-column one, each filled by 64-column TMA boxes, instead of a
-    256-column tile a quarter padding (``q_lo_*``, ``k_lo_*``; placeholders otherwise)."""
+    256-column tile a quarter padding (``q_lo_*``, ``k_lo_*``; placeholders otherwise).  NARROW: the columns
+    P V runs over where V is padded (:mod:`.narrow_pass`; 0: the whole tile)."""
     NUM_WG: gl.constexpr = BLOCK_M // 64
     if CLUSTER:  # each CTA of the cluster holds all of every buffer
         bar_layout: gl.constexpr = BARRIER_CLUSTER
@@ -129,21 +130,21 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                          n_tiles, n_m, head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows,
                          pieces, group, Descale, STAGES, 0, BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI, QK_LO, CAUSAL, WINDOW,
                          SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS,
-                         FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK)),
+                         FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK, NARROW)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k_lo_bufs, v_bufs, q_bar,
                          q_empty, k_ready, k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q,
                          seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2,
                          n_tiles, n_m, head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows,
                          pieces, group, Descale, STAGES, 1, BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI, QK_LO, CAUSAL, WINDOW,
                          SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS,
-                         FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK)),
+                         FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK, NARROW)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k_lo_bufs, v_bufs, q_bar,
                          q_empty, k_ready, k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q,
                          seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2,
                          n_tiles, n_m, head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows,
                          pieces, group, Descale, STAGES, 2, BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI, QK_LO, CAUSAL, WINDOW,
                          SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS,
-                         FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK)),
+                         FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK, NARROW)),
             (_producer, (q_desc, k_desc, v_desc, q_box, q_lo_box, k_load, k_lo_load, v_load, q_bar, q_empty, k_ready,
                          k_empty, v_ready, v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k,
                          causal_offset, window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_lead, kv_seq_b,
@@ -158,14 +159,14 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                          n_tiles, n_m, head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows,
                          pieces, group, Descale, STAGES, 0, BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI, QK_LO, CAUSAL, WINDOW,
                          SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS,
-                         FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK)),
+                         FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK, NARROW)),
             (_consumer, (o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k_lo_bufs, v_bufs, q_bar,
                          q_empty, k_ready, k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q,
                          seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2,
                          n_tiles, n_m, head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows,
                          pieces, group, Descale, STAGES, 1, BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI, QK_LO, CAUSAL, WINDOW,
                          SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS,
-                         FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK)),
+                         FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK, NARROW)),
             (_producer, (q_desc, k_desc, v_desc, q_box, q_lo_box, k_load, k_lo_load, v_load, q_bar, q_empty, k_ready,
                          k_empty, v_ready, v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k,
                          causal_offset, window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_lead, kv_seq_b,
@@ -180,7 +181,7 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                          n_tiles, n_m, head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows,
                          pieces, group, Descale, STAGES, 0, BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI, QK_LO, CAUSAL, WINDOW,
                          SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS,
-                         FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK)),
+                         FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK, NARROW)),
             (_producer, (q_desc, k_desc, v_desc, q_box, q_lo_box, k_load, k_lo_load, v_load, q_bar, q_empty, k_ready,
                          k_empty, v_ready, v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k,
                          causal_offset, window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_lead, kv_seq_b,
