@@ -108,6 +108,11 @@ HOPPER_96_LONG = KernelConfig(192, 64, 4, 3, fence=1, stale=1)
 LONG_96_KEYS = 2048
 
 
+# head_dim 96 causal deals its last rounds by LPT (``balance``) where it was timed so, past 512 keys and up to 16k
+# (the 128-row, 2-stage row): +1.7-2.9% (docs/PERF.md, "Every head dim")
+LPT_96_KEYS = (512, 16384)
+
+
 # a causal window alone at head_dim 128: work items numbered block by block across (up to) this many heads, so the
 # blocks whose band is whole (the longest) go first and the short ones at each head's start fill the last round;
 # +2-10% at 4k tokens (docs/PERF.md, "Beyond the default grid")
@@ -161,7 +166,8 @@ def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = 
         if key_d == d and key_causal == bool(causal) and (longest is None or seqlen_k <= longest):
             narrow = modifiers or per_sequence or seqlen_k % cfg.block_n
             if causal and head_dim != padded(head_dim):  # Q K^T over its own columns; 96 the standing pivot and LPT
-                cfg = replace(cfg, q_regs=0, stale=int(cfg.stale or d == 128), balance=int(cfg.balance or d == 128))
+                lpt = d == 128 and LPT_96_KEYS[0] < seqlen_k <= LPT_96_KEYS[1]
+                cfg = replace(cfg, q_regs=0, stale=int(cfg.stale or d == 128), balance=int(cfg.balance or lpt))
             elif modifiers and d == 128 and not (window_only and causal):
                 cfg = replace(cfg, q_regs=0)
             elif window_only and causal and d == 128:  # full bands first, across the heads
