@@ -260,7 +260,8 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
     # the PTX passes must see the build: again, in case another stages hook replaced them since import
     if cfg.cluster:
         multicast.install()
-    if not cfg.wide and narrow_pass.width(prob.dv, padded(prob.dv)):
+    consts = constexprs(prob, cfg, lse is not None, paired, alibi is not None, pieces > 1, balance)
+    if consts["NARROW"]:
         narrow_pass.install()
     scale = prob.scale_log2 / LOG2E
     cap = prob.softcap or 1.0
@@ -273,8 +274,7 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
                   block_table if block_table is not None else o,
                   block_table.stride(0) if block_table is not None else 0, max(prob.page, 1), w, wl, dest,
                   pieces, descale if descale is not None else o,
-                  **constexprs(prob, cfg, lse is not None, paired, alibi is not None, pieces > 1, balance),
-                  num_warps=4, **launch_options(cfg))
+                  **consts, num_warps=4, **launch_options(cfg))
     if pieces > 1:
         combine.launch(w, wl, o, lse, strides_bhsd(o, layout), prob.heads, prob.seqlen_q, dest)
 
