@@ -6,7 +6,8 @@ import random
 import pytest
 
 from conftest import DEVICE
-from fmha import fuzz
+import fmha
+from fmha import configs, fuzz
 
 
 def test_drawn_problems_pass_and_cover_the_patterns():
@@ -52,6 +53,18 @@ def test_problems_with_a_narrower_v_pass():
     seed = next(p for p in drawn if p.head_dim_v and p.variant == "singlewave" and not p.attn_mask)
     with pytest.raises(ValueError, match="V head dim"):
         fuzz.run(seed, DEVICE)
+
+
+def test_a_masked_problem_draws_the_config_the_plan_takes():
+    """A problem with an attn_mask and a table row draws the row as the plan takes it beside a mask
+    (``configs.with_attn_mask``: ``tiled``'s 128 x 128 row in two stages), not the row itself, whose three stages
+    with the mask's tiles would not fit sm_90 (the plan refuses a caller's config there)."""
+    drawn = [fuzz.draw(random.Random(s), True, True) for s in range(3000)]
+    masked = [p for p in drawn if p.attn_mask and p.config]
+    assert any(p.config["block_m"] * p.config["block_n"] >= 128 * 128 for p in masked)
+    for p in masked:
+        cfg = fmha.KernelConfig(**p.config)
+        assert configs.with_attn_mask(cfg) == cfg, p
 
 
 def test_problems_with_an_attn_mask_pass_and_a_dropped_mask_is_caught(monkeypatch):

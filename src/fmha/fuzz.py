@@ -140,6 +140,8 @@ def draw(rng: random.Random, on_gpu: bool, hopper: bool) -> Problem:
         p = dataclasses.replace(p, grad=own.choice(GRADS), attn_mask=own.random() < 0.2)
     elif p.entry == "attention" and own.random() < 0.2:
         p = dataclasses.replace(p, attn_mask=True)
+    if p.attn_mask and p.config:  # the table's row as the plan takes it beside a mask (its tiles take shared memory)
+        p = dataclasses.replace(p, config=configs.with_attn_mask(configs.KernelConfig(**p.config)).as_dict())
     return p
 
 

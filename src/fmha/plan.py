@@ -187,8 +187,14 @@ def plan(prob: Problem, q, k, v, o, layout: str, variant: str, config, alibi_slo
         # pointer on the H200 (bench/fp8_speed.py), so they take it only when the caller's config asks
         if cfg.tma and (kernels.unsupported(name, cfg, prob, q, k, v, o, layout) or prob.fp8 and config is None):
             cfg = dataclasses.replace(cfg, tma=0)
-    if prob.attn_mask and config is None:
-        cfg = configs.with_attn_mask(cfg)
+    if prob.attn_mask:
+        masked = configs.with_attn_mask(cfg)
+        if config is None:
+            cfg = masked
+        elif masked != cfg and arch == "sm90":  # the caller's config would die in Triton's compiler, unexplained
+            raise ValueError(f"variant {name!r} cannot take this call: config {cfg} beside an attn_mask asks for "
+                             "more shared memory than sm_90 has (the mask's tiles take block_m x block_n bytes a "
+                             f"stage); num_stages={masked.num_stages} fits")
     return Plan(name, cfg, prob, split_len)
 
 
