@@ -192,3 +192,25 @@ def test_what_the_hopper_backward_leaves_to_triton(monkeypatch):
     q, k, v = make_qkv(1, 2, 2, 64, 64, 64, torch.bfloat16)
     assert runs_on(q, k, v, window=(8, 0)) == "triton"
     assert runs_on(q, k, v, softcap=5.0) == "triton"
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_hopper_backward_allocates_the_gradients_and_its_two_buffers_only(deterministic):
+    """What the backward allocates beyond what the forward left (q, k, v, O, LSE): the three gradients, ``delta``
+    (float32, as the LSE) and the float32 dQ its tiles add into (``[batch * heads, seqlen_q, tile width]``), and,
+    deterministic, its turn counters (two int32 a query tile and head).  The peak stays within their sum and 1 MB
+    (the allocator's rounding, the LSE's zero gradient autograd may make): a copy of an input, or a float32 dK or
+    dV, would pass it."""
+    b, h, kvh, s, d = 2, 8, 2, 2048, 128
+    q, k, v = leaves(*make_qkv(b, h, kvh, s, s, d, torch.bfloat16))
+    assert runs_on(q, k, v, causal=True, deterministic=deterministic) == "hopper"
+    o = fmha.attention(q, k, v, causal=True, deterministic=deterministic)
+    do = torch.randn_like(o)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    o.backward(do)
+    torch.cuda.synchronize()
+    grads = sum(t.numel() * t.element_size() for t in (q, k, v))
+    buffers = b * h * s * 4 + b * h * s * d * 4 + (b * h * -(-s // 64) * 2 * 4 if deterministic else 0)
+    assert torch.cuda.max_memory_allocated() - base <= grads + buffers + (1 << 20)
