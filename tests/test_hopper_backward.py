@@ -199,8 +199,8 @@ def test_hopper_backward_allocates_the_gradients_and_its_two_buffers_only(determ
     """What the backward allocates beyond what the forward left (q, k, v, O, LSE): the three gradients, ``delta``
     (float32, as the LSE) and the float32 dQ its tiles add into (``[batch * heads, seqlen_q, tile width]``), and,
     deterministic, its turn counters (two int32 a query tile and head).  The peak stays within their sum and 1 MB
-    (the allocator's rounding, the LSE's zero gradient autograd may make): a copy of an input, or a float32 dK or
-    dV, would pass it."""
+    (the allocator's rounding, the LSE's zero gradient autograd may make); a copy of an input, or a float32 dK or
+    dV, would go past it."""
     b, h, kvh, s, d = 2, 8, 2, 2048, 128
     q, k, v = leaves(*make_qkv(b, h, kvh, s, s, d, torch.bfloat16))
     assert runs_on(q, k, v, causal=True, deterministic=deterministic) == "hopper"
