@@ -86,6 +86,28 @@ def test_mla_absorbed_decoding(v_of_k, sq, splits, layout):
     assert fmha.api.describe(q, latent, v, layout=layout).startswith("tiled")
 
 
+@pytest.mark.parametrize("sq,splits", [(1, 0), (3, 2)])
+@pytest.mark.parametrize("v_of_k", [True, False], ids=["v-slice-of-k", "v-apart"])
+def test_mla_absorbed_decoding_with_q_k_in_column_chunks(v_of_k, sq, splits):
+    """The absorbed form with Q K^T as one batched product over 16 column chunks of the latent, summed
+    (``qk_chunks``: AMD's table, where 576 columns of Q held whole in the matrix unit's operand layout spilled),
+    against the float64 reference, split or not, V a slice of the latent or apart, and as a paged cache."""
+    config = fmha.KernelConfig(16, 16, 16, 2, qk_chunks=16)
+    q, latent, _ = qkv(1, 16, 1, sq, 90, 576, 512, "bhsd", seed=sq + splits + 40)
+    v = latent[..., :512] if v_of_k else latent[..., :512].contiguous()
+    out = torch.full((*q.shape[:-1], 512), float("nan"), dtype=q.dtype, device=DEVICE)
+    _, lse = fmha.attention(q, latent, v, causal=True, causal_align="bottom_right", out=out, num_splits=splits,
+                            return_lse=True, config=config)
+    check_against_reference(out, q, latent, v, True, "bottom_right", "bhsd", lse=lse)
+    if v_of_k and splits:
+        pool = latent[0, 0, :80].reshape(5, 16, 1, 576)  # 5 pages of 16 keys, in a shuffled table
+        table = torch.tensor([[3, 0, 4, 1, 2]], dtype=torch.int32, device=DEVICE)
+        o = fmha.attention_paged(q, pool, pool[..., :512], table, torch.tensor([77], dtype=torch.int32,
+                                 device=DEVICE), causal=True, config=config)
+        keys = pool[table[0].long()].reshape(-1, 1, 576)[:77].transpose(0, 1)[None]
+        check_against_reference(o, q, keys, keys[..., :512], True, "bottom_right")
+
+
 def test_mla_absorbed_in_a_paged_cache_and_packed():
     """The absorbed form against a paged latent cache (V its first 512 columns) and as packed sequences."""
     g = torch.Generator().manual_seed(9)

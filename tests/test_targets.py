@@ -556,16 +556,21 @@ def test_mla_absorbed_decode_builds_for_sm90_on_tiled():
         targets.build("hopper", "sm_90", 576, "bfloat16", True)
 
 
-def test_mla_absorbed_decode_builds_for_cdna_without_spills():
-    """The absorbed form on AMD: the ``hip`` row (16-key tiles) builds for gfx942 (MI300) with no spills, where
-    the NVIDIA row's 32-key tiles spill; the decode config keeps it (a few query rows, the keys split)."""
+@pytest.mark.parametrize("target", ["gfx942", "gfx1100", "gfx1151"])
+def test_mla_absorbed_decode_builds_for_amd_without_spills(target):
+    """The absorbed form on AMD: the ``hip`` row (16-key tiles, Q K^T batched over 16 column chunks of the latent,
+    ``qk_chunks``) builds for CDNA (gfx942) and RDNA (gfx1100, gfx1151) with no spills, where the same tiles with
+    Q's 576 columns held whole by every warp spill on RDNA and the NVIDIA row's 32-key tiles on CDNA; the decode
+    config keeps it (a few query rows, the keys split)."""
+    from dataclasses import replace
     from fmha import configs
-    b = targets.build("tiled", "gfx942", 576, "bfloat16", True)
+    b = targets.build("tiled", target, 576, "bfloat16", True)
     assert b.config == configs.mla_config("hip").as_dict() and targets.report(b).spilled_registers == 0
-    assert targets.report(targets.build("tiled", "gfx942", 576, "bfloat16", True,
-                                        configs.mla_config("sm90"))).spilled_registers > 0
+    held = replace(configs.mla_config("hip"), qk_chunks=0)
+    other = configs.mla_config("sm90") if target == "gfx942" else held
+    assert targets.report(targets.build("tiled", target, 576, "bfloat16", True, other)).spilled_registers > 0
     decode = configs.decode_config(16, 8192, 576, "hip")
-    assert (decode.block_n, decode.num_warps, decode.split_per_sm) == (16, 8, 1)
+    assert (decode.block_n, decode.num_warps, decode.split_per_sm, decode.qk_chunks) == (16, 16, 1, 16)
     assert configs.decode_config(16, 8192, 576).block_n == configs.mla_config("sm90").block_n
 
 

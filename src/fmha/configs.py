@@ -35,6 +35,7 @@ class KernelConfig:
     stale: int = 0  # hopper: 1 no row max past the first tile (the pivot stands until a tile's row sum passes 2**15)
     split_qk: int = 0  # hopper, q/k head dim 192: 1 Q and K held as a 128- and a 64-column tile (no padding)
     wide: int = 0  # hopper: 1 P V over a padded V's whole tile (0: over its own columns, ``narrow_pass``)
+    qk_chunks: int = 0  # tiled: Q K^T as one batched product over this many column chunks, summed (0: one product)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -225,10 +226,11 @@ TILED_FP8 = [
 
 # MLA's absorbed form (q/k 576 = 512 + 64, V 512), by arch, not yet timed on a GPU.  NVIDIA: a [32, 512] float32
 # accumulator and 512-wide K tiles of 32 keys over 8 warps (64 registers a thread for the accumulator; no
-# spills on sm_90).  AMD: 16-key tiles, the only shape of those `fmha compile --head-dim 576` built for gfx942
-# with neither spills nor fewer rows (32,16,8,2: 190 VGPRs; 32-key tiles spill 222); on RDNA (gfx1100, gfx1151)
-# every shape spills, 441 registers at the fewest (16 warps) and 741 with this one
-MLA = {"hip": KernelConfig(32, 16, 8, 2)}
+# spills on sm_90).  AMD: Q K^T as one batched product over 16 chunks of the latent's columns, a chunk a warp
+# (``qk_chunks``), in 16-row blocks of 16-key tiles: no spills on gfx942, gfx1100 or gfx1151 (113, 212, 212 VGPRs).
+# With Q's 576 columns held whole by every warp, RDNA spilled at every shape (699 registers at 32 rows, 8 warps,
+# which gfx942 built without spills); its column chunks read again at each key tile spilled more (889-2077)
+MLA = {"hip": KernelConfig(16, 16, 16, 2, qk_chunks=16)}
 MLA_DEFAULT = KernelConfig(32, 32, 8, 2)
 
 

@@ -342,6 +342,8 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
         const.update(HEAD_V=dv, BLOCK_DV=max(16, triton.next_power_of_2(dv)))
     if "AMD" in kernel.arg_names:  # pipelined: the build orders its loop for gfx11's WMMA registers
         const.update(AMD=chip.backend == "hip")
+    if "QK_CHUNKS" in kernel.arg_names:  # tiled: Q K^T batched over column chunks
+        const.update(QK_CHUNKS=cfg.qk_chunks)
     fp8 = dtype == "float8_e4m3fn"
     if "FP8" in kernel.arg_names:  # tiled: float8 K/V (and q) dequantized on load, the output bfloat16
         const.update(FP8=fp8)

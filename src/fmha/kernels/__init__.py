@@ -131,6 +131,7 @@ def launch(variant: str, cfg, prob, q, k, v, o, lse, layout: str, alibi=None, se
         **(dict(Descale=descale if descale is not None else o, FP8=prob.fp8) if "FP8" in params else {}),
         **(dict(QK_LO=prob.qk_lo, V_FROM_K=v_from_k(prob, k, v)) if "QK_LO" in params else {}),
         **(dict(AMD=amd_build(q)) if "AMD" in params else {}),
+        **(dict(QK_CHUNKS=cfg.qk_chunks) if "QK_CHUNKS" in params else {}),
         **(_merge_args(merge, layout, q.device, grid, o) if "MERGE" in params else {}),
         **(mask_args(attn_mask, o) if "ATTN_MASK" in params else {}),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)

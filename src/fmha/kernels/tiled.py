@@ -46,13 +46,15 @@ def _key_range(acc, l, m, q, q_lo, k_base, v_base, lo, hi, offs_m, offs_n, offs_
                BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
                SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr,
                KV_TMA: tl.constexpr, HEAD_V: tl.constexpr, BLOCK_DV: tl.constexpr, FP8: tl.constexpr,
-               QK_LO: tl.constexpr, V_FROM_K: tl.constexpr, ATTN_MASK: tl.constexpr, AMD: tl.constexpr):
+               QK_LO: tl.constexpr, V_FROM_K: tl.constexpr, ATTN_MASK: tl.constexpr, AMD: tl.constexpr,
+               QK_CHUNKS: tl.constexpr):
     """The key tiles ``[lo, hi)``.  QK_LO: Q K^T also over the ``QK_LO`` columns after q/k's first ``BLOCK_D``
     (``q_lo``: Q's); V_FROM_K: V is K's first ``BLOCK_DV`` columns (MLA's absorbed form), so K's tile serves.
     ATTN_MASK: each row's boolean mask (``mask_rows``, key stride ``stride_mk``) joins the band, in every tile.
     AMD: a masked tile's V read as :func:`_v_rows_clamped` reads it.  ``offs_dv`` and HEAD_V: the columns V's tile
     reads and how many of them are real (columns past them read 0); an AMD build passes :func:`_v_columns`' and
-    BLOCK_DV."""
+    BLOCK_DV.  QK_CHUNKS: ``q`` holds Q as ``[QK_CHUNKS, BLOCK_M, BLOCK_D / QK_CHUNKS]`` column chunks, and Q K^T is
+    one batched product over them, summed."""
     first = (lo + offs_n).to(tl.int64)
     k_ptrs = k_base + first[:, None] * stride_ks + offs_d[None, :] * stride_kd
     v_ptrs = v_base + first[:, None] * stride_vs + offs_dv[None, :] * stride_vd
@@ -76,7 +78,11 @@ def _key_range(acc, l, m, q, q_lo, k_base, v_base, lo, hi, offs_m, offs_n, offs_
             k = load_rows(k_ptrs, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, MASKED)
         if FP8:  # float8 values are exact in 16 bits (q's type); their descale factors act on the scores and O
             k = k.to(q.dtype)
-        qk = mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
+        if QK_CHUNKS:
+            k3 = tl.permute(tl.reshape(k, [BLOCK_N, QK_CHUNKS, BLOCK_D // QK_CHUNKS]), (1, 2, 0))
+            qk = tl.sum(mma(q, k3, tl.zeros([QK_CHUNKS, BLOCK_M, BLOCK_N], tl.float32)), axis=0)
+        else:
+            qk = mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
         if QK_LO:
             k_lo = load_rows(klo_ptrs, cols, seqlen_k, offs_lo, QK_LO, QK_LO, MASKED)
             if FP8:
@@ -141,7 +147,7 @@ def tiled_kernel(
         QK_LO: tl.constexpr, V_FROM_K: tl.constexpr,
         Out, stride_fb, stride_fh, stride_fs, stride_fd, LseOut, Tickets, MERGE: tl.constexpr,
         MERGE_LSE: tl.constexpr, AttnMask, stride_mb, stride_mh, stride_mq, stride_mk, ATTN_MASK: tl.constexpr,
-        AMD: tl.constexpr):
+        AMD: tl.constexpr, QK_CHUNKS: tl.constexpr):
     """HEAD_V, BLOCK_DV: V's and O's head dimension (DeepSeek's MLA: 128 against q/k's 192), else HEAD_DIM's.
     QK_LO: q/k have ``QK_LO`` more columns after their first ``BLOCK_D`` (MLA's absorbed form: 576 = 512 + 64,
     HEAD_DIM then 512), a second slice of Q K^T; V_FROM_K: V is K's first columns, read once as K's tile.
@@ -152,7 +158,9 @@ def tiled_kernel(
     (int32, one per row block and batch*head program, at zero).  ATTN_MASK: a boolean mask ``[batch, heads,
     seqlen_q, seqlen_k]`` (strides ``stride_m*``, broadcast dimensions 0) joins the band (not VARLEN).  AMD: an AMD
     build (:func:`fmha.kernels.amd_build`), which reads V without masked loads (:func:`_v_rows_clamped`,
-    :func:`_v_columns`)."""
+    :func:`_v_columns`).  QK_CHUNKS (``KernelConfig.qk_chunks``): Q K^T as one batched product over that many column
+    chunks of q/k's first ``BLOCK_D`` columns, summed: each warp holds a chunk of Q's columns for the loop, not all of
+    them (MLA's absorbed form on gfx11: 576 columns of Q in the matrix unit's operand layout fill the register file)."""
     (row_lo, row_hi, offs_m, q, k_base, v_base, o_rows, lse_rows, seqlen_q, seqlen_k, causal_offset, window_offset,
      align_offset) = program_start(
         Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh,
@@ -174,6 +182,8 @@ def tiled_kernel(
             stride_ks, stride_vb, stride_vh, stride_vs, stride_ob, stride_oh, stride_os, heads, group, seqlen_q,
             seqlen_k, causal_offset, window_offset, align_offset, CuQ, CuK, SeqK, stride_osplit, lse_split, QK_LO,
             QK_LO, BLOCK_M, VARLEN, SEQUSED, ALIGN_BR, SPLIT, PAGED, PACK_GQA)[3]
+    if QK_CHUNKS:  # Q as its column chunks, the batch dimension first
+        q = tl.permute(tl.reshape(q, [BLOCK_M, QK_CHUNKS, BLOCK_D // QK_CHUNKS]), (1, 0, 2))
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -210,7 +220,7 @@ def tiled_kernel(
                                    b, stride_bt, max_pages, stride_kb, stride_vb, K_desc, V_desc, kv_seq, kv_col,
                                    mask_rows, stride_mk, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, part != 1, CAUSAL,
                                    WINDOW, SOFTCAP, ALIBI, PAGED, PAGE, KV_TMA, V_READ, BLOCK_DV, FP8, QK_LO,
-                                   V_FROM_K, ATTN_MASK, AMD)
+                                   V_FROM_K, ATTN_MASK, AMD, QK_CHUNKS)
     if FP8:
         acc = acc * tl.load(factors + 2)
     write_output(o_rows, LSE, lse_rows, acc, l, m, offs_m, seqlen_q, offs_dv, stride_od,
