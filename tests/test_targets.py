@@ -574,21 +574,19 @@ def test_mla_absorbed_decode_builds_for_amd_without_spills(target):
     assert configs.decode_config(16, 8192, 576).block_n == configs.mla_config("sm90").block_n
 
 
-SPILL_LIMITS = {"gfx942": {64: 0, 128: 0, 256: 0}, "gfx1151": {64: 0, 128: 1, 256: 200}}
-
-
 @pytest.mark.parametrize("target,matrix", [("gfx942", "v_mfma"), ("gfx1151", "v_wmma")])
-@pytest.mark.parametrize("head_dim,causal", [(64, False), (64, True), (128, False), (256, False)])
+@pytest.mark.parametrize("head_dim,causal", [(64, False), (64, True), (128, False), (128, True), (256, False),
+                                             (256, True)])
 def test_backward_kernels_build_for_amd_within_their_registers(target, matrix, head_dim, causal):
     """The portable backward's kernels with the AMD tables' tiles (:data:`fmha.backward.AMD_TILES`) use the
-    matrix unit and keep their values in registers: no spills on gfx942 (CDNA); on gfx1151 (RDNA) none
-    through head_dim 64, one register at 128 (the dQ kernel), and at 256 the fewest of the tiles tried."""
+    matrix unit and keep their values in registers on gfx942 (CDNA) and gfx1151 (RDNA), at head_dim 128 and 256 on
+    RDNA with S and dP over column chunks (``QK_CHUNKS``; one product a tile spilled 200 registers at 256)."""
     builds = targets.build_backward_kernels(target, head_dim, "bfloat16", causal)
     assert [b.variant for b in builds] in (["dkdv_kernel", "dq_kernel"], ["dkdv_kernel"])
     for b in builds:
         r = targets.report(b)
         assert any(name.startswith(matrix) for name in r.matrix_instructions), (b.variant, r.matrix_instructions)
-        assert r.spilled_registers <= SPILL_LIMITS[target][head_dim], (b.variant, b.config, r.spilled_registers)
+        assert r.spilled_registers == 0, (b.variant, b.config, r.spilled_registers)
 
 
 @pytest.mark.parametrize("target", ["gfx1151", "gfx942"])

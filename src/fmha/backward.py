@@ -13,8 +13,8 @@ from .kernels import backward as kernels
 from .sinks import grad as sink_grad
 
 
-def _t(block_m, block_n, warps, stages) -> dict:
-    return dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages)
+def _t(block_m, block_n, warps, stages, chunks=0) -> dict:
+    return dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages, QK_CHUNKS=chunks)
 
 
 def tiles(head_dim: int, causal: bool, deterministic: bool, family: str = "nvidia") -> tuple[dict, dict | None]:
@@ -30,8 +30,8 @@ def tiles(head_dim: int, causal: bool, deterministic: bool, family: str = "nvidi
         small = _t(16, 16, 4, 1)
         return small, small if deterministic else None
     if family in AMD_TILES:
-        row = AMD_TILES[family][64 if head_dim <= 64 else 128 if head_dim <= 128 else 256]
-        dkdv, atomic_dkdv, dq = (_t(*t, 1) if t else None for t in row)
+        *row, chunks = AMD_TILES[family][64 if head_dim <= 64 else 128 if head_dim <= 128 else 256]
+        dkdv, atomic_dkdv, dq = (_t(*t, 1, chunks) if t else None for t in row)
         atomic = atomic_dkdv is not None and not deterministic and (causal if head_dim <= 64 else head_dim > 128)
         return (atomic_dkdv, None) if atomic else (dkdv, dq)
     if head_dim <= 64:
@@ -45,18 +45,19 @@ def tiles(head_dim: int, causal: bool, deterministic: bool, family: str = "nvidi
 
 
 # (BLOCK_M, BLOCK_N, warps) of the dK/dV kernel, of the dK/dV kernel adding dQ atomically (None: it spills
-# where the other does not, so dQ takes its own kernel) and of the dQ kernel, per head dim up to 64, 128, 256;
-# chosen from builds for gfx1151 (RDNA) and gfx942 (CDNA) by their spills (tests/test_targets.py), not timed.
-# RDNA's WMMA holds an A operand twice (both half-waves), so Q and dO of head_dim 128 take 128 registers of
-# the 256 a thread has: 16-row tiles there (the dQ kernel keeps one register in scratch), and at 256 no tile
-# builds without spills (these spill least).
+# where the other does not, so dQ takes its own kernel) and of the dQ kernel, per head dim up to 64, 128, 256,
+# then the column chunks of their S and dP products (``QK_CHUNKS``, :func:`fmha.kernels.backward._dot_t`; 0: one
+# product); chosen from builds for gfx1151 (RDNA) and gfx942 (CDNA) by their spills (tests/test_targets.py), not
+# timed.  RDNA's WMMA holds an operand twice (both half-waves), so a whole row of head_dim 128-256 in every warp
+# fills the 256 registers a thread has (at 256 every tile spilled, 200 registers at the least; at 128 the dQ kernel
+# kept one in scratch): there S and dP run over column chunks of 16, a chunk a warp, and no build spills.
 AMD_TILES = {
-    "rdna": {64: ((32, 32, 8), (32, 16, 8), (64, 32, 8)),
-             128: ((32, 16, 16), None, (16, 16, 8)),
-             256: ((16, 16, 16), None, (16, 16, 16))},
-    "cdna": {64: ((64, 64, 8), (64, 32, 8), (128, 64, 8)),
-             128: ((64, 32, 8), (64, 32, 8), (64, 32, 8)),
-             256: ((64, 16, 8), (64, 16, 8), (64, 16, 8))},
+    "rdna": {64: ((32, 32, 8), (32, 16, 8), (64, 32, 8), 0),
+             128: ((32, 16, 16), None, (16, 16, 8), 8),
+             256: ((16, 32, 16), None, (32, 16, 16), 16)},
+    "cdna": {64: ((64, 64, 8), (64, 32, 8), (128, 64, 8), 0),
+             128: ((64, 32, 8), (64, 32, 8), (64, 32, 8), 0),
+             256: ((64, 16, 8), (64, 16, 8), (64, 16, 8), 0)},
 }
 
 

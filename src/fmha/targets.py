@@ -203,7 +203,8 @@ def build_backward_kernels(target: str, head_dim: int, dtype: str = "bfloat16", 
         atomic = kernel is kernels.dkdv_kernel and q_tiles is None
         const = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=t["BLOCK_M"], BLOCK_N=t["BLOCK_N"], CAUSAL=causal,
                      WINDOW=False, SOFTCAP=False, ALIBI=False, VARLEN=False, SEQUSED=False, ALIGN_BR=False,
-                     HEAD_V=head_dim, BLOCK_DV=block_d, ATTN_MASK=attn_mask, **({"stride_mk": 1} if attn_mask else {}))
+                     HEAD_V=head_dim, BLOCK_DV=block_d, ATTN_MASK=attn_mask, QK_CHUNKS=t["QK_CHUNKS"],
+                     **({"stride_mk": 1} if attn_mask else {}))
         if "ATOMIC_DQ" in kernel.arg_names:
             const["ATOMIC_DQ"] = atomic
         dt = DTYPES[dtype]
@@ -211,6 +212,7 @@ def build_backward_kernels(target: str, head_dim: int, dtype: str = "bfloat16", 
                    **dict.fromkeys(("LSE", "Delta", "Alibi"), "fp32")}
         compiled = _compile(kernel, const, aligned, chip, t["num_warps"], t["num_stages"])
         cfg = dict(block_m=t["BLOCK_M"], block_n=t["BLOCK_N"], num_warps=t["num_warps"], num_stages=t["num_stages"],
+                   **({"qk_chunks": t["QK_CHUNKS"]} if t["QK_CHUNKS"] else {}),
                    **({"deterministic": True} if deterministic else {}))
         out.append(Build(kernel.__name__, target, head_dim, dtype, causal, cfg, dict(compiled.asm),
                          _plain(compiled.metadata)))

@@ -53,12 +53,27 @@ def delta_kernel(O, DO, Delta, stride_ob, stride_oh, stride_os, stride_gb, strid
 
 
 @triton.jit
+def _dot_t(a, b, M: tl.constexpr, N: tl.constexpr, CHUNKS: tl.constexpr):
+    """``a @ b^T`` in float32 (``a`` ``[M, D]``, ``b`` ``[N, D]``); CHUNKS: as one batched product over that many
+    column chunks of D, summed, so that each warp holds a chunk of both operands' columns, not all of them (RDNA's
+    matrix unit holds an operand twice, once a half-wave: at head_dim 256 a whole row of K and V fills the file)."""
+    if CHUNKS:
+        D: tl.constexpr = a.shape[1]
+        a3 = tl.permute(tl.reshape(a, [M, CHUNKS, D // CHUNKS]), (1, 0, 2))
+        b3 = tl.permute(tl.reshape(b, [N, CHUNKS, D // CHUNKS]), (1, 2, 0))
+        out = tl.sum(mma(a3, b3, tl.zeros([CHUNKS, M, N], tl.float32)), axis=0)
+    else:
+        out = mma(a, tl.trans(b), tl.zeros([M, N], tl.float32))
+    return out
+
+
+@triton.jit
 def _probs(q, k, lse2, offs_m, offs_n, seqlen_k, scale_log2, softcap, slope, causal_offset, window_offset,
            align_offset, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-           ALIBI: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+           ALIBI: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QK_CHUNKS: tl.constexpr):
     """``P`` of a (query block, key block) tile from the saved base-2 LSE, and the factor that turns
-    ``dZ`` into the gradient of ``scale q.k`` (the softcap's ``1 - tanh^2``, else 1)."""
-    qk = mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
+    ``dZ`` into the gradient of ``scale q.k`` (the softcap's ``1 - tanh^2``, else 1); QK_CHUNKS: :func:`_dot_t`'s."""
+    qk = _dot_t(q, k, BLOCK_M, BLOCK_N, QK_CHUNKS)
     s = scores(qk, offs_m, offs_n, seqlen_k, scale_log2, softcap, slope, causal_offset, window_offset,
                align_offset, True, CAUSAL, WINDOW, SOFTCAP, ALIBI)
     p = tl.math.exp2(s - lse2[:, None])
@@ -112,7 +127,7 @@ def dkdv_kernel(Q, K, V, DO, LSE, Delta, DK, DV, DQ,
                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
                 VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr, HEAD_V: tl.constexpr,
-                BLOCK_DV: tl.constexpr, ATTN_MASK: tl.constexpr, ATOMIC_DQ: tl.constexpr):
+                BLOCK_DV: tl.constexpr, ATTN_MASK: tl.constexpr, ATOMIC_DQ: tl.constexpr, QK_CHUNKS: tl.constexpr):
     """dK and dV of key block ``program_id(0)`` of (batch, KV head) ``program_id(1)`` (HEAD_V: V's, O's and
     dO's head dimension); with ``ATOMIC_DQ`` also this block's share of dQ, added into the float32 ``DQ``."""
     kv_heads = heads // group
@@ -163,11 +178,11 @@ def dkdv_kernel(Q, K, V, DO, LSE, Delta, DK, DV, DQ,
                 rows = (b * heads + h).to(tl.int64) * seqlen_q + offs_m
             lse2, delta = _row_stats(LSE, Delta, rows, offs_m, sq)
             p, dcap = _probs(q, k, lse2, offs_m, offs_n, sk, scale_log2, softcap, slope, causal_offset,
-                             window_offset, align_offset, CAUSAL, WINDOW, SOFTCAP, ALIBI, BLOCK_M, BLOCK_N)
+                             window_offset, align_offset, CAUSAL, WINDOW, SOFTCAP, ALIBI, BLOCK_M, BLOCK_N, QK_CHUNKS)
             p = _kept(p, AttnMask, b, h, offs_m, offs_n, sq, sk, stride_mb, stride_mh, stride_mq, stride_mk,
                       ATTN_MASK)
             dv = mma(tl.trans(p.to(do.dtype)), do, dv)
-            dp = mma(do, tl.trans(v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
+            dp = _dot_t(do, v, BLOCK_M, BLOCK_N, QK_CHUNKS)
             dz = p * (dp - delta[:, None]) * dcap
             dk = mma(tl.trans(dz.to(q.dtype)), q, dk)
             if ATOMIC_DQ:
@@ -189,7 +204,7 @@ def dq_kernel(Q, K, V, DO, LSE, Delta, DQ,
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
               VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr, HEAD_V: tl.constexpr,
-              BLOCK_DV: tl.constexpr, ATTN_MASK: tl.constexpr):
+              BLOCK_DV: tl.constexpr, ATTN_MASK: tl.constexpr, QK_CHUNKS: tl.constexpr):
     """dQ of query block ``program_id(0)`` of (batch, head) ``program_id(1)``."""
     b = tl.program_id(1) // heads
     h = tl.program_id(1) % heads
@@ -232,9 +247,9 @@ def dq_kernel(Q, K, V, DO, LSE, Delta, DQ,
         v = load_rows(v_base + keys[:, None] * stride_vs + offs_dv[None, :], offs_n, sk, offs_dv, HEAD_V, BLOCK_DV,
                       True)
         p, dcap = _probs(q, k, lse2, offs_m, offs_n, sk, scale_log2, softcap, slope, causal_offset, window_offset,
-                         align_offset, CAUSAL, WINDOW, SOFTCAP, ALIBI, BLOCK_M, BLOCK_N)
+                         align_offset, CAUSAL, WINDOW, SOFTCAP, ALIBI, BLOCK_M, BLOCK_N, QK_CHUNKS)
         p = _kept(p, AttnMask, b, h, offs_m, offs_n, sq, sk, stride_mb, stride_mh, stride_mq, stride_mk, ATTN_MASK)
-        dp = mma(do, tl.trans(v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
+        dp = _dot_t(do, v, BLOCK_M, BLOCK_N, QK_CHUNKS)
         dz = p * (dp - delta[:, None]) * dcap
         dq = mma(dz.to(k.dtype), k, dq)
     dq = dq * (scale_log2 / LOG2E)
