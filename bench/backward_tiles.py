@@ -36,7 +36,7 @@ Q_CANDIDATES = {64: [(128, 64, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3), (128, 128
 
 
 def as_dict(t):
-    return dict(BLOCK_M=t[0], BLOCK_N=t[1], num_warps=t[2], num_stages=t[3])
+    return dict(BLOCK_M=t[0], BLOCK_N=t[1], num_warps=t[2], num_stages=t[3], QK_CHUNKS=0)
 
 
 def name(t):
