@@ -65,10 +65,14 @@ def test_describe_names_the_backward_that_runs(monkeypatch):
     from fmha import backward
     q, k, v = make_qkv(1, 2, 1, 37, 45, 64, torch.bfloat16, "bhsd", seed=0)
     monkeypatch.setattr(backward, "family_of", lambda device: "cdna")
-    (m, n, w), _, (qm, qn, qw) = backward.AMD_TILES["cdna"][64]
+    (m, n, w), _, (qm, qn, qw), _ = backward.AMD_TILES["cdna"][64]
     assert backward.describe(q, k, v, deterministic=True) == (
         f"triton backward dK/dV {m}x{n} warps={w} stages=1, dQ {qm}x{qn} warps={qw} stages=1, deterministic")
     assert backward.describe(q, k, v, causal=True).endswith(", dQ added atomically")
+    monkeypatch.setattr(backward, "family_of", lambda device: "rdna")
+    q, k, v = make_qkv(1, 2, 1, 37, 45, 256, torch.bfloat16, "bhsd", seed=0)
+    assert backward.describe(q, k, v) == ("triton backward dK/dV 16x32 warps=16 stages=1 qk_chunks=16, "
+                                          "dQ 32x16 warps=16 stages=1 qk_chunks=16")
 
 
 @pytest.mark.parametrize("mods", [{"window": (6, 0)}, {"window": (4, 3)}, {"softcap": 5.0},

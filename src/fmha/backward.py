@@ -133,7 +133,8 @@ def describe(q, k, v, *, causal: bool = False, layout: str = "bhsd", determinist
     kv_tiles, q_tiles = tiles(max(prob.head_dim, prob.dv), prob.causal, deterministic, family_of(q.device))
 
     def shape(t):
-        return f"{t['BLOCK_M']}x{t['BLOCK_N']} warps={t['num_warps']} stages={t['num_stages']}"
+        chunks = f" qk_chunks={t['QK_CHUNKS']}" if t["QK_CHUNKS"] else ""
+        return f"{t['BLOCK_M']}x{t['BLOCK_N']} warps={t['num_warps']} stages={t['num_stages']}{chunks}"
     dq = f"dQ {shape(q_tiles)}" if q_tiles else "dQ added atomically"
     return f"triton backward dK/dV {shape(kv_tiles)}, {dq}{order}"
 
