@@ -46,7 +46,7 @@ def tiles(head_dim: int, causal: bool, deterministic: bool, family: str = "nvidi
 
 # (BLOCK_M, BLOCK_N, warps) of the dK/dV kernel, of the dK/dV kernel adding dQ atomically (None: it spills
 # where the other does not, so dQ takes its own kernel) and of the dQ kernel, per head dim up to 64, 128, 256,
-# then the column chunks of their S and dP products (``QK_CHUNKS``, :func:`fmha.kernels.backward._dot_t`; 0: one
+# then the column chunks of their S and dP products (``QK_CHUNKS``, :func:`fmha.kernels.common.dot_t`; 0: one
 # product); chosen from builds for gfx1151 (RDNA) and gfx942 (CDNA) by their spills (tests/test_targets.py), not
 # timed.  RDNA's WMMA holds an operand twice (both half-waves), so a whole row of head_dim 128-256 in every warp
 # fills the 256 registers a thread has (at 256 every tile spilled, 200 registers at the least; at 128 the dQ kernel

@@ -21,7 +21,7 @@ element is written by one program, in a fixed order.
 import triton
 import triton.language as tl
 
-from .common import LOG2E, head_slope, load_rows, mma, scores, sequence
+from .common import LOG2E, dot_t, head_slope, load_rows, mma, scores, sequence
 
 
 @triton.jit
@@ -53,27 +53,13 @@ def delta_kernel(O, DO, Delta, stride_ob, stride_oh, stride_os, stride_gb, strid
 
 
 @triton.jit
-def _dot_t(a, b, M: tl.constexpr, N: tl.constexpr, CHUNKS: tl.constexpr):
-    """``a @ b^T`` in float32 (``a`` ``[M, D]``, ``b`` ``[N, D]``); CHUNKS: as one batched product over that many
-    column chunks of D, summed, so that each warp holds a chunk of both operands' columns, not all of them (RDNA's
-    matrix unit holds an operand twice, once a half-wave: at head_dim 256 a whole row of K and V fills the file)."""
-    if CHUNKS:
-        D: tl.constexpr = a.shape[1]
-        a3 = tl.permute(tl.reshape(a, [M, CHUNKS, D // CHUNKS]), (1, 0, 2))
-        b3 = tl.permute(tl.reshape(b, [N, CHUNKS, D // CHUNKS]), (1, 2, 0))
-        out = tl.sum(mma(a3, b3, tl.zeros([CHUNKS, M, N], tl.float32)), axis=0)
-    else:
-        out = mma(a, tl.trans(b), tl.zeros([M, N], tl.float32))
-    return out
-
-
-@triton.jit
 def _probs(q, k, lse2, offs_m, offs_n, seqlen_k, scale_log2, softcap, slope, causal_offset, window_offset,
            align_offset, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
            ALIBI: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QK_CHUNKS: tl.constexpr):
     """``P`` of a (query block, key block) tile from the saved base-2 LSE, and the factor that turns
-    ``dZ`` into the gradient of ``scale q.k`` (the softcap's ``1 - tanh^2``, else 1); QK_CHUNKS: :func:`_dot_t`'s."""
-    qk = _dot_t(q, k, BLOCK_M, BLOCK_N, QK_CHUNKS)
+    ``dZ`` into the gradient of ``scale q.k`` (the softcap's ``1 - tanh^2``, else 1); QK_CHUNKS:
+    :func:`.common.dot_t`'s."""
+    qk = dot_t(q, k, BLOCK_M, BLOCK_N, QK_CHUNKS)
     s = scores(qk, offs_m, offs_n, seqlen_k, scale_log2, softcap, slope, causal_offset, window_offset,
                align_offset, True, CAUSAL, WINDOW, SOFTCAP, ALIBI)
     p = tl.math.exp2(s - lse2[:, None])
@@ -182,7 +168,7 @@ def dkdv_kernel(Q, K, V, DO, LSE, Delta, DK, DV, DQ,
             p = _kept(p, AttnMask, b, h, offs_m, offs_n, sq, sk, stride_mb, stride_mh, stride_mq, stride_mk,
                       ATTN_MASK)
             dv = mma(tl.trans(p.to(do.dtype)), do, dv)
-            dp = _dot_t(do, v, BLOCK_M, BLOCK_N, QK_CHUNKS)
+            dp = dot_t(do, v, BLOCK_M, BLOCK_N, QK_CHUNKS)
             dz = p * (dp - delta[:, None]) * dcap
             dk = mma(tl.trans(dz.to(q.dtype)), q, dk)
             if ATOMIC_DQ:
@@ -249,7 +235,7 @@ def dq_kernel(Q, K, V, DO, LSE, Delta, DQ,
         p, dcap = _probs(q, k, lse2, offs_m, offs_n, sk, scale_log2, softcap, slope, causal_offset, window_offset,
                          align_offset, CAUSAL, WINDOW, SOFTCAP, ALIBI, BLOCK_M, BLOCK_N, QK_CHUNKS)
         p = _kept(p, AttnMask, b, h, offs_m, offs_n, sq, sk, stride_mb, stride_mh, stride_mq, stride_mk, ATTN_MASK)
-        dp = _dot_t(do, v, BLOCK_M, BLOCK_N, QK_CHUNKS)
+        dp = dot_t(do, v, BLOCK_M, BLOCK_N, QK_CHUNKS)
         dz = p * (dp - delta[:, None]) * dcap
         dq = mma(dz.to(k.dtype), k, dq)
     dq = dq * (scale_log2 / LOG2E)

@@ -40,6 +40,22 @@ def mma(a, b, acc):
 
 
 @triton.jit
+def dot_t(a, b, M: tl.constexpr, N: tl.constexpr, CHUNKS: tl.constexpr):
+    """``a @ b^T`` in float32 (``a`` ``[M, D]``, ``b`` ``[N, D]``); CHUNKS: as one batched product over that many
+    column chunks of D, summed, so that each warp holds a chunk of both operands' columns, not all of them (RDNA's
+    matrix unit holds an operand twice, once a half-wave: at head_dim 256 whole rows of both fill the register file,
+    and at MLA's 576 whole rows of Q alone)."""
+    if CHUNKS:
+        D: tl.constexpr = a.shape[1]
+        a3 = tl.permute(tl.reshape(a, [M, CHUNKS, D // CHUNKS]), (1, 0, 2))
+        b3 = tl.permute(tl.reshape(b, [N, CHUNKS, D // CHUNKS]), (1, 2, 0))
+        out = tl.sum(mma(a3, b3, tl.zeros([CHUNKS, M, N], tl.float32)), axis=0)
+    else:
+        out = mma(a, tl.trans(b), tl.zeros([M, N], tl.float32))
+    return out
+
+
+@triton.jit
 def program_start(Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks,
                   stride_vb, stride_vh, stride_vs, stride_ob, stride_oh, stride_os, heads, group, seqlen_q, seqlen_k,
                   causal_offset, window_offset, align_offset, CuQ, CuK, SeqK, stride_osplit, lse_split,

@@ -10,8 +10,8 @@ import triton
 import triton.language as tl
 
 from .combine import merge_if_last
-from .common import (causal_stop, full_stop, head_slope, initial_state, load_rows, mma, online_softmax_step, paged_rows,
-                     program_start, row_place, scores, split_keys, window_clear, window_start, write_output)
+from .common import (causal_stop, dot_t, full_stop, head_slope, initial_state, load_rows, mma, online_softmax_step,
+                     paged_rows, program_start, row_place, scores, split_keys, window_clear, window_start, write_output)
 
 
 @triton.jit
@@ -53,8 +53,7 @@ def _key_range(acc, l, m, q, q_lo, k_base, v_base, lo, hi, offs_m, offs_n, offs_
     ATTN_MASK: each row's boolean mask (``mask_rows``, key stride ``stride_mk``) joins the band, in every tile.
     AMD: a masked tile's V read as :func:`_v_rows_clamped` reads it.  ``offs_dv`` and HEAD_V: the columns V's tile
     reads and how many of them are real (columns past them read 0); an AMD build passes :func:`_v_columns`' and
-    BLOCK_DV.  QK_CHUNKS: ``q`` holds Q as ``[QK_CHUNKS, BLOCK_M, BLOCK_D / QK_CHUNKS]`` column chunks, and Q K^T is
-    one batched product over them, summed."""
+    BLOCK_DV.  QK_CHUNKS: Q K^T over column chunks (:func:`.common.dot_t`)."""
     first = (lo + offs_n).to(tl.int64)
     k_ptrs = k_base + first[:, None] * stride_ks + offs_d[None, :] * stride_kd
     v_ptrs = v_base + first[:, None] * stride_vs + offs_dv[None, :] * stride_vd
@@ -78,11 +77,7 @@ def _key_range(acc, l, m, q, q_lo, k_base, v_base, lo, hi, offs_m, offs_n, offs_
             k = load_rows(k_ptrs, cols, seqlen_k, offs_d, HEAD_DIM, BLOCK_D, MASKED)
         if FP8:  # float8 values are exact in 16 bits (q's type); their descale factors act on the scores and O
             k = k.to(q.dtype)
-        if QK_CHUNKS:
-            k3 = tl.permute(tl.reshape(k, [BLOCK_N, QK_CHUNKS, BLOCK_D // QK_CHUNKS]), (1, 2, 0))
-            qk = tl.sum(mma(q, k3, tl.zeros([QK_CHUNKS, BLOCK_M, BLOCK_N], tl.float32)), axis=0)
-        else:
-            qk = mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
+        qk = dot_t(q, k, BLOCK_M, BLOCK_N, QK_CHUNKS)
         if QK_LO:
             k_lo = load_rows(klo_ptrs, cols, seqlen_k, offs_lo, QK_LO, QK_LO, MASKED)
             if FP8:
@@ -182,8 +177,6 @@ def tiled_kernel(
             stride_ks, stride_vb, stride_vh, stride_vs, stride_ob, stride_oh, stride_os, heads, group, seqlen_q,
             seqlen_k, causal_offset, window_offset, align_offset, CuQ, CuK, SeqK, stride_osplit, lse_split, QK_LO,
             QK_LO, BLOCK_M, VARLEN, SEQUSED, ALIGN_BR, SPLIT, PAGED, PACK_GQA)[3]
-    if QK_CHUNKS:  # Q as its column chunks, the batch dimension first
-        q = tl.permute(tl.reshape(q, [BLOCK_M, QK_CHUNKS, BLOCK_D // QK_CHUNKS]), (1, 0, 2))
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
