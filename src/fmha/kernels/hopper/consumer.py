@@ -10,13 +10,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from .cluster import MMA_128_CLUSTER, _cluster_sync, _cta_rank, _release, _store, _wait_ring
 from .epilogue import _store_piece
 from .mask import _key_tiles, _mask_from, _scores, _sequence, _window_until
-from .narrow_pass import install as install_narrow_pass
+from . import narrow_pass
 from .narrow_pass import mark
 from .schedule import _n_items, _piece, _tile, _work
 from .softmax import _any_row_over, _fence, _first_seen, _lse, _narrow, _pivot, _rescale_lazy, _softmax
 
 
-install_narrow_pass()
+narrow_pass.install()
 
 
 @gluon.jit
