@@ -314,7 +314,8 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
                 mbarrier.wait(ds_free.index(d), d_phase ^ 1)
                 ds_w.store(dst)
                 fence_async_shared()
-                mbarrier.arrive(ds_ready.index(d), count=1)
+                if SPLIT_COLS:  # (dQ over its own keys waits for no other warpgroup's dS)
+                    mbarrier.arrive(ds_ready.index(d), count=1)
                 ds_t = gl.convert_layout(dst, a_layout)  # dK's A operand
                 if not DK_LAST:
                     dk = warpgroup_mma(ds_t, q_s, dk, is_async=True)
@@ -334,7 +335,8 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
                 dp = warpgroup_mma_wait(0, deps=[dp])
                 ds_w.store((p * (dp - delta[:, None]) * scale).to(dtype))
                 fence_async_shared()
-                mbarrier.arrive(ds_ready.index(d), count=1)
+                if SPLIT_COLS:  # (dQ over its own keys waits for no other warpgroup's dS)
+                    mbarrier.arrive(ds_ready.index(d), count=1)
                 dv = warpgroup_mma(p_w.permute((1, 0)), do_s, dv, is_async=True)
                 dk = warpgroup_mma(ds_w.permute((1, 0)), q_s, dk, is_async=True)
             if DETERMINISTIC:  # the previous tile's add, complete by now: the next block's turn at that tile
@@ -349,8 +351,9 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
                 dq = warpgroup_mma_wait(1, deps=[dq])
             else:
                 dq, dv, dk = warpgroup_mma_wait(0, deps=[dq, dv, dk])
-                mbarrier.arrive(q_empty.index(s), count=1)
-                mbarrier.arrive(ds_free.index(d), count=1)
+                mbarrier.arrive(q_empty.index(s), count=1)  # (and the P/dS buffer where the rings match: one barrier)
+                if DS_BUFS != STAGES:
+                    mbarrier.arrive(ds_free.index(d), count=1)
             tma.store_wait(0)  # the previous tile's reduce-add has read the buffer
             dq_tile.store(dq)
             fence_async_shared()
@@ -360,8 +363,9 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
             tma.async_copy_shared_to_global(dq_desc, [bh, m * BLOCK_M, dq_col], dq_box.index(WG))
             if DK_LAST:
                 dv, dk = warpgroup_mma_wait(0, deps=[dv, dk])
-                mbarrier.arrive(q_empty.index(s), count=1)
-                mbarrier.arrive(ds_free.index(d), count=1)
+                mbarrier.arrive(q_empty.index(s), count=1)  # (and the P/dS buffer where the rings match: one barrier)
+                if DS_BUFS != STAGES:
+                    mbarrier.arrive(ds_free.index(d), count=1)
             it += 1
     if DETERMINISTIC:
         if it > 0:
@@ -411,14 +415,18 @@ def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, Delta, DK, DV
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     ds_ready = gl.allocate_shared_memory(gl.int64, [DS_BUFS, 1], mbarrier.MBarrierLayout())
-    ds_free = gl.allocate_shared_memory(gl.int64, [DS_BUFS, 1], mbarrier.MBarrierLayout())
+    if DS_BUFS == STAGES:  # a tile frees its Q/dO stage and its P/dS buffer at once: one barrier for both
+        ds_free = q_empty
+    else:
+        ds_free = gl.allocate_shared_memory(gl.int64, [DS_BUFS, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_ready, count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=2)
     for i in gl.static_range(DS_BUFS):
         mbarrier.init(ds_ready.index(i), count=2)
-        mbarrier.init(ds_free.index(i), count=2)
+        if DS_BUFS != STAGES:
+            mbarrier.init(ds_free.index(i), count=2)
     place = (q_lead, q_first_b, q_first_h, k_lead, k_first_b, k_first_h, v_lead, v_first_b, v_first_h, do_lead,
              do_first_b, do_first_h)
     gl.warp_specialize([
