@@ -146,7 +146,7 @@ def _sm90() -> bool:
 @pytest.mark.parametrize("causal,align", [(False, "top_left"), (True, "bottom_right"), (True, "top_left")])
 @pytest.mark.parametrize("layout", ["bhsd", "bshd"])
 @pytest.mark.parametrize("d,sq,sk", [(128, 300, 300), (128, 200, 333), (96, 129, 130), (128, 1000, 1000),
-                                     (64, 300, 300), (64, 200, 333)])
+                                     (64, 300, 300), (64, 200, 333), (64, 640, 2560), (64, 2048, 2048)])
 def test_fp8_on_hopper_matches_the_dequantized_reference(causal, align, layout, d, sq, sk):
     """float8 q, k, v on the Gluon kernel (wgmma's float8 form, V transposed for P V, P rounded to float8):
     GQA, per-(batch, kv head) factors, lengths off the tiles, against the float64 reference of the
@@ -169,17 +169,21 @@ def test_fp8_on_hopper_matches_the_dequantized_reference(causal, align, layout, 
 
 
 @pytest.mark.gpu
-def test_fp8_on_hopper_sees_through_a_huge_key():
+@pytest.mark.parametrize("head_dim,rows", [(64, 128), (64, 192), (128, 128)])
+@pytest.mark.parametrize("lazy", [0, 1])
+def test_fp8_on_hopper_sees_through_a_huge_key(lazy, head_dim, rows):
     """One key far above the rest (its probability near 1, the others rounded to float8's small values), and
-    scores rising along the keys: the online softmax's rescales with float8 P."""
+    scores rising along the keys: the online softmax's rescales with float8 P, with the exact pivot and with the
+    lazy one (``lazy=1``: a pivot that lags the max by up to 0.75, P up to 2**8.75, inside float8's 448)."""
     if not _sm90():
         pytest.skip("the Gluon kernel needs an sm_90 GPU")
-    (q, k, v), descales, full = fp8_inputs(1, 4, 4, 256, 512, 128, F8, seed=11)
+    config = fmha.KernelConfig(rows, 128, 4, 2, lazy=lazy, pingpong=int(rows == 192))  # (192: three in turns)
+    (q, k, v), descales, full = fp8_inputs(1, 4, 4, 256, 512, head_dim, F8, seed=11)
     k = k.clone()
     k[:, :, 300] = (q[:, :, 0].float() * 4).clamp(-448, 448).to(F8)  # the first query's huge key
     full[1] = k.cpu().double() * descales[1].cpu().double()[:, :, None, None]
     o, lse = fmha.attention(q, k, v, variant="hopper", q_descale=descales[0], k_descale=descales[1],
-                            v_descale=descales[2], return_lse=True)
+                            v_descale=descales[2], return_lse=True, config=config)
     check_fp8_p(o, lse, full, False)
 
 
@@ -195,7 +199,10 @@ def test_fp8_plans_hopper_for_float8_q(monkeypatch):
         (q, k, v), _, _ = fp8_inputs(1, 4, 2, sq, 64, d, q_dtype)
         prob = plan.problem(*plan.sizes(q, k, "bhsd"), causal=True, scale=None, fp8=True)
         return plan.plan(prob, q, k, v, q, "bhsd", variant, None, None, 1)
-    row = {d: cfg for d, causal, cfg in configs.HOPPER_FP8 if causal}
+    row = {}  # the first causal row of each tile width: the one for 64 keys
+    for d, causal, _, cfg in configs.HOPPER_FP8:
+        if causal:
+            row.setdefault(d, cfg)
     for d in (64, 96, 128):
         for variant in ("hopper", "auto"):
             p = planned(F8, d, 64, variant)
@@ -208,6 +215,23 @@ def test_fp8_plans_hopper_for_float8_q(monkeypatch):
         p = planned(q_dtype, d, 64, "auto")
         assert p.variant == "tiled" and p.config == configs.tiled_config("sm90", d, fp8=True), (q_dtype, d)
     assert planned(F8, 128, 8, "auto").variant == "tiled"  # decoding: the keys split
+
+
+def test_fp8_at_head_dim_64_takes_three_warpgroups_past_its_short_rows():
+    """Float8 at head_dim 64 runs 192 rows in turns (ping-pong) past 1k keys (2k causal), the lazy pivot without
+    causal; shorter, beside the modifiers, with lengths per sequence or a ragged last key tile, 128 rows in two
+    warpgroups (three spill there, as the 16-bit rows do)."""
+    from fmha import configs
+    for causal, short in ((False, 1024), (True, 2048)):
+        short_row = configs.hopper_config(64, causal, short, fp8=True)
+        long_row = configs.hopper_config(64, causal, 2 * short, fp8=True)
+        assert (short_row.block_m, short_row.pingpong, long_row.block_m, long_row.pingpong) == (128, 0, 192, 1)
+        assert short_row.lazy == long_row.lazy == int(not causal)
+        for kw in (dict(modifiers=True), dict(per_sequence=True), dict(seqlen_k=2 * short + 100)):
+            args = {"seqlen_k": 2 * short, **kw}
+            narrow = configs.hopper_config(64, causal, fp8=True, **args)
+            assert (narrow.block_m, narrow.pingpong) == (128, 0), kw
+    assert configs.hopper_config(128, False, 16384, fp8=True).block_m == 128
 
 
 @pytest.mark.parametrize("layout", ["bhsd", "bshd"])

@@ -419,16 +419,20 @@ def test_fp8_builds_for_sm90_on_tiled(head_dim):
             targets.build(variant, target, head_dim, "float8_e4m3fn", True)
 
 
-@pytest.mark.parametrize("head_dim,causal", [(128, False), (96, True), (64, False)])
-def test_fp8_builds_for_sm90_on_hopper(head_dim, causal):
+@pytest.mark.parametrize("head_dim,causal,seqlen_k", [(128, False, 0), (96, True, 0), (64, False, 0),
+                                                    (64, False, 4096), (64, True, 4096)])
+def test_fp8_builds_for_sm90_on_hopper(head_dim, causal, seqlen_k):
     """``fmha compile --variant hopper --dtype float8_e4m3fn``: both products on wgmma's float8 form (K 32 a
     step: Q K^T over head_dim, P V over the 128-key tile with V^T K-major), P rounded to float8 in registers,
     O written bfloat16 (P V's operand reordered in registers, not exchanged, and packed as it is narrowed); its float8
-    table entry; no spills."""
+    table entry (without a length, the one of a key tile; at 64 past 1k keys, 192 rows in turns); no spills."""
     from fmha import configs
-    b = targets.build("hopper", "sm_90", head_dim, "float8_e4m3fn", causal)
+    cfg = configs.hopper_config(head_dim, causal, seqlen_k, fp8=True)
+    if seqlen_k:
+        b = targets.build("hopper", "sm_90", head_dim, "float8_e4m3fn", causal, cfg, seqlen_k=seqlen_k)
+    else:
+        b = targets.build("hopper", "sm_90", head_dim, "float8_e4m3fn", causal)
     r = targets.report(b)
-    cfg = configs.hopper_config(head_dim, causal, 4096, fp8=True)
     assert b.config == cfg.as_dict() and r.spilled_registers == 0
     # Q K^T over 128 keys; P V over V's own head dim (96 in a 128-column tile: :mod:`fmha.kernels.hopper.narrow_pass`)
     width = head_dim

@@ -121,13 +121,17 @@ WINDOW_HEAD_GROUP = 1024
 
 
 # float8 q, k, v on the Gluon kernel (head_dim 64, 96 and 128): 128-key tiles of one-byte elements, V^T's too;
-# Q in shared memory, no clusters, the exact pivot (``hopper.fp8_reason``); 64: 0.77-1.04x bf16, 2.1-2.4x tiled's
-# float8; a third stage within +-3% at either (docs/PERF.md, "Float8 on the Gluon kernel")
+# Q in shared memory, no clusters, no standing pivot (``hopper.fp8_reason``); rows as ``HOPPER``'s: (head_dim,
+# causal, longest seqlen_k or None, config).  At 64 the lazy pivot without causal (+1-8%), and past 1k keys (2k
+# causal) three warpgroups of 64 rows taking turns, bf16's form there: +7-15% over the 128 rows from 2k keys, far
+# slower short; a third stage within +-3% (docs/PERF.md, "Float8 on the Gluon kernel")
 HOPPER_FP8 = [
-    (64, False, KernelConfig(128, 128, 4, 2)),
-    (64, True, KernelConfig(128, 128, 4, 2)),
-    (128, False, KernelConfig(128, 128, 4, 2, fence=1)),
-    (128, True, KernelConfig(128, 128, 4, 2)),
+    (64, False, 1024, KernelConfig(128, 128, 4, 2, lazy=1)),
+    (64, False, None, KernelConfig(192, 128, 4, 2, pingpong=1, lazy=1)),
+    (64, True, 2048, KernelConfig(128, 128, 4, 2)),
+    (64, True, None, KernelConfig(192, 128, 4, 2, pingpong=1)),
+    (128, False, None, KernelConfig(128, 128, 4, 2, fence=1)),
+    (128, True, None, KernelConfig(128, 128, 4, 2)),
 ]
 
 
@@ -150,18 +154,20 @@ def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = 
     clusters (``hopper.supports``), nor where ``seqlen_q`` (0: not known) makes an odd number of
     query blocks (FlashAttention-3's rule): a cluster runs two blocks, and the partner of a last
     lone block would compute rows that do not exist (a 2x loss where a head has one block).  ``fp8``: float8
-    q, k and v take the ``HOPPER_FP8`` row of their head dim (none: the 16-bit rows, which
-    ``hopper.fp8_reason`` then refuses).  ``head_dim_v`` (0: q/k's): q/k 192 with V's 128 or fewer
-    takes ``HOPPER_SPLIT_QK``; 96 without causal past ``LONG_96_KEYS`` keys, dense and in whole key tiles,
-    ``HOPPER_96_LONG``."""
+    q, k and v take the ``HOPPER_FP8`` row of their head dim and keys (none: the 16-bit rows, which
+    ``hopper.fp8_reason`` then refuses), 192 rows becoming 128 as above.  ``head_dim_v`` (0: q/k's): q/k 192
+    with V's 128 or fewer takes ``HOPPER_SPLIT_QK``; 96 without causal past ``LONG_96_KEYS`` keys, dense and in
+    whole key tiles, ``HOPPER_96_LONG``."""
     if head_dim == SPLIT_QK_DIM and 0 < head_dim_v <= 128 and not fp8:
         return HOPPER_SPLIT_QK
     if (head_dim == 96 and head_dim_v in (0, 96) and not (causal or fp8 or modifiers or per_sequence)
             and seqlen_k > LONG_96_KEYS and seqlen_k % HOPPER_96_LONG.block_n == 0):
         return HOPPER_96_LONG
     d = padded(head_dim, 64)
-    for key_d, key_causal, cfg in HOPPER_FP8 if fp8 else ():
-        if key_d == d and key_causal == bool(causal):
+    for key_d, key_causal, longest, cfg in HOPPER_FP8 if fp8 else ():
+        if key_d == d and key_causal == bool(causal) and (longest is None or seqlen_k <= longest):
+            if cfg.block_m == 192 and (modifiers or per_sequence or seqlen_k % cfg.block_n):  # as the 16-bit rows
+                return replace(cfg, block_m=128, pingpong=0)
             return cfg
     for key_d, key_causal, longest, cfg in HOPPER:
         if key_d == d and key_causal == bool(causal) and (longest is None or seqlen_k <= longest):

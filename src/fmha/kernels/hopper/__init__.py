@@ -169,8 +169,8 @@ def fp8_reason(prob, cfg, q) -> str | None:
         return "float8 on hopper takes no softcap"
     if cfg.block_n != 128 or cfg.cluster or cfg.split_tail or cfg.q_regs:
         return "float8 on hopper runs 128-key tiles without clusters, pieces or Q in registers"
-    if cfg.stale or cfg.lazy:  # a pivot that lags the max would let P past float8's largest value, 448
-        return "float8 on hopper keeps the exact pivot (no stale or lazy)"
+    if cfg.stale:  # a pivot that stands would let P past float8's largest value, 448 (the lazy one lags 0.75 at most)
+        return "float8 on hopper takes no standing pivot (stale)"
     return None
 
 

@@ -62,6 +62,9 @@ def _rescale_constraints(values):
 
 
 LAZY_GROWTH = gl.constexpr(8.0)  # log2 units: a stale pivot leaves probabilities of at most 2**8
+# float8's P: its pivot sits 8 below the max already (P up to 2**8), so a pivot may lag by 0.75 more, P then up to
+# 2**8.75 (430), below float8 e4m3's largest value (448)
+LAZY_GROWTH_FP8 = gl.constexpr(0.75)
 
 
 # STALE: a tile's row sum at most this (so each probability too) keeps the pivot; 2**15 < float16's largest
@@ -127,8 +130,11 @@ def _softmax(qk, m, scale_log2, MASKED: gl.constexpr, LAZY: gl.constexpr, SHIFT:
     tile's probabilities ``p`` and ``alpha``, the factor on what the old pivot summed.  ``SHIFT``: the
     pivot sits that far below the max, so ``p`` runs up to ``2**SHIFT`` (l and the LSE carry it alike)."""
     m_new = gl.maximum(m, gl.max(qk, axis=1) * scale_log2 - SHIFT)
-    if LAZY:  # keep the old pivot unless the max grew past it by more than LAZY_GROWTH
-        m_new = gl.where(m_new - m > LAZY_GROWTH, m_new, m)
+    if LAZY:  # keep the old pivot unless the max grew past it by more than LAZY_GROWTH (float8's P: less)
+        if SHIFT > 0.0:
+            m_new = gl.where(m_new - m > LAZY_GROWTH_FP8, m_new, m)
+        else:
+            m_new = gl.where(m_new - m > LAZY_GROWTH, m_new, m)
     m_safe = _pivot(m_new, MASKED)
     return gl.exp2(qk * scale_log2 - m_safe[:, None]), gl.exp2(m - m_safe), m_new
 
