@@ -7,7 +7,7 @@ are quantized per (batch, KV head) to e4m3 with FlashAttention-3's descale facto
 original K/V.  Prints a table (microseconds, the speed ratio, and the max error of the float8 call against
 `tiled` on the dequantized K/V).
 
-`PYTHONPATH=src python3 bench/fp8_speed.py --prefill [--head-dims 128] [--changes pingpong=1 ...]
+`PYTHONPATH=src python3 bench/fp8_speed.py --prefill [--head-dims 128] [--seqlens 4096 16384] [--changes pingpong=1 ...]
 [--ledger bench/ledger.csv]`: float8 q, k and v (``auto``'s pick, and the
 Gluon kernel's float8 wgmma on sm_90 with its table row and each change) against bf16 over the default grid
 (B*S = 16k, H*D = 2048, 512-16k tokens, D 64 and 128, causal or not), TFLOP/s of each; and, at 1k tokens,
@@ -52,22 +52,23 @@ def decode():
         print(f"B{batch} rows {rows} keys {keys} | {t16:.1f} | {t8:.1f} | {t16 / t8:.2f}x | {err.item():.2e}")
 
 
-def prefill(ledger_path, changes=(), head_dims=(64, 128)):
+def prefill(ledger_path, changes=(), head_dims=(64, 128), seqlens=None):
     """The default grid in float8 (q, k, v, each with its per-(batch, head) factors) beside bf16: ``auto``'s float8
-    call, the Gluon kernel's with its table row (``variant="hopper"``, which ``auto`` does not yet pick), and that
-    row changed by each of ``changes`` (``field=value,...``)."""
+    call, the Gluon kernel's with its table row (``variant="hopper"``), and that row changed by each of ``changes``
+    (``field=value,...``); ``seqlens``: only those cells.  Each cell's rows go to the ledger as it ends, so a run
+    cut short keeps what it measured."""
     from fmha import configs
     from fmha.bench.providers import config_changes
     env = ledger.environment("cuda")
-    rows = []
     swept_specs = ("", *changes)  # "": the table's row as it is
     print("cell | bf16 TFLOP/s | float8 TFLOP/s | float8 speed | what ran (float8) | max error bf16 / float8"
           + "".join(f" | {c or 'hopper'}" for c in swept_specs))
     for cell in grids.GRIDS["default"]():
         b, h, s, d, causal = cell.batch, cell.heads, cell.seqlen_q, cell.head_dim, cell.causal
-        if d not in head_dims:
+        if d not in head_dims or (seqlens and s not in seqlens):
             continue
         torch.manual_seed(s + d)
+        rows = []
         q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         (q8, qs), (k8, ks), (v8, vs) = quantized(q), quantized(k), quantized(v)
         bf16 = lambda: fmha.attention(q, k, v, causal=causal)  # noqa: E731
@@ -83,7 +84,7 @@ def prefill(ledger_path, changes=(), head_dims=(64, 128)):
             errs = f"{(o16.double() - ref).abs().max().item():.2e} / {(fp8().double() - ref).abs().max().item():.2e}"
         tf = {name: fl / (t * 1e-3) / 1e12 for name, t in ms.items()}
         swept = []
-        gluon = any(key == d for key, _, _ in configs.HOPPER_FP8)  # the Gluon kernel's float8 rows (D=128 here)
+        gluon = any(row[0] == d for row in configs.HOPPER_FP8)  # the Gluon kernel's float8 rows (D=128 here)
         for spec in swept_specs if gluon else ():
             changed = config_changes(spec) if spec else {}
             cfg = dataclasses.replace(configs.hopper_config(d, causal, s, fp8=True), **changed)
@@ -105,7 +106,7 @@ def prefill(ledger_path, changes=(), head_dims=(64, 128)):
                              tflops=tf[name], ratio_best_peer=ms["bf16"] / ms[name],
                              note=f"ok, ran {ran}" + (f"; max error against float64 bf16/fp8 {errs}" if errs else ""),
                              features="part=fp8-prefill"))
-    ledger.append(ledger_path, rows)
+        ledger.append(ledger_path, rows)
 
 
 if __name__ == "__main__":
@@ -113,9 +114,10 @@ if __name__ == "__main__":
     p.add_argument("--prefill", action="store_true", help="float8 q, k, v over the default grid")
     p.add_argument("--changes", nargs="*", default=[], help="--prefill: float8 configs beside")
     p.add_argument("--head-dims", nargs="+", type=int, default=[64, 128])
+    p.add_argument("--seqlens", nargs="+", type=int, default=None, help="--prefill: only these cells' lengths")
     p.add_argument("--ledger", default=None)
     args = p.parse_args()
     if args.prefill:
-        prefill(args.ledger, args.changes, args.head_dims)
+        prefill(args.ledger, args.changes, args.head_dims, args.seqlens)
     else:
         decode()
