@@ -454,6 +454,11 @@ def test_fp8_on_hopper_refuses_the_head_dims_it_does_not_take():
     for d in (32, 192, 256):
         with pytest.raises(ValueError, match=f"float8 on hopper takes head_dim 64, 96 or 128 .*not {d}"):
             targets.build("hopper", "sm_90", d, "float8_e4m3fn", False)
+    from fmha.configs import KernelConfig
+    for cfg, says in ((KernelConfig(128, 128, 4, 2, q_regs=1), "without clusters, pieces or Q in registers"),
+                      (KernelConfig(128, 128, 4, 2, stale=1), "no standing pivot")):  # as the plan refuses them
+        with pytest.raises((ValueError, RuntimeError), match=says):
+            targets.build("hopper", "sm_90", 128, "float8_e4m3fn", False, cfg)
 
 
 def test_fp8_tiles_count_one_byte_an_element():

@@ -84,6 +84,9 @@ def _hopper_source(head_dim: int, dtype: str, causal: bool, cfg, seqlen_k: int =
                    head_dim_v=head_dim_v if dv != head_dim else 0)
     t = torch.empty(1, 1, max(cfg.block_m, seqlen_k), head_dim, dtype=tdt)
     q, k = t[:, :, :cfg.block_m], t[:, :, :seqlen_k]
+    why = hopper.fp8_reason(prob, cfg, q) if fp8 else None  # (a config the plan would refuse, refused here alike)
+    if why:
+        raise ValueError(why)
     v = torch.empty(1, 1, seqlen_k, dv, dtype=tdt)
     o = torch.empty(*q.shape[:3], dv, dtype=torch.bfloat16 if fp8 else tdt)  # float8 q: O in bfloat16
     if page:  # a pool of two pages [pages, page, kv_heads, D]
