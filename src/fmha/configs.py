@@ -135,6 +135,12 @@ HOPPER_FP8 = [
 ]
 
 
+def _too_wide(cfg: KernelConfig, modifiers: bool, per_sequence: bool, seqlen_k: int) -> bool:
+    """192 rows where three consumer warpgroups at 160 registers spill (:func:`hopper_config`): beside the
+    modifiers, lengths per sequence or a ragged last key tile; those calls take 128."""
+    return cfg.block_m == 192 and bool(modifiers or per_sequence or seqlen_k % cfg.block_n)
+
+
 def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = False,
                   per_sequence: bool = False, seqlen_q: int = 0, fp8: bool = False,
                   head_dim_v: int = 0, window_only: bool = False) -> KernelConfig:
@@ -166,12 +172,9 @@ def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = 
     d = padded(head_dim, 64)
     for key_d, key_causal, longest, cfg in HOPPER_FP8 if fp8 else ():
         if key_d == d and key_causal == bool(causal) and (longest is None or seqlen_k <= longest):
-            if cfg.block_m == 192 and (modifiers or per_sequence or seqlen_k % cfg.block_n):  # as the 16-bit rows
-                return replace(cfg, block_m=128, pingpong=0)
-            return cfg
+            return replace(cfg, block_m=128, pingpong=0) if _too_wide(cfg, modifiers, per_sequence, seqlen_k) else cfg
     for key_d, key_causal, longest, cfg in HOPPER:
         if key_d == d and key_causal == bool(causal) and (longest is None or seqlen_k <= longest):
-            narrow = modifiers or per_sequence or seqlen_k % cfg.block_n
             if causal and head_dim != padded(head_dim):  # Q K^T over its own columns; 96 the standing pivot and LPT
                 lpt = d == 128 and LPT_96_KEYS[0] < seqlen_k <= LPT_96_KEYS[1]
                 cfg = replace(cfg, q_regs=0, stale=int(cfg.stale or d == 128), balance=int(cfg.balance or lpt))
@@ -183,7 +186,7 @@ def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = 
                 cfg = replace(cfg, lazy=0)
             if modifiers or per_sequence or -(-seqlen_q // cfg.block_m) % 2:
                 cfg = replace(cfg, cluster=0)
-            return replace(cfg, block_m=128) if narrow and cfg.block_m == 192 else cfg
+            return replace(cfg, block_m=128) if _too_wide(cfg, modifiers, per_sequence, seqlen_k) else cfg
     raise AssertionError("the HOPPER table ends with an open row for every (head_dim, causal)")
 
 

@@ -131,10 +131,8 @@ def _softmax(qk, m, scale_log2, MASKED: gl.constexpr, LAZY: gl.constexpr, SHIFT:
     pivot sits that far below the max, so ``p`` runs up to ``2**SHIFT`` (l and the LSE carry it alike)."""
     m_new = gl.maximum(m, gl.max(qk, axis=1) * scale_log2 - SHIFT)
     if LAZY:  # keep the old pivot unless the max grew past it by more than LAZY_GROWTH (float8's P: less)
-        if SHIFT > 0.0:
-            m_new = gl.where(m_new - m > LAZY_GROWTH_FP8, m_new, m)
-        else:
-            m_new = gl.where(m_new - m > LAZY_GROWTH, m_new, m)
+        GROWTH: gl.constexpr = LAZY_GROWTH_FP8 if SHIFT > 0.0 else LAZY_GROWTH
+        m_new = gl.where(m_new - m > GROWTH, m_new, m)
     m_safe = _pivot(m_new, MASKED)
     return gl.exp2(qk * scale_log2 - m_safe[:, None]), gl.exp2(m - m_safe), m_new
 
