@@ -2,11 +2,12 @@
 
 `PYTHONPATH=src python3 bench/guard_cost.py [--ledger FILE]`: bf16, GQA 32 query heads on 8 KV heads, D=128;
 decoding (1 and 4 query rows, batch 8, 8k keys per sequence in pages of 16 and 256 keys) and prefill
-(2048 queries against 8k keys in pages of 256).  Each call is timed with the block-table check
-(`fmha.kernels.guards.check_pages`, one small program per sequence queued before the attention kernel)
-and with it replaced by a no-op, alternately, in the same run: the GPU time of CUDA-graph replays and the
-wall time of eager calls back to back (host launch cost included).  Rows go to the ledger with
-features "paged guard=on|off".
+(2048 queries against 8k keys in pages of 256).  Each call is timed three ways, alternately, in the same run:
+as it runs (`self`: `tiled` in tiles off wgmma checks the indices itself, `fmha.forward.self_checked`; the
+others take the separate check), with the separate check (`apart`: `fmha.kernels.guards.check_pages`, one small
+program per sequence queued before the attention kernel) and with no check (`off`): the GPU time of CUDA-graph
+replays and the wall time of eager calls back to back (host launch cost included).  Rows go to the ledger
+with features "paged guard=self|apart|off".
 """
 import argparse
 import time
@@ -14,6 +15,7 @@ import time
 import torch
 
 import fmha
+from fmha import forward, replay
 from fmha.bench import ledger
 from fmha.bench.flops import attention_flops
 from fmha.bench.timing import graph_median_ms
@@ -39,7 +41,7 @@ def main():
     args = ap.parse_args()
     env = ledger.environment("cuda")
     heads, kv_heads, d = 32, 8, 128
-    check = guards.check_pages
+    check, self_checked = guards.check_pages, forward.self_checked
     rows = []
     print(f"{'B':>3} {'Sq':>5} {'Sk':>6} {'page':>5} {'guard':>6} {'graph us':>9} {'eager us':>9}")
     for b, sq, sk, page in CASES:
@@ -52,12 +54,14 @@ def main():
 
         def call():
             return fmha.attention_paged(q, *pool, table, lens, causal=True)
-        times = {"on": [], "off": []}
-        for _ in range(3):  # alternate, so drift falls on both alike
-            for state in ("on", "off"):
-                guards.check_pages = check if state == "on" else (lambda *a: None)
+        times = {"self": [], "apart": [], "off": []}
+        for _ in range(3):  # alternate, so drift falls on each alike
+            for state in times:
+                guards.check_pages = (lambda *a: None) if state == "off" else check
+                forward.self_checked = self_checked if state == "self" else (lambda p, q: False)
+                replay.clear(compiled=False)  # (a recorded call would replay the state it was recorded in)
                 times[state].append((graph_median_ms(call) * 1e3, eager_us(call)))
-        guards.check_pages = check
+        guards.check_pages, forward.self_checked = check, self_checked
         flops = attention_flops(b, heads, sq, sk, d, True, "bottom_right")
         for state, runs in times.items():
             graph, eager = min(r[0] for r in runs), min(r[1] for r in runs)

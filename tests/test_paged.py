@@ -104,6 +104,32 @@ def test_block_table_entries_in_use_are_checked(entry, splits):
                                fmha.attention_paged(q, pool, pool, table, lens, num_splits=splits), atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("splits", [0, 3])
+@pytest.mark.parametrize("self_checked", [True, False])
+def test_tiled_checks_its_own_pages_in_one_launch(self_checked, splits, monkeypatch):
+    """Where ``tiled`` checks the block table and lengths itself (:func:`fmha.forward.self_checked`; on a GPU its
+    asserts, run on the H200 by :func:`test_bad_block_table_stops_the_gpu_stream`) a paged decode is one launch with
+    the answer of the two (the separate check's, then the kernel's); forced either way here, where the interpreter
+    runs the checking kernel's code with its asserts skipped."""
+    from fmha import replay
+    from fmha.kernels import VARIANTS, guards
+    launched = []
+    real = replay.launch
+    monkeypatch.setattr(replay, "launch", lambda kernel, *a, **kw: (launched.append(kernel), real(kernel, *a, **kw)))
+    monkeypatch.setattr(fmha.forward, "self_checked", lambda p, q: self_checked and p.variant == "tiled")
+    replay.clear(compiled=False)  # (on a GPU a call of a kind seen before would replay its launches)
+    b, h, kvh, sk, page = 2, 8, 2, 200, 32
+    q, k, v = make_qkv(b, h, kvh, 1, sk, 64, torch.bfloat16, seed=3)
+    lens = torch.tensor([200, 75], dtype=torch.int32, device=DEVICE)
+    k_pool, table = paginate(k, page, -(-sk // page) + 1, seed=4)
+    v_pool, _ = paginate(v, page, -(-sk // page) + 1, seed=4)
+    o, lse = fmha.attention_paged(q, k_pool, v_pool, table, lens, num_splits=splits, return_lse=True)
+    assert launched == ([] if self_checked else [guards._check_pages]) + [VARIANTS["tiled"]], launched
+    for i, n in enumerate(lens.tolist()):
+        check_against_reference(o[i:i + 1], q[i:i + 1], k[i:i + 1, :, :n], v[i:i + 1, :, :n], False, "bottom_right",
+                                lse=lse[i:i + 1])
+
+
 @pytest.mark.parametrize("n", [49, -1])
 def test_cache_seqlens_past_the_table_is_an_error(n):
     q, _, _ = make_qkv(1, 2, 2, 1, 32, 32, torch.float16)
@@ -119,11 +145,14 @@ def test_cache_seqlens_past_the_table_is_an_error(n):
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant,sq,lens,says", [("tiled", 1, 256, "block_table entry in use"),
                                                   ("hopper", 256, 256, "block_table entry in use"),
-                                                  ("tiled", 1, 300, "cache_seqlens outside")])
+                                                  ("tiled", 1, 300, "cache_seqlens outside"),
+                                                  ("tiled", 64, 256, "block_table entry in use"),
+                                                  ("tiled", 64, 300, "cache_seqlens outside")])
 def test_bad_block_table_stops_the_gpu_stream(variant, sq, lens, says):
     """On the GPU the check runs in stream order (no host sync): a device-side assert naming the
     argument ends the process's CUDA context before the attention kernel reads; never a segfault
-    or an answer."""
+    or an answer.  One query row: ``tiled`` in 16-row tiles checks them itself (:func:`fmha.forward.self_checked`);
+    64 rows: the separate check before it."""
     import subprocess
     import sys
     if variant == "hopper" and torch.cuda.get_device_capability()[0] != 9:

@@ -4,6 +4,7 @@ import os
 import re
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -563,6 +564,31 @@ def test_mla_absorbed_decode_builds_for_sm90_on_tiled():
     assert r.spilled_registers == 0 and any(k.startswith("mma.sync") for k in r.matrix_instructions)  # 32 rows
     with pytest.raises(ValueError, match="head_dim"):
         targets.build("hopper", "sm_90", 576, "bfloat16", True)
+
+
+@pytest.mark.parametrize("lengths,rows,self_checked", [("paged", 16, True), ("varlen", 16, True),
+                                                     ("paged", 64, False)])
+def test_tiled_checks_its_own_indices_only_where_its_tiles_stay_off_wgmma(lengths, rows, self_checked):
+    """``tiled`` checking its own cu_seqlens or block table (asserts compiled in) on sm_90: in 16-row tiles
+    (mma.sync) it builds as without the checks, no spills; in 64-row tiles the assert's call makes ptxas
+    serialize every wgmma, which is why :func:`fmha.forward.self_checked` keeps those tiles to the separate
+    check."""
+    from fmha import forward
+    from fmha.configs import KernelConfig
+    from fmha.plan import Plan
+    cfg = KernelConfig(rows, 64, 4, 3)
+    plain, checked = (targets.build("tiled", "sm_90", 128, "bfloat16", config=cfg, lengths=lengths, checked=c)
+                      for c in (False, True))
+    usage = {c: targets.ptxas_usage(b.asm["ptx"], 90) for c, b in ((False, plain), (True, checked))}
+    assert "__assertfail" in checked.asm["ptx"] and "__assertfail" not in plain.asm["ptx"]
+    assert usage[True]["spill_stores"] == usage[False]["spill_stores"] == 0
+    assert not usage[False]["serialized"]
+    assert usage[True]["serialized"] == (rows >= 64)
+    if self_checked:  # (below 64 rows the decision reads no GPU: a stand-in for q)
+        assert forward.self_checked(Plan("tiled", cfg, None), SimpleNamespace(is_cuda=True))
+        assert not forward.self_checked(Plan("hopper", cfg, None), SimpleNamespace(is_cuda=True))
+    with pytest.raises(ValueError, match="checks its own cu_seqlens"):
+        targets.build("tiled", "sm_90", 128, "bfloat16", lengths="dense", checked=True)
 
 
 @pytest.mark.parametrize("target", ["gfx942", "gfx1100", "gfx1151"])

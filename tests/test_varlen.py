@@ -69,12 +69,37 @@ def test_the_lengths_are_checked_on_the_device(monkeypatch):
             fmha.attention_varlen(q, q, q, cu.flip(0), cu, 4, 4, variant="tiled")
 
 
+@pytest.mark.parametrize("self_checked", [True, False])
+def test_tiled_checks_its_own_cu_seqlens_in_one_launch(self_checked, monkeypatch):
+    """Where ``tiled`` checks the cu_seqlens itself (:func:`fmha.forward.self_checked`; on a GPU its asserts, run
+    by :func:`test_bad_cu_seqlens_stop_the_gpu_stream`) a packed call is one launch with the answer of the two;
+    forced either way here, where the interpreter runs the checking kernel's code with its asserts skipped."""
+    from fmha import replay
+    from fmha.kernels import guards
+    launched = []
+    real = replay.launch
+    monkeypatch.setattr(replay, "launch", lambda kernel, *a, **kw: (launched.append(kernel), real(kernel, *a, **kw)))
+    monkeypatch.setattr(fmha.forward, "self_checked", lambda p, q: self_checked and p.variant == "tiled")
+    replay.clear(compiled=False)  # (on a GPU a call of a kind seen before would replay its launches)
+    lens_q, lens_k = [5, 0, 37, 20], [9, 4, 37, 16]
+    q, cu_q = packed(lens_q, 4, 64, BF16, 1)
+    k, cu_k = packed(lens_k, 2, 64, BF16, 2)
+    v, _ = packed(lens_k, 2, 64, BF16, 3)
+    o, lse = fmha.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
+                                   causal_align="bottom_right", variant="tiled", return_lse=True)
+    assert launched == ([] if self_checked else [guards._check_cu_seqlens]) + [VARIANTS["tiled"]], launched
+    check_varlen(o, lse, q, k, v, cu_q, cu_k, causal=True, causal_align="bottom_right")
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("rows", [128, 16])
 @pytest.mark.parametrize("cu,max_q,says", [("[0, 4, 3]", 4, "cu_seqlens must start at 0, never decrease"),
+                                           ("[0, 9, 7]", 9, "cu_seqlens must start at 0, never decrease"),
                                            ("[0, 3, 7]", 3, "a sequence is longer than its max_seqlen")])
-def test_bad_cu_seqlens_stop_the_gpu_stream(cu, max_q, says):
+def test_bad_cu_seqlens_stop_the_gpu_stream(cu, max_q, says, rows):
     """On the GPU the packed lengths are checked in stream order (no host read): a device-side assert
-    naming the argument ends the process's CUDA context before the attention kernel reads."""
+    naming the argument ends the process's CUDA context before the attention kernel reads.  In 16-row tiles
+    ``tiled`` checks them itself (:func:`fmha.forward.self_checked`), in 128 the separate check before it."""
     import subprocess
     import sys
     script = f"""
@@ -82,7 +107,8 @@ import torch, fmha
 q = torch.randn(7, 2, 32, device="cuda", dtype=torch.float16)
 cu_q = torch.tensor({cu}, dtype=torch.int32, device="cuda")
 cu_k = torch.tensor([0, 3, 7], dtype=torch.int32, device="cuda")
-o = fmha.attention_varlen(q, q, q, cu_q, cu_k, {max_q}, 4, variant="tiled")
+o = fmha.attention_varlen(q, q, q, cu_q, cu_k, {max_q}, 4, variant="tiled",
+                          config=fmha.KernelConfig({rows}, 32, 4, 2))
 torch.cuda.synchronize()
 print("ANSWER", o.float().sum().item())
 """

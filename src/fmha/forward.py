@@ -12,7 +12,7 @@ import torch
 from . import plan as planning
 from . import replay
 from .checks import FP8, output_dtype
-from .device import on
+from .device import device_facts, index_of, on
 
 
 def output(q: torch.Tensor, head_dim_v: int) -> torch.Tensor:
@@ -82,7 +82,8 @@ def packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, c
            causal_align, return_lse, window, softcap, alibi_slopes, config, checks=None):
     """:func:`fmha.attention_varlen` on checked shapes (or with their ``checks``, as :func:`dense`); the
     cu_seqlens are checked on the device, in stream order, before any kernel reads through them
-    (:mod:`fmha.kernels.guards`; ``hopper`` checks them as it builds its work list).  Returns ``(o, lse or
+    (:mod:`fmha.kernels.guards`; ``hopper`` checks them as it builds its work list, ``tiled`` where
+    :func:`self_checked` as it starts).  Returns ``(o, lse or
     None)``."""
     def call():
         return _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
@@ -107,7 +108,8 @@ def _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, 
                                 window=window, causal_align=causal_align, softcap=softcap, varlen=True,
                                 head_dim_v=v.shape[2])
         p = planning.plan(prob, q4, k4, v4, o4, "bshd", variant, config, alibi_slopes, 1, longest=longest)
-    if p is None or p.variant != "hopper":  # hopper's work-list build checks them itself
+    checked = p is not None and self_checked(p, q)
+    if not checked and (p is None or p.variant != "hopper"):  # hopper's work-list build checks them itself
         from .kernels import guards
         guards.check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], *longest)
     if p is None:
@@ -115,14 +117,16 @@ def _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, 
     from . import kernels
     with on(q.device):
         kernels.launch(p.variant, p.config, p.problem, q4, k4, v4, o4, lse, "bshd", alibi_slopes,
-                       (cu_seqlens_q, cu_seqlens_k, None), grid_m=max(longest[0], 1), longest=longest)
+                       (cu_seqlens_q, cu_seqlens_k, None), grid_m=max(longest[0], 1), longest=longest,
+                       checks=(0, *longest) if checked else None)
     return o, lse
 
 
 def paged(q, k_cache, v_cache, block_table, cache_seqlens, *, causal, scale, causal_align, layout, return_lse,
           window, softcap, alibi_slopes, num_splits, variant, config, checks=None):
     """:func:`fmha.attention_paged` on checked inputs (or with ``checks``, as :func:`dense`): the block
-    table and lengths checked on the device first (:mod:`fmha.kernels.guards`).  Returns ``(o, lse or None)``."""
+    table and lengths checked on the device first (:mod:`fmha.kernels.guards`; by ``tiled`` itself where
+    :func:`self_checked`).  Returns ``(o, lse or None)``."""
     def call():
         return _paged(q, k_cache, v_cache, block_table, cache_seqlens, causal=causal, scale=scale,
                       causal_align=causal_align, layout=layout, return_lse=return_lse, window=window, softcap=softcap,
@@ -136,19 +140,22 @@ def _paged(q, k_cache, v_cache, block_table, cache_seqlens, *, causal, scale, ca
     from .kernels import guards
     batch, heads = q.shape[0], (q.shape[1] if layout == "bhsd" else q.shape[2])
     seqlen_q, head_dim = (q.shape[2] if layout == "bhsd" else q.shape[1]), q.shape[3]
-    page, kv_heads = k_cache.shape[1], k_cache.shape[2]
-    if batch:
-        guards.check_pages(block_table, cache_seqlens, k_cache.shape[0], page)
+    page, kv_heads, num_pages = k_cache.shape[1], k_cache.shape[2], k_cache.shape[0]
     o = replay.buffer(output(q, v_cache.shape[3]))
     lse = replay.buffer(torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device)) \
         if return_lse else None
     if o.numel() == 0 or block_table.shape[1] == 0:
+        if batch:
+            guards.check_pages(block_table, cache_seqlens, num_pages, page)
         return _no_keys(o, lse)
     prob = planning.problem(batch, heads, kv_heads, seqlen_q, block_table.shape[1] * page, head_dim, causal=causal,
                             scale=scale, window=window, causal_align=causal_align, softcap=softcap, seqused=True,
                             page=page, head_dim_v=v_cache.shape[3])
     seqs = (None, None, cache_seqlens)
     p = planning.plan(prob, q, k_cache, v_cache, o, layout, variant, config, alibi_slopes, num_splits)
+    checked = self_checked(p, q)
+    if not checked:
+        guards.check_pages(block_table, cache_seqlens, num_pages, page)
     if p.variant == "hopper":  # the page pools as they are: the kernel reads them through one descriptor each
         run(p, q, k_cache, v_cache, o, lse, layout, alibi_slopes, seqs, block_table)
         return o, lse
@@ -158,7 +165,7 @@ def _paged(q, k_cache, v_cache, block_table, cache_seqlens, *, causal, scale, ca
     split_len = -(-p.split_len // page) * page if p.split_len else 0
     p = dataclasses.replace(p, config=dataclasses.replace(p.config, block_n=block_n), split_len=split_len)
     kv = (k_cache, v_cache) if layout == "bshd" else (k_cache.permute(0, 2, 1, 3), v_cache.permute(0, 2, 1, 3))
-    run(p, q, *kv, o, lse, layout, alibi_slopes, seqs, block_table)
+    run(p, q, *kv, o, lse, layout, alibi_slopes, seqs, block_table, checks=(num_pages, 0, 0) if checked else None)
     return o, lse
 
 
@@ -172,6 +179,17 @@ def _no_keys(o, lse):
     return o, lse
 
 
+def self_checked(p: planning.Plan, q: torch.Tensor) -> bool:
+    """Whether ``tiled`` checks a paged or packed call's indices itself (:func:`fmha.kernels.guards.program_checks`):
+    one launch, not the check's and the kernel's.  On NVIDIA GPUs where its tiles stay off wgmma (below 64 rows
+    on sm_90 and newer): a build with asserts calls ``__assertfail``, and ptxas then serializes every wgmma of the
+    kernel.  Not in the interpreter, which skips device asserts (there the separate check's verdict is read on
+    the host)."""
+    if p.variant != "tiled" or not q.is_cuda or torch.version.hip:
+        return False
+    return p.config.block_m < 64 or device_facts(index_of(q.device))[0] < 9
+
+
 def merge_in_split(device: torch.device) -> bool:
     """Whether a split launch of ``tiled`` merges its own partials (the split that ends a row block last
     merges it): one launch fewer, 6-8 us of an eager call's host time, for about 0.4 us more on the GPU at
@@ -182,7 +200,7 @@ def merge_in_split(device: torch.device) -> bool:
 
 
 def run(p: planning.Plan, q, k, v, o, lse, layout, alibi, seqs, block_table=None, descale=None,
-        attn_mask=None) -> None:
+        attn_mask=None, checks=None) -> None:
     """Launch ``p``: directly, or split over the keys into float32 partials merged by their LSE, inside
     the split launch (:func:`merge_in_split`) or in a second kernel (stream-K and a programmatic dependent
     launch of the merge measured slower: docs/PERF.md, decoding)."""
@@ -191,7 +209,7 @@ def run(p: planning.Plan, q, k, v, o, lse, layout, alibi, seqs, block_table=None
     with on(q.device):
         if not p.split_len:
             kernels.launch(p.variant, p.config, prob, q, k, v, o, lse, layout, alibi, seqs, block_table=block_table,
-                           descale=descale, attn_mask=attn_mask)
+                           descale=descale, attn_mask=attn_mask, checks=checks)
             return
         from .kernels import combine
         shape = (-(-prob.seqlen_k // p.split_len), prob.batch, prob.heads, prob.seqlen_q)
@@ -200,6 +218,6 @@ def run(p: planning.Plan, q, k, v, o, lse, layout, alibi, seqs, block_table=None
         merge = (o, lse) if p.variant == "tiled" and merge_in_split(q.device) else None
         kernels.launch(p.variant, p.config, prob, q, k, v, o_parts, lse_parts, layout, alibi, seqs,
                        split_len=p.split_len, block_table=block_table, descale=descale, merge=merge,
-                       attn_mask=attn_mask)
+                       attn_mask=attn_mask, checks=checks)
         if merge is None:
             combine.launch(o_parts, lse_parts, o, lse, kernels.strides_bhsd(o, layout), prob.heads, prob.seqlen_q)

@@ -301,12 +301,14 @@ def _check_choice(kind: str, value, valid) -> None:
 
 def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16", causal: bool = False,
           config=None, seqlen_k: int = 0, lengths: str = "dense", head_dim_v: int = 0,
-          attn_mask: bool = False) -> Build:
+          attn_mask: bool = False, checked: bool = False) -> Build:
     """Compile ``variant`` for ``target`` (a key of :data:`TARGETS`) without a GPU.  ``seqlen_k``
     and ``lengths`` matter to ``hopper`` only (a length off its key tile builds the ragged key
     mask; "varlen" or "seqused" the lengths per sequence; "paged" those in a paged cache).  ``head_dim_v``:
     V's head dim where it differs from q/k's (DeepSeek's 192/128; no larger), 0 where it does not.
-    ``attn_mask`` (``tiled``): built to read an attn_mask, its keys one byte apart as a launch specialises them."""
+    ``attn_mask`` (``tiled``): built to read an attn_mask, its keys one byte apart as a launch specialises them.
+    ``checked`` (``tiled``, ``lengths`` "varlen" or "paged"): the kernel checks the indices it follows itself, built
+    with its asserts (:func:`fmha.forward.self_checked`)."""
     from . import configs
     _check_choice("target", target, list(TARGETS))
     _check_choice("variant", variant, variants())
@@ -319,12 +321,15 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
         _check_choice("head_dim_v", head_dim_v, [d for d in HEAD_DIMS if d <= head_dim])
     if attn_mask and variant != "tiled":
         raise ValueError(f"attn_mask: {variant} takes none (the tiled variant reads it)")
+    if checked and (variant != "tiled" or lengths not in ("varlen", "paged")):
+        raise ValueError("checked: the tiled variant checks its own cu_seqlens (lengths='varlen') or block table "
+                         "(lengths='paged')")
     reason = unbuildable(variant, target, head_dim, dtype)
     if reason:
         raise ValueError(reason)
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         return _build_elsewhere(variant, target, head_dim, dtype, causal, config, seqlen_k, lengths, head_dim_v,
-                                attn_mask)
+                                attn_mask, checked)
     chip = TARGETS[target]
     arch_key = "hip" if chip.backend == "hip" else ("sm90" if chip.arch == 90 else "sm80")
     cfg = config or configs.default_config(variant, arch_key, head_dim, causal, fp8=dtype == "float8_e4m3fn",
@@ -356,6 +361,11 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
         const.update(QK_LO=0, V_FROM_K=False)
     if "MERGE" in kernel.arg_names:  # tiled: a split launch's partials merged apart; an attn_mask when asked
         const.update(MERGE=False, MERGE_LSE=False, ATTN_MASK=attn_mask, **({"stride_mk": 1} if attn_mask else {}))
+    if "CHECKED" in kernel.arg_names:  # tiled: packed sequences or a paged cache of 256-key pages, checked alike
+        const.update(CHECKED=checked)
+        if checked:
+            const.update(VARLEN=lengths == "varlen", PAGED=lengths == "paged", SEQUSED=lengths == "paged",
+                         PAGE=256 if lengths == "paged" else 1)
     if head_dim == MLA_ABSORBED[0]:  # MLA's absorbed decode: 512 + 64 columns, V K's first 512, keys split, GQA packed
         const.update(HEAD_DIM=512, BLOCK_D=512, HEAD_V=512, BLOCK_DV=512, QK_LO=64, V_FROM_K=True, SPLIT=True,
                      PACK_GQA=True, ALIGN_BR=True, SEQUSED=True)
@@ -364,16 +374,17 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
     out = "bf16" if fp8 else DTYPES[dtype]
     aligned = {**dict.fromkeys(("Q", "K", "V"), DTYPES[dtype]), **dict.fromkeys(("O", "Out"), out),
                **dict.fromkeys(("LSE", "Alibi", "Descale", "LseOut"), "fp32")}
-    compiled = _compile(kernel, const, aligned, chip, cfg.num_warps, cfg.num_stages)
+    from .kernels.guards import CHECK_OPTIONS
+    compiled = _compile(kernel, const, aligned, chip, cfg.num_warps, cfg.num_stages, CHECK_OPTIONS if checked else {})
     return Build(variant, target, head_dim, dtype, causal, cfg.as_dict(), dict(compiled.asm),
                  _plain(compiled.metadata))
 
 
-def _compile(kernel, const: dict, aligned: dict, chip, num_warps: int, num_stages: int):
+def _compile(kernel, const: dict, aligned: dict, chip, num_warps: int, num_stages: int, options=None):
     """Triton's build of the Triton ``kernel`` for ``chip`` as a launch specialises it: ``const`` its constexprs,
     ``aligned`` the element type of each pointer it reads 16-byte aligned; the cu_seqlens, lengths and block
     table int32 pointers, the scale and softcap float32, every other argument an int32 (strides divisible by
-    16)."""
+    16); ``options``: more of Triton's build options."""
     sig, attrs = {}, {}
     for i, name in enumerate(kernel.arg_names):
         if name in const:
@@ -392,7 +403,7 @@ def _compile(kernel, const: dict, aligned: dict, chip, num_warps: int, num_stage
                 attrs[(i,)] = [["tt.divisibility", 16]]
     target = GPUTarget(chip.backend, chip.arch, chip.warp_size)
     return triton.compile(ASTSource(kernel, sig, const, attrs), target=target,
-                          options={"num_warps": num_warps, "num_stages": num_stages})
+                          options={"num_warps": num_warps, "num_stages": num_stages, **(options or {})})
 
 
 def _plain(md) -> dict:

@@ -81,7 +81,7 @@ def amd_build(q: torch.Tensor) -> bool:
 
 def launch(variant: str, cfg, prob, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None, None),
            grid_m: int | None = None, split_len: int = 0, block_table=None, longest=None, descale=None,
-           merge=None, attn_mask=None) -> None:
+           merge=None, attn_mask=None, checks=None) -> None:
     """Run ``variant`` with ``cfg`` on ``prob``: writes ``o`` (and ``lse`` if not None).
     ``seqs = (cu_seqlens_q, cu_seqlens_k, seqused_k)``; ``grid_m`` rows cover the longest sequence;
     ``longest``: packed sequences' max_seqlen_q and max_seqlen_k (the room of ``hopper``'s work list).
@@ -90,7 +90,9 @@ def launch(variant: str, cfg, prob, q, k, v, o, lse, layout: str, alibi=None, se
     ``descale`` (``prob.fp8``): float32 ``[batch * kv_heads, 3]``, each (batch, kv head)'s q, k and v factors.
     ``merge = (out, out_lse)`` (``tiled``, split): the split that ends each row block last merges the partials
     into ``out`` (in ``layout``) and, when not None, ``out_lse`` (``[batch, heads, seqlen_q]``).
-    ``attn_mask`` (``tiled``): a boolean ``[batch, heads, seqlen_q, seqlen_k]`` view (any strides) joining the band."""
+    ``attn_mask`` (``tiled``): a boolean ``[batch, heads, seqlen_q, seqlen_k]`` view (any strides) joining the band.
+    ``checks = (num_pages, max_seqlen_q, max_seqlen_k)`` (``tiled``, paged or packed): the kernel checks the block
+    table and cache_seqlens, or the cu_seqlens, itself (:func:`fmha.forward.self_checked`)."""
     if variant == "hopper":
         from . import hopper
         return hopper.launch(prob, cfg, q, k, v, o, lse, layout, alibi, seqs, longest, block_table, descale)
@@ -134,7 +136,18 @@ def launch(variant: str, cfg, prob, q, k, v, o, lse, layout: str, alibi=None, se
         **(dict(QK_CHUNKS=cfg.qk_chunks) if "QK_CHUNKS" in params else {}),
         **(_merge_args(merge, layout, q.device, grid, o) if "MERGE" in params else {}),
         **(mask_args(attn_mask, o) if "ATTN_MASK" in params else {}),
+        **(_check_args(checks) if "CHECKED" in params else {}),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def _check_args(checks) -> dict:
+    """The arguments of a kernel that checks the indices it follows (``checks = (num_pages, max_seqlen_q,
+    max_seqlen_k)``), built as :data:`.guards.CHECK_OPTIONS` says, or of one that does not (None)."""
+    if checks is None:
+        return dict(num_pages=0, max_seqlen_q=0, max_seqlen_k=0, CHECKED=False)
+    from .guards import CHECK_OPTIONS
+    num_pages, max_q, max_k = checks
+    return dict(num_pages=num_pages, max_seqlen_q=max_q, max_seqlen_k=max_k, CHECKED=True, **CHECK_OPTIONS)
 
 
 def mask_args(attn_mask, o) -> dict:

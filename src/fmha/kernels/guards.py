@@ -7,6 +7,10 @@ On a GPU a failed check stops the stream with a device-side assert that names th
 attention kernel queued behind it never runs and never reads a page outside the pool.  Triton's
 interpreter skips device asserts, so there the check's verdict per sequence comes back in a status
 tensor that the host reads (CPU memory: no synchronisation to pay) and turns into a ``ValueError``.
+
+Where the attention kernel is ``tiled`` in tiles that stay off wgmma, it makes the same checks itself
+(:func:`program_checks`, :func:`pages_checked`): each program checks the entries it is about to follow
+before it reads through them, and the call is one launch, not two (:func:`fmha.forward.self_checked`).
 """
 import torch
 import triton
@@ -17,6 +21,8 @@ from .. import replay
 SEQLENS_MESSAGE = tl.constexpr("fmha.attention_paged: cache_seqlens outside [0, pages_per_seq * page_size]")
 BLOCK_TABLE_MESSAGE = tl.constexpr("fmha.attention_paged: a block_table entry in use (covering keys below "
                                    "cache_seqlens) outside [0, num_pages)")
+# a kernel that makes its own checks is built so: asserts compiled in, no overflow checks on its arithmetic
+CHECK_OPTIONS = {"debug": True, "sanitize_overflow": False}
 
 
 @triton.jit(debug=True)
@@ -112,3 +118,38 @@ def check_cu_seqlens(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, tot
     if on_host and int(status[0]):
         from ..checks import check_cu_seqlens as on_the_host
         on_the_host(torch.stack([cu_seqlens_q, cu_seqlens_k]).numpy(), total_q, total_k, max_seqlen_q, max_seqlen_k)
+
+
+@triton.jit
+def program_checks(CuQ, CuK, SeqK, b, batch, total_q, total_k, max_q, max_k, pages_end, VARLEN: tl.constexpr,
+                   PAGED: tl.constexpr):
+    """The checks of the separate launches above, made by one program of an attention kernel over its own
+    sequence ``b`` (of ``batch``) before it reads through them.  VARLEN: its two entries of each cu_seqlens
+    in order, within the packed lengths ``total_q`` / ``total_k`` and no further apart than ``max_q`` /
+    ``max_k``, the first entry 0 and the last the total (every sequence's program checks its own: together
+    :func:`cu_seqlens_bad`'s rules).  PAGED: its cache_seqlens within ``[0, pages_end]`` (its table row's keys)."""
+    if VARLEN:
+        for which in tl.static_range(2):
+            cu = CuQ if which == 0 else CuK
+            total = total_q if which == 0 else total_k
+            here = tl.load(cu + b)
+            after = tl.load(cu + b + 1)
+            shape_ok = (here >= 0) & (here <= after) & (after <= total) & ((b != 0) | (here == 0))
+            tl.device_assert(shape_ok & ((b != batch - 1) | (after == total)), CU_SEQLENS_MESSAGE)
+            tl.device_assert(after - here <= (max_q if which == 0 else max_k), MAX_SEQLEN_MESSAGE)
+    if PAGED:
+        n = tl.load(SeqK + b)
+        tl.device_assert((n >= 0) & (n <= pages_end), SEQLENS_MESSAGE)
+
+
+@triton.jit
+def pages_checked(BlockTable, b, lo, hi, stride_bt, num_pages, PAGE: tl.constexpr):
+    """The block table's entries for keys ``[lo, hi)`` of sequence ``b`` (keys the caller reads: below its
+    cache_seqlens), checked to be pages of the pool before any read through them: once, ahead of the key loop
+    (an assert inside the loop keeps Triton from pipelining its loads)."""
+    row = BlockTable + b.to(tl.int64) * stride_bt
+    end = tl.cdiv(hi, PAGE)
+    for start in range(lo // PAGE, end, 64):
+        idx = start + tl.arange(0, 64)
+        page = tl.load(row + idx, mask=idx < end, other=0)
+        tl.device_assert((page >= 0) & (page < num_pages), BLOCK_TABLE_MESSAGE)

@@ -9,6 +9,7 @@ ragged end), masked elementwise.  Tile sizes, warps and stages come from
 import triton
 import triton.language as tl
 
+from . import guards
 from .combine import merge_if_last
 from .common import (causal_stop, dot_t, full_stop, head_slope, initial_state, load_rows, mma, online_softmax_step,
                      paged_rows, program_start, row_place, scores, split_keys, window_clear, window_start, write_output)
@@ -142,7 +143,7 @@ def tiled_kernel(
         QK_LO: tl.constexpr, V_FROM_K: tl.constexpr,
         Out, stride_fb, stride_fh, stride_fs, stride_fd, LseOut, Tickets, MERGE: tl.constexpr,
         MERGE_LSE: tl.constexpr, AttnMask, stride_mb, stride_mh, stride_mq, stride_mk, ATTN_MASK: tl.constexpr,
-        AMD: tl.constexpr, QK_CHUNKS: tl.constexpr):
+        AMD: tl.constexpr, QK_CHUNKS: tl.constexpr, num_pages, max_seqlen_q, max_seqlen_k, CHECKED: tl.constexpr):
     """HEAD_V, BLOCK_DV: V's and O's head dimension (DeepSeek's MLA: 128 against q/k's 192), else HEAD_DIM's.
     QK_LO: q/k have ``QK_LO`` more columns after their first ``BLOCK_D`` (MLA's absorbed form: 576 = 512 + 64,
     HEAD_DIM then 512), a second slice of Q K^T; V_FROM_K: V is K's first columns, read once as K's tile.
@@ -155,7 +156,14 @@ def tiled_kernel(
     build (:func:`fmha.kernels.amd_build`), which reads V without masked loads (:func:`_v_rows_clamped`,
     :func:`_v_columns`).  QK_CHUNKS (``KernelConfig.qk_chunks``): Q K^T as one batched product over that many column
     chunks of q/k's first ``BLOCK_D`` columns, summed: each warp holds a chunk of Q's columns for the loop, not all of
-    them (MLA's absorbed form on gfx11: 576 columns of Q in the matrix unit's operand layout fill the register file)."""
+    them (MLA's absorbed form on gfx11: 576 columns of Q in the matrix unit's operand layout fill the register file).
+    CHECKED (VARLEN or PAGED; built with :data:`.guards.CHECK_OPTIONS`): the program checks its sequence's cu_seqlens
+    (against ``max_seqlen_q`` / ``max_seqlen_k``) or cache_seqlens, and the pages of the keys it reads (``num_pages``
+    in the pool) before it reads them, as the separate launches of :mod:`.guards` would."""
+    per_batch = heads // group if PACK_GQA else heads
+    if CHECKED:
+        guards.program_checks(CuQ, CuK, SeqK, tl.program_id(1) // per_batch, tl.num_programs(1) // per_batch,
+                              seqlen_q, seqlen_k, max_seqlen_q, max_seqlen_k, seqlen_k, VARLEN, PAGED)
     (row_lo, row_hi, offs_m, q, k_base, v_base, o_rows, lse_rows, seqlen_q, seqlen_k, causal_offset, window_offset,
      align_offset) = program_start(
         Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh,
@@ -182,7 +190,7 @@ def tiled_kernel(
     offs_dv = tl.arange(0, BLOCK_DV)
     m, l, acc = initial_state(BLOCK_M, BLOCK_DV)
     slope = head_slope(Alibi, tl.program_id(1), heads, ALIBI)
-    b = tl.program_id(1) // (heads // group if PACK_GQA else heads)
+    b = tl.program_id(1) // per_batch
     kvh = tl.program_id(1) % (heads // group) if PACK_GQA else tl.program_id(1) % heads // group
     kv_seq = b * kv_seq_b + kvh * kv_seq_h  # KV_TMA: this program's place in the K/V descriptors
     kv_col = kvh * kv_col_h
@@ -199,6 +207,9 @@ def tiled_kernel(
     hi = causal_stop(row_hi, seqlen_k, causal_offset, CAUSAL)
     u0 = tl.maximum(first, tl.minimum(window_clear(row_hi, window_offset, BLOCK_N, WINDOW), lo))
     lo = tl.maximum(lo, u0)
+    if CHECKED and PAGED:  # every page of the keys this program reads, before the first read
+        read_lo, read_hi = split_keys(first, hi, split_len, SPLIT)
+        guards.pages_checked(BlockTable, b, read_lo, read_hi, stride_bt, num_pages, PAGE)
     w0, w1 = split_keys(first, u0, split_len, SPLIT)
     u0, u1 = split_keys(u0, lo, split_len, SPLIT)
     lo, hi = split_keys(lo, hi, split_len, SPLIT)
