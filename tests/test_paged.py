@@ -1,9 +1,13 @@
 """A paged KV cache gives the same attention as the contiguous cache it was cut from."""
+import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import fmha
 from conftest import DEVICE, check_against_reference, make_qkv
+from fmha.kernels import guards
 
 
 def paginate(k, page, pages_per_seq, seed, fill=0.0):
@@ -243,3 +247,30 @@ def test_paged_compiles_whole():
     torch._dynamo.reset()
     for a, b in zip(got, want):
         assert torch.equal(a, b)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="on a GPU a failed check asserts (the stream-stopping test)")
+@pytest.mark.parametrize("page", [16, 256])
+def test_a_program_checks_the_pages_of_its_keys(page):
+    """``tiled``'s own page check (:func:`fmha.kernels.guards.pages_checked`) counts exactly the table entries
+    outside the pool among the pages of keys ``[lo, hi)``, over rows longer than its 64-entry chunks; none past
+    them.  The interpreter skips the asserts, so each program's count is stored."""
+    rng = np.random.default_rng(page)
+    num_pages, width, rows = 50, 150, 3
+    for _ in range(20):
+        table = rng.integers(0, num_pages, (rows, width)).astype(np.int32)
+        bad = rng.random((rows, width)) < 0.05
+        table[bad] = rng.choice([-1, num_pages, 1_000_000], int(bad.sum()))
+        lo, hi = sorted(int(x) for x in rng.integers(0, width * page, 2))
+        out = torch.full((rows,), -1, dtype=torch.int32)
+        _counts[(rows,)](torch.tensor(table), out, lo, hi, width, num_pages, PAGE=page)
+        first, end = lo // page, -(-hi // page)
+        want = ((table[:, first:end] < 0) | (table[:, first:end] >= num_pages)).sum(axis=1)
+        assert out.tolist() == want.tolist(), (lo, hi, out, want)
+
+
+@triton.jit
+def _counts(BlockTable, Out, lo, hi, stride_bt, num_pages, PAGE: tl.constexpr):
+    """Each program's count of :func:`fmha.kernels.guards.pages_checked` over its table row."""
+    b = tl.program_id(0)
+    tl.store(Out + b, guards.pages_checked(BlockTable, b, lo, hi, stride_bt, num_pages, PAGE))

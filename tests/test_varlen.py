@@ -2,11 +2,13 @@
 import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import fmha
 from conftest import DEVICE, check_varlen, max_err, packed
 from fmha import reference
-from fmha.kernels import VARIANTS
+from fmha.kernels import VARIANTS, guards
 
 F16, BF16 = torch.float16, torch.bfloat16
 
@@ -202,3 +204,53 @@ def test_attention_varlen_compiles_whole(sinks):
     torch._dynamo.reset()
     for eager, compiled in zip(*results):
         torch.testing.assert_close(compiled.float(), eager.float(), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="on a GPU a failed check asserts (test_bad_cu_seqlens_stop_the_gpu_stream)")
+def test_each_program_checks_its_own_cu_seqlens_as_the_host_rules_say():
+    """``tiled``'s own check (:func:`fmha.kernels.guards.program_checks`, one program a sequence, each reading only
+    its two entries of each cu_seqlens) fails somewhere exactly where the host's rules
+    (:func:`fmha.checks.check_cu_seqlens`) fail, over random lengths and their corruptions; the interpreter skips
+    the asserts, so each program's verdict is stored."""
+    from fmha.checks import check_cu_seqlens
+
+    rng = np.random.default_rng(7)
+    failed = 0
+    for case in range(300):
+        batch = int(rng.integers(1, 7))
+        cu = [np.concatenate([[0], np.cumsum(rng.integers(0, 10, batch))]) for _ in range(2)]
+        totals = [int(c[-1]) for c in cu]
+        longest = [int(np.diff(c).max()) for c in cu]
+        which = int(rng.integers(2))
+        kind = case % 6
+        if kind == 1:  # two entries swapped
+            i = int(rng.integers(batch))
+            cu[which][[i, i + 1]] = cu[which][[i + 1, i]]
+        elif kind == 2:  # an entry moved
+            cu[which][int(rng.integers(batch + 1))] += int(rng.integers(-3, 4))
+        elif kind == 3:  # the total off by one
+            totals[which] += int(rng.choice([-1, 1]))
+        elif kind == 4:  # a max_seqlen one short
+            longest[which] -= 1
+        elif kind == 5:  # a negative entry
+            cu[which][int(rng.integers(batch + 1))] = -1
+        both = np.stack(cu).astype(np.int32)
+        try:
+            check_cu_seqlens(both, *totals, *longest)
+            host_fails = False
+        except ValueError:
+            host_fails = True
+        out = torch.full((batch,), -1, dtype=torch.int32)
+        cu_q, cu_k = (torch.tensor(c, dtype=torch.int32) for c in both)
+        _verdicts[(batch,)](cu_q, cu_k, out, *totals, *longest)
+        assert (out >= 0).all() and bool(out.any()) == host_fails, (case, both, totals, longest, out)
+        failed += host_fails
+    assert 100 < failed < 250  # (both verdicts drawn often)
+
+
+@triton.jit
+def _verdicts(CuQ, CuK, Out, total_q, total_k, max_q, max_k):
+    """Each program's verdict of :func:`fmha.kernels.guards.program_checks` over its sequence's entries."""
+    b = tl.program_id(0)
+    tl.store(Out + b, guards.program_checks(CuQ, CuK, CuQ, b, tl.num_programs(0), total_q, total_k, max_q, max_k, 0,
+                                            True, False))

@@ -127,29 +127,42 @@ def program_checks(CuQ, CuK, SeqK, b, batch, total_q, total_k, max_q, max_k, pag
     sequence ``b`` (of ``batch``) before it reads through them.  VARLEN: its two entries of each cu_seqlens
     in order, within the packed lengths ``total_q`` / ``total_k`` and no further apart than ``max_q`` /
     ``max_k``, the first entry 0 and the last the total (every sequence's program checks its own: together
-    :func:`cu_seqlens_bad`'s rules).  PAGED: its cache_seqlens within ``[0, pages_end]`` (its table row's keys)."""
+    :func:`cu_seqlens_bad`'s rules).  PAGED: its cache_seqlens within ``[0, pages_end]`` (its table row's keys).
+    Returns the verdict (0: passed; 1: cu_seqlens out of order or range, 2: a sequence past its max_seqlen, 4:
+    cache_seqlens, summed), which the asserts act on (and the interpreter, skipping them, returns for the tests)."""
+    bad = 0
     if VARLEN:
         for which in tl.static_range(2):
             cu = CuQ if which == 0 else CuK
             total = total_q if which == 0 else total_k
             here = tl.load(cu + b)
             after = tl.load(cu + b + 1)
-            shape_ok = (here >= 0) & (here <= after) & (after <= total) & ((b != 0) | (here == 0))
-            tl.device_assert(shape_ok & ((b != batch - 1) | (after == total)), CU_SEQLENS_MESSAGE)
-            tl.device_assert(after - here <= (max_q if which == 0 else max_k), MAX_SEQLEN_MESSAGE)
+            shape_ok = (here >= 0) & (here <= after) & (after <= total) & ((b != 0) | (here == 0)) & \
+                ((b != batch - 1) | (after == total))
+            long_ok = after - here <= (max_q if which == 0 else max_k)
+            tl.device_assert(shape_ok, CU_SEQLENS_MESSAGE)
+            tl.device_assert(long_ok, MAX_SEQLEN_MESSAGE)
+            bad |= tl.where(shape_ok, 0, 1) | tl.where(long_ok, 0, 2)
     if PAGED:
         n = tl.load(SeqK + b)
-        tl.device_assert((n >= 0) & (n <= pages_end), SEQLENS_MESSAGE)
+        len_ok = (n >= 0) & (n <= pages_end)
+        tl.device_assert(len_ok, SEQLENS_MESSAGE)
+        bad |= tl.where(len_ok, 0, 4)
+    return bad
 
 
 @triton.jit
 def pages_checked(BlockTable, b, lo, hi, stride_bt, num_pages, PAGE: tl.constexpr):
     """The block table's entries for keys ``[lo, hi)`` of sequence ``b`` (keys the caller reads: below its
     cache_seqlens), checked to be pages of the pool before any read through them: once, ahead of the key loop
-    (an assert inside the loop keeps Triton from pipelining its loads)."""
+    (an assert inside the loop keeps Triton from pipelining its loads).  Returns how many failed."""
     row = BlockTable + b.to(tl.int64) * stride_bt
     end = tl.cdiv(hi, PAGE)
+    bad = 0
     for start in range(lo // PAGE, end, 64):
         idx = start + tl.arange(0, 64)
         page = tl.load(row + idx, mask=idx < end, other=0)
-        tl.device_assert((page >= 0) & (page < num_pages), BLOCK_TABLE_MESSAGE)
+        page_ok = (page >= 0) & (page < num_pages)
+        tl.device_assert(page_ok, BLOCK_TABLE_MESSAGE)
+        bad += tl.sum((~page_ok).to(tl.int32))
+    return bad
