@@ -7,6 +7,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from fmha import targets
 
@@ -568,11 +569,11 @@ def test_mla_absorbed_decode_builds_for_sm90_on_tiled():
 
 @pytest.mark.parametrize("lengths,rows,self_checked", [("paged", 16, True), ("varlen", 16, True),
                                                      ("paged", 64, False)])
-def test_tiled_checks_its_own_indices_only_where_its_tiles_stay_off_wgmma(lengths, rows, self_checked):
+def test_tiled_checks_its_own_indices_only_where_its_tiles_stay_off_wgmma(lengths, rows, self_checked, monkeypatch):
     """``tiled`` checking its own cu_seqlens or block table (asserts compiled in) on sm_90: in 16-row tiles
     (mma.sync) it builds as without the checks, no spills; in 64-row tiles the assert's call makes ptxas
-    serialize every wgmma, which is why :func:`fmha.forward.self_checked` keeps those tiles to the separate
-    check."""
+    serialize every wgmma, which is why :func:`fmha.forward.self_checked` keeps those tiles, and other GPUs
+    (not timed), to the separate check."""
     from fmha import forward
     from fmha.configs import KernelConfig
     from fmha.plan import Plan
@@ -584,9 +585,11 @@ def test_tiled_checks_its_own_indices_only_where_its_tiles_stay_off_wgmma(length
     assert usage[True]["spill_stores"] == usage[False]["spill_stores"] == 0
     assert not usage[False]["serialized"]
     assert usage[True]["serialized"] == (rows >= 64)
-    if self_checked:  # (below 64 rows the decision reads no GPU: a stand-in for q)
-        assert forward.self_checked(Plan("tiled", cfg, None), SimpleNamespace(is_cuda=True))
-        assert not forward.self_checked(Plan("hopper", cfg, None), SimpleNamespace(is_cuda=True))
+    q = SimpleNamespace(is_cuda=True, device=torch.device("cuda", 0))  # (a stand-in: the decision reads no tensor)
+    for major in (9, 8, 10):
+        monkeypatch.setattr(forward, "device_facts", lambda index: (major, 132))
+        assert forward.self_checked(Plan("tiled", cfg, None), q) == (self_checked and major == 9)
+        assert not forward.self_checked(Plan("hopper", cfg, None), q)
     with pytest.raises(ValueError, match="checks its own cu_seqlens"):
         targets.build("tiled", "sm_90", 128, "bfloat16", lengths="dense", checked=True)
 

@@ -181,13 +181,14 @@ def _no_keys(o, lse):
 
 def self_checked(p: planning.Plan, q: torch.Tensor) -> bool:
     """Whether ``tiled`` checks a paged or packed call's indices itself (:func:`fmha.kernels.guards.program_checks`):
-    one launch, not the check's and the kernel's.  On NVIDIA GPUs where its tiles stay off wgmma (below 64 rows
-    on sm_90 and newer): a build with asserts calls ``__assertfail``, and ptxas then serializes every wgmma of the
-    kernel.  Not in the interpreter, which skips device asserts (there the separate check's verdict is read on
-    the host)."""
-    if p.variant != "tiled" or not q.is_cuda or torch.version.hip:
-        return False
-    return p.config.block_m < 64 or device_facts(index_of(q.device))[0] < 9
+    one launch, not the check's and the kernel's.  On sm_90, in tiles below 64 rows (a decode's), where it was
+    timed (docs/PERF.md, "Beyond the default grid"): from 64 rows the tiles take wgmma, and a build with asserts
+    calls ``__assertfail``, after which ptxas serializes every wgmma of the kernel.  Elsewhere the separate check:
+    on sm_80 the builds with asserts spill where the plain ones do not (8 bytes in 16-row tiles at head_dim 64,
+    180 in 128-row tiles at 128, paged), not timed.  Not in the interpreter, which skips device asserts (there
+    the separate check's verdict is read on the host)."""
+    return (p.variant == "tiled" and q.is_cuda and not torch.version.hip and p.config.block_m < 64
+            and device_facts(index_of(q.device))[0] == 9)
 
 
 def merge_in_split(device: torch.device) -> bool:

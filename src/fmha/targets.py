@@ -303,8 +303,9 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
           config=None, seqlen_k: int = 0, lengths: str = "dense", head_dim_v: int = 0,
           attn_mask: bool = False, checked: bool = False) -> Build:
     """Compile ``variant`` for ``target`` (a key of :data:`TARGETS`) without a GPU.  ``seqlen_k``
-    and ``lengths`` matter to ``hopper`` only (a length off its key tile builds the ragged key
-    mask; "varlen" or "seqused" the lengths per sequence; "paged" those in a paged cache).  ``head_dim_v``:
+    matters to ``hopper`` only (a length off its key tile builds the ragged key mask); ``lengths`` to ``hopper``
+    and ``tiled`` ("varlen" or "seqused" the lengths per sequence; "paged" those in a paged cache of 256-key
+    pages).  ``head_dim_v``:
     V's head dim where it differs from q/k's (DeepSeek's 192/128; no larger), 0 where it does not.
     ``attn_mask`` (``tiled``): built to read an attn_mask, its keys one byte apart as a launch specialises them.
     ``checked`` (``tiled``, ``lengths`` "varlen" or "paged"): the kernel checks the indices it follows itself, built
@@ -361,11 +362,9 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
         const.update(QK_LO=0, V_FROM_K=False)
     if "MERGE" in kernel.arg_names:  # tiled: a split launch's partials merged apart; an attn_mask when asked
         const.update(MERGE=False, MERGE_LSE=False, ATTN_MASK=attn_mask, **({"stride_mk": 1} if attn_mask else {}))
-    if "CHECKED" in kernel.arg_names:  # tiled: packed sequences or a paged cache of 256-key pages, checked alike
-        const.update(CHECKED=checked)
-        if checked:
-            const.update(VARLEN=lengths == "varlen", PAGED=lengths == "paged", SEQUSED=lengths == "paged",
-                         PAGE=256 if lengths == "paged" else 1)
+    if "CHECKED" in kernel.arg_names:  # tiled: lengths per sequence or a paged cache of 256-key pages
+        const.update(CHECKED=checked, VARLEN=lengths == "varlen", PAGED=lengths == "paged",
+                     SEQUSED=lengths in ("seqused", "paged"), PAGE=256 if lengths == "paged" else 1)
     if head_dim == MLA_ABSORBED[0]:  # MLA's absorbed decode: 512 + 64 columns, V K's first 512, keys split, GQA packed
         const.update(HEAD_DIM=512, BLOCK_D=512, HEAD_V=512, BLOCK_DV=512, QK_LO=64, V_FROM_K=True, SPLIT=True,
                      PACK_GQA=True, ALIGN_BR=True, SEQUSED=True)
