@@ -26,26 +26,17 @@ CHECK_OPTIONS = {"debug": True, "sanitize_overflow": False}
 
 
 @triton.jit(debug=True)
-def _check_pages(BlockTable, SeqLens, Status, stride_bt, pages_per_seq, num_pages, page_size, BLOCK: tl.constexpr,
-                 STATUS: tl.constexpr):
-    """Sequence ``program_id(0)``: its key count fits its table row, and every page its keys
-    occupy (entries ``[0, ceil(n / page_size))``) is a page of the pool.  STATUS: also store the
-    verdict (1: the key count, 2: a page) for the host to read."""
+def _check_pages(BlockTable, SeqLens, Status, stride_bt, pages_per_seq, num_pages, page_size, STATUS: tl.constexpr):
+    """Sequence ``program_id(0)``: its key count fits its table row (:func:`program_checks`), and every page its
+    keys occupy (entries ``[0, ceil(n / page_size))``) is a page of the pool (:func:`pages_checked`).  STATUS: also
+    store the verdict (1: the key count, 2: a page) for the host to read."""
     b = tl.program_id(0)
-    n = tl.load(SeqLens + b)
-    len_ok = (n >= 0) & (n <= pages_per_seq * page_size)
-    tl.device_assert(len_ok, SEQLENS_MESSAGE)
-    used = tl.minimum(tl.cdiv(tl.maximum(n, 0), page_size), pages_per_seq)
-    row = BlockTable + b.to(tl.int64) * stride_bt
-    bad_pages = 0
-    for start in range(0, used, BLOCK):
-        idx = start + tl.arange(0, BLOCK)
-        page = tl.load(row + idx, mask=idx < used, other=0)
-        page_ok = (page >= 0) & (page < num_pages)
-        tl.device_assert(page_ok, BLOCK_TABLE_MESSAGE)
-        bad_pages += tl.sum((~page_ok).to(tl.int32))
+    keys = pages_per_seq * page_size
+    bad_len = program_checks(SeqLens, SeqLens, SeqLens, b, 0, 0, 0, 0, 0, keys, False, True)
+    n = tl.minimum(tl.maximum(tl.load(SeqLens + b), 0), keys)
+    bad_pages = pages_checked(BlockTable, b, 0, n, stride_bt, num_pages, page_size)
     if STATUS:
-        tl.store(Status + b, tl.where(len_ok, 0, 1) + tl.where(bad_pages > 0, 2, 0))
+        tl.store(Status + b, tl.where(bad_len == 0, 0, 1) + tl.where(bad_pages > 0, 2, 0))
 
 
 def check_pages(block_table: torch.Tensor, cache_seqlens: torch.Tensor, num_pages: int, page_size: int) -> None:
@@ -56,7 +47,7 @@ def check_pages(block_table: torch.Tensor, cache_seqlens: torch.Tensor, num_page
     on_host = block_table.device.type == "cpu"
     status = torch.empty(batch, dtype=torch.int32) if on_host else block_table
     replay.launch(_check_pages, (batch,), block_table, cache_seqlens, status, block_table.stride(0), pages_per_seq,
-                  num_pages, page_size, BLOCK=128, STATUS=on_host)
+                  num_pages, page_size, STATUS=on_host)
     if on_host and status.any():
         b = int(status.nonzero()[0, 0])
         n = int(cache_seqlens[b])
@@ -152,14 +143,15 @@ def program_checks(CuQ, CuK, SeqK, b, batch, total_q, total_k, max_q, max_k, pag
 
 
 @triton.jit
-def pages_checked(BlockTable, b, lo, hi, stride_bt, num_pages, PAGE: tl.constexpr):
+def pages_checked(BlockTable, b, lo, hi, stride_bt, num_pages, page_size):
     """The block table's entries for keys ``[lo, hi)`` of sequence ``b`` (keys the caller reads: below its
     cache_seqlens), checked to be pages of the pool before any read through them: once, ahead of the key loop
-    (an assert inside the loop keeps Triton from pipelining its loads).  Returns how many failed."""
+    (an assert inside the loop keeps Triton from pipelining its loads); ``page_size`` keys a page.  Returns how many
+    failed."""
     row = BlockTable + b.to(tl.int64) * stride_bt
-    end = tl.cdiv(hi, PAGE)
+    end = tl.cdiv(hi, page_size)
     bad = 0
-    for start in range(lo // PAGE, end, 64):
+    for start in range(lo // page_size, end, 64):
         idx = start + tl.arange(0, 64)
         page = tl.load(row + idx, mask=idx < end, other=0)
         page_ok = (page >= 0) & (page < num_pages)
