@@ -169,15 +169,32 @@ def test_fp8_on_hopper_matches_the_dequantized_reference(causal, align, layout, 
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("head_dim,rows", [(64, 128), (64, 192), (128, 128)])
+@pytest.mark.parametrize("causal,align", [(False, "top_left"), (True, "bottom_right"), (True, "top_left")])
+@pytest.mark.parametrize("rows", [128, 192])
+@pytest.mark.parametrize("d,sq,sk", [(128, 300, 300), (128, 200, 333), (96, 129, 130), (64, 640, 2560)])
+def test_fp8_on_hopper_in_64_key_tiles(causal, align, rows, d, sq, sk):
+    """float8 in 64-key tiles (P V's K 64 a tile, V^T's boxes 64 bytes wide), two warpgroups or three taking turns:
+    lengths off the tiles, GQA, against the float64 reference of the dequantized inputs; the output poisoned."""
+    if not _sm90():
+        pytest.skip("the Gluon kernel needs an sm_90 GPU")
+    (q, k, v), descales, full = fp8_inputs(2, 8, 2, sq, sk, d, F8, seed=sq + d + rows)
+    out = torch.full((*q.shape[:-1], d), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    config = fmha.KernelConfig(rows, 64, 4, 2, pingpong=int(rows == 192))
+    o, lse = fmha.attention(q, k, v, causal=causal, causal_align=align, out=out, return_lse=True, variant="hopper",
+                            q_descale=descales[0], k_descale=descales[1], v_descale=descales[2], config=config)
+    check_fp8_p(o, lse, full, causal, align)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim,rows,keys", [(64, 128, 128), (64, 192, 128), (128, 128, 128), (128, 192, 64)])
 @pytest.mark.parametrize("lazy", [0, 1])
-def test_fp8_on_hopper_sees_through_a_huge_key(lazy, head_dim, rows):
+def test_fp8_on_hopper_sees_through_a_huge_key(lazy, head_dim, rows, keys):
     """One key far above the rest (its probability near 1, the others rounded to float8's small values), and
     scores rising along the keys: the online softmax's rescales with float8 P, with the exact pivot and with the
     lazy one (``lazy=1``: a pivot that lags the max by up to 0.75, P up to 2**8.75, inside float8's 448)."""
     if not _sm90():
         pytest.skip("the Gluon kernel needs an sm_90 GPU")
-    config = fmha.KernelConfig(rows, 128, 4, 2, lazy=lazy, pingpong=int(rows == 192))  # (192: three in turns)
+    config = fmha.KernelConfig(rows, keys, 4, 2, lazy=lazy, pingpong=int(rows == 192))  # (192: three in turns)
     (q, k, v), descales, full = fp8_inputs(1, 4, 4, 256, 512, head_dim, F8, seed=11)
     k = k.clone()
     k[:, :, 300] = (q[:, :, 0].float() * 4).clamp(-448, 448).to(F8)  # the first query's huge key

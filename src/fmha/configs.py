@@ -120,11 +120,12 @@ LPT_96_KEYS = (512, 16384)
 WINDOW_HEAD_GROUP = 1024
 
 
-# float8 q, k, v on the Gluon kernel (head_dim 64, 96 and 128): 128-key tiles of one-byte elements, V^T's too;
-# Q in shared memory, no clusters, no standing pivot (``hopper.fp8_reason``); rows as ``HOPPER``'s: (head_dim,
-# causal, longest seqlen_k or None, config).  At 64 the lazy pivot without causal (+1-8%), and past 1k keys (2k
-# causal) three warpgroups of 64 rows taking turns, bf16's form there: +7-15% over the 128 rows from 2k keys, far
-# slower short; a third stage within +-3% (docs/PERF.md, "Float8 on the Gluon kernel")
+# float8 q, k, v on the Gluon kernel (head_dim 64, 96 and 128): 128-key tiles of one-byte elements, V^T's too (64-key
+# tiles, two warpgroups or three in turns, tied at best and lost up to 20%); Q in shared memory, no clusters, no
+# standing pivot (``hopper.fp8_reason``); rows as ``HOPPER``'s: (head_dim, causal, longest seqlen_k or None, config).
+# At 64 the lazy pivot without causal (+1-8%), and past 1k keys (2k causal) three warpgroups of 64 rows taking turns,
+# bf16's form there: +7-15% over the 128 rows from 2k keys, far slower short; a third stage within +-3% (docs/PERF.md,
+# "Float8 on the Gluon kernel")
 HOPPER_FP8 = [
     (64, False, 1024, KernelConfig(128, 128, 4, 2, lazy=1)),
     (64, False, None, KernelConfig(192, 128, 4, 2, pingpong=1, lazy=1)),
