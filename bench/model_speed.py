@@ -19,10 +19,13 @@ sequences packed in the prompt's length by position_ids (padding-free: SDPA gets
 ``--first-generate``: every timed generate() as a program's first (fmha's recipes forgotten before each: each cache
 length a new kind; without it the lengths recur from the runs before and every fmha call replays). Rows go to the
 ledger (``provider`` ``transformers:<impl>``, ``features`` ``part=forward|attention|decode`` (``decode
-first-generate``), ``ratio_best_peer`` against SDPA's row). ``--compiled``: generate() alone with a static cache,
-whose decoding steps transformers compiles (``torch.compile(mode="reduce-overhead")``), with dynamo's counts of
-graphs, graph breaks and recompilations while timed (:func:`compiled_decode`; ``features`` ``part=decode
-compiled=...``); ``--profile`` prints each implementation's GPU kernels over one such generate().
+first-generate``), ``ratio_best_peer`` against SDPA's row). The decode cells also report each attention call's host
+time inside the timed generate() runs (entry to return, no synchronization), the first layer's calls (a new cache
+length at each token) apart from the other layers' (``features`` ``part=host-call layer=first|rest``, ``ms`` per
+call). ``--compiled``: generate() alone with a static cache, whose decoding steps transformers compiles
+(``torch.compile(mode="reduce-overhead")``), with dynamo's counts of graphs, graph breaks and recompilations while
+timed (:func:`compiled_decode`; ``features`` ``part=decode compiled=...``); ``--profile`` prints each implementation's
+GPU kernels over one such generate().
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ import argparse
 import copy
 import statistics
 import sys
+import time
 from functools import partial
 from pathlib import Path
 
@@ -80,12 +84,18 @@ def _record_plans() -> None:
 
 
 class Timed:
-    """An attention implementation wrapped in CUDA events (while ``on``)."""
+    """An attention implementation wrapped in CUDA events (while ``on``); while ``host`` is a list, each call's host
+    time (seconds, from entry to return, no synchronization) is appended to it."""
 
     def __init__(self, fn):
-        self.fn, self.on, self.events = fn, False, []
+        self.fn, self.on, self.events, self.host = fn, False, [], None
 
     def __call__(self, module, query, key, value, attention_mask, **kw):
+        if self.host is not None:
+            start = time.perf_counter()
+            out = self.fn(module, query, key, value, attention_mask, **kw)
+            self.host.append(time.perf_counter() - start)
+            return out
         if not self.on:
             return self.fn(module, query, key, value, attention_mask, **kw)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -156,18 +166,23 @@ def prompt_mask(ids, pad: int = 0):
     return mask
 
 
-def decode(models: dict, ids, new_tokens: int, reps: int = 3, first: bool = False, mask=None) -> dict:
+def decode(models: dict, ids, new_tokens: int, reps: int = 3, first: bool = False, mask=None, timers=None,
+           layers: int = 0) -> dict:
     """Per model: the time per token of greedy generate() after ``ids`` (``1 + new_tokens`` tokens less one
     token's time, over ``new_tokens``) and the tokens it made.  The models' runs alternate, so a drift of the
     host's speed (eager decoding is host-bound) reaches each alike.  Each cache length recurs from the runs
     before, so fmha replays every call; ``first``: fmha's recipes are forgotten before each timed run (its
     compiled kernels kept), so each length is a kind it has not met, as in a program's first generate()
-    (:mod:`fmha.replay`).  ``mask``: the prompt's attention mask (:func:`prompt_mask`'s all ones by default)."""
+    (:mod:`fmha.replay`).  ``mask``: the prompt's attention mask (:func:`prompt_mask`'s all ones by default).
+    With ``timers`` (the :class:`Timed` wrappers) and the model's ``layers``: each attention call's host time in the
+    timed generate() runs, past the prompt's, in microseconds, the median of the first layer's calls (a new cache length
+    at each token: for fmha a new kind where ``first``) and of the other layers' (``host_first``, ``host_rest``)."""
     mask = prompt_mask(ids) if mask is None else mask
 
     def gen(model, n):
         return model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False)
     times = {impl: ([], []) for impl in models}
+    host = {impl: ([], []) for impl in models}  # the first layer's calls, the others'
     out = {}
     with torch.no_grad():
         for impl, model in models.items():
@@ -178,9 +193,17 @@ def decode(models: dict, ids, new_tokens: int, reps: int = 3, first: bool = Fals
                 for at, n in enumerate((1, 1 + new_tokens)):
                     if first and impl == "fmha":
                         fmha.replay.clear(compiled=False)
+                    if timers is not None and at:
+                        timers[impl].host = []
                     times[impl][at].append(_ms(partial(gen, model, n)))
+                    if timers is not None and at:
+                        calls, timers[impl].host = timers[impl].host[layers:], None  # (past the prompt's)
+                        host[impl][0].extend(calls[::layers])
+                        host[impl][1].extend(c for i, c in enumerate(calls) if i % layers)
     for impl, (one, many) in times.items():
         out[impl]["decode"] = (statistics.median(many) - statistics.median(one)) / new_tokens
+        if timers is not None:
+            out[impl]["host_first"], out[impl]["host_rest"] = (statistics.median(h) * 1e6 for h in host[impl])
     # each round's own ratio, SDPA's time per token over fmha's: how far the host's drift moves one figure
     per_token = {impl: [(m - o) / new_tokens for o, m in zip(*times[impl])] for impl in times}
     if "fmha" in per_token and "sdpa" in per_token:
@@ -316,7 +339,7 @@ def main():
                 res = measure(models, timed, ids, reps=args.reps + 2)
                 mask = prompt_mask(ids, args.left_pad)
                 for impl, r in decode(models, ids, args.new_tokens, reps=args.reps, first=args.first_generate,
-                                      mask=mask).items():
+                                      mask=mask, timers=timed, layers=args.layers).items():
                     res[impl].update(r)
                 same, parting, off = _agreement(res, ids, models["sdpa"], mask)
                 ran = "+".join(sorted(RAN)) or "-"
@@ -326,6 +349,11 @@ def main():
                       f"{ratio['attention']:5.2f} | {res['fmha']['decode']:8.2f}/{res['sdpa']['decode']:<9.2f} "
                       f"{ratio['decode']:5.2f} ({_rounds(res['fmha'])}) | "
                       f"{same:>3}/{args.new_tokens + 1:<3}{'!' if off else ' '}    | {ran}",
+                      flush=True)
+                host = {part: res["sdpa"][part] / res["fmha"][part] for part in ("host_first", "host_rest")}
+                print(f"{'':18}host us a call in generate(), fmha/sdpa: first layer {res['fmha']['host_first']:.1f}/"
+                      f"{res['sdpa']['host_first']:.1f} ({host['host_first']:.2f}x), other layers "
+                      f"{res['fmha']['host_rest']:.1f}/{res['sdpa']['host_rest']:.1f} ({host['host_rest']:.2f}x)",
                       flush=True)
                 rows = []
                 first = (" first-generate" if args.first_generate else "") + (
@@ -342,6 +370,12 @@ def main():
                                          note=(f"greedy tokens equal sdpa's: first {same} of {args.new_tokens + 1}"
                                                f"{parting}; {args.reps} rounds, each {_rounds(r)}"
                                                if impl == "fmha" and part == "decode" else "ok")))
+                    for part, layer in (("host_first", "first"), ("host_rest", "rest")):
+                        rows.append(dict(env, provider=f"transformers:{impl}", dtype="bfloat16", batch=b, heads=heads,
+                                         kv_heads=kvh, seqlen_q=1, seqlen_k=s, head_dim=d, causal=1,
+                                         ms=r[part] / 1e3, features=f"part=host-call layer={layer}" + first,
+                                         config=what[impl], ratio_best_peer=host[part] if impl == "fmha" else 1.0,
+                                         note="host time of one attention call in generate(), the median"))
                 if args.packed and b == 1:
                     t = packed_step(models, s, args.packed)
                     print(f"{name:8} packed {args.packed} sequences in {s} tokens, training step fmha/sdpa ms: "
