@@ -81,6 +81,27 @@ def test_decode_with_cache_matches_sdpa(models):
     assert torch.equal(ga, gb)
 
 
+def test_a_decoding_step_reads_q_k_v_as_they_lie_and_returns_a_contiguous_output(monkeypatch):
+    """One new token a sequence without a mask: q (a transposed view of the projection's ``[batch, 1, heads, dim]``)
+    and the cache's bhsd K/V go to fmha as bhsd, and the output is the ``[batch, 1, heads, dim]`` tensor
+    transformers reshapes without a copy; SDPA's values."""
+    import types
+
+    import fmha
+    import fmha.integrations.transformers as fmha_hf
+    g = torch.Generator().manual_seed(3)
+    query = torch.randn(2, 1, 4, 32, generator=g).to(DEVICE, torch.bfloat16).transpose(1, 2)
+    key, value = (torch.randn(2, 2, 37, 32, generator=g).to(DEVICE, torch.bfloat16) for _ in range(2))
+    layouts, real = [], fmha.attention
+    monkeypatch.setattr(fmha, "attention", lambda *a, **kw: layouts.append(kw.get("layout", "bhsd")) or real(*a, **kw))
+    module = types.SimpleNamespace(is_causal=True, training=False)
+    out, _ = fmha_hf.attention_forward(module, query, key, value, None, scaling=0.2)
+    assert layouts == ["bhsd"] and out.shape == (2, 1, 4, 32) and out.is_contiguous()
+    want = torch.nn.functional.scaled_dot_product_attention(
+        query.float(), key.float().repeat_interleave(2, 1), value.float().repeat_interleave(2, 1), scale=0.2)
+    torch.testing.assert_close(out.float(), want.transpose(1, 2), atol=2e-2, rtol=0)
+
+
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_padded_batch_runs_as_packed_sequences(models, monkeypatch, side):
     """A padded batch carries a padding mask: the integration runs the real tokens as packed

@@ -57,8 +57,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     softcap = float(kwargs.get("softcap") or 0.0)
     sinks = kwargs.get("s_aux")  # gpt-oss's attention sinks, one logit a head
     sinks = sinks.float() if sinks is not None else None
-    # transformers' q/k/v are transposed views of [batch, seq, heads, dim] projections: read them as bshd
-    q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+    q, k, v = query, key, value
     dev = q.device.type
     if q.dtype == torch.float32 and torch.is_autocast_enabled(dev):  # mixed precision: as autocast casts SDPA's
         q, k, v = (t.to(torch.get_autocast_dtype(dev)) for t in (q, k, v))
@@ -67,7 +66,14 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                                    kwargs)
     kw = dict(causal=causal, scale=scaling, window=window, softcap=softcap, sinks=sinks)
     given = [kwargs.get(n) for n in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")]
-    if q.shape[0] == 1 and all(x is not None for x in given):  # the packing told as FlashAttention is told it
+    packing = q.shape[0] == 1 and all(x is not None for x in given)  # told as FlashAttention is told it
+    if attention_mask is None and q.shape[2] == 1 and not packing:
+        # one new token a sequence: q/k/v read as the bhsd tensors they are; the [batch, heads, 1, dim] output,
+        # transposed, is the [batch, 1, heads, dim] one transformers takes, contiguous (two views fewer a call)
+        return fmha.attention(q, k, v, causal_align="bottom_right", **kw).transpose(1, 2), None
+    # transformers' q/k/v are transposed views of [batch, seq, heads, dim] projections: read them as bshd
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    if packing:
         cu_q, cu_k, max_q, max_k = given
         return packed_attention(q, k, v, (cu_q.to(torch.int32), cu_k.to(torch.int32), int(max_q), int(max_k)),
                                 **kw), None
