@@ -92,6 +92,81 @@ def test_flash_attn_with_kvcache_takes_a_left_padded_cache(window):
                                        block_table=torch.zeros(batch, 3, dtype=torch.int32, device=DEVICE))
 
 
+def _rotary_reference(x, cos, sin, pos, interleaved):
+    """Rotary embeddings as complex rotations (float64): the column pairs (2i, 2i+1) interleaved, else (i, i + r/2),
+    token t of sequence b turned by the angle whose cosine and sine are row ``pos[b][t]`` of ``cos``/``sin``."""
+    x = x.double().cpu()
+    half = cos.shape[1]
+    out = x.clone()
+    for b in range(x.shape[0]):
+        for t in range(x.shape[1]):
+            turn = torch.complex(cos[pos[b][t]].double().cpu(), sin[pos[b][t]].double().cpu())
+            cols = (torch.arange(0, 2 * half, 2), torch.arange(1, 2 * half, 2)) if interleaved else (
+                torch.arange(half), torch.arange(half, 2 * half))
+            z = torch.complex(x[b, t, :, cols[0]], x[b, t, :, cols[1]]) * turn
+            out[b, t, :, cols[0]], out[b, t, :, cols[1]] = z.real, z.imag
+    return out
+
+
+@pytest.mark.parametrize("causal,window,interleaved,rotary_dim", [
+    (True, (-1, -1), True, 32), (False, (-1, -1), False, 16), (False, (5, 2), False, 32), (True, (-1, -1), False, 8)])
+def test_flash_attn_with_kvcache_applies_rotary_embeddings_where_flash_attention_does(causal, window, interleaved,
+                                                                                      rotary_dim):
+    """``rotary_cos``/``rotary_sin``: the new keys turned at positions ``cache_seqlens + t`` (and written so into the
+    cache), q at the same positions when causal or windowed, else every query at ``cache_seqlens``; the first
+    rotary_dim columns only, pairs interleaved or in halves; against complex rotations and fmha's own call."""
+    batch, heads, kv_heads, d, cap = 2, 4, 2, 32, 40
+    lens = torch.tensor([11, 20], dtype=torch.int32, device=DEVICE)
+    g = torch.Generator().manual_seed(rotary_dim + causal)
+    angle = torch.rand(cap, rotary_dim // 2, generator=g) * 6.3
+    cos, sin = (f(angle).to(F16).to(DEVICE) for f in (torch.cos, torch.sin))
+    cache_k, cache_v = bshd(batch, kv_heads, cap, d, 21), bshd(batch, kv_heads, cap, d, 22)
+    q, k_new, v_new = bshd(batch, heads, 3, d, 23), bshd(batch, kv_heads, 3, d, 24), bshd(batch, kv_heads, 3, d, 25)
+    kc, vc = cache_k.clone(), cache_v.clone()
+    out = compat.flash_attn_with_kvcache(q, kc, vc, k=k_new, v=v_new, rotary_cos=cos, rotary_sin=sin,
+                                         cache_seqlens=lens, causal=causal, window_size=window,
+                                         rotary_interleaved=interleaved)
+    n = lens.tolist()
+    k_pos = [[m + t for t in range(3)] for m in n]
+    q_pos = k_pos if causal or window != (-1, -1) else [[m] * 3 for m in n]
+    k_ro = _rotary_reference(k_new, cos, sin, k_pos, interleaved)
+    q_ro = _rotary_reference(q, cos, sin, q_pos, interleaved)
+    for b, m in enumerate(n):
+        torch.testing.assert_close(kc[b, m:m + 3].double().cpu(), k_ro[b], atol=2e-3, rtol=2e-3)  # written turned
+        torch.testing.assert_close(kc[b, :m], cache_k[b, :m], atol=0, rtol=0)
+        keys = torch.cat([cache_k[b:b + 1, :m], k_ro[b:b + 1].to(F16).to(DEVICE)], 1)
+        vals = torch.cat([cache_v[b:b + 1, :m], v_new[b:b + 1]], 1)
+        check_against_reference(out[b:b + 1], q_ro[b:b + 1].to(F16).to(DEVICE), keys, vals, causal, "bottom_right",
+                                "bshd", window=window)
+
+
+@pytest.mark.parametrize("cap,leftpad", [(48, False), (45, False), (48, True)])
+@pytest.mark.parametrize("append", [False, True])
+def test_flash_attn_with_kvcache_reads_the_rows_cache_batch_idx_names(cap, leftpad, append):
+    """``cache_batch_idx``: sequence b's keys are row ``cache_batch_idx[b]`` of a larger cache, appended to there;
+    read in place (one page a row) where the row length is a multiple of 16 and no left padding is given, gathered
+    otherwise; the other rows untouched."""
+    batch, rows_in_cache, heads, kv_heads, d = 2, 5, 4, 2, 32
+    idx = torch.tensor([3, 1], dtype=torch.int32, device=DEVICE)
+    lens = torch.tensor([20, 9], dtype=torch.int32, device=DEVICE)
+    pad = torch.tensor([4, 0], dtype=torch.int32, device=DEVICE) if leftpad else None
+    cache_k, cache_v = bshd(rows_in_cache, kv_heads, cap, d, 31), bshd(rows_in_cache, kv_heads, cap, d, 32)
+    q, k_new, v_new = bshd(batch, heads, 2, d, 33), bshd(batch, kv_heads, 2, d, 34), bshd(batch, kv_heads, 2, d, 35)
+    kc, vc = cache_k.clone(), cache_v.clone()
+    new = dict(k=k_new, v=v_new) if append else {}
+    out = compat.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, cache_batch_idx=idx, cache_leftpad=pad,
+                                         causal=True, **new)
+    for b, (r, m) in enumerate(zip(idx.tolist(), lens.tolist())):
+        start = pad[b].item() if leftpad else 0
+        keys, vals = cache_k[r:r + 1, start:m], cache_v[r:r + 1, start:m]
+        if append:
+            keys, vals = torch.cat([keys, k_new[b:b + 1]], 1), torch.cat([vals, v_new[b:b + 1]], 1)
+            torch.testing.assert_close(kc[r, m:m + 2], k_new[b], atol=0, rtol=0)
+        check_against_reference(out[b:b + 1], q[b:b + 1], keys, vals, True, "bottom_right", "bshd")
+    for r in (0, 2, 4):  # rows no sequence names
+        torch.testing.assert_close(kc[r], cache_k[r], atol=0, rtol=0)
+
+
 @pytest.mark.parametrize("sq,sk,causal,masked", [(9, 30, True, False), (30, 9, True, True), (1, 70, False, True),
                                                 (17, 17, False, False)])
 def test_sdpa_is_top_left_bhsd_with_its_mask(sq, sk, causal, masked):
@@ -121,8 +196,16 @@ def test_what_fmha_does_not_take_is_refused_by_name():
     q = bshd(1, 2, 4, 32, 0)
     with pytest.raises(NotImplementedError, match="no dropout_p"):
         compat.flash_attn_func(q, q, q, dropout_p=0.1)
-    with pytest.raises(NotImplementedError, match="no rotary_cos"):
-        compat.flash_attn_with_kvcache(q, q, q, rotary_cos=torch.ones(4, 16), rotary_sin=torch.ones(4, 16))
+    with pytest.raises(ValueError, match="pass k and v with rotary_cos"):
+        compat.flash_attn_with_kvcache(q, q, q, rotary_cos=torch.ones(4, 8), rotary_sin=torch.ones(4, 8))
+    with pytest.raises(ValueError, match="both rotary_cos and rotary_sin"):
+        compat.flash_attn_with_kvcache(q, q.clone(), q.clone(), k=q, v=q, cache_seqlens=0, rotary_cos=torch.ones(4, 8))
+    with pytest.raises(ValueError, match="rotary_dim at most head_dim 32"):
+        compat.flash_attn_with_kvcache(q, q.clone(), q.clone(), k=q, v=q, cache_seqlens=0,
+                                       rotary_cos=torch.ones(4, 17), rotary_sin=torch.ones(4, 17))
+    with pytest.raises(NotImplementedError, match="cache_batch_idx with a block_table"):
+        compat.flash_attn_with_kvcache(q, q, q, cache_batch_idx=torch.zeros(1, dtype=torch.int32, device=DEVICE),
+                                       block_table=torch.zeros(1, 1, dtype=torch.int32, device=DEVICE))
     with pytest.raises(ValueError, match="give both k and v"):
         compat.flash_attn_with_kvcache(q, q.clone(), q.clone(), k=q, cache_seqlens=1)
 

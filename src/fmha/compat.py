@@ -5,9 +5,10 @@ for them.
 FlashAttention 2's arguments: tensors ``[batch, seqlen, heads, head_dim]`` (bshd), ``softmax_scale``,
 ``window_size=(left, right)``, ``softcap``, ``alibi_slopes`` and causal masks aligned bottom-right (the
 new queries are the last positions of the keys), as FlashAttention does since 2.1; a left-padded cache
-(``cache_leftpad``) hides the keys before each sequence's start with a mask (``attn_mask``).  What fmha cannot do
-is refused by name rather than ignored: dropout, returning the attention probabilities' matrix,
-rotary embeddings inside the call, cache batch indices.  ``flash_attn_func`` and
+(``cache_leftpad``) hides the keys before each sequence's start with a mask (``attn_mask``); rotary embeddings
+(``rotary_cos``/``rotary_sin``) and cache batch indices (``cache_batch_idx``) are applied on the device before the
+call, as FlashAttention places them.  What fmha cannot do is refused by name rather than ignored: dropout, returning
+the attention probabilities' matrix.  ``flash_attn_func`` and
 ``flash_attn_varlen_func`` are differentiable (:mod:`fmha.gradients`).  ``scaled_dot_product_attention``
 takes torch's: bhsd tensors, ``is_causal`` aligned top-left, a boolean ``attn_mask``, ``enable_gqa``.
 """
@@ -21,8 +22,8 @@ from .api import attention, attention_paged, attention_varlen
 def _refuse(**given) -> None:
     for name, value in given.items():
         if value is not None and (isinstance(value, torch.Tensor) or value):
-            raise NotImplementedError(f"fmha.compat takes no {name} (got {value!r}): fmha computes exact attention "
-                                      f"in the forward pass only, with no dropout, rotary or cache indexing inside")
+            raise NotImplementedError(f"fmha.compat takes no {name} (got {value!r}): fmha computes exact attention, "
+                                      "with no dropout, and packed sequences read no block table")
 
 
 def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: float | None = None, causal: bool = False,
@@ -59,18 +60,34 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     return out
 
 
-def _append(k_cache, v_cache, k, v, cache_seqlens, block_table) -> None:
+def _append(k_cache, v_cache, k, v, cache_seqlens, block_table, rows) -> None:
     """Write the new keys and values into the cache in place, sequence b's at positions
-    ``cache_seqlens[b] ...`` (through the block table for a paged cache), on the device."""
-    batch, new = k.shape[0], k.shape[1]
+    ``cache_seqlens[b] ...`` of cache row ``rows[b]`` (through the block table for a paged cache), on the device."""
+    new = k.shape[1]
     pos = cache_seqlens.to(torch.int64)[:, None] + torch.arange(new, device=k.device)[None, :]  # [batch, new]
     if block_table is None:
-        rows = torch.arange(batch, device=k.device)[:, None].expand(batch, new)
-        k_cache[rows, pos], v_cache[rows, pos] = k, v
+        at = rows.to(torch.int64)[:, None].expand(-1, new)
+        k_cache[at, pos], v_cache[at, pos] = k, v
     else:
         page = k_cache.shape[1]
         pages = torch.gather(block_table.to(torch.int64), 1, pos // page)
         k_cache[pages, pos % page], v_cache[pages, pos % page] = k, v
+
+
+def _rotated(x, cos, sin, pos, interleaved: bool):
+    """``x`` ``[batch, seqlen, heads, D]`` with rotary embeddings on its first ``2 * cos.shape[1]`` columns, token t
+    of sequence b at position ``pos[b, t]`` (rows of ``cos``/``sin``): pairs (0, 1), (2, 3) ... with ``interleaved``
+    (GPT-J), else column i with ``i + rotary_dim / 2`` (GPT-NeoX); computed in float32, as x's dtype."""
+    half = cos.shape[1]
+    c, s = (t[pos.to(torch.int64)][:, :, None, :].float() for t in (cos, sin))  # [batch, seqlen, 1, half]
+    head, tail = x[..., :2 * half].float(), x[..., 2 * half:]
+    if interleaved:
+        x1, x2 = head[..., 0::2], head[..., 1::2]
+        turned = torch.stack([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).flatten(-2)
+    else:
+        x1, x2 = head[..., :half], head[..., half:]
+        turned = torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+    return torch.cat([turned.to(x.dtype), tail], dim=-1)
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
@@ -80,39 +97,68 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             rotary_interleaved: bool = True, alibi_slopes=None, num_splits: int = 0,
                             return_softmax_lse: bool = False):
     """``flash_attn.flash_attn_with_kvcache``: q ``[batch, seqlen_q, heads, D]`` against a cache
-    ``[batch, seqlen_cache, kv_heads, D]``, or a page pool ``[num_pages, page_size, kv_heads, D]``
+    ``[batch_cache, seqlen_cache, kv_heads, D]``, or a page pool ``[num_pages, page_size, kv_heads, D]``
     with an int32 ``block_table [batch, pages_per_seq]``.  ``cache_seqlens`` (int32 ``[batch]`` or an
     int; default: the whole cache) are the keys in use; new ``k``/``v`` ``[batch, seqlen_new,
     kv_heads, D]`` are first written into the cache after them (in place, as FlashAttention does),
-    and attention then runs over ``cache_seqlens + seqlen_new`` keys.  ``cache_leftpad`` (int32 ``[batch]``,
-    not with a block table): sequence b's keys start at ``cache_leftpad[b]``, the slots before it hidden (the
-    band and window keep their places: a position is its slot).  ``num_splits`` as in :func:`fmha.attention`
-    (0: decide)."""
-    _refuse(rotary_cos=rotary_cos, rotary_sin=rotary_sin, cache_batch_idx=cache_batch_idx)
+    and attention then runs over ``cache_seqlens + seqlen_new`` keys.  ``cache_batch_idx`` (int32 ``[batch]``, not
+    with a block table): sequence b's cache is row ``cache_batch_idx[b]`` (default: row b); read in place as a pool
+    of one page a row where seqlen_cache is a multiple of 16 and no ``cache_leftpad`` is given, else the rows are
+    gathered (a copy).  ``cache_leftpad`` (int32 ``[batch]``, not with a block table): sequence b's keys start at
+    ``cache_leftpad[b]``, the slots before it hidden (the band and window keep their places: a position is its
+    slot).  ``rotary_cos``/``rotary_sin`` (``[seqlen_ro, rotary_dim / 2]``, with the new ``k``): rotary embeddings on
+    the first rotary_dim columns of the new keys, key t at position ``cache_seqlens + t`` (written into the cache
+    rotated), and of q, query t at ``cache_seqlens + t`` when causal or windowed, else every query at
+    ``cache_seqlens``, as FlashAttention places them; ``rotary_interleaved`` pairs columns (0, 1), (2, 3) ...,
+    else i with ``i + rotary_dim / 2``.  ``num_splits`` as in :func:`fmha.attention` (0: decide)."""
     if cache_leftpad is not None and block_table is not None:
         raise NotImplementedError("flash_attn_with_kvcache: cache_leftpad with a block_table (as FlashAttention, "
                                   "fmha takes left padding in a contiguous cache only)")
-    batch = q.shape[0]
+    if cache_batch_idx is not None and block_table is not None:
+        raise NotImplementedError("flash_attn_with_kvcache: cache_batch_idx with a block_table (as FlashAttention: "
+                                  "the block table already says where each sequence's keys lie)")
+    batch, local = q.shape[0], tuple(window_size) != (-1, -1)
     if isinstance(cache_seqlens, int):
         cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
     if (k is None) != (v is None):
         raise ValueError("flash_attn_with_kvcache: give both k and v to append, or neither")
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise ValueError("flash_attn_with_kvcache: give both rotary_cos and rotary_sin, or neither")
+    if rotary_cos is not None:
+        if k is None:
+            raise ValueError("flash_attn_with_kvcache: rotary embeddings apply to new keys: pass k and v with "
+                             "rotary_cos and rotary_sin, as FlashAttention asks")
+        if rotary_cos.dim() != 2 or rotary_sin.shape != rotary_cos.shape or 2 * rotary_cos.shape[1] > q.shape[3]:
+            raise ValueError(f"flash_attn_with_kvcache: rotary_cos and rotary_sin are [seqlen_ro, rotary_dim / 2] "
+                             f"with rotary_dim at most head_dim {q.shape[3]}, got {tuple(rotary_cos.shape)} and "
+                             f"{tuple(rotary_sin.shape)}")
+    rows = torch.arange(batch, device=q.device) if cache_batch_idx is None else cache_batch_idx.to(q.device)
     if k is not None:
         if cache_seqlens is None:
             raise ValueError("flash_attn_with_kvcache: appending k/v needs cache_seqlens (where they go)")
-        _append(k_cache, v_cache, k, v, cache_seqlens, block_table)
+        if rotary_cos is not None:
+            steps = torch.arange(max(q.shape[1], k.shape[1]), device=q.device)[None, :]
+            at = cache_seqlens.to(q.device, torch.int64)[:, None] + steps
+            k = _rotated(k, rotary_cos, rotary_sin, at[:, :k.shape[1]], rotary_interleaved)
+            q = _rotated(q, rotary_cos, rotary_sin, at[:, :q.shape[1]] if causal or local else at[:, :1].expand(
+                -1, q.shape[1]), rotary_interleaved)
+        _append(k_cache, v_cache, k, v, cache_seqlens, block_table, rows)
         cache_seqlens = cache_seqlens + k.shape[1]
     kw = dict(causal=causal, scale=softmax_scale, causal_align="bottom_right", layout="bshd",
               window=tuple(window_size), softcap=softcap, alibi_slopes=alibi_slopes, num_splits=num_splits,
               return_lse=return_softmax_lse)
+    slots = k_cache.shape[1]
+    if cache_batch_idx is not None and cache_leftpad is None and slots % 16 == 0:
+        block_table = rows.to(torch.int32).view(batch, 1)  # each cache row one page of the pool
+    elif cache_batch_idx is not None:
+        k_cache, v_cache = k_cache[rows.to(torch.int64)], v_cache[rows.to(torch.int64)]
     if block_table is not None:
         if cache_seqlens is None:
-            cache_seqlens = torch.full((batch,), block_table.shape[1] * k_cache.shape[1], dtype=torch.int32,
-                                       device=q.device)
+            cache_seqlens = torch.full((batch,), block_table.shape[1] * slots, dtype=torch.int32, device=q.device)
         return attention_paged(q, k_cache, v_cache, block_table, cache_seqlens, **kw)
     if cache_leftpad is not None:  # [batch, 1, 1, slots]: a slot before the sequence's start is hidden
-        slots = torch.arange(k_cache.shape[1], device=q.device)
-        kw["attn_mask"] = (slots[None, :] >= cache_leftpad.to(q.device)[:, None])[:, None, None, :]
+        kw["attn_mask"] = (torch.arange(slots, device=q.device)[None, :] >= cache_leftpad.to(q.device)[:, None]
+                           )[:, None, None, :]
     return attention(q, k_cache, v_cache, seqused_k=cache_seqlens, **kw)
 
 
