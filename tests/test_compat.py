@@ -40,6 +40,38 @@ def test_flash_attn_varlen_func_is_bottom_right():
     check_varlen(o, lse, q, k, v, cu_q, cu_k, causal=True, causal_align="bottom_right")
 
 
+def test_packed_forms_read_the_packed_tensor_in_place():
+    """``flash_attn_qkvpacked_func`` and the other packed forms: the same results as the unpacked calls on the same
+    values, and gradients that reach the packed tensor (each slice's own)."""
+    g = torch.Generator().manual_seed(41)
+    qkv = torch.randn(2, 19, 3, 4, 32, generator=g).to(F16).to(DEVICE).requires_grad_()
+    kw = dict(causal=True, window_size=(6, 0), softmax_scale=0.3)
+    o = compat.flash_attn_qkvpacked_func(qkv, **kw)
+    q, k, v = (qkv.detach()[:, :, i].clone().requires_grad_() for i in range(3))
+    want = compat.flash_attn_func(q, k, v, **kw)
+    assert torch.equal(o, want)
+    check_against_reference(o.detach(), q.detach(), k.detach(), v.detach(), True, "bottom_right", "bshd", window=(6, 0),
+                            scale=0.3)
+    do = torch.randn(o.shape, generator=g).to(F16).to(DEVICE)
+    o.backward(do)
+    want.backward(do)
+    for i, t in enumerate((q, k, v)):
+        torch.testing.assert_close(qkv.grad[:, :, i], t.grad, atol=0, rtol=0)
+    kv = torch.randn(2, 23, 2, 2, 32, generator=g).to(F16).to(DEVICE)
+    assert torch.equal(compat.flash_attn_kvpacked_func(q, kv, causal=True),
+                       compat.flash_attn_func(q, kv[:, :, 0].contiguous(), kv[:, :, 1].contiguous(), causal=True))
+    cu = torch.tensor([0, 7, 19, 30], dtype=torch.int32, device=DEVICE)
+    packed_qkv = torch.randn(30, 3, 4, 32, generator=g).to(F16).to(DEVICE)
+    o, lse = compat.flash_attn_varlen_qkvpacked_func(packed_qkv, cu, 12, causal=True, return_softmax_lse=True)
+    want = compat.flash_attn_varlen_func(*(packed_qkv[:, i].contiguous() for i in range(3)), cu, cu, 12, 12,
+                                         causal=True, return_softmax_lse=True)
+    assert torch.equal(o, want[0]) and torch.equal(lse, want[1])
+    packed_kv = torch.randn(30, 2, 2, 32, generator=g).to(F16).to(DEVICE)
+    assert torch.equal(compat.flash_attn_varlen_kvpacked_func(packed_qkv[:, 0], packed_kv, cu, cu, 12, 12),
+                       compat.flash_attn_varlen_func(packed_qkv[:, 0], packed_kv[:, 0].contiguous(),
+                                                     packed_kv[:, 1].contiguous(), cu, cu, 12, 12))
+
+
 @pytest.mark.parametrize("paged", [False, True])
 def test_flash_attn_with_kvcache_appends_then_attends(paged):
     batch, heads, kv_heads, d, cap, page = 2, 4, 2, 32, 64, 16

@@ -1,10 +1,11 @@
 """FlashAttention's and torch SDPA's entry points on fmha: their argument names and conventions, for code written
 for them.
 
-``fmha.compat.flash_attn_func``, ``flash_attn_varlen_func`` and ``flash_attn_with_kvcache`` take
-FlashAttention 2's arguments: tensors ``[batch, seqlen, heads, head_dim]`` (bshd), ``softmax_scale``,
-``window_size=(left, right)``, ``softcap``, ``alibi_slopes`` and causal masks aligned bottom-right (the
-new queries are the last positions of the keys), as FlashAttention does since 2.1; a left-padded cache
+``fmha.compat.flash_attn_func``, ``flash_attn_varlen_func``, their packed forms (``flash_attn_qkvpacked_func``,
+``flash_attn_kvpacked_func`` and the varlen two: the packed tensor read in place through strided views) and
+``flash_attn_with_kvcache`` take FlashAttention 2's arguments: tensors ``[batch, seqlen, heads, head_dim]``
+(bshd), ``softmax_scale``, ``window_size=(left, right)``, ``softcap``, ``alibi_slopes`` and causal masks aligned
+bottom-right (the new queries are the last positions of the keys), as FlashAttention does since 2.1; a left-padded cache
 (``cache_leftpad``) hides the keys before each sequence's start with a mask (``attn_mask``); rotary embeddings
 (``rotary_cos``/``rotary_sin``) and cache batch indices (``cache_batch_idx``) are applied on the device before the
 call, as FlashAttention places them.  What fmha cannot do is refused by name rather than ignored: dropout, returning
@@ -58,6 +59,33 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     if return_attn_probs:
         return (*out, None)
     return out
+
+
+def flash_attn_qkvpacked_func(qkv, *args, **kwargs):
+    """``flash_attn.flash_attn_qkvpacked_func``: ``qkv`` ``[batch, seqlen, 3, heads, D]`` (one projection's output),
+    read in place as three strided bshd views; the rest as :func:`flash_attn_func` (gradients reach ``qkv``)."""
+    return flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], *args, **kwargs)
+
+
+def flash_attn_kvpacked_func(q, kv, *args, **kwargs):
+    """``flash_attn.flash_attn_kvpacked_func``: ``kv`` ``[batch, seqlen_k, 2, kv_heads, D]``, read in place; the rest as
+    :func:`flash_attn_func`."""
+    return flash_attn_func(q, kv[:, :, 0], kv[:, :, 1], *args, **kwargs)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen: int, *args, **kwargs):
+    """``flash_attn.flash_attn_varlen_qkvpacked_func``: packed ``qkv`` ``[total, 3, heads, D]`` with one int32
+    ``cu_seqlens`` for queries and keys; the rest as :func:`flash_attn_varlen_func`."""
+    return flash_attn_varlen_func(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                                  *args, **kwargs)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *args,
+                                    **kwargs):
+    """``flash_attn.flash_attn_varlen_kvpacked_func``: ``kv`` ``[total_k, 2, kv_heads, D]``, read in place; the rest as
+    :func:`flash_attn_varlen_func`."""
+    return flash_attn_varlen_func(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                  *args, **kwargs)
 
 
 def _append(k_cache, v_cache, k, v, cache_seqlens, block_table, rows) -> None:
