@@ -72,6 +72,32 @@ def test_packed_forms_read_the_packed_tensor_in_place():
                                                      packed_kv[:, 1].contiguous(), cu, cu, 12, 12))
 
 
+def test_float8_takes_flash_attention_3s_descale_factors():
+    """``q_descale``, ``k_descale``, ``v_descale`` (float32 ``[batch, kv_heads]``) reach fmha's float8 call: the same
+    results as :func:`fmha.attention` given them, and against the float64 reference of the dequantized values;
+    a float8 cache read through a block table is refused by name."""
+    import fmha
+    g = torch.Generator().manual_seed(43)
+    f8 = torch.float8_e4m3fn
+    q, k, v = (torch.randn(2, s, h, 64, generator=g).to(f8).to(DEVICE) for s, h in ((9, 4), (30, 2), (30, 2)))
+    qs, ks, vs = (torch.rand(2, 2, generator=g).add(0.5).to(DEVICE) for _ in range(3))
+    o = compat.flash_attn_func(q, k, v, causal=True, q_descale=qs, k_descale=ks, v_descale=vs)
+    want = fmha.attention(q, k, v, causal=True, causal_align="bottom_right", layout="bshd", q_descale=qs,
+                          k_descale=ks, v_descale=vs)
+    assert torch.equal(o, want)
+    deq = [(t.float() * f[:, None, :, None].repeat_interleave(t.shape[2] // 2, 2)).to(torch.bfloat16)
+           for t, f in ((q, qs), (k, ks), (v, vs))]
+    torch.testing.assert_close(o.float(), compat.flash_attn_func(*deq, causal=True).float(), atol=0.1, rtol=0.05)
+    q16 = torch.randn(2, 1, 4, 64, generator=g).to(torch.bfloat16).to(DEVICE)
+    lens = torch.tensor([17, 30], dtype=torch.int32, device=DEVICE)
+    o = compat.flash_attn_with_kvcache(q16, k, v, cache_seqlens=lens, k_descale=ks, v_descale=vs)
+    assert torch.equal(o, fmha.attention(q16, k, v, causal_align="bottom_right", layout="bshd", seqused_k=lens,
+                                         k_descale=ks, v_descale=vs))
+    with pytest.raises(NotImplementedError, match="descale factors .* with a block_table"):
+        compat.flash_attn_with_kvcache(q16, k, v, cache_seqlens=lens, k_descale=ks,
+                                       block_table=torch.zeros(2, 1, dtype=torch.int32, device=DEVICE))
+
+
 @pytest.mark.parametrize("paged", [False, True])
 def test_flash_attn_with_kvcache_appends_then_attends(paged):
     batch, heads, kv_heads, d, cap, page = 2, 4, 2, 32, 64, 16

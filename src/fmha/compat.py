@@ -30,15 +30,18 @@ def _refuse(**given) -> None:
 def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: float | None = None, causal: bool = False,
                     window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
                     deterministic: bool = False, return_attn_probs: bool = False,
-                    return_softmax_lse: bool = False):
+                    return_softmax_lse: bool = False, *, q_descale=None, k_descale=None, v_descale=None):
     """``flash_attn.flash_attn_func``: q ``[batch, seqlen_q, heads, D]``, k/v ``[batch, seqlen_k,
     kv_heads, D]``.  Returns the output, or with ``return_softmax_lse`` (or FlashAttention 2's
     ``return_attn_probs``) ``(out, lse)`` with the LSE ``[batch, heads, seqlen_q]`` (and ``None`` for
-    the probabilities FlashAttention 2 returns third: fmha never forms them)."""
+    the probabilities FlashAttention 2 returns third: fmha never forms them).  Float8 q, k, v take
+    FlashAttention 3's ``q_descale``, ``k_descale``, ``v_descale`` (float32 ``[batch, kv_heads]``), as
+    :func:`fmha.attention` does (forward only)."""
     _refuse(dropout_p=dropout_p)
     out = attention(q, k, v, causal=causal, scale=softmax_scale, causal_align="bottom_right", layout="bshd",
                     window=tuple(window_size), softcap=softcap, alibi_slopes=alibi_slopes, deterministic=deterministic,
-                    return_lse=return_softmax_lse or return_attn_probs)
+                    return_lse=return_softmax_lse or return_attn_probs, q_descale=q_descale, k_descale=k_descale,
+                    v_descale=v_descale)
     if return_attn_probs:
         return (*out, None)
     return out
@@ -123,7 +126,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             softmax_scale: float | None = None, causal: bool = False,
                             window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                             rotary_interleaved: bool = True, alibi_slopes=None, num_splits: int = 0,
-                            return_softmax_lse: bool = False):
+                            return_softmax_lse: bool = False, *, q_descale=None, k_descale=None, v_descale=None):
     """``flash_attn.flash_attn_with_kvcache``: q ``[batch, seqlen_q, heads, D]`` against a cache
     ``[batch_cache, seqlen_cache, kv_heads, D]``, or a page pool ``[num_pages, page_size, kv_heads, D]``
     with an int32 ``block_table [batch, pages_per_seq]``.  ``cache_seqlens`` (int32 ``[batch]`` or an
@@ -138,10 +141,16 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     the first rotary_dim columns of the new keys, key t at position ``cache_seqlens + t`` (written into the cache
     rotated), and of q, query t at ``cache_seqlens + t`` when causal or windowed, else every query at
     ``cache_seqlens``, as FlashAttention places them; ``rotary_interleaved`` pairs columns (0, 1), (2, 3) ...,
-    else i with ``i + rotary_dim / 2``.  ``num_splits`` as in :func:`fmha.attention` (0: decide)."""
+    else i with ``i + rotary_dim / 2``.  ``num_splits`` as in :func:`fmha.attention` (0: decide).  A float8 cache
+    takes FlashAttention 3's ``k_descale``/``v_descale`` (and float8 q its ``q_descale``), float32 ``[batch,
+    kv_heads]``, where the cache is read whole (no block table, no ``cache_batch_idx``)."""
     if cache_leftpad is not None and block_table is not None:
         raise NotImplementedError("flash_attn_with_kvcache: cache_leftpad with a block_table (as FlashAttention, "
                                   "fmha takes left padding in a contiguous cache only)")
+    descales = dict(q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+    if any(t is not None for t in descales.values()) and (block_table is not None or cache_batch_idx is not None):
+        raise NotImplementedError("flash_attn_with_kvcache: descale factors (a float8 cache) with a block_table or "
+                                  "cache_batch_idx; fmha's paged call reads 16-bit caches")
     if cache_batch_idx is not None and block_table is not None:
         raise NotImplementedError("flash_attn_with_kvcache: cache_batch_idx with a block_table (as FlashAttention: "
                                   "the block table already says where each sequence's keys lie)")
@@ -187,7 +196,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if cache_leftpad is not None:  # [batch, 1, 1, slots]: a slot before the sequence's start is hidden
         kw["attn_mask"] = (torch.arange(slots, device=q.device)[None, :] >= cache_leftpad.to(q.device)[:, None]
                            )[:, None, None, :]
-    return attention(q, k_cache, v_cache, seqused_k=cache_seqlens, **kw)
+    return attention(q, k_cache, v_cache, seqused_k=cache_seqlens, **kw, **descales)
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,
