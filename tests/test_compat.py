@@ -72,6 +72,30 @@ def test_packed_forms_read_the_packed_tensor_in_place():
                                                      packed_kv[:, 1].contiguous(), cu, cu, 12, 12))
 
 
+def test_flash_attention_4s_names_open_windows_with_none_and_take_learnable_sinks():
+    """``window_size`` with None for an open side (FlashAttention 4's) is -1's window; ``learnable_sink`` is fmha's
+    ``sinks``: each entry point gives what fmha's own call gives with them."""
+    import fmha
+    g = torch.Generator().manual_seed(47)
+    q, k, v = bshd(2, 4, 12, 32, 51), bshd(2, 2, 20, 32, 52), bshd(2, 2, 20, 32, 53)
+    sink = torch.randn(4, generator=g).to(DEVICE)
+    o = compat.flash_attn_func(q, k, v, causal=True, window_size=(None, 0), learnable_sink=sink)
+    assert torch.equal(o, fmha.attention(q, k, v, causal=True, causal_align="bottom_right", layout="bshd",
+                                         window=(-1, 0), sinks=sink))
+    assert not torch.equal(o, compat.flash_attn_func(q, k, v, causal=True))
+    cu = torch.tensor([0, 12, 24], dtype=torch.int32, device=DEVICE)
+    ov = compat.flash_attn_varlen_func(q.reshape(24, 4, 32), q.reshape(24, 4, 32)[:, :2].contiguous(),
+                                       q.reshape(24, 4, 32)[:, 2:].contiguous(), cu, cu, 12, 12, causal=True,
+                                       window_size=(4, None), learnable_sink=sink)
+    assert torch.equal(ov, fmha.attention_varlen(q.reshape(24, 4, 32), q.reshape(24, 4, 32)[:, :2].contiguous(),
+                                                 q.reshape(24, 4, 32)[:, 2:].contiguous(), cu, cu, 12, 12, causal=True,
+                                                 window=(4, -1), sinks=sink))
+    lens = torch.tensor([7, 20], dtype=torch.int32, device=DEVICE)
+    oc = compat.flash_attn_with_kvcache(q[:, :1], k, v, cache_seqlens=lens, learnable_sink=sink)
+    assert torch.equal(oc, fmha.attention(q[:, :1], k, v, causal_align="bottom_right", layout="bshd", seqused_k=lens,
+                                          sinks=sink))
+
+
 def test_float8_takes_flash_attention_3s_descale_factors():
     """``q_descale``, ``k_descale``, ``v_descale`` (float32 ``[batch, kv_heads]``) reach fmha's float8 call: the same
     results as :func:`fmha.attention` given them, and against the float64 reference of the dequantized values;

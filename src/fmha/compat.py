@@ -5,13 +5,15 @@ for them.
 ``flash_attn_kvpacked_func`` and the varlen two: the packed tensor read in place through strided views) and
 ``flash_attn_with_kvcache`` take FlashAttention 2's arguments: tensors ``[batch, seqlen, heads, head_dim]``
 (bshd), ``softmax_scale``, ``window_size=(left, right)``, ``softcap``, ``alibi_slopes`` and causal masks aligned
-bottom-right (the new queries are the last positions of the keys), as FlashAttention does since 2.1; a left-padded cache
-(``cache_leftpad``) hides the keys before each sequence's start with a mask (``attn_mask``); rotary embeddings
-(``rotary_cos``/``rotary_sin``) and cache batch indices (``cache_batch_idx``) are applied on the device before the
-call, as FlashAttention places them.  What fmha cannot do is refused by name rather than ignored: dropout, returning
-the attention probabilities' matrix.  ``flash_attn_func`` and
-``flash_attn_varlen_func`` are differentiable (:mod:`fmha.gradients`).  ``scaled_dot_product_attention``
-takes torch's: bhsd tensors, ``is_causal`` aligned top-left, a boolean ``attn_mask``, ``enable_gqa``.
+bottom-right (the new queries are the last positions of the keys), as FlashAttention does since 2.1 (an open
+window side -1, or None as FlashAttention 4 writes it; FlashAttention 4's ``learnable_sink``, float32 ``[heads]``,
+as fmha's ``sinks``; FlashAttention 3's descale factors for float8).  A left-padded cache (``cache_leftpad``) hides
+the keys before each sequence's start with a mask (``attn_mask``); rotary embeddings (``rotary_cos``/``rotary_sin``)
+and cache batch indices (``cache_batch_idx``) are applied on the device before the call, as FlashAttention places
+them.  What fmha cannot do is refused by name rather than ignored: dropout (``return_attn_probs`` gives None where
+FlashAttention 2 returns the probabilities: fmha never forms them).  ``flash_attn_func`` and
+``flash_attn_varlen_func`` are differentiable (:mod:`fmha.gradients`).  ``scaled_dot_product_attention`` takes
+torch's: bhsd tensors, ``is_causal`` aligned top-left, a boolean ``attn_mask``, ``enable_gqa``.
 """
 from __future__ import annotations
 
@@ -27,10 +29,18 @@ def _refuse(**given) -> None:
                                       "with no dropout, and packed sequences read no block table")
 
 
+def _window(window_size) -> tuple[int, int]:
+    """FlashAttention's ``window_size`` as fmha's ``window``: -1 (FlashAttention 2) or None (FlashAttention 4) for an
+    open side."""
+    left, right = window_size
+    return (-1 if left is None else int(left), -1 if right is None else int(right))
+
+
 def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: float | None = None, causal: bool = False,
                     window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
                     deterministic: bool = False, return_attn_probs: bool = False,
-                    return_softmax_lse: bool = False, *, q_descale=None, k_descale=None, v_descale=None):
+                    return_softmax_lse: bool = False, *, q_descale=None, k_descale=None, v_descale=None,
+                    learnable_sink=None):
     """``flash_attn.flash_attn_func``: q ``[batch, seqlen_q, heads, D]``, k/v ``[batch, seqlen_k,
     kv_heads, D]``.  Returns the output, or with ``return_softmax_lse`` (or FlashAttention 2's
     ``return_attn_probs``) ``(out, lse)`` with the LSE ``[batch, heads, seqlen_q]`` (and ``None`` for
@@ -39,9 +49,9 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: float | None
     :func:`fmha.attention` does (forward only)."""
     _refuse(dropout_p=dropout_p)
     out = attention(q, k, v, causal=causal, scale=softmax_scale, causal_align="bottom_right", layout="bshd",
-                    window=tuple(window_size), softcap=softcap, alibi_slopes=alibi_slopes, deterministic=deterministic,
-                    return_lse=return_softmax_lse or return_attn_probs, q_descale=q_descale, k_descale=k_descale,
-                    v_descale=v_descale)
+                    window=_window(window_size), softcap=softcap, alibi_slopes=alibi_slopes,
+                    deterministic=deterministic, return_lse=return_softmax_lse or return_attn_probs,
+                    q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, sinks=learnable_sink)
     if return_attn_probs:
         return (*out, None)
     return out
@@ -51,14 +61,14 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
                            dropout_p: float = 0.0, softmax_scale: float | None = None, causal: bool = False,
                            window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
                            deterministic: bool = False, return_attn_probs: bool = False,
-                           return_softmax_lse: bool = False, block_table=None):
+                           return_softmax_lse: bool = False, block_table=None, *, learnable_sink=None):
     """``flash_attn.flash_attn_varlen_func``: packed q ``[total_q, heads, D]``, k/v ``[total_k,
     kv_heads, D]``, int32 ``cu_seqlens``; the LSE (when asked) is ``[heads, total_q]``."""
     _refuse(dropout_p=dropout_p, block_table=block_table)
     out = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
-                           scale=softmax_scale, causal_align="bottom_right", window=tuple(window_size),
+                           scale=softmax_scale, causal_align="bottom_right", window=_window(window_size),
                            softcap=softcap, alibi_slopes=alibi_slopes, deterministic=deterministic,
-                           return_lse=return_softmax_lse or return_attn_probs)
+                           return_lse=return_softmax_lse or return_attn_probs, sinks=learnable_sink)
     if return_attn_probs:
         return (*out, None)
     return out
@@ -126,7 +136,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             softmax_scale: float | None = None, causal: bool = False,
                             window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                             rotary_interleaved: bool = True, alibi_slopes=None, num_splits: int = 0,
-                            return_softmax_lse: bool = False, *, q_descale=None, k_descale=None, v_descale=None):
+                            return_softmax_lse: bool = False, *, q_descale=None, k_descale=None, v_descale=None,
+                            learnable_sink=None):
     """``flash_attn.flash_attn_with_kvcache``: q ``[batch, seqlen_q, heads, D]`` against a cache
     ``[batch_cache, seqlen_cache, kv_heads, D]``, or a page pool ``[num_pages, page_size, kv_heads, D]``
     with an int32 ``block_table [batch, pages_per_seq]``.  ``cache_seqlens`` (int32 ``[batch]`` or an
@@ -154,7 +165,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if cache_batch_idx is not None and block_table is not None:
         raise NotImplementedError("flash_attn_with_kvcache: cache_batch_idx with a block_table (as FlashAttention: "
                                   "the block table already says where each sequence's keys lie)")
-    batch, local = q.shape[0], tuple(window_size) != (-1, -1)
+    batch, local = q.shape[0], _window(window_size) != (-1, -1)
     if isinstance(cache_seqlens, int):
         cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
     if (k is None) != (v is None):
@@ -182,8 +193,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         _append(k_cache, v_cache, k, v, cache_seqlens, block_table, rows)
         cache_seqlens = cache_seqlens + k.shape[1]
     kw = dict(causal=causal, scale=softmax_scale, causal_align="bottom_right", layout="bshd",
-              window=tuple(window_size), softcap=softcap, alibi_slopes=alibi_slopes, num_splits=num_splits,
-              return_lse=return_softmax_lse)
+              window=_window(window_size), softcap=softcap, alibi_slopes=alibi_slopes, num_splits=num_splits,
+              return_lse=return_softmax_lse, sinks=learnable_sink)
     slots = k_cache.shape[1]
     if cache_batch_idx is not None and cache_leftpad is None and slots % 16 == 0:
         block_table = rows.to(torch.int32).view(batch, 1)  # each cache row one page of the pool
