@@ -40,6 +40,34 @@ def test_flash_attn_varlen_func_is_bottom_right():
     check_varlen(o, lse, q, k, v, cu_q, cu_k, causal=True, causal_align="bottom_right")
 
 
+@pytest.mark.parametrize("causal,window", [(True, (-1, -1)), (False, (-1, -1)), (True, (5, 0))])
+def test_flash_attn_varlen_func_reads_paged_keys_through_a_block_table(causal, window):
+    """``block_table``: packed queries against page pools, sequence b's keys the first ``cu_seqlens_k`` difference of
+    its pages (shuffled); each sequence as fmha's own call over its keys laid out whole, bottom-right; the LSE
+    ``[heads, total_q]``; cu_seqlens past max_seqlen_q refused."""
+    import fmha
+    heads, kv_heads, d, page = 4, 2, 32, 16
+    cu_q = torch.tensor([0, 5, 6, 19], dtype=torch.int32, device=DEVICE)
+    cu_k = torch.tensor([0, 30, 37, 60], dtype=torch.int32, device=DEVICE)
+    pages = 3 * 2  # two pages a sequence
+    g = torch.Generator().manual_seed(61)
+    q = torch.randn(19, heads, d, generator=g).to(F16).to(DEVICE)
+    k_pool, v_pool = (torch.randn(pages, page, kv_heads, d, generator=g).to(F16).to(DEVICE) for _ in range(2))
+    table = torch.randperm(pages, generator=g).view(3, 2).to(torch.int32).to(DEVICE)
+    o, lse = compat.flash_attn_varlen_func(q, k_pool, v_pool, cu_q, cu_k, 13, 32, causal=causal, window_size=window,
+                                           return_softmax_lse=True, block_table=table)
+    for b in range(3):
+        qs, qe, n = cu_q[b].item(), cu_q[b + 1].item(), (cu_k[b + 1] - cu_k[b]).item()
+        keys = k_pool[table[b].long()].reshape(1, 2 * page, kv_heads, d)[:, :n]
+        vals = v_pool[table[b].long()].reshape(1, 2 * page, kv_heads, d)[:, :n]
+        want, want_lse = fmha.attention(q[None, qs:qe], keys, vals, causal=causal, causal_align="bottom_right",
+                                        layout="bshd", window=window, return_lse=True)
+        torch.testing.assert_close(o[qs:qe], want[0], atol=2e-3, rtol=0)
+        torch.testing.assert_close(lse[:, qs:qe], want_lse[0], atol=2e-3, rtol=0)
+    with pytest.raises(ValueError, match="max_seqlen"):
+        compat.flash_attn_varlen_func(q, k_pool, v_pool, cu_q, cu_k, 12, 32, block_table=table)
+
+
 def test_packed_forms_read_the_packed_tensor_in_place():
     """``flash_attn_qkvpacked_func`` and the other packed forms: the same results as the unpacked calls on the same
     values, and gradients that reach the packed tensor (each slice's own)."""

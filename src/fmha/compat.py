@@ -26,7 +26,7 @@ def _refuse(**given) -> None:
     for name, value in given.items():
         if value is not None and (isinstance(value, torch.Tensor) or value):
             raise NotImplementedError(f"fmha.compat takes no {name} (got {value!r}): fmha computes exact attention, "
-                                      "with no dropout, and packed sequences read no block table")
+                                      "with no dropout")
 
 
 def _window(window_size) -> tuple[int, int]:
@@ -63,8 +63,17 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
                            deterministic: bool = False, return_attn_probs: bool = False,
                            return_softmax_lse: bool = False, block_table=None, *, learnable_sink=None):
     """``flash_attn.flash_attn_varlen_func``: packed q ``[total_q, heads, D]``, k/v ``[total_k,
-    kv_heads, D]``, int32 ``cu_seqlens``; the LSE (when asked) is ``[heads, total_q]``."""
-    _refuse(dropout_p=dropout_p, block_table=block_table)
+    kv_heads, D]``, int32 ``cu_seqlens``; the LSE (when asked) is ``[heads, total_q]``.  With ``block_table`` (int32
+    ``[batch, pages_per_seq]``), k/v are page pools ``[num_pages, page_size, kv_heads, D]`` and sequence b's keys
+    the first ``cu_seqlens_k[b + 1] - cu_seqlens_k[b]`` of its pages: each sequence's queries are copied into a
+    block of ``max_seqlen_q`` rows, at its end (so the bottom-right band and window keep their places), run by
+    :func:`fmha.attention_paged`, and copied back (forward only)."""
+    _refuse(dropout_p=dropout_p)
+    if block_table is not None:
+        return _paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, block_table,
+                             return_softmax_lse or return_attn_probs, return_attn_probs, causal=causal,
+                             scale=softmax_scale, window=_window(window_size), softcap=softcap,
+                             alibi_slopes=alibi_slopes, sinks=learnable_sink)
     out = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
                            scale=softmax_scale, causal_align="bottom_right", window=_window(window_size),
                            softcap=softcap, alibi_slopes=alibi_slopes, deterministic=deterministic,
@@ -72,6 +81,33 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     if return_attn_probs:
         return (*out, None)
     return out
+
+
+def _paged_varlen(q, k_pool, v_pool, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, block_table, return_lse: bool,
+                  probs: bool, **kw):
+    """Packed queries against paged keys (:func:`flash_attn_varlen_func` with a block table): sequence b's queries
+    as the last rows of its ``[max_seqlen_q]`` block (the rows before are computed and dropped), the lengths taken
+    from the cu_seqlens on the device."""
+    from .kernels import guards
+    total, heads, d = q.shape
+    batch = cu_seqlens_q.shape[0] - 1
+    # the queries' cu_seqlens checked first, in stream order (the keys' lengths by attention_paged, as cache_seqlens)
+    guards.check_cu_seqlens(cu_seqlens_q, cu_seqlens_q, total, total, max_seqlen_q, max_seqlen_q)
+    row = torch.arange(total, device=q.device)
+    seq = torch.searchsorted(cu_seqlens_q[1:].to(torch.int64), row, right=True).clamp_(max=max(batch - 1, 0))
+    lens_q = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).to(torch.int64)
+    at = seq * max_seqlen_q + (max_seqlen_q - lens_q[seq]) + (row - cu_seqlens_q.to(torch.int64)[seq])
+    block = q.new_zeros(batch * max_seqlen_q, heads, d)
+    block[at] = q
+    lens_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int32)
+    out = attention_paged(block.view(batch, max_seqlen_q, heads, d), k_pool, v_pool, block_table, lens_k,
+                          causal_align="bottom_right", layout="bshd", return_lse=return_lse, **kw)
+    o, lse = out if return_lse else (out, None)
+    o = o.reshape(batch * max_seqlen_q, heads, -1)[at]
+    if not return_lse:
+        return o
+    lse = lse.permute(1, 0, 2).reshape(heads, batch * max_seqlen_q)[:, at]
+    return (o, lse, None) if probs else (o, lse)
 
 
 def flash_attn_qkvpacked_func(qkv, *args, **kwargs):
