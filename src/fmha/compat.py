@@ -233,7 +233,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
               return_lse=return_softmax_lse, sinks=learnable_sink)
     slots = k_cache.shape[1]
     if cache_batch_idx is not None and cache_leftpad is None and slots % 16 == 0:
-        block_table = rows.to(torch.int32).view(batch, 1)  # each cache row one page of the pool
+        block_table = rows.to(torch.int32).reshape(batch, 1).contiguous()  # each cache row one page of the pool
     elif cache_batch_idx is not None:
         k_cache, v_cache = k_cache[rows.to(torch.int64)], v_cache[rows.to(torch.int64)]
     if block_table is not None:
