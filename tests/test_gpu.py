@@ -735,6 +735,30 @@ def test_a_new_kind_launches_what_triton_compiled(sizes, grown, causal, monkeypa
     check_against_reference(fast, *qkv, kw["causal"], "bottom_right")
 
 
+@pytest.mark.parametrize("case", [(1, 32, 8, 1, 64, "bhsd", False, 1000), (2, 8, 2, 4, 128, "bshd", True, 3000),
+                                  (1, 28, 4, 1, 128, "bhsd", True, 8180)], ids=["llama", "bshd-causal", "past-8k"])
+def test_a_growing_cache_replays_from_its_family(case, monkeypatch):
+    """Decoding against a cache one key longer at each call (generate()'s first layer): once its family has
+    learned its lines (:func:`fmha.replay.lengthwise`) most lengths replay from them, and every length gives the
+    bits the ordinary path gives, across lengths divisible by 16 and not, and a change of config (8k keys)."""
+    from fmha import replay
+    b, h, kvh, sq, d, layout, causal, start = case
+    kw = dict(causal=causal, causal_align="bottom_right", layout=layout)
+    lengths = range(start, start + 40)
+    calls = [make_qkv(b, h, kvh, sq, n, d, torch.bfloat16, layout, seed=n) for n in lengths]
+    replay.clear()
+    hits = []
+    real = replay.lengthwise
+    monkeypatch.setattr(replay, "lengthwise", lambda *a: (lambda r: hits.append(r is not None) or r)(real(*a)))
+    grown = [fmha.attention(*qkv, **kw) for qkv in calls]
+    assert sum(hits) >= 20, hits
+    monkeypatch.setattr(replay, "lengthwise", lambda *a: None)
+    for qkv, o in zip(calls, grown):
+        replay.clear()
+        assert torch.equal(o, fmha.attention(*qkv, **kw))
+    check_against_reference(grown[-1], *calls[-1], causal, "bottom_right", layout=layout)
+
+
 @pytest.mark.parametrize("shape", [(2, 8, 2, 1000, 1000, 128), (1, 4, 4, 777, 1500, 64), (1, 2, 1, 300, 300, 256),
                                    (2, 4, 2, 513, 513, 96)], ids=lambda s: "b{}h{}kv{}-q{}k{}-d{}".format(*s))
 @pytest.mark.parametrize("causal,align", [(False, "top_left"), (True, "bottom_right")])

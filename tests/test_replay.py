@@ -2,6 +2,7 @@
 call's tensors where the recorded call's were, allocates its own buffers, rebuilds descriptors over
 the new pointers, keeps nothing of the recorded call alive, and refuses to record what it could not
 replay correctly.  The GPU tests run it on the real kernels."""
+import functools
 import gc
 import weakref
 from dataclasses import dataclass
@@ -158,7 +159,7 @@ class RawKernel(FakeKernel):
     class metadata:
         tensordesc_meta = [dict(swizzle=3, elem_size=2, elem_type=8, block_size=[8], fp4_padded=False)]
 
-    @property
+    @functools.cached_property  # (one launcher a compiled kernel, as Triton's)
     def run(self):
         kernel = self
 
@@ -364,3 +365,80 @@ def test_a_launch_like_a_compiled_one_goes_to_that_kernel(monkeypatch):
     replay.knobs.runtime.launch_enter_hook.add(lambda meta: None)
     assert replay._dispatch(kernel, (1,), (x2, y2, 48, 9), kw) is None  # a hook listens: Triton's path
     assert len(runs) == 3
+
+
+class GrowKernel(RawKernel):
+    arg_names = ["X", "Y", "D", "n", "m", "BLOCK"]
+    params = [Param(None)] * 5 + [Param(16)]
+
+
+def _growing(kernel, x, y, n, bump=lambda n: 0):
+    """A decode-like call at length ``n``: x ``[n, 4]`` and y ``[2, n]`` (the length along x's rows and y's
+    columns), a launch taking n, y's descriptor (shape and strides in n) and ``7 + bump(n)``."""
+    def call():
+        replayed = replay.lengthwise(("split", 3), {0: 0, 1: 1}, n)
+        if replayed is not None:
+            return tuple(replayed)
+        out = replay.buffer(torch.empty(4))
+        replay.launch(kernel, (2,), x, out, Desc(y, [8], shape=(2, n), strides=(n, 1)), n, 7 + bump(n), BLOCK=32)
+        return out, None
+    return replay.call(replay.key("grow", (x, y), "flag"), (x, y), torch.device("cpu"), call)
+
+
+def _lengths(kernel, lengths, bump=lambda n: 0):
+    """Calls at each length in turn, fresh tensors each; how each call's launch went."""
+    hows = []
+    for n in lengths:
+        x, y = torch.zeros(n, 4), torch.ones(2, n)
+        out, _ = _growing(kernel, x, y, n, bump)
+        hows.append(kernel.launches[-1][0])
+        written = kernel.launches[-1][2][1]
+        assert written is out if hows[-1] == "jit" else written == out.data_ptr()
+    return hows
+
+
+def test_a_growing_length_replays_from_its_family(monkeypatch):
+    """A KV cache one key longer at each call (every call a new kind): two recordings of the same compiled kernel
+    at two lengths give each integer's line, a third must match them, then each later length of the family
+    launches from the lines (the raw launcher, the descriptor filled over the new length's shape and strides)
+    without the call's own path; a length whose integers would specialize otherwise (n divisible by 16) is
+    recorded as before.  A recipe made from the lines is kept under its call's key, as any recipe is."""
+    fills = []
+    monkeypatch.setattr(replay, "_fill_descriptor", lambda ptr, *fill: fills.append(fill) or ("map", ptr))
+    kernel = GrowKernel()
+    assert _lengths(kernel, [33, 34, 35, 37, 41, 48, 50]) == ["jit", "jit", "jit", "raw", "raw", "jit", "raw"]
+    x, y = torch.zeros(41, 4), torch.ones(2, 41)
+    out, _ = _growing(kernel, x, y, 41)  # (its key kept: a plain replay)
+    _, _, args = kernel.launches[-1]
+    assert args == [x.data_ptr(), out.data_ptr(), ("map", y.data_ptr()), 2, 41, 41, 1, 41, 7, 32]
+    assert fills[-1] == (3, 2, 10, [8], [2, 41], [41, 1], 0)
+
+
+def test_a_line_the_third_recording_breaks_replays_nothing(monkeypatch):
+    """Integers on lines through two lengths but off them at a third (a step the family's key does not see)
+    are not trusted: every length keeps the ordinary path, until lines through two later recordings hold."""
+    monkeypatch.setattr(replay, "_fill_descriptor", lambda ptr, *fill: ("map", ptr))
+    kernel = GrowKernel()
+    step = lambda n: 100 if n >= 36 else 0  # noqa: E731
+    assert _lengths(kernel, [33, 34, 36, 37, 38], step) == ["jit"] * 5
+    assert _lengths(kernel, [39, 41], step) == ["raw", "raw"]  # lines through 37 and 38, proven at 39
+    x, y = torch.zeros(42, 4), torch.ones(2, 42)
+    _growing(kernel, x, y, 42, step)
+    assert kernel.launches[-1][2][-2] == 107
+
+
+def test_integers_off_any_line_replay_nothing(monkeypatch):
+    monkeypatch.setattr(replay, "_fill_descriptor", lambda ptr, *fill: ("map", ptr))
+    kernel = GrowKernel()
+    assert _lengths(kernel, [33, 34, 35, 37, 39], lambda n: n * n) == ["jit"] * 5
+
+
+def test_under_a_launch_hook_a_length_takes_the_ordinary_path(monkeypatch):
+    """A length's recipe has no launches for Triton's own path (which calls a profiler's hook): under a hook its
+    call goes the ordinary way, and so does a later call of a kind kept from the lines."""
+    monkeypatch.setattr(replay, "_fill_descriptor", lambda ptr, *fill: ("map", ptr))
+    kernel = GrowKernel()
+    assert _lengths(kernel, [33, 34, 35, 37]) == ["jit", "jit", "jit", "raw"]
+    monkeypatch.setattr(replay.knobs.runtime, "launch_enter_hook", replay.knobs.HookChain())
+    replay.knobs.runtime.launch_enter_hook.add(lambda meta: None)
+    assert _lengths(kernel, [37, 39]) == ["jit", "jit"]

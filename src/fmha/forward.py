@@ -74,6 +74,12 @@ def _dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse,
                             seqused=seqused_k is not None, head_dim_v=v.shape[3], fp8=descale is not None,
                             attn_mask=attn_mask is not None)
     p = planning.plan(prob, q, k, v, o, layout, variant, config, alibi_slopes, num_splits)
+    if seqlen_q <= 16 and attn_mask is None:  # decoding: a KV cache one key longer at each call is a new kind, whose
+        seq = 2 if layout == "bhsd" else 1  # recipe its family's earlier lengths may give (replay.lengthwise)
+        splits = -(-seqlen_k // p.split_len) if p.split_len else 1
+        replayed = replay.lengthwise((p.variant, p.config, p.split_len, splits), {1: seq, 2: seq}, seqlen_k)
+        if replayed is not None:
+            return tuple(replayed)
     run(p, q, k, v, o, lse, layout, alibi_slopes, (None, None, seqused_k), descale=descale, attn_mask=attn_mask)
     return o, lse
 

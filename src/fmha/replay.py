@@ -21,9 +21,15 @@ A call of a new kind takes the ordinary path, but its launches skip Triton's JIT
 (:func:`_dispatch`): a launch whose arguments specialize as an earlier launch's of the same kernel did
 (same constexprs and options; integers 1, divisible by 16 or neither, alike; tensors of the same dtype and
 alignment) goes to the kernel compiled for that launch, as the JIT itself would send it; each kernel's
-constexprs and options keep their latest :data:`COMPILED_KEPT` launches.  A growing KV
-cache (generate()'s first layer meets a new length at every token) then pays the plan and the recording,
-not the JIT's binding.
+constexprs and options keep their latest :data:`COMPILED_KEPT` launches.
+
+A growing KV cache (generate()'s first layer meets a new length at every token) makes every call a new kind.
+Those kinds differ by one length alone, and a decode's launches take it only through integers affine in it
+(the keys' count, K/V's strides and their descriptors' shapes and strides; what else the plan decides from
+it, the config and the split, stays in the key): :func:`lengthwise` keeps them as a family, fits each
+integer's line through two recordings of the same compiled kernels, proves the lines on a third, and then
+replays every later length of the family from them (:class:`_Length`), planned but not launched through
+Triton's Python, and not recorded.
 
 A call is recorded only when each of its tensor arguments can be named; otherwise (and under the
 interpreter) calls keep the ordinary path.  Triton's launch hooks (a profiler's) see replayed launches
@@ -31,6 +37,7 @@ as they see any other.
 """
 from __future__ import annotations
 
+import copy
 import math
 import threading
 
@@ -330,7 +337,8 @@ class Recipe:
             self.fast = None
 
     def run(self, inputs, device: torch.device):
-        """Launch the recorded kernels over ``inputs`` (in the recorded order); returns the outputs."""
+        """Launch the recorded kernels over ``inputs`` (in the recorded order); returns the outputs (None: a
+        length's recipe, :class:`_Length`, under a launch hook)."""
         if device.type != "cuda" or device.index == torch._C._cuda_getDevice():
             return self._run(inputs, device)
         with on(device):
@@ -356,6 +364,8 @@ class Recipe:
             for step in self.fast:
                 step(ptrs, n, stream)
             return [None if o is None else (inputs[o[1]] if o[0] else buffers[o[1]]) for o in self.outputs]
+        if self.steps is None:  # a length's recipe (:class:`_Length`) has no launches for Triton's own path
+            return None
         buffers = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in self.buffers]
         for i, count in self.tickets:
             buffers[i] = _tickets(device, stream, count)
@@ -451,6 +461,14 @@ class _Launch:
         # model's layers, which share one recipe, take turns in a decode's K and V slots)
         self.filled = {at: {} for at, _, _, fill in self.desc_slots if fill is not None}
 
+    def moved(self, flat, desc_slots):
+        """This launch with the argument list ``flat`` and the descriptor slots ``desc_slots`` (another length's,
+        :class:`_Length`), its filled descriptors its own."""
+        launch = copy.copy(self)
+        launch.flat, launch.desc_slots = flat, desc_slots
+        launch.filled = {at: {} for at, _, _, fill in desc_slots if fill is not None}
+        return launch
+
     def __call__(self, ptrs, n_inputs, stream):
         flat = self.flat.copy()
         for at, is_input, i in self.ptr_slots:
@@ -487,34 +505,222 @@ def call(k: tuple, inputs, device: torch.device, run, checks=None):
     exists only for a kind whose checks passed.  Returns the outputs."""
     recipe = _RECIPES.get(k)
     if recipe is not None and recipe is not UNRECORDABLE:
-        return recipe.run(inputs, device)
+        outputs = recipe.run(inputs, device)
+        if outputs is not None:
+            return outputs
+        del _RECIPES[k]  # a length's recipe under a launch hook (:meth:`Recipe.run`): the ordinary path
+        recipe = None
     if checks is not None:
         checks()
     if recipe is UNRECORDABLE or getattr(_local, "steps", None) is not None:
-        return run()
+        outer = getattr(_local, "call", None)  # (a call inside one being recorded: not the family's to replay)
+        _local.call = None
+        try:
+            return run()
+        finally:
+            _local.call = outer
     _local.steps, _local.buffers, _local.constants, _local.tickets = steps, buffers, constants, counters = \
         [], [], [], []
+    _local.call, _local.family, _local.bound = (k, inputs, device), None, None
     try:
         outputs = run()
+        family, bound = _local.family, _local.bound
     finally:
         _local.steps = _local.buffers = _local.constants = _local.tickets = None
+        _local.call = _local.family = _local.bound = None
+    if len(_RECIPES) >= _MAX_RECIPES:
+        _RECIPES.clear()
+    if bound is not None:  # :func:`lengthwise` replayed it
+        _RECIPES[k] = bound
+        return outputs
     if not steps or any(s is not None and s[1] is None for s in steps):  # an edge answered without a launch;
         return outputs  # the interpreter
     if None in steps:  # :func:`host_work`
         _RECIPES[k] = UNRECORDABLE
         return outputs
-    if len(_RECIPES) >= _MAX_RECIPES:
-        _RECIPES.clear()
     try:
-        _RECIPES[k] = Recipe(steps, inputs, outputs, buffers, constants, counters)
+        _RECIPES[k] = recipe = Recipe(steps, inputs, outputs, buffers, constants, counters)
     except LookupError:
         _RECIPES[k] = UNRECORDABLE
+        return outputs
+    if family is not None:
+        family[0].learn(family[1], recipe)
     return outputs
 
 
+_FAMILIES: dict = {}  # a kind with its length left out (:func:`lengthwise`) -> its _Family
+_MAX_FAMILIES = 256
+
+
+def lengthwise(outcome, lengths: dict, n: int):
+    """Inside the call being recorded (:func:`call`), whose kind differs from others' by one length ``n``
+    alone (a decode against a KV cache one key longer at each call): the call's outputs when a recipe of
+    its family, taught by earlier calls (:class:`_Family`), replays it at ``n``; the call is then kept under
+    its own key, and its launches are not made again.  None: the call goes on through the ordinary path and
+    its recording teaches the family.  ``lengths``: {the index of an input: its dimension of size ``n``}
+    (those inputs' shapes there and their strides leave the family's key, and whether each is contiguous
+    joins it); ``outcome``: what the plan decided that depends on ``n`` other than through the launches'
+    integers (the config, the keys per split and the split count), hashable."""
+    if getattr(_local, "call", None) is None:
+        return None
+    k, inputs, device = _local.call
+    parts = list(k)
+    for i, dim in lengths.items():
+        part, t = parts[1 + i], inputs[i]
+        if part is not None:
+            shape = tuple(part[0])
+            parts[1 + i] = (shape[:dim] + (None,) + shape[dim + 1:], t.is_contiguous(), *part[2:])
+    fkey = (tuple(parts), outcome)
+    family = _FAMILIES.get(fkey)
+    if family is None:
+        if len(_FAMILIES) >= _MAX_FAMILIES:
+            _FAMILIES.clear()
+        family = _FAMILIES[fkey] = _Family()
+    for template in family.trusted:
+        recipe = template.at(n)
+        if recipe is not None:
+            outputs = recipe.run(inputs, device)
+            if outputs is not None:
+                _local.bound = recipe
+                return outputs
+    _local.family = (family, n)
+    return None
+
+
+def _line(x, nx: int, y, ny: int):
+    """``(a, b)`` with ``x = a + b * nx`` and ``y = a + b * ny`` in integers, or None."""
+    if type(x) is not int or type(y) is not int or (y - x) % (ny - nx):
+        return None
+    b = (y - x) // (ny - nx)
+    return x - b * nx, b
+
+
+def _specialized(v: int) -> tuple:
+    """What Triton's specialization of an integer argument reads of it (1, divisible by 16, 32 bits wide)."""
+    return v == 1, v % 16 == 0, -(1 << 31) <= v < (1 << 31)
+
+
+class _Length:
+    """A recipe whose launches' integers (kernel arguments, descriptor shapes and strides) are affine in one
+    length ``n``, each ``a + b * n`` (:meth:`fit`), every other part as recorded; :meth:`at` gives the
+    recipe for a length whose integers specialize as the recorded ones did (the same compiled kernels)."""
+
+    def __init__(self, recipe, launches):
+        self.recipe = recipe
+        self.launches = launches  # per launch: ([(flat position, a, b, specialization)], [None or (shape, strides)])
+
+    @staticmethod
+    def fit(ra, na: int, rb, nb: int):
+        """The :class:`_Length` through two recipes of one family at lengths ``na != nb``, or None where they
+        differ in more than integers on lines (other launches, grids, buffers, a float, a constant tensor)."""
+        if (na == nb or ra.fast is None or rb.fast is None or ra.constants or rb.constants
+                or (ra.buffers, ra.tickets, ra.outputs) != (rb.buffers, rb.tickets, rb.outputs)
+                or not _same_kernels(ra, rb)):
+            return None
+        launches = []
+        for la, lb in zip(ra.fast, rb.fast):
+            if la.ptr_slots != lb.ptr_slots or len(la.flat) != len(lb.flat) or len(la.desc_slots) != len(
+                    lb.desc_slots):
+                return None
+            ints = []
+            for at, (x, y) in enumerate(zip(la.flat, lb.flat)):
+                if type(x) is type(y) and x == y:
+                    continue
+                line = _line(x, na, y, nb)
+                if line is None:
+                    return None
+                ints.append((at, *line, _specialized(x)))
+            fills = []
+            for sa, sb in zip(la.desc_slots, lb.desc_slots):
+                fa, fb = sa[3], sb[3]
+                if sa[:3] != sb[:3] or (fa is None) != (fb is None):
+                    return None
+                if fa is None:
+                    fills.append(None)
+                    continue
+                if fa[:4] != fb[:4] or fa[6] != fb[6] or len(fa[4]) != len(fb[4]) or len(fa[5]) != len(fb[5]):
+                    return None
+                lines = [[_line(x, na, y, nb) for x, y in zip(fa[j], fb[j])] for j in (4, 5)]
+                if None in lines[0] or None in lines[1]:
+                    return None
+                fills.append(lines)
+            launches.append((ints, fills))
+        return _Length(ra, launches)
+
+    def at(self, n: int):
+        """The recipe at length ``n`` (its launches without Triton's own path: under a launch hook it answers
+        None, :meth:`Recipe.run`), or None where an integer would specialize otherwise or a descriptor's size
+        would not be positive."""
+        fast = []
+        for launch, (ints, fills) in zip(self.recipe.fast, self.launches):
+            flat = launch.flat.copy()
+            for at, a, b, spec in ints:
+                v = a + b * n
+                if _specialized(v) != spec:
+                    return None
+                flat[at] = v
+            slots = []
+            for slot, lines in zip(launch.desc_slots, fills):
+                if lines is not None:
+                    shape, strides = ([a + b * n for a, b in line] for line in lines)
+                    if min(shape) < 1:
+                        return None
+                    fill = slot[3]
+                    slot = (*slot[:3], (*fill[:4], shape, strides, fill[6]))
+                slots.append(slot)
+            fast.append(launch.moved(flat, slots))
+        recipe = copy.copy(self.recipe)
+        recipe.fast, recipe.steps = fast, None
+        return recipe
+
+    def predicts(self, n: int, recipe) -> bool:
+        """Whether :meth:`at` ``n`` launches what ``recipe``, recorded at ``n``, launches."""
+        mine = self.at(n)
+        return mine is not None and recipe.fast is not None and _same_kernels(mine, recipe) and all(
+            a.flat == b.flat and a.desc_slots == b.desc_slots for a, b in zip(mine.fast, recipe.fast))
+
+
+class _Family:
+    """The recipes of calls whose kinds differ by one length alone (:func:`lengthwise`), learning from them: two
+    recordings of the same kernels at two lengths give a :class:`_Length` through both, which a third recording
+    must match exactly before it replays any call (then :meth:`_Length.at`)."""
+    __slots__ = ("pending", "candidates", "trusted")
+    KEPT = 4  # recordings kept waiting for a partner, candidates and trusted lines
+
+    def __init__(self):
+        self.pending, self.candidates, self.trusted = [], [], []
+
+    def learn(self, n: int, recipe) -> None:
+        """Take ``recipe``, recorded at length ``n``: the proof of a candidate launching the same kernels (or its
+        end, where it predicts otherwise), else a partner for a waiting recording, else a recording waiting."""
+        if not recipe.fast:
+            return
+        for c in self.candidates:
+            if _same_kernels(c.recipe, recipe):
+                self.candidates.remove(c)
+                if c.predicts(n, recipe):
+                    self.trusted = [c, *self.trusted[:self.KEPT - 1]]
+                    return
+                break
+        for m, other in self.pending:
+            line = _Length.fit(other, m, recipe, n)
+            if line is not None:
+                self.pending.remove((m, other))
+                self.candidates = [line, *self.candidates[:self.KEPT - 1]]
+                return
+        self.pending = [(n, recipe), *self.pending[:self.KEPT - 1]]
+
+
+def _same_kernels(ra, rb) -> bool:
+    """Whether two recipes' fast launches run the same compiled kernels over the same grids."""
+    return len(ra.fast) == len(rb.fast) and all(a.launch is b.launch and a.head == b.head
+                                                for a, b in zip(ra.fast, rb.fast))
+
+
 def clear(compiled: bool = True) -> None:
-    """Forget every recipe (the next call of each kind takes the ordinary path again) and, with ``compiled``, the
-    compiled kernels kept for new kinds (their launches go through Triton's JIT again)."""
+    """Forget every recipe and family (the next call of each kind takes the ordinary path again) and, with
+    ``compiled``, the compiled kernels kept for new kinds (their launches go through Triton's JIT again)."""
     _RECIPES.clear()
+    _FAMILIES.clear()
     if compiled:
         _COMPILED.clear()
