@@ -64,8 +64,9 @@ def test_flash_attn_varlen_func_reads_paged_keys_through_a_block_table(causal, w
                                         layout="bshd", window=window, return_lse=True)
         torch.testing.assert_close(o[qs:qe], want[0], atol=2e-3, rtol=0)
         torch.testing.assert_close(lse[:, qs:qe], want_lse[0], atol=2e-3, rtol=0)
-    with pytest.raises(ValueError, match="max_seqlen"):
-        compat.flash_attn_varlen_func(q, k_pool, v_pool, cu_q, cu_k, 12, 32, block_table=table)
+    if DEVICE == "cpu":  # on a GPU a device-side assert (tests/test_varlen.py runs one apart)
+        with pytest.raises(ValueError, match="max_seqlen"):
+            compat.flash_attn_varlen_func(q, k_pool, v_pool, cu_q, cu_k, 12, 32, block_table=table)
 
 
 def test_packed_forms_read_the_packed_tensor_in_place():

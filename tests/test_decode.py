@@ -125,8 +125,9 @@ def test_split_count_follows_programs_per_sm(monkeypatch):
     prob = plan.Problem(2, 8, 8, 1, 1 << 16, 128, False, 0, 1.0)  # 16 programs before the split
     for per_sm, splits in ((0, 25), (2, 12), (3, 18), (8, 50)):
         cfg = configs.KernelConfig(16, 64, 4, 3, split_per_sm=per_sm)
-        split_len = plan._split_len(0, "sm90", prob, cfg, torch.device("cuda", 0))
+        asked, split_len = plan._split_len(0, "sm90", prob, cfg, torch.device("cuda", 0))
         count = -(-prob.seqlen_k // split_len)
+        assert asked == splits
         # the split length is rounded up to whole tiles: one split fewer at most, and never a
         # program past per_sm * SMs (no last wave of a few programs)
         assert split_len % 64 == 0 and splits - 1 <= count <= splits, (per_sm, split_len)

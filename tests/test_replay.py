@@ -372,25 +372,29 @@ class GrowKernel(RawKernel):
     params = [Param(None)] * 5 + [Param(16)]
 
 
-def _growing(kernel, x, y, n, bump=lambda n: 0):
+def _growing(kernel, x, y, n, bump=lambda n: 0, outcome=lambda n: 3, planned=None):
     """A decode-like call at length ``n``: x ``[n, 4]`` and y ``[2, n]`` (the length along x's rows and y's
-    columns), a launch taking n, y's descriptor (shape and strides in n) and ``7 + bump(n)``."""
+    columns), a launch taking n, y's descriptor (shape and strides in n) and ``7 + bump(n)``; its plan (noted in
+    ``planned``) decides ``outcome(n)``."""
     def call():
-        replayed = replay.lengthwise(("split", 3), {0: 0, 1: 1}, n)
+        if planned is not None:
+            planned.append(n)
+        replayed = replay.lengthwise(("split", outcome(n)))
         if replayed is not None:
             return tuple(replayed)
         out = replay.buffer(torch.empty(4))
         replay.launch(kernel, (2,), x, out, Desc(y, [8], shape=(2, n), strides=(n, 1)), n, 7 + bump(n), BLOCK=32)
         return out, None
-    return replay.call(replay.key("grow", (x, y), "flag"), (x, y), torch.device("cpu"), call)
+    return replay.call(replay.key("grow", (x, y), "flag"), (x, y), torch.device("cpu"), call,
+                       lengths=({0: 0, 1: 1}, n))
 
 
-def _lengths(kernel, lengths, bump=lambda n: 0):
+def _lengths(kernel, lengths, bump=lambda n: 0, outcome=lambda n: 3, planned=None):
     """Calls at each length in turn, fresh tensors each; how each call's launch went."""
     hows = []
     for n in lengths:
         x, y = torch.zeros(n, 4), torch.ones(2, n)
-        out, _ = _growing(kernel, x, y, n, bump)
+        out, _ = _growing(kernel, x, y, n, bump, outcome, planned)
         hows.append(kernel.launches[-1][0])
         written = kernel.launches[-1][2][1]
         assert written is out if hows[-1] == "jit" else written == out.data_ptr()
@@ -442,3 +446,53 @@ def test_under_a_launch_hook_a_length_takes_the_ordinary_path(monkeypatch):
     monkeypatch.setattr(replay.knobs.runtime, "launch_enter_hook", replay.knobs.HookChain())
     replay.knobs.runtime.launch_enter_hook.add(lambda meta: None)
     assert _lengths(kernel, [37, 39]) == ["jit", "jit"]
+
+
+def test_between_two_lengths_planned_alike_the_plan_is_skipped(monkeypatch):
+    """A length between two whose plans decided one outcome replays with no plan at all (the call's own path is
+    not run); past the lengths planned, or in the span of another outcome not yet proven, the plan runs."""
+    monkeypatch.setattr(replay, "_fill_descriptor", lambda ptr, *fill: ("map", ptr))
+    kernel, planned = GrowKernel(), []
+    outcome = lambda n: n // 40  # noqa: E731
+    assert _lengths(kernel, [33, 34, 35, 39, 37], outcome=outcome, planned=planned) == ["jit"] * 3 + ["raw"] * 2
+    assert planned == [33, 34, 35, 39]  # 37: between 33 and 39, both planned to outcome 0
+    assert _lengths(kernel, [41, 42, 43, 45, 36], outcome=outcome, planned=planned) == ["jit"] * 3 + ["raw"] * 2
+    assert planned[4:] == [41, 42, 43, 45]
+
+
+def test_a_strided_length_makes_no_family(monkeypatch):
+    """Inputs carrying the length must be contiguous (their strides then follow from their shapes, so the loose
+    key tells everything but the length): a strided one keeps the ordinary path at every length."""
+    monkeypatch.setattr(replay, "_fill_descriptor", lambda ptr, *fill: ("map", ptr))
+    kernel = GrowKernel()
+    hows = []
+    for n in (33, 34, 35, 37, 38):
+        x, y = torch.zeros(4, n).t(), torch.ones(2, n)
+        _growing(kernel, x, y, n)
+        hows.append(kernel.launches[-1][0])
+    assert hows == ["jit"] * 5 and not replay._FAMILIES
+
+
+@pytest.mark.parametrize("shape", [(1, 32, 8, 1, 64), (8, 32, 8, 1, 128), (2, 28, 4, 4, 128), (4, 16, 16, 1, 256),
+                                   (1, 8, 1, 16, 64)])
+def test_a_decodes_plan_steps_up_with_the_length(shape, monkeypatch):
+    """What :func:`fmha.replay.lengthwise` rests on: for a decode on the H200, each outcome of the plan (config,
+    keys per split, split count) holds on one span of lengths, so two lengths planned alike enclose only
+    lengths planned alike."""
+    from fmha import plan as planning
+    monkeypatch.setattr(planning, "arch_of", lambda device: "sm90")
+    monkeypatch.setattr(planning, "device_facts", lambda index: (9, 132))
+    monkeypatch.setattr(planning, "index_of", lambda device: 0)
+    b, h, kvh, sq, d = shape
+    q = torch.empty(b, h, sq, d, dtype=torch.bfloat16)
+    spans: dict = {}
+    last = None
+    for n in range(1, 40000, 7):
+        k = torch.empty(b, kvh, n, d, dtype=torch.bfloat16)
+        prob = planning.problem(b, h, kvh, sq, n, d, causal=True, scale=None, causal_align="bottom_right")
+        p = planning.plan(prob, q, k, k, q, "bhsd", "auto", None, None, 0)
+        outcome = p.by_length()
+        assert outcome == last or outcome not in spans, (n, outcome)
+        spans.setdefault(outcome, n)
+        last = outcome
+    assert len(spans) > 10

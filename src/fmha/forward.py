@@ -31,17 +31,17 @@ def descale_table(q, k, layout: str, descales) -> torch.Tensor | None:
                         for t in descales], dim=-1).reshape(-1, 3)
 
 
-def _replayed(kind: str, inputs, call, *flags, checks=None):
+def _replayed(kind: str, inputs, call, *flags, checks=None, lengths=None):
     """``call()`` on a CPU; on a GPU through :mod:`fmha.replay`, the call's kind being ``kind``, its
     tensors ``inputs`` (q first) and ``flags``.  ``checks()`` (the entry point's, when they are a function
-    of the kind) runs before a call that is not replayed."""
+    of the kind) runs before a call that is not replayed; ``lengths``: :func:`fmha.replay.call`'s."""
     q = inputs[0]
     if not q.is_cuda:
         if checks is not None:
             checks()
         return call()
     holding = replay.holding(q.device)  # (a split merges apart where a call holds nothing: merge_in_split)
-    return tuple(replay.call(replay.key(kind, inputs, *flags, holding), inputs, q.device, call, checks))
+    return tuple(replay.call(replay.key(kind, inputs, *flags, holding), inputs, q.device, call, checks, lengths))
 
 
 def dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse, out=None, config=None,
@@ -55,8 +55,13 @@ def dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse, 
                       layout=layout, return_lse=return_lse, out=out, config=config, window=window, softcap=softcap,
                       alibi_slopes=alibi_slopes, seqused_k=seqused_k, num_splits=num_splits, descale=descale,
                       attn_mask=attn_mask)
+    seq = 2 if layout == "bhsd" else 1
+    # decoding: a KV cache one key longer at each call makes each call a new kind, which its family may know
+    lengths = ({1: seq, 2: seq}, k.shape[seq]) if (q.dim() == k.dim() == 4 and q.shape[seq] <= 16
+                                                   and attn_mask is None) else None
     return _replayed("dense", (q, k, v, out, alibi_slopes, seqused_k, descale, attn_mask), call, causal, scale,
-                     variant, causal_align, layout, return_lse, config, window, softcap, num_splits, checks=checks)
+                     variant, causal_align, layout, return_lse, config, window, softcap, num_splits, checks=checks,
+                     lengths=lengths)
 
 
 def _dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse, out, config, window, softcap,
@@ -74,12 +79,9 @@ def _dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse,
                             seqused=seqused_k is not None, head_dim_v=v.shape[3], fp8=descale is not None,
                             attn_mask=attn_mask is not None)
     p = planning.plan(prob, q, k, v, o, layout, variant, config, alibi_slopes, num_splits)
-    if seqlen_q <= 16 and attn_mask is None:  # decoding: a KV cache one key longer at each call is a new kind, whose
-        seq = 2 if layout == "bhsd" else 1  # recipe its family's earlier lengths may give (replay.lengthwise)
-        splits = -(-seqlen_k // p.split_len) if p.split_len else 1
-        replayed = replay.lengthwise((p.variant, p.config, p.split_len, splits), {1: seq, 2: seq}, seqlen_k)
-        if replayed is not None:
-            return tuple(replayed)
+    replayed = replay.lengthwise(p.by_length())  # (a decode's family: dense())
+    if replayed is not None:
+        return tuple(replayed)
     run(p, q, k, v, o, lse, layout, alibi_slopes, (None, None, seqused_k), descale=descale, attn_mask=attn_mask)
     return o, lse
 

@@ -107,12 +107,14 @@ def select_variant(arch: str, shape: dict | None = None) -> str:
     return "tiled"
 
 
-def _split_len(num_splits: int, arch: str, prob: Problem, cfg, device) -> int:
-    """Keys per split (a multiple of cfg.block_n), or 0 for no split."""
+def _split_len(num_splits: int, arch: str, prob: Problem, cfg, device) -> tuple[int, int]:
+    """(the split count asked for, keys per split: a multiple of cfg.block_n), or (0, 0) for no split.  The
+    split count never falls as seqlen_k grows, and for one count the keys per split never fall either (a
+    decode's family spans the lengths planned alike: :func:`fmha.replay.lengthwise`)."""
     block_n = cfg.block_n
     if num_splits == 0:  # decide: split short queries over long keys until each SM has its share of programs
         if arch == "interpreter" or prob.seqlen_q > 16 or prob.seqlen_k < 4 * block_n:
-            return 0
+            return 0, 0
         programs = math.prod(prob.grid(cfg.block_m))
         sms = device_facts(index_of(device))[1]
         # a memory-bound loop: more programs keep more loads in flight; rounded down, so the programs
@@ -120,8 +122,8 @@ def _split_len(num_splits: int, arch: str, prob: Problem, cfg, device) -> int:
         per_sm = cfg.split_per_sm or 4
         num_splits = min(per_sm * sms // programs, prob.seqlen_k // (4 * block_n))
     if num_splits <= 1:
-        return 0
-    return -(-(-(-prob.seqlen_k // num_splits)) // block_n) * block_n
+        return 0, 0
+    return num_splits, -(-(-(-prob.seqlen_k // num_splits)) // block_n) * block_n
 
 
 def _pack_gqa(prob: Problem, alibi_slopes) -> Problem:
@@ -134,16 +136,16 @@ def _pack_gqa(prob: Problem, alibi_slopes) -> Problem:
 
 
 def _split_plan(num_splits: int, arch: str, prob: Problem, cfg, device, variant: str, fixed: bool = False):
-    """(config, keys per split): a split launch of ``tiled`` on a GPU runs the decode config (a few query
-    rows: small blocks, the keys spread over programs) unless the caller fixed one.  The seed's one-warp
-    variants keep their own: the decode table's tiles are ``tiled``'s (``pipelined`` at head_dim 192-256 in
-    its 64 x 64 tiles, three stages, asks for 256 KB of shared memory, past the H200's 227)."""
-    split_len = _split_len(num_splits, arch, prob, cfg, device)
+    """(config, split count asked for, keys per split): a split launch of ``tiled`` on a GPU runs the decode
+    config (a few query rows: small blocks, the keys spread over programs) unless the caller fixed one.
+    The seed's one-warp variants keep their own: the decode table's tiles are ``tiled``'s (``pipelined`` at
+    head_dim 192-256 in its 64 x 64 tiles, three stages, asks for 256 KB of shared memory, past the H200's 227)."""
+    splits, split_len = _split_len(num_splits, arch, prob, cfg, device)
     if split_len and not fixed and variant == "tiled" and arch != "interpreter":
         rows = prob.seqlen_q * (prob.heads // prob.kv_heads if prob.pack_gqa else 1)
         cfg = configs.decode_config(rows, prob.seqlen_k, prob.head_dim, arch)
-        split_len = _split_len(num_splits, arch, prob, cfg, device)
-    return cfg, split_len
+        splits, split_len = _split_len(num_splits, arch, prob, cfg, device)
+    return cfg, splits, split_len
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,6 +154,14 @@ class Plan:
     config: configs.KernelConfig
     problem: Problem
     split_len: int = 0  # keys per split (flash-decoding), 0: none
+    splits: int = 0  # the split count asked for (the launch's may be fewer: the keys per split rounded up)
+
+    def by_length(self) -> tuple:
+        """What the plan decided from seqlen_k besides the launches' integers (the variant, the config, the split
+        count asked for, the keys per split and the launch's split count): each value holds on one span of
+        lengths, for a decode (:func:`fmha.replay.lengthwise`)."""
+        launched = -(-self.problem.seqlen_k // self.split_len) if self.split_len else 1
+        return self.variant, self.config, self.splits, self.split_len, launched
 
 
 def plan(prob: Problem, q, k, v, o, layout: str, variant: str, config, alibi_slopes, num_splits: int,
@@ -179,10 +189,10 @@ def plan(prob: Problem, q, k, v, o, layout: str, variant: str, config, alibi_slo
         cfg = configs.default_config(name, arch, prob.head_dim, prob.causal, fp8=prob.fp8)
     elif reason:
         raise ValueError(f"variant {name!r} cannot take this call: {reason}")
-    split_len = 0
+    splits = split_len = 0
     if name != "hopper" and not prob.varlen:
         prob = _pack_gqa(prob, alibi_slopes)
-        cfg, split_len = _split_plan(num_splits, arch, prob, cfg, q.device, name, fixed=config is not None)
+        cfg, splits, split_len = _split_plan(num_splits, arch, prob, cfg, q.device, name, fixed=config is not None)
         # the decode table's TMA, where the call can take it; float8 K/V by TMA decoded 5-20% slower than by
         # pointer on the H200 (bench/fp8_speed.py), so they take it only when the caller's config asks
         if cfg.tma and (kernels.unsupported(name, cfg, prob, q, k, v, o, layout) or prob.fp8 and config is None):
@@ -195,7 +205,7 @@ def plan(prob: Problem, q, k, v, o, layout: str, variant: str, config, alibi_slo
             raise ValueError(f"variant {name!r} cannot take this call: config {cfg} beside an attn_mask asks for "
                              "more shared memory than sm_90 has (the mask's tiles take block_m x block_n bytes a "
                              f"stage); num_stages={masked.num_stages} fits")
-    return Plan(name, cfg, prob, split_len)
+    return Plan(name, cfg, prob, split_len, splits)
 
 
 def describe(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,

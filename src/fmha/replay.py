@@ -464,7 +464,8 @@ class _Launch:
     def moved(self, flat, desc_slots):
         """This launch with the argument list ``flat`` and the descriptor slots ``desc_slots`` (another length's,
         :class:`_Length`), its filled descriptors its own."""
-        launch = copy.copy(self)
+        launch = _Launch.__new__(_Launch)
+        launch.launch, launch.head, launch.ptr_slots = self.launch, self.head, self.ptr_slots
         launch.flat, launch.desc_slots = flat, desc_slots
         launch.filled = {at: {} for at, _, _, fill in desc_slots if fill is not None}
         return launch
@@ -499,10 +500,13 @@ def _stream(device: torch.device) -> int:
     return torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" else 0
 
 
-def call(k: tuple, inputs, device: torch.device, run, checks=None):
+def call(k: tuple, inputs, device: torch.device, run, checks=None, lengths=None):
     """``run()`` (returning the call's outputs) for the first call of kind ``k``, recorded; the recipe
     for every later one.  ``checks()``, a function of the kind, runs before any call not replayed: a recipe
-    exists only for a kind whose checks passed.  Returns the outputs."""
+    exists only for a kind whose checks passed.  ``lengths = ({the index of an input: its dimension}, n)``: a
+    kind that differs from others by that one length ``n`` alone (a decode against a KV cache one key longer
+    at each call), replayed from its family's recipes where they know it (:func:`lengthwise`).  Returns the
+    outputs."""
     recipe = _RECIPES.get(k)
     if recipe is not None and recipe is not UNRECORDABLE:
         outputs = recipe.run(inputs, device)
@@ -510,6 +514,12 @@ def call(k: tuple, inputs, device: torch.device, run, checks=None):
             return outputs
         del _RECIPES[k]  # a length's recipe under a launch hook (:meth:`Recipe.run`): the ordinary path
         recipe = None
+    loose = None
+    if recipe is None and lengths is not None and getattr(_local, "steps", None) is None:
+        loose = _loose(k, inputs, *lengths)
+        outputs = _known_length(k, inputs, device, loose, lengths[1]) if loose is not None else None
+        if outputs is not None:
+            return outputs
     if checks is not None:
         checks()
     if recipe is UNRECORDABLE or getattr(_local, "steps", None) is not None:
@@ -521,7 +531,8 @@ def call(k: tuple, inputs, device: torch.device, run, checks=None):
             _local.call = outer
     _local.steps, _local.buffers, _local.constants, _local.tickets = steps, buffers, constants, counters = \
         [], [], [], []
-    _local.call, _local.family, _local.bound = (k, inputs, device), None, None
+    _local.call = (k, inputs, device, loose, lengths[1] if loose is not None else None)
+    _local.family = _local.bound = None
     try:
         outputs = run()
         family, bound = _local.family, _local.bound
@@ -548,41 +559,64 @@ def call(k: tuple, inputs, device: torch.device, run, checks=None):
     return outputs
 
 
-_FAMILIES: dict = {}  # a kind with its length left out (:func:`lengthwise`) -> its _Family
+_FAMILIES: dict = {}  # a kind with its length left out (:func:`_loose`) -> {the plan's outcome: its _Family}
 _MAX_FAMILIES = 256
 
 
-def lengthwise(outcome, lengths: dict, n: int):
-    """Inside the call being recorded (:func:`call`), whose kind differs from others' by one length ``n``
-    alone (a decode against a KV cache one key longer at each call): the call's outputs when a recipe of
-    its family, taught by earlier calls (:class:`_Family`), replays it at ``n``; the call is then kept under
-    its own key, and its launches are not made again.  None: the call goes on through the ordinary path and
-    its recording teaches the family.  ``lengths``: {the index of an input: its dimension of size ``n``}
-    (those inputs' shapes there and their strides leave the family's key, and whether each is contiguous
-    joins it); ``outcome``: what the plan decided that depends on ``n`` other than through the launches'
-    integers (the config, the keys per split and the split count), hashable."""
-    if getattr(_local, "call", None) is None:
-        return None
-    k, inputs, device = _local.call
+def _loose(k: tuple, inputs, dims: dict, n: int):
+    """Key ``k`` with the length left out of the inputs that carry it (their shapes there; their strides, which
+    follow from their shapes: each must be contiguous), or None (one is not contiguous, or its length is not
+    ``n``): two kinds with one loose key differ by ``n`` alone."""
     parts = list(k)
-    for i, dim in lengths.items():
-        part, t = parts[1 + i], inputs[i]
-        if part is not None:
-            shape = tuple(part[0])
-            parts[1 + i] = (shape[:dim] + (None,) + shape[dim + 1:], t.is_contiguous(), *part[2:])
-    fkey = (tuple(parts), outcome)
-    family = _FAMILIES.get(fkey)
-    if family is None:
+    for i, dim in dims.items():
+        t = inputs[i]
+        if t is None or t.shape[dim] != n or not t.is_contiguous():
+            return None
+        shape = tuple(parts[1 + i][0])
+        parts[1 + i] = (shape[:dim] + (None,) + shape[dim + 1:], *parts[1 + i][2:])
+    return tuple(parts)
+
+
+def _known_length(k, inputs, device, loose, n: int):
+    """The outputs of a call at length ``n`` that a family already knows: ``n`` lies between two lengths whose
+    plans decided alike (the plan's outcome is constant between them: :func:`lengthwise`), and a proven
+    :class:`_Length` of that outcome gives its launches (no checks, no plan; as a replay, the checks being a
+    function of the kind).  None otherwise."""
+    for family in _FAMILIES.get(loose, {}).values():
+        if family.lo <= n <= family.hi:
+            outputs = family.replay(k, inputs, device, n)
+            if outputs is not None:
+                return outputs
+    return None
+
+
+def lengthwise(outcome):
+    """Inside the call being recorded (:func:`call` with ``lengths``), after its plan: ``outcome`` is what the
+    plan decided from the length besides the launches' integers (the config, the keys per split, the split
+    count; hashable).  The lengths whose plans decided one outcome form a family; between two of them the plan
+    decides it too (the planner's choices only step up as the length grows: ``tests/test_replay.py`` sweeps
+    it), so later calls in that span skip the plan (:func:`_known_length`).  Returns the call's outputs when a
+    proven recipe of the family replays it (the call is then kept under its own key, its launches not made
+    again); None: the call goes on through the ordinary path and its recording teaches the family."""
+    now = getattr(_local, "call", None)
+    if now is None or now[3] is None:
+        return None
+    k, inputs, device, loose, n = now
+    families = _FAMILIES.get(loose)
+    if families is None:
         if len(_FAMILIES) >= _MAX_FAMILIES:
             _FAMILIES.clear()
-        family = _FAMILIES[fkey] = _Family()
-    for template in family.trusted:
-        recipe = template.at(n)
-        if recipe is not None:
-            outputs = recipe.run(inputs, device)
-            if outputs is not None:
-                _local.bound = recipe
-                return outputs
+        families = _FAMILIES[loose] = {}
+    family = families.get(outcome)
+    if family is None:
+        family = families[outcome] = _Family(n)
+    family.lo, family.hi = min(family.lo, n), max(family.hi, n)
+    recipe = family.at(n)
+    if recipe is not None:
+        outputs = recipe.run(inputs, device)
+        if outputs is not None:
+            _local.bound = recipe
+            return outputs
     _local.family = (family, n)
     return None
 
@@ -684,11 +718,30 @@ class _Family:
     """The recipes of calls whose kinds differ by one length alone (:func:`lengthwise`), learning from them: two
     recordings of the same kernels at two lengths give a :class:`_Length` through both, which a third recording
     must match exactly before it replays any call (then :meth:`_Length.at`)."""
-    __slots__ = ("pending", "candidates", "trusted")
+    __slots__ = ("pending", "candidates", "trusted", "lo", "hi")
     KEPT = 4  # recordings kept waiting for a partner, candidates and trusted lines
 
-    def __init__(self):
+    def __init__(self, n: int):
         self.pending, self.candidates, self.trusted = [], [], []
+        self.lo = self.hi = n  # the shortest and longest lengths planned to this family's outcome
+
+    def at(self, n: int):
+        """A proven recipe at length ``n`` (the first whose integers specialize there as they did), or None."""
+        for line in self.trusted:
+            recipe = line.at(n)
+            if recipe is not None:
+                return recipe
+        return None
+
+    def replay(self, k, inputs, device, n: int):
+        """The outputs of ``at(n)``'s launches over ``inputs``, the recipe kept under ``k``; or None."""
+        recipe = self.at(n)
+        outputs = recipe.run(inputs, device) if recipe is not None else None
+        if outputs is not None:
+            if len(_RECIPES) >= _MAX_RECIPES:
+                _RECIPES.clear()
+            _RECIPES[k] = recipe
+        return outputs
 
     def learn(self, n: int, recipe) -> None:
         """Take ``recipe``, recorded at length ``n``: the proof of a candidate launching the same kernels (or its
