@@ -739,19 +739,24 @@ def test_a_new_kind_launches_what_triton_compiled(sizes, grown, causal, monkeypa
                                   (1, 28, 4, 1, 128, "bhsd", True, 8180)], ids=["llama", "bshd-causal", "past-8k"])
 def test_a_growing_cache_replays_from_its_family(case, monkeypatch):
     """Decoding against a cache one key longer at each call (generate()'s first layer): once its family has
-    learned its lines (:func:`fmha.replay.lengthwise`) most lengths replay from them, and every length gives the
-    bits the ordinary path gives, across lengths divisible by 16 and not, and a change of config (8k keys)."""
+    learned its lines (:func:`fmha.replay.lengthwise`) most lengths replay from them, launching nothing through
+    the ordinary path, and every length gives the bits the ordinary path gives, across lengths divisible by 16
+    and not, and a change of config (8k keys)."""
     from fmha import replay
     b, h, kvh, sq, d, layout, causal, start = case
     kw = dict(causal=causal, causal_align="bottom_right", layout=layout)
     lengths = range(start, start + 40)
     calls = [make_qkv(b, h, kvh, sq, n, d, torch.bfloat16, layout, seed=n) for n in lengths]
     replay.clear()
-    hits = []
-    real = replay.lengthwise
-    monkeypatch.setattr(replay, "lengthwise", lambda *a: (lambda r: hits.append(r is not None) or r)(real(*a)))
-    grown = [fmha.attention(*qkv, **kw) for qkv in calls]
-    assert sum(hits) >= 20, hits
+    launched = []
+    real = replay.launch
+    monkeypatch.setattr(replay, "launch", lambda *a, **kw: launched.append(1) or real(*a, **kw))
+    grown = []
+    for qkv in calls:
+        before = len(launched)
+        grown.append(fmha.attention(*qkv, **kw))
+        launched.append(len(launched) == before)  # (True: replayed from the family)
+    assert sum(x is True for x in launched) >= 20, launched
     monkeypatch.setattr(replay, "lengthwise", lambda *a: None)
     for qkv, o in zip(calls, grown):
         replay.clear()

@@ -372,14 +372,18 @@ class GrowKernel(RawKernel):
     params = [Param(None)] * 5 + [Param(16)]
 
 
-def _growing(kernel, x, y, n, bump=lambda n: 0, outcome=lambda n: 3, planned=None):
+def _growing(kernel, x, y, n, bump=lambda n: 0, outcome=lambda n: 3, planned=None, ahead=None):
     """A decode-like call at length ``n``: x ``[n, 4]`` and y ``[2, n]`` (the length along x's rows and y's
     columns), a launch taking n, y's descriptor (shape and strides in n) and ``7 + bump(n)``; its plan (noted in
-    ``planned``) decides ``outcome(n)``."""
+    ``planned``) decides ``outcome(n)``; ``ahead``, a list, notes the lengths the family asks the plan about."""
+    def plan_at(m):
+        ahead.append(m)
+        return "split", outcome(m)
+
     def call():
         if planned is not None:
             planned.append(n)
-        replayed = replay.lengthwise(("split", outcome(n)))
+        replayed = replay.lengthwise(("split", outcome(n)), plan_at if ahead is not None else None)
         if replayed is not None:
             return tuple(replayed)
         out = replay.buffer(torch.empty(4))
@@ -389,12 +393,12 @@ def _growing(kernel, x, y, n, bump=lambda n: 0, outcome=lambda n: 3, planned=Non
                        lengths=({0: 0, 1: 1}, n))
 
 
-def _lengths(kernel, lengths, bump=lambda n: 0, outcome=lambda n: 3, planned=None):
+def _lengths(kernel, lengths, bump=lambda n: 0, outcome=lambda n: 3, planned=None, ahead=None):
     """Calls at each length in turn, fresh tensors each; how each call's launch went."""
     hows = []
     for n in lengths:
         x, y = torch.zeros(n, 4), torch.ones(2, n)
-        out, _ = _growing(kernel, x, y, n, bump, outcome, planned)
+        out, _ = _growing(kernel, x, y, n, bump, outcome, planned, ahead)
         hows.append(kernel.launches[-1][0])
         written = kernel.launches[-1][2][1]
         assert written is out if hows[-1] == "jit" else written == out.data_ptr()
@@ -496,3 +500,15 @@ def test_a_decodes_plan_steps_up_with_the_length(shape, monkeypatch):
         spans.setdefault(outcome, n)
         last = outcome
     assert len(spans) > 10
+
+
+def test_a_proven_family_asks_the_plan_how_far_its_span_reaches(monkeypatch):
+    """A cache one key longer at each call is always past the lengths planned: once the family is proven it asks
+    the plan (over stand-ins) about lengths ahead in doubling steps while the plan decides alike, and the calls
+    up to there skip their own checks and plan."""
+    monkeypatch.setattr(replay, "_fill_descriptor", lambda ptr, *fill: ("map", ptr))
+    kernel, planned, ahead = GrowKernel(), [], []
+    outcome = lambda n: n // 40  # noqa: E731
+    hows = _lengths(kernel, range(33, 47), outcome=outcome, planned=planned, ahead=ahead)
+    assert hows == (["jit"] * 3 + ["raw"] * 4) * 2
+    assert ahead == [36, 37, 39, 43, 43, 44, 46, 50, 58, 74, 106] and planned == [33, 34, 35, 40, 41, 42]

@@ -74,12 +74,21 @@ def _dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse,
         return o, lse
     if seqlen_k == 0:
         return _no_keys(o, lse)
-    prob = planning.problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal=causal, scale=scale,
-                            window=window, causal_align=causal_align, softcap=softcap,
-                            seqused=seqused_k is not None, head_dim_v=v.shape[3], fp8=descale is not None,
-                            attn_mask=attn_mask is not None)
-    p = planning.plan(prob, q, k, v, o, layout, variant, config, alibi_slopes, num_splits)
-    replayed = replay.lengthwise(p.by_length())  # (a decode's family: dense())
+    seq = 2 if layout == "bhsd" else 1
+
+    def plan(k, v):
+        prob = planning.problem(batch, heads, kv_heads, seqlen_q, k.shape[seq], head_dim, causal=causal, scale=scale,
+                                window=window, causal_align=causal_align, softcap=softcap,
+                                seqused=seqused_k is not None, head_dim_v=v.shape[3], fp8=descale is not None,
+                                attn_mask=attn_mask is not None)
+        return planning.plan(prob, q, k, v, o, layout, variant, config, alibi_slopes, num_splits)
+
+    def plan_at(n: int) -> tuple:  # the plan's outcome at another length, over stand-ins for K and V (their
+        return plan(*(torch.empty((*t.shape[:seq], n, *t.shape[seq + 1:]), dtype=t.dtype, device="meta")  # shapes
+                      for t in (k, v))).by_length()  # at n, contiguous, as a decode's family holds them)
+
+    p = plan(k, v)
+    replayed = replay.lengthwise(p.by_length(), plan_at)  # (a decode's family: dense())
     if replayed is not None:
         return tuple(replayed)
     run(p, q, k, v, o, lse, layout, alibi_slopes, (None, None, seqused_k), descale=descale, attn_mask=attn_mask)

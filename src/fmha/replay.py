@@ -520,8 +520,8 @@ def call(k: tuple, inputs, device: torch.device, run, checks=None, lengths=None)
         outputs = _known_length(k, inputs, device, loose, lengths[1]) if loose is not None else None
         if outputs is not None:
             return outputs
-    if checks is not None:
-        checks()
+    if checks is not None and (loose is None or loose not in _FAMILIES):  # (a family's first call ran them: they
+        checks()  # are a function of its loose key, as a replay's are of its key)
     if recipe is UNRECORDABLE or getattr(_local, "steps", None) is not None:
         outer = getattr(_local, "call", None)  # (a call inside one being recorded: not the family's to replay)
         _local.call = None
@@ -543,6 +543,7 @@ def call(k: tuple, inputs, device: torch.device, run, checks=None, lengths=None)
         _RECIPES.clear()
     if bound is not None:  # :func:`lengthwise` replayed it
         _RECIPES[k] = bound
+        family[0].reach(*family[1:])
         return outputs
     if not steps or any(s is not None and s[1] is None for s in steps):  # an edge answered without a launch;
         return outputs  # the interpreter
@@ -556,6 +557,7 @@ def call(k: tuple, inputs, device: torch.device, run, checks=None, lengths=None)
         return outputs
     if family is not None:
         family[0].learn(family[1], recipe)
+        family[0].reach(*family[1:])
     return outputs
 
 
@@ -590,14 +592,17 @@ def _known_length(k, inputs, device, loose, n: int):
     return None
 
 
-def lengthwise(outcome):
+def lengthwise(outcome, plan_at=None):
     """Inside the call being recorded (:func:`call` with ``lengths``), after its plan: ``outcome`` is what the
     plan decided from the length besides the launches' integers (the config, the keys per split, the split
-    count; hashable).  The lengths whose plans decided one outcome form a family; between two of them the plan
-    decides it too (the planner's choices only step up as the length grows: ``tests/test_replay.py`` sweeps
-    it), so later calls in that span skip the plan (:func:`_known_length`).  Returns the call's outputs when a
-    proven recipe of the family replays it (the call is then kept under its own key, its launches not made
-    again); None: the call goes on through the ordinary path and its recording teaches the family."""
+    count; hashable), ``plan_at(m)`` the outcome the plan would give at length ``m``.  The lengths whose plans
+    decided one outcome form a family; between two of them the plan decides it too (the planner's choices only
+    step up as the length grows: ``tests/test_replay.py`` sweeps it), so a call in that span skips the checks
+    and the plan (:func:`_known_length`).  Once the family has a proven recipe, ``plan_at`` finds how far ahead
+    the span reaches (:meth:`_Family.reach`), so a cache one key longer at each call meets lengths the family
+    knows.  Returns the call's outputs when a proven recipe of the family replays it (the call is then kept
+    under its own key, its launches not made again); None: the call goes on through the ordinary path and its
+    recording teaches the family."""
     now = getattr(_local, "call", None)
     if now is None or now[3] is None:
         return None
@@ -611,13 +616,13 @@ def lengthwise(outcome):
     if family is None:
         family = families[outcome] = _Family(n)
     family.lo, family.hi = min(family.lo, n), max(family.hi, n)
+    _local.family = (family, n, outcome, plan_at)
     recipe = family.at(n)
     if recipe is not None:
         outputs = recipe.run(inputs, device)
         if outputs is not None:
             _local.bound = recipe
             return outputs
-    _local.family = (family, n)
     return None
 
 
@@ -732,6 +737,19 @@ class _Family:
             if recipe is not None:
                 return recipe
         return None
+
+    REACH = 1024  # how far past the longest length planned the span is sought
+
+    def reach(self, n: int, outcome, plan_at) -> None:
+        """Once the family has a proven recipe and ``n`` is its longest length planned: the longest length up to
+        :data:`REACH` ahead that the plan (``plan_at``) still decides alike, in doubling steps (the lengths
+        between are then known)."""
+        if plan_at is None or not self.trusted or n < self.hi:
+            return
+        step = 1
+        while step <= self.REACH and plan_at(n + step) == outcome:
+            self.hi = n + step
+            step *= 2
 
     def replay(self, k, inputs, device, n: int):
         """The outputs of ``at(n)``'s launches over ``inputs``, the recipe kept under ``k``; or None."""
