@@ -411,15 +411,14 @@ def test_a_growing_length_replays_from_its_family(monkeypatch):
     launches from the lines (the raw launcher, the descriptor filled over the new length's shape and strides)
     without the call's own path; a length whose integers would specialize otherwise (n divisible by 16) is
     recorded as before.  A recipe made from the lines is kept under its call's key, as any recipe is."""
-    fills = []
-    monkeypatch.setattr(replay, "_fill_descriptor", lambda ptr, *fill: fills.append(fill) or ("map", ptr))
+    monkeypatch.setattr(replay, "_fill_descriptor", lambda ptr, *fill: ("map", ptr, *fill))
     kernel = GrowKernel()
     assert _lengths(kernel, [33, 34, 35, 37, 41, 48, 50]) == ["jit", "jit", "jit", "raw", "raw", "jit", "raw"]
     x, y = torch.zeros(41, 4), torch.ones(2, 41)
     out, _ = _growing(kernel, x, y, 41)  # (its key kept: a plain replay)
     _, _, args = kernel.launches[-1]
-    assert args == [x.data_ptr(), out.data_ptr(), ("map", y.data_ptr()), 2, 41, 41, 1, 41, 7, 32]
-    assert fills[-1] == (3, 2, 10, [8], [2, 41], [41, 1], 0)
+    filled = ("map", y.data_ptr(), 3, 2, 10, [8], [2, 41], [41, 1], 0)
+    assert args == [x.data_ptr(), out.data_ptr(), filled, 2, 41, 41, 1, 41, 7, 32]
 
 
 def test_a_line_the_third_recording_breaks_replays_nothing(monkeypatch):
