@@ -476,9 +476,12 @@ def test_a_strided_length_makes_no_family(monkeypatch):
     assert hows == ["jit"] * 5 and not replay._FAMILIES
 
 
-@pytest.mark.parametrize("shape", [(1, 32, 8, 1, 64), (8, 32, 8, 1, 128), (2, 28, 4, 4, 128), (4, 16, 16, 1, 256),
-                                   (1, 8, 1, 16, 64)])
-def test_a_decodes_plan_steps_up_with_the_length(shape, monkeypatch):
+@pytest.mark.parametrize("shape,layout,window", [((1, 32, 8, 1, 64), "bhsd", (-1, -1)),
+                                                 ((8, 32, 8, 1, 128), "bshd", (-1, -1)),
+                                                 ((2, 28, 4, 4, 128), "bhsd", (4095, 0)),
+                                                 ((4, 16, 16, 1, 256), "bshd", (-1, -1)),
+                                                 ((1, 8, 1, 16, 64), "bhsd", (1023, 0))])
+def test_a_decodes_plan_steps_up_with_the_length(shape, layout, window, monkeypatch):
     """What :func:`fmha.replay.lengthwise` rests on: for a decode on the H200, each outcome of the plan (config,
     keys per split, split count) holds on one span of lengths, so two lengths planned alike enclose only
     lengths planned alike."""
@@ -487,13 +490,15 @@ def test_a_decodes_plan_steps_up_with_the_length(shape, monkeypatch):
     monkeypatch.setattr(planning, "device_facts", lambda index: (9, 132))
     monkeypatch.setattr(planning, "index_of", lambda device: 0)
     b, h, kvh, sq, d = shape
-    q = torch.empty(b, h, sq, d, dtype=torch.bfloat16)
+    bhsd = layout == "bhsd"
+    q = torch.empty((b, h, sq, d) if bhsd else (b, sq, h, d), dtype=torch.bfloat16)
     spans: dict = {}
     last = None
     for n in range(1, 40000, 7):
-        k = torch.empty(b, kvh, n, d, dtype=torch.bfloat16)
-        prob = planning.problem(b, h, kvh, sq, n, d, causal=True, scale=None, causal_align="bottom_right")
-        p = planning.plan(prob, q, k, k, q, "bhsd", "auto", None, None, 0)
+        k = torch.empty((b, kvh, n, d) if bhsd else (b, n, kvh, d), dtype=torch.bfloat16)
+        prob = planning.problem(b, h, kvh, sq, n, d, causal=True, scale=None, causal_align="bottom_right",
+                                window=window)
+        p = planning.plan(prob, q, k, k, q, layout, "auto", None, None, 0)
         outcome = p.by_length()
         assert outcome == last or outcome not in spans, (n, outcome)
         spans.setdefault(outcome, n)
@@ -511,3 +516,17 @@ def test_a_proven_family_asks_the_plan_how_far_its_span_reaches(monkeypatch):
     hows = _lengths(kernel, range(33, 47), outcome=outcome, planned=planned, ahead=ahead)
     assert hows == (["jit"] * 3 + ["raw"] * 4) * 2
     assert ahead == [36, 37, 39, 43, 43, 44, 46, 50, 58, 74, 106] and planned == [33, 34, 35, 40, 41, 42]
+
+
+def test_a_plan_the_stand_ins_cannot_make_ends_the_span():
+    """A length ahead whose plan fails over the stand-ins (a forced variant refusing them) is not known: the span
+    ends before it, and the call that asked returns as it would have."""
+    family = replay._Family(40)
+    family.trusted = [object()]
+
+    def plan_at(m):
+        if m > 42:
+            raise ValueError("variant 'hopper' cannot take this call")
+        return "outcome"
+    family.reach(40, "outcome", plan_at)
+    assert (family.lo, family.hi) == (40, 42)

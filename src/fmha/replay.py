@@ -747,7 +747,12 @@ class _Family:
         if plan_at is None or not self.trusted or n < self.hi:
             return
         step = 1
-        while step <= self.REACH and plan_at(n + step) == outcome:
+        while step <= self.REACH:
+            try:
+                if plan_at(n + step) != outcome:
+                    return
+            except Exception:  # a plan the stand-ins cannot make (a forced variant refusing them): the span ends
+                return
             self.hi = n + step
             step *= 2
 
