@@ -18,7 +18,8 @@ gathered cache for paged).  ``--profile CASE`` prints cProfile's top entries for
 its buffers, each recorded launch alone) beside the whole call.  ``--parts CASE`` times the parts of that
 case's calls as they come, each part's own time summed over ``--calls`` calls with Python's garbage collector
 off (for ``decode-growing`` every call is of a new kind: the checks, the plan, the launch path with its
-dispatch to the compiled kernels, the recording), beside the whole call.  Ledger rows: ``provider`` ``host:fmha`` /
+dispatch to the compiled kernels, the recording, or the replay from the family of lengths before it, with or
+without the plan), beside the whole call.  Ledger rows: ``provider`` ``host:fmha`` /
 ``host:sdpa``, ``features`` ``part=host case=<case> copies=<N> min_us=<the fastest round>``, ``ms`` the
 host time per call (the median), ``ratio_best_peer`` SDPA's over fmha's.
 """
@@ -179,7 +180,8 @@ def parts(fn, calls: int) -> dict:
     from fmha.kernels import combine
     spent: dict = {}
     wrapped = [(api, "check_inputs"), (plan, "problem"), (plan, "plan"), (forward, "output"), (kernels, "launch"),
-               (combine, "launch"), (replay, "_dispatch"), (replay, "Recipe"), (replay, "key"), (replay, "call")]
+               (combine, "launch"), (replay, "_dispatch"), (replay, "Recipe"), (replay, "key"), (replay, "call"),
+               (replay, "_known_length"), (replay, "lengthwise")]
     real = {(owner, name): getattr(owner, name) for owner, name in wrapped}
 
     def timed(owner, name):
