@@ -83,9 +83,11 @@ def _dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse,
                                 attn_mask=attn_mask is not None)
         return planning.plan(prob, q, k, v, o, layout, variant, config, alibi_slopes, num_splits)
 
-    def plan_at(n: int) -> tuple:  # the plan's outcome at another length, over stand-ins for K and V (their
-        return plan(*(torch.empty((*t.shape[:seq], n, *t.shape[seq + 1:]), dtype=t.dtype, device="meta")  # shapes
-                      for t in (k, v))).by_length()  # at n, contiguous, as a decode's family holds them)
+    def plan_at(n: int) -> tuple:
+        """The plan's outcome at another length, over stand-ins for K and V (their shapes at ``n``, contiguous,
+        as a decode's family holds them)."""
+        stand_ins = (torch.empty((*t.shape[:seq], n, *t.shape[seq + 1:]), dtype=t.dtype, device="meta") for t in (k, v))
+        return plan(*stand_ins).by_length()
 
     p = plan(k, v)
     replayed = replay.lengthwise(p.by_length(), plan_at)  # (a decode's family: dense())
