@@ -532,19 +532,18 @@ def call(k: tuple, inputs, device: torch.device, run, checks=None, lengths=None)
     _local.steps, _local.buffers, _local.constants, _local.tickets = steps, buffers, constants, counters = \
         [], [], [], []
     _local.call = (k, inputs, device, loose, lengths[1] if loose is not None else None)
-    _local.family = _local.bound = None
+    _local.family, _local.replayed = None, False
     try:
         outputs = run()
-        family, bound = _local.family, _local.bound
+        family, replayed = _local.family, _local.replayed
     finally:
         _local.steps = _local.buffers = _local.constants = _local.tickets = None
-        _local.call = _local.family = _local.bound = None
-    if len(_RECIPES) >= _MAX_RECIPES:
-        _RECIPES.clear()
-    if bound is not None:  # :func:`lengthwise` replayed it
-        _RECIPES[k] = bound
+        _local.call = _local.family = None
+    if replayed:  # :func:`lengthwise` replayed it from its family (its recipe kept under ``k``)
         family[0].reach(*family[1:])
         return outputs
+    if len(_RECIPES) >= _MAX_RECIPES:
+        _RECIPES.clear()
     if not steps or any(s is not None and s[1] is None for s in steps):  # an edge answered without a launch;
         return outputs  # the interpreter
     if None in steps:  # :func:`host_work`
@@ -617,13 +616,9 @@ def lengthwise(outcome, plan_at=None):
         family = families[outcome] = _Family(n)
     family.lo, family.hi = min(family.lo, n), max(family.hi, n)
     _local.family = (family, n, outcome, plan_at)
-    recipe = family.at(n)
-    if recipe is not None:
-        outputs = recipe.run(inputs, device)
-        if outputs is not None:
-            _local.bound = recipe
-            return outputs
-    return None
+    outputs = family.replay(k, inputs, device, n)
+    _local.replayed = outputs is not None
+    return outputs
 
 
 def _line(x, nx: int, y, ny: int):
