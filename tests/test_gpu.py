@@ -101,9 +101,7 @@ def test_hopper_matches_reference(config, layout, dtype, causal, align, shape):
                                       (96, fmha.KernelConfig(128, 128, 4, 2, q_regs=1, stale=1)),
                                       (96, fmha.KernelConfig(128, 128, 4, 2, lazy=1)),
                                       (32, fmha.KernelConfig(192, 128, 4, 2, pingpong=1, stale=1)),
-                                      (256, fmha.KernelConfig(128, 64, 4, 2, lazy=1)),
-                                      (256, fmha.KernelConfig(128, 80, 4, 2, lazy=1)),
-                                      (256, fmha.KernelConfig(128, 80, 4, 2, stale=1))], ids=str)
+                                      (256, fmha.KernelConfig(128, 64, 4, 2, lazy=1))], ids=str)
 def test_hopper_rescales_as_scores_grow(d, config, growth):
     """Keys growing along the sequence (key j scaled by 1 + growth * j): at 0.05 every row's max grows
     by far more than 2**8 from one key tile to the next, so a lazy pivot moves (and O is rescaled) at
@@ -133,21 +131,6 @@ def test_hopper_refuses_what_does_not_fit():
     q, k, v = make_qkv(1, 2, 2, 256, 256, 128, torch.bfloat16)
     with pytest.raises(ValueError, match="needs 288 KB of shared memory, sm_90 has 227 KB"):
         fmha.attention(q, k, v, variant="hopper", config=fmha.KernelConfig(128, 128, 4, 4))
-
-
-def test_hopper_refuses_key_tiles_it_cannot_hold_in_two_pieces():
-    """A key tile of a power of two and a smaller one from 16 (80 = 64 + 16) runs in two pieces; 72 (64 + 8) or 112
-    (64 + 48) is refused, and so are two-piece tiles beside lengths per sequence (whose V tail the producer zeroes
-    in one piece only) or float8: clear refusals, not launch failures."""
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("sm_90 only")
-    q, k, v = make_qkv(1, 2, 2, 256, 256, 256, torch.bfloat16)
-    for block_n in (72, 112):
-        with pytest.raises(ValueError, match=f"block_n {block_n} .takes a power of two"):
-            fmha.attention(q, k, v, variant="hopper", config=fmha.KernelConfig(128, block_n, 4, 2))
-    with pytest.raises(ValueError, match="80-key tiles .two pieces. take dense 16-bit calls"):
-        fmha.attention(q, k, v, variant="hopper", config=fmha.KernelConfig(128, 80, 4, 2),
-                       seqused_k=torch.full((1,), 200, dtype=torch.int32, device="cuda"))
 
 
 def test_decode_reads_kv_by_tma_where_it_can():
@@ -215,10 +198,7 @@ def _arranged(b, h, kvh, s, d, dv, arrangement, seed):
                                          (32, 32, fmha.KernelConfig(128, 128, 4, 2)),
                                          (96, 96, fmha.KernelConfig(128, 128, 4, 2)),
                                          (96, 96, fmha.KernelConfig(192, 128, 4, 2, pingpong=1, q_regs=1)),
-                                         (32, 32, fmha.KernelConfig(64, 128, 4, 2, occupancy=2)),
-                                         # 80-key tiles, a 64- and a 16-key piece (1000 keys: the last tile ragged)
-                                         (256, 256, fmha.KernelConfig(128, 80, 4, 2)),
-                                         (256, 256, fmha.KernelConfig(128, 80, 4, 2, pingpong=1, lazy=1))], ids=str)
+                                         (32, 32, fmha.KernelConfig(64, 128, 4, 2, occupancy=2))], ids=str)
 def test_hopper_takes_every_head_dim(d, dv, config, causal, align, arrangement):
     """head_dim 32, 96, 192, 256, DeepSeek's 192/128 and V narrower than q/k in tiles of another swizzle (64/32)
     or padded (128/96) on the Gluon kernel, in tiles padded to a power of two (Q in shared memory: Q K^T over

@@ -192,26 +192,6 @@ def test_hopper_builds_a_standing_pivot():
         assert ptx.count(qk) > plain.asm["ptx"].count(qk)  # the recomputed Q K^T
 
 
-@pytest.mark.parametrize("causal", [False, True])
-def test_hopper_builds_80_key_tiles_in_two_pieces(causal):
-    """``block_n=80`` at head_dim 256 (FlashAttention-3's key tile there): each key tile a 64- and a 16-key piece,
-    Q K^T an ``m64n64k16`` and an ``m64n16k16`` product, P V two ``m64n256k16`` ones; Q and two stages fill 224 KB
-    of shared memory; the wgmma stay asynchronous.  The few spilled bytes are the producer's (24 registers, ten
-    TMA boxes a tile) and one address a consumer reads once; the 64-key build has none of the 16-key products."""
-    from fmha import configs
-    cfg = configs.KernelConfig(128, 80, 4, 2, lazy=1)
-    b = targets.build("hopper", "sm_90", 256, "bfloat16", causal, cfg, seqlen_k=16384)
-    ptx = b.asm["ptx"]
-    shapes = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)", ptx))
-    assert shapes == {"m64n64k16", "m64n16k16", "m64n256k16"}
-    assert 64 * 1024 + 2 * 2 * 80 * 256 * 2 <= b.metadata["shared"] <= 232448
-    usage = targets.ptxas_usage(ptx, 90)
-    assert usage["spill_stores"] <= 64 and not usage["serialized"]
-    plain = targets.build("hopper", "sm_90", 256, "bfloat16", causal, configs.KernelConfig(128, 64, 4, 2, lazy=1),
-                          seqlen_k=16384)
-    assert "m64n16k16" not in plain.asm["ptx"]
-
-
 def test_multicast_pass_reads_what_it_rewrites():
     """The PTX pass changes only marked PTX, rewrites each 4-D TMA load and each marked arrive, and
     refuses what it cannot read."""

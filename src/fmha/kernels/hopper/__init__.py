@@ -55,9 +55,7 @@ through 4-D ones whose last dimension ends at head_dim (:func:`tma.exact`), so t
 it read zeros and are never written, Q K^T skips them where Q stays in shared memory
 (:func:`qk_slices`) and P V's wgmma always (:mod:`.narrow_pass`: 96 columns of a 128-column tile, one
 ``m64n96k16``); ``KernelConfig.split_qk`` holds a 192 head dim's Q and K as a 128- and a 64-column tile
-instead (a quarter less shared memory: room for 128-key tiles at DeepSeek's 192/128).  A ``block_n`` of 80
-(FlashAttention-3's key tile at head_dim 256, which fills shared memory with two stages) holds each key
-tile as a 64-key and a 16-key piece (:func:`key_rest`), each with its own Q K^T and P V products.  Rows of the last
+instead (a quarter less shared memory: room for 128-key tiles at DeepSeek's 192/128).  Rows of the last
 query block past the sequence's end are computed on
 whatever TMA reads there and never stored (a warpgroup that straddles the end, or
 every warpgroup where O cannot be staged in shared memory, stores from registers).  K and V
@@ -87,7 +85,7 @@ from ...constants import LOG2E
 from ...device import device_facts
 from .kernel import KERNEL, hopper_kernel  # noqa: F401
 from .resources import (REGS_SM, SMEM_LIMIT, SMEM_SM, SMEM_SPARE, SPLIT_QK_DIM, consumer_regs,  # noqa: F401
-                        key_rest, launch_options, launch_regs, o_staged, padded, sm_bytes, smem_bytes, tile_layout)
+                        launch_options, launch_regs, o_staged, padded, sm_bytes, smem_bytes, tile_layout)
 from .schedule import (ITEM_COST, _schedule, balanced_tail, block_tiles, item_rows, paired_block,  # noqa: F401
                        per_sequence, split_pieces, tail_pieces)
 
@@ -120,12 +118,6 @@ def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
         return f"block_m {cfg.block_m} (takes 64, 128 or 192: 1, 2 or 3 consumer warpgroups)"
     if cfg.pingpong and cfg.block_m == 64:
         return "ping-pong takes turns between 2 or 3 consumer warpgroups (block_m 128 or 192)"
-    rest = key_rest(cfg.block_n)
-    if rest and (rest < 16 or rest & (rest - 1)):
-        return f"block_n {cfg.block_n} (takes a power of two, or one and a smaller power of two from 16: 80 is 64 + 16)"
-    if rest and (prob.fp8 or cfg.cluster or cfg.split_qk or per_sequence(prob) or prob.page):
-        return (f"{cfg.block_n}-key tiles (two pieces) take dense 16-bit calls without clusters or split_qk (no packed "
-                "sequences, seqused_k or pages)")
     if prob.page % cfg.block_n:
         return f"page_size {prob.page} (takes multiples of its {cfg.block_n}-key tile: a tile must not straddle pages)"
     if cfg.split_qk and (prob.head_dim != SPLIT_QK_DIM or cfg.q_regs or cfg.cluster or prob.fp8):
@@ -197,8 +189,7 @@ def descriptors(prob, cfg, q, k, v, o, layout: str, vt=None) -> tuple:
         split, layouts = 2, (ROWS_LAYOUT_2, KV_LAYOUT_2, KV_LAYOUT_2, ROWS_LAYOUT_2)
     else:
         split, layouts = 1, (tile_layout(d, 3), tile_layout(d, 4), tile_layout(dv, 4), tile_layout(dv, 3))
-    box_n = key_rest(cfg.block_n) or cfg.block_n  # a tile in two pieces: boxes of its second piece's rows
-    boxes = ([1, 64, d], [1, 1, box_n, d // split], [1, 1, box_n, dv // split], [1, 64, dv])
+    boxes = ([1, 64, d], [1, 1, cfg.block_n, d // split], [1, 1, cfg.block_n, dv // split], [1, 64, dv])
     if cfg.split_qk:  # Q and K in 64-column boxes, three a tile (:mod:`.kernel`)
         boxes = ([1, 64, 64], [1, 1, cfg.block_n, 64], *boxes[2:])
         layouts = (tile_layout(64, 3), tile_layout(64, 4), *layouts[2:])

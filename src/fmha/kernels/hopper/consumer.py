@@ -13,9 +13,7 @@ from .mask import _key_tiles, _mask_from, _scores, _sequence, _window_until
 from . import narrow_pass
 from .narrow_pass import mark
 from .schedule import _n_items, _piece, _tile, _work
-from .resources import key_rest
-from .softmax import (_any_row_over, _fence, _first_seen, _lse, _narrow, _next_pivot, _pivot, _rescale_lazy,
-                      _softmax)
+from .softmax import _any_row_over, _fence, _first_seen, _lse, _narrow, _pivot, _rescale_lazy, _softmax
 
 
 narrow_pass.install()
@@ -74,50 +72,14 @@ def _pv(p_op, v_op, acc, NARROW: gl.constexpr):
 
 
 @gluon.jit
-def _pv_tile(p16, p16_r, v_bufs, v_rest, slot, acc, p_dtype: gl.constexpr, p_layout: gl.constexpr, FP8: gl.constexpr,
-             NARROW: gl.constexpr, N_LO: gl.constexpr):
-    """P V of the key tile in ring slot ``slot``, issued; N_LO: then its last keys' piece (``p16_r``, ``v_rest``)."""
-    acc = _pv(_pv_operand(p16, p_dtype, p_layout, FP8), _v_operand(v_bufs.index(slot), FP8), acc, NARROW)
-    if N_LO:
-        acc = _pv(_pv_operand(p16_r, p_dtype, p_layout, FP8), _v_operand(v_rest.index(slot), FP8), acc, NARROW)
-    return acc
-
-
-@gluon.jit
-def _wait_pv(acc, p16, p16_r, FP8: gl.constexpr, N_LO: gl.constexpr):
-    """Wait for P V, P's registers (both pieces' with N_LO) kept alive until it lands (float8 P is not a
-    dependency the wait lowers: ptxas, which sees the wgmma read them, keeps them)."""
+def _wait_pv(acc, p16, FP8: gl.constexpr):
+    """Wait for P V, P's registers kept alive until it lands (float8 P is not a dependency the wait
+    lowers: ptxas, which sees the wgmma read them, keeps them)."""
     if FP8:
         acc = warpgroup_mma_wait(0, deps=[acc])
-    elif N_LO:
-        acc, _, _ = warpgroup_mma_wait(0, deps=[acc, p16, p16_r])
     else:
         acc, _ = warpgroup_mma_wait(0, deps=[acc, p16])
     return acc
-
-
-@gluon.jit
-def _rest_p(qk_r, pivot, scale_log2, r_layout: gl.constexpr):
-    """The probabilities of a two-piece key tile's last keys (``qk_r``) under the rows' ``pivot``."""
-    return gl.exp2(qk_r * scale_log2 - gl.convert_layout(pivot, gl.SliceLayout(1, r_layout))[:, None])
-
-
-@gluon.jit
-def _rest_sum(p_r, row_layout: gl.constexpr):
-    """The row sums of a two-piece key tile's last keys, in the first piece's rows."""
-    return gl.convert_layout(gl.sum(p_r, axis=1), row_layout)
-
-
-@gluon.jit
-def _softmax_pieces(qk, qk_r, m, scale_log2, row_layout: gl.constexpr, r_layout: gl.constexpr, MASKED: gl.constexpr,
-                    LAZY: gl.constexpr, SHIFT: gl.constexpr = 0.0):
-    """:func:`.softmax._softmax` over a key tile in two pieces (``qk``, then its last keys ``qk_r``): (p, p_r, alpha,
-    the row's new m, the tile's row sums)."""
-    row_max = gl.maximum(gl.max(qk, axis=1), gl.convert_layout(gl.max(qk_r, axis=1), row_layout))
-    m_new, m_safe = _next_pivot(row_max, m, scale_log2, MASKED, LAZY, SHIFT)
-    p = gl.exp2(qk * scale_log2 - m_safe[:, None])
-    p_r = _rest_p(qk_r, m_safe, scale_log2, r_layout)
-    return p, p_r, gl.exp2(m - m_safe), m_new, gl.sum(p, axis=1) + _rest_sum(p_r, row_layout)
 
 
 @gluon.jit
@@ -164,8 +126,8 @@ def _v_operand(v_slot, FP8: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k_lo_bufs, v_bufs, k_rest, v_rest, q_bar,
-              q_empty, k_ready, k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k,
+def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k_lo_bufs, v_bufs, q_bar, q_empty,
+              k_ready, k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k,
               causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
               head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows, pieces, group, Descale,
               STAGES: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -186,24 +148,18 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
     # FP8: the pivot 8 below the row max, so P runs up to 256 and no probability above 2**-14 lands in float8's
     # subnormals (whose few bits would lose it); P/l and the LSE are the same with any pivot
     P_SHIFT: gl.constexpr = 8.0 if FP8 else 0.0
-    N_LO: gl.constexpr = key_rest(BLOCK_N)  # a key tile in two pieces: its last N_LO keys in k_rest and v_rest
-    N_HI: gl.constexpr = BLOCK_N - N_LO
     if CLUSTER:  # each CTA of the cluster holds the whole tensor (128-key tiles, head_dim 128)
         s_layout: gl.constexpr = MMA_128_CLUSTER
         o_layout: gl.constexpr = MMA_128_CLUSTER
     else:
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, N_HI, K_STEP])
+                                                           instr_shape=[16, BLOCK_N, K_STEP])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, HEAD_V, K_STEP])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=K_STEP // 8)
     q_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-    offs_n = gl.arange(0, N_HI, layout=gl.SliceLayout(0, s_layout))
-    if N_LO:  # the last keys' scores, columns N_HI on of the tile
-        r_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, N_LO, K_STEP])
-        offs_r = N_HI + gl.arange(0, N_LO, layout=gl.SliceLayout(0, r_layout))
+    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     q_half = q_smem.index(WG)
     if SPLIT_QK:
         q_lo = q_lo_smem.index(WG)
@@ -240,8 +196,6 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
         mask_from = _mask_from(row0, sk, seq_causal, BLOCK_N, CAUSAL, RAGGED)
         window_until = _window_until(row0, seq_window, ROWS, BLOCK_N, WINDOW)
         offs_m = row0 + gl.arange(0, ROWS, layout=row_layout)
-        if N_LO:
-            offs_m_r = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, r_layout))
         acc = gl.zeros([ROWS, HEAD_V], gl.float32, o_layout)
 
         # tile 0: 5.1-5.4 (no rescale yet)
@@ -254,32 +208,17 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
             q_op = q_half
         mbarrier.wait(k_ready.index(s), (ring_pos // STAGES) & 1)
         _take_turn(turns, n_turn, WG, PINGPONG)
-        qk = _qk(q_op, q_lo, k_bufs, k_lo_bufs, s, s_layout, ROWS, N_HI, QK_HI, QK_LO, SPLIT_QK)
-        if N_LO:
-            qk_r = _qk(q_op, q_lo, k_rest, k_lo_bufs, s, r_layout, ROWS, N_LO, QK_HI, QK_LO, SPLIT_QK)
+        qk = _qk(q_op, q_lo, k_bufs, k_lo_bufs, s, s_layout, ROWS, BLOCK_N, QK_HI, QK_LO, SPLIT_QK)
         _pass_turn(turns, WG, NUM_WG, PINGPONG)
         n_turn += 1
-        if N_LO:
-            qk, qk_r, _k0 = warpgroup_mma_wait(0, deps=[qk, qk_r, k_bufs.index(s)])
-        else:
-            qk, _k0 = warpgroup_mma_wait(0, deps=[qk, k_bufs.index(s)])
+        qk, _k0 = warpgroup_mma_wait(0, deps=[qk, k_bufs.index(s)])
         _release(k_empty.index(s), CLUSTER)
         qk = _scores(qk, first, mask_from, window_until, offs_m, offs_n, sk, seq_causal, seq_window, seq_align,
                      cap_in, cap_out, slope, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
-        row_max = gl.max(qk, axis=1)
-        if N_LO:
-            qk_r = _scores(qk_r, first, mask_from, window_until, offs_m_r, offs_r, sk, seq_causal, seq_window,
-                           seq_align, cap_in, cap_out, slope, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
-            row_max = gl.maximum(row_max, gl.convert_layout(gl.max(qk_r, axis=1), row_layout))
-        m = row_max * item_scale - P_SHIFT
+        m = gl.max(qk, axis=1) * item_scale - P_SHIFT
         p = gl.exp2(qk * item_scale - _pivot(m, MASKED)[:, None])
         l = gl.sum(p, axis=1)
         p16 = _carried_p(p, p_dtype, p_layout, FP8)
-        p16_r = p16  # the last keys' P with N_LO (below); otherwise a placeholder
-        if N_LO:
-            p_r = _rest_p(qk_r, _pivot(m, MASKED), item_scale, r_layout)
-            l += _rest_sum(p_r, row_layout)
-            p16_r = _carried_p(p_r, p_dtype, p_layout, FP8)
         for i in range(1, n_iters):
             s = (ring_pos + i) % STAGES
             ph = ((ring_pos + i) // STAGES) & 1
@@ -290,64 +229,39 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
             if PINGPONG:  # both operands in place before the turn is taken
                 mbarrier.wait(v_ready.index(prev_slot), prev_phase)
                 _take_turn(turns, n_turn, WG, PINGPONG)
-            qk = _qk(q_op, q_lo, k_bufs, k_lo_bufs, s, s_layout, ROWS, N_HI, QK_HI, QK_LO, SPLIT_QK)
-            if N_LO:
-                qk_r = _qk(q_op, q_lo, k_rest, k_lo_bufs, s, r_layout, ROWS, N_LO, QK_HI, QK_LO, SPLIT_QK)
+            qk = _qk(q_op, q_lo, k_bufs, k_lo_bufs, s, s_layout, ROWS, BLOCK_N, QK_HI, QK_LO, SPLIT_QK)
             if not PINGPONG:
                 mbarrier.wait(v_ready.index(prev_slot), prev_phase)
-            acc = _pv_tile(p16, p16_r, v_bufs, v_rest, prev_slot, acc, p_dtype, p_layout, FP8, NARROW, N_LO)
+            acc = _pv(_pv_operand(p16, p_dtype, p_layout, FP8), _v_operand(v_bufs.index(prev_slot), FP8), acc,
+                      NARROW)
             _pass_turn(turns, WG, NUM_WG, PINGPONG)
             n_turn += 1
-            if N_LO:  # P V's two products still in flight
-                qk, qk_r = warpgroup_mma_wait(2, deps=[qk, qk_r])
-            else:
-                qk = warpgroup_mma_wait(1, deps=[qk])
+            qk = warpgroup_mma_wait(1, deps=[qk])
             if not STALE:
                 _release(k_empty.index(s), CLUSTER)
             # 5.2-5.4 of tile i while P V of tile i-1 runs
             qk = _scores(qk, first + i, mask_from, window_until, offs_m, offs_n, sk, seq_causal, seq_window,
                          seq_align, cap_in, cap_out, slope, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
-            if N_LO:
-                qk_r = _scores(qk_r, first + i, mask_from, window_until, offs_m_r, offs_r, sk, seq_causal, seq_window,
-                               seq_align, cap_in, cap_out, slope, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
             if STALE:  # the standing pivot, no row max; a row sum past STALE_SUM: the tile again, with its max
-                pivot = _pivot(m, MASKED)
-                p = gl.exp2(qk * item_scale - pivot[:, None])
+                p = gl.exp2(qk * item_scale - _pivot(m, MASKED)[:, None])
                 l_tile = gl.sum(p, axis=1)
-                if N_LO:
-                    p_r = _rest_p(qk_r, pivot, item_scale, r_layout)
-                    l_tile += _rest_sum(p_r, row_layout)
                 alpha = gl.full_like(l_tile, 1.0)
                 if _any_row_over(_first_seen(l_tile, m, MASKED), WG) != 0:
-                    qk2 = _qk(q_op, q_lo, k_bufs, k_lo_bufs, s, s_layout, ROWS, N_HI, QK_HI, QK_LO, SPLIT_QK)
-                    if N_LO:
-                        qk2_r = _qk(q_op, q_lo, k_rest, k_lo_bufs, s, r_layout, ROWS, N_LO, QK_HI, QK_LO, SPLIT_QK)
-                        qk2, qk2_r = warpgroup_mma_wait(0, deps=[qk2, qk2_r])
-                    else:
-                        qk2 = warpgroup_mma_wait(0, deps=[qk2])
+                    qk2 = _qk(q_op, q_lo, k_bufs, k_lo_bufs, s, s_layout, ROWS, BLOCK_N, QK_HI, QK_LO, SPLIT_QK)
+                    qk2 = warpgroup_mma_wait(0, deps=[qk2])
                     qk2 = _scores(qk2, first + i, mask_from, window_until, offs_m, offs_n, sk, seq_causal,
                                   seq_window, seq_align, cap_in, cap_out, slope, BLOCK_N, CAUSAL, WINDOW, SOFTCAP,
                                   ALIBI, RAGGED)
-                    if N_LO:
-                        qk2_r = _scores(qk2_r, first + i, mask_from, window_until, offs_m_r, offs_r, sk, seq_causal,
-                                        seq_window, seq_align, cap_in, cap_out, slope, BLOCK_N, CAUSAL, WINDOW,
-                                        SOFTCAP, ALIBI, RAGGED)
-                        p, p_r, alpha, m, l_tile = _softmax_pieces(qk2, qk2_r, m, item_scale, row_layout, r_layout,
-                                                                   MASKED, False)
-                    else:
-                        p, alpha, m = _softmax(qk2, m, item_scale, MASKED, False)
-                        l_tile = gl.sum(p, axis=1)
+                    p, alpha, m = _softmax(qk2, m, item_scale, MASKED, False)
+                    l_tile = gl.sum(p, axis=1)
                 _release(k_empty.index(s), CLUSTER)
-            elif N_LO:
-                p, p_r, alpha, m, l_tile = _softmax_pieces(qk, qk_r, m, item_scale, row_layout, r_layout, MASKED, LAZY,
-                                                           P_SHIFT)
             else:
                 p, alpha, m = _softmax(qk, m, item_scale, MASKED, LAZY, P_SHIFT)
                 l_tile = gl.sum(p, axis=1)
             l = l * alpha + l_tile
             if FENCE:
                 l = _fence(l)
-            acc = _wait_pv(acc, p16, p16_r, FP8, N_LO)
+            acc = _wait_pv(acc, p16, FP8)
             _release(v_empty.index(prev_slot), CLUSTER)
             # 5.5: rescale the accumulator once P V of tile i-1 has landed (under the next Q K^T instead,
             # FlashAttention-3's place, measured 1-2% slower)
@@ -357,17 +271,15 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
             else:
                 acc = acc * alpha_o
             p16 = _carried_p(p, p_dtype, p_layout, FP8)
-            if N_LO:
-                p16_r = _carried_p(p_r, p_dtype, p_layout, FP8)
         if not Q_REGS:  # every Q K^T of this item has retired: the producer may load the next item's Q
             mbarrier.arrive(q_empty, count=1)
         last = (ring_pos + n_iters - 1) % STAGES
         mbarrier.wait(v_ready.index(last), ((ring_pos + n_iters - 1) // STAGES) & 1)
         _take_turn(turns, n_turn, WG, PINGPONG)
-        acc = _pv_tile(p16, p16_r, v_bufs, v_rest, last, acc, p_dtype, p_layout, FP8, NARROW, N_LO)
+        acc = _pv(_pv_operand(p16, p_dtype, p_layout, FP8), _v_operand(v_bufs.index(last), FP8), acc, NARROW)
         _pass_turn(turns, WG, NUM_WG, PINGPONG)
         n_turn += 1
-        acc = _wait_pv(acc, p16, p16_r, FP8, N_LO)
+        acc = _wait_pv(acc, p16, FP8)
         _release(v_empty.index(last), CLUSTER)
 
         # Section 6: o = acc / l with 1/l := 0 on an empty row

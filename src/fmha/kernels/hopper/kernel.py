@@ -9,7 +9,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 from .cluster import BARRIER_CLUSTER, SPARE_CLUSTER
 from .consumer import _consumer
 from .producer import _producer
-from .resources import PRODUCER_REGS, key_rest, tile_layout
+from .resources import PRODUCER_REGS, tile_layout
 
 
 # the 2-D tiles the TMA boxes land in and the wgmma read: ``resources.tile_layout`` of their width (CLUSTER:
@@ -43,13 +43,9 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
     FP8: q, k and v float8 (``Descale``: each (batch, kv head)'s three factors), V read transposed (``v_desc``
     over V^T: the float8 wgmma takes its B operand K-major only), O bfloat16.  SPLIT_QK (q/k head dim 192): Q
     and K held as a 128-column tile and a 64-column one, each filled by 64-column TMA boxes, instead of a
-    256-column tile a quarter padding (``q_lo_*``, ``k_lo_*``; placeholders otherwise).  A BLOCK_N that is not a
-    power of two (80) holds each key tile as two pieces, N_HI keys in the rings and N_LO in ``k_rest`` and
-    ``v_rest`` (placeholders otherwise).  NARROW: the columns
+    256-column tile a quarter padding (``q_lo_*``, ``k_lo_*``; placeholders otherwise).  NARROW: the columns
     P V runs over where V is padded (:mod:`.narrow_pass`; 0: the whole tile)."""
     NUM_WG: gl.constexpr = BLOCK_M // 64
-    N_LO: gl.constexpr = key_rest(BLOCK_N)  # a key tile of N_HI + N_LO keys (:func:`.resources.key_rest`)
-    N_HI: gl.constexpr = BLOCK_N - N_LO
     if CLUSTER:  # each CTA of the cluster holds all of every buffer
         bar_layout: gl.constexpr = BARRIER_CLUSTER
         spare_layout: gl.constexpr = SPARE_CLUSTER
@@ -99,26 +95,11 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
         k_lo_bufs = k_lo_load._reinterpret(k_desc.dtype, [STAGES, BLOCK_N, 64], tile_layout(64))
         v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_V], tile_v)
         v_load = v_bufs
-    elif N_LO:  # a key tile in two pieces: its first N_HI keys in the rings, its last N_LO in k_rest and v_rest;
-        # the producer sees each slot as the descriptors' boxes, N_LO rows each, stacked
-        k_load = gl.allocate_shared_memory(k_desc.dtype, [STAGES, 1, 1, N_HI, HEAD], k_desc.layout)
-        v_load = gl.allocate_shared_memory(v_desc.dtype, [STAGES, 1, 1, N_HI, HEAD_V], v_desc.layout)
-        k_rest_load = gl.allocate_shared_memory(k_desc.dtype, [STAGES, 1, 1, N_LO, HEAD], k_desc.layout)
-        v_rest_load = gl.allocate_shared_memory(v_desc.dtype, [STAGES, 1, 1, N_LO, HEAD_V], v_desc.layout)
-        k_bufs = k_load._reinterpret(k_desc.dtype, [STAGES, N_HI, HEAD], tile)
-        v_bufs = v_load._reinterpret(v_desc.dtype, [STAGES, N_HI, HEAD_V], tile_v)
-        k_rest = k_rest_load._reinterpret(k_desc.dtype, [STAGES, N_LO, HEAD], tile)
-        v_rest = v_rest_load._reinterpret(v_desc.dtype, [STAGES, N_LO, HEAD_V], tile_v)
     else:
         k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD], tile)  # 2-D slots
         v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_V], tile_v)
         k_load = k_bufs
         v_load = v_bufs
-    if not N_LO:
-        k_rest = gl.allocate_shared_memory(k_desc.dtype, [1, 8, 8], spare_layout)  # placeholders
-        v_rest = k_rest
-        k_rest_load = k_rest
-        v_rest_load = k_rest
     if not SPLIT_QK:
         k_lo_load = gl.allocate_shared_memory(k_desc.dtype, [1, 8, 8], spare_layout)  # placeholders
         k_lo_bufs = k_lo_load
@@ -143,72 +124,69 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
     # (the partition arguments are spelled out: a tuple would lose their constexpr-ness)
     if NUM_WG == 3:
         gl.warp_specialize([
-            (_consumer, (o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k_lo_bufs, v_bufs, k_rest,
-                         v_rest, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items,
-                         heads, seqlen_q, seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out,
-                         alibi_scale, scale_log2, n_tiles, n_m, head_group, o_rows_b, o_rows_h, o_col_h, o_stride,
-                         PieceO, PieceLSE, Rows, pieces, group, Descale, STAGES, 0, BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI,
-                         QK_LO, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED,
-                         ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK, NARROW)),
-            (_consumer, (o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k_lo_bufs, v_bufs, k_rest,
-                         v_rest, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items,
-                         heads, seqlen_q, seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out,
-                         alibi_scale, scale_log2, n_tiles, n_m, head_group, o_rows_b, o_rows_h, o_col_h, o_stride,
-                         PieceO, PieceLSE, Rows, pieces, group, Descale, STAGES, 1, BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI,
-                         QK_LO, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED,
-                         ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK, NARROW)),
-            (_consumer, (o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k_lo_bufs, v_bufs, k_rest,
-                         v_rest, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items,
-                         heads, seqlen_q, seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out,
-                         alibi_scale, scale_log2, n_tiles, n_m, head_group, o_rows_b, o_rows_h, o_col_h, o_stride,
-                         PieceO, PieceLSE, Rows, pieces, group, Descale, STAGES, 2, BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI,
-                         QK_LO, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED,
-                         ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK, NARROW)),
-            (_producer, (q_desc, k_desc, v_desc, q_box, q_lo_box, k_load, k_lo_load, v_load, k_rest_load, v_rest_load,
-                         q_bar, q_empty, k_ready, k_empty, v_ready, v_empty, v_tail, CuQ, CuK, SeqK, Items, heads,
-                         group, seqlen_q, seqlen_k, causal_offset, window_offset, n_tiles, n_m, head_group, q_rows_b,
-                         q_rows_h, q_lead, kv_seq_b, kv_seq_h, kv_lead, Pages, pages_b, page, pieces, NUM_WG, STAGES,
-                         BLOCK_M, BLOCK_N, CAUSAL, WINDOW, PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE,
-                         CLUSTER, FP8, SPLIT_QK)),
+            (_consumer, (o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k_lo_bufs, v_bufs, q_bar,
+                         q_empty, k_ready, k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q,
+                         seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2,
+                         n_tiles, n_m, head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows,
+                         pieces, group, Descale, STAGES, 0, BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI, QK_LO, CAUSAL, WINDOW,
+                         SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS,
+                         FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK, NARROW)),
+            (_consumer, (o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k_lo_bufs, v_bufs, q_bar,
+                         q_empty, k_ready, k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q,
+                         seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2,
+                         n_tiles, n_m, head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows,
+                         pieces, group, Descale, STAGES, 1, BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI, QK_LO, CAUSAL, WINDOW,
+                         SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS,
+                         FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK, NARROW)),
+            (_consumer, (o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k_lo_bufs, v_bufs, q_bar,
+                         q_empty, k_ready, k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q,
+                         seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2,
+                         n_tiles, n_m, head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows,
+                         pieces, group, Descale, STAGES, 2, BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI, QK_LO, CAUSAL, WINDOW,
+                         SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS,
+                         FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK, NARROW)),
+            (_producer, (q_desc, k_desc, v_desc, q_box, q_lo_box, k_load, k_lo_load, v_load, q_bar, q_empty, k_ready,
+                         k_empty, v_ready, v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k,
+                         causal_offset, window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_lead, kv_seq_b,
+                         kv_seq_h, kv_lead, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL,
+                         WINDOW, PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     elif NUM_WG == 2:
         gl.warp_specialize([
-            (_consumer, (o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k_lo_bufs, v_bufs, k_rest,
-                         v_rest, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items,
-                         heads, seqlen_q, seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out,
-                         alibi_scale, scale_log2, n_tiles, n_m, head_group, o_rows_b, o_rows_h, o_col_h, o_stride,
-                         PieceO, PieceLSE, Rows, pieces, group, Descale, STAGES, 0, BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI,
-                         QK_LO, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED,
-                         ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK, NARROW)),
-            (_consumer, (o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k_lo_bufs, v_bufs, k_rest,
-                         v_rest, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items,
-                         heads, seqlen_q, seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out,
-                         alibi_scale, scale_log2, n_tiles, n_m, head_group, o_rows_b, o_rows_h, o_col_h, o_stride,
-                         PieceO, PieceLSE, Rows, pieces, group, Descale, STAGES, 1, BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI,
-                         QK_LO, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED,
-                         ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK, NARROW)),
-            (_producer, (q_desc, k_desc, v_desc, q_box, q_lo_box, k_load, k_lo_load, v_load, k_rest_load, v_rest_load,
-                         q_bar, q_empty, k_ready, k_empty, v_ready, v_empty, v_tail, CuQ, CuK, SeqK, Items, heads,
-                         group, seqlen_q, seqlen_k, causal_offset, window_offset, n_tiles, n_m, head_group, q_rows_b,
-                         q_rows_h, q_lead, kv_seq_b, kv_seq_h, kv_lead, Pages, pages_b, page, pieces, NUM_WG, STAGES,
-                         BLOCK_M, BLOCK_N, CAUSAL, WINDOW, PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE,
-                         CLUSTER, FP8, SPLIT_QK)),
+            (_consumer, (o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k_lo_bufs, v_bufs, q_bar,
+                         q_empty, k_ready, k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q,
+                         seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2,
+                         n_tiles, n_m, head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows,
+                         pieces, group, Descale, STAGES, 0, BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI, QK_LO, CAUSAL, WINDOW,
+                         SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS,
+                         FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK, NARROW)),
+            (_consumer, (o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k_lo_bufs, v_bufs, q_bar,
+                         q_empty, k_ready, k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q,
+                         seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2,
+                         n_tiles, n_m, head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows,
+                         pieces, group, Descale, STAGES, 1, BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI, QK_LO, CAUSAL, WINDOW,
+                         SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS,
+                         FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK, NARROW)),
+            (_producer, (q_desc, k_desc, v_desc, q_box, q_lo_box, k_load, k_lo_load, v_load, q_bar, q_empty, k_ready,
+                         k_empty, v_ready, v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k,
+                         causal_offset, window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_lead, kv_seq_b,
+                         kv_seq_h, kv_lead, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL,
+                         WINDOW, PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK)),
         ], [4, 4 if CLUSTER else 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:  # one consumer warpgroup: it is the default partition, with the registers the producer gives up
         gl.warp_specialize([
-            (_consumer, (o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k_lo_bufs, v_bufs, k_rest,
-                         v_rest, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items,
-                         heads, seqlen_q, seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out,
-                         alibi_scale, scale_log2, n_tiles, n_m, head_group, o_rows_b, o_rows_h, o_col_h, o_stride,
-                         PieceO, PieceLSE, Rows, pieces, group, Descale, STAGES, 0, BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI,
-                         QK_LO, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED,
-                         ALIGN_BR, O_SMEM, Q_REGS, FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK, NARROW)),
-            (_producer, (q_desc, k_desc, v_desc, q_box, q_lo_box, k_load, k_lo_load, v_load, k_rest_load, v_rest_load,
-                         q_bar, q_empty, k_ready, k_empty, v_ready, v_empty, v_tail, CuQ, CuK, SeqK, Items, heads,
-                         group, seqlen_q, seqlen_k, causal_offset, window_offset, n_tiles, n_m, head_group, q_rows_b,
-                         q_rows_h, q_lead, kv_seq_b, kv_seq_h, kv_lead, Pages, pages_b, page, pieces, NUM_WG, STAGES,
-                         BLOCK_M, BLOCK_N, CAUSAL, WINDOW, PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE,
-                         CLUSTER, FP8, SPLIT_QK)),
+            (_consumer, (o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k_lo_bufs, v_bufs, q_bar,
+                         q_empty, k_ready, k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q,
+                         seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2,
+                         n_tiles, n_m, head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows,
+                         pieces, group, Descale, STAGES, 0, BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI, QK_LO, CAUSAL, WINDOW,
+                         SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS,
+                         FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK, NARROW)),
+            (_producer, (q_desc, k_desc, v_desc, q_box, q_lo_box, k_load, k_lo_load, v_load, q_bar, q_empty, k_ready,
+                         k_empty, v_ready, v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k,
+                         causal_offset, window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_lead, kv_seq_b,
+                         kv_seq_h, kv_lead, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL,
+                         WINDOW, PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK)),
         ], [1], [PRODUCER_REGS])
 
 

@@ -8,22 +8,20 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from .cluster import _cluster_sync, _cta_rank
 from .mask import _key_tiles, _sequence
-from .resources import key_rest
 from .schedule import _n_items, _piece, _tile, _work
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, q_box, q_lo_box, k_bufs, k_lo_bufs, v_bufs, k_rest, v_rest, q_bar, q_empty,
-              k_ready, k_empty, v_ready, v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k,
-              causal_offset, window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_lead, kv_seq_b, kv_seq_h,
-              kv_lead, Pages, pages_b, page, pieces, NUM_WG: gl.constexpr, STAGES: gl.constexpr, BLOCK_M: gl.constexpr,
+def _producer(q_desc, k_desc, v_desc, q_box, q_lo_box, k_bufs, k_lo_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
+              v_ready, v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
+              window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_lead, kv_seq_b, kv_seq_h, kv_lead, Pages,
+              pages_b, page, pieces, NUM_WG: gl.constexpr, STAGES: gl.constexpr, BLOCK_M: gl.constexpr,
               BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, PAIRED: gl.constexpr,
               VARLEN: gl.constexpr, SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, PAGED: gl.constexpr,
               SPLIT: gl.constexpr, BALANCE: gl.constexpr, CLUSTER: gl.constexpr, FP8: gl.constexpr,
               SPLIT_QK: gl.constexpr):
     _cluster_sync(CLUSTER)
     rank = _cta_rank(CLUSTER)
-    N_LO: gl.constexpr = key_rest(BLOCK_N)  # a key tile in two pieces (k_rest, v_rest: its last N_LO keys)
     it = 0  # position in the K/V rings, continued across work items
     tc = 0
     n_tail = 0  # V tiles zeroed past the sequence's end so far (the phase of v_tail)
@@ -50,8 +48,7 @@ def _producer(q_desc, k_desc, v_desc, q_box, q_lo_box, k_bufs, k_lo_bufs, v_bufs
         s = it % STAGES
         kv_s, row = _kv_place(b, kv_seq, k0, first, Pages, pages_b, page, BLOCK_N, PAGED)
         mbarrier.wait(k_empty.index(s), ((it // STAGES) & 1) ^ 1)
-        _load_k(k_desc, [kv_at, kv_s, row], k_ready.index(s), k_bufs, k_lo_bufs, k_rest, s, rank, CLUSTER, SPLIT_QK,
-                N_LO)
+        _load_k(k_desc, [kv_at, kv_s, row], k_ready.index(s), k_bufs, k_lo_bufs, s, rank, CLUSTER, SPLIT_QK)
         # Q in 64-row boxes [1, 64, HEAD] (TMA boxes are powers of two; 192 rows is three), once every
         # consumer has issued its last Q K^T of the previous item; SPLIT_QK: three 64-column boxes a warpgroup
         mbarrier.wait(q_empty, (tc & 1) ^ 1)
@@ -77,8 +74,7 @@ def _producer(q_desc, k_desc, v_desc, q_box, q_lo_box, k_bufs, k_lo_bufs, v_bufs
             if i > 0:  # (tile 0's place is the first K load's)
                 kv_s, row = _kv_place(b, kv_seq, k0, first + i, Pages, pages_b, page, BLOCK_N, PAGED)  # before the wait
                 mbarrier.wait(k_empty.index(s), ph ^ 1)
-                _load_k(k_desc, [kv_at, kv_s, row], k_ready.index(s), k_bufs, k_lo_bufs, k_rest, s, rank, CLUSTER,
-                        SPLIT_QK, N_LO)
+                _load_k(k_desc, [kv_at, kv_s, row], k_ready.index(s), k_bufs, k_lo_bufs, s, rank, CLUSTER, SPLIT_QK)
             mbarrier.wait(v_empty.index(s), ph ^ 1)
             if VARLEN or SEQUSED:
                 # keys past this sequence's end are another sequence's or unused cache (NaN, maybe):
@@ -94,8 +90,6 @@ def _producer(q_desc, k_desc, v_desc, q_box, q_lo_box, k_bufs, k_lo_bufs, v_bufs
                     _load(v_desc, [kv_at, kv_s, row, 0], v_ready.index(s), v_bufs.index(s))
             elif FP8:  # V^T [1, batch * kv_heads, head_dim, seqlen_k]: the tile's keys are its columns
                 _load(v_desc, [0, b * (heads // group) + kvh, 0, row], v_ready.index(s), v_bufs.index(s))
-            elif N_LO:
-                _load_pieces(v_desc, [kv_at, kv_s, row, 0], v_ready.index(s), v_bufs, v_rest, s)
             else:
                 _load_kv(v_desc, [kv_at, kv_s, row, 0], v_ready.index(s), v_bufs, s, rank, CLUSTER)
             it += 1
@@ -150,30 +144,11 @@ def _chunk_cols(width):
 
 
 @gluon.jit
-def _load_pieces(desc, coord, ready, ring, rest, s):
-    """A key tile in two pieces into slot ``s`` of ``ring`` (its first keys) and of ``rest`` (its last), both
-    ``[STAGES, 1, 1, rows, HEAD]``, onto ``ready``: the descriptor's boxes are ``rest``'s rows, so the first piece
-    takes several (each lands in a row slice of the tile, which the 128-byte swizzle, repeating every 8 rows,
-    leaves in place)."""
-    BOX: gl.constexpr = rest.shape[3]
-    HI: gl.constexpr = ring.shape[3]
-    mbarrier.expect(ready, (HI // BOX + 1) * desc.block_type.nbytes)
-    for j in gl.static_range(HI // BOX):
-        tma.async_copy_global_to_shared(desc, [coord[0], coord[1], coord[2] + j * BOX, coord[3]], ready,
-                                        ring.index(s).slice(j * BOX, BOX, dim=2))
-    tma.async_copy_global_to_shared(desc, [coord[0], coord[1], coord[2] + HI, coord[3]], ready, rest.index(s))
-
-
-@gluon.jit
-def _load_k(desc, at, ready, ring, lo_ring, rest, s, rank, CLUSTER: gl.constexpr, SPLIT_QK: gl.constexpr,
-            N_LO: gl.constexpr):
+def _load_k(desc, at, ready, ring, lo_ring, s, rank, CLUSTER: gl.constexpr, SPLIT_QK: gl.constexpr):
     """K's tile at ``at`` (the descriptor's first three coordinates) into slot ``s`` onto ``ready``: as
     :func:`_load_kv`, or with SPLIT_QK in three 64-column boxes, boxes ``2s`` and ``2s + 1`` of ``ring`` (its
-    first 128 columns) and box ``s`` of ``lo_ring`` (the last 64), or with N_LO in two pieces
-    (:func:`_load_pieces`, the last N_LO keys in ``rest``)."""
-    if N_LO:
-        _load_pieces(desc, [at[0], at[1], at[2], 0], ready, ring, rest, s)
-    elif SPLIT_QK:
+    first 128 columns) and box ``s`` of ``lo_ring`` (the last 64)."""
+    if SPLIT_QK:
         mbarrier.expect(ready, 3 * desc.block_type.nbytes)
         tma.async_copy_global_to_shared(desc, [at[0], at[1], at[2], 0], ready, ring.index(2 * s))
         tma.async_copy_global_to_shared(desc, [at[0], at[1], at[2], 64], ready, ring.index(2 * s + 1))

@@ -41,14 +41,6 @@ def tile_layout(width, rank=2, bits=16):
     return gl.NVMMASharedLayout(swizzle_byte_width=min(128, width * bits // 8), element_bitwidth=bits, rank=rank)
 
 
-@gluon.constexpr_function
-def key_rest(block_n):
-    """The keys of a key tile past its largest power of two (80: 16), 0 for a power of two.  Gluon's tensors are
-    powers of two, so a tile of 80 keys (FlashAttention-3's at head_dim 256) is held as two pieces, 64 keys and
-    16, each with its own Q K^T and P V, filled by TMA boxes of the second piece's rows."""
-    return block_n & ((1 << (block_n.bit_length() - 1)) - 1)
-
-
 def _tiles(head_dim: int, head_dim_v: int | None, cfg) -> tuple[int, int]:
     """The columns q/k's and v's tiles hold (``cfg.split_qk``: q/k's own, in a 128- and a 64-column tile)."""
     return head_dim if cfg.split_qk else padded(head_dim), padded(head_dim_v or head_dim)

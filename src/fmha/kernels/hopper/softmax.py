@@ -129,19 +129,12 @@ def _softmax(qk, m, scale_log2, MASKED: gl.constexpr, LAZY: gl.constexpr, SHIFT:
     """Steps 5.2-5.4 of a key tile after the first: the row's new pivot from the tile's max, the
     tile's probabilities ``p`` and ``alpha``, the factor on what the old pivot summed.  ``SHIFT``: the
     pivot sits that far below the max, so ``p`` runs up to ``2**SHIFT`` (l and the LSE carry it alike)."""
-    m_new, m_safe = _next_pivot(gl.max(qk, axis=1), m, scale_log2, MASKED, LAZY, SHIFT)
-    return gl.exp2(qk * scale_log2 - m_safe[:, None]), gl.exp2(m - m_safe), m_new
-
-
-@gluon.jit
-def _next_pivot(row_max, m, scale_log2, MASKED: gl.constexpr, LAZY: gl.constexpr, SHIFT: gl.constexpr = 0.0):
-    """:func:`_softmax`'s pivot from the tile's row max of raw scores: (the row's new ``m``, the pivot the
-    exponentials take; ``alpha`` is ``exp2(m - pivot)``)."""
-    m_new = gl.maximum(m, row_max * scale_log2 - SHIFT)
+    m_new = gl.maximum(m, gl.max(qk, axis=1) * scale_log2 - SHIFT)
     if LAZY:  # keep the old pivot unless the max grew past it by more than LAZY_GROWTH (float8's P: less)
         GROWTH: gl.constexpr = LAZY_GROWTH_FP8 if SHIFT > 0.0 else LAZY_GROWTH
         m_new = gl.where(m_new - m > GROWTH, m_new, m)
-    return m_new, _pivot(m_new, MASKED)
+    m_safe = _pivot(m_new, MASKED)
+    return gl.exp2(qk * scale_log2 - m_safe[:, None]), gl.exp2(m - m_safe), m_new
 
 
 @gluon.jit
