@@ -194,6 +194,7 @@ def _arranged(b, h, kvh, s, d, dv, arrangement, seed):
 @pytest.mark.parametrize("d,dv,config", [(32, 32, None), (96, 96, None), (192, 192, None), (256, 256, None),
                                          (192, 128, None), (64, 32, None), (128, 96, None),
                                          (192, 128, fmha.KernelConfig(128, 128, 4, 2, split_qk=1)),
+                                         (192, 128, fmha.KernelConfig(128, 128, 4, 2, split_qk=1, q_regs=1)),
                                          (192, 192, fmha.KernelConfig(128, 64, 4, 2, split_qk=1)),
                                          (32, 32, fmha.KernelConfig(128, 128, 4, 2)),
                                          (96, 96, fmha.KernelConfig(128, 128, 4, 2)),

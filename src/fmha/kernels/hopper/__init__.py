@@ -120,9 +120,8 @@ def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
         return "ping-pong takes turns between 2 or 3 consumer warpgroups (block_m 128 or 192)"
     if prob.page % cfg.block_n:
         return f"page_size {prob.page} (takes multiples of its {cfg.block_n}-key tile: a tile must not straddle pages)"
-    if cfg.split_qk and (prob.head_dim != SPLIT_QK_DIM or cfg.q_regs or cfg.cluster or prob.fp8):
-        return (f"split_qk takes q/k head_dim {SPLIT_QK_DIM} (not {prob.head_dim}), Q in shared memory, no clusters "
-                "or float8")
+    if cfg.split_qk and (prob.head_dim != SPLIT_QK_DIM or cfg.cluster or prob.fp8):
+        return f"split_qk takes q/k head_dim {SPLIT_QK_DIM} (not {prob.head_dim}), no clusters or float8"
     in_bytes = _in_bytes(prob)
     smem = smem_bytes(prob.head_dim, cfg, prob.dv, in_bytes)
     if smem + SMEM_SPARE > SMEM_LIMIT:
@@ -282,8 +281,9 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
 def qk_slices(head_dim: int, cfg) -> tuple[int, int]:
     """(QK_HI, QK_LO): Q K^T over a padded head dim's own columns, in two slices of powers of two (192 as
     128 + 64, 96 as 64 + 32); (0, 0): over the whole tile (a head dim of its own tile's width, Q in registers,
-    whose operand does not slice, or a cluster, whose shared tiles Gluon 3.6 does not slice)."""
-    if head_dim == padded(head_dim) or cfg.q_regs or cfg.cluster:
+    whose operand does not slice, or a cluster, whose shared tiles Gluon 3.6 does not slice).  ``split_qk``
+    holds the two slices as tiles of their own, in registers too with ``q_regs``."""
+    if head_dim == padded(head_dim) or (cfg.q_regs and not cfg.split_qk) or cfg.cluster:
         return 0, 0
     hi = 1 << (head_dim.bit_length() - 1)
     return hi, head_dim - hi

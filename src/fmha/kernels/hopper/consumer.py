@@ -203,12 +203,17 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
         mbarrier.wait(q_bar, items_done & 1)
         if Q_REGS:  # Q into registers once: its shared slot goes back to the producer at once
             q_op = q_half.load(q_layout)
+            if SPLIT_QK:
+                q_lo_op = q_lo.load(q_layout)
+            else:
+                q_lo_op = q_lo
             mbarrier.arrive(q_empty, count=1)
         else:
             q_op = q_half
+            q_lo_op = q_lo
         mbarrier.wait(k_ready.index(s), (ring_pos // STAGES) & 1)
         _take_turn(turns, n_turn, WG, PINGPONG)
-        qk = _qk(q_op, q_lo, k_bufs, k_lo_bufs, s, s_layout, ROWS, BLOCK_N, QK_HI, QK_LO, SPLIT_QK)
+        qk = _qk(q_op, q_lo_op, k_bufs, k_lo_bufs, s, s_layout, ROWS, BLOCK_N, QK_HI, QK_LO, SPLIT_QK)
         _pass_turn(turns, WG, NUM_WG, PINGPONG)
         n_turn += 1
         qk, _k0 = warpgroup_mma_wait(0, deps=[qk, k_bufs.index(s)])
@@ -229,7 +234,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
             if PINGPONG:  # both operands in place before the turn is taken
                 mbarrier.wait(v_ready.index(prev_slot), prev_phase)
                 _take_turn(turns, n_turn, WG, PINGPONG)
-            qk = _qk(q_op, q_lo, k_bufs, k_lo_bufs, s, s_layout, ROWS, BLOCK_N, QK_HI, QK_LO, SPLIT_QK)
+            qk = _qk(q_op, q_lo_op, k_bufs, k_lo_bufs, s, s_layout, ROWS, BLOCK_N, QK_HI, QK_LO, SPLIT_QK)
             if not PINGPONG:
                 mbarrier.wait(v_ready.index(prev_slot), prev_phase)
             acc = _pv(_pv_operand(p16, p_dtype, p_layout, FP8), _v_operand(v_bufs.index(prev_slot), FP8), acc,
@@ -247,7 +252,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
                 l_tile = gl.sum(p, axis=1)
                 alpha = gl.full_like(l_tile, 1.0)
                 if _any_row_over(_first_seen(l_tile, m, MASKED), WG) != 0:
-                    qk2 = _qk(q_op, q_lo, k_bufs, k_lo_bufs, s, s_layout, ROWS, BLOCK_N, QK_HI, QK_LO, SPLIT_QK)
+                    qk2 = _qk(q_op, q_lo_op, k_bufs, k_lo_bufs, s, s_layout, ROWS, BLOCK_N, QK_HI, QK_LO, SPLIT_QK)
                     qk2 = warpgroup_mma_wait(0, deps=[qk2])
                     qk2 = _scores(qk2, first + i, mask_from, window_until, offs_m, offs_n, sk, seq_causal,
                                   seq_window, seq_align, cap_in, cap_out, slope, BLOCK_N, CAUSAL, WINDOW, SOFTCAP,
