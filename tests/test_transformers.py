@@ -418,12 +418,13 @@ def test_compiled_generation_with_a_static_cache_runs_fmha_with_its_lengths(mode
                 got = compiled.generate(ids, **kw)
                 assert_greedy_alike(got, ref.generate(ids, **kw), ref, mask)
                 if mask is not left:
-                    assert any(t is not None for t in lengths)  # fmha ran with the cache's lengths
+                    assert any(t is not None for t in lengths), lengths  # fmha ran with the cache's lengths
     finally:
         torch._dynamo.reset()
-    assert sum(counters["graph_break"].values()) == 0
-    assert any(masked)  # decoding steps ran fmha with the mask, in a graph without torch.cond
-    assert any("fmha.attention" in str(g.graph) and "cond" not in str(g.graph) for g in graphs)
+    assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
+    assert any(masked), masked  # decoding steps ran fmha with the mask, in a graph without torch.cond
+    assert any("fmha.attention" in str(g.graph) and "cond" not in str(g.graph) for g in graphs), [
+        ("fmha.attention" in str(g.graph), "cond" in str(g.graph)) for g in graphs]
 
 
 def test_a_compiled_training_step_with_a_mask_has_no_graph_break():
