@@ -403,6 +403,14 @@ def test_hopper_holds_q_and_k_of_192_unpadded():
     b = targets.build("hopper", "sm_90", 192, "bfloat16", True, mla, seqlen_k=4096, head_dim_v=128)
     assert targets.report(b).spilled_registers == 0
     assert 0 <= b.metadata["shared"] - resources.smem_bytes(192, mla, 128) < 1024
+    # with ``q_regs`` both of Q's tiles sit in registers: every product takes its A operand from there (P V's
+    # always do, Q K^T's then too), still without spills
+    in_regs = [targets.build("hopper", "sm_90", 192, "bfloat16", True, c, seqlen_k=4096, head_dim_v=128)
+               for c in (mla, replace(mla, q_regs=1))]
+    a_from_regs = [[bool(re.search(r"\},\s*\{", line)) for line in x.asm["ptx"].splitlines()
+                    if "wgmma.mma_async" in line] for x in in_regs]
+    assert not all(a_from_regs[0]) and any(a_from_regs[0]) and all(a_from_regs[1])
+    assert targets.report(in_regs[1]).spilled_registers == 0
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
