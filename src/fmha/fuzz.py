@@ -265,7 +265,7 @@ def _run_grad(p, q, k, v, g, dtype, device, mods, cfg):
     # the references take the mask as the kernels read it, [batch, heads, seqlen_q, seqlen_k]
     ref = mods if mask is None else {**mods, "attn_mask": mask.expand(p.batch, p.heads, p.seqlen_q, p.seqlen_k)}
     verify.check(verify.to_bhsd(o, layout), *(t.to(dtype) for t in (q, k, v)), p.causal, p.align, lse=lse, **ref)
-    verify.check_grads(got, qd, kd, vd, do, p.causal, p.align, layout, o=o, **ref)
+    verify.check_grads(got, qd, kd, vd, do, p.causal, p.align, layout, o=o, lse=lse, **ref)
     if deterministic:
         again, _, _, _ = grads(do)
         assert all(torch.equal(a, b) for a, b in zip(got, again)), "deterministic: two backward runs differ"

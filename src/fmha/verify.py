@@ -90,6 +90,23 @@ def check_lse(lse, ref_lse, atol=2e-3, skip=None):
     np.testing.assert_allclose(got[fin], ref_lse[fin], atol=atol, rtol=1e-3)
 
 
+def _modified(s, seqlen_k: int, causal, causal_align, window, softcap, alibi_slopes, attn_mask):
+    """Float32 scores ``s`` ``[batch, heads, seqlen_q, seqlen_k]`` (already scaled) through the softcap and ALiBi,
+    and the keys each row sees: ``(z, visible)``."""
+    seqlen_q = s.shape[2]
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    if alibi_slopes is not None:
+        offset = reference.causal_offset(seqlen_q, seqlen_k, causal_align)
+        i = torch.arange(seqlen_q, device=s.device)[:, None] + offset
+        dist = (i - torch.arange(seqlen_k, device=s.device)[None, :]).abs().float()
+        s = s - alibi_slopes.float()[None, :, None, None] * dist
+    mask = torch.from_numpy(reference.visible(seqlen_q, seqlen_k, causal, causal_align, window)).to(s.device)
+    if attn_mask is not None:
+        mask = mask & attn_mask.to(s.device)
+    return s, mask
+
+
 def torch_lowp_grads(q, k, v, do, causal, causal_align, scale=None, window=(-1, -1), softcap=0.0,
                      alibi_slopes=None, sinks=None, attn_mask=None):
     """The gradients of :func:`torch_lowp`'s attention by PyTorch's autograd at the input precision
@@ -99,28 +116,50 @@ def torch_lowp_grads(q, k, v, do, causal, causal_align, scale=None, window=(-1, 
     group = q.shape[1] // k.shape[1]
     scale = 1.0 / q.shape[-1] ** 0.5 if scale is None else scale
     s = (q @ k.repeat_interleave(group, 1).transpose(-1, -2)).float() * scale
-    if softcap:
-        s = softcap * torch.tanh(s / softcap)
-    if alibi_slopes is not None:
-        offset = reference.causal_offset(q.shape[2], k.shape[2], causal_align)
-        i = torch.arange(q.shape[2], device=q.device)[:, None] + offset
-        dist = (i - torch.arange(k.shape[2], device=q.device)[None, :]).abs().float()
-        s = s - alibi_slopes.float()[None, :, None, None] * dist
-    mask = torch.from_numpy(reference.visible(q.shape[2], k.shape[2], causal, causal_align, window)).to(q.device)
-    if attn_mask is not None:
-        mask = mask & attn_mask.to(q.device)
+    s, mask = _modified(s, k.shape[2], causal, causal_align, window, softcap, alibi_slopes, attn_mask)
     p = _softmax_lowp(s.masked_fill(~mask, float("-inf")), sinks).nan_to_num(0.0).to(dt)
     (p @ v.repeat_interleave(group, 1)).backward(do.to(dt))
     return tuple(t.grad.double().cpu().numpy() for t in (q, k, v))
 
 
-def check_grads(grads, q, k, v, do, causal, causal_align="top_left", layout="bhsd", scale=None, o=None, **mods):
+def flash_grads32(q, k, v, do, o, lse, causal, causal_align, scale=None, window=(-1, -1), softcap=0.0,
+                  alibi_slopes=None, attn_mask=None, sinks=None):
+    """The gradients as a flash backward computes them, in float32 from the input-precision tensors: the scores
+    computed again, ``P`` from the forward's stored LSE (natural log, ``[batch, heads, seqlen_q]``) and ``delta``
+    from its stored output ``o`` (bhsd; float64 numpy out).  Where a score is large the two computations of it
+    differ by float32's rounding of a large number, and ``P`` by as much relatively (a row whose LSE is 1000 and
+    whose scores are summed again in another order: ``P`` 1e-3 off).  ``sinks``: in the stored LSE already."""
+    group = q.shape[1] // k.shape[1]
+    q, k, v, do, o = (t.detach().float().to(q.device) for t in (q, k, v, do, o))
+    ke, ve = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    scale = 1.0 / q.shape[-1] ** 0.5 if scale is None else scale
+    raw = (q @ ke.transpose(-1, -2)) * scale
+    z, mask = _modified(raw, k.shape[2], causal, causal_align, window, softcap, alibi_slopes, attn_mask)
+    lse = lse.detach().float().to(q.device)[..., None]
+    p = torch.where(mask & torch.isfinite(lse), torch.exp(z - lse), 0.0)
+    dv = p.transpose(-1, -2) @ do
+    ds = p * (do @ ve.transpose(-1, -2) - (do * o).sum(-1, keepdim=True))
+    if softcap:
+        ds = ds * (1.0 - torch.tanh(raw / softcap) ** 2)
+    ds = ds * scale
+    dq, dk = ds @ ke, ds.transpose(-1, -2) @ q
+
+    def per_kv_head(g):  # [B, H, S, D] -> [B, H / group, S, D], summing each group
+        return g.reshape(g.shape[0], g.shape[1] // group, group, *g.shape[2:]).sum(dim=2)
+    return tuple(g.double().cpu().numpy() for g in (dq, per_kv_head(dk), per_kv_head(dv)))
+
+
+def check_grads(grads, q, k, v, do, causal, causal_align="top_left", layout="bhsd", scale=None, o=None, lse=None,
+                **mods):
     """Assert the gradients ``(dq, dk, dv)`` (in ``layout``) of attention on ``q, k, v`` for ``do`` pass the
     yardstick against :func:`fmha.reference.dense_attention_backward`: each within twice the sum of
     PyTorch's own error at the input precision and the error that taking ``delta = rowsum(dO * O)`` from
     the output as stored (as every flash backward does) causes in float64, plus one unit in the last place
     at its largest magnitude; and finite.  ``o``: the output as the forward stored it (in ``layout``; its
-    own check is the forward's), else the float64 output rounded to the input dtype.  Where a row's
+    own check is the forward's), else the float64 output rounded to the input dtype.  ``lse`` (with ``o``):
+    the forward's stored LSE, ``[batch, heads, seqlen_q]``; the sum then also holds the error of the same
+    backward in float32 from the stored O and LSE (:func:`flash_grads32`: ``P`` computed again from scores that
+    are computed again), which inputs with scores in the hundreds make larger than PyTorch's.  Where a row's
     probability sits on one key, ``dO . (V - O)`` cancels and dQ follows O's rounding, times K: a forward's O
     one unit off (P rounded to 16 bits before P V) then moves dQ twice as far as the rounded output does.
     Returns the errors."""
@@ -131,15 +170,19 @@ def check_grads(grads, q, k, v, do, causal, causal_align="top_left", layout="bhs
               else torch.from_numpy(reference.dense_attention(q, k, v, **kw)).to(q.dtype))
     from_stored = reference.dense_attention_backward(q, k, v, do, o=stored, **kw)[:3]
     lowp = torch_lowp_grads(q, k, v, do, causal, causal_align, scale, **mods)
+    flash = ((None,) * 3 if lse is None or o is None
+             else flash_grads32(q, k, v, do, stored, lse, causal, causal_align, scale, **mods))
     errs = []
-    for name, g, ref, base, rounded in zip("qkv", grads, refs, lowp, from_stored):
+    for name, g, ref, base, rounded, ours32 in zip("qkv", grads, refs, lowp, from_stored, flash):
         got = to_bhsd(g, layout).detach().cpu().double().numpy()
         assert got.shape == ref.shape, (name, got.shape, ref.shape)
         assert np.isfinite(got).all(), f"d{name} is not finite"
         err, torch_err, o_err = max_err(got, ref), max_err(base, ref), max_err(rounded, ref)
+        flash_err = 0.0 if ours32 is None else max_err(ours32, ref)
         ulp = ULP[q.dtype] * max(1.0, float(np.abs(ref).max(initial=0.0)))
-        assert err <= 2 * (torch_err + o_err) + ulp, (f"d{name}: error {err:.3g} > 2 x (torch's {torch_err:.3g} + "
-                                                     f"the stored O's {o_err:.3g}) + {ulp:.3g}")
+        assert err <= 2 * (torch_err + o_err + flash_err) + ulp, (
+            f"d{name}: error {err:.3g} > 2 x (torch's {torch_err:.3g} + the stored O's {o_err:.3g} + float32's "
+            f"from the stored O and LSE {flash_err:.3g}) + {ulp:.3g}")
         errs.append(err)
     return errs
 
