@@ -149,3 +149,17 @@ def test_mla_absorbed_prefill_on_sm90_plans_tiled(monkeypatch):
     assert plan.plan(prob, q, k, v, q, "bhsd", "auto", None, None, 1).variant == "tiled"
     with pytest.raises(ValueError, match="576 .MLA's absorbed form. runs on the tiled variant"):
         plan.plan(prob, q, k, v, q, "bhsd", "hopper", None, None, 1)
+
+
+def test_describe_plans_what_the_call_plans(monkeypatch):
+    """``describe`` (the ledger's config column) plans the problem the call plans, V's head dim included: planned as
+    q/k's, DeepSeek's 192/128 would read as a 192/192 call (on sm_90 the 256-wide row, not ``split_qk``)."""
+    from fmha import plan as planning
+    seen = []
+    real = planning.plan
+    monkeypatch.setattr(planning, "plan", lambda prob, *a, **kw: seen.append(prob) or real(prob, *a, **kw))
+    q, k, v = (torch.randn(1, 2, 40, d, dtype=torch.bfloat16).to(DEVICE) for d in (192, 192, 128))
+    fmha.api.describe(q, k, v, causal=True)
+    fmha.attention(q, k, v, causal=True)
+    assert len(seen) >= 2 and seen[0].dv == seen[-1].dv == 128
+

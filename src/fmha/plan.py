@@ -214,7 +214,7 @@ def describe(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool 
     """What :func:`fmha.attention` runs for this call (top-left): variant, config, and
     GQA packing / key split when used.  For benchmark ledgers."""
     prob = problem(*sizes(q, k, layout), causal=causal, scale=None, window=window, softcap=softcap,
-                   fp8=k.dtype == torch.float8_e4m3fn)
+                   head_dim_v=v.shape[3], fp8=k.dtype == torch.float8_e4m3fn)
     p = plan(prob, q, k, v, q, layout, variant, None, alibi_slopes, 0)
     extra = (" packed-gqa" if p.problem.pack_gqa else "") + (f" split {p.split_len}" if p.split_len else "")
     return f"{p.variant} {p.config}{extra}"
