@@ -93,6 +93,27 @@ def test_nan_past_a_heads_rows_stays_out():
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
+def test_the_next_heads_statistics_stay_out(head_dim):
+    """A tile's LSEs and deltas are read from the rows of every head one after another; the rows of a last tile
+    past seqlen_q must not be the next head's.  Here the next head's LSE is below -250 (P read with it would
+    overflow) and its dO NaN (so is its delta): the head before it gets the gradients it gets alone."""
+    q, k, v = (t.clone() for t in make_qkv(1, 2, 2, 200, 200, head_dim, torch.bfloat16, seed=41))
+    q[:, 1], k[:, 1] = 6.0, -6.0  # every score of head 1 is -36 * head_dim * scale
+    assert runs_on(q, k, v, causal=True) == "hopper"
+    a, b, c = leaves(q, k, v)
+    o, lse = fmha.attention(a, b, c, causal=True, return_lse=True)
+    assert lse[0, 1].max().item() < -250
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(8)).to(o)
+    do[:, 1] = float("nan")
+    o.backward(do)
+    a0, b0, c0 = leaves(q[:, :1], k[:, :1], v[:, :1])
+    fmha.attention(a0, b0, c0, causal=True).backward(do[:, :1])
+    for name, got, alone in zip("qkv", (a.grad, b.grad, c.grad), (a0.grad, b0.grad, c0.grad)):
+        assert torch.isfinite(got[:, :1]).all(), name
+        torch.testing.assert_close(got[:, :1], alone, atol=1e-2, rtol=1.6e-2, msg=name)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_hopper_backward_under_scores_far_from_zero(head_dim, causal):
     """One key 8x the others (every row's LSE near its score), and a scale of 4 with rising scores (LSEs

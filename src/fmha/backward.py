@@ -139,15 +139,16 @@ def describe(q, k, v, *, causal: bool = False, layout: str = "bhsd", determinist
     return f"triton backward dK/dV {shape(kv_tiles)}, {dq}{order}"
 
 
-def _delta(prob, o, do, lse, layout, cu_q, rows):
-    """``delta`` (float32, laid out as the LSE): the row sums of dO * O."""
-    delta = torch.empty_like(lse)
+def _delta(prob, o, do, lse, layout, cu_q, rows, delta=None):
+    """``delta`` (float32, laid out as the LSE, into ``delta`` if given: its heads' rows may lie further apart):
+    the row sums of dO * O."""
+    delta = torch.empty_like(lse) if delta is None else delta
     so, sg = (list(strides_bhsd(t, layout)[:3]) for t in (o, do))
     if prob.varlen:
         so[0] = sg[0] = 0
     kernels.delta_kernel[(triton.cdiv(rows, 64), prob.batch * prob.heads)](
-        o, do, delta, *so, *sg, prob.heads, prob.seqlen_q, cu_q, HEAD_DIM=prob.dv, BLOCK_D=prob.block_dv,
-        BLOCK_M=64, VARLEN=prob.varlen, num_warps=4)
+        o, do, delta, *so, *sg, prob.heads, prob.seqlen_q, delta.stride(-2), cu_q, HEAD_DIM=prob.dv,
+        BLOCK_D=prob.block_dv, BLOCK_M=64, VARLEN=prob.varlen, num_warps=4)
     return delta
 
 
@@ -156,7 +157,8 @@ def _hopper(prob, do, q, k, v, o, lse, dk, dv, layout, sinks, deterministic):
     ``deterministic``), cast into q's layout."""
     from .kernels.hopper import backward as hopper
     with on(q.device):
-        delta = _delta(prob, o, do, lse, layout, lse, prob.seqlen_q)
+        padded = torch.empty(*lse.shape[:-1], hopper.stats_rows(prob.seqlen_q), dtype=torch.float32, device=q.device)
+        delta = _delta(prob, o, do, lse, layout, lse, prob.seqlen_q, padded[..., :prob.seqlen_q])
         acc = hopper.launch(prob, q, k, v, do, lse, delta, dk, dv, layout,
                             {name: strides_bhsd(t, layout)[:3] for name, t in (("dk", dk), ("dv", dv))},
                             deterministic)

@@ -132,18 +132,18 @@ def build_backward(head_dim: int, dtype: str = "bfloat16", causal: bool = False,
     head = backward.tile_width(head_dim)
     cut = backward.tiles(head, deterministic)
     t = torch.empty(1, 1, 256, head_dim, dtype=tdt)
-    descs, _ = backward.descriptors(t, t, t, t, torch.empty(1, 256, head, dtype=torch.float32), "bhsd", head, cut)
+    stat = torch.empty(1, 256, dtype=torch.float32)
+    descs, _ = backward.descriptors(t, t, t, t, torch.empty(1, 256, head, dtype=torch.float32), stat, stat, "bhsd",
+                                    head, cut)
     kernel = backward.backward_kernel
     const = dict(HEAD=head, D=head_dim, CAUSAL=causal, RS=cut.rs, DS_BUFS=cut.ds_bufs, DETERMINISTIC=deterministic)
-    by_name = dict(zip(("q_desc", "k_desc", "v_desc", "do_desc", "dq_desc"), descs))
+    by_name = dict(zip(("q_desc", "k_desc", "v_desc", "do_desc", "dq_desc", "lse_desc", "delta_desc"), descs))
     sig = {}
     for name in kernel.arg_names:
         if name in const:
             sig[name] = "constexpr"
         elif name in by_name:
             sig[name] = native_specialize_impl(BaseBackend, by_name[name], False, True, True)[0]
-        elif name in ("LSE", "Delta"):
-            sig[name] = "*fp32"
         elif name == "Locks":
             sig[name] = "*i32"
         elif name in ("DK", "DV"):

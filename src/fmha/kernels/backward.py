@@ -26,9 +26,10 @@ from .common import LOG2E, dot_t, head_slope, load_rows, mma, scores, sequence
 
 @triton.jit
 def delta_kernel(O, DO, Delta, stride_ob, stride_oh, stride_os, stride_gb, stride_gh, stride_gs, heads,
-                 seqlen_q, CuQ, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                 seqlen_q, delta_rows, CuQ, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                  VARLEN: tl.constexpr):
-    """``Delta[row] = sum_d dO * O`` (float32), rows laid out as the forward's LSE."""
+    """``Delta[row] = sum_d dO * O`` (float32), rows laid out as the forward's LSE, a head's ``delta_rows`` apart
+    (seqlen_q, or the packed rows, or more)."""
     bh = tl.program_id(1)
     b = bh // heads
     h = bh % heads
@@ -46,9 +47,9 @@ def delta_kernel(O, DO, Delta, stride_ob, stride_oh, stride_os, stride_gb, strid
     o = load_rows(base_o + offs_d[None, :], offs_m, sq, offs_d, HEAD_DIM, BLOCK_D, True).to(tl.float32)
     g = load_rows(base_g + offs_d[None, :], offs_m, sq, offs_d, HEAD_DIM, BLOCK_D, True).to(tl.float32)
     if VARLEN:
-        rows = h.to(tl.int64) * seqlen_q + q0 + offs_m
+        rows = h.to(tl.int64) * delta_rows + q0 + offs_m
     else:
-        rows = bh.to(tl.int64) * seqlen_q + offs_m
+        rows = bh.to(tl.int64) * delta_rows + offs_m
     tl.store(Delta + rows, tl.sum(o * g, 1), mask=offs_m < sq)
 
 

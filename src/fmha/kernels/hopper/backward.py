@@ -1,13 +1,15 @@
 """``hopper``'s backward: FlashAttention-3's shape in Gluon (TMA, wgmma, warp specialization), with
 the math of :mod:`..backward` (docs/BACKWARD.md).
 
-A program owns one block of ``BLOCK_N = 128`` keys of one (batch, KV head) and walks the query
-tiles (``BLOCK_M`` rows, :func:`tiles`) of every query head of its group that see those keys (causal:
-from the first tile at or past the block's diagonal), each key block starting at its own tile
-(:func:`_query_tile`).  A one-warp producer loads K and V once and streams each tile's Q and dO by TMA
-into a ``STAGES``-deep ring; two consumer warpgroups own 64 keys each, with dK and dV in registers (wgmma
-accumulators) for the whole walk.  Per tile a consumer computes, its query rows the rows (so a row's LSE and delta are
-two registers a thread):
+A program owns one block of ``BLOCK_N = 128`` keys of one (batch, KV head) and walks the query tiles
+(``BLOCK_M`` rows, :func:`tiles`) of every query head of its group that see those keys (causal: from the first
+tile at or past the block's diagonal), each key block starting at its own tile (:func:`_query_tile`). A
+one-warp producer loads K and V once and streams each tile's Q, dO and its rows' LSEs and deltas by TMA into a
+``STAGES``-deep ring (the statistics read from shared memory straight into the layout a product needs: loaded
+from global memory by the consumers instead, and spread through shared memory at head_dim 64, the backward ran
+0.91-0.94x as fast at head_dim 128 and as fast at 64); two consumer warpgroups own 64 keys each, with dK and
+dV in registers (wgmma accumulators) for the whole walk. Per tile a consumer computes, its query rows the rows
+(so a row's LSE and delta are two registers a thread):
 
 * ``S = Q K^T`` and ``dP = dO V^T`` over its keys;
 * ``P = exp2(scale_log2 S - lse2)`` from the forward's LSE, zero above the causal diagonal;
@@ -20,8 +22,7 @@ two registers a thread):
   columns, and a thread would hold a quarter of a 128-row tile's LSEs and deltas (64 registers) through the
   tile; instead the products start from them: S^T's accumulator from ``-LSE / scale`` (and ``-inf`` above
   the causal diagonal), dP^T's from ``-delta``, so ``P^T = exp2(scale_log2 S^T)`` and ``dS^T = scale P^T
-  dP^T`` (the statistics are read in one register a thread and spread to the accumulators' layout as the
-  products are issued);
+  dP^T`` (the statistics are read in the accumulators' column layout as the products are issued);
 * ``dQ += dS K``: at head_dim 128 (and deterministic) the two warpgroups take a column half each over
   all 128 keys (a barrier pair between them: both halves of dS in place, and both done with them); at 64,
   each its own keys over every column (:func:`tiles`).  The float32 tile goes to shared memory and
@@ -31,13 +32,15 @@ two registers a thread):
   tile's column slice has a counter in global memory, a warpgroup spins until the counter says its
   turn has come, adds, and counts the add once it has completed.
 
-Q and dO are read through 4-D descriptors that hold one (batch, head) sequence each (the K/V
-views of :mod:`..tma`), so the rows of a last tile past seqlen_q are TMA's zeros, never the next
-head's rows, which could hold NaN; their LSE loads as ``+inf`` and their P is 0.  Keys past
-seqlen_k are zeros too and their dK/dV rows are not stored.  A row that saw no key (LSE ``-inf``)
-has P = 0.  Takes (:func:`supports`): sm_90, head_dim 32-128 with V's the same (tiles of 64 or 128
-columns, zeros past head_dim), a scale of at least :data:`MIN_SCALE`, no window, softcap, ALiBi, packed
-sequences or seqused_k, causal in either alignment; anything else runs on the Triton kernels.
+Q and dO are read through 4-D descriptors that hold one (batch, head) sequence each (the K/V views of
+:mod:`..tma`), so the rows of a last tile past seqlen_q are TMA's zeros, never the next head's rows, which
+could hold NaN; their LSE and delta are TMA's zeros too (read from ``[batch * heads, seqlen_q]`` boxes), so
+their P is 1 but dO's rows and dS are 0 and nothing reaches dK or dV. Keys past seqlen_k are zeros too and
+their dK/dV rows are not stored. A row that saw no key (LSE ``-inf``: causal, bottom-right, seqlen_q >
+seqlen_k, as the kernel takes no window or seqused_k) lies wholly above the diagonal in every tile that holds
+it, so the causal mask gives it P = 0. Takes (:func:`supports`): sm_90, head_dim 32-128 with V's the same
+(tiles of 64 or 128 columns, zeros past head_dim), a scale of at least :data:`MIN_SCALE`, no window, softcap,
+ALiBi, packed sequences or seqused_k, causal in either alignment; anything else runs on the Triton kernels.
 """
 from __future__ import annotations
 
@@ -71,6 +74,8 @@ REDUCE_MARK = gl.constexpr(f"{reduce_pass.KERNEL_MARK}\n\tmov.u32 $0, 0;")
 
 IN_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
 DQ_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=3)
+STAT_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+ROW_LAYOUT = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
 
 
 @gluon.jit
@@ -175,10 +180,11 @@ def _box(buf):
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, kv_ready, q_ready, q_empty,
-              kv_heads, group, n_m, causal_offset, chunk, place, CAUSAL: gl.constexpr,
-              DETERMINISTIC: gl.constexpr):
-    """K and V of the block once, then Q and dO of each (head, query tile) into the ring."""
+def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs, delta_bufs, k_smem,
+              v_smem, kv_ready, q_ready, q_empty, heads, kv_heads, group, n_m, causal_offset, chunk, place,
+              CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr):
+    """K and V of the block once, then Q, dO and the rows' LSE and delta of each (head, query tile) into the
+    ring."""
     BLOCK_M: gl.constexpr = q_bufs.shape[1]
     pid_n = _key_block(CAUSAL, DETERMINISTIC)
     b = gl.program_id(1) // kv_heads
@@ -189,11 +195,13 @@ def _producer(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, 
                                     kv_ready, _box(k_smem))
     tma.async_copy_global_to_shared(v_desc, [kvh * place[6], b * place[7] + kvh * place[8], pid_n * BLOCK_N, 0],
                                     kv_ready, _box(v_smem))
-    q_bytes: gl.constexpr = q_desc.block_type.nbytes + do_desc.block_type.nbytes
+    q_bytes: gl.constexpr = (q_desc.block_type.nbytes + do_desc.block_type.nbytes + lse_desc.block_type.nbytes
+                             + delta_desc.block_type.nbytes)
     first = _first_tile(pid_n, causal_offset, BLOCK_M, CAUSAL)
     it = 0
     for gi in range(group):
         h = kvh * group + gi
+        bh = b * heads + h
         for j in range(n_m - first):
             m = _query_tile(j, first, n_m, pid_n, chunk, CAUSAL, DETERMINISTIC)
             s = it % STAGES
@@ -203,6 +211,8 @@ def _producer(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, 
                                             q_ready.index(s), _box(q_bufs.index(s)))
             tma.async_copy_global_to_shared(do_desc, [h * place[9], b * place[10] + h * place[11], m * BLOCK_M, 0],
                                             q_ready.index(s), _box(do_bufs.index(s)))
+            tma.async_copy_global_to_shared(lse_desc, [bh, m * BLOCK_M], q_ready.index(s), lse_bufs.index(s))
+            tma.async_copy_global_to_shared(delta_desc, [bh, m * BLOCK_M], q_ready.index(s), delta_bufs.index(s))
             it += 1
 
 
@@ -227,10 +237,18 @@ def _pds_views(p_smem, ds_smem, d, WG: gl.constexpr, RS: gl.constexpr, SPLIT_COL
 
 
 @gluon.jit
-def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready, q_ready, q_empty, ds_ready, ds_free,
-              dq_desc, LSE, Delta, DK, DV, Locks, heads, kv_heads, group, seqlen_q, seqlen_k, n_m, causal_offset, chunk,
-              scale_log2, scale, dk_strides, dv_strides, WG: gl.constexpr, HEAD: gl.constexpr, D: gl.constexpr,
-              CAUSAL: gl.constexpr, RS: gl.constexpr, DETERMINISTIC: gl.constexpr):
+def _row_stats(lse_s, delta_s, factor, layout: gl.constexpr):
+    """A tile's LSEs times ``factor`` and deltas, from their [1, rows] boxes in shared memory, in ``layout``."""
+    ROWS: gl.constexpr = lse_s.shape[1]
+    lse = lse_s._reinterpret(gl.float32, [ROWS], ROW_LAYOUT).load(layout)
+    return lse * factor, delta_s._reinterpret(gl.float32, [ROWS], ROW_LAYOUT).load(layout)
+
+
+@gluon.jit
+def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_smem, dq_box, kv_ready, q_ready,
+              q_empty, ds_ready, ds_free, dq_desc, DK, DV, Locks, heads, kv_heads, group, seqlen_q, seqlen_k, n_m,
+              causal_offset, chunk, scale_log2, scale, dk_strides, dv_strides, WG: gl.constexpr, HEAD: gl.constexpr,
+              D: gl.constexpr, CAUSAL: gl.constexpr, RS: gl.constexpr, DETERMINISTIC: gl.constexpr):
     KEYS: gl.constexpr = BLOCK_N // 2  # this warpgroup's keys
     BLOCK_M: gl.constexpr = q_bufs.shape[1]  # query rows a tile
     DS_BUFS: gl.constexpr = ds_smem.shape[0]
@@ -251,7 +269,6 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
     t_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=g_layout, k_width=2)
-    c_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     pid_n = _key_block(CAUSAL, DETERMINISTIC)
     b = gl.program_id(1) // kv_heads
     kvh = gl.program_id(1) % kv_heads
@@ -280,17 +297,6 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
             m = _query_tile(j, first, n_m, pid_n, chunk, CAUSAL, DETERMINISTIC)
             s = it % STAGES
             rows = m * BLOCK_M + offs_q
-            if RS:
-                rows_c = m * BLOCK_M + gl.arange(0, BLOCK_M, layout=c_layout)
-                stat_c = bh.to(gl.int64) * seqlen_q + rows_c
-                lse_c = gl.load(LSE + stat_c, mask=rows_c < seqlen_q, other=float("inf"))
-                lse_c = gl.where(lse_c == float("-inf"), float("inf"), lse_c / scale)
-                delta_c = gl.load(Delta + stat_c, mask=rows_c < seqlen_q, other=0.0)
-            else:
-                stat = bh.to(gl.int64) * seqlen_q + rows
-                lse = gl.load(LSE + stat, mask=rows < seqlen_q, other=float("inf"))
-                lse2 = gl.where(lse == float("-inf"), float("inf"), lse * LOG2E)  # P = 0 for a row that saw no key
-                delta = gl.load(Delta + stat, mask=rows < seqlen_q, other=0.0)
             q_s = q_bufs.index(s)
             do_s = do_bufs.index(s)
             d = it % DS_BUFS
@@ -298,15 +304,15 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
             p_w, ds_w, ds_a = _pds_views(p_smem, ds_smem, d, WG, RS, SPLIT_COLS)
             mbarrier.wait(q_ready.index(s), (it // STAGES) & 1)
             if RS:  # S^T and dP^T (keys the rows): P^T and dS^T are dV's and dK's A operands in registers
+                lse_t, delta_t = _row_stats(lse_bufs.index(s), delta_bufs.index(s), 1.0 / scale,
+                                            gl.SliceLayout(0, t_layout))
                 zeros_t = gl.zeros([KEYS, BLOCK_M], gl.float32, t_layout)
-                st0 = zeros_t - gl.convert_layout(lse_c, gl.SliceLayout(0, t_layout))[None, :]
+                st0 = zeros_t - lse_t[None, :]
                 if CAUSAL:
                     if m * BLOCK_M + causal_offset < key0 + KEYS - 1:  # the tile crosses the diagonal
                         st0 = gl.where(offs_k[:, None] <= rows[None, :] + causal_offset, st0, float("-inf"))
                 st = warpgroup_mma(k_w, q_s.permute((1, 0)), st0, is_async=True)
-                dpt = warpgroup_mma(v_w, do_s.permute((1, 0)),
-                                    zeros_t - gl.convert_layout(delta_c, gl.SliceLayout(0, t_layout))[None, :],
-                                    is_async=True)
+                dpt = warpgroup_mma(v_w, do_s.permute((1, 0)), zeros_t - delta_t[None, :], is_async=True)
                 st, dpt = warpgroup_mma_wait(0, deps=[st, dpt])
                 pt = gl.exp2(st * scale_log2)
                 dst = (pt * dpt * scale).to(dtype)
@@ -320,6 +326,7 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready
                 if not DK_LAST:
                     dk = warpgroup_mma(ds_t, q_s, dk, is_async=True)
             else:
+                lse2, delta = _row_stats(lse_bufs.index(s), delta_bufs.index(s), LOG2E, row_layout)
                 zeros = gl.zeros([BLOCK_M, KEYS], gl.float32, s_layout)
                 qk = warpgroup_mma(q_s, k_w.permute((1, 0)), zeros, use_acc=False, is_async=True)
                 dp = warpgroup_mma(do_s, v_w.permute((1, 0)), zeros, use_acc=False, is_async=True)
@@ -387,12 +394,11 @@ def _store_rows(acc, Ptr, b, h, seqlen, strides, row0, layout: gl.constexpr, ROW
 
 
 @gluon.jit
-def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, Delta, DK, DV, Locks, heads, kv_heads, group,
-                    seqlen_q,
-                    seqlen_k, n_m, causal_offset, chunk, scale_log2, scale, q_lead, q_first_b, q_first_h, k_lead,
-                    k_first_b, k_first_h, v_lead, v_first_b, v_first_h, do_lead, do_first_b, do_first_h, dk_b, dk_h,
-                    dk_s, dv_b, dv_h, dv_s, HEAD: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr,
-                    RS: gl.constexpr, DS_BUFS: gl.constexpr, DETERMINISTIC: gl.constexpr):
+def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_desc, DK, DV, Locks, heads, kv_heads,
+                    group, seqlen_q, seqlen_k, n_m, causal_offset, chunk, scale_log2, scale, q_lead, q_first_b,
+                    q_first_h, k_lead, k_first_b, k_first_h, v_lead, v_first_b, v_first_h, do_lead, do_first_b,
+                    do_first_h, dk_b, dk_h, dk_s, dv_b, dv_h, dv_s, HEAD: gl.constexpr, D: gl.constexpr,
+                    CAUSAL: gl.constexpr, RS: gl.constexpr, DS_BUFS: gl.constexpr, DETERMINISTIC: gl.constexpr):
     """dK and dV of a key block (:func:`_key_block`) of (batch, KV head) ``program_id(1)``, and its share of dQ
     added into ``dq_desc``'s float32 buffer.  HEAD: the tile width (head_dim padded), D: head_dim.
     ``Locks``: deterministic, zeroed int32 counters, one a column half of each (batch * head, query tile);
@@ -401,6 +407,8 @@ def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, Delta, DK, DV
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     q_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD], TILE)
     do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD], TILE)
+    lse_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], lse_desc.layout)
+    delta_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], delta_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD], TILE)
     v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD], TILE)
     if RS:  # P stays in registers
@@ -430,16 +438,17 @@ def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, Delta, DK, DV
     place = (q_lead, q_first_b, q_first_h, k_lead, k_first_b, k_first_h, v_lead, v_first_b, v_first_h, do_lead,
              do_first_b, do_first_h)
     gl.warp_specialize([
-        (_consumer, (k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready, q_ready, q_empty, ds_ready,
-                     ds_free, dq_desc, LSE, Delta, DK, DV, Locks, heads, kv_heads, group, seqlen_q, seqlen_k,
-                     n_m, causal_offset, chunk, scale_log2, scale, (dk_b, dk_h, dk_s), (dv_b, dv_h, dv_s), 0, HEAD, D,
-                     CAUSAL, RS, DETERMINISTIC)),
-        (_consumer, (k_smem, v_smem, q_bufs, do_bufs, p_smem, ds_smem, dq_box, kv_ready, q_ready, q_empty, ds_ready,
-                     ds_free, dq_desc, LSE, Delta, DK, DV, Locks, heads, kv_heads, group, seqlen_q, seqlen_k,
-                     n_m, causal_offset, chunk, scale_log2, scale, (dk_b, dk_h, dk_s), (dv_b, dv_h, dv_s), 1, HEAD, D,
-                     CAUSAL, RS, DETERMINISTIC)),
-        (_producer, (q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_smem, v_smem, kv_ready, q_ready, q_empty,
-                     kv_heads, group, n_m, causal_offset, chunk, place, CAUSAL, DETERMINISTIC)),
+        (_consumer, (k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_smem, dq_box, kv_ready, q_ready,
+                     q_empty, ds_ready, ds_free, dq_desc, DK, DV, Locks, heads, kv_heads, group, seqlen_q, seqlen_k,
+                     n_m, causal_offset, chunk, scale_log2, scale, (dk_b, dk_h, dk_s), (dv_b, dv_h, dv_s), 0, HEAD,
+                     D, CAUSAL, RS, DETERMINISTIC)),
+        (_consumer, (k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_smem, dq_box, kv_ready, q_ready,
+                     q_empty, ds_ready, ds_free, dq_desc, DK, DV, Locks, heads, kv_heads, group, seqlen_q, seqlen_k,
+                     n_m, causal_offset, chunk, scale_log2, scale, (dk_b, dk_h, dk_s), (dv_b, dv_h, dv_s), 1, HEAD,
+                     D, CAUSAL, RS, DETERMINISTIC)),
+        (_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs, delta_bufs,
+                     k_smem, v_smem, kv_ready, q_ready, q_empty, heads, kv_heads, group, n_m, causal_offset,
+                     chunk, place, CAUSAL, DETERMINISTIC)),
     ], [4, 1], [240, 24])
 
 
@@ -494,10 +503,10 @@ def tiles(head: int, deterministic: bool = False) -> Tiles:
     return Tiles(rows=64, rs=False, ds_bufs=2, dq_cols=head // 2)
 
 
-def descriptors(q, k, v, do, dq, layout: str, head: int, cut: Tiles) -> tuple[list, list[int]]:
-    """The TMA descriptors of q, k, v, dO (a box of one (batch, head) sequence's rows, ``head`` columns) and
-    of the float32 ``dq`` buffer (a warpgroup's share of a tile), and the (batch, head) placements of the
-    first four."""
+def descriptors(q, k, v, do, dq, lse, delta, layout: str, head: int, cut: Tiles) -> tuple[list, list[int]]:
+    """The TMA descriptors of q, k, v, dO (a box of one (batch, head) sequence's rows, ``head`` columns), of
+    the float32 ``dq`` buffer (a warpgroup's share of a tile) and of the LSE and delta (``[batch * heads,
+    seqlen_q]``, a tile's rows a box), and the (batch, head) placements of the first four."""
     descs, place = [], []
     for t, rows in ((q, cut.rows), (k, BLOCK_N.value), (v, BLOCK_N.value), (do, cut.rows)):
         shape, st, p = _place(t, layout)
@@ -505,7 +514,25 @@ def descriptors(q, k, v, do, dq, layout: str, head: int, cut: Tiles) -> tuple[li
         place += p
     box = [1, cut.rows, cut.dq_cols]
     descs.append(TensorDescriptor(dq, list(dq.shape), list(dq.stride()), box, DQ_LAYOUT))
+    for stat in (lse, delta):
+        descs.append(TensorDescriptor(stat, list(stat.shape), list(stat.stride()), [1, cut.rows], STAT_LAYOUT))
     return descs, place
+
+
+def stats_rows(seqlen_q: int) -> int:
+    """The row stride of the LSE and delta the kernel reads (``[batch * heads, seqlen_q]`` boxes by TMA, whose
+    strides are whole 16 bytes): seqlen_q rounded up to 4."""
+    return -(-seqlen_q // 4) * 4
+
+
+def row_stats(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """The LSE (``[batch, heads, seqlen_q]``) as the ``[batch * heads, seqlen_q]`` view the kernel reads, copied
+    into rows of ``rows`` floats where its own are not (seqlen_q not a multiple of 4, or not 16-byte aligned)."""
+    flat = t.reshape(-1, t.shape[-1])
+    if flat.stride(0) == rows and flat.data_ptr() % 16 == 0:
+        return flat
+    out = torch.empty(flat.shape[0], rows, dtype=flat.dtype, device=flat.device)[:, :flat.shape[1]]
+    return out.copy_(flat)
 
 
 def tile_width(head_dim: int) -> int:
@@ -519,16 +546,17 @@ def launch(prob, q, k, v, do, lse, delta, dk, dv, layout: str, strides, determin
     head = tile_width(prob.head_dim)
     cut = tiles(head, deterministic)
     dq = torch.zeros(prob.batch * prob.heads, prob.seqlen_q, head, dtype=torch.float32, device=q.device)
-    (q_desc, k_desc, v_desc, do_desc, dq_desc), place = descriptors(q, k, v, do, dq, layout, head, cut)
+    rows = stats_rows(prob.seqlen_q)
+    descs, place = descriptors(q, k, v, do, dq, row_stats(lse, rows), row_stats(delta, rows), layout, head, cut)
     reduce_pass.install()
     n_m = triton.cdiv(prob.seqlen_q, cut.rows)
     locks = (torch.zeros(prob.batch * prob.heads * n_m * 2, dtype=torch.int32, device=q.device) if deterministic
-             else delta)
+             else dq)
     grid = (triton.cdiv(prob.seqlen_k, BLOCK_N.value), prob.batch * prob.kv_heads)
     # deterministic: the blocks that walk side by side (:func:`_turn`: a chunk's programs fit the SMs); unused else
     chunk = min(grid[0], n_m, device_facts(q.device.index)[1]) if deterministic else 1
     scale = prob.scale_log2 / LOG2E_VALUE
-    backward_kernel[grid](q_desc, k_desc, v_desc, do_desc, dq_desc, lse, delta, dk, dv, locks, prob.heads,
+    backward_kernel[grid](*descs, dk, dv, locks, prob.heads,
                           prob.kv_heads, prob.heads // prob.kv_heads, prob.seqlen_q, prob.seqlen_k, n_m,
                           prob.causal_offset, chunk, prob.scale_log2, scale, *place, *strides["dk"], *strides["dv"],
                           HEAD=head, D=prob.head_dim, CAUSAL=bool(prob.causal), RS=cut.rs,
