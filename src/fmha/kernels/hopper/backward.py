@@ -526,8 +526,9 @@ def stats_rows(seqlen_q: int) -> int:
 
 
 def row_stats(t: torch.Tensor, rows: int) -> torch.Tensor:
-    """The LSE (``[batch, heads, seqlen_q]``) as the ``[batch * heads, seqlen_q]`` view the kernel reads, copied
-    into rows of ``rows`` floats where its own are not (seqlen_q not a multiple of 4, or not 16-byte aligned)."""
+    """The LSE or delta (``[batch, heads, seqlen_q]``) as the ``[batch * heads, seqlen_q]`` view the kernel reads,
+    copied into rows of ``rows`` floats where its own are not (seqlen_q not a multiple of 4, or not 16-byte
+    aligned; the backward lays delta out so, :func:`fmha.backward._hopper`)."""
     flat = t.reshape(-1, t.shape[-1])
     if flat.stride(0) == rows and flat.data_ptr() % 16 == 0:
         return flat
