@@ -129,7 +129,7 @@ def describe(q, k, v, *, causal: bool = False, layout: str = "bhsd", determinist
         from .kernels.hopper import backward as hopper
         cut = hopper.tiles(hopper.tile_width(prob.head_dim), deterministic)
         return (f"hopper backward BLOCK_M={cut.rows} BLOCK_N={hopper.BLOCK_N.value} stages={hopper.STAGES.value} "
-                f"ds_bufs={cut.ds_bufs} rs={int(cut.rs)} dq_cols={cut.dq_cols}{order}")
+                f"ds_bufs={cut.ds_bufs} rs={int(cut.rs)} dq_rows={cut.dq_rows} dq_cols={cut.dq_cols}{order}")
     kv_tiles, q_tiles = tiles(max(prob.head_dim, prob.dv), prob.causal, deterministic, family_of(q.device))
 
     def shape(t):

@@ -23,14 +23,13 @@ dV in registers (wgmma accumulators) for the whole walk. Per tile a consumer com
   tile; instead the products start from them: S^T's accumulator from ``-LSE / scale`` (and ``-inf`` above
   the causal diagonal), dP^T's from ``-delta``, so ``P^T = exp2(scale_log2 S^T)`` and ``dS^T = scale P^T
   dP^T`` (the statistics are read in the accumulators' column layout as the products are issued);
-* ``dQ += dS K``: at head_dim 128 (and deterministic) the two warpgroups take a column half each over
-  all 128 keys (a barrier pair between them: both halves of dS in place, and both done with them); at 64,
-  each its own keys over every column (:func:`tiles`).  The float32 tile goes to shared memory and
-  is added into a float32 dQ buffer by a TMA reduce-add (``cp.reduce.async.bulk.tensor``: Gluon 3.6 has
-  only the TMA store, so the build marks itself and :mod:`.reduce_pass` turns its stores into reduce-adds),
-  in an order that varies from run to run; or, ``DETERMINISTIC``, in one fixed order (:func:`_turn`): each dQ
-  tile's column slice has a counter in global memory, a warpgroup spins until the counter says its
-  turn has come, adds, and counts the add once it has completed.
+* ``dQ += dS K`` over all 128 keys: at head_dim 128 the two warpgroups take a column half each, at 64 a
+  row half each (:func:`tiles`; a barrier pair between them: both halves of dS in place, and both done with
+  them).  The float32 half goes to shared memory and is added into a float32 dQ buffer by a TMA reduce-add
+  (``cp.reduce.async.bulk.tensor``: Gluon 3.6 has only the TMA store, so the build marks itself and
+  :mod:`.reduce_pass` turns its stores into reduce-adds), in an order that varies from run to run; or,
+  ``DETERMINISTIC``, in one fixed order (:func:`_turn`): each half of a dQ tile has a counter in global memory,
+  a warpgroup spins until the counter says its turn has come, adds, and counts the add once it has completed.
 
 Q and dO are read through 4-D descriptors that hold one (batch, head) sequence each (the K/V views of
 :mod:`..tma`), so the rows of a last tile past seqlen_q are TMA's zeros, never the next head's rows, which
@@ -217,23 +216,25 @@ def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_bufs, do_
 
 
 @gluon.jit
-def _pds_views(p_smem, ds_smem, d, WG: gl.constexpr, RS: gl.constexpr, SPLIT_COLS: gl.constexpr):
+def _pds_views(p_smem, ds_smem, d, WG: gl.constexpr, RS: gl.constexpr, DQ_ROWS: gl.constexpr):
     """Buffer ``d`` of P and dS: this warpgroup's part of P ([query rows, its keys]) and of dS ([query rows, its
-    keys], or RS: dS^T's [its keys, query rows]), and the dS operand of its dQ product (every key's rows for a
-    column half, else its own)."""
+    keys], or RS: dS^T's [its keys, query rows]), and the dS operand of its dQ product (its ``DQ_ROWS`` query
+    rows by every key)."""
     KEYS: gl.constexpr = BLOCK_N // 2
     ds = ds_smem.index(d)
     if RS:
         ds_w = ds.slice(WG * KEYS, KEYS, dim=0)
         p_w = ds_w  # (P stays in registers)
-        ds_all = ds.permute((1, 0))
-        ds_own = ds_w.permute((1, 0))
+        if DQ_ROWS < ds.shape[1]:
+            ds = ds.slice(WG * DQ_ROWS, DQ_ROWS, dim=1)
+        ds_q = ds.permute((1, 0))
     else:
         p_w = p_smem.index(d).slice(WG * KEYS, KEYS, dim=1)
         ds_w = ds.slice(WG * KEYS, KEYS, dim=1)
-        ds_all = ds
-        ds_own = ds_w
-    return p_w, ds_w, ds_all if SPLIT_COLS else ds_own
+        ds_q = ds
+        if DQ_ROWS < ds.shape[0]:
+            ds_q = ds.slice(WG * DQ_ROWS, DQ_ROWS, dim=0)
+    return p_w, ds_w, ds_q
 
 
 @gluon.jit
@@ -252,8 +253,8 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
     KEYS: gl.constexpr = BLOCK_N // 2  # this warpgroup's keys
     BLOCK_M: gl.constexpr = q_bufs.shape[1]  # query rows a tile
     DS_BUFS: gl.constexpr = ds_smem.shape[0]
-    DQ_COLS: gl.constexpr = dq_desc.block_type.shape[2]  # (:func:`tiles`)
-    SPLIT_COLS: gl.constexpr = DQ_COLS < HEAD  # dQ: a column half each over all keys, else own keys, all columns
+    DQ_ROWS: gl.constexpr = dq_desc.block_type.shape[1]  # dQ: a row or a column half each (:func:`tiles`)
+    DQ_COLS: gl.constexpr = dq_desc.block_type.shape[2]
     # dK's product issued after dQ's (64-wide tiles, fast mode: 7-12% faster causal); 1-3% slower at 128, and 2-4%
     # slower deterministic, which issue it before
     DK_LAST: gl.constexpr = RS and not DETERMINISTIC
@@ -275,20 +276,23 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
     key0 = pid_n * BLOCK_N + WG * KEYS
     k_w = k_smem.slice(WG * KEYS, KEYS, dim=0)
     v_w = v_smem.slice(WG * KEYS, KEYS, dim=0)
-    if SPLIT_COLS:  # dQ[:, cols] = dS[:, all keys] K[all keys, cols]
+    # dQ[rows, cols] = dS[rows, all keys] K[all keys, cols]: this warpgroup's row half, or its column half
+    k_b = k_smem
+    dq_row = 0
+    dq_col = 0
+    if DQ_COLS < HEAD:
         k_b = k_smem.slice(WG * DQ_COLS, DQ_COLS, dim=1)
         dq_col = WG * DQ_COLS
-    else:  # dQ[:, all] += dS[:, own keys] K[own keys, all]
-        k_b = k_w
-        dq_col = 0
-    dq_tile = dq_box.index(WG)._reinterpret(gl.float32, [BLOCK_M, DQ_COLS], TILE_F32)
+    if DQ_ROWS < BLOCK_M:
+        dq_row = WG * DQ_ROWS
+    dq_tile = dq_box.index(WG)._reinterpret(gl.float32, [DQ_ROWS, DQ_COLS], TILE_F32)
     # a tile's query rows and this warpgroup's keys along the scores' dimensions (RS: S^T's, keys the rows)
     offs_q = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, t_layout) if RS else row_layout)
     offs_k = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, t_layout) if RS else gl.SliceLayout(0, s_layout))
     dk = gl.zeros([KEYS, HEAD], gl.float32, g_layout)
     dv = gl.zeros([KEYS, HEAD], gl.float32, g_layout)
     first = _first_tile(pid_n, causal_offset, BLOCK_M, CAUSAL)
-    lock = Locks  # deterministic: the counter of the dQ tile's column half added last
+    lock = Locks  # deterministic: the counter of the dQ tile's half added last
     mbarrier.wait(kv_ready, 0)
     it = 0
     for gi in range(group):
@@ -301,7 +305,7 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
             do_s = do_bufs.index(s)
             d = it % DS_BUFS
             d_phase = (it // DS_BUFS) & 1
-            p_w, ds_w, ds_a = _pds_views(p_smem, ds_smem, d, WG, RS, SPLIT_COLS)
+            p_w, ds_w, ds_q = _pds_views(p_smem, ds_smem, d, WG, RS, DQ_ROWS)
             mbarrier.wait(q_ready.index(s), (it // STAGES) & 1)
             if RS:  # S^T and dP^T (keys the rows): P^T and dS^T are dV's and dK's A operands in registers
                 lse_t, delta_t = _row_stats(lse_bufs.index(s), delta_bufs.index(s), 1.0 / scale,
@@ -320,8 +324,7 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
                 mbarrier.wait(ds_free.index(d), d_phase ^ 1)
                 ds_w.store(dst)
                 fence_async_shared()
-                if SPLIT_COLS:  # (dQ over its own keys waits for no other warpgroup's dS)
-                    mbarrier.arrive(ds_ready.index(d), count=1)
+                mbarrier.arrive(ds_ready.index(d), count=1)
                 ds_t = gl.convert_layout(dst, a_layout)  # dK's A operand
                 if not DK_LAST:
                     dk = warpgroup_mma(ds_t, q_s, dk, is_async=True)
@@ -342,16 +345,14 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
                 dp = warpgroup_mma_wait(0, deps=[dp])
                 ds_w.store((p * (dp - delta[:, None]) * scale).to(dtype))
                 fence_async_shared()
-                if SPLIT_COLS:  # (dQ over its own keys waits for no other warpgroup's dS)
-                    mbarrier.arrive(ds_ready.index(d), count=1)
+                mbarrier.arrive(ds_ready.index(d), count=1)
                 dv = warpgroup_mma(p_w.permute((1, 0)), do_s, dv, is_async=True)
                 dk = warpgroup_mma(ds_w.permute((1, 0)), q_s, dk, is_async=True)
             if DETERMINISTIC:  # the previous tile's add, complete by now: the next block's turn at that tile
                 if it > 0:
                     _pass_turn(lock)
-            if SPLIT_COLS:
-                mbarrier.wait(ds_ready.index(d), d_phase)
-            dq = warpgroup_mma(ds_a, k_b, gl.zeros([BLOCK_M, DQ_COLS], gl.float32, q_layout), use_acc=False,
+            mbarrier.wait(ds_ready.index(d), d_phase)  # both warpgroups' dS in place
+            dq = warpgroup_mma(ds_q, k_b, gl.zeros([DQ_ROWS, DQ_COLS], gl.float32, q_layout), use_acc=False,
                                is_async=True)
             if DK_LAST:  # dK's product in flight while dQ's tile goes to shared memory and on to its add
                 dk = warpgroup_mma(ds_t, q_s, dk, is_async=True)
@@ -365,9 +366,9 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
             dq_tile.store(dq)
             fence_async_shared()
             if DETERMINISTIC:
-                lock = Locks + (bh * n_m + m) * 2 + WG  # (column halves: :func:`tiles`)
+                lock = Locks + (bh * n_m + m) * 2 + WG  # (halves: :func:`tiles`)
                 _take_turn(lock, WARPS * _turn(m, pid_n, causal_offset, chunk, BLOCK_M, CAUSAL))
-            tma.async_copy_shared_to_global(dq_desc, [bh, m * BLOCK_M, dq_col], dq_box.index(WG))
+            tma.async_copy_shared_to_global(dq_desc, [bh, m * BLOCK_M + dq_row, dq_col], dq_box.index(WG))
             if DK_LAST:
                 dv, dk = warpgroup_mma_wait(0, deps=[dv, dk])
                 mbarrier.arrive(q_empty.index(s), count=1)  # (and the P/dS buffer where the rings match: one barrier)
@@ -401,7 +402,7 @@ def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_de
                     CAUSAL: gl.constexpr, RS: gl.constexpr, DS_BUFS: gl.constexpr, DETERMINISTIC: gl.constexpr):
     """dK and dV of a key block (:func:`_key_block`) of (batch, KV head) ``program_id(1)``, and its share of dQ
     added into ``dq_desc``'s float32 buffer.  HEAD: the tile width (head_dim padded), D: head_dim.
-    ``Locks``: deterministic, zeroed int32 counters, one a column half of each (batch * head, query tile);
+    ``Locks``: deterministic, zeroed int32 counters, one a half of each (batch * head, query tile);
     ``chunk``: deterministic, the key blocks that walk side by side (:func:`_turn`)."""
     dtype: gl.constexpr = q_desc.dtype
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
@@ -417,8 +418,8 @@ def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_de
     else:
         ds_smem = gl.allocate_shared_memory(dtype, [DS_BUFS, BLOCK_M, BLOCK_N], TILE)
         p_smem = gl.allocate_shared_memory(dtype, [DS_BUFS, BLOCK_M, BLOCK_N], TILE)
-    DQ_COLS: gl.constexpr = dq_desc.block_type.shape[2]
-    dq_box = gl.allocate_shared_memory(gl.float32, [2, 1, BLOCK_M, DQ_COLS], dq_desc.layout)
+    dq_box = gl.allocate_shared_memory(gl.float32, [2, 1, dq_desc.block_type.shape[1], dq_desc.block_type.shape[2]],
+                                       dq_desc.layout)
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -483,7 +484,8 @@ class Tiles(NamedTuple):
     rows: int  # query rows a tile (``BLOCK_M``)
     rs: bool  # S^T and dP^T, keys the rows: P^T and dS^T are dV's and dK's A operands in registers
     ds_bufs: int  # buffers of P and dS: with two, a warpgroup writes the next tile's while the other reads these
-    dq_cols: int  # the dQ columns a warpgroup adds: a half each over all keys, or every column over its own keys
+    dq_rows: int  # the dQ rows a warpgroup adds (over all keys): half the tile's, or all of them
+    dq_cols: int  # the dQ columns a warpgroup adds: half the head's, or all of them
 
 
 def tiles(head: int, deterministic: bool = False) -> Tiles:
@@ -494,13 +496,14 @@ def tiles(head: int, deterministic: bool = False) -> Tiles:
     bytes beside dK's and dV's accumulators holding the statistics through the tile (12-14% slower), and 28-40
     with the products started from them (2-4% slower without causal, no faster causal; docs/PERF.md, "The
     Gluon backward").  At 64: FlashAttention-3's 128-row tiles in S^T's registers form, the products started
-    from the statistics, dQ over each warpgroup's own keys: 1.21-1.27x the 64-row tiles from 1k tokens without
-    causal, 1.04-1.10x causal (ptxas spills 56-60 bytes; holding the statistics through the tile spilled 752-792
-    and ran 24-33% slower).  Deterministic, dQ is always in column halves (each half its own turns, where two
-    warpgroups adding whole tiles wait for each other)."""
+    from the statistics: 1.21-1.27x the 64-row tiles from 1k tokens without causal, 1.04-1.10x causal (holding
+    the statistics through the tile spilled 752-792 bytes and ran 24-33% slower); dQ in row halves over all
+    128 keys, as FlashAttention-3 cuts it there (each warpgroup's own keys over the whole tile adds twice the
+    bytes).  Either way each warpgroup adds its own half of a dQ tile, so deterministic, each half takes its own
+    turns."""
     if head <= 64:
-        return Tiles(rows=128, rs=True, ds_bufs=2, dq_cols=head // 2 if deterministic else head)
-    return Tiles(rows=64, rs=False, ds_bufs=2, dq_cols=head // 2)
+        return Tiles(rows=128, rs=True, ds_bufs=2, dq_rows=64, dq_cols=head)
+    return Tiles(rows=64, rs=False, ds_bufs=2, dq_rows=64, dq_cols=head // 2)
 
 
 def descriptors(q, k, v, do, dq, lse, delta, layout: str, head: int, cut: Tiles) -> tuple[list, list[int]]:
@@ -512,7 +515,7 @@ def descriptors(q, k, v, do, dq, lse, delta, layout: str, head: int, cut: Tiles)
         shape, st, p = _place(t, layout)
         descs.append(TensorDescriptor(t, shape, st, [1, 1, rows, head], IN_LAYOUT))
         place += p
-    box = [1, cut.rows, cut.dq_cols]
+    box = [1, cut.dq_rows, cut.dq_cols]
     descs.append(TensorDescriptor(dq, list(dq.shape), list(dq.stride()), box, DQ_LAYOUT))
     for stat in (lse, delta):
         descs.append(TensorDescriptor(stat, list(stat.shape), list(stat.stride()), [1, cut.rows], STAT_LAYOUT))
