@@ -218,22 +218,18 @@ def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_bufs, do_
 @gluon.jit
 def _pds_views(p_smem, ds_smem, d, WG: gl.constexpr, RS: gl.constexpr, DQ_ROWS: gl.constexpr):
     """Buffer ``d`` of P and dS: this warpgroup's part of P ([query rows, its keys]) and of dS ([query rows, its
-    keys], or RS: dS^T's [its keys, query rows]), and the dS operand of its dQ product (its ``DQ_ROWS`` query
-    rows by every key)."""
+    keys], or RS: dS^T's [its keys, query rows]), and the dS operand of its dQ product: every key by its
+    ``DQ_ROWS`` query rows (RS: a row half of the 128-row tile) or by the whole tile's (:func:`tiles`)."""
     KEYS: gl.constexpr = BLOCK_N // 2
     ds = ds_smem.index(d)
     if RS:
         ds_w = ds.slice(WG * KEYS, KEYS, dim=0)
         p_w = ds_w  # (P stays in registers)
-        if DQ_ROWS < ds.shape[1]:
-            ds = ds.slice(WG * DQ_ROWS, DQ_ROWS, dim=1)
-        ds_q = ds.permute((1, 0))
+        ds_q = ds.slice(WG * DQ_ROWS, DQ_ROWS, dim=1).permute((1, 0))
     else:
         p_w = p_smem.index(d).slice(WG * KEYS, KEYS, dim=1)
         ds_w = ds.slice(WG * KEYS, KEYS, dim=1)
         ds_q = ds
-        if DQ_ROWS < ds.shape[0]:
-            ds_q = ds.slice(WG * DQ_ROWS, DQ_ROWS, dim=0)
     return p_w, ds_w, ds_q
 
 
