@@ -3,8 +3,10 @@ import itertools
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
+
 import pytest
 import torch
 
@@ -119,6 +121,33 @@ def test_backward_pass_cells_check_gradients_and_count_their_flops():
     with pytest.raises(ValueError, match="without a window"):
         runner.run_cell(grids.Cell(1, 2, 2, 16, 16, 32, True, window=4), torch.float16, provs, "cpu", 1.0,
                         pass_="bwd")
+
+
+def test_backward_under_cuda_graphs_times_both_passes_less_the_forward():
+    """With ``graphs``, ``bwd`` is timed as a pair (forward and backward, forward alone: autograd's backward
+    alone cannot be captured) whose first member computes the gradients and whose time is the difference; a
+    provider whose backward breaks captures (FlashAttention-4's) is recorded as failed without being run."""
+    cell = grids.Cell(1, 2, 1, 17, 40, 64, True)
+    prov = next(p for p in providers.providers("cpu") if p.name == "fmha:auto")
+    q, k, v, ref, _ = runner.cell_inputs(cell, torch.bfloat16, "cpu")
+    q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
+    do = torch.randn(ref.shape, dtype=torch.bfloat16)
+    ref_grads = runner._reference_grads(q, k, v, do, cell)
+    (both, fwd), err = runner._checked(prov, q, k, v, cell, ref, "bwd", do, ref_grads, graphs=True)
+    assert err < 2e-2
+    grads = both()
+    assert len(grads) == 3 and all(g.shape == t.shape for g, t in zip(grads, (q, k, v)))
+    assert fwd().shape == ref.shape
+    ms = runner.time_ms((lambda: time.sleep(0.05), lambda: None), "cpu")
+    assert 45 < ms < 500, ms
+
+    def never(q, k, v, c):
+        raise AssertionError("a provider whose backward cannot be captured is not run under --cuda-graphs")
+    uncapturable = Provider("uncapturable", never, peer=True, graph_backward=False)
+    rows = runner.run_cell(cell, torch.bfloat16, [prov, uncapturable], "cpu", 1.0, graphs=True, pass_="bwd")
+    by = {r["provider"]: r for r in rows}
+    assert by["fmha:auto"]["note"] == "ok, cuda graph (fwd+bwd less fwd)", by["fmha:auto"]
+    assert by["uncapturable"]["note"].startswith("failed: its backward cannot be captured"), by["uncapturable"]
 
 
 def test_mla_cells_run_with_v_head_dim_other_than_qk():

@@ -26,7 +26,6 @@ def fmha(*args, cwd=ROOT):
     (("bench", "--where", "head_dim=999"), "selects none of the 3 cells of grid quick; values here:"),
     (("bench", "--where", "colour=1"), "unknown cell field 'colour'"),
     (("bench", "--device", "cpu", "--grid", "default"), "too big for the CPU interpreter"),
-    (("bench", "--pass", "bwd", "--cuda-graphs"), "--cuda-graphs times the forward only"),
     (("sweep", "--variant", "tiled", "--space", "block_q=2"), "--space 'block_q=2'"),
     (("plot", "--run", "nosuchrun", "--out", "{tmp}"), "--run nosuchrun: no such run"),
 ])

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from fmha import configs
+from fmha import configs, plan
 from fmha.kernels import hopper
 
 
@@ -224,3 +224,22 @@ def test_head_dim_96_causal_takes_the_lpt_tail_alone_of_the_padded_dims():
     assert configs.hopper_config(192, True, 4096).balance == 0
     assert configs.hopper_config(192, True, 4096, head_dim_v=128).balance == 0
     assert configs.hopper_config(256, True, 4096).balance == 0
+
+
+@pytest.mark.parametrize("seqlen,heads,kv_heads,head", [(1024, 16, 16, 128), (16384, 16, 16, 128), (4096, 28, 4, 128),
+                                                         (1 << 20, 8, 8, 64), (512, 32, 32, 64)])
+def test_causal_backward_heads_go_in_l2_sections(seqlen, heads, kv_heads, head, monkeypatch):
+    """The Gluon backward's causal programs take (batch, KV head)s in sections whose Q, dO and float32 dQ fit
+    the L2 cache (a power of two of them, one at least); deterministic and non-causal calls one at a time."""
+    import dataclasses
+    from fmha.kernels.hopper import backward
+    l2 = 50 << 20
+    monkeypatch.setattr(backward, "l2_bytes", lambda index: l2)
+    q = torch.empty(1, heads, seqlen, head, device="meta")
+    k = torch.empty(1, kv_heads, seqlen, head, device="meta")
+    prob = plan.problem(*plan.sizes(q, k, "bhsd"), causal=True, scale=None)
+    n = backward.section(prob, head, 2, 0, deterministic=False)
+    one = seqlen * heads // kv_heads * head * (2 * 2 + 4)
+    assert n & (n - 1) == 0 and n * one <= max(l2, one) < 2 * n * one, n
+    assert backward.section(prob, head, 2, 0, deterministic=True) == 1
+    assert backward.section(dataclasses.replace(prob, causal=False), head, 2, 0, deterministic=False) == 1

@@ -197,6 +197,23 @@ def test_deterministic_hopper_backward_with_more_key_blocks_than_sms():
         assert (x.float() - f.float()).abs().max().item() <= 2e-2 * f.float().abs().max().item(), name
 
 
+def test_causal_programs_in_sections_of_heads(monkeypatch):
+    """Causal, the (batch, KV head)s go in L2-sized sections, key block-major inside one
+    (:func:`fmha.kernels.hopper.backward.section`).  An L2 that holds two pairs makes sections of two and a last
+    one of one (5 pairs): every key block of every pair runs once and the gradients pass the float64 yardstick.
+    (Which calls take sections: test_configs.)"""
+    from fmha.kernels.hopper import backward as gluon_backward
+    shape = (5, 2, 1, 600, 700, 64)
+    one = 600 * 2 * 64 * (2 * 2 + 4)
+    monkeypatch.setattr(gluon_backward, "l2_bytes", lambda index: 2 * one + 1)
+    q, k, v = make_qkv(*shape, torch.bfloat16, seed=41)
+    prob = plan.problem(*plan.sizes(q, k, "bhsd"), causal=True, scale=None)
+    assert gluon_backward.section(prob, 64, 2, 0, deterministic=False) == 2
+    assert runs_on(q, k, v, causal=True) == "hopper"
+    grads, (q, k, v, do) = gradients(q, k, v, 5, causal=True)
+    check_grads(grads, q, k, v, do, True, "top_left")
+
+
 def test_what_the_hopper_backward_leaves_to_triton(monkeypatch):
     monkeypatch.setattr(backward, "GLUON_ROWS", RULE)
     monkeypatch.setattr(backward, "GLUON_ROWS_DETERMINISTIC", RULE_DETERMINISTIC)

@@ -1,5 +1,5 @@
 """What fmha knows of the machine: whether Triton's interpreter runs the kernels, and each CUDA
-device's compute capability and SM count (asked once, not per call)."""
+device's compute capability, SM count and L2 size (asked once, not per call)."""
 from __future__ import annotations
 
 import contextlib
@@ -19,6 +19,12 @@ def device_facts(index: int) -> tuple[int, int]:
     """(compute capability major, SM count) of CUDA device ``index``."""
     props = torch.cuda.get_device_properties(index)
     return props.major, props.multi_processor_count
+
+
+@functools.lru_cache(maxsize=None)
+def l2_bytes(index: int) -> int:
+    """The L2 cache's size of CUDA device ``index``, in bytes."""
+    return torch.cuda.get_device_properties(index).L2_cache_size
 
 
 @functools.lru_cache(maxsize=None)

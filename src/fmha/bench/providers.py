@@ -21,6 +21,9 @@ class Provider:
     make: Callable  # (q, k, v, cell) -> callable
     peer: bool      # True for what we compare against
     config: Callable | None = None  # cell -> the KernelConfig it runs, when the provider fixes one
+    # False where capturing the backward in a CUDA graph fails and leaves every later capture in the process
+    # failing too (FlashAttention-4's): such a provider's backward rows under --cuda-graphs are not attempted
+    graph_backward: bool = True
 
 
 def alibi_slopes(heads: int, device) -> torch.Tensor:
@@ -141,7 +144,7 @@ def _flash_attn(module: str) -> Provider:
             o = fn(qt, kt, vt, causal=cell.causal, **kw)
             return (o[0] if isinstance(o, tuple) else o).transpose(1, 2)
         return run
-    return Provider(module, make, peer=True)
+    return Provider(module, make, peer=True, graph_backward=module != "flash_attn.cute")
 
 
 def importable(module: str) -> bool:

@@ -2,7 +2,10 @@
 
 A run times one pass: ``fwd`` (the forward), ``bwd`` (the gradients of q, k and v from an output whose
 forward ran once, untimed), or ``fwd+bwd``.  TFLOP/s count the forward's FLOPs times 1, 2.5 or 3.5
-(the backward's five matrix products against the forward's two, BENCH.md's convention)."""
+(the backward's five matrix products against the forward's two, BENCH.md's convention).  Under CUDA graphs
+the backward alone cannot be captured (autograd runs it on the stream its forward ran on, outside the
+capture), so ``bwd`` is then the replays of ``fwd+bwd`` less those of ``fwd``: the issue's own definition of
+the peers' backward time."""
 from __future__ import annotations
 
 import math
@@ -30,7 +33,10 @@ def progress(i: int, n: int, what: str, stream=sys.stderr) -> None:
     stream.flush()
 
 
-def time_ms(fn: Callable, device: str, graphs: bool = False) -> float:
+def time_ms(fn: Callable | tuple[Callable, Callable], device: str, graphs: bool = False) -> float:
+    """Milliseconds of ``fn``, or of the first of a pair less the second (:func:`_checked`)."""
+    if isinstance(fn, tuple):
+        return time_ms(fn[0], device, graphs) - time_ms(fn[1], device, graphs)
     if device == "cuda":
         return graph_median_ms(fn) if graphs else median_ms(fn)
     t0 = time.perf_counter()  # the interpreter: one run, a number that means nothing
@@ -113,9 +119,10 @@ def _reference_grads(q, k, v, do, cell: Cell):
     return torch.autograd.grad(o, leaves, do.float())
 
 
-def _checked(p: Provider, q, k, v, cell: Cell, ref, pass_: str, do, ref_grads):
+def _checked(p: Provider, q, k, v, cell: Cell, ref, pass_: str, do, ref_grads, graphs: bool = False):
     """The provider's timed callable for ``pass_``, after checking its output (fwd) or its gradients
-    (bwd, fwd+bwd) against the float32 reference; returns (callable, relative error)."""
+    (bwd, fwd+bwd) against the float32 reference; returns (callable, relative error).  The backward under CUDA
+    graphs is a pair, the forward and backward and the forward alone, whose times' difference counts."""
     fn = p.make(q, k, v, cell)
     o = fn()
     if pass_ == "fwd":
@@ -127,10 +134,15 @@ def _checked(p: Provider, q, k, v, cell: Cell, ref, pass_: str, do, ref_grads):
         raise RuntimeError(f"wrong {'result' if pass_ == 'fwd' else 'gradients'}: relative error {err:.2e}")
     if pass_ == "fwd":
         return fn, err
+
+    def both():
+        return torch.autograd.grad(fn(), (q, k, v), do)
+    if pass_ == "bwd" and graphs:
+        return (both, fn), err
     if pass_ == "bwd":
         out = fn()  # one forward, its graph kept: each timed call runs the backward alone
         return (lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True)), err
-    return (lambda: torch.autograd.grad(fn(), (q, k, v), do)), err
+    return both, err
 
 
 def run_cell(cell: Cell, dtype: torch.dtype, provs: list[Provider], device: str, peak: float,
@@ -153,8 +165,12 @@ def run_cell(cell: Cell, dtype: torch.dtype, provs: list[Provider], device: str,
     rows, ready = [], []
     for p in provs:  # first every provider once: compile, check; a failure is recorded, the run goes on
         row = dict(base, provider=p.name, config=_config_of(p, cell, q, k, v, pass_), _peer=p.peer)
+        if graphs and pass_ != "fwd" and not p.graph_backward:
+            row.update(note="failed: its backward cannot be captured in a CUDA graph (time it without --cuda-graphs)")
+            rows.append(row)
+            continue
         try:
-            fn, row["error"] = _checked(p, q, k, v, cell, ref, pass_, do, ref_grads)
+            fn, row["error"] = _checked(p, q, k, v, cell, ref, pass_, do, ref_grads, graphs)
             ready.append((row, fn))
         except Exception as e:
             row.update(note=f"failed: {type(e).__name__}: {' '.join(str(e).split())[:160]}")
@@ -170,9 +186,16 @@ def run_cell(cell: Cell, dtype: torch.dtype, provs: list[Provider], device: str,
             row.update(note=f"failed: {type(e).__name__}: {' '.join(str(e).split())[:160]}")
             continue
         row.update(ms=ms, tflops=tflops(flops, ms), tbps=nbytes / (ms * 1e-3) / 1e12,
-                   pct_peak=100.0 * tflops(flops, ms) / peak, note="ok, cuda graph" if graphs else "ok")
+                   pct_peak=100.0 * tflops(flops, ms) / peak, note=_timed_as(graphs, pass_))
     _fill_ratios(rows)
     return rows
+
+
+def _timed_as(graphs: bool, pass_: str) -> str:
+    """The ledger's note on how a row was timed."""
+    if not graphs:
+        return "ok"
+    return "ok, cuda graph (fwd+bwd less fwd)" if pass_ == "bwd" else "ok, cuda graph"
 
 
 def _config_of(p: Provider, cell: Cell, q, k, v, pass_: str = "fwd") -> str:
