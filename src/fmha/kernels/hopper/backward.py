@@ -102,7 +102,7 @@ def _program(order, CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr):
     n = r // width
     if CAUSAL and DETERMINISTIC:
         n = blocks - 1 - n
-    return n, first + r % width
+    return n, first + r % width  # (key block, batch * kv_heads + KV head)
 
 
 @gluon.jit
@@ -193,10 +193,10 @@ def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_bufs, do_
     """K and V of the block once, then Q, dO and the rows' LSE and delta of each (head, query tile) into the
     ring."""
     BLOCK_M: gl.constexpr = q_bufs.shape[1]
-    pid_n, bh = _program(order, CAUSAL, DETERMINISTIC)
+    pid_n, pair = _program(order, CAUSAL, DETERMINISTIC)
     blocks = order[1]
-    b = bh // kv_heads
-    kvh = bh % kv_heads
+    b = pair // kv_heads
+    kvh = pair % kv_heads
     kv_bytes: gl.constexpr = k_desc.block_type.nbytes + v_desc.block_type.nbytes
     mbarrier.expect(kv_ready, kv_bytes)
     tma.async_copy_global_to_shared(k_desc, [kvh * place[3], b * place[4] + kvh * place[5], pid_n * BLOCK_N, 0],
@@ -275,10 +275,10 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
     t_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=g_layout, k_width=2)
-    pid_n, bh = _program(order, CAUSAL, DETERMINISTIC)
+    pid_n, pair = _program(order, CAUSAL, DETERMINISTIC)
     blocks = order[1]
-    b = bh // kv_heads
-    kvh = bh % kv_heads
+    b = pair // kv_heads
+    kvh = pair % kv_heads
     key0 = pid_n * BLOCK_N + WG * KEYS
     k_w = k_smem.slice(WG * KEYS, KEYS, dim=0)
     v_w = v_smem.slice(WG * KEYS, KEYS, dim=0)
