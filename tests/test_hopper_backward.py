@@ -214,6 +214,47 @@ def test_causal_programs_in_sections_of_heads(monkeypatch):
     check_grads(grads, q, k, v, do, True, "top_left")
 
 
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("shape,causal", [((2, 4, 2, 1024, 1024, 128), True), ((2, 4, 2, 300, 700, 64), False),
+                                          ((1, 2, 2, 301, 200, 64), True)],
+                         ids=["d128-causal", "d64", "lse-copied"])
+def test_later_backwards_replay_the_first(shape, causal, deterministic, monkeypatch):
+    """A backward's later calls of a kind replay the first one's launches (:mod:`fmha.replay`: nothing asks
+    which kernel runs) without a host-device synchronization, into new gradients, dQ's float32 sum zeroed
+    again by its launch: dK and dV bit for bit the ordinary path's, dQ too when deterministic, and every
+    gradient past the float64 yardstick.  301 query rows: the LSE is copied into rows of 304 (a torch op), so
+    that kind is not recorded and takes the ordinary path each time."""
+    from fmha import replay
+    inputs = [make_qkv(*shape, torch.bfloat16, seed=50 + s) for s in range(3)]
+
+    def grads(qkv, seed):
+        q, k, v = leaves(*qkv)
+        o = fmha.attention(q, k, v, causal=causal, deterministic=deterministic)
+        do = torch.randn(o.shape, generator=torch.Generator(device=DEVICE).manual_seed(seed), device=DEVICE,
+                         dtype=o.dtype)
+        return torch.autograd.grad(o, (q, k, v), do), (q, k, v, do)
+    torch.cuda.synchronize()
+    replay.clear()
+    grads(inputs[0], 0)
+    asked, real = [], backward.kernel
+    monkeypatch.setattr(backward, "kernel", lambda *a: asked.append(1) or real(*a))
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        again = [grads(inputs[1], 1), grads(inputs[2], 2)]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert len(asked) == (2 if shape[3] % 4 else 0)
+    monkeypatch.setattr(backward, "kernel", real)
+    replay.clear()
+    fresh = [grads(inputs[1], 1), grads(inputs[2], 2)]
+    for (a, tensors), (b, _) in zip(again, fresh):
+        for name, x, y in zip("qkv", a, b):
+            if name != "q" or deterministic:
+                assert torch.equal(x, y), name
+        check_grads(a, *tensors, causal, "top_left")
+    assert again[0][0][0].data_ptr() != again[1][0][0].data_ptr()
+
+
 def test_what_the_hopper_backward_leaves_to_triton(monkeypatch):
     monkeypatch.setattr(backward, "GLUON_ROWS", RULE)
     monkeypatch.setattr(backward, "GLUON_ROWS_DETERMINISTIC", RULE_DETERMINISTIC)

@@ -1,12 +1,15 @@
 """The checked backward, written once for :func:`fmha.attention` and :func:`fmha.attention_varlen`:
 allocate the gradients, then ``delta``, dK/dV and dQ (:mod:`fmha.kernels.backward`) from the
-forward's O and LSE.  :mod:`fmha.gradients` calls it from autograd; so does the custom op."""
+forward's O and LSE.  :mod:`fmha.gradients` calls it from autograd; so does the custom op.  On a GPU the
+first call of each kind is recorded and later ones replay its launches (:mod:`fmha.replay`), as the
+forward's are: every buffer a launch reads zeroed is zeroed by a launch, and dQ's float32 sum is cast by one."""
 from __future__ import annotations
 
 import torch
 import triton
 
 from . import plan as planning
+from . import replay
 from .device import family_of, interpreting, on
 from .kernels import mask_args, strides_bhsd
 from .kernels import backward as kernels
@@ -73,27 +76,59 @@ def dense(do, q, k, v, o, lse, *, causal, scale, causal_align, layout, window=(-
     ``deterministic``: dQ bit for bit the same every run (the Triton kernels: dQ from its own kernel; the Gluon
     kernel: its adds in one fixed order); else, on the Triton kernels, that or dQ added up atomically by the
     dK/dV kernel, whichever :func:`tiles` finds faster (:mod:`fmha.kernels.backward`)."""
-    batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim = planning.sizes(q, k, layout)
-    prob = planning.problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal=causal, scale=scale,
-                            window=window, causal_align=causal_align, softcap=softcap,
-                            seqused=seqused_k is not None, head_dim_v=v.shape[3], attn_mask=attn_mask is not None)
-    return _run(prob, do, q, k, v, o, lse, layout, alibi_slopes, (None, None, seqused_k), seqlen_q, seqlen_k, sinks,
-                deterministic, attn_mask)
+    def call():
+        batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim = planning.sizes(q, k, layout)
+        prob = planning.problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal=causal, scale=scale,
+                                window=window, causal_align=causal_align, softcap=softcap,
+                                seqused=seqused_k is not None, head_dim_v=v.shape[3],
+                                attn_mask=attn_mask is not None)
+        return _run(prob, do, q, k, v, o, lse, layout, alibi_slopes, (None, None, seqused_k), seqlen_q, seqlen_k,
+                    sinks, deterministic, attn_mask)
+    return _replayed("dense", (do, q, k, v, o, lse, alibi_slopes, seqused_k, sinks, attn_mask), call, causal, scale,
+                     causal_align, layout, window, softcap, deterministic)
 
 
 def packed(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal, scale,
            causal_align, window=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None, deterministic=False):
     """Gradients ``(dq, dk, dv, dsinks or None)`` of :func:`fmha.attention_varlen` (``lse`` ``[heads,
     total_q]``); ``deterministic`` as in :func:`dense`."""
-    batch = cu_seqlens_q.shape[0] - 1
-    heads, kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
-    prob = planning.problem(batch, heads, kv_heads, q.shape[0], k.shape[0], head_dim, causal=causal, scale=scale,
-                            window=window, causal_align=causal_align, softcap=softcap, varlen=True,
-                            head_dim_v=v.shape[2])
-    dq, dk, dv, dsinks = _run(prob, do[None], q[None], k[None], v[None], o[None], lse, "bshd", alibi_slopes,
-                              (cu_seqlens_q, cu_seqlens_k, None), int(max_seqlen_q), int(max_seqlen_k), sinks,
-                              deterministic)
-    return dq[0], dk[0], dv[0], dsinks
+    def call():
+        batch = cu_seqlens_q.shape[0] - 1
+        heads, kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
+        prob = planning.problem(batch, heads, kv_heads, q.shape[0], k.shape[0], head_dim, causal=causal,
+                                scale=scale, window=window, causal_align=causal_align, softcap=softcap, varlen=True,
+                                head_dim_v=v.shape[2])
+        return _run(prob, do[None], q[None], k[None], v[None], o[None], lse, "bshd", alibi_slopes,
+                    (cu_seqlens_q, cu_seqlens_k, None), int(max_seqlen_q), int(max_seqlen_k), sinks, deterministic)
+    dq, dk, dv, dsinks = _replayed("packed", (do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks),
+                                   call, int(max_seqlen_q), int(max_seqlen_k), causal, scale, causal_align, window,
+                                   softcap, deterministic)
+    return dq[0], dk[0], dv[0], dsinks  # (the buffers as the kernels saw them, one sequence of all the rows)
+
+
+def _replayed(kind: str, inputs, call, *flags) -> tuple:
+    """``call()`` on a CPU; on a GPU through :mod:`fmha.replay`, the call's kind ``kind``, its tensors
+    ``inputs`` (dO, q, ...) and ``flags``, with what else picks its kernels: the tile tables in force and the
+    device's family."""
+    q = inputs[1]
+    if not q.is_cuda:
+        return call()
+    tables = (id(GLUON_ROWS), id(GLUON_ROWS_DETERMINISTIC), family_of(q.device))
+    return tuple(replay.call(replay.key("backward " + kind, inputs, *flags, *tables), inputs, q.device, call))
+
+
+def _zeros(shape, dtype, device) -> torch.Tensor:
+    """A buffer of the call, zeroed by a launch (a replayed call zeroes its own again)."""
+    t = replay.buffer(torch.empty(shape, dtype=dtype, device=device))
+    replay.launch(kernels.zero_kernel, (max(triton.cdiv(t.numel(), 1024), 1),), t, t.numel(), BLOCK=1024)
+    return t
+
+
+def _cast(src, src_strides, dst, dst_strides, batch: int, heads: int, rows: int, head_dim: int) -> None:
+    """``dst = src`` in dst's dtype over (batch, head, row, head_dim), strides in (batch, head, row) order."""
+    block_d = triton.next_power_of_2(head_dim)
+    replay.launch(kernels.cast_kernel, (triton.cdiv(rows, 64), batch * heads), src, dst, *src_strides, *dst_strides,
+                  heads, rows, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=64, num_warps=4)
 
 
 # the shortest walk (query rows) on which the Gluon backward beat the Triton kernels on the H200, by head
@@ -142,13 +177,13 @@ def describe(q, k, v, *, causal: bool = False, layout: str = "bhsd", determinist
 def _delta(prob, o, do, lse, layout, cu_q, rows, delta=None):
     """``delta`` (float32, laid out as the LSE, into ``delta`` if given: its heads' rows may lie further apart):
     the row sums of dO * O."""
-    delta = torch.empty_like(lse) if delta is None else delta
+    delta = replay.buffer(torch.empty_like(lse)) if delta is None else delta
     so, sg = (list(strides_bhsd(t, layout)[:3]) for t in (o, do))
     if prob.varlen:
         so[0] = sg[0] = 0
-    kernels.delta_kernel[(triton.cdiv(rows, 64), prob.batch * prob.heads)](
-        o, do, delta, *so, *sg, prob.heads, prob.seqlen_q, delta.stride(-2), cu_q, HEAD_DIM=prob.dv,
-        BLOCK_D=prob.block_dv, BLOCK_M=64, VARLEN=prob.varlen, num_warps=4)
+    replay.launch(kernels.delta_kernel, (triton.cdiv(rows, 64), prob.batch * prob.heads),
+                  o, do, delta, *so, *sg, prob.heads, prob.seqlen_q, delta.stride(-2), cu_q, HEAD_DIM=prob.dv,
+                  BLOCK_D=prob.block_dv, BLOCK_M=64, VARLEN=prob.varlen, num_warps=4)
     return delta
 
 
@@ -157,14 +192,15 @@ def _hopper(prob, do, q, k, v, o, lse, dk, dv, layout, sinks, deterministic):
     ``deterministic``), cast into q's layout."""
     from .kernels.hopper import backward as hopper
     with on(q.device):
-        padded = torch.empty(*lse.shape[:-1], hopper.stats_rows(prob.seqlen_q), dtype=torch.float32, device=q.device)
+        padded = replay.buffer(torch.empty(*lse.shape[:-1], hopper.stats_rows(prob.seqlen_q), dtype=torch.float32,
+                                           device=q.device))
         delta = _delta(prob, o, do, lse, layout, lse, prob.seqlen_q, padded[..., :prob.seqlen_q])
         acc = hopper.launch(prob, q, k, v, do, lse, delta, dk, dv, layout,
                             {name: strides_bhsd(t, layout)[:3] for name, t in (("dk", dk), ("dv", dv))},
-                            deterministic)
-    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
-    view = dq if layout == "bhsd" else dq.transpose(1, 2)
-    view.copy_(acc.view(prob.batch, prob.heads, prob.seqlen_q, -1)[..., :prob.head_dim])
+                            lambda shape, dtype: _zeros(shape, dtype, q.device), deterministic)
+        dq = replay.buffer(torch.empty_like(q, memory_format=torch.contiguous_format))
+        _cast(acc, (prob.heads * acc.stride(0), acc.stride(0), acc.stride(1)), dq, strides_bhsd(dq, layout)[:3],
+              prob.batch, prob.heads, prob.seqlen_q, prob.head_dim)
     return dq, dk, dv, None if sinks is None else sink_grad(sinks, lse, delta)
 
 
@@ -172,7 +208,7 @@ def _run(prob, do, q, k, v, o, lse, layout, alibi, seqs, rows, keys, sinks, dete
     """The launches over ``rows`` query rows and ``keys`` keys per sequence (the longest, when
     packed); the sinks' gradient from ``delta`` (:mod:`fmha.sinks`)."""
     do, q, k, v, o = (_unit_last(t) for t in (do, q, k, v, o))
-    dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (k, v))
+    dk, dv = (replay.buffer(torch.empty_like(t, memory_format=torch.contiguous_format)) for t in (k, v))
     if 0 in (prob.batch, prob.heads, rows, keys) or q.numel() == 0:
         return (torch.zeros_like(q, memory_format=torch.contiguous_format), dk.zero_(), dv.zero_(),
                 None if sinks is None else torch.zeros_like(sinks))
@@ -181,8 +217,9 @@ def _run(prob, do, q, k, v, o, lse, layout, alibi, seqs, rows, keys, sinks, dete
     kv_tiles, q_tiles = tiles(max(prob.head_dim, prob.dv), prob.causal, deterministic, family_of(q.device))
     atomic = q_tiles is None
     # atomically: a float32 dQ the key blocks add into, cast once at the end
-    dq = (torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic
-          else torch.empty_like(q, memory_format=torch.contiguous_format))
+    with on(q.device):
+        dq = (_zeros(q.shape, torch.float32, q.device) if atomic
+              else replay.buffer(torch.empty_like(q, memory_format=torch.contiguous_format)))
     cu_q, cu_k, seqused = (t if t is not None else lse for t in seqs)
     strides = {name: list(strides_bhsd(t, layout)[:3]) for name, t in
                (("q", q), ("k", k), ("v", v), ("do", do), ("o", o), ("dq", dq), ("dk", dk), ("dv", dv))}
@@ -200,14 +237,17 @@ def _run(prob, do, q, k, v, o, lse, layout, alibi, seqs, rows, keys, sinks, dete
     with on(q.device):
         delta = _delta(prob, o, do, lse, layout, cu_q, rows)
         sizes = (prob.heads, group, prob.seqlen_q, prob.seqlen_k)
-        kernels.dkdv_kernel[(triton.cdiv(keys, kv_tiles["BLOCK_N"]), prob.batch * prob.kv_heads)](
-            q, k, v, do, lse, delta, dk, dv, dq, *strides["q"], *strides["k"], *strides["v"], *strides["do"],
-            *strides["dk"], *strides["dv"], *strides["dq"], *sizes, *band, **flags, **kv_tiles,
-            ATOMIC_DQ=atomic)
+        replay.launch(kernels.dkdv_kernel, (triton.cdiv(keys, kv_tiles["BLOCK_N"]), prob.batch * prob.kv_heads),
+                      q, k, v, do, lse, delta, dk, dv, dq, *strides["q"], *strides["k"], *strides["v"],
+                      *strides["do"], *strides["dk"], *strides["dv"], *strides["dq"], *sizes, *band, **flags,
+                      **kv_tiles, ATOMIC_DQ=atomic)
         if not atomic:
-            kernels.dq_kernel[(triton.cdiv(rows, q_tiles["BLOCK_M"]), prob.batch * prob.heads)](
-                q, k, v, do, lse, delta, dq, *strides["q"], *strides["k"], *strides["v"], *strides["do"],
-                *strides["dq"], *sizes, *band, **flags, **q_tiles)
-    if atomic:
-        dq = dq.to(q.dtype)
+            replay.launch(kernels.dq_kernel, (triton.cdiv(rows, q_tiles["BLOCK_M"]), prob.batch * prob.heads),
+                          q, k, v, do, lse, delta, dq, *strides["q"], *strides["k"], *strides["v"], *strides["do"],
+                          *strides["dq"], *sizes, *band, **flags, **q_tiles)
+        else:
+            acc, dq = dq, replay.buffer(torch.empty_like(q, memory_format=torch.contiguous_format))
+            seq = 2 if layout == "bhsd" else 1  # (packed: one sequence of every row, as the tensors lie)
+            _cast(acc, strides_bhsd(acc, layout)[:3], dq, strides_bhsd(dq, layout)[:3], q.shape[0], prob.heads,
+                  q.shape[seq], prob.head_dim)
     return dq, dk, dv, None if sinks is None else sink_grad(sinks, lse, delta)

@@ -10,7 +10,9 @@ from the forward's LSE, ``O = P V`` and the incoming ``dO``:
   ``dK = scale dZ'^T Q`` (GQA's group summed in the program: no atomics);
 * :func:`dq_kernel`, a program per query block: ``dQ = scale dZ' K``; or, with ``ATOMIC_DQ``, no
   such kernel: :func:`dkdv_kernel` adds each tile's ``scale dZ' K`` into a float32 dQ with atomics
-  (two matmuls and one ``exp2`` a score fewer, in an order that varies from run to run).
+  (two matmuls and one ``exp2`` a score fewer, in an order that varies from run to run), zeroed before
+  by :func:`zero_kernel` and cast after by :func:`cast_kernel` (launches, not torch's ops: a replayed call,
+  :mod:`fmha.replay`, makes only launches).
 
 ``dZ' = dZ`` times the softcap's derivative ``1 - tanh^2(scale q.k / softcap)`` when capped.  Masks
 and modifiers are the forward's (:func:`.common.scores`), and with ``ATTN_MASK`` its boolean mask (``P = 0``
@@ -51,6 +53,29 @@ def delta_kernel(O, DO, Delta, stride_ob, stride_oh, stride_os, stride_gb, strid
     else:
         rows = bh.to(tl.int64) * delta_rows + offs_m
     tl.store(Delta + rows, tl.sum(o * g, 1), mask=offs_m < sq)
+
+
+@triton.jit
+def zero_kernel(X, n, BLOCK: tl.constexpr):
+    """``X[0:n] = 0``."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(X + offs, tl.zeros([BLOCK], dtype=X.dtype.element_ty), mask=offs < n)
+
+
+@triton.jit
+def cast_kernel(Src, Dst, stride_sb, stride_sh, stride_ss, stride_db, stride_dh, stride_ds, heads, seqlen,
+                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
+    """``Dst = Src`` in Dst's dtype, (batch, head, row) each in its own strides, the first HEAD_DIM columns."""
+    bh = tl.program_id(1)
+    b = bh // heads
+    h = bh % heads
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (offs_m < seqlen)[:, None] & (offs_d < HEAD_DIM)[None, :]
+    rows = offs_m.to(tl.int64)[:, None]
+    src = Src + b.to(tl.int64) * stride_sb + h.to(tl.int64) * stride_sh + rows * stride_ss + offs_d[None, :]
+    dst = Dst + b.to(tl.int64) * stride_db + h.to(tl.int64) * stride_dh + rows * stride_ds + offs_d[None, :]
+    tl.store(dst, tl.load(src, mask=mask).to(Dst.dtype.element_ty), mask=mask)
 
 
 @triton.jit

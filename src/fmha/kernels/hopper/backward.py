@@ -53,6 +53,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from ... import replay
 from ...constants import LOG2E as LOG2E_VALUE
 from ...device import device_facts, l2_bytes
 from .. import tma as views
@@ -569,27 +570,26 @@ def section(prob, head: int, itemsize: int, index: int, deterministic: bool) -> 
     return 1 << (fit.bit_length() - 1)
 
 
-def launch(prob, q, k, v, do, lse, delta, dk, dv, layout: str, strides, deterministic: bool = False) -> torch.Tensor:
+def launch(prob, q, k, v, do, lse, delta, dk, dv, layout: str, strides, zeros, deterministic: bool = False
+           ) -> torch.Tensor:
     """dK and dV into ``dk``, ``dv``; returns dQ (float32, ``[batch * heads, seqlen_q, tile width]``), its adds
-    in one fixed order when ``deterministic``."""
+    in one fixed order when ``deterministic``.  ``zeros(shape, dtype)``: a zeroed buffer (dQ's, the counters)."""
     head = tile_width(prob.head_dim)
     cut = tiles(head, deterministic)
-    dq = torch.zeros(prob.batch * prob.heads, prob.seqlen_q, head, dtype=torch.float32, device=q.device)
+    dq = zeros((prob.batch * prob.heads, prob.seqlen_q, head), torch.float32)
     rows = stats_rows(prob.seqlen_q)
     descs, place = descriptors(q, k, v, do, dq, row_stats(lse, rows), row_stats(delta, rows), layout, head, cut)
     reduce_pass.install()
     n_m = triton.cdiv(prob.seqlen_q, cut.rows)
-    locks = (torch.zeros(prob.batch * prob.heads * n_m * 2, dtype=torch.int32, device=q.device) if deterministic
-             else dq)
+    locks = zeros((prob.batch * prob.heads * n_m * 2,), torch.int32) if deterministic else dq
     blocks, pairs = triton.cdiv(prob.seqlen_k, BLOCK_N.value), prob.batch * prob.kv_heads
     # deterministic: the blocks that walk side by side (:func:`_turn`: a chunk's programs fit the SMs); unused else
     chunk = min(blocks, n_m, device_facts(q.device.index)[1]) if deterministic else 1
     scale = prob.scale_log2 / LOG2E_VALUE
     heads_in_turn = section(prob, head, q.element_size(), q.device.index, deterministic)
-    backward_kernel[(blocks * pairs,)](*descs, dk, dv, locks, prob.heads, prob.kv_heads,
-                                       prob.heads // prob.kv_heads, prob.seqlen_q, prob.seqlen_k, n_m,
-                                       prob.causal_offset, chunk, heads_in_turn, blocks, pairs, prob.scale_log2,
-                                       scale, *place, *strides["dk"], *strides["dv"], HEAD=head, D=prob.head_dim,
-                                       CAUSAL=bool(prob.causal), RS=cut.rs, DS_BUFS=cut.ds_bufs,
-                                       DETERMINISTIC=deterministic, num_warps=4)
+    replay.launch(backward_kernel, (blocks * pairs,), *descs, dk, dv, locks, prob.heads, prob.kv_heads,
+                  prob.heads // prob.kv_heads, prob.seqlen_q, prob.seqlen_k, n_m, prob.causal_offset, chunk,
+                  heads_in_turn, blocks, pairs, prob.scale_log2, scale, *place, *strides["dk"], *strides["dv"],
+                  HEAD=head, D=prob.head_dim, CAUSAL=bool(prob.causal), RS=cut.rs, DS_BUFS=cut.ds_bufs,
+                  DETERMINISTIC=deterministic, num_warps=4)
     return dq
