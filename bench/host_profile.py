@@ -1,27 +1,28 @@
 """Host time of one eager call, fmha beside SDPA, for each path ``auto`` takes, and where fmha's goes.
 
-    PYTHONPATH=src python3 bench/host_profile.py [--cases decode decode-growing prefill varlen varlen-tiled paged]
+    PYTHONPATH=src python3 bench/host_profile.py [--cases decode decode-growing prefill varlen varlen-tiled paged
+        backward backward-triton]
         [--calls 40] [--rounds 15] [--copies 1] [--profile decode] [--breakdown paged] [--parts decode-growing]
         [--ledger bench/ledger.csv]
 
-A round enqueues ``--calls`` calls back to back behind a kernel that keeps the GPU busy for longer than
-the round takes (``torch.cuda._sleep``), so the figure is what the host spends to enqueue one call and
-never the GPU's time (a queue that fills up makes the host wait for the kernels: timing many calls
-against a running GPU measures the slower of the two).  fmha's and SDPA's rounds alternate; each figure
-is the median over ``--rounds``, and the ratio of the two fastest rounds is printed beside the medians'
-(host noise only adds).  ``--copies N`` gives each case N copies of its inputs, a call taking the next, so
-the tensors lie somewhere new at each call as a real program's do (TMA descriptors are encoded again).
-The GPU time of one call (CUDA events, the median of the same rounds run unblocked) is printed beside it,
-to show which side bounds an eager loop.  SDPA gets the same q, k, v (the padded batch for varlen, the
-gathered cache for paged).  ``--profile CASE`` prints cProfile's top entries for that case;
-``--breakdown CASE`` times the parts of a replayed call the same way (the replay key, the allocation of
-its buffers, each recorded launch alone) beside the whole call.  ``--parts CASE`` times the parts of that
-case's calls as they come, each part's own time summed over ``--calls`` calls with Python's garbage collector
-off (for ``decode-growing`` every call is of a new kind: the checks, the plan, the launch path with its
-dispatch to the compiled kernels, the recording, or the replay from the family of lengths before it, with or
-without the plan), beside the whole call.  Ledger rows: ``provider`` ``host:fmha`` /
-``host:sdpa``, ``features`` ``part=host case=<case> copies=<N> min_us=<the fastest round>``, ``ms`` the
-host time per call (the median), ``ratio_best_peer`` SDPA's over fmha's.
+A round enqueues ``--calls`` calls back to back behind a kernel that keeps the GPU busy for longer than the round
+takes (``torch.cuda._sleep``), so the figure is what the host spends to enqueue one call and never the GPU's time
+(a queue that fills up makes the host wait for the kernels: timing many calls against a running GPU measures the
+slower of the two). fmha's and SDPA's rounds alternate; each figure is the median over ``--rounds``, and the ratio
+of the two fastest rounds is printed beside the medians' (host noise only adds). ``--copies N`` gives each case N
+copies of its inputs, a call taking the next, so the tensors lie somewhere new at each call as a real program's do
+(TMA descriptors are encoded again). The GPU time of one call (CUDA events, the median of the same rounds run
+unblocked) is printed beside it, to show which side bounds an eager loop. SDPA gets the same q, k, v (the padded
+batch for varlen, the gathered cache for paged; ``backward`` and ``backward-triton`` time the gradients of q, k and
+v from an output whose forward ran once, on the Gluon backward and on the Triton kernels). ``--profile CASE``
+prints cProfile's top entries for that case; ``--breakdown CASE`` times the parts of a replayed call the same way
+(the replay key, the allocation of its buffers, each recorded launch alone) beside the whole call. ``--parts CASE``
+times the parts of that case's calls as they come, each part's own time summed over ``--calls`` calls with Python's
+garbage collector off (for ``decode-growing`` every call is of a new kind: the checks, the plan, the launch path
+with its dispatch to the compiled kernels, the recording, or the replay from the family of lengths before it, with
+or without the plan), beside the whole call. Ledger rows: ``provider`` ``host:fmha`` / ``host:sdpa``, ``features``
+``part=host case=<case> copies=<N> min_us=<the fastest round>``, ``ms`` the host time per call (the median),
+``ratio_best_peer`` SDPA's over fmha's.
 """
 from __future__ import annotations
 
@@ -94,7 +95,19 @@ def cases(dt=torch.bfloat16, copies: int = 1) -> dict:
         qd = rand(4, 32, 1, 128)
         kg, vg = (t.view(4, pages * page, 8, 128).transpose(1, 2) for t in (kc, vc))
         return lambda: fmha.attention_paged(qd, kc, vc, table, seqlens), lambda: SDPA(qd, kg, vg, enable_gqa=True)
+    def backward(seqlen):
+        def make():
+            q, k, v = (t.requires_grad_(True) for t in (rand(2, seqlen, 32, 128), rand(2, seqlen, 8, 128),
+                                                         rand(2, seqlen, 8, 128)))
+            o = fmha.attention(q, k, v, causal=True, layout="bshd")
+            ref = SDPA(*(t.transpose(1, 2) for t in (q, k, v)), is_causal=True, enable_gqa=True)
+            do = torch.randn_like(o)
+            return (lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True),
+                    lambda: torch.autograd.grad(ref, (q, k, v), do.transpose(1, 2), retain_graph=True))
+        return make
     makers = {"decode": (decode, (1, 32, 8, 1, 1024, 64)), "prefill": (prefill, (2, 32, 8, 1024, 1024, 128)),
+              "backward": (backward(1024), (2, 32, 8, 1024, 1024, 128)),  # the Gluon backward from 1k rows
+              "backward-triton": (backward(512), (2, 32, 8, 512, 512, 128)),
               "varlen": (varlen("auto"), (len(lens), 32, 8, max(lens), max(lens), 128)),
               "varlen-tiled": (varlen("tiled"), (len(lens), 32, 8, max(lens), max(lens), 128)),  # the cu_seqlens
               "paged": (paged, (4, 32, 8, 1, pages * page, 128))}  # checked on the device
@@ -230,7 +243,7 @@ def gpu_us(fn, calls: int, rounds: int) -> float:
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", nargs="+", default=["decode", "decode-growing", "prefill", "varlen", "varlen-tiled",
-                                                  "paged"])
+                                                  "paged", "backward", "backward-triton"])
     p.add_argument("--calls", type=int, default=40)
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--copies", type=int, default=1,
