@@ -102,3 +102,32 @@ def check_varlen(o, lse, q, k, v, cu_q, cu_k, skip=(), causal=False, causal_alig
             continue
         seq = [t[s].transpose(0, 1)[None] for t, s in ((o, qs), (q, qs), (k, ks), (v, ks))]
         check_against_reference(*seq, causal, causal_align, lse=lse[None, :, qs], **mods)
+
+
+def replays_as_it_ran(inputs, grads, exact_dq, monkeypatch, recorded=True):
+    """A backward's later calls of a kind against the ordinary path (:mod:`fmha.replay`): ``grads(inputs[i],
+    i)`` for the second and third of ``inputs`` (the first call records), with nothing asking which kernel runs
+    when the kind is ``recorded`` (and each call asking when it is not), no host-device synchronization, new
+    gradients each call, and the same gradients as those calls run with no recipe: bit for bit, dQ too when
+    ``exact_dq`` (its adds in one order).  Returns the replayed calls' ``(gradients, tensors)``."""
+    from fmha import backward, replay
+    torch.cuda.synchronize()
+    replay.clear()
+    grads(inputs[0], 0)
+    asked, real = [], backward.kernel
+    monkeypatch.setattr(backward, "kernel", lambda *a: asked.append(1) or real(*a))
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        again = [grads(inputs[1], 1), grads(inputs[2], 2)]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert len(asked) == (0 if recorded else 2)
+    monkeypatch.setattr(backward, "kernel", real)
+    replay.clear()
+    fresh = [grads(inputs[1], 1), grads(inputs[2], 2)]
+    for (a, _), (b, _) in zip(again, fresh):
+        for i, (x, y) in enumerate(zip(a, b)):
+            if i > 0 or exact_dq:
+                assert torch.equal(x, y), "dq dk dv".split()[i]
+    assert again[0][0][0].data_ptr() != again[1][0][0].data_ptr()
+    return again

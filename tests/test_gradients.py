@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fmha
-from conftest import DEVICE, make_qkv, packed, drawn_inputs
+from conftest import DEVICE, make_qkv, packed, drawn_inputs, replays_as_it_ran
 from fmha import backward, reference
 from fmha.gradients import PAGED_MESSAGE
 from fmha.verify import check_grads
@@ -112,6 +112,45 @@ def test_varlen_gradients_are_each_sequence_alone(deterministic):
         as_bshd = lambda t, rows: t[rows][None]  # noqa: E731
         check_grads([as_bshd(g, r) for g, r in ((dq, rq), (dk, rk), (dv, rk))], as_bshd(q, rq), as_bshd(k, rk),
                     as_bshd(v, rk), as_bshd(do, rq), True, "bottom_right", "bshd")
+
+
+CALLS = {  # the Triton kernels' paths: dQ added atomically, dQ's own kernel, a window and softcap, packed rows
+    "atomic-d64": ((2, 4, 2, 512, 512, 64), dict(causal=True)),
+    "dq-kernel-d128": ((2, 4, 2, 300, 700, 128), dict()),
+    "window-softcap": ((1, 4, 2, 400, 400, 64), dict(causal=True, window=(100, 0), softcap=20.0)),
+    "varlen": (None, dict(causal=True)),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("case", list(CALLS))
+def test_the_triton_backward_replays_as_it_ran(case, deterministic, monkeypatch):
+    """The Triton kernels' backward, replayed (:mod:`fmha.replay`, conftest's ``replays_as_it_ran``): a float32
+    dQ zeroed and cast by launches again at every call, packed sequences returned in their own shapes."""
+    shape, kw = CALLS[case]
+    if shape is None:
+        lens = [300, 129, 77]
+        inputs = [(packed(lens, 8, 64, torch.bfloat16, s)[0], packed(lens, 2, 64, torch.bfloat16, s + 1)[0],
+                   packed(lens, 2, 64, torch.bfloat16, s + 2)[0]) for s in (3, 6, 9)]
+        cu = packed(lens, 1, 1, torch.bfloat16, 0)[1]
+        run = lambda q, k, v: fmha.attention_varlen(q, k, v, cu, cu, 300, 300, deterministic=deterministic,  # noqa: E731
+                                                    **kw)
+    else:
+        inputs = [make_qkv(*shape, torch.bfloat16, seed=60 + s) for s in range(3)]
+        run = lambda q, k, v: fmha.attention(q, k, v, deterministic=deterministic, **kw)  # noqa: E731
+
+    def grads(qkv, seed):
+        q, k, v = leaves(*qkv)
+        o = run(q, k, v)
+        do = torch.randn(o.shape, generator=torch.Generator(device=DEVICE).manual_seed(seed), device=DEVICE,
+                         dtype=o.dtype)
+        return torch.autograd.grad(o, (q, k, v), do), (q, k, v, do)
+    for found, (q, k, v, do) in replays_as_it_ran(inputs, grads, deterministic, monkeypatch):
+        assert [g.shape for g in found] == [q.shape, k.shape, v.shape]
+        if shape is not None:  # (packed rows: their shapes; their values are replay-checked as the rest)
+            mods = {n: kw[n] for n in ("window", "softcap") if n in kw}
+            check_grads(found, q, k, v, do, kw.get("causal", False), "top_left", **mods)
 
 
 def test_strided_inputs_and_rows_that_see_no_key():
