@@ -609,6 +609,31 @@ def test_reduce_overhead_compile_keeps_nothing_in_the_graphs_pool(seqlen_q, seql
     torch._dynamo.reset()
 
 
+def test_reduce_overhead_compile_trains_with_nothing_kept_in_the_graphs_pool():
+    """The backward under ``torch.compile(mode="reduce-overhead")``: two attention calls of one kind in a step, so
+    a warm-up's second backward replays the first's launches; the backward op holds nothing past its call
+    (:func:`fmha.replay.transient`, as the forward op), and three steps' gradients match eager autograd's."""
+    torch._dynamo.reset()
+    q, k, v = make_qkv(1, 8, 2, 1024, 1024, 128, torch.bfloat16, layout="bshd", seed=5)
+
+    def step(q, k, v):
+        o = fmha.attention(q, k, v, causal=True, layout="bshd")
+        return fmha.attention(o, k, v, causal=True, layout="bshd").float().square().sum()
+
+    def grads(fn):
+        leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+        fn(*leaves).backward()
+        return [t.grad.clone() for t in leaves]
+    compiled = torch.compile(step, mode="reduce-overhead")
+    got = [grads(compiled) for _ in range(3)]
+    want = grads(step)
+    torch.cuda.synchronize()
+    for g in got:
+        for a, b in zip(g, want):
+            assert b.abs().max() > 0 and (a.float() - b.float()).abs().max() <= 2e-2 * b.float().abs().max()
+    torch._dynamo.reset()
+
+
 def test_offsets_past_2_to_the_31():
     # batch 1 of q, k and v starts 2**31 + 2**20 elements into one buffer: 32-bit offsets would wrap
     n = 2 ** 31 + 2 ** 20

@@ -7,7 +7,7 @@ descale factors (the window as its two sides) and returns ``(o, lse)`` (``lse`` 
 and dtypes without running a kernel.  :func:`fmha.attention` routes through it while ``torch.compile``
 is tracing; it runs the same checks and :func:`fmha.forward.dense` as the eager call, holding no buffer past
 the call (:func:`fmha.replay.transient`: the compiled code's CUDA graphs warm up in their own memory pool).
-Its registered backward is the op ``fmha::attention_backward`` (:func:`fmha.backward.dense`), so
+Its registered backward is the op ``fmha::attention_backward`` (:func:`fmha.backward.dense`, transient too), so
 ``torch.compile(fullgraph=True)`` traces forward and backward, modifiers and sinks included.  The op
 ``fmha::attention_varlen`` does the same for packed sequences (:func:`fmha.forward.packed`, its backward
 :func:`fmha.backward.packed`); the max_seqlens are integers of the op (symbolic where Dynamo makes them so).
@@ -72,10 +72,12 @@ def attention_backward_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
     """The backward of ``fmha::attention``: :func:`fmha.backward.dense` on its saved O and LSE; the sinks'
     gradient last (empty without sinks)."""
     mask = None if attn_mask is None else attn_mask_view(attn_mask, q, k, layout)
-    dq, dk, dv, dsinks = backward.dense(do, q, k, v, o, lse, causal=causal, scale=scale, causal_align=causal_align,
-                                        layout=layout, deterministic=deterministic, window=(window_left, window_right),
-                                        softcap=softcap, alibi_slopes=alibi_slopes, seqused_k=seqused_k, sinks=sinks,
-                                        attn_mask=mask)
+    with replay.transient():
+        dq, dk, dv, dsinks = backward.dense(do, q, k, v, o, lse, causal=causal, scale=scale,
+                                            causal_align=causal_align, layout=layout, deterministic=deterministic,
+                                            window=(window_left, window_right), softcap=softcap,
+                                            alibi_slopes=alibi_slopes, seqused_k=seqused_k, sinks=sinks,
+                                            attn_mask=mask)
     return dq, dk, dv, dsinks if dsinks is not None else q.new_empty((0,), dtype=torch.float32)
 
 
@@ -143,10 +145,11 @@ def attention_varlen_backward_op(do: torch.Tensor, q: torch.Tensor, k: torch.Ten
                                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward of ``fmha::attention_varlen``: :func:`fmha.backward.packed` on its saved O and LSE; the
     sinks' gradient last (empty without sinks)."""
-    dq, dk, dv, dsinks = backward.packed(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                         causal=causal, scale=scale, causal_align=causal_align,
-                                         window=(window_left, window_right), softcap=softcap,
-                                         alibi_slopes=alibi_slopes, sinks=sinks, deterministic=deterministic)
+    with replay.transient():
+        dq, dk, dv, dsinks = backward.packed(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                             max_seqlen_k, causal=causal, scale=scale, causal_align=causal_align,
+                                             window=(window_left, window_right), softcap=softcap,
+                                             alibi_slopes=alibi_slopes, sinks=sinks, deterministic=deterministic)
     return dq, dk, dv, dsinks if dsinks is not None else q.new_empty((0,), dtype=torch.float32)
 
 
