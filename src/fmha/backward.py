@@ -84,8 +84,8 @@ def dense(do, q, k, v, o, lse, *, causal, scale, causal_align, layout, window=(-
                                 attn_mask=attn_mask is not None)
         return _run(prob, do, q, k, v, o, lse, layout, alibi_slopes, (None, None, seqused_k), seqlen_q, seqlen_k,
                     sinks, deterministic, attn_mask)
-    return _replayed("dense", (do, q, k, v, o, lse, alibi_slopes, seqused_k, sinks, attn_mask), call, causal, scale,
-                     causal_align, layout, window, softcap, deterministic)
+    return replay.through("backward dense", (do, q, k, v, o, lse, alibi_slopes, seqused_k, sinks, attn_mask), call,
+                          causal, scale, causal_align, layout, window, softcap, deterministic, *_tables(q))
 
 
 def packed(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal, scale,
@@ -100,21 +100,17 @@ def packed(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
                                 head_dim_v=v.shape[2])
         return _run(prob, do[None], q[None], k[None], v[None], o[None], lse, "bshd", alibi_slopes,
                     (cu_seqlens_q, cu_seqlens_k, None), int(max_seqlen_q), int(max_seqlen_k), sinks, deterministic)
-    dq, dk, dv, dsinks = _replayed("packed", (do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks),
-                                   call, int(max_seqlen_q), int(max_seqlen_k), causal, scale, causal_align, window,
-                                   softcap, deterministic)
+    dq, dk, dv, dsinks = replay.through("backward packed", (do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k,
+                                                             alibi_slopes, sinks), call, int(max_seqlen_q),
+                                        int(max_seqlen_k), causal, scale, causal_align, window, softcap, deterministic,
+                                        *_tables(q))
     return dq[0], dk[0], dv[0], dsinks  # (the buffers as the kernels saw them, one sequence of all the rows)
 
 
-def _replayed(kind: str, inputs, call, *flags) -> tuple:
-    """``call()`` on a CPU; on a GPU through :mod:`fmha.replay`, the call's kind ``kind``, its tensors
-    ``inputs`` (dO, q, ...) and ``flags``, with what else picks its kernels: the tile tables in force and the
-    device's family."""
-    q = inputs[1]
-    if not q.is_cuda:
-        return call()
-    tables = (id(GLUON_ROWS), id(GLUON_ROWS_DETERMINISTIC), family_of(q.device))
-    return tuple(replay.call(replay.key("backward " + kind, inputs, *flags, *tables), inputs, q.device, call))
+def _tables(q) -> tuple:
+    """What picks a backward's kernels besides its kind (:mod:`fmha.replay`'s key): the tile tables in force and
+    the device's family."""
+    return id(GLUON_ROWS), id(GLUON_ROWS_DETERMINISTIC), family_of(q.device)
 
 
 def _zeros(shape, dtype, device) -> torch.Tensor:

@@ -31,19 +31,6 @@ def descale_table(q, k, layout: str, descales) -> torch.Tensor | None:
                         for t in descales], dim=-1).reshape(-1, 3)
 
 
-def _replayed(kind: str, inputs, call, *flags, checks=None, lengths=None):
-    """``call()`` on a CPU; on a GPU through :mod:`fmha.replay`, the call's kind being ``kind``, its
-    tensors ``inputs`` (q first) and ``flags``.  ``checks()`` (the entry point's, when they are a function
-    of the kind) runs before a call that is not replayed; ``lengths``: :func:`fmha.replay.call`'s."""
-    q = inputs[0]
-    if not q.is_cuda:
-        if checks is not None:
-            checks()
-        return call()
-    holding = replay.holding(q.device)  # (a split merges apart where a call holds nothing: merge_in_split)
-    return tuple(replay.call(replay.key(kind, inputs, *flags, holding), inputs, q.device, call, checks, lengths))
-
-
 def dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse, out=None, config=None,
           window=(-1, -1), softcap=0.0, alibi_slopes=None, seqused_k=None, num_splits=0, descale=None, checks=None,
           attn_mask=None):
@@ -59,9 +46,9 @@ def dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse, 
     # decoding: a KV cache one key longer at each call makes each call a new kind, which its family may know
     lengths = ({1: seq, 2: seq}, k.shape[seq]) if (q.dim() == k.dim() == 4 and q.shape[seq] <= 16
                                                    and attn_mask is None) else None
-    return _replayed("dense", (q, k, v, out, alibi_slopes, seqused_k, descale, attn_mask), call, causal, scale,
-                     variant, causal_align, layout, return_lse, config, window, softcap, num_splits, checks=checks,
-                     lengths=lengths)
+    return replay.through("dense", (q, k, v, out, alibi_slopes, seqused_k, descale, attn_mask), call, causal, scale,
+                          variant, causal_align, layout, return_lse, config, window, softcap, num_splits,
+                          checks=checks, lengths=lengths)
 
 
 def _dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse, out, config, window, softcap,
@@ -108,9 +95,9 @@ def packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, c
         return _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
                        scale=scale, variant=variant, causal_align=causal_align, return_lse=return_lse, window=window,
                        softcap=softcap, alibi_slopes=alibi_slopes, config=config)
-    return _replayed("packed", (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes), call, int(max_seqlen_q),
-                     int(max_seqlen_k), causal, scale, variant, causal_align, return_lse, window, softcap, config,
-                     checks=checks)
+    return replay.through("packed", (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes), call, int(max_seqlen_q),
+                          int(max_seqlen_k), causal, scale, variant, causal_align, return_lse, window, softcap, config,
+                          checks=checks)
 
 
 def _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal, scale, variant,
@@ -150,8 +137,9 @@ def paged(q, k_cache, v_cache, block_table, cache_seqlens, *, causal, scale, cau
         return _paged(q, k_cache, v_cache, block_table, cache_seqlens, causal=causal, scale=scale,
                       causal_align=causal_align, layout=layout, return_lse=return_lse, window=window, softcap=softcap,
                       alibi_slopes=alibi_slopes, num_splits=num_splits, variant=variant, config=config)
-    return _replayed("paged", (q, k_cache, v_cache, block_table, cache_seqlens, alibi_slopes), call, causal, scale,
-                     causal_align, layout, return_lse, window, softcap, num_splits, variant, config, checks=checks)
+    return replay.through("paged", (q, k_cache, v_cache, block_table, cache_seqlens, alibi_slopes), call, causal,
+                          scale, causal_align, layout, return_lse, window, softcap, num_splits, variant, config,
+                          checks=checks)
 
 
 def _paged(q, k_cache, v_cache, block_table, cache_seqlens, *, causal, scale, causal_align, layout, return_lse,

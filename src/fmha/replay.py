@@ -500,6 +500,19 @@ def _stream(device: torch.device) -> int:
     return torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" else 0
 
 
+def through(kind: str, inputs, run, *flags, checks=None, lengths=None):
+    """``run()`` on a CPU; on a GPU through :func:`call`, the call's kind being ``kind``, its tensors ``inputs``
+    (the first on the call's device) and ``flags``.  ``checks()`` (the entry point's, when they are a function
+    of the kind) runs before a call that is not replayed; ``lengths``: :func:`call`'s."""
+    first = inputs[0]
+    if not first.is_cuda:
+        if checks is not None:
+            checks()
+        return run()
+    held = holding(first.device)  # (a forward's split merges apart where a call holds nothing: merge_in_split)
+    return tuple(call(key(kind, inputs, *flags, held), inputs, first.device, run, checks, lengths))
+
+
 def call(k: tuple, inputs, device: torch.device, run, checks=None, lengths=None):
     """``run()`` (returning the call's outputs) for the first call of kind ``k``, recorded; the recipe
     for every later one.  ``checks()``, a function of the kind, runs before any call not replayed: a recipe
