@@ -118,8 +118,11 @@ def test_backward_pass_cells_check_gradients_and_count_their_flops():
             assert by[name]["tflops"] == pytest.approx(flops / (by[name]["ms"] * 1e-3) / 1e12, rel=1e-3)
         assert by["detached"]["note"].startswith("failed"), by["detached"]
         assert "; triton backward dK/dV 16x16" in by["fmha:auto"]["config"], by["fmha:auto"]["config"]
-    with pytest.raises(ValueError, match="without a window"):
-        runner.run_cell(grids.Cell(1, 2, 2, 16, 16, 32, True, window=4), torch.float16, provs, "cpu", 1.0,
+    window = grids.Cell(1, 2, 2, 24, 24, 32, True, window=4)  # the reference's gradients from SDPA given the band
+    rows = runner.run_cell(window, torch.float16, provs[:2], "cpu", 1.0, pass_="bwd")
+    assert all(r["note"] == "ok" and r["error"] < 2e-2 and r["features"] == "window=4" for r in rows), rows
+    with pytest.raises(ValueError, match="without softcap"):
+        runner.run_cell(grids.Cell(1, 2, 2, 16, 16, 32, True, softcap=5.0), torch.float16, provs, "cpu", 1.0,
                         pass_="bwd")
 
 

@@ -128,6 +128,50 @@ def test_hopper_backward_under_scores_far_from_zero(head_dim, causal):
         check_grads(grads, a, b, c, do, causal, scale=kw.get("scale"))
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal,sq,sk", [(False, 200, 200), (True, 300, 200)])
+def test_keys_past_seqlen_k_stay_out_under_scores_far_below_zero(head_dim, causal, sq, sk):
+    """Every score near -36 * sqrt(head_dim) (LSEs below -250): the last key block's keys past seqlen_k are TMA's
+    zeros, whose score 0 lies far above every LSE, so P = exp(0 - LSE) would overflow there and dQ turn NaN (inf
+    times dS's zero); those keys are masked.  (Causal top-left with seqlen_q > seqlen_k: the last rows see the
+    keys past the end as far as the diagonal goes.)"""
+    q, k, v = make_qkv(1, 2, 2, sq, sk, head_dim, torch.bfloat16, seed=43)
+    q, k = q * 0.1 + 6.0, k * 0.1 - 6.0
+    assert runs_on(q, k, v, causal=causal) == "hopper"
+    a, b, c = leaves(q, k, v)
+    o, lse = fmha.attention(a, b, c, causal=causal, return_lse=True)
+    assert lse.max().item() < -250
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(9)).to(o)
+    o.backward(do)
+    check_grads((a.grad, b.grad, c.grad), q, k, v, do, causal, o=o.detach(), lse=lse.detach())
+
+
+WINDOWS = [  # (batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim), window, causal, align
+    ((1, 4, 2, 1000, 1000, 64), (100, 0), True, "top_left"),       # a band narrower than a key block
+    ((2, 4, 2, 700, 900, 128), (300, -1), True, "bottom_right"),   # sk > sq: the band from the bottom-right diagonal
+    ((1, 2, 2, 900, 500, 128), (256, 64), False, "top_left"),      # both sides, rows past 500 + 256 see no key
+    ((1, 8, 2, 1200, 1200, 96), (513, 0), True, "top_left"),
+]
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("shape,window,causal,align", WINDOWS, ids=lambda x: str(x))
+def test_hopper_backward_with_a_sliding_window(shape, window, causal, align, deterministic):
+    """A sliding window with an upper edge runs on the Gluon backward: each key block walks the query tiles its
+    band reaches, masked where an edge crosses a tile; the gradients pass the float64 yardstick, and
+    deterministic, three runs give the same bits."""
+    i = WINDOWS.index((shape, window, causal, align))
+    q, k, v = make_qkv(*shape, (torch.float16, torch.bfloat16)[i % 2], seed=60 + i)
+    kw = dict(causal=causal, causal_align=align, window=window)
+    assert runs_on(q, k, v, deterministic=deterministic, **kw) == "hopper"
+    runs = [gradients(q, k, v, i, deterministic=deterministic, **kw) for _ in range(3 if deterministic else 1)]
+    for grads, _ in runs[1:]:
+        for name, a, e in zip("qkv", grads, runs[0][0]):
+            assert torch.equal(a, e), name
+    grads, (q, k, v, do) = runs[0]
+    check_grads(grads, q, k, v, do, causal, align, window=window)
+
+
 def test_a_scale_below_the_hopper_backwards_least_runs_on_triton():
     """The Gluon backward divides the LSE by the scale; a scale below ``MIN_SCALE`` (or not positive) goes
     to the Triton kernels, whose gradients still pass."""
@@ -250,7 +294,8 @@ def test_what_the_hopper_backward_leaves_to_triton(monkeypatch):
     q, k, v = make_qkv(1, 2, 2, 64, 64, 256, torch.bfloat16)
     assert runs_on(q, k, v) == "triton"
     q, k, v = make_qkv(1, 2, 2, 64, 64, 64, torch.bfloat16)
-    assert runs_on(q, k, v, window=(8, 0)) == "triton"
+    assert runs_on(q, k, v, window=(8, 0)) == "hopper"
+    assert runs_on(q, k, v, window=(8, -1)) == "triton"  # open to the right: no upper edge
     assert runs_on(q, k, v, softcap=5.0) == "triton"
 
 

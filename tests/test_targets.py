@@ -526,6 +526,19 @@ def test_hopper_backward_builds_with_tma_reduce_adds(head_dim, causal, determini
     assert from_regs == (32 if head_dim == 64 else 0), from_regs
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_hopper_backward_builds_for_a_window_and_a_ragged_key_count(head_dim):
+    """The masks of a sliding window's lower edge and of the keys past a seqlen_k off the 128-key block build into
+    the same kernel: its dQ tiles still leave as reduce-adds, the walk loads nothing from global memory, and
+    ptxas spills no more than the causal build's bound."""
+    ptx = targets.build_backward(head_dim, "bfloat16", causal=True, window=True, ragged=True).asm["ptx"]
+    assert len(re.findall(r"cp\.reduce\.async\.bulk\.tensor\.3d\.global\.shared::cta\.add\.tile", ptx)) == 2
+    assert not re.search(r"\bld\.global\b", ptx), "the walk loads from global memory"
+    usage = targets.ptxas_usage(ptx, 90)
+    assert usage["spill_stores"] <= (128 if head_dim == 64 else 512), usage
+    assert not usage["serialized"], "ptxas waits for each wgmma before the next"
+
+
 def test_reduce_pass_rewrites_only_marked_stores():
     from fmha.kernels.hopper import reduce_pass
     store = "\t@%p3 cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%rd1, {%r1, %r2, %r3}], [%r4];"

@@ -161,8 +161,9 @@ def cmd_bench(args) -> int:
     cells = _cells(grid, args.where, device)
     dtypes = [DTYPES[d] for d in args.dtype]
     ledger_path = _ledger(args.ledger, device)
-    if args.pass_ != "fwd" and any(c.modified for c in cells):
-        raise UsageError(f"--pass {args.pass_} times cells without a window, softcap or ALiBi; grid {grid} has them")
+    if args.pass_ != "fwd" and any(c.softcap for c in cells):
+        raise UsageError(f"--pass {args.pass_} times cells without softcap (its reference is SDPA's, which has none); "
+                         f"select them with --where softcap=0")
     print(f"fmha bench: grid={grid} ({len(cells)} cells x {len(dtypes)} dtypes), pass={args.pass_}, device={device}, "
           f"providers={[p.name for p in provs]}, ledger={ledger_path or 'none (CPU times mean nothing)'}",
           flush=True)

@@ -119,9 +119,11 @@ def _hopper_source(head_dim: int, dtype: str, causal: bool, cfg, seqlen_k: int =
     return GluonASTSource(kernel, sig, const)
 
 
-def build_backward(head_dim: int, dtype: str = "bfloat16", causal: bool = False, deterministic: bool = False):
+def build_backward(head_dim: int, dtype: str = "bfloat16", causal: bool = False, deterministic: bool = False,
+                   window: bool = False, ragged: bool = False):
     """The Gluon backward (:mod:`fmha.kernels.hopper.backward`) compiled for sm_90 from stand-in CPU
-    tensors: Triton's compiled kernel, its PTX after fmha's passes (the dQ stores made reduce-adds)."""
+    tensors: Triton's compiled kernel, its PTX after fmha's passes (the dQ stores made reduce-adds).
+    ``window``: built for a sliding window's lower edge; ``ragged``: for a key count not a multiple of 128."""
     import torch
     from triton._C.libtriton import native_specialize_impl
     from triton.backends.compiler import BaseBackend
@@ -136,7 +138,8 @@ def build_backward(head_dim: int, dtype: str = "bfloat16", causal: bool = False,
     descs, _ = backward.descriptors(t, t, t, t, torch.empty(1, 256, head, dtype=torch.float32), stat, stat, "bhsd",
                                     head, cut)
     kernel = backward.backward_kernel
-    const = dict(HEAD=head, D=head_dim, CAUSAL=causal, RS=cut.rs, DS_BUFS=cut.ds_bufs, DETERMINISTIC=deterministic)
+    const = dict(HEAD=head, D=head_dim, CAUSAL=causal, WINDOW=window, RAGGED=ragged, RS=cut.rs, DS_BUFS=cut.ds_bufs,
+                 DETERMINISTIC=deterministic)
     by_name = dict(zip(("q_desc", "k_desc", "v_desc", "do_desc", "dq_desc", "lse_desc", "delta_desc"), descs))
     sig = {}
     for name in kernel.arg_names:

@@ -41,7 +41,7 @@ def modifiers(cell, device) -> dict:
     return kw
 
 
-def _sdpa_mask(q, cell) -> torch.Tensor:
+def sdpa_mask(q, cell) -> torch.Tensor:
     """The cell's band (:func:`fmha.reference.visible`) and ALiBi as SDPA's additive mask (what an
     SDPA user writes)."""
     from fmha import reference
@@ -118,7 +118,7 @@ def _sdpa(backend_name: str, max_score_bytes: float | None = None) -> Provider:
         gqa = cell.heads != cell.kv_heads
         if cell.softcap:
             raise RuntimeError("skipped: SDPA has no softcap")
-        mask = _sdpa_mask(q, cell) if cell.modified else None
+        mask = sdpa_mask(q, cell) if cell.modified else None
 
         def run():
             with sdpa_kernel(backend):

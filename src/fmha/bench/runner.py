@@ -19,7 +19,7 @@ from . import ledger
 from .flops import attention_bytes, attention_flops
 from .grids import Cell
 from .layouts import arrange
-from .providers import Provider, modifiers
+from .providers import Provider, sdpa_mask, modifiers
 from .timing import graph_median_ms, median_ms, tflops
 
 
@@ -109,12 +109,15 @@ PASSES = {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}  # FLOPs against the forward's
 
 
 def _reference_grads(q, k, v, do, cell: Cell):
-    """Float32 gradients of q, k, v through SDPA's exact backends (cells without modifiers)."""
+    """Float32 gradients of q, k, v through SDPA's exact backends, a window and ALiBi given as its additive
+    mask (softcap, which SDPA lacks, is not timed backward)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     leaves = [t.detach().float().requires_grad_(True) for t in (q, k, v)]
     backends = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH] if q.is_cuda else [SDPBackend.MATH]
+    mask = sdpa_mask(q, cell).float() if cell.modified else None
     with sdpa_kernel(backends):
-        o = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=cell.causal,
+        o = torch.nn.functional.scaled_dot_product_attention(*leaves, attn_mask=mask,
+                                                             is_causal=cell.causal and mask is None,
                                                              enable_gqa=cell.heads != cell.kv_heads)
     return torch.autograd.grad(o, leaves, do.float())
 
@@ -153,8 +156,8 @@ def run_cell(cell: Cell, dtype: torch.dtype, provs: list[Provider], device: str,
     flops = int(flops * PASSES[pass_])
     do = ref_grads = None
     if pass_ != "fwd":
-        if cell.modified:
-            raise ValueError("the backward passes are timed on cells without a window, softcap or ALiBi")
+        if cell.softcap:
+            raise ValueError("the backward passes are timed on cells without softcap (their reference is SDPA's)")
         q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
         do = torch.randn(ref.shape, generator=torch.Generator(device=device).manual_seed(seed + 1), device=device,
                          dtype=dtype)

@@ -3,7 +3,8 @@ the math of :mod:`..backward` (docs/BACKWARD.md).
 
 A program owns one block of ``BLOCK_N = 128`` keys of one (batch, KV head) and walks the query tiles
 (``BLOCK_M`` rows, :func:`tiles`) of every query head of its group that see those keys (causal: from the first
-tile at or past the block's diagonal), each key block starting at its own tile (:func:`_query_tile`). A
+tile at or past the block's diagonal; with a sliding window, to the last tile the window reaches, :func:`_walk`),
+each key block starting at its own tile (:func:`_query_tile`). A
 one-warp producer loads K and V once and streams each tile's Q, dO and its rows' LSEs and deltas by TMA into a
 ``STAGES``-deep ring (the statistics read from shared memory straight into the layout a product needs: loaded
 from global memory by the consumers instead, and spread through shared memory at head_dim 64, the backward ran
@@ -34,12 +35,13 @@ dV in registers (wgmma accumulators) for the whole walk. Per tile a consumer com
 Q and dO are read through 4-D descriptors that hold one (batch, head) sequence each (the K/V views of
 :mod:`..tma`), so the rows of a last tile past seqlen_q are TMA's zeros, never the next head's rows, which
 could hold NaN; their LSE and delta are TMA's zeros too (read from ``[batch * heads, seqlen_q]`` boxes), so
-their P is 1 but dO's rows and dS are 0 and nothing reaches dK or dV. Keys past seqlen_k are zeros too and
-their dK/dV rows are not stored. A row that saw no key (LSE ``-inf``: causal, bottom-right, seqlen_q >
-seqlen_k, as the kernel takes no window or seqused_k) lies wholly above the diagonal in every tile that holds
-it, so the causal mask gives it P = 0. Takes (:func:`supports`): sm_90, head_dim 32-128 with V's the same
-(tiles of 64 or 128 columns, zeros past head_dim), a scale of at least :data:`MIN_SCALE`, no window, softcap,
-ALiBi, packed sequences or seqused_k, causal in either alignment; anything else runs on the Triton kernels.
+their P is 1 but dO's rows and dS are 0 and nothing reaches dK or dV. Keys past seqlen_k are zeros too, masked
+(their score 0 can lie far above a row's LSE, where P would overflow and dQ turn NaN), and their dK/dV rows are
+not stored. A row that sees no key (LSE ``-inf``) is masked wherever it meets a key block: a tile holding it
+holds an unseen pair, so it is one of the tiles masked (:func:`_crossed`), and its P is 0. Takes
+(:func:`supports`): sm_90, head_dim 32-128 with V's the same (tiles of 64 or 128 columns, zeros past head_dim),
+a scale of at least :data:`MIN_SCALE`, causal in either alignment, sliding windows with an upper edge (causal,
+or a right side), no softcap, ALiBi, packed sequences or seqused_k; anything else runs on the Triton kernels.
 """
 from __future__ import annotations
 
@@ -79,12 +81,45 @@ ROW_LAYOUT = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
 
 
 @gluon.jit
-def _first_tile(pid_n, causal_offset, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
-    """The first query tile that sees a key of block ``pid_n`` (causal: query i sees key j <= i + offset)."""
+def _walk(pid_n, n_m, causal_offset, window_offset, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr,
+          WINDOW: gl.constexpr):
+    """The query tiles ``first .. end - 1`` that see a key of block ``pid_n``: query i sees key j when
+    ``j <= i + causal_offset`` (CAUSAL: the band's upper edge) and ``j >= i + window_offset`` (WINDOW: its lower
+    edge), so the walk starts at the block's diagonal and ends past the window's reach."""
     first = 0
     if CAUSAL:
         first = gl.maximum(pid_n * BLOCK_N - causal_offset, 0) // BLOCK_M
-    return first
+    end = n_m
+    if WINDOW:
+        end = gl.minimum((gl.maximum(pid_n * BLOCK_N + BLOCK_N - window_offset, 0) + BLOCK_M - 1) // BLOCK_M, n_m)
+    return first, end
+
+
+@gluon.jit
+def _crossed(m, key0, seqlen_k, causal_offset, window_offset, BLOCK_M: gl.constexpr, KEYS: gl.constexpr,
+             CAUSAL: gl.constexpr, WINDOW: gl.constexpr, RAGGED: gl.constexpr):
+    """Whether query tile ``m`` against keys ``key0 .. key0 + KEYS - 1`` holds a pair that is not seen: RAGGED
+    (seqlen_k not a multiple of ``BLOCK_N``), a key past seqlen_k (TMA's zeros, whose score 0 can lie far above a
+    row's LSE, where P = exp(0 - LSE) would overflow), or the band's edges crossing the tile."""
+    crossed = False
+    if RAGGED:
+        crossed = key0 + KEYS > seqlen_k
+    if CAUSAL:
+        crossed = crossed | (m * BLOCK_M + causal_offset < key0 + KEYS - 1)
+    if WINDOW:
+        crossed = crossed | (m * BLOCK_M + BLOCK_M - 1 + window_offset > key0)
+    return crossed
+
+
+@gluon.jit
+def _seen(keys, rows, seqlen_k, causal_offset, window_offset, CAUSAL: gl.constexpr, WINDOW: gl.constexpr):
+    """The pairs of ``keys`` and query ``rows`` (broadcast against each other) that are seen."""
+    seen = keys < seqlen_k
+    if CAUSAL:
+        seen = seen & (keys <= rows + causal_offset)
+    if WINDOW:
+        seen = seen & (keys >= rows + window_offset)
+    return seen
 
 
 @gluon.jit
@@ -131,7 +166,9 @@ def _turn(m, pid_n, blocks, causal_offset, chunk, BLOCK_M: gl.constexpr, CAUSAL:
 
     Causal walks start at their diagonals, so a later block reaches a tile sooner: the last block that sees the
     tile goes first (key j is seen by query i when j <= i + offset, so block n sees tile m when
-    n * BLOCK_N < (m + 1) * BLOCK_M + offset), and programs run the last block first (:func:`_program`).
+    n * BLOCK_N < (m + 1) * BLOCK_M + offset), and programs run the last block first (:func:`_program`).  A
+    window's lower edge only ends the earlier blocks' walks before the tile: the blocks that see it are still
+    the last one and those just before it, each turn counted from the last.
     Without causal the blocks go in chunks of ``chunk`` (at most the SMs and the query tiles): a chunk after the
     chunk before it, and inside one, block k starts at tile k, so of blocks 0..size-1 block k reaches tile m
     at step (m - k) mod n_m: for m >= size - 1 the later block first, below it block m first, then the blocks
@@ -189,8 +226,8 @@ def _box(buf):
 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs, delta_bufs, k_smem,
-              v_smem, kv_ready, q_ready, q_empty, heads, kv_heads, group, n_m, causal_offset, chunk, order, place,
-              CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr):
+              v_smem, kv_ready, q_ready, q_empty, heads, kv_heads, group, n_m, causal_offset, window_offset, chunk,
+              order, place, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, DETERMINISTIC: gl.constexpr):
     """K and V of the block once, then Q, dO and the rows' LSE and delta of each (head, query tile) into the
     ring."""
     BLOCK_M: gl.constexpr = q_bufs.shape[1]
@@ -206,12 +243,12 @@ def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_bufs, do_
                                     kv_ready, _box(v_smem))
     q_bytes: gl.constexpr = (q_desc.block_type.nbytes + do_desc.block_type.nbytes + lse_desc.block_type.nbytes
                              + delta_desc.block_type.nbytes)
-    first = _first_tile(pid_n, causal_offset, BLOCK_M, CAUSAL)
+    first, end = _walk(pid_n, n_m, causal_offset, window_offset, BLOCK_M, CAUSAL, WINDOW)
     it = 0
     for gi in range(group):
         h = kvh * group + gi
         bh = b * heads + h
-        for j in range(n_m - first):
+        for j in range(end - first):
             m = _query_tile(j, first, n_m, pid_n, blocks, chunk, CAUSAL, DETERMINISTIC)
             s = it % STAGES
             mbarrier.wait(q_empty.index(s), ((it // STAGES) & 1) ^ 1)
@@ -254,8 +291,9 @@ def _row_stats(lse_s, delta_s, factor, layout: gl.constexpr):
 @gluon.jit
 def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_smem, dq_box, kv_ready, q_ready,
               q_empty, ds_ready, ds_free, dq_desc, DK, DV, Locks, heads, kv_heads, group, seqlen_q, seqlen_k, n_m,
-              causal_offset, chunk, order, scale_log2, scale, dk_strides, dv_strides, WG: gl.constexpr,
-              HEAD: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, RS: gl.constexpr, DETERMINISTIC: gl.constexpr):
+              causal_offset, window_offset, chunk, order, scale_log2, scale, dk_strides, dv_strides, WG: gl.constexpr,
+              HEAD: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, RAGGED: gl.constexpr,
+              RS: gl.constexpr, DETERMINISTIC: gl.constexpr):
     KEYS: gl.constexpr = BLOCK_N // 2  # this warpgroup's keys
     BLOCK_M: gl.constexpr = q_bufs.shape[1]  # query rows a tile
     DS_BUFS: gl.constexpr = ds_smem.shape[0]
@@ -298,13 +336,13 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
     offs_k = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, t_layout) if RS else gl.SliceLayout(0, s_layout))
     dk = gl.zeros([KEYS, HEAD], gl.float32, g_layout)
     dv = gl.zeros([KEYS, HEAD], gl.float32, g_layout)
-    first = _first_tile(pid_n, causal_offset, BLOCK_M, CAUSAL)
+    first, end = _walk(pid_n, n_m, causal_offset, window_offset, BLOCK_M, CAUSAL, WINDOW)
     lock = Locks  # deterministic: the counter of the dQ tile's half added last
     mbarrier.wait(kv_ready, 0)
     it = 0
     for gi in range(group):
         bh = b * heads + kvh * group + gi
-        for j in range(n_m - first):
+        for j in range(end - first):
             m = _query_tile(j, first, n_m, pid_n, blocks, chunk, CAUSAL, DETERMINISTIC)
             s = it % STAGES
             rows = m * BLOCK_M + offs_q
@@ -319,9 +357,10 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
                                             gl.SliceLayout(0, t_layout))
                 zeros_t = gl.zeros([KEYS, BLOCK_M], gl.float32, t_layout)
                 st0 = zeros_t - lse_t[None, :]
-                if CAUSAL:
-                    if m * BLOCK_M + causal_offset < key0 + KEYS - 1:  # the tile crosses the diagonal
-                        st0 = gl.where(offs_k[:, None] <= rows[None, :] + causal_offset, st0, float("-inf"))
+                if _crossed(m, key0, seqlen_k, causal_offset, window_offset, BLOCK_M, KEYS, CAUSAL, WINDOW, RAGGED):
+                    seen = _seen(offs_k[:, None], rows[None, :], seqlen_k, causal_offset, window_offset, CAUSAL,
+                                 WINDOW)
+                    st0 = gl.where(seen, st0, float("-inf"))
                 st = warpgroup_mma(k_w, q_s.permute((1, 0)), st0, is_async=True)
                 dpt = warpgroup_mma(v_w, do_s.permute((1, 0)), zeros_t - delta_t[None, :], is_async=True)
                 st, dpt = warpgroup_mma_wait(0, deps=[st, dpt])
@@ -342,9 +381,9 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
                 dp = warpgroup_mma(do_s, v_w.permute((1, 0)), zeros, use_acc=False, is_async=True)
                 qk = warpgroup_mma_wait(1, deps=[qk])
                 p = gl.exp2(qk * scale_log2 - lse2[:, None])
-                if CAUSAL:
-                    if m * BLOCK_M + causal_offset < key0 + KEYS - 1:  # the tile crosses the diagonal
-                        p = gl.where(offs_k[None, :] <= rows[:, None] + causal_offset, p, 0.0)
+                if _crossed(m, key0, seqlen_k, causal_offset, window_offset, BLOCK_M, KEYS, CAUSAL, WINDOW, RAGGED):
+                    p = gl.where(_seen(offs_k[None, :], rows[:, None], seqlen_k, causal_offset, window_offset,
+                                       CAUSAL, WINDOW), p, 0.0)
                 # P and dS into shared memory (the A operands of dV and dK transposed, of dQ as they are), once
                 # both warpgroups are done with the previous tile's
                 mbarrier.wait(ds_free.index(d), d_phase ^ 1)
@@ -403,10 +442,12 @@ def _store_rows(acc, Ptr, b, h, seqlen, strides, row0, layout: gl.constexpr, ROW
 
 @gluon.jit
 def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_desc, DK, DV, Locks, heads, kv_heads,
-                    group, seqlen_q, seqlen_k, n_m, causal_offset, chunk, section, blocks, pairs, scale_log2, scale,
+                    group, seqlen_q, seqlen_k, n_m, causal_offset, window_offset, chunk, section, blocks, pairs,
+                    scale_log2, scale,
                     q_lead, q_first_b, q_first_h, k_lead, k_first_b, k_first_h, v_lead, v_first_b, v_first_h, do_lead,
                     do_first_b, do_first_h, dk_b, dk_h, dk_s, dv_b, dv_h, dv_s, HEAD: gl.constexpr, D: gl.constexpr,
-                    CAUSAL: gl.constexpr, RS: gl.constexpr, DS_BUFS: gl.constexpr, DETERMINISTIC: gl.constexpr):
+                    CAUSAL: gl.constexpr, WINDOW: gl.constexpr, RAGGED: gl.constexpr, RS: gl.constexpr,
+                    DS_BUFS: gl.constexpr, DETERMINISTIC: gl.constexpr):
     """dK and dV of a key block of a (batch, KV head) (:func:`_program`), and its share of dQ
     added into ``dq_desc``'s float32 buffer.  HEAD: the tile width (head_dim padded), D: head_dim.
     ``Locks``: deterministic, zeroed int32 counters, one a half of each (batch * head, query tile);
@@ -450,15 +491,15 @@ def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_de
     gl.warp_specialize([
         (_consumer, (k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_smem, dq_box, kv_ready, q_ready,
                      q_empty, ds_ready, ds_free, dq_desc, DK, DV, Locks, heads, kv_heads, group, seqlen_q, seqlen_k,
-                     n_m, causal_offset, chunk, order, scale_log2, scale, (dk_b, dk_h, dk_s), (dv_b, dv_h, dv_s), 0,
-                     HEAD, D, CAUSAL, RS, DETERMINISTIC)),
+                     n_m, causal_offset, window_offset, chunk, order, scale_log2, scale, (dk_b, dk_h, dk_s),
+                     (dv_b, dv_h, dv_s), 0, HEAD, D, CAUSAL, WINDOW, RAGGED, RS, DETERMINISTIC)),
         (_consumer, (k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_smem, dq_box, kv_ready, q_ready,
                      q_empty, ds_ready, ds_free, dq_desc, DK, DV, Locks, heads, kv_heads, group, seqlen_q, seqlen_k,
-                     n_m, causal_offset, chunk, order, scale_log2, scale, (dk_b, dk_h, dk_s), (dv_b, dv_h, dv_s), 1,
-                     HEAD, D, CAUSAL, RS, DETERMINISTIC)),
+                     n_m, causal_offset, window_offset, chunk, order, scale_log2, scale, (dk_b, dk_h, dk_s),
+                     (dv_b, dv_h, dv_s), 1, HEAD, D, CAUSAL, WINDOW, RAGGED, RS, DETERMINISTIC)),
         (_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs, delta_bufs,
                      k_smem, v_smem, kv_ready, q_ready, q_empty, heads, kv_heads, group, n_m, causal_offset,
-                     chunk, order, place, CAUSAL, DETERMINISTIC)),
+                     window_offset, chunk, order, place, CAUSAL, WINDOW, DETERMINISTIC)),
     ], [4, 1], [240, 24])
 
 
@@ -468,8 +509,10 @@ def supports(prob, q, k, v, do, layout: str, alibi: bool) -> str | None:
         return "needs an sm_90 GPU"
     if prob.head_dim > 128 or prob.dv != prob.head_dim:
         return f"head_dim {prob.head_dim} (V's {prob.dv}): takes 32-128, V's the same"
-    if prob.window_offset is not None or prob.softcap > 0 or alibi or prob.varlen or prob.seqused:
-        return "windows, softcap, ALiBi, packed sequences and seqused_k run on the Triton kernels"
+    if prob.softcap > 0 or alibi or prob.varlen or prob.seqused:
+        return "softcap, ALiBi, packed sequences and seqused_k run on the Triton kernels"
+    if prob.window_offset is not None and not prob.causal:
+        return "a window open to the right (no upper edge) runs on the Triton kernels"
     if not prob.scale_log2 >= MIN_SCALE:
         return f"scale {prob.scale_log2 / LOG2E_VALUE}: the kernel's LSE / scale needs scale * log2(e) >= 2^-60"
     for name, t in (("q", q), ("k", k), ("v", v), ("dO", do)):
@@ -561,9 +604,10 @@ def section(prob, head: int, itemsize: int, index: int, deterministic: bool) -> 
     memory once for each of its blocks (1-18% slower from 4k tokens, deterministic up to 37%), so the heads go
     in sections whose Q, dO and float32 dQ fit the L2 cache (a power of two of them), key block-major inside
     one: FlashAttention's schedule for its deterministic backward, 1-3% faster here from 2k to 8k tokens.
-    Without causal every walk is as long, and deterministic causal walks ran 1-5% slower in sections (their
-    turns come later), so there one head's blocks go side by side (a section of one)."""
-    if not prob.causal or deterministic:
+    Without causal every walk is as long, as with a window nearly, and deterministic causal walks ran 1-5%
+    slower in sections (their turns come later), so there one head's blocks go side by side (a section of
+    one)."""
+    if not prob.causal or deterministic or prob.window_offset is not None:
         return 1
     one = prob.seqlen_q * (prob.heads // prob.kv_heads) * head * (2 * itemsize + 4)
     fit = max(l2_bytes(index) // one, 1)
@@ -588,8 +632,10 @@ def launch(prob, q, k, v, do, lse, delta, dk, dv, layout: str, strides, zeros, d
     scale = prob.scale_log2 / LOG2E_VALUE
     heads_in_turn = section(prob, head, q.element_size(), q.device.index, deterministic)
     replay.launch(backward_kernel, (blocks * pairs,), *descs, dk, dv, locks, prob.heads, prob.kv_heads,
-                  prob.heads // prob.kv_heads, prob.seqlen_q, prob.seqlen_k, n_m, prob.causal_offset, chunk,
+                  prob.heads // prob.kv_heads, prob.seqlen_q, prob.seqlen_k, n_m, prob.causal_offset,
+                  prob.window_offset or 0, chunk,
                   heads_in_turn, blocks, pairs, prob.scale_log2, scale, *place, *strides["dk"], *strides["dv"],
-                  HEAD=head, D=prob.head_dim, CAUSAL=bool(prob.causal), RS=cut.rs, DS_BUFS=cut.ds_bufs,
+                  HEAD=head, D=prob.head_dim, CAUSAL=bool(prob.causal), WINDOW=prob.window_offset is not None,
+                  RAGGED=prob.seqlen_k % BLOCK_N.value != 0, RS=cut.rs, DS_BUFS=cut.ds_bufs,
                   DETERMINISTIC=deterministic, num_warps=4)
     return dq
