@@ -293,7 +293,7 @@ def test_what_the_hopper_backward_leaves_to_triton(monkeypatch):
         assert runs_on(q[:, :, :(rows or 4096) // 2], k, v, deterministic=True) == "triton"
     q, k, v = make_qkv(1, 2, 2, 64, 64, 256, torch.bfloat16)
     assert runs_on(q, k, v) == "triton"
-    q, k, v = make_qkv(1, 2, 2, 64, 64, 64, torch.bfloat16)
+    q, k, v = make_qkv(1, 2, 2, 1024, 1024, 64, torch.bfloat16)
     assert runs_on(q, k, v, window=(8, 0)) == "hopper"
     assert runs_on(q, k, v, window=(8, -1)) == "triton"  # open to the right: no upper edge
     assert runs_on(q, k, v, softcap=5.0) == "triton"
