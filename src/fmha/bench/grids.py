@@ -72,6 +72,14 @@ def features_grid() -> list[Cell]:
             Cell(1, 16, 8, 8192, 8192, 256, True, window=4096, softcap=50)]
 
 
+def windows_grid() -> list[Cell]:
+    """Sliding windows of real models' widths, causal, 8k tokens: gpt-oss-20b's heads (64 on 8 KV heads of 64)
+    with its 128-key window and wider ones, and a Mistral-shaped layer (32/8 heads of 128) with 256- to 4096-key
+    windows: where a window is narrow, a key block's walk is a few query tiles."""
+    return ([Cell(1, 64, 8, 8192, 8192, 64, True, window=w) for w in (128, 512, 2048)]
+            + [Cell(1, 32, 8, 8192, 8192, 128, True, window=w) for w in (256, 1024, 4096)])
+
+
 def ragged_grid() -> list[Cell]:
     """Sequence lengths off the 128-key tile (1000, 3000, 9000), B*S about 16k, H*D = 2048:
     the last key tile of every sequence is part past its end."""
@@ -141,6 +149,7 @@ def values(cells: list[Cell]) -> str:
 
 
 GRIDS = {"default": default_grid, "decode": decode_grid, "extra": extra_grid, "features": features_grid,
+         "windows": windows_grid,
          "ragged": ragged_grid, "models": models_grid, "head-dims": head_dims_grid, "mla": mla_grid,
          "mla-decode": mla_decode_grid,
          "quick": quick_grid}

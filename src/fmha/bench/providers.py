@@ -41,17 +41,18 @@ def modifiers(cell, device) -> dict:
     return kw
 
 
-def sdpa_mask(q, cell) -> torch.Tensor:
+def sdpa_mask(q, cell, dtype=None) -> torch.Tensor:
     """The cell's band (:func:`fmha.reference.visible`) and ALiBi as SDPA's additive mask (what an
-    SDPA user writes)."""
+    SDPA user writes), in ``dtype`` (q's by default; float32 for a reference)."""
     from fmha import reference
+    dtype = dtype or q.dtype
     seen = torch.from_numpy(reference.visible(cell.seqlen_q, cell.seqlen_k, cell.causal, "top_left",
                                               (cell.window, -1))).to(q.device)
-    mask = torch.zeros(seen.shape, device=q.device, dtype=q.dtype).masked_fill(~seen, float("-inf"))
+    mask = torch.zeros(seen.shape, device=q.device, dtype=dtype).masked_fill(~seen, float("-inf"))
     if cell.alibi:
         i = torch.arange(cell.seqlen_q, device=q.device)[:, None]
         j = torch.arange(cell.seqlen_k, device=q.device)[None, :]
-        mask = mask - alibi_slopes(cell.heads, q.device)[:, None, None].to(q.dtype) * (i - j).abs().to(q.dtype)
+        mask = mask - alibi_slopes(cell.heads, q.device)[:, None, None].to(dtype) * (i - j).abs().to(dtype)
     return mask
 
 

@@ -65,9 +65,10 @@ REFERENCE_BYTES = 4 << 30  # past this, SDPA's math backend (K/V repeated to eve
 
 def _reference(q, k, v, cell: Cell) -> torch.Tensor:
     """Float32 attention through SDPA's exact backends (no low-precision rounding), a batch at a time where
-    the math backend's copies would be large (MLA's 128 query heads on one latent head); a cell with
-    modifiers through :func:`fmha.reference.dense_attention` (float64, host), a batch at a time."""
-    if cell.modified:
+    the math backend's copies would be large (MLA's 128 query heads on one latent head), a window and ALiBi
+    given as SDPA's additive mask; a cell with softcap, which SDPA lacks, through
+    :func:`fmha.reference.dense_attention` (float64, host), a batch at a time."""
+    if cell.softcap:
         from fmha import reference
         kw = modifiers(cell, "cpu")
         out = [torch.from_numpy(reference.dense_attention(*(t[b:b + 1].cpu() for t in (q, k, v)), causal=cell.causal,
@@ -77,10 +78,12 @@ def _reference(q, k, v, cell: Cell) -> torch.Tensor:
     backends = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH] if q.is_cuda else [SDPBackend.MATH]
     per_batch = cell.heads * max(cell.seqlen_q, cell.seqlen_k) * (2 * cell.head_dim + cell.seqlen_q) * 4
     step = max(1, REFERENCE_BYTES // per_batch)
+    mask = sdpa_mask(q, cell, torch.float32) if cell.modified else None
     with sdpa_kernel(backends):
         return torch.cat([torch.nn.functional.scaled_dot_product_attention(
-            q[b:b + step].float(), k[b:b + step].float(), v[b:b + step].float(), is_causal=cell.causal,
-            enable_gqa=cell.heads != cell.kv_heads) for b in range(0, cell.batch, step)])
+            q[b:b + step].float(), k[b:b + step].float(), v[b:b + step].float(), attn_mask=mask,
+            is_causal=cell.causal and mask is None, enable_gqa=cell.heads != cell.kv_heads)
+            for b in range(0, cell.batch, step)])
 
 
 def cell_inputs(cell: Cell, dtype: torch.dtype, device: str, seed: int = 0):
@@ -114,7 +117,7 @@ def _reference_grads(q, k, v, do, cell: Cell):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     leaves = [t.detach().float().requires_grad_(True) for t in (q, k, v)]
     backends = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH] if q.is_cuda else [SDPBackend.MATH]
-    mask = sdpa_mask(q, cell).float() if cell.modified else None
+    mask = sdpa_mask(q, cell, torch.float32) if cell.modified else None
     with sdpa_kernel(backends):
         o = torch.nn.functional.scaled_dot_product_attention(*leaves, attn_mask=mask,
                                                              is_causal=cell.causal and mask is None,
