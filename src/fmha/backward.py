@@ -151,12 +151,14 @@ def kernel(prob, q, k, v, do, layout: str, alibi, deterministic: bool = False) -
     return "hopper" if rows is not None and prob.seqlen_q >= rows else "triton"
 
 
-def describe(q, k, v, *, causal: bool = False, layout: str = "bhsd", deterministic: bool = False) -> str:
-    """Which backward :func:`dense` runs for these q, k, v and its tiles, in words (the ledger's config of a
-    backward row)."""
-    prob = planning.problem(*planning.sizes(q, k, layout), causal=causal, scale=None, head_dim_v=v.shape[3])
+def describe(q, k, v, *, causal: bool = False, layout: str = "bhsd", deterministic: bool = False,
+             window=(-1, -1), softcap: float = 0.0, alibi_slopes=None) -> str:
+    """Which backward :func:`dense` runs for these q, k, v (and modifiers) and its tiles, in words (the ledger's
+    config of a backward row)."""
+    prob = planning.problem(*planning.sizes(q, k, layout), causal=causal, scale=None, window=window,
+                            softcap=softcap, head_dim_v=v.shape[3])
     order = ", deterministic" if deterministic else ""
-    if kernel(prob, q, k, v, q, layout, None, deterministic) == "hopper":
+    if kernel(prob, q, k, v, q, layout, alibi_slopes, deterministic) == "hopper":
         from .kernels.hopper import backward as hopper
         cut = hopper.tiles(hopper.tile_width(prob.head_dim), deterministic)
         return (f"hopper backward BLOCK_M={cut.rows} BLOCK_N={hopper.BLOCK_N.value} stages={hopper.STAGES.value} "

@@ -221,7 +221,8 @@ def _config_of(p: Provider, cell: Cell, q, k, v, pass_: str = "fwd") -> str:
         return f"{variant} ({e})"
     if pass_ == "fwd":
         return config
-    return f"{config}; {backward.describe(q, k, v, causal=cell.causal, deterministic=deterministic)}"
+    mods = modifiers(cell, q.device)
+    return f"{config}; {backward.describe(q, k, v, causal=cell.causal, deterministic=deterministic, **mods)}"
 
 
 def _fill_ratios(rows: list[dict]) -> None:
