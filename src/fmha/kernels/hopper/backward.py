@@ -443,9 +443,9 @@ def _store_rows(acc, Ptr, b, h, seqlen, strides, row0, layout: gl.constexpr, ROW
 @gluon.jit
 def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_desc, DK, DV, Locks, heads, kv_heads,
                     group, seqlen_q, seqlen_k, n_m, causal_offset, window_offset, chunk, section, blocks, pairs,
-                    scale_log2, scale,
-                    q_lead, q_first_b, q_first_h, k_lead, k_first_b, k_first_h, v_lead, v_first_b, v_first_h, do_lead,
-                    do_first_b, do_first_h, dk_b, dk_h, dk_s, dv_b, dv_h, dv_s, HEAD: gl.constexpr, D: gl.constexpr,
+                    scale_log2, scale, q_lead, q_first_b, q_first_h, k_lead, k_first_b, k_first_h, v_lead, v_first_b,
+                    v_first_h, do_lead, do_first_b, do_first_h, dk_b, dk_h, dk_s, dv_b, dv_h, dv_s, HEAD: gl.constexpr,
+                    D: gl.constexpr,
                     CAUSAL: gl.constexpr, WINDOW: gl.constexpr, RAGGED: gl.constexpr, RS: gl.constexpr,
                     DS_BUFS: gl.constexpr, DETERMINISTIC: gl.constexpr):
     """dK and dV of a key block of a (batch, KV head) (:func:`_program`), and its share of dQ
@@ -633,8 +633,8 @@ def launch(prob, q, k, v, do, lse, delta, dk, dv, layout: str, strides, zeros, d
     heads_in_turn = section(prob, head, q.element_size(), q.device.index, deterministic)
     replay.launch(backward_kernel, (blocks * pairs,), *descs, dk, dv, locks, prob.heads, prob.kv_heads,
                   prob.heads // prob.kv_heads, prob.seqlen_q, prob.seqlen_k, n_m, prob.causal_offset,
-                  prob.window_offset or 0, chunk,
-                  heads_in_turn, blocks, pairs, prob.scale_log2, scale, *place, *strides["dk"], *strides["dv"],
+                  prob.window_offset or 0, chunk, heads_in_turn, blocks, pairs, prob.scale_log2, scale, *place,
+                  *strides["dk"], *strides["dv"],
                   HEAD=head, D=prob.head_dim, CAUSAL=bool(prob.causal), WINDOW=prob.window_offset is not None,
                   RAGGED=prob.seqlen_k % BLOCK_N.value != 0, RS=cut.rs, DS_BUFS=cut.ds_bufs,
                   DETERMINISTIC=deterministic, num_warps=4)
