@@ -126,6 +126,23 @@ def test_backward_pass_cells_check_gradients_and_count_their_flops():
                         pass_="bwd")
 
 
+def test_the_triton_backward_provider_holds_every_backward_to_the_triton_kernels(monkeypatch):
+    """``fmha:triton-backward``: auto's forward, and its backward with the Gluon kernel's rows rules emptied
+    while each of its calls runs (checked and timed alike, its config named too), the rules restored after."""
+    from fmha import backward
+    rules, real, seen = backward.GLUON_ROWS, backward.kernel, []
+
+    def spy(*args, **kw):
+        seen.append(backward.GLUON_ROWS)
+        return real(*args, **kw)
+    monkeypatch.setattr(backward, "kernel", spy)
+    prov, = providers.select(providers.providers("cpu"), ["fmha:triton-backward"])
+    rows = runner.run_cell(grids.Cell(1, 2, 1, 17, 40, 64, True), torch.bfloat16, [prov], "cpu", 1.0, pass_="bwd")
+    assert rows[0]["note"] == "ok" and "; triton backward" in rows[0]["config"], rows[0]
+    assert len(seen) >= 3 and all(r is providers.NO_GLUON_ROWS for r in seen), seen
+    assert backward.GLUON_ROWS is rules
+
+
 def test_backward_under_cuda_graphs_times_both_passes_less_the_forward():
     """With ``graphs``, ``bwd`` is timed as a pair (forward and backward, forward alone: autograd's backward
     alone cannot be captured) whose first member computes the gradients and whose time is the difference; a

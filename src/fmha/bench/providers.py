@@ -5,6 +5,7 @@ returning the output in bhsd, or raises to say why it cannot run that cell.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ class Provider:
     # False where capturing the backward in a CUDA graph fails and leaves every later capture in the process
     # failing too (FlashAttention-4's): such a provider's backward rows under --cuda-graphs are not attempted
     graph_backward: bool = True
+    # a context its calls run in, forward and backward (their checks and timings alike)
+    scope: Callable = contextlib.nullcontext
 
 
 def alibi_slopes(heads: int, device) -> torch.Tensor:
@@ -167,12 +170,30 @@ def providers(device: str) -> list[Provider]:
     return out
 
 
+NO_GLUON_ROWS = {64: None, 128: None}  # the Gluon backward's rows rules, emptied (one object: fmha.replay's key)
+
+
+@contextlib.contextmanager
+def triton_backward():
+    """The backward held to the Triton kernels (:func:`fmha.backward.kernel`'s rows rules emptied) while inside."""
+    from fmha import backward
+    kept = backward.GLUON_ROWS, backward.GLUON_ROWS_DETERMINISTIC
+    backward.GLUON_ROWS = backward.GLUON_ROWS_DETERMINISTIC = NO_GLUON_ROWS
+    try:
+        yield
+    finally:
+        backward.GLUON_ROWS, backward.GLUON_ROWS_DETERMINISTIC = kept
+
+
 def select(all_providers: list[Provider], names: list[str] | None) -> list[Provider]:
     if not names:
         return all_providers
     known = {p.name: p for p in all_providers}
     known.update({n: _changed(n) for n in names if re.match(r"fmha:(hopper|tiled)\[", n) and n.split("[")[0] in known})
     known["fmha:deterministic"] = _fmha("auto", deterministic=True)
+    # auto's forward, the backward on the Triton kernels: the Gluon backward's gain, in one run
+    known["fmha:triton-backward"] = dataclasses.replace(_fmha("auto"), name="fmha:triton-backward",
+                                                        scope=triton_backward)
     unknown = [n for n in names if n not in known]
     if unknown:
         raise ValueError(f"unknown provider(s) {unknown}; available here: {sorted(known)}")

@@ -125,29 +125,36 @@ def _reference_grads(q, k, v, do, cell: Cell):
     return torch.autograd.grad(o, leaves, do.float())
 
 
+def _scoped(p: Provider, fn: Callable) -> Callable:
+    """``fn`` run inside the provider's scope."""
+    def run():
+        with p.scope():
+            return fn()
+    return run
+
+
 def _checked(p: Provider, q, k, v, cell: Cell, ref, pass_: str, do, ref_grads, graphs: bool = False):
     """The provider's timed callable for ``pass_``, after checking its output (fwd) or its gradients
     (bwd, fwd+bwd) against the float32 reference; returns (callable, relative error).  The backward under CUDA
-    graphs is a pair, the forward and backward and the forward alone, whose times' difference counts."""
-    fn = p.make(q, k, v, cell)
+    graphs is a pair, the forward and backward and the forward alone, whose times' difference counts.  Every
+    call, checked or timed, runs inside the provider's scope."""
+    fn = _scoped(p, p.make(q, k, v, cell))
     o = fn()
     if pass_ == "fwd":
         err = ((o.float() - ref).norm() / ref.norm()).item()
     else:
-        grads = torch.autograd.grad(o, (q, k, v), do)
+        grads = _scoped(p, lambda: torch.autograd.grad(o, (q, k, v), do))()
         err = max(((g.float() - r).norm() / r.norm()).item() for g, r in zip(grads, ref_grads))
     if not math.isfinite(err) or err > 5e-2:
         raise RuntimeError(f"wrong {'result' if pass_ == 'fwd' else 'gradients'}: relative error {err:.2e}")
     if pass_ == "fwd":
         return fn, err
-
-    def both():
-        return torch.autograd.grad(fn(), (q, k, v), do)
+    both = _scoped(p, lambda: torch.autograd.grad(fn(), (q, k, v), do))
     if pass_ == "bwd" and graphs:
         return (both, fn), err
     if pass_ == "bwd":
         out = fn()  # one forward, its graph kept: each timed call runs the backward alone
-        return (lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True)), err
+        return _scoped(p, lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True)), err
     return both, err
 
 
@@ -170,7 +177,8 @@ def run_cell(cell: Cell, dtype: torch.dtype, provs: list[Provider], device: str,
     base = dict(cell_columns(cell, dtype), **{"pass": pass_})
     rows, ready = [], []
     for p in provs:  # first every provider once: compile, check; a failure is recorded, the run goes on
-        row = dict(base, provider=p.name, config=_config_of(p, cell, q, k, v, pass_), _peer=p.peer)
+        with p.scope():
+            row = dict(base, provider=p.name, config=_config_of(p, cell, q, k, v, pass_), _peer=p.peer)
         if graphs and pass_ != "fwd" and not p.graph_backward:
             row.update(note="failed: its backward cannot be captured in a CUDA graph (time it without --cuda-graphs)")
             rows.append(row)
@@ -214,7 +222,7 @@ def _config_of(p: Provider, cell: Cell, q, k, v, pass_: str = "fwd") -> str:
     from fmha import api, backward
     variant = p.name.split(":", 1)[1]
     deterministic = variant == "deterministic"  # (auto's forward, the deterministic backward)
-    variant = "auto" if deterministic else variant
+    variant = "auto" if variant in ("deterministic", "triton-backward") else variant
     try:
         config = api.describe(q, k, v, causal=cell.causal, variant=variant, **modifiers(cell, q.device))
     except ValueError as e:
