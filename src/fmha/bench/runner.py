@@ -138,7 +138,8 @@ def _checked(p: Provider, q, k, v, cell: Cell, ref, pass_: str, do, ref_grads, g
     (bwd, fwd+bwd) against the float32 reference; returns (callable, relative error).  The backward under CUDA
     graphs is a pair, the forward and backward and the forward alone, whose times' difference counts.  Every
     call, checked or timed, runs inside the provider's scope."""
-    fn = _scoped(p, p.make(q, k, v, cell))
+    made = p.make(q, k, v, cell)
+    fn = _scoped(p, made)
     o = fn()
     if pass_ == "fwd":
         err = ((o.float() - ref).norm() / ref.norm()).item()
@@ -149,7 +150,7 @@ def _checked(p: Provider, q, k, v, cell: Cell, ref, pass_: str, do, ref_grads, g
         raise RuntimeError(f"wrong {'result' if pass_ == 'fwd' else 'gradients'}: relative error {err:.2e}")
     if pass_ == "fwd":
         return fn, err
-    both = _scoped(p, lambda: torch.autograd.grad(fn(), (q, k, v), do))
+    both = _scoped(p, lambda: torch.autograd.grad(made(), (q, k, v), do))
     if pass_ == "bwd" and graphs:
         return (both, fn), err
     if pass_ == "bwd":
