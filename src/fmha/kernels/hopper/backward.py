@@ -41,7 +41,16 @@ not stored. A row that sees no key (LSE ``-inf``) is masked wherever it meets a 
 holds an unseen pair, so it is one of the tiles masked (:func:`_crossed`), and its P is 0. Takes
 (:func:`supports`): sm_90, head_dim 32-128 with V's the same (tiles of 64 or 128 columns, zeros past head_dim),
 a scale of at least :data:`MIN_SCALE`, causal in either alignment, sliding windows with an upper edge (causal,
-or a right side), no softcap, ALiBi, packed sequences or seqused_k; anything else runs on the Triton kernels.
+or a right side), packed sequences (``VARLEN``), no softcap, ALiBi or seqused_k; anything else runs on the Triton
+kernels.
+
+Packed sequences (``VARLEN``): a program's (batch, KV head) is a sequence's, its bounds read from cu_seqlens
+(:func:`_extent`), blocks past a shorter sequence's end idle, the band moved to each sequence's diagonal.  The
+descriptors span every packed row, so a last block's keys and a last tile's rows past the end are the next
+sequence's: the producer zeroes them (K, V, Q, dO and the deltas) before signalling, the consumers mask them.
+The LSE and delta are laid out with each sequence's rows starting 16 bytes apart (a TMA box's inner coordinate
+must: from the packed rows as they lie, a box at an odd row faulted with "illegal instruction"), and dQ's float32
+rows leave a tile's room after each sequence (:func:`dq_gap`), so no add reaches the next one's rows.
 """
 from __future__ import annotations
 
