@@ -105,13 +105,20 @@ def time_backward(name, fn, leaves, do):
         return median_ms(both) - fwd, grads
 
 
-def run_backward(args, lens, cu, total, longest, rows):
-    print(f"{'H/KV':>6} {'D':>4} {'causal':>6} {'provider':<28} {'bwd ms':>8} {'TFLOP/s':>8} {'x best peer':>11} "
+def cells(total: int, time_label: str):
+    """Print the table's header; then per cell (heads, kv_heads, head dim, q, k, v and the generator that made
+    them) of ``total`` packed rows."""
+    print(f"{'H/KV':>6} {'D':>4} {'causal':>6} {'provider':<28} {time_label:>8} {'TFLOP/s':>8} {'x best peer':>11} "
           f"{'err':>8}")
     for heads, kv_heads, d in CELLS:
         g = torch.Generator(device="cuda").manual_seed(heads + d)
         q = torch.randn(total, heads, d, device="cuda", dtype=torch.bfloat16, generator=g)
         k, v = (torch.randn(total, kv_heads, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+        yield heads, kv_heads, d, q, k, v, g
+
+
+def run_backward(args, lens, cu, total, longest, rows):
+    for heads, kv_heads, d, q, k, v, g in cells(total, "bwd ms"):
         do = torch.randn(total, heads, d, device="cuda", dtype=torch.bfloat16, generator=g)
         leaves = [t.requires_grad_(True) for t in (q, k, v)]
         for causal in (False, True):
@@ -166,12 +173,7 @@ def main():
         run_backward(args, lens, cu, total, longest, rows)
         ledger.append(args.ledger, rows)
         return
-    print(f"{'H/KV':>6} {'D':>4} {'causal':>6} {'provider':<28} {'ms':>8} {'TFLOP/s':>8} {'x best peer':>11} "
-          f"{'err':>8}")
-    for heads, kv_heads, d in CELLS:
-        g = torch.Generator(device="cuda").manual_seed(heads + d)
-        q = torch.randn(total, heads, d, device="cuda", dtype=torch.bfloat16, generator=g)
-        k, v = (torch.randn(total, kv_heads, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    for heads, kv_heads, d, q, k, v, _ in cells(total, "ms"):
         for causal in (False, True):
             flops = 4 * d * heads * visible_pairs(lens, causal)
             ref = fmha.attention_varlen(q, k, v, cu, cu, longest, longest, causal=causal, variant="tiled").float()
