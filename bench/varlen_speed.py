@@ -11,8 +11,14 @@ what the varlen path costs over it); FlashAttention's `flash_attn_varlen_func` (
 takes them).  TFLOP/s count the visible (query, key) pairs, 4 * D flops each; eager calls, every
 provider alike.  Rows go to the ledger with features "varlen"
 (seqlen_q and seqlen_k are the longest sequence's, batch the number of sequences).
+
+`--pass bwd`: the backward, timed as the forward and backward together less the forward (TFLOP/s 2.5x the
+forward's flops, as `fmha bench --pass bwd`), fmha `auto` beside `triton-backward` (auto's forward, the
+backward held to the Triton kernels) and the peers' backward; the error is the largest of dQ's, dK's and dV's
+against the Triton kernels' gradients.
 """
 import argparse
+import contextlib
 import dataclasses
 import importlib
 
@@ -22,7 +28,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fmha
 from fmha.bench import ledger
-from fmha.bench.providers import importable
+from fmha.bench.providers import importable, triton_backward
 from fmha.bench.timing import median_ms
 
 CELLS = [(16, 16, 128), (32, 32, 64), (32, 8, 128)]  # (heads, kv_heads, head_dim)
@@ -71,23 +77,103 @@ def providers(q, k, v, cu, longest, causal):
     return out
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--lengths", default="random", help='"random" (default) or "LxN": N sequences of L rows')
-    ap.add_argument("--ledger", default=str(ledger.DEFAULT_LEDGER))
-    args = ap.parse_args()
-    env = ledger.environment("cuda")
-    lens = lengths(args.lengths)
-    cu = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32, device="cuda")
-    total, longest = sum(lens), max(lens)
-    rows = []
-    print(f"{len(lens)} sequences, {total} tokens, longest {longest}, {torch.cuda.get_device_name()}")
-    print(f"{'H/KV':>6} {'D':>4} {'causal':>6} {'provider':<28} {'ms':>8} {'TFLOP/s':>8} {'x best peer':>11} "
+def backward_providers(q, k, v, cu, longest, causal):
+    """name -> zero-argument callable running a forward whose output the backward starts from, or a reason."""
+    out = {name: fn for name, fn in providers(q, k, v, cu, longest, causal).items()
+           if name in ("fmha:auto", "flash_attn", "flash_attn.cute") or name.startswith("sdpa")}
+    out["fmha:triton-backward"] = out["fmha:auto"]
+    return out
+
+
+def flat(o, shape):
+    """A provider's output as packed rows of ``shape``."""
+    o = o[0] if isinstance(o, tuple) else o
+    if o.is_nested:
+        o = o.transpose(1, 2).values()
+    return o.reshape(shape)
+
+
+def time_backward(name, fn, leaves, do):
+    """(backward ms, (dq, dk, dv)): the forward and backward together, less the forward alone."""
+    scope = triton_backward() if name == "fmha:triton-backward" else contextlib.nullcontext()
+    with scope:
+        def both():
+            return torch.autograd.grad(flat(fn(), do.shape), leaves, do)
+        grads = both()
+        with torch.no_grad():
+            fwd = median_ms(fn)
+        return median_ms(both) - fwd, grads
+
+
+def cells(total: int, time_label: str):
+    """Print the table's header; then per cell (heads, kv_heads, head dim, q, k, v and the generator that made
+    them) of ``total`` packed rows."""
+    print(f"{'H/KV':>6} {'D':>4} {'causal':>6} {'provider':<28} {time_label:>8} {'TFLOP/s':>8} {'x best peer':>11} "
           f"{'err':>8}")
     for heads, kv_heads, d in CELLS:
         g = torch.Generator(device="cuda").manual_seed(heads + d)
         q = torch.randn(total, heads, d, device="cuda", dtype=torch.bfloat16, generator=g)
         k, v = (torch.randn(total, kv_heads, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+        yield heads, kv_heads, d, q, k, v, g
+
+
+def run_backward(args, lens, cu, total, longest, rows):
+    for heads, kv_heads, d, q, k, v, g in cells(total, "bwd ms"):
+        do = torch.randn(total, heads, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        leaves = [t.requires_grad_(True) for t in (q, k, v)]
+        for causal in (False, True):
+            flops = 2.5 * 4 * d * heads * visible_pairs(lens, causal)
+            with triton_backward():
+                ref = torch.autograd.grad(fmha.attention_varlen(q, k, v, cu, cu, longest, longest, causal=causal,
+                                                                variant="tiled"), leaves, do)
+            results = {}
+            for name, fn in backward_providers(q, k, v, cu, longest, causal).items():
+                if isinstance(fn, str):
+                    results[name] = (None, fn)
+                    continue
+                try:
+                    ms, grads = time_backward(name, fn, leaves, do)
+                    results[name] = (ms, max(float((a.float() - b.float()).abs().max()) for a, b in zip(grads, ref)))
+                except Exception as e:  # noqa: BLE001 -- a backend that refuses the call is reported
+                    results[name] = (None, f"{type(e).__name__}: {e}"[:100])
+            report(args, rows, results, lens, total, longest, heads, kv_heads, d, causal, flops, "bwd")
+
+
+def report(args, rows, results, lens, total, longest, heads, kv_heads, d, causal, flops, pass_):
+    """Print a cell's rows and keep them for the ledger."""
+    peers = [ms for name, (ms, _) in results.items() if ms is not None and not name.startswith("fmha")]
+    best = min(peers) if peers else None
+    for name, (ms, err) in results.items():
+        if ms is None:
+            print(f"{heads}/{kv_heads:<3} {d:>4} {causal:>6} {name:<28} skipped: {err}")
+            continue
+        ratio = best / ms if best else float("nan")
+        print(f"{heads}/{kv_heads:<3} {d:>4} {causal:>6} {name:<28} {ms:>8.3f} {flops / ms / 1e9:>8.1f} "
+              f"{ratio:>11.3f} {err:>8.1e}", flush=True)
+        rows.append(dict(ledger.environment("cuda"), provider=name, config="library default", dtype="bfloat16",
+                         batch=len(lens), heads=heads, kv_heads=kv_heads, seqlen_q=longest, seqlen_k=longest,
+                         head_dim=d, causal=int(causal), ms=ms, tflops=flops / ms / 1e9, ratio_best_peer=ratio,
+                         error=err, features="varlen", note=f"{len(lens)} packed sequences of "
+                         + (f"{lens[0]} rows" if args.lengths != "random" else "128-4096 rows (seed 0)")
+                         + f", {total} tokens", **{"pass": pass_}))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lengths", default="random", help='"random" (default) or "LxN": N sequences of L rows')
+    ap.add_argument("--pass", dest="pass_", choices=["fwd", "bwd"], default="fwd")
+    ap.add_argument("--ledger", default=str(ledger.DEFAULT_LEDGER))
+    args = ap.parse_args()
+    lens = lengths(args.lengths)
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32, device="cuda")
+    total, longest = sum(lens), max(lens)
+    rows = []
+    print(f"{len(lens)} sequences, {total} tokens, longest {longest}, {torch.cuda.get_device_name()}")
+    if args.pass_ == "bwd":
+        run_backward(args, lens, cu, total, longest, rows)
+        ledger.append(args.ledger, rows)
+        return
+    for heads, kv_heads, d, q, k, v, _ in cells(total, "ms"):
         for causal in (False, True):
             flops = 4 * d * heads * visible_pairs(lens, causal)
             ref = fmha.attention_varlen(q, k, v, cu, cu, longest, longest, causal=causal, variant="tiled").float()
@@ -106,21 +192,7 @@ def main():
                     results[name] = (median_ms(fn), err)
                 except Exception as e:  # noqa: BLE001 -- a backend that refuses the call is reported
                     results[name] = (None, f"{type(e).__name__}: {e}"[:100])
-            peers = [ms for name, (ms, _) in results.items() if ms is not None and not name.startswith("fmha")]
-            best = min(peers) if peers else None
-            for name, (ms, err) in results.items():
-                if ms is None:
-                    print(f"{heads}/{kv_heads:<3} {d:>4} {causal:>6} {name:<28} skipped: {err}")
-                    continue
-                ratio = best / ms if best else float("nan")
-                print(f"{heads}/{kv_heads:<3} {d:>4} {causal:>6} {name:<28} {ms:>8.3f} {flops / ms / 1e9:>8.1f} "
-                      f"{ratio:>11.3f} {err:>8.1e}", flush=True)
-                rows.append(dict(env, provider=name, config="library default", dtype="bfloat16", batch=len(lens),
-                                 heads=heads, kv_heads=kv_heads, seqlen_q=longest, seqlen_k=longest, head_dim=d,
-                                 causal=int(causal), ms=ms, tflops=flops / ms / 1e9, ratio_best_peer=ratio,
-                                 error=err, features="varlen", note=f"{len(lens)} packed sequences of "
-                                 + (f"{lens[0]} rows" if args.lengths != "random" else "128-4096 rows (seed 0)")
-                                 + f", {total} tokens"))
+            report(args, rows, results, lens, total, longest, heads, kv_heads, d, causal, flops, "fwd")
     ledger.append(args.ledger, rows)
 
 

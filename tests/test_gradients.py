@@ -114,6 +114,22 @@ def test_varlen_gradients_are_each_sequence_alone(deterministic):
                     as_bshd(v, rk), as_bshd(do, rq), True, "bottom_right", "bshd")
 
 
+def test_the_cast_of_packed_rows_skips_each_sequences_room():
+    """The Gluon backward's float32 dQ holds packed sequence b's rows ``b * gap`` rows further on (a last tile's
+    rows past a sequence's end are added into that room): the cast reads each sequence's rows from there into
+    its place in q's packed rows, and writes nothing else."""
+    lens, heads, d, gap = [5, 0, 70, 3], 2, 40, 16
+    cu = packed(lens, 1, 1, torch.float32, 0)[1]
+    src = torch.randn(heads, sum(lens) + len(lens) * gap, 64, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    dst = torch.full((sum(lens), heads, d), float("nan"), dtype=torch.float16, device=DEVICE)
+    backward._cast(src, (0, src.stride(0), src.stride(1)), dst, (0, dst.stride(1), dst.stride(0)), len(lens), heads,
+                   max(lens), d, cu, gap)
+    for b in range(len(lens)):
+        rows = slice(int(cu[b]), int(cu[b + 1]))
+        want = src[:, int(cu[b]) + b * gap:int(cu[b + 1]) + b * gap, :d].transpose(0, 1).to(torch.float16)
+        assert torch.equal(dst[rows], want), b
+
+
 CALLS = {  # the Triton kernels' paths: dQ added atomically, dQ's own kernel, a window and softcap, packed rows
     "atomic-d64": ((2, 4, 2, 512, 512, 64), dict(causal=True)),
     "dq-kernel-d128": ((2, 4, 2, 300, 700, 128), dict()),

@@ -120,11 +120,14 @@ def _zeros(shape, dtype, device) -> torch.Tensor:
     return t
 
 
-def _cast(src, src_strides, dst, dst_strides, batch: int, heads: int, rows: int, head_dim: int) -> None:
-    """``dst = src`` in dst's dtype over (batch, head, row, head_dim), strides in (batch, head, row) order."""
+def _cast(src, src_strides, dst, dst_strides, batch: int, heads: int, rows: int, head_dim: int, cu_q=None,
+          gap: int = 0) -> None:
+    """``dst = src`` in dst's dtype over (batch, head, row, head_dim), strides in (batch, head, row) order.
+    ``cu_q``: packed sequences (``rows`` the longest), sequence b's rows ``b * gap`` further on in ``src``."""
     block_d = triton.next_power_of_2(head_dim)
     replay.launch(kernels.cast_kernel, (triton.cdiv(rows, 64), batch * heads), src, dst, *src_strides, *dst_strides,
-                  heads, rows, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=64, num_warps=4)
+                  heads, rows, src if cu_q is None else cu_q, gap, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=64,
+                  VARLEN=cu_q is not None, num_warps=4)
 
 
 # the shortest walk (query rows) on which the Gluon backward beat the Triton kernels on the H200, by head
@@ -138,17 +141,18 @@ GLUON_ROWS = {64: 1024, 128: 1024}
 GLUON_ROWS_DETERMINISTIC = {64: 1024, 128: 2048}
 
 
-def kernel(prob, q, k, v, do, layout: str, alibi, deterministic: bool = False) -> str:
+def kernel(prob, q, k, v, do, layout: str, alibi, deterministic: bool = False, rows: int | None = None) -> str:
     """Which backward runs: ``"hopper"`` (the Gluon kernel, :mod:`fmha.kernels.hopper.backward`) where it
-    takes the call and measured faster (:data:`GLUON_ROWS`, :data:`GLUON_ROWS_DETERMINISTIC`), else ``"triton"``
-    (:mod:`fmha.kernels.backward`, which alone reads an attn_mask)."""
+    takes the call and measured faster (:data:`GLUON_ROWS`, :data:`GLUON_ROWS_DETERMINISTIC`) on walks of
+    ``rows`` query rows (seqlen_q; packed, the longest sequence's), else ``"triton"`` (:mod:`fmha.kernels.backward`,
+    which alone reads an attn_mask)."""
     if interpreting() or not q.is_cuda or prob.attn_mask:
         return "triton"
     from .kernels.hopper import backward as hopper
     if hopper.supports(prob, q, k, v, do, layout, alibi is not None):
         return "triton"
-    rows = (GLUON_ROWS_DETERMINISTIC if deterministic else GLUON_ROWS)[hopper.tile_width(prob.head_dim)]
-    return "hopper" if rows is not None and prob.seqlen_q >= rows else "triton"
+    least = (GLUON_ROWS_DETERMINISTIC if deterministic else GLUON_ROWS)[hopper.tile_width(prob.head_dim)]
+    return "hopper" if least is not None and (prob.seqlen_q if rows is None else rows) >= least else "triton"
 
 
 def describe(q, k, v, *, causal: bool = False, layout: str = "bhsd", deterministic: bool = False,
@@ -172,33 +176,50 @@ def describe(q, k, v, *, causal: bool = False, layout: str = "bhsd", determinist
     return f"triton backward dK/dV {shape(kv_tiles)}, {dq}{order}"
 
 
-def _delta(prob, o, do, lse, layout, cu_q, rows, delta=None):
+def _delta(prob, o, do, lse, layout, cu_q, rows, delta=None, lse_out=None):
     """``delta`` (float32, laid out as the LSE, into ``delta`` if given: its heads' rows may lie further apart):
-    the row sums of dO * O."""
+    the row sums of dO * O.  ``lse_out`` (packed): delta and a copy of the LSE beside it laid out for the Gluon
+    backward's TMA (:func:`fmha.kernels.backward.stats_row`)."""
     delta = replay.buffer(torch.empty_like(lse)) if delta is None else delta
     so, sg = (list(strides_bhsd(t, layout)[:3]) for t in (o, do))
     if prob.varlen:
         so[0] = sg[0] = 0
     replay.launch(kernels.delta_kernel, (triton.cdiv(rows, 64), prob.batch * prob.heads),
-                  o, do, delta, *so, *sg, prob.heads, prob.seqlen_q, delta.stride(-2), cu_q, HEAD_DIM=prob.dv,
-                  BLOCK_D=prob.block_dv, BLOCK_M=64, VARLEN=prob.varlen, num_warps=4)
+                  o, do, delta, *so, *sg, prob.heads, prob.seqlen_q, delta.stride(-2), cu_q, lse,
+                  delta if lse_out is None else lse_out, lse.stride(-2), HEAD_DIM=prob.dv, BLOCK_D=prob.block_dv,
+                  BLOCK_M=64, VARLEN=prob.varlen, ALIGNED=lse_out is not None, num_warps=4)
     return delta
 
 
-def _hopper(prob, do, q, k, v, o, lse, dk, dv, layout, sinks, deterministic):
+def _hopper(prob, do, q, k, v, o, lse, dk, dv, layout, sinks, deterministic, seqs, rows, keys):
     """The Gluon backward: dK, dV in place, dQ through its float32 buffer (its adds in one order when
-    ``deterministic``), cast into q's layout."""
+    ``deterministic``), cast into q's layout.  Packed (``prob.varlen``): ``seqs`` the cu_seqlens, ``rows`` and
+    ``keys`` the longest sequence's."""
     from .kernels.hopper import backward as hopper
+    strides = {name: list(strides_bhsd(t, layout)[:3]) for name, t in (("dk", dk), ("dv", dv))}
+    packed = None
+    if prob.varlen:  # one sequence of every row; sequence b from cu_seqlens, not a batch stride
+        packed = (*seqs[:2], rows, keys)
+        for st in strides.values():
+            st[0] = 0
     with on(q.device):
-        padded = replay.buffer(torch.empty(*lse.shape[:-1], hopper.stats_rows(prob.seqlen_q), dtype=torch.float32,
-                                           device=q.device))
-        delta = _delta(prob, o, do, lse, layout, lse, prob.seqlen_q, padded[..., :prob.seqlen_q])
-        acc = hopper.launch(prob, q, k, v, do, lse, delta, dk, dv, layout,
-                            {name: strides_bhsd(t, layout)[:3] for name, t in (("dk", dk), ("dv", dv))},
-                            lambda shape, dtype: _zeros(shape, dtype, q.device), deterministic)
+        if packed:  # the LSE and delta of each sequence from a row 16 bytes apart, for their TMA boxes
+            stats = replay.buffer(torch.empty(2, prob.heads, hopper.packed_stats_rows(prob), dtype=torch.float32,
+                                              device=q.device))
+            delta = _delta(prob, o, do, lse, layout, seqs[0], rows, stats[1], lse_out=stats[0])
+            lse = stats[0]
+        else:
+            padded = replay.buffer(torch.empty(*lse.shape[:-1], hopper.stats_rows(prob.seqlen_q),
+                                               dtype=torch.float32, device=q.device))
+            delta = _delta(prob, o, do, lse, layout, lse, rows, padded[..., :prob.seqlen_q])
+        acc = hopper.launch(prob, q, k, v, do, lse, delta, dk, dv, layout, strides,
+                            lambda shape, dtype: _zeros(shape, dtype, q.device), deterministic, packed)
         dq = replay.buffer(torch.empty_like(q, memory_format=torch.contiguous_format))
-        _cast(acc, (prob.heads * acc.stride(0), acc.stride(0), acc.stride(1)), dq, strides_bhsd(dq, layout)[:3],
-              prob.batch, prob.heads, prob.seqlen_q, prob.head_dim)
+        dst = list(strides_bhsd(dq, layout)[:3])
+        if packed:
+            dst[0] = 0
+        _cast(acc, (0 if packed else prob.heads * acc.stride(0), acc.stride(0), acc.stride(1)), dq, dst, prob.batch,
+              prob.heads, rows, prob.head_dim, seqs[0] if packed else None, hopper.dq_gap(prob, deterministic))
     return dq, dk, dv, None if sinks is None else sink_grad(sinks, lse, delta)
 
 
@@ -210,8 +231,10 @@ def _run(prob, do, q, k, v, o, lse, layout, alibi, seqs, rows, keys, sinks, dete
     if 0 in (prob.batch, prob.heads, rows, keys) or q.numel() == 0:
         return (torch.zeros_like(q, memory_format=torch.contiguous_format), dk.zero_(), dv.zero_(),
                 None if sinks is None else torch.zeros_like(sinks))
-    if kernel(prob, q, k, v, do, layout, alibi, deterministic) == "hopper":
-        return _hopper(prob, do, q, k, v, o, lse, dk, dv, layout, sinks, deterministic)
+    # (packed with sinks on the Triton kernels: the sinks' gradient reads delta laid out as the forward's LSE)
+    if (kernel(prob, q, k, v, do, layout, alibi, deterministic, rows) == "hopper"
+            and not (prob.varlen and sinks is not None)):
+        return _hopper(prob, do, q, k, v, o, lse, dk, dv, layout, sinks, deterministic, seqs, rows, keys)
     kv_tiles, q_tiles = tiles(max(prob.head_dim, prob.dv), prob.causal, deterministic, family_of(q.device))
     atomic = q_tiles is None
     # atomically: a float32 dQ the key blocks add into, cast once at the end

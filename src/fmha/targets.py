@@ -120,10 +120,11 @@ def _hopper_source(head_dim: int, dtype: str, causal: bool, cfg, seqlen_k: int =
 
 
 def build_backward(head_dim: int, dtype: str = "bfloat16", causal: bool = False, deterministic: bool = False,
-                   window: bool = False, ragged: bool = False):
+                   window: bool = False, ragged: bool = False, varlen: bool = False):
     """The Gluon backward (:mod:`fmha.kernels.hopper.backward`) compiled for sm_90 from stand-in CPU
     tensors: Triton's compiled kernel, its PTX after fmha's passes (the dQ stores made reduce-adds).
-    ``window``: built for a sliding window's lower edge; ``ragged``: for a key count not a multiple of 128."""
+    ``window``: built for a sliding window's lower edge; ``ragged``: for a key count not a multiple of 128;
+    ``varlen``: for packed sequences (bottom-right aligned, ragged)."""
     import torch
     from triton._C.libtriton import native_specialize_impl
     from triton.backends.compiler import BaseBackend
@@ -138,8 +139,8 @@ def build_backward(head_dim: int, dtype: str = "bfloat16", causal: bool = False,
     descs, _ = backward.descriptors(t, t, t, t, torch.empty(1, 256, head, dtype=torch.float32), stat, stat, "bhsd",
                                     head, cut)
     kernel = backward.backward_kernel
-    const = dict(HEAD=head, D=head_dim, CAUSAL=causal, WINDOW=window, RAGGED=ragged, RS=cut.rs, DS_BUFS=cut.ds_bufs,
-                 DETERMINISTIC=deterministic)
+    const = dict(HEAD=head, D=head_dim, CAUSAL=causal, WINDOW=window, RAGGED=ragged or varlen, RS=cut.rs,
+                 DS_BUFS=cut.ds_bufs, DETERMINISTIC=deterministic, VARLEN=varlen, ALIGN_BR=varlen)
     by_name = dict(zip(("q_desc", "k_desc", "v_desc", "do_desc", "dq_desc", "lse_desc", "delta_desc"), descs))
     sig = {}
     for name in kernel.arg_names:
@@ -147,7 +148,7 @@ def build_backward(head_dim: int, dtype: str = "bfloat16", causal: bool = False,
             sig[name] = "constexpr"
         elif name in by_name:
             sig[name] = native_specialize_impl(BaseBackend, by_name[name], False, True, True)[0]
-        elif name == "Locks":
+        elif name in ("Locks", "CuQ", "CuK"):
             sig[name] = "*i32"
         elif name in ("DK", "DV"):
             sig[name] = "*" + DTYPES[dtype]

@@ -28,10 +28,12 @@ from .common import LOG2E, dot_t, head_slope, load_rows, mma, scores, sequence
 
 @triton.jit
 def delta_kernel(O, DO, Delta, stride_ob, stride_oh, stride_os, stride_gb, stride_gh, stride_gs, heads,
-                 seqlen_q, delta_rows, CuQ, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                 VARLEN: tl.constexpr):
+                 seqlen_q, delta_rows, CuQ, Lse, LseOut, lse_rows, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                 BLOCK_M: tl.constexpr, VARLEN: tl.constexpr, ALIGNED: tl.constexpr):
     """``Delta[row] = sum_d dO * O`` (float32), rows laid out as the forward's LSE, a head's ``delta_rows`` apart
-    (seqlen_q, or the packed rows, or more)."""
+    (seqlen_q, or the packed rows, or more).  ALIGNED (packed): sequence b's rows from :func:`stats_row` instead
+    of its first row, and the forward's LSE (``[heads, total_q]``, a head's ``lse_rows`` apart) copied beside
+    them into ``LseOut``, laid out as Delta: rows that start 16 bytes apart, as TMA reads them."""
     bh = tl.program_id(1)
     b = bh // heads
     h = bh % heads
@@ -48,11 +50,23 @@ def delta_kernel(O, DO, Delta, stride_ob, stride_oh, stride_os, stride_gb, strid
     base_g = DO + b.to(tl.int64) * stride_gb + h.to(tl.int64) * stride_gh + seq[:, None] * stride_gs
     o = load_rows(base_o + offs_d[None, :], offs_m, sq, offs_d, HEAD_DIM, BLOCK_D, True).to(tl.float32)
     g = load_rows(base_g + offs_d[None, :], offs_m, sq, offs_d, HEAD_DIM, BLOCK_D, True).to(tl.float32)
-    if VARLEN:
+    if ALIGNED:
+        rows = h.to(tl.int64) * delta_rows + stats_row(q0, b) + offs_m
+        lse = tl.load(Lse + h.to(tl.int64) * lse_rows + q0 + offs_m, mask=offs_m < sq)
+        tl.store(LseOut + rows, lse, mask=offs_m < sq)
+    elif VARLEN:
         rows = h.to(tl.int64) * delta_rows + q0 + offs_m
     else:
         rows = bh.to(tl.int64) * delta_rows + offs_m
     tl.store(Delta + rows, tl.sum(o * g, 1), mask=offs_m < sq)
+
+
+@triton.jit
+def stats_row(q0, b):
+    """Where packed sequence ``b`` (its first row ``q0``) starts in the rows of statistics the Gluon backward reads
+    by TMA, whose boxes start 16 bytes apart: ``q0 + 3 b`` rounded up to 4, so each sequence's rows begin on a
+    multiple of 4 floats and end before the next one's (``total_q + 3 batch`` rows hold them all)."""
+    return (q0 + 3 * b + 3) // 4 * 4
 
 
 @triton.jit
@@ -63,17 +77,24 @@ def zero_kernel(X, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def cast_kernel(Src, Dst, stride_sb, stride_sh, stride_ss, stride_db, stride_dh, stride_ds, heads, seqlen,
-                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
-    """``Dst = Src`` in Dst's dtype, (batch, head, row) each in its own strides, the first HEAD_DIM columns."""
+def cast_kernel(Src, Dst, stride_sb, stride_sh, stride_ss, stride_db, stride_dh, stride_ds, heads, seqlen, CuQ, gap,
+                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, VARLEN: tl.constexpr):
+    """``Dst = Src`` in Dst's dtype, (batch, head, row) each in its own strides, the first HEAD_DIM columns.
+    VARLEN: packed sequence b's rows from ``CuQ[b]`` in Dst and from ``CuQ[b] + b * gap`` in Src (the batch
+    strides unused)."""
     bh = tl.program_id(1)
     b = bh // heads
     h = bh % heads
+    q0, sq = 0, seqlen
+    if VARLEN:
+        q0 = tl.load(CuQ + b)
+        sq = tl.load(CuQ + b + 1) - q0
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    mask = (offs_m < seqlen)[:, None] & (offs_d < HEAD_DIM)[None, :]
-    rows = offs_m.to(tl.int64)[:, None]
-    src = Src + b.to(tl.int64) * stride_sb + h.to(tl.int64) * stride_sh + rows * stride_ss + offs_d[None, :]
+    mask = (offs_m < sq)[:, None] & (offs_d < HEAD_DIM)[None, :]
+    rows = (q0 + offs_m).to(tl.int64)[:, None]
+    src = (Src + b.to(tl.int64) * stride_sb + h.to(tl.int64) * stride_sh + (rows + b * gap) * stride_ss
+           + offs_d[None, :])
     dst = Dst + b.to(tl.int64) * stride_db + h.to(tl.int64) * stride_dh + rows * stride_ds + offs_d[None, :]
     tl.store(dst, tl.load(src, mask=mask).to(Dst.dtype.element_ty), mask=mask)
 

@@ -41,7 +41,16 @@ not stored. A row that sees no key (LSE ``-inf``) is masked wherever it meets a 
 holds an unseen pair, so it is one of the tiles masked (:func:`_crossed`), and its P is 0. Takes
 (:func:`supports`): sm_90, head_dim 32-128 with V's the same (tiles of 64 or 128 columns, zeros past head_dim),
 a scale of at least :data:`MIN_SCALE`, causal in either alignment, sliding windows with an upper edge (causal,
-or a right side), no softcap, ALiBi, packed sequences or seqused_k; anything else runs on the Triton kernels.
+or a right side), packed sequences (``VARLEN``), no softcap, ALiBi or seqused_k; anything else runs on the Triton
+kernels.
+
+Packed sequences (``VARLEN``): a program's (batch, KV head) is a sequence's, its bounds read from cu_seqlens
+(:func:`_extent`), blocks past a shorter sequence's end idle, the band moved to each sequence's diagonal.  The
+descriptors span every packed row, so a last block's keys and a last tile's rows past the end are the next
+sequence's: the producer zeroes them (K, V, Q, dO and the deltas) before signalling, the consumers mask them.
+The LSE and delta are laid out with each sequence's rows starting 16 bytes apart (a TMA box's inner coordinate
+must: from the packed rows as they lie, a box at an odd row faulted with "illegal instruction"), and dQ's float32
+rows leave a tile's room after each sequence (:func:`dq_gap`), so no add reaches the next one's rows.
 """
 from __future__ import annotations
 
@@ -60,6 +69,8 @@ from ...constants import LOG2E as LOG2E_VALUE
 from ...device import device_facts, l2_bytes
 from .. import tma as views
 from . import reduce_pass
+from .mask import _sequence
+from .producer import _zero_rows
 from .resources import padded
 
 BLOCK_N = gl.constexpr(128)  # keys a program owns: 64 a consumer warpgroup
@@ -96,14 +107,18 @@ def _walk(pid_n, n_m, causal_offset, window_offset, BLOCK_M: gl.constexpr, CAUSA
 
 
 @gluon.jit
-def _crossed(m, key0, seqlen_k, causal_offset, window_offset, BLOCK_M: gl.constexpr, KEYS: gl.constexpr,
-             CAUSAL: gl.constexpr, WINDOW: gl.constexpr, RAGGED: gl.constexpr):
+def _crossed(m, key0, seqlen_q, seqlen_k, causal_offset, window_offset, BLOCK_M: gl.constexpr, KEYS: gl.constexpr,
+             CAUSAL: gl.constexpr, WINDOW: gl.constexpr, RAGGED: gl.constexpr, VARLEN: gl.constexpr):
     """Whether query tile ``m`` against keys ``key0 .. key0 + KEYS - 1`` holds a pair that is not seen: RAGGED
-    (seqlen_k not a multiple of ``BLOCK_N``), a key past seqlen_k (TMA's zeros, whose score 0 can lie far above a
-    row's LSE, where P = exp(0 - LSE) would overflow), or the band's edges crossing the tile."""
+    (seqlen_k not a multiple of ``BLOCK_N``), a key past seqlen_k (TMA's zeros, or the next packed sequence's
+    keys zeroed, whose score 0 can lie far above a row's LSE, where P = exp(0 - LSE) would overflow); VARLEN, a
+    query row past the sequence's end (the next sequence's, its statistics not this one's); or the band's edges
+    crossing the tile."""
     crossed = False
     if RAGGED:
         crossed = key0 + KEYS > seqlen_k
+    if VARLEN:
+        crossed = crossed | (m * BLOCK_M + BLOCK_M > seqlen_q)
     if CAUSAL:
         crossed = crossed | (m * BLOCK_M + causal_offset < key0 + KEYS - 1)
     if WINDOW:
@@ -112,9 +127,12 @@ def _crossed(m, key0, seqlen_k, causal_offset, window_offset, BLOCK_M: gl.conste
 
 
 @gluon.jit
-def _seen(keys, rows, seqlen_k, causal_offset, window_offset, CAUSAL: gl.constexpr, WINDOW: gl.constexpr):
+def _seen(keys, rows, seqlen_q, seqlen_k, causal_offset, window_offset, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
+          VARLEN: gl.constexpr):
     """The pairs of ``keys`` and query ``rows`` (broadcast against each other) that are seen."""
     seen = keys < seqlen_k
+    if VARLEN:
+        seen = seen & (rows < seqlen_q)
     if CAUSAL:
         seen = seen & (keys <= rows + causal_offset)
     if WINDOW:
@@ -139,6 +157,39 @@ def _program(order, CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr):
     if CAUSAL and DETERMINISTIC:
         n = blocks - 1 - n
     return n, first + r % width  # (key block, batch * kv_heads + KV head)
+
+
+@gluon.jit
+def _extent(pair, kv_heads, seqlen_q, seqlen_k, n_m, blocks, chunk, causal_offset, window_offset, CuQ, CuK,
+            BLOCK_M: gl.constexpr, VARLEN: gl.constexpr, ALIGN_BR: gl.constexpr):
+    """What a program of (batch, KV head) ``pair`` walks: (batch, KV head, the sequence's first query row and
+    first key in the tensors, its query rows, keys, query tiles and key blocks, the chunk of :func:`_turn`, the
+    band's offsets).  VARLEN: packed sequence ``batch`` from ``cu_seqlens``, its band moved to its own diagonal
+    (ALIGN_BR: bottom-right), its chunk at most its own blocks and tiles; else the call's own."""
+    b = pair // kv_heads
+    kvh = pair % kv_heads
+    q0, sq, k0, sk, shift = _sequence(b, seqlen_q, seqlen_k, CuQ, CuK, CuK, VARLEN, False, ALIGN_BR)
+    if VARLEN:
+        n_m = (sq + BLOCK_M - 1) // BLOCK_M
+        blocks = (sk + BLOCK_N - 1) // BLOCK_N
+        chunk = gl.minimum(gl.minimum(chunk, blocks), n_m)
+    return b, kvh, q0, sq, k0, sk, n_m, blocks, chunk, causal_offset + shift, window_offset + shift
+
+
+@gluon.jit
+def _stats_row(q0, b):
+    """Where packed sequence ``b`` (its first row ``q0``) starts in the statistics' rows: ``q0 + 3 b`` rounded up to
+    4 (:func:`fmha.kernels.backward.stats_row`, which lays them out), as a TMA box starts on 16 bytes."""
+    return (q0 + 3 * b + 3) // 4 * 4
+
+
+@gluon.jit
+def _active(pid_n, seqlen_k, VARLEN: gl.constexpr):
+    """Whether key block ``pid_n`` holds keys: VARLEN, the blocks past a shorter sequence's end have no work."""
+    active = True
+    if VARLEN:
+        active = pid_n * BLOCK_N < seqlen_k
+    return active
 
 
 @gluon.jit
@@ -226,40 +277,108 @@ def _box(buf):
 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs, delta_bufs, k_smem,
-              v_smem, kv_ready, q_ready, q_empty, heads, kv_heads, group, n_m, causal_offset, window_offset, chunk,
-              order, place, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, DETERMINISTIC: gl.constexpr):
+              v_smem, kv_ready, q_ready, q_empty, landed, CuQ, CuK, heads, kv_heads, group, seqlen_q, seqlen_k, n_m,
+              causal_offset, window_offset, chunk, order, place, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
+              DETERMINISTIC: gl.constexpr, VARLEN: gl.constexpr, ALIGN_BR: gl.constexpr):
     """K and V of the block once, then Q, dO and the rows' LSE and delta of each (head, query tile) into the
-    ring."""
+    ring.  VARLEN: the descriptors span every packed row, so a block's keys and a tile's rows past the
+    sequence's end are the next sequence's (NaN, maybe, which a masked pair's zero would still carry into the
+    sums): they land on ``landed`` first and are zeroed here (K, V, Q, dO and the deltas; the LSEs are masked)
+    before the consumers are signalled."""
     BLOCK_M: gl.constexpr = q_bufs.shape[1]
     pid_n, pair = _program(order, CAUSAL, DETERMINISTIC)
-    blocks = order[1]
-    b = pair // kv_heads
-    kvh = pair % kv_heads
-    kv_bytes: gl.constexpr = k_desc.block_type.nbytes + v_desc.block_type.nbytes
-    mbarrier.expect(kv_ready, kv_bytes)
-    tma.async_copy_global_to_shared(k_desc, [kvh * place[3], b * place[4] + kvh * place[5], pid_n * BLOCK_N, 0],
-                                    kv_ready, _box(k_smem))
-    tma.async_copy_global_to_shared(v_desc, [kvh * place[6], b * place[7] + kvh * place[8], pid_n * BLOCK_N, 0],
-                                    kv_ready, _box(v_smem))
-    q_bytes: gl.constexpr = (q_desc.block_type.nbytes + do_desc.block_type.nbytes + lse_desc.block_type.nbytes
-                             + delta_desc.block_type.nbytes)
+    b, kvh, q0, sq, k0, sk, n_m, blocks, chunk, causal_offset, window_offset = _extent(
+        pair, kv_heads, seqlen_q, seqlen_k, n_m, order[1], chunk, causal_offset, window_offset, CuQ, CuK, BLOCK_M,
+        VARLEN, ALIGN_BR)
+    at = b  # the batch coordinate of the descriptors (packed: one sequence of every row)
+    if VARLEN:
+        at = 0
     first, end = _walk(pid_n, n_m, causal_offset, window_offset, BLOCK_M, CAUSAL, WINDOW)
+    n_landed = 0  # tails zeroed so far (the phase of ``landed``)
+    if _active(pid_n, sk, VARLEN):
+        kv_valid = sk - pid_n * BLOCK_N
+        kv_at = (kvh * place[3], at * place[4] + kvh * place[5], kvh * place[6], at * place[7] + kvh * place[8],
+                 k0 + pid_n * BLOCK_N)
+        kv_tail = False
+        if VARLEN:
+            kv_tail = kv_valid < BLOCK_N
+        if kv_tail:
+            _load_kv(k_desc, v_desc, kv_at, landed, k_smem, v_smem)
+            mbarrier.wait(landed, 0)
+            _zero_rows(k_smem, kv_valid)
+            _zero_rows(v_smem, kv_valid)
+            fence_async_shared()
+            gl.thread_barrier()
+            mbarrier.arrive(kv_ready, count=1)
+            n_landed = 1
+        else:
+            _load_kv(k_desc, v_desc, kv_at, kv_ready, k_smem, v_smem)
+    else:
+        end = first
     it = 0
     for gi in range(group):
         h = kvh * group + gi
-        bh = b * heads + h
+        stat = b * heads + h  # the statistics' row and first column (packed: [heads, rows], :func:`_stats_row`)
+        stat0 = 0
+        if VARLEN:
+            stat = h
+            stat0 = _stats_row(q0, b)
         for j in range(end - first):
             m = _query_tile(j, first, n_m, pid_n, blocks, chunk, CAUSAL, DETERMINISTIC)
             s = it % STAGES
+            valid = sq - m * BLOCK_M
+            q_at = (h * place[0], at * place[1] + h * place[2], h * place[9], at * place[10] + h * place[11], stat,
+                    q0 + m * BLOCK_M, stat0 + m * BLOCK_M)
+            tail = False
+            if VARLEN:
+                tail = valid < BLOCK_M
             mbarrier.wait(q_empty.index(s), ((it // STAGES) & 1) ^ 1)
-            mbarrier.expect(q_ready.index(s), q_bytes)
-            tma.async_copy_global_to_shared(q_desc, [h * place[0], b * place[1] + h * place[2], m * BLOCK_M, 0],
-                                            q_ready.index(s), _box(q_bufs.index(s)))
-            tma.async_copy_global_to_shared(do_desc, [h * place[9], b * place[10] + h * place[11], m * BLOCK_M, 0],
-                                            q_ready.index(s), _box(do_bufs.index(s)))
-            tma.async_copy_global_to_shared(lse_desc, [bh, m * BLOCK_M], q_ready.index(s), lse_bufs.index(s))
-            tma.async_copy_global_to_shared(delta_desc, [bh, m * BLOCK_M], q_ready.index(s), delta_bufs.index(s))
+            if tail:
+                _load_tile(q_desc, do_desc, lse_desc, delta_desc, q_at, landed, q_bufs, do_bufs, lse_bufs, delta_bufs,
+                           s)
+                mbarrier.wait(landed, n_landed & 1)
+                _zero_rows(q_bufs.index(s), valid)
+                _zero_rows(do_bufs.index(s), valid)
+                _zero_stats(delta_bufs.index(s), valid)
+                fence_async_shared()
+                gl.thread_barrier()
+                mbarrier.arrive(q_ready.index(s), count=1)
+                n_landed += 1
+            else:
+                _load_tile(q_desc, do_desc, lse_desc, delta_desc, q_at, q_ready.index(s), q_bufs, do_bufs, lse_bufs,
+                           delta_bufs, s)
             it += 1
+
+
+@gluon.jit
+def _zero_stats(buf, valid):
+    """Entries ``valid..`` of a landed [1, rows] box of row statistics set to zero, by one warp (the caller
+    fences and signals)."""
+    ROWS: gl.constexpr = buf.shape[1]
+    layout: gl.constexpr = gl.BlockedLayout([1, ROWS // 32], [1, 32], [1, 1], [1, 0])
+    x = buf.load(layout)
+    rows = gl.arange(0, ROWS, layout=gl.SliceLayout(0, layout))
+    buf.store(gl.where(rows[None, :] < valid, x, gl.zeros_like(x)))
+
+
+@gluon.jit
+def _load_kv(k_desc, v_desc, at, bar, k_smem, v_smem):
+    """The block's K and V onto ``bar``; ``at``: K's and V's first two coordinates, then the first key."""
+    mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [at[0], at[1], at[4], 0], bar, _box(k_smem))
+    tma.async_copy_global_to_shared(v_desc, [at[2], at[3], at[4], 0], bar, _box(v_smem))
+
+
+@gluon.jit
+def _load_tile(q_desc, do_desc, lse_desc, delta_desc, at, bar, q_bufs, do_bufs, lse_bufs, delta_bufs, s):
+    """A query tile's Q, dO, LSEs and deltas into stage ``s`` onto ``bar``; ``at``: Q's and dO's first two
+    coordinates, the statistics' row, the tile's first row, and its first column in the statistics."""
+    mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes + lse_desc.block_type.nbytes
+                    + delta_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [at[0], at[1], at[5], 0], bar, _box(q_bufs.index(s)))
+    tma.async_copy_global_to_shared(do_desc, [at[2], at[3], at[5], 0], bar, _box(do_bufs.index(s)))
+    tma.async_copy_global_to_shared(lse_desc, [at[4], at[6]], bar, lse_bufs.index(s))
+    tma.async_copy_global_to_shared(delta_desc, [at[4], at[6]], bar, delta_bufs.index(s))
 
 
 @gluon.jit
@@ -290,10 +409,11 @@ def _row_stats(lse_s, delta_s, factor, layout: gl.constexpr):
 
 @gluon.jit
 def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_smem, dq_box, kv_ready, q_ready,
-              q_empty, ds_ready, ds_free, dq_desc, DK, DV, Locks, heads, kv_heads, group, seqlen_q, seqlen_k, n_m,
-              causal_offset, window_offset, chunk, order, scale_log2, scale, dk_strides, dv_strides, WG: gl.constexpr,
-              HEAD: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, RAGGED: gl.constexpr,
-              RS: gl.constexpr, DETERMINISTIC: gl.constexpr):
+              q_empty, ds_ready, ds_free, dq_desc, DK, DV, Locks, CuQ, CuK, heads, kv_heads, group, seqlen_q, seqlen_k,
+              n_m, causal_offset, window_offset, chunk, order, scale_log2, scale, dk_strides, dv_strides,
+              WG: gl.constexpr, HEAD: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
+              RAGGED: gl.constexpr, RS: gl.constexpr, DETERMINISTIC: gl.constexpr, VARLEN: gl.constexpr,
+              ALIGN_BR: gl.constexpr):
     KEYS: gl.constexpr = BLOCK_N // 2  # this warpgroup's keys
     BLOCK_M: gl.constexpr = q_bufs.shape[1]  # query rows a tile
     DS_BUFS: gl.constexpr = ds_smem.shape[0]
@@ -315,9 +435,10 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
                                                        instr_shape=[16, BLOCK_M, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=g_layout, k_width=2)
     pid_n, pair = _program(order, CAUSAL, DETERMINISTIC)
-    blocks = order[1]
-    b = pair // kv_heads
-    kvh = pair % kv_heads
+    tiles_m = n_m  # the query tiles of the call's longest sequence (the counters' rows)
+    b, kvh, q0, sq, k0, sk, n_m, blocks, chunk, causal_offset, window_offset = _extent(
+        pair, kv_heads, seqlen_q, seqlen_k, n_m, order[1], chunk, causal_offset, window_offset, CuQ, CuK, BLOCK_M,
+        VARLEN, ALIGN_BR)
     key0 = pid_n * BLOCK_N + WG * KEYS
     k_w = k_smem.slice(WG * KEYS, KEYS, dim=0)
     v_w = v_smem.slice(WG * KEYS, KEYS, dim=0)
@@ -338,10 +459,16 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
     dv = gl.zeros([KEYS, HEAD], gl.float32, g_layout)
     first, end = _walk(pid_n, n_m, causal_offset, window_offset, BLOCK_M, CAUSAL, WINDOW)
     lock = Locks  # deterministic: the counter of the dQ tile's half added last
-    mbarrier.wait(kv_ready, 0)
+    if _active(pid_n, sk, VARLEN):
+        mbarrier.wait(kv_ready, 0)
+    else:
+        end = first
     it = 0
     for gi in range(group):
         bh = b * heads + kvh * group + gi
+        dq_at = (bh, 0)  # dQ's float32 rows (packed: [heads, rows], a tile's room after each sequence)
+        if VARLEN:
+            dq_at = (kvh * group + gi, q0 + b * BLOCK_M)
         for j in range(end - first):
             m = _query_tile(j, first, n_m, pid_n, blocks, chunk, CAUSAL, DETERMINISTIC)
             s = it % STAGES
@@ -357,10 +484,12 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
                                             gl.SliceLayout(0, t_layout))
                 zeros_t = gl.zeros([KEYS, BLOCK_M], gl.float32, t_layout)
                 st0 = zeros_t - lse_t[None, :]
-                if _crossed(m, key0, seqlen_k, causal_offset, window_offset, BLOCK_M, KEYS, CAUSAL, WINDOW, RAGGED):
-                    seen = _seen(offs_k[:, None], rows[None, :], seqlen_k, causal_offset, window_offset, CAUSAL,
-                                 WINDOW)
+                if _crossed(m, key0, sq, sk, causal_offset, window_offset, BLOCK_M, KEYS, CAUSAL, WINDOW, RAGGED,
+                            VARLEN):
+                    seen = _seen(offs_k[:, None], rows[None, :], sq, sk, causal_offset, window_offset, CAUSAL,
+                                 WINDOW, VARLEN)
                     st0 = gl.where(seen, st0, float("-inf"))
+
                 st = warpgroup_mma(k_w, q_s.permute((1, 0)), st0, is_async=True)
                 dpt = warpgroup_mma(v_w, do_s.permute((1, 0)), zeros_t - delta_t[None, :], is_async=True)
                 st, dpt = warpgroup_mma_wait(0, deps=[st, dpt])
@@ -381,9 +510,11 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
                 dp = warpgroup_mma(do_s, v_w.permute((1, 0)), zeros, use_acc=False, is_async=True)
                 qk = warpgroup_mma_wait(1, deps=[qk])
                 p = gl.exp2(qk * scale_log2 - lse2[:, None])
-                if _crossed(m, key0, seqlen_k, causal_offset, window_offset, BLOCK_M, KEYS, CAUSAL, WINDOW, RAGGED):
-                    p = gl.where(_seen(offs_k[None, :], rows[:, None], seqlen_k, causal_offset, window_offset,
-                                       CAUSAL, WINDOW), p, 0.0)
+                if _crossed(m, key0, sq, sk, causal_offset, window_offset, BLOCK_M, KEYS, CAUSAL, WINDOW, RAGGED,
+                            VARLEN):
+                    p = gl.where(_seen(offs_k[None, :], rows[:, None], sq, sk, causal_offset, window_offset,
+                                       CAUSAL, WINDOW, VARLEN), p, 0.0)
+
                 # P and dS into shared memory (the A operands of dV and dK transposed, of dQ as they are), once
                 # both warpgroups are done with the previous tile's
                 mbarrier.wait(ds_free.index(d), d_phase ^ 1)
@@ -412,9 +543,10 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
             dq_tile.store(dq)
             fence_async_shared()
             if DETERMINISTIC:
-                lock = Locks + (bh * n_m + m) * 2 + WG  # (halves: :func:`tiles`)
+                lock = Locks + (bh * tiles_m + m) * 2 + WG  # (halves: :func:`tiles`)
                 _take_turn(lock, WARPS * _turn(m, pid_n, blocks, causal_offset, chunk, BLOCK_M, CAUSAL))
-            tma.async_copy_shared_to_global(dq_desc, [bh, m * BLOCK_M + dq_row, dq_col], dq_box.index(WG))
+            tma.async_copy_shared_to_global(dq_desc, [dq_at[0], dq_at[1] + m * BLOCK_M + dq_row, dq_col],
+                                            dq_box.index(WG))
             if DK_LAST:
                 dv, dk = warpgroup_mma_wait(0, deps=[dv, dk])
                 mbarrier.arrive(q_empty.index(s), count=1)  # (and the P/dS buffer where the rings match: one barrier)
@@ -425,8 +557,9 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
         if it > 0:
             _pass_turn(lock)
     tma.store_wait(0)
-    _store_rows(dk, DK, b, kvh, seqlen_k, dk_strides, key0, g_layout, KEYS, HEAD, D)
-    _store_rows(dv, DV, b, kvh, seqlen_k, dv_strides, key0, g_layout, KEYS, HEAD, D)
+    # (packed: the batch strides are 0, the sequence's keys from its first)
+    _store_rows(dk, DK, b, kvh, k0 + sk, dk_strides, k0 + key0, g_layout, KEYS, HEAD, D)
+    _store_rows(dv, DV, b, kvh, k0 + sk, dv_strides, k0 + key0, g_layout, KEYS, HEAD, D)
 
 
 @gluon.jit
@@ -441,18 +574,20 @@ def _store_rows(acc, Ptr, b, h, seqlen, strides, row0, layout: gl.constexpr, ROW
 
 
 @gluon.jit
-def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_desc, DK, DV, Locks, heads, kv_heads,
-                    group, seqlen_q, seqlen_k, n_m, causal_offset, window_offset, chunk, section, blocks, pairs,
-                    scale_log2, scale, q_lead, q_first_b, q_first_h, k_lead, k_first_b, k_first_h, v_lead, v_first_b,
-                    v_first_h, do_lead, do_first_b, do_first_h, dk_b, dk_h, dk_s, dv_b, dv_h, dv_s, HEAD: gl.constexpr,
-                    D: gl.constexpr,
-                    CAUSAL: gl.constexpr, WINDOW: gl.constexpr, RAGGED: gl.constexpr, RS: gl.constexpr,
-                    DS_BUFS: gl.constexpr, DETERMINISTIC: gl.constexpr):
+def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_desc, DK, DV, Locks, CuQ, CuK, heads,
+                    kv_heads, group, seqlen_q, seqlen_k, n_m, causal_offset, window_offset, chunk, section, blocks,
+                    pairs, scale_log2, scale, q_lead, q_first_b, q_first_h, k_lead, k_first_b, k_first_h, v_lead,
+                    v_first_b, v_first_h, do_lead, do_first_b, do_first_h, dk_b, dk_h, dk_s, dv_b, dv_h, dv_s,
+                    HEAD: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
+                    RAGGED: gl.constexpr, RS: gl.constexpr, DS_BUFS: gl.constexpr, DETERMINISTIC: gl.constexpr,
+                    VARLEN: gl.constexpr, ALIGN_BR: gl.constexpr):
     """dK and dV of a key block of a (batch, KV head) (:func:`_program`), and its share of dQ
     added into ``dq_desc``'s float32 buffer.  HEAD: the tile width (head_dim padded), D: head_dim.
     ``Locks``: deterministic, zeroed int32 counters, one a half of each (batch * head, query tile);
-    ``chunk``: deterministic, the key blocks that walk side by side (:func:`_turn`); ``section``, ``blocks``,
-    ``pairs``: the programs' order (:func:`_program`)."""
+    ``chunk``: deterministic, the key blocks that walk side by side (:func:`_turn`; VARLEN: at most the SMs);
+    ``section``, ``blocks``, ``pairs``: the programs' order (:func:`_program`).  VARLEN: packed sequences,
+    ``CuQ``/``CuK`` their cu_seqlens, ``batch`` of them; seqlen_q/k the totals and ``n_m``, ``blocks`` the
+    longest sequence's; the band's offsets relative to each sequence's diagonal where ALIGN_BR."""
     dtype: gl.constexpr = q_desc.dtype
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     q_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD], TILE)
@@ -477,6 +612,10 @@ def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_de
         ds_free = q_empty
     else:
         ds_free = gl.allocate_shared_memory(gl.int64, [DS_BUFS, 1], mbarrier.MBarrierLayout())
+    landed = kv_ready  # VARLEN: the tiles whose rows past a sequence's end the producer zeroes land here first
+    if VARLEN:
+        landed = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(landed, count=1)
     mbarrier.init(kv_ready, count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(q_ready.index(i), count=1)
@@ -490,16 +629,17 @@ def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_de
              do_first_b, do_first_h)
     gl.warp_specialize([
         (_consumer, (k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_smem, dq_box, kv_ready, q_ready,
-                     q_empty, ds_ready, ds_free, dq_desc, DK, DV, Locks, heads, kv_heads, group, seqlen_q, seqlen_k,
-                     n_m, causal_offset, window_offset, chunk, order, scale_log2, scale, (dk_b, dk_h, dk_s),
-                     (dv_b, dv_h, dv_s), 0, HEAD, D, CAUSAL, WINDOW, RAGGED, RS, DETERMINISTIC)),
+                     q_empty, ds_ready, ds_free, dq_desc, DK, DV, Locks, CuQ, CuK, heads, kv_heads, group, seqlen_q,
+                     seqlen_k, n_m, causal_offset, window_offset, chunk, order, scale_log2, scale, (dk_b, dk_h, dk_s),
+                     (dv_b, dv_h, dv_s), 0, HEAD, D, CAUSAL, WINDOW, RAGGED, RS, DETERMINISTIC, VARLEN, ALIGN_BR)),
         (_consumer, (k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_smem, dq_box, kv_ready, q_ready,
-                     q_empty, ds_ready, ds_free, dq_desc, DK, DV, Locks, heads, kv_heads, group, seqlen_q, seqlen_k,
-                     n_m, causal_offset, window_offset, chunk, order, scale_log2, scale, (dk_b, dk_h, dk_s),
-                     (dv_b, dv_h, dv_s), 1, HEAD, D, CAUSAL, WINDOW, RAGGED, RS, DETERMINISTIC)),
+                     q_empty, ds_ready, ds_free, dq_desc, DK, DV, Locks, CuQ, CuK, heads, kv_heads, group, seqlen_q,
+                     seqlen_k, n_m, causal_offset, window_offset, chunk, order, scale_log2, scale, (dk_b, dk_h, dk_s),
+                     (dv_b, dv_h, dv_s), 1, HEAD, D, CAUSAL, WINDOW, RAGGED, RS, DETERMINISTIC, VARLEN, ALIGN_BR)),
         (_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs, delta_bufs,
-                     k_smem, v_smem, kv_ready, q_ready, q_empty, heads, kv_heads, group, n_m, causal_offset,
-                     window_offset, chunk, order, place, CAUSAL, WINDOW, DETERMINISTIC)),
+                     k_smem, v_smem, kv_ready, q_ready, q_empty, landed, CuQ, CuK, heads, kv_heads, group, seqlen_q,
+                     seqlen_k, n_m, causal_offset, window_offset, chunk, order, place, CAUSAL, WINDOW, DETERMINISTIC,
+                     VARLEN, ALIGN_BR)),
     ], [4, 1], [240, 24])
 
 
@@ -509,8 +649,8 @@ def supports(prob, q, k, v, do, layout: str, alibi: bool) -> str | None:
         return "needs an sm_90 GPU"
     if prob.head_dim > 128 or prob.dv != prob.head_dim:
         return f"head_dim {prob.head_dim} (V's {prob.dv}): takes 32-128, V's the same"
-    if prob.softcap > 0 or alibi or prob.varlen or prob.seqused:
-        return "softcap, ALiBi, packed sequences and seqused_k run on the Triton kernels"
+    if prob.softcap > 0 or alibi or prob.seqused:
+        return "softcap, ALiBi and seqused_k run on the Triton kernels"
     if prob.window_offset is not None and not prob.causal:
         return "a window open to the right (no upper edge) runs on the Triton kernels"
     if not prob.scale_log2 >= MIN_SCALE:
@@ -574,6 +714,12 @@ def descriptors(q, k, v, do, dq, lse, delta, layout: str, head: int, cut: Tiles)
     return descs, place
 
 
+def packed_stats_rows(prob) -> int:
+    """The rows a head of packed sequences' LSE and delta take for the kernel (each sequence's rows starting 16
+    bytes apart, :func:`fmha.kernels.backward.stats_row`), a multiple of 4."""
+    return -(-(prob.seqlen_q + 3 * prob.batch) // 4) * 4
+
+
 def stats_rows(seqlen_q: int) -> int:
     """The row stride of the LSE and delta the kernel reads (``[batch * heads, seqlen_q]`` boxes by TMA, whose
     strides are whole 16 bytes): seqlen_q rounded up to 4."""
@@ -614,28 +760,50 @@ def section(prob, head: int, itemsize: int, index: int, deterministic: bool) -> 
     return 1 << (fit.bit_length() - 1)
 
 
-def launch(prob, q, k, v, do, lse, delta, dk, dv, layout: str, strides, zeros, deterministic: bool = False
-           ) -> torch.Tensor:
+def dq_gap(prob, deterministic: bool) -> int:
+    """The float32 dQ rows :func:`launch` leaves after each packed sequence (a tile's: a last tile's rows past the
+    end are added there, not into the next sequence's)."""
+    return tiles(tile_width(prob.head_dim), deterministic).rows if prob.varlen else 0
+
+
+def launch(prob, q, k, v, do, lse, delta, dk, dv, layout: str, strides, zeros, deterministic: bool = False,
+           packed=None) -> torch.Tensor:
     """dK and dV into ``dk``, ``dv``; returns dQ (float32, ``[batch * heads, seqlen_q, tile width]``), its adds
-    in one fixed order when ``deterministic``.  ``zeros(shape, dtype)``: a zeroed buffer (dQ's, the counters)."""
+    in one fixed order when ``deterministic``.  ``zeros(shape, dtype)``: a zeroed buffer (dQ's, the counters).
+    ``packed``: ``(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)`` of packed sequences (q, k, v, dO
+    one sequence of every row, ``[1, total, heads, head_dim]``; the LSE and delta ``[heads, total_q]``); dQ is
+    then ``[heads, total_q + batch * gap, tile width]``, sequence b's rows from ``cu_seqlens_q[b] + b * gap``
+    (:func:`dq_gap`), and the LSE and delta ``[heads, packed_stats_rows]``, laid out for TMA
+    (:func:`fmha.kernels.backward.stats_row`)."""
     head = tile_width(prob.head_dim)
     cut = tiles(head, deterministic)
-    dq = zeros((prob.batch * prob.heads, prob.seqlen_q, head), torch.float32)
-    rows = stats_rows(prob.seqlen_q)
-    descs, place = descriptors(q, k, v, do, dq, row_stats(lse, rows), row_stats(delta, rows), layout, head, cut)
+    if packed:
+        cu_q, cu_k, seqlen_q, seqlen_k = packed
+        dq = zeros((prob.heads, prob.seqlen_q + prob.batch * dq_gap(prob, deterministic), head), torch.float32)
+    else:
+        seqlen_q, seqlen_k = prob.seqlen_q, prob.seqlen_k
+        dq = zeros((prob.batch * prob.heads, seqlen_q, head), torch.float32)
+        cu_q = cu_k = dq  # (unread)
+    if not packed:  # (packed: laid out for TMA already, :func:`packed_stats_rows`)
+        rows = stats_rows(prob.seqlen_q)
+        lse, delta = row_stats(lse, rows), row_stats(delta, rows)
+    descs, place = descriptors(q, k, v, do, dq, lse, delta, layout, head, cut)
     reduce_pass.install()
-    n_m = triton.cdiv(prob.seqlen_q, cut.rows)
+    n_m = triton.cdiv(seqlen_q, cut.rows)
     locks = zeros((prob.batch * prob.heads * n_m * 2,), torch.int32) if deterministic else dq
-    blocks, pairs = triton.cdiv(prob.seqlen_k, BLOCK_N.value), prob.batch * prob.kv_heads
-    # deterministic: the blocks that walk side by side (:func:`_turn`: a chunk's programs fit the SMs); unused else
-    chunk = min(blocks, n_m, device_facts(q.device.index)[1]) if deterministic else 1
+    blocks, pairs = triton.cdiv(seqlen_k, BLOCK_N.value), prob.batch * prob.kv_heads
+    # deterministic: the blocks that walk side by side (:func:`_turn`: a chunk's programs fit the SMs; packed, the
+    # kernel cuts it to each sequence's); unused else
+    sms = device_facts(q.device.index)[1]
+    chunk = (sms if packed else min(blocks, n_m, sms)) if deterministic else 1
     scale = prob.scale_log2 / LOG2E_VALUE
-    heads_in_turn = section(prob, head, q.element_size(), q.device.index, deterministic)
-    replay.launch(backward_kernel, (blocks * pairs,), *descs, dk, dv, locks, prob.heads, prob.kv_heads,
+    heads_in_turn = 1 if packed else section(prob, head, q.element_size(), q.device.index, deterministic)
+    replay.launch(backward_kernel, (blocks * pairs,), *descs, dk, dv, locks, cu_q, cu_k, prob.heads, prob.kv_heads,
                   prob.heads // prob.kv_heads, prob.seqlen_q, prob.seqlen_k, n_m, prob.causal_offset,
                   prob.window_offset or 0, chunk, heads_in_turn, blocks, pairs, prob.scale_log2, scale, *place,
                   *strides["dk"], *strides["dv"],
                   HEAD=head, D=prob.head_dim, CAUSAL=bool(prob.causal), WINDOW=prob.window_offset is not None,
-                  RAGGED=prob.seqlen_k % BLOCK_N.value != 0, RS=cut.rs, DS_BUFS=cut.ds_bufs,
-                  DETERMINISTIC=deterministic, num_warps=4)
+                  RAGGED=bool(packed) or prob.seqlen_k % BLOCK_N.value != 0, RS=cut.rs, DS_BUFS=cut.ds_bufs,
+                  DETERMINISTIC=deterministic, VARLEN=bool(packed), ALIGN_BR=bool(packed) and prob.align_br,
+                  num_warps=4)
     return dq

@@ -163,6 +163,16 @@ def _zero_past(buf, valid, landed, n_landed, ready):
     its rows from ``valid`` on to zero, make the zeros visible to the consumers' wgmma (the
     async proxy), then signal ``ready``."""
     mbarrier.wait(landed, n_landed & 1)
+    _zero_rows(buf, valid)
+    fence_async_shared()
+    gl.thread_barrier()
+    mbarrier.arrive(ready, count=1)
+
+
+@gluon.jit
+def _zero_rows(buf, valid):
+    """Rows ``valid..`` of a landed [rows, columns] tile (128-byte swizzled) set to zero, by one warp; the
+    caller makes the zeros visible to wgmma (``fence_async_shared``) and signals."""
     ROWS: gl.constexpr = 8  # the 128-byte swizzle repeats every 8 rows: slices start on its pattern
     COLS: gl.constexpr = _chunk_cols(buf.shape[1])  # and every 64 16-bit columns (TMA writes a 128-column
     # tile as two); a 32-wide tile is one chunk a row
@@ -174,9 +184,6 @@ def _zero_past(buf, valid, landed, n_landed, ready):
                 chunk = buf.slice(c * ROWS, ROWS, dim=0).slice(d * COLS, COLS, dim=1)
                 x = chunk.load(layout)
                 chunk.store(gl.where(rows[:, None] < valid, x, gl.zeros_like(x)))
-    fence_async_shared()
-    gl.thread_barrier()
-    mbarrier.arrive(ready, count=1)
 
 
 @gluon.jit
