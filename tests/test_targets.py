@@ -8,6 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import triton
+import triton.language as tl
+from conftest import ON_GPU
 
 from fmha import targets
 
@@ -531,12 +534,32 @@ def test_hopper_backward_builds_for_a_window_and_a_ragged_key_count(head_dim):
     """The masks of a sliding window's lower edge and of the keys past a seqlen_k off the 128-key block build into
     the same kernel: its dQ tiles still leave as reduce-adds, the walk loads nothing from global memory, and
     ptxas spills no more than the causal build's bound."""
-    ptx = targets.build_backward(head_dim, "bfloat16", causal=True, window=True, ragged=True).asm["ptx"]
+    ptx = targets.build_hopper_backward(head_dim, "bfloat16", causal=True, window=True, ragged=True).asm["ptx"]
     assert len(re.findall(r"cp\.reduce\.async\.bulk\.tensor\.3d\.global\.shared::cta\.add\.tile", ptx)) == 2
     assert not re.search(r"\bld\.global\b", ptx), "the walk loads from global memory"
     usage = targets.ptxas_usage(ptx, 90)
     assert usage["spill_stores"] <= (128 if head_dim == 64 else 512), usage
     assert not usage["serialized"], "ptxas waits for each wgmma before the next"
+
+
+
+@triton.jit
+def _adds_a_quotient(X, n):
+    x = tl.arange(0, 16)
+    tl.store(X + x, x + tl.cdiv(n, 4))
+
+
+@pytest.mark.skipif(ON_GPU, reason="guards the interpreter's process")
+def test_a_gluon_build_after_an_interpreted_kernel_still_compiles(tmp_path, monkeypatch):
+    """An interpreted kernel that calls ``tl.cdiv`` leaves ``triton.language.core``'s builtins patched in its
+    process (Triton 3.6); a backward built there with a cold cache (so its front end runs) still compiles: the
+    build runs in a process of its own."""
+    out = torch.zeros(16, dtype=torch.int32)
+    _adds_a_quotient[(1,)](out, 5)
+    assert out.tolist() == [i + 2 for i in range(16)]
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    ptx = targets.build_hopper_backward(64, "bfloat16", causal=True, window=True, ragged=True).asm["ptx"]
+    assert "wgmma.mma_async" in ptx
 
 
 def test_reduce_pass_rewrites_only_marked_stores():
@@ -710,8 +733,8 @@ def test_hopper_backward_builds_for_packed_sequences(head_dim, deterministic):
     """Packed sequences build into the same kernel: each partition reads its sequence's bounds from cu_seqlens
     (a few loads a program, none in the walk's products), the producer zeroes what lies past a sequence's end,
     dQ's tiles still leave as reduce-adds, and ptxas spills no more than the causal build's bound."""
-    ptx = targets.build_backward(head_dim, "bfloat16", causal=True, deterministic=deterministic,
-                                 varlen=True).asm["ptx"]
+    ptx = targets.build_hopper_backward(head_dim, "bfloat16", causal=True, deterministic=deterministic,
+                                        varlen=True).asm["ptx"]
     assert len(re.findall(r"cp\.reduce\.async\.bulk\.tensor\.3d\.global\.shared::cta\.add\.tile", ptx)) == 2
     assert 0 < len(re.findall(r"\bld\.global\b", ptx)) <= 12  # four cu_seqlens entries by each partition
     usage = targets.ptxas_usage(ptx, 90)

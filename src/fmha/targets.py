@@ -119,12 +119,10 @@ def _hopper_source(head_dim: int, dtype: str, causal: bool, cfg, seqlen_k: int =
     return GluonASTSource(kernel, sig, const)
 
 
-def build_backward(head_dim: int, dtype: str = "bfloat16", causal: bool = False, deterministic: bool = False,
-                   window: bool = False, ragged: bool = False, varlen: bool = False):
+def _compile_backward(head_dim: int, dtype: str, causal: bool, deterministic: bool, window: bool, ragged: bool,
+                      varlen: bool):
     """The Gluon backward (:mod:`fmha.kernels.hopper.backward`) compiled for sm_90 from stand-in CPU
-    tensors: Triton's compiled kernel, its PTX after fmha's passes (the dQ stores made reduce-adds).
-    ``window``: built for a sliding window's lower edge; ``ragged``: for a key count not a multiple of 128;
-    ``varlen``: for packed sequences (bottom-right aligned, ragged)."""
+    tensors: Triton's compiled kernel, its PTX after fmha's passes (the dQ stores made reduce-adds)."""
     import torch
     from triton._C.libtriton import native_specialize_impl
     from triton.backends.compiler import BaseBackend
@@ -161,21 +159,24 @@ def build_backward(head_dim: int, dtype: str = "bfloat16", causal: bool = False,
                           options={"num_warps": 4})
 
 
-def build_hopper_backward(head_dim: int, dtype: str = "bfloat16", causal: bool = False,
-                          deterministic: bool = False) -> "Build":
-    """:func:`build_backward` as a :class:`Build` of ``sm_90`` (variant ``hopper_backward``) for :func:`report` and
-    :func:`write`: its config names the tile (64 query rows, 128 keys a program), the ring's depth, the CTA's
+def build_hopper_backward(head_dim: int, dtype: str = "bfloat16", causal: bool = False, deterministic: bool = False,
+                          window: bool = False, ragged: bool = False, varlen: bool = False) -> "Build":
+    """The Gluon backward built for ``sm_90`` as a :class:`Build` (variant ``hopper_backward``) for :func:`report`
+    and :func:`write`: its config names the tile (64 query rows, 128 keys a program), the ring's depth, the CTA's
     12 warps (two consumer warpgroups and the producer's, padded to a warpgroup) and, deterministic, the fixed
-    order of dQ's adds."""
+    order of dQ's adds.  ``window``: built for a sliding window's lower edge; ``ragged``: for a key count not a
+    multiple of 128; ``varlen``: for packed sequences (bottom-right aligned, ragged)."""
     from .kernels.hopper import backward
     _check_choice("dtype", dtype, ["float16", "bfloat16"])
     _check_choice("head_dim", head_dim, [d for d in HEAD_DIMS if d <= 128])
+    flags = dict(window=window, ragged=ragged, varlen=varlen)
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
-        return _build_elsewhere(head_dim, dtype, causal, deterministic, builder="build_hopper_backward")
-    compiled = build_backward(head_dim, dtype, causal, deterministic)
+        return _build_elsewhere(head_dim, dtype, causal, deterministic, *flags.values(),
+                                builder="build_hopper_backward")
+    compiled = _compile_backward(head_dim, dtype, causal, deterministic, **flags)
     cfg = dict(block_m=backward.tiles(backward.tile_width(head_dim), deterministic).rows,
-               block_n=backward.BLOCK_N.value, num_warps=12,
-               num_stages=backward.STAGES.value, **({"deterministic": True} if deterministic else {}))
+               block_n=backward.BLOCK_N.value, num_warps=12, num_stages=backward.STAGES.value,
+               **({"deterministic": True} if deterministic else {}), **{k: True for k, v in flags.items() if v})
     return Build("hopper_backward", "sm_90", head_dim, dtype, causal, cfg, dict(compiled.asm),
                  _plain(compiled.metadata))
 
@@ -227,8 +228,11 @@ def build_backward_kernels(target: str, head_dim: int, dtype: str = "bfloat16", 
 
 
 def _build_elsewhere(*args, builder: str = "build"):
-    """Triton fixes interpretation when kernels are defined: under ``TRITON_INTERPRET=1``
-    (the CPU tests) the build (``targets.<builder>(*args)``) runs in a child process with the interpreter off."""
+    """Under ``TRITON_INTERPRET=1`` (the CPU tests) the build (``targets.<builder>(*args)``) runs in a child
+    process with the interpreter off: Triton fixes interpretation when kernels are defined, and once an interpreted
+    kernel has called one of ``triton.language.standard``'s functions (``tl.cdiv``, ``tl.max``), Triton 3.6's
+    interpreter leaves ``triton.language.core``'s builtins patched for good (its device-function call patches
+    without restoring), so a compile in that process would run the interpreter's arithmetic on IR values."""
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "build.pickle"
         code = ("import pickle, sys; from fmha import targets; from fmha.configs import KernelConfig; "
