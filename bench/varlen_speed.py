@@ -20,7 +20,6 @@ against the Triton kernels' gradients.
 import argparse
 import contextlib
 import dataclasses
-import importlib
 
 import numpy as np
 import torch
@@ -28,7 +27,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fmha
 from fmha.bench import ledger
-from fmha.bench.providers import importable, triton_backward
+from fmha.bench.providers import entry, triton_backward
 from fmha.bench.timing import median_ms
 
 CELLS = [(16, 16, 128), (32, 32, 64), (32, 8, 128)]  # (heads, kv_heads, head_dim)
@@ -60,10 +59,10 @@ def providers(q, k, v, cu, longest, causal):
         out["fmha:dense"] = lambda: fmha.attention(*(t.view(n, longest, *t.shape[1:]) for t in (q, k, v)),
                                                    causal=causal, layout="bshd")
     for module in ("flash_attn", "flash_attn.cute"):
-        if not importable(module):
+        fn = entry(module, "flash_attn_varlen_func")
+        if fn is None:
             out[module] = "not installed"
             continue
-        fn = importlib.import_module(module).flash_attn_varlen_func
         out[module] = lambda fn=fn: fn(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest,
                                        max_seqlen_k=longest, causal=causal)
     offsets = cu.long()

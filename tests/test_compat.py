@@ -333,3 +333,17 @@ def test_flash_attn_provider_passes_window_size_only(monkeypatch):
     q = torch.zeros(1, 2, 16, 32)
     providers._flash_attn("fake_flash").make(q, q, q, cell)()
     assert seen == {"causal": True, "window_size": (6, -1)}
+
+
+def test_a_flash_attn_namespace_without_the_function_is_no_provider(monkeypatch):
+    """FlashAttention-4 alone installs ``flash_attn`` as the bare namespace of ``flash_attn.cute``: the bench finds
+    no ``flash_attn_func`` (or ``flash_attn_varlen_func``) there instead of failing on it."""
+    import sys
+    import types
+    monkeypatch.setitem(sys.modules, "fake_namespace", types.ModuleType("fake_namespace"))
+    assert providers.entry("fake_namespace", "flash_attn_varlen_func") is None
+    assert providers.entry("no_such_module_here", "flash_attn_func") is None
+    fake = types.ModuleType("fake_flash")
+    fake.flash_attn_varlen_func = len
+    monkeypatch.setitem(sys.modules, "fake_flash", fake)
+    assert providers.entry("fake_flash", "flash_attn_varlen_func") is len

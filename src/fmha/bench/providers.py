@@ -134,8 +134,7 @@ def _sdpa(backend_name: str, max_score_bytes: float | None = None) -> Provider:
 
 def _flash_attn(module: str) -> Provider:
     def make(q, k, v, cell):
-        import importlib
-        fn = importlib.import_module(module).flash_attn_func
+        fn = entry(module, "flash_attn_func")
         # bshd: a contiguous cell's copy (FlashAttention's own layout) made outside the timing; the
         # other layouts as they lie (transformers' views are contiguous bshd; fused qkv slices are strided)
         qt, kt, vt = (t.transpose(1, 2) if cell.layout != "contiguous" else t.transpose(1, 2).contiguous()
@@ -159,6 +158,17 @@ def importable(module: str) -> bool:
         return False
 
 
+def entry(module: str, name: str):
+    """``module``'s function ``name`` (FlashAttention's ``flash_attn_func``, ``flash_attn_varlen_func``), or None
+    where the module is missing or lacks it: FlashAttention-4 alone installs ``flash_attn`` as the bare namespace
+    of ``flash_attn.cute``."""
+    import importlib
+    try:
+        return getattr(importlib.import_module(module), name, None)
+    except ImportError:
+        return None
+
+
 def providers(device: str) -> list[Provider]:
     """Every provider that can run on ``device`` (cpu: fmha variants in the interpreter, SDPA math)."""
     out = [_fmha("auto")] + [_fmha(v) for v in fmha.variants(interpreter=device == "cpu")]
@@ -166,7 +176,7 @@ def providers(device: str) -> list[Provider]:
         return out + [_sdpa("MATH")]
     out += [_sdpa("CUDNN_ATTENTION"), _sdpa("FLASH_ATTENTION"), _sdpa("EFFICIENT_ATTENTION"),
             _sdpa("MATH", max_score_bytes=2 ** 31)]
-    out += [_flash_attn(m) for m in ("flash_attn", "flash_attn.cute") if importable(m)]
+    out += [_flash_attn(m) for m in ("flash_attn", "flash_attn.cute") if entry(m, "flash_attn_func")]
     return out
 
 
