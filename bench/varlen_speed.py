@@ -125,17 +125,27 @@ def run_backward(args, lens, cu, total, longest, rows):
             with triton_backward():
                 ref = torch.autograd.grad(fmha.attention_varlen(q, k, v, cu, cu, longest, longest, causal=causal,
                                                                 variant="tiled"), leaves, do)
-            results = {}
-            for name, fn in backward_providers(q, k, v, cu, longest, causal).items():
-                if isinstance(fn, str):
-                    results[name] = (None, fn)
-                    continue
-                try:
-                    ms, grads = time_backward(name, fn, leaves, do)
-                    results[name] = (ms, max(float((a.float() - b.float()).abs().max()) for a, b in zip(grads, ref)))
-                except Exception as e:  # noqa: BLE001 -- a backend that refuses the call is reported
-                    results[name] = (None, f"{type(e).__name__}: {e}"[:100])
+
+            def one(name, fn):
+                ms, grads = time_backward(name, fn, leaves, do)
+                return ms, max(float((a.float() - b.float()).abs().max()) for a, b in zip(grads, ref))
+            results = measured(backward_providers(q, k, v, cu, longest, causal), one)
             report(args, rows, results, lens, total, longest, heads, kv_heads, d, causal, flops, "bwd")
+
+
+def measured(named, one):
+    """name -> (ms, error) by ``one(name, fn)``, or (None, why): the reason a provider gave instead of a callable,
+    or the exception with which a backend refused the call."""
+    results = {}
+    for name, fn in named.items():
+        if isinstance(fn, str):
+            results[name] = (None, fn)
+            continue
+        try:
+            results[name] = one(name, fn)
+        except Exception as e:  # noqa: BLE001 -- a backend that refuses the call is reported
+            results[name] = (None, f"{type(e).__name__}: {e}"[:100])
+    return results
 
 
 def report(args, rows, results, lens, total, longest, heads, kv_heads, d, causal, flops, pass_):
@@ -176,21 +186,13 @@ def main():
         for causal in (False, True):
             flops = 4 * d * heads * visible_pairs(lens, causal)
             ref = fmha.attention_varlen(q, k, v, cu, cu, longest, longest, causal=causal, variant="tiled").float()
-            results = {}
-            for name, fn in providers(q, k, v, cu, longest, causal).items():
-                if isinstance(fn, str):
-                    results[name] = (None, fn)
-                    continue
-                try:
-                    o = fn()
-                    o = o[0] if isinstance(o, tuple) else o
-                    if o.is_nested:
-                        o = o.transpose(1, 2).values()
-                    o = o.reshape(ref.shape)
-                    err = float((o.float() - ref).abs().max())
-                    results[name] = (median_ms(fn), err)
-                except Exception as e:  # noqa: BLE001 -- a backend that refuses the call is reported
-                    results[name] = (None, f"{type(e).__name__}: {e}"[:100])
+
+            def one(name, fn):
+                o = fn()
+                o = o[0] if isinstance(o, tuple) else o
+                o = (o.transpose(1, 2).values() if o.is_nested else o).reshape(ref.shape)
+                return median_ms(fn), float((o.float() - ref).abs().max())
+            results = measured(providers(q, k, v, cu, longest, causal), one)
             report(args, rows, results, lens, total, longest, heads, kv_heads, d, causal, flops, "fwd")
     ledger.append(args.ledger, rows)
 
