@@ -23,7 +23,7 @@ def t(*shape, dtype=F16):
     ({}, (t(1, 2, 16, 64), t(1, 2, 16, 32), t(1, 2, 16, 32)), "k has head_dim 32"),
     ({}, (t(1, 2, 16, 64), t(1, 2, 16, 64), t(1, 2, 17, 64)), "k and v must agree"),
     ({}, (t(1, 3, 16, 64), t(1, 2, 16, 64), t(1, 2, 16, 64)), r"heads \(3\) must be a multiple"),
-    ({}, (t(1, 2, 16, 48), t(1, 2, 16, 48), t(1, 2, 16, 48)), "head_dim must be one of"),
+    ({}, (t(1, 2, 16, 50), t(1, 2, 16, 50), t(1, 2, 16, 50)), "head_dim must be a multiple of 8"),
     ({"variant": "nope"}, (t(1, 2, 16, 64),) * 3, "variant must be 'auto' or one of"),
     ({"layout": "sbhd"}, (t(1, 2, 16, 64),) * 3, "layout must be one of"),
     ({"causal_align": "center"}, (t(1, 2, 16, 64),) * 3, "causal_align must be one of"),

@@ -1,5 +1,6 @@
-"""q/k and v head dims that differ (DeepSeek-V3's MLA prefill: 192 and 128), and head_dim 192 alike, against
-the float64 reference: forward on every path that takes it, split decoding, packed sequences, gradients."""
+"""q/k and v head dims that differ (DeepSeek-V3's MLA prefill: 192 and 128), head_dim 192 alike, and every other
+multiple of 8 up to 256 (Phi-2's 80), against the float64 reference: forward on every path that takes it, split
+decoding, packed sequences, gradients."""
 import pytest
 import torch
 
@@ -63,7 +64,7 @@ def test_what_differs_is_checked():
         fmha.attention(q, k, v, variant="singlewave")
     with pytest.raises(ValueError, match=r"out must have q's shape with v's head_dim"):
         fmha.attention(q, k, v, out=torch.empty_like(q))
-    with pytest.raises(ValueError, match="v's head_dim must be one of"):
+    with pytest.raises(ValueError, match="v's head_dim must be a multiple of 8"):
         fmha.attention(q, k, v[..., :100])
 
 
@@ -135,7 +136,7 @@ def test_mla_absorbed_is_forward_only_and_tiled():
         fmha.attention(q.requires_grad_(True), k, v)
     with pytest.raises(ValueError, match="576 .MLA's absorbed form. runs on the tiled variant"):
         fmha.attention(q.detach(), k, v, variant="singlewave")
-    with pytest.raises(ValueError, match="head_dim must be one of"):
+    with pytest.raises(ValueError, match="head_dim must be a multiple of 8"):
         fmha.attention(q.detach(), k, v[..., :256])
 
 
@@ -163,3 +164,36 @@ def test_describe_plans_what_the_call_plans(monkeypatch):
     fmha.attention(q, k, v, causal=True)
     assert len(seen) >= 2 and seen[0].dv == seen[-1].dv == 128
 
+
+
+@pytest.mark.parametrize("variant", ["singlewave", "pipelined", "tiled"])
+@pytest.mark.parametrize("head_dim", [8, 40, 80, 112, 160, 248])
+def test_every_multiple_of_8_on_every_variant(variant, head_dim):
+    """Head dims off the powers of two (Phi-2's 80, StableLM's 80, any multiple of 8 up to 256) run in the tile of
+    the next power of two with the columns past head_dim masked: forward with GQA in both alignments."""
+    q, k, v = qkv(1, 4, 2, 37, 53, head_dim, head_dim, "bshd", seed=head_dim)
+    for causal, align in ((False, "top_left"), (True, "bottom_right")):
+        out = nan_like(q)
+        fmha.attention(q, k, v, causal=causal, causal_align=align, layout="bshd", variant=variant, out=out)
+        check_against_reference(out, q, k, v, causal, align, "bshd")
+
+
+@pytest.mark.parametrize("head_dim,head_dim_v", [(80, 80), (40, 40), (248, 248), (112, 48)])
+def test_gradients_at_every_multiple_of_8(head_dim, head_dim_v):
+    q, k, v = (t.requires_grad_(True) for t in qkv(1, 4, 2, 29, 41, head_dim, head_dim_v, "bhsd", seed=head_dim_v))
+    o = fmha.attention(q, k, v, causal=True)
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(9)).to(o)
+    o.backward(do)
+    check_grads((q.grad, k.grad, v.grad), q, k, v, do, True, o=o.detach())
+
+
+def test_a_head_dim_the_gluon_kernels_lack_plans_tiled_on_sm90(monkeypatch):
+    """On sm_90 ``auto`` takes ``tiled`` at head_dim 80 (the Gluon kernel is built for 32, 64, 96, 128, 192 and
+    256), and ``variant="hopper"`` says which it takes."""
+    from fmha import plan
+    monkeypatch.setattr(plan, "arch_of", lambda device: "sm90")
+    q, k, v = qkv(1, 4, 2, 64, 64, 80, 80, "bhsd")
+    prob = plan.problem(*plan.sizes(q, k, "bhsd"), causal=True, scale=None)
+    assert plan.plan(prob, q, k, v, q, "bhsd", "auto", None, None, 1).variant == "tiled"
+    with pytest.raises(ValueError, match="takes 32, 64, 96, 128, 192, 256"):
+        plan.plan(prob, q, k, v, q, "bhsd", "hopper", None, None, 1)

@@ -194,14 +194,14 @@ def test_an_encoder_decoder_with_padded_sources_matches_sdpa():
 
 
 def test_head_dims_fmha_does_not_take_run_sdpa_said_once(monkeypatch):
-    """A model whose head dim fmha does not take (a tiny test model's 16) runs SDPA, with one warning, and its
+    """A model whose head dim fmha does not take (12: not a multiple of 8) runs SDPA, with one warning, and its
     generations are SDPA's; with attention sinks (SDPA has none) it is refused by name."""
     import warnings
 
     import fmha.integrations.transformers as fmha_hf
     monkeypatch.setattr(fmha_hf, "_warned_head_dims", set())
     ref, ours = twins(transformers.LlamaForCausalLM, transformers.LlamaConfig(
-        vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        vocab_size=101, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2))
     ids = torch.randint(1, 101, (2, 7), generator=torch.Generator().manual_seed(14)).to(DEVICE)
     with warnings.catch_warnings(record=True) as said, torch.no_grad():
@@ -209,8 +209,8 @@ def test_head_dims_fmha_does_not_take_run_sdpa_said_once(monkeypatch):
         got = ours.generate(ids, max_new_tokens=3, do_sample=False)
     assert_greedy_alike(got, ref.generate(ids, max_new_tokens=3, do_sample=False), ref)
     assert [str(w.message) for w in said if "head dims" in str(w.message)] == [
-        f"fmha takes head dims {fmha_hf.HEAD_DIMS}; this model's q/k and v head dims (16, 16) run on torch SDPA"]
-    q = torch.zeros(1, 4, 3, 16, dtype=torch.bfloat16, device=DEVICE)
+        f"fmha takes head dims {fmha_hf.HEAD_DIMS_SAID}; this model's q/k and v head dims (12, 12) run on torch SDPA"]
+    q = torch.zeros(1, 4, 3, 12, dtype=torch.bfloat16, device=DEVICE)
     with pytest.raises(NotImplementedError, match="SDPA has no attention sinks"):
         fmha_hf.attention_forward(ours.model.layers[0].self_attn, q, q[:, :2], q[:, :2], None,
                                   s_aux=torch.zeros(4, device=DEVICE))

@@ -7,7 +7,9 @@ import torch
 
 from .device import interpreting
 
-HEAD_DIMS = (32, 64, 96, 128, 192, 256)
+HEAD_DIMS = tuple(range(8, 257, 8))  # every multiple of 8 up to 256, as FlashAttention takes them (Phi-2's 80 too)
+FAST_HEAD_DIMS = (32, 64, 96, 128, 192, 256)  # the head dims the Gluon kernels are built and measured for
+HEAD_DIMS_SAID = "a multiple of 8 from 8 to 256"
 MLA_ABSORBED = (576, 512)  # DeepSeek's MLA decoded in its absorbed form: q/k 512 latent + 64 rope columns, V the latent
 DTYPES = (torch.float16, torch.bfloat16)
 FP8 = torch.float8_e4m3fn  # K and V (and q) of :func:`fmha.attention` with descale factors
@@ -69,10 +71,10 @@ def check_inputs(q, k, v, causal_align: str, layout: str, variant: str, scale, f
         raise ValueError(f"heads ({h}) must be a multiple of kv_heads ({kv_heads})")
     if (d, v.shape[3]) != MLA_ABSORBED:
         if d not in HEAD_DIMS:
-            raise ValueError(f"head_dim must be one of {HEAD_DIMS} (or {MLA_ABSORBED[0]} with v's "
+            raise ValueError(f"head_dim must be {HEAD_DIMS_SAID} (or {MLA_ABSORBED[0]} with v's "
                              f"{MLA_ABSORBED[1]}: MLA's absorbed form), got {d}")
         if v.shape[3] not in HEAD_DIMS:
-            raise ValueError(f"v's head_dim must be one of {HEAD_DIMS} (or {MLA_ABSORBED[1]} with q/k's "
+            raise ValueError(f"v's head_dim must be {HEAD_DIMS_SAID} (or {MLA_ABSORBED[1]} with q/k's "
                              f"{MLA_ABSORBED[0]}), got {v.shape[3]}")
     if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale must be a finite positive number or None, got {scale!r}")

@@ -30,7 +30,7 @@ import torch
 
 from . import configs, verify
 from .api import attention, attention_paged, attention_varlen
-from .checks import HEAD_DIMS
+from .checks import FAST_HEAD_DIMS, HEAD_DIMS
 from .kernels.hopper.resources import padded
 
 PATTERNS = ("normal", "rising", "late_spike", "late_first", "equal", "inf_key", "nan_key", "extreme")
@@ -105,8 +105,9 @@ def draw(rng: random.Random, on_gpu: bool, hopper: bool) -> Problem:
     """One random problem; on the CPU (the interpreter) small enough to run in a second.  Whether a problem
     that can takes the backward too is drawn from its own seed, so the rest of the draw stays as it was."""
     entry = rng.choices(["attention", "varlen", "paged"], [7, 2, 2])[0]
-    head_dim = rng.choice(HEAD_DIMS)
-    narrower = [d for d in HEAD_DIMS if d < head_dim]
+    dims = HEAD_DIMS if rng.random() < 0.2 else FAST_HEAD_DIMS  # the models' usual head dims, or any multiple of 8
+    head_dim = rng.choice(dims)
+    narrower = [d for d in dims if d < head_dim]
     head_dim_v = rng.choice(narrower) if narrower and rng.random() < 0.15 else 0
     pattern = rng.choice(PATTERNS)
     kv_heads = rng.randint(1, 3)

@@ -26,7 +26,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from .checks import HEAD_DIMS, MLA_ABSORBED
+from .checks import FAST_HEAD_DIMS, HEAD_DIMS, MLA_ABSORBED
 
 
 @dataclass(frozen=True)
@@ -168,7 +168,7 @@ def build_hopper_backward(head_dim: int, dtype: str = "bfloat16", causal: bool =
     multiple of 128; ``varlen``: for packed sequences (bottom-right aligned, ragged)."""
     from .kernels.hopper import backward
     _check_choice("dtype", dtype, ["float16", "bfloat16"])
-    _check_choice("head_dim", head_dim, [d for d in HEAD_DIMS if d <= 128])
+    _check_choice("head_dim", head_dim, [d for d in FAST_HEAD_DIMS if d <= 128])
     flags = dict(window=window, ragged=ragged, varlen=varlen)
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         return _build_elsewhere(head_dim, dtype, causal, deterministic, *flags.values(),
@@ -322,12 +322,14 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
     _check_choice("target", target, list(TARGETS))
     _check_choice("variant", variant, variants())
     _check_choice("dtype", dtype, list(DTYPES))
-    _check_choice("head_dim", head_dim, HEAD_DIMS + ((MLA_ABSORBED[0],) if variant == "tiled" else ()))
+    _check_choice("head_dim", head_dim, (FAST_HEAD_DIMS if variant == "hopper" else HEAD_DIMS)
+                  + ((MLA_ABSORBED[0],) if variant == "tiled" else ()))
     _check_choice("lengths", lengths, ("dense", "varlen", "seqused", "paged"))
     if head_dim_v:
         if variant in ("singlewave", "pipelined") or head_dim == MLA_ABSORBED[0]:
             raise ValueError(f"head_dim_v: {variant} at head_dim {head_dim} takes V's head dim as it is")
-        _check_choice("head_dim_v", head_dim_v, [d for d in HEAD_DIMS if d <= head_dim])
+        _check_choice("head_dim_v", head_dim_v, [d for d in (FAST_HEAD_DIMS if variant == "hopper" else HEAD_DIMS)
+                                                 if d <= head_dim])
     if attn_mask and variant != "tiled":
         raise ValueError(f"attn_mask: {variant} takes none (the tiled variant reads it)")
     if checked and (variant != "tiled" or lengths not in ("varlen", "paged")):

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 import fmha
-from ..checks import HEAD_DIMS, MLA_ABSORBED
+from ..checks import HEAD_DIMS, HEAD_DIMS_SAID, MLA_ABSORBED
 
 NAME = "fmha"
 SINKS_MASKS = ("fmha takes attention sinks with causal, sliding-window and padding masks, and with other boolean "
@@ -115,18 +115,18 @@ _warned_head_dims: set = set()
 
 
 def _sdpa_for_head_dims(module, query, key, value, attention_mask, dropout, scaling, is_causal, sinks, kwargs):
-    """A model whose head dims fmha does not take (Phi-2's 80, a tiny test model's 16) runs torch SDPA, said
-    once a pair of head dims; with sinks, which SDPA lacks, it is refused."""
+    """A model whose head dims fmha does not take (it takes multiples of 8 up to 256, and MLA's absorbed form) runs
+    torch SDPA, said once a pair of head dims; with sinks, which SDPA lacks, it is refused."""
     import warnings
 
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     dims = (query.shape[-1], value.shape[-1])
     if sinks is not None:
-        raise NotImplementedError(f"fmha takes head dims {HEAD_DIMS}, this model's are {dims}, and SDPA has no "
+        raise NotImplementedError(f"fmha takes head dims {HEAD_DIMS_SAID}, this model's are {dims}, and SDPA has no "
                                   "attention sinks: use attn_implementation='eager'")
     if dims not in _warned_head_dims:
         _warned_head_dims.add(dims)
-        warnings.warn(f"fmha takes head dims {HEAD_DIMS}; this model's q/k and v head dims {dims} run on torch "
+        warnings.warn(f"fmha takes head dims {HEAD_DIMS_SAID}; this model's q/k and v head dims {dims} run on torch "
                       "SDPA", stacklevel=3)
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                   is_causal=is_causal, **kwargs)

@@ -80,7 +80,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from ... import replay
 from .. import combine, strides_bhsd, tma
 from . import multicast, narrow_pass, transpose, worklist
-from ...checks import FP8, HEAD_DIMS
+from ...checks import FAST_HEAD_DIMS, FP8
 from ...constants import LOG2E
 from ...device import device_facts
 from .kernel import KERNEL, hopper_kernel  # noqa: F401
@@ -109,11 +109,12 @@ def _in_bytes(prob) -> int:
 
 def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
     """None if the hopper kernel takes this call, else the reason it does not."""
+    if prob.head_dim not in FAST_HEAD_DIMS or prob.dv not in FAST_HEAD_DIMS or prob.dv > prob.head_dim:
+        v_dim = f" with V's {prob.dv}" if prob.head_dim_v else ""
+        dims = ", ".join(map(str, FAST_HEAD_DIMS))
+        return f"head_dim {prob.head_dim}{v_dim} (takes {dims}, V's no larger than q/k's)"
     if not q.is_cuda or device_facts(q.device.index)[0] != 9:
         return "needs an sm_90 GPU"
-    if prob.head_dim not in HEAD_DIMS or prob.dv not in HEAD_DIMS or prob.dv > prob.head_dim:
-        v_dim = f" with V's {prob.dv}" if prob.head_dim_v else ""
-        return f"head_dim {prob.head_dim}{v_dim} (takes {', '.join(map(str, HEAD_DIMS))}, V's no larger than q/k's)"
     if cfg.block_m not in (64, 128, 192):
         return f"block_m {cfg.block_m} (takes 64, 128 or 192: 1, 2 or 3 consumer warpgroups)"
     if cfg.pingpong and cfg.block_m == 64:

@@ -39,10 +39,10 @@ their P is 1 but dO's rows and dS are 0 and nothing reaches dK or dV. Keys past 
 (their score 0 can lie far above a row's LSE, where P would overflow and dQ turn NaN), and their dK/dV rows are
 not stored. A row that sees no key (LSE ``-inf``) is masked wherever it meets a key block: a tile holding it
 holds an unseen pair, so it is one of the tiles masked (:func:`_crossed`), and its P is 0. Takes
-(:func:`supports`): sm_90, head_dim 32-128 with V's the same (tiles of 64 or 128 columns, zeros past head_dim),
-a scale of at least :data:`MIN_SCALE`, causal in either alignment, sliding windows with an upper edge (causal,
-or a right side), packed sequences (``VARLEN``), no softcap, ALiBi or seqused_k; anything else runs on the Triton
-kernels.
+(:func:`supports`): sm_90, head_dim 32, 64, 96 or 128 with V's the same (tiles of 64 or 128 columns, zeros past
+head_dim), a scale of at least :data:`MIN_SCALE`, causal in either alignment, sliding windows with an upper edge
+(causal, or a right side), packed sequences (``VARLEN``), no softcap, ALiBi or seqused_k; anything else runs on the
+Triton kernels.
 
 Packed sequences (``VARLEN``): a program's (batch, KV head) is a sequence's, its bounds read from cu_seqlens
 (:func:`_extent`), blocks past a shorter sequence's end idle, the band moved to each sequence's diagonal.  The
@@ -647,8 +647,8 @@ def supports(prob, q, k, v, do, layout: str, alibi: bool) -> str | None:
     """None if the Gluon backward takes this call, else why not."""
     if not q.is_cuda or device_facts(q.device.index)[0] != 9:
         return "needs an sm_90 GPU"
-    if prob.head_dim > 128 or prob.dv != prob.head_dim:
-        return f"head_dim {prob.head_dim} (V's {prob.dv}): takes 32-128, V's the same"
+    if prob.head_dim not in (32, 64, 96, 128) or prob.dv != prob.head_dim:
+        return f"head_dim {prob.head_dim} (V's {prob.dv}): takes 32, 64, 96 and 128, V's the same"
     if prob.softcap > 0 or alibi or prob.seqused:
         return "softcap, ALiBi and seqused_k run on the Triton kernels"
     if prob.window_offset is not None and not prob.causal:
