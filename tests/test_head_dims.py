@@ -27,16 +27,17 @@ def test_v_head_dim_other_than_qk(causal, align, layout):
     assert fmha.api.describe(q, k, v, layout=layout).startswith("hopper" if on_hopper else "tiled")
 
 
-def test_split_decoding_and_packed_sequences():
-    q, k, v = qkv(2, 8, 2, 1, 300, 192, 128, "bhsd", seed=1)
+@pytest.mark.parametrize("head_dim,head_dim_v", [(192, 128), (80, 80), (40, 24)])
+def test_split_decoding_and_packed_sequences(head_dim, head_dim_v):
+    q, k, v = qkv(2, 8, 2, 1, 300, head_dim, head_dim_v, "bhsd", seed=1)
     o = fmha.attention(q, k, v, num_splits=3)
     check_against_reference(o, q, k, v, False)
     lens_q, lens_k = [5, 17], [9, 30]
-    q, cu_q = packed(lens_q, 4, 192, torch.bfloat16, 2)
-    k, cu_k = packed(lens_k, 2, 192, torch.bfloat16, 3)
-    v, _ = packed(lens_k, 2, 128, torch.bfloat16, 4)
+    q, cu_q = packed(lens_q, 4, head_dim, torch.bfloat16, 2)
+    k, cu_k = packed(lens_k, 2, head_dim, torch.bfloat16, 3)
+    v, _ = packed(lens_k, 2, head_dim_v, torch.bfloat16, 4)
     o = fmha.attention_varlen(q, k, v, cu_q, cu_k, 17, 30, causal=True)
-    assert o.shape == (22, 4, 128)
+    assert o.shape == (22, 4, head_dim_v)
     for b in range(2):
         rq, rk = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
         check_against_reference(o[rq][None], q[rq][None], k[rk][None], v[rk][None], True, "bottom_right", "bshd")

@@ -209,7 +209,7 @@ def check_paged_call(q, k_cache, v_cache, block_table, cache_seqlens, causal_ali
 
 def check_pages(q, k_cache, v_cache, block_table, cache_seqlens, layout: str) -> None:
     """A paged cache (:func:`fmha.attention_paged`): page pools ``[num_pages, page_size, kv_heads, D]``
-    (V's D no larger than q/k's, one of ``HEAD_DIMS``: DeepSeek's 192/128; the absorbed form's 512) and an
+    (V's D no larger than q/k's, a multiple of 8: DeepSeek's 192/128; the absorbed form's 512) and an
     int32 block table ``[batch, pages_per_seq]``.  The table's entries and the lengths are checked on the
     device (:mod:`fmha.kernels.guards`), not here."""
     batch, heads = q.shape[0], (q.shape[1] if layout == "bhsd" else q.shape[2])
@@ -219,7 +219,7 @@ def check_pages(q, k_cache, v_cache, block_table, cache_seqlens, layout: str) ->
     for name, t, dims in (("k_cache", k_cache, (head_dim,)), ("v_cache", v_cache, v_dims)):
         if (not isinstance(t, torch.Tensor) or t.dim() != 4 or t.shape[3] not in dims or t.dtype != q.dtype
                 or t.device != q.device):
-            d = dims[0] if len(dims) == 1 else "D (" + ", ".join(map(str, dims)) + ")"
+            d = dims[0] if len(dims) == 1 else f"D (a multiple of 8 up to {head_dim})"
             raise ValueError(f"{name} must be [num_pages, page_size, kv_heads, {d}] {q.dtype} on {q.device}, "
                              f"got {tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
     if k_cache.shape[:3] != v_cache.shape[:3]:
