@@ -53,6 +53,17 @@ def test_compile_builds_mla_absorbed_decode_on_tiled():
     assert refused.returncode != 0 and "head_dim" in refused.stderr
 
 
+def test_compile_builds_any_multiple_of_8_on_tiled_and_refuses_it_cleanly_on_hopper():
+    out = fmha("compile", "--variant", "tiled", "--target", "sm_90", "--head-dim", "80", "--dtype", "bfloat16",
+               "--json")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert '"head_dim": 80' in out.stdout
+    for extra in ((), ("--backward",)):
+        refused = fmha("compile", "--variant", "hopper", "--target", "sm_90", "--head-dim", "80", *extra)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
+        assert "head_dim" in refused.stderr
+
+
 def test_compile_builds_the_gluon_backward():
     """``--backward --variant hopper``: the sm_90 training kernel, reported as any build is (at head_dim 64, in
     128-row tiles, a few registers spill: :func:`test_targets.test_hopper_backward_builds_with_tma_reduce_adds`)."""
