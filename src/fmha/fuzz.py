@@ -103,11 +103,11 @@ def _takes_grad(p: Problem) -> bool:
 
 def draw(rng: random.Random, on_gpu: bool, hopper: bool) -> Problem:
     """One random problem; on the CPU (the interpreter) small enough to run in a second.  Whether a problem
-    that can takes the backward too is drawn from its own seed, so the rest of the draw stays as it was."""
+    that can takes the backward too, and whether one without a config takes a head dim off the usual ones (any
+    other multiple of 8), are drawn from its own seed, so the rest of the draw stays as it was."""
     entry = rng.choices(["attention", "varlen", "paged"], [7, 2, 2])[0]
-    dims = HEAD_DIMS if rng.random() < 0.2 else FAST_HEAD_DIMS  # the models' usual head dims, or any multiple of 8
-    head_dim = rng.choice(dims)
-    narrower = [d for d in dims if d < head_dim]
+    head_dim = rng.choice(FAST_HEAD_DIMS)
+    narrower = [d for d in FAST_HEAD_DIMS if d < head_dim]
     head_dim_v = rng.choice(narrower) if narrower and rng.random() < 0.15 else 0
     pattern = rng.choice(PATTERNS)
     kv_heads = rng.randint(1, 3)
@@ -136,6 +136,11 @@ def draw(rng: random.Random, on_gpu: bool, hopper: bool) -> Problem:
                 alibi=rng.random() < 0.15, seqused=rng.random() < 0.25,
                 num_splits=rng.randint(1, 6) if rng.random() < 0.2 else 0, page=page, pattern=pattern,
                 seed=rng.randrange(1 << 30), head_dim_v=head_dim_v)
+    off = random.Random(p.seed + 1)  # a head dim off the usual ones, drawn apart so the rest stays as it was
+    if p.config is None and off.random() < 0.2:
+        d = off.choice([x for x in HEAD_DIMS if x not in FAST_HEAD_DIMS])
+        p = dataclasses.replace(p, head_dim=d, head_dim_v=off.choice([x for x in HEAD_DIMS if x < d])
+                                if p.head_dim_v and d > 8 else 0)
     own = random.Random(p.seed)
     if _takes_grad(p) and own.random() < 0.5:
         p = dataclasses.replace(p, grad=own.choice(GRADS), attn_mask=own.random() < 0.2)
