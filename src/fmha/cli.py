@@ -294,11 +294,12 @@ def cmd_compile(args) -> int:
         if args.deterministic and not args.backward:
             raise ValueError("--deterministic names a backward build: give --backward too")
         if args.backward:
-            gluon = args.variant == "hopper" and args.target == "sm_90" and args.head_dim in (32, 64, 96, 128)
+            from fmha.kernels.hopper.backward import HEAD_DIMS as GLUON_BACKWARD_DIMS
+            gluon = args.variant == "hopper" and args.target == "sm_90" and args.head_dim in GLUON_BACKWARD_DIMS
             if args.variant and not gluon or args.dtype == "float8_e4m3fn" or args.head_dim > 256:
                 raise ValueError("--backward builds the backward's Triton kernels (no --variant; head_dim up to 256) "
-                                 "or, with --variant hopper --target sm_90, the Gluon kernel (head_dim 32, 64, 96 or "
-                                 "128); "
+                                 "or, with --variant hopper --target sm_90, the Gluon kernel (head_dim "
+                                 f"{', '.join(map(str, GLUON_BACKWARD_DIMS))}); "
                                  "float16 or bfloat16")
         elif args.variant is None:
             raise ValueError("--variant is required (or --backward)")

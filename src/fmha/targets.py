@@ -168,7 +168,7 @@ def build_hopper_backward(head_dim: int, dtype: str = "bfloat16", causal: bool =
     multiple of 128; ``varlen``: for packed sequences (bottom-right aligned, ragged)."""
     from .kernels.hopper import backward
     _check_choice("dtype", dtype, ["float16", "bfloat16"])
-    _check_choice("head_dim", head_dim, [d for d in FAST_HEAD_DIMS if d <= 128])
+    _check_choice("head_dim", head_dim, backward.HEAD_DIMS)
     flags = dict(window=window, ragged=ragged, varlen=varlen)
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         return _build_elsewhere(head_dim, dtype, causal, deterministic, *flags.values(),

@@ -74,6 +74,7 @@ from .producer import _zero_rows
 from .resources import padded
 
 BLOCK_N = gl.constexpr(128)  # keys a program owns: 64 a consumer warpgroup
+HEAD_DIMS = (32, 64, 96, 128)  # in tiles of 64 or 128 columns, zeros past head_dim
 STAGES = gl.constexpr(2)  # Q/dO tiles in flight
 LOG2E = gl.constexpr(LOG2E_VALUE)
 WARPS = gl.constexpr(4)  # a consumer warpgroup's
@@ -647,8 +648,8 @@ def supports(prob, q, k, v, do, layout: str, alibi: bool) -> str | None:
     """None if the Gluon backward takes this call, else why not."""
     if not q.is_cuda or device_facts(q.device.index)[0] != 9:
         return "needs an sm_90 GPU"
-    if prob.head_dim not in (32, 64, 96, 128) or prob.dv != prob.head_dim:
-        return f"head_dim {prob.head_dim} (V's {prob.dv}): takes 32, 64, 96 and 128, V's the same"
+    if prob.head_dim not in HEAD_DIMS or prob.dv != prob.head_dim:
+        return f"head_dim {prob.head_dim} (V's {prob.dv}): takes {', '.join(map(str, HEAD_DIMS))}, V's the same"
     if prob.softcap > 0 or alibi or prob.seqused:
         return "softcap, ALiBi and seqused_k run on the Triton kernels"
     if prob.window_offset is not None and not prob.causal:
