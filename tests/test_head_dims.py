@@ -179,8 +179,9 @@ def test_every_multiple_of_8_on_every_variant(variant, head_dim):
         check_against_reference(out, q, k, v, causal, align, "bshd")
 
 
-@pytest.mark.parametrize("head_dim,head_dim_v", [(80, 80), (40, 40), (248, 248), (112, 48)])
+@pytest.mark.parametrize("head_dim,head_dim_v", [(80, 80), (40, 40), (248, 248), (112, 48), (40, 96)])
 def test_gradients_at_every_multiple_of_8(head_dim, head_dim_v):
+    """Gradients at head dims off the powers of two, V narrower or wider than q/k (``tiled`` takes either)."""
     q, k, v = (t.requires_grad_(True) for t in qkv(1, 4, 2, 29, 41, head_dim, head_dim_v, "bhsd", seed=head_dim_v))
     o = fmha.attention(q, k, v, causal=True)
     do = torch.randn(o.shape, generator=torch.Generator().manual_seed(9)).to(o)
