@@ -237,6 +237,27 @@ def test_a_static_cache_mask_reads_its_queries_as_the_last_real_keys(q):
     assert key_padding(off[:, None], q, k, q > 1, (-1, -1)) is None
 
 
+def test_phi_2s_head_dim_runs_fmha(monkeypatch):
+    """Phi-2's head dim (80, a multiple of 8 off the powers of two) runs fmha, not SDPA, and generates SDPA's
+    tokens."""
+    import warnings
+
+    import fmha.integrations.transformers as fmha_hf
+    ref, ours = twins(transformers.PhiForCausalLM, transformers.PhiConfig(
+        vocab_size=101, hidden_size=160, intermediate_size=192, num_hidden_layers=2, num_attention_heads=2,
+        partial_rotary_factor=0.4, max_position_embeddings=128))
+    calls = []
+    real = fmha_hf.fmha.attention
+    monkeypatch.setattr(fmha_hf.fmha, "attention", lambda q, *a, **kw: calls.append(q.shape[-1]) or real(q, *a, **kw))
+    ids = torch.randint(1, 101, (1, 9), generator=torch.Generator().manual_seed(15)).to(DEVICE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        with torch.no_grad():
+            got = ours.generate(ids, max_new_tokens=3, do_sample=False)
+    assert calls and set(calls) == {80}
+    assert_greedy_alike(got, ref.generate(ids, max_new_tokens=3, do_sample=False), ref)
+
+
 def test_a_mask_is_read_once_a_forward():
     """Every layer passes the same mask: its verdict is read on the host once, and again once the mask
     changes in place."""
