@@ -36,8 +36,8 @@ def test_seed_kernels_on_gfx1151_use_wmma_wave32_without_spills(builds, variant,
     """The seed's kernels keep m, l and the accumulator in registers for the whole key loop: no
     spills, no scratch (at D=96 and 128 the accumulator and V come in two halves of the head dimension;
     pipelined's scores wait for the next tile's Q K^T, so its K operand dies before the softmax, and with the
-    causal mask, or singlewave's column masks at 96, the second half's P V waits for the first's).  Phi-2's 80 runs
-    in 96's tile."""
+    causal mask, or singlewave's column masks at 96, the second half's P V waits for the first's).  Phi-2's 80 runs in
+    the 128-column tile 96 runs in."""
     b, r = builds(variant, "gfx1151", head_dim, dtype)
     tile = 1 << (head_dim - 1).bit_length()  # the columns a tile holds (96: 128, the last 32 read as zeros)
     assert set(r.matrix_instructions) == {instr}
