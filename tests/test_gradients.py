@@ -47,7 +47,7 @@ def test_gradients_match_the_reference(causal, align, shape):
 @pytest.mark.skipif(DEVICE != "cpu", reason="the AMD tables' tiles, run by the interpreter")
 @pytest.mark.parametrize("family", ["rdna", "cdna"])
 @pytest.mark.parametrize("head_dim,causal,deterministic", [(64, True, False), (64, False, True), (128, True, False),
-                                                           (256, False, False), (256, True, True)])
+                                                           (256, False, False), (256, True, True), (80, True, True)])
 def test_amd_tiles_have_the_reference_gradients(monkeypatch, family, head_dim, causal, deterministic):
     """The tiles the AMD tables pick (:data:`fmha.backward.AMD_TILES`: 16- and 32-row blocks, dQ by atomics or
     its own kernel), run by the interpreter: the walks over ragged ends and the causal band hold for them."""
