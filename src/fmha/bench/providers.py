@@ -150,14 +150,6 @@ def _flash_attn(module: str) -> Provider:
     return Provider(module, make, peer=True, graph_backward=module != "flash_attn.cute")
 
 
-def importable(module: str) -> bool:
-    import importlib.util
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
-
-
 def entry(module: str, name: str):
     """``module``'s function ``name`` (FlashAttention's ``flash_attn_func``, ``flash_attn_varlen_func``), or None
     where the module is missing or lacks it: FlashAttention-4 alone installs ``flash_attn`` as the bare namespace
