@@ -197,10 +197,10 @@ def test_mla_decode_cells_read_v_from_the_latent():
 
 
 def test_head_dims_grid_holds_the_other_head_dims():
-    """``--grid head-dims``: 32, 96 and 256 as the default grid holds 64 and 128 (B*S = 16k, heads * D
+    """``--grid head-dims``: 32, 80, 96 and 256 as the default grid holds 64 and 128 (B*S = 16k, heads * D
     about 2048), causal and not."""
     cells = grids.GRIDS["head-dims"]()
-    assert sorted({c.head_dim for c in cells}) == [32, 96, 256] and {c.causal for c in cells} == {False, True}
+    assert sorted({c.head_dim for c in cells}) == [32, 80, 96, 256] and {c.causal for c in cells} == {False, True}
     assert all(c.batch * c.seqlen_q == 16384 and 2048 - c.head_dim < c.heads * c.head_dim <= 2048 for c in cells)
 
 

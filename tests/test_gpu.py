@@ -192,6 +192,9 @@ def _arranged(b, h, kvh, s, d, dv, arrangement, seed):
 @pytest.mark.parametrize("arrangement", ["contiguous", "hf-view", "fused-qkv"])
 @pytest.mark.parametrize("causal,align", [(False, "top_left"), (True, "bottom_right")])
 @pytest.mark.parametrize("d,dv,config", [(32, 32, None), (96, 96, None), (192, 192, None), (256, 256, None),
+                                         (40, 40, None), (80, 80, None), (112, 112, None), (160, 160, None),
+                                         (248, 248, None), (144, 80, None), (80, 40, None),
+                                         (80, 80, fmha.KernelConfig(128, 128, 4, 2, q_regs=1)),
                                          (192, 128, None), (64, 32, None), (128, 96, None),
                                          (192, 128, fmha.KernelConfig(128, 128, 4, 2, split_qk=1)),
                                          (192, 128, fmha.KernelConfig(128, 128, 4, 2, split_qk=1, q_regs=1)),
@@ -201,7 +204,8 @@ def _arranged(b, h, kvh, s, d, dv, arrangement, seed):
                                          (96, 96, fmha.KernelConfig(192, 128, 4, 2, pingpong=1, q_regs=1)),
                                          (32, 32, fmha.KernelConfig(64, 128, 4, 2, occupancy=2))], ids=str)
 def test_hopper_takes_every_head_dim(d, dv, config, causal, align, arrangement):
-    """head_dim 32, 96, 192, 256, DeepSeek's 192/128 and V narrower than q/k in tiles of another swizzle (64/32)
+    """head_dim 32, 96, 192, 256, every other multiple of 8 from 40 (a sample: 40 and 80 with two Q K^T slices, 112
+    and 248 over the whole tile), DeepSeek's 192/128 and V narrower than q/k in tiles of another swizzle (64/32)
     or padded (128/96) on the Gluon kernel, in tiles padded to a power of two (Q in shared memory: Q K^T over
     the head dim's own columns, in slices), and 192 held unpadded (``split_qk``, 128-key tiles at 192/128).  kv
     head 1's first key is NaN: heads 2 and 3 (which read it) come out NaN, heads 0 and 1 match the reference, so
@@ -430,7 +434,8 @@ HOPPER_VARLEN = [  # (query lengths, key lengths) of the packed sequences
                                                  (False, "top_left", (200, 100))])
 @pytest.mark.parametrize("d,dv,dtype", [(64, 64, torch.bfloat16), (128, 128, torch.float16), (96, 96, torch.bfloat16),
                                         (32, 32, torch.float16), (192, 128, torch.bfloat16),
-                                        (256, 256, torch.bfloat16)], ids=str)
+                                        (256, 256, torch.bfloat16), (80, 80, torch.bfloat16),
+                                        (40, 40, torch.float16)], ids=str)
 def test_hopper_varlen_matches_reference(d, dv, dtype, causal, align, window, lens):
     """Packed sequences on the Gluon kernel: every sequence (output and LSE) against its own
     float64 reference, the output's memory poisoned with NaN beforehand (192/128: Q and K unpadded,
@@ -470,7 +475,7 @@ def test_hopper_varlen_keys_stop_at_the_sequence_end():
 
 @pytest.mark.parametrize("layout", ["bhsd", "bshd"])
 @pytest.mark.parametrize("causal,align", [(False, "top_left"), (True, "top_left"), (True, "bottom_right")])
-@pytest.mark.parametrize("d,stages", [(64, 2), (128, 2), (128, 3), (96, 2), (32, 2)])
+@pytest.mark.parametrize("d,stages", [(64, 2), (128, 2), (128, 3), (96, 2), (32, 2), (80, 2)])
 def test_hopper_seqused_k_is_key_padding(d, stages, causal, align, layout):
     """Per-batch key lengths on the Gluon kernel; the padding past them holds NaN (keys and
     values) and never reaches the result; a batch with no keys gives 0 and LSE -inf.  (3 stages

@@ -190,12 +190,12 @@ def test_gradients_at_every_multiple_of_8(head_dim, head_dim_v):
 
 
 def test_a_head_dim_the_gluon_kernels_lack_plans_tiled_on_sm90(monkeypatch):
-    """On sm_90 ``auto`` takes ``tiled`` at head_dim 80 (the Gluon kernel is built for 32, 64, 96, 128, 192 and
-    256), and ``variant="hopper"`` says which it takes."""
+    """On sm_90 ``auto`` takes ``tiled`` at head_dim 24 (the Gluon kernel takes 32 up), and ``variant="hopper"``
+    says which it takes."""
     from fmha import plan
     monkeypatch.setattr(plan, "arch_of", lambda device: "sm90")
-    q, k, v = qkv(1, 4, 2, 64, 64, 80, 80, "bhsd")
+    q, k, v = qkv(1, 4, 2, 64, 64, 24, 24, "bhsd")
     prob = plan.problem(*plan.sizes(q, k, "bhsd"), causal=True, scale=None)
     assert plan.plan(prob, q, k, v, q, "bhsd", "auto", None, None, 1).variant == "tiled"
-    with pytest.raises(ValueError, match="takes 32, 64, 96, 128, 192, 256"):
+    with pytest.raises(ValueError, match="takes a multiple of 8 from 32 to 256"):
         plan.plan(prob, q, k, v, q, "bhsd", "hopper", None, None, 1)

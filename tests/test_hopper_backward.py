@@ -30,6 +30,9 @@ SHAPES = [  # (batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim)
     (1, 4, 1, 77, 1030, 128),   # MQA, sk > sq
     (1, 4, 2, 100, 700, 64),    # sk > sq: causal key blocks past the last query's diagonal have no tile to visit
     (1, 4, 2, 700, 300, 64),    # sq > sk: bottom-right, 400 rows see no key (LSE -inf) in the 128-row tiles
+    (1, 4, 2, 300, 500, 80),    # Phi-2's head dim, padded to 128
+    (2, 2, 1, 129, 200, 40),    # padded to 64, not a multiple of 16
+    (1, 2, 2, 260, 260, 120),
 ]
 ALIGNS = [(False, "top_left"), (True, "top_left"), (True, "bottom_right")]
 
@@ -178,6 +181,7 @@ PACKED = [  # (query rows and keys of each sequence, heads, kv_heads, head_dim, 
     ([200, 77, 513], [300, 20, 513], 4, 1, 128, True, "bottom_right", (-1, -1)),  # keys != rows in a sequence
     ([200, 77, 513], [300, 20, 513], 4, 4, 128, False, "top_left", (-1, -1)),
     ([260, 0, 190], [260, 5, 190], 2, 2, 96, True, "top_left", (50, 0)),  # an empty one (its keys unseen), a window
+    ([200, 77, 513], [300, 20, 513], 4, 2, 80, True, "bottom_right", (-1, -1)),
 ]
 
 
@@ -284,6 +288,7 @@ DETERMINISTIC_SHAPES = [  # many key blocks adding into each dQ tile, in every o
     (1, 4, 2, 700, 1900, 128),   # sk > sq: causal key blocks with no tile to visit; 15 key blocks, 11 query
     #                              tiles: chunks of 11 blocks, the last one short
     (1, 2, 1, 1000, 1000, 96),
+    (1, 2, 1, 1000, 1000, 48),
 ]
 
 

@@ -339,22 +339,24 @@ def test_cli_report_and_errors(tmp_path):
     assert bad.returncode == 2 and "--variant is required" in bad.stderr
 
 
-@pytest.mark.parametrize("head_dim", [32, 96, 192, 256])
+@pytest.mark.parametrize("head_dim", [32, 40, 80, 96, 112, 160, 192, 256])
 def test_hopper_builds_every_head_dim(head_dim):
-    """Head dims off 64 and 128 build for sm_90 without spills, 32 in 32-wide tiles, 96 and 192 in tiles padded
-    to a power of two; with Q in shared memory, Q K^T runs over the head dim's own columns.  The wgmma shapes,
-    m64nNk16, counted over the build (each product's k-steps, at each of its places in the code).  96 causal's
-    LPT-dealt rounds (``balance``) spill one register: an address stored once at the kernel's start and read
-    again by the producer (24 registers) and once an item, not in the key loop."""
+    """Head dims off 64 and 128 build for sm_90 without spills, 32 in 32-wide tiles, the others in tiles padded
+    to a power of two; with Q in shared memory, Q K^T runs over the head dim's own columns (in two slices, the
+    second of 16 columns at least, or over the whole tile where two would cover it).  The wgmma shapes,
+    m64nNk16, counted over the build (each product's k-steps, at each of its places in the code).  96's and 112's
+    causal LPT-dealt rounds (``balance``) spill one and four registers: an address stored once at the kernel's
+    start and read again by the producer (24 registers) and once an item, not in the key loop."""
     from dataclasses import replace
 
     from fmha import configs
     from fmha.kernels import hopper
     cfg = replace(configs.hopper_config(head_dim, True, 4096), q_regs=0)
     b = targets.build("hopper", "sm_90", head_dim, "bfloat16", True, cfg, seqlen_k=4096)
-    assert targets.report(b).spilled_registers == (1 if head_dim == 96 else 0)
+    assert targets.report(b).spilled_registers == {96: 1, 112: 4}.get(head_dim, 0)
     hi, lo = hopper.qk_slices(head_dim, cfg)
-    assert (hi, lo) == {32: (0, 0), 96: (64, 32), 192: (128, 64), 256: (0, 0)}[head_dim]
+    assert (hi, lo) == {32: (0, 0), 40: (32, 16), 80: (64, 16), 96: (64, 32), 112: (0, 0), 160: (128, 32),
+                        192: (128, 64), 256: (0, 0)}[head_dim]
     assert hopper.qk_slices(head_dim, replace(cfg, cluster=1)) == (0, 0)  # Gluon 3.6 slices no cluster tile
     # a causal padded head dim keeps Q in shared memory; 32 is a tile of its own
     assert configs.hopper_config(head_dim, True, 4096).q_regs == (head_dim == 32)
@@ -365,6 +367,8 @@ def test_hopper_builds_every_head_dim(head_dim):
         assert set(n) == {128, 96}
     if head_dim == 192:  # 64-key tiles; Q K^T: 12 steps of 64 keys, P V: 4 of V's 192 columns
         assert set(n) == {192, 64} and n[64] == 3 * n[192]
+    if head_dim in (40, 80, 112):  # Q K^T over 128 keys; P V over V's own columns
+        assert set(n) == {128, head_dim}
 
 
 def test_hopper_builds_96_in_192_by_64_tiles():
@@ -465,7 +469,7 @@ def test_fp8_builds_for_sm90_on_hopper(head_dim, causal, seqlen_k):
 
 def test_fp8_on_hopper_refuses_the_head_dims_it_does_not_take():
     """float8 on hopper off its 64- and 128-column tiles (64, 96 and 128): a refusal by name before any build."""
-    for d in (32, 192, 256):
+    for d in (32, 80, 192, 256):
         with pytest.raises(ValueError, match=f"float8 on hopper takes head_dim 64, 96 or 128 .*not {d}"):
             targets.build("hopper", "sm_90", d, "float8_e4m3fn", False)
     from fmha.configs import KernelConfig

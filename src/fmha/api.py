@@ -28,8 +28,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     Shapes (``layout="bhsd"``): ``q`` ``[batch, heads, seqlen_q, head_dim]``, ``k`` and
     ``v`` ``[batch, kv_heads, seqlen_k, head_dim]`` with ``heads`` a multiple of
     ``kv_heads`` (GQA/MQA).  ``layout="bshd"``: ``[batch, seq, heads, head_dim]``,
-    read through strides without copies.  float16 or bfloat16; head_dim in
-    32, 64, 96, 128, 192, 256 (v's may differ from q/k's: MLA's 192/128); any seqlen >= 0.  Returns
+    read through strides without copies.  float16 or bfloat16; head_dim a multiple
+    of 8 up to 256 (v's may differ from q/k's: MLA's 192/128); any seqlen >= 0.  Returns
     ``o`` in q's layout and dtype with v's head dim (a new tensor, never an alias of an input), and with ``return_lse``
     also the natural-log log-sum-exp, float32 ``[batch, heads, seqlen_q]``.
 

@@ -8,7 +8,8 @@ import torch
 from .device import interpreting
 
 HEAD_DIMS = tuple(range(8, 257, 8))  # every multiple of 8 up to 256, as FlashAttention takes them (Phi-2's 80 too)
-FAST_HEAD_DIMS = (32, 64, 96, 128, 192, 256)  # the head dims the Gluon kernels are built and measured for
+HOPPER_HEAD_DIMS = tuple(range(32, 257, 8))  # the Gluon forward's: tiles of the next power of two, zeros past head_dim
+TUNED_HEAD_DIMS = (32, 64, 96, 128, 192, 256)  # the head dims whose tiles were timed (the fuzzer's usual draw)
 HEAD_DIMS_SAID = "a multiple of 8 from 8 to 256"
 MLA_ABSORBED = (576, 512)  # DeepSeek's MLA decoded in its absorbed form: q/k 512 latent + 64 rope columns, V the latent
 DTYPES = (torch.float16, torch.bfloat16)

@@ -13,7 +13,7 @@ import torch
 
 import fmha
 from fmha import reference
-from fmha.checks import FAST_HEAD_DIMS, HEAD_DIMS, MLA_ABSORBED
+from fmha.checks import HEAD_DIMS, HOPPER_HEAD_DIMS, MLA_ABSORBED
 from fmha.device import interpreting
 
 
@@ -299,14 +299,14 @@ def cmd_compile(args) -> int:
             if args.variant and not gluon or args.dtype == "float8_e4m3fn" or args.head_dim > 256:
                 raise ValueError("--backward builds the backward's Triton kernels (no --variant; head_dim up to 256) "
                                  "or, with --variant hopper --target sm_90, the Gluon kernel (head_dim "
-                                 f"{', '.join(map(str, GLUON_BACKWARD_DIMS))}); "
+                                 "a multiple of 8 from 32 to 128); "
                                  "float16 or bfloat16")
         elif args.variant is None:
             raise ValueError("--variant is required (or --backward)")
         else:
             targets._check_choice("variant", args.variant, targets.variants())
             if args.variant == "hopper":
-                targets._check_choice("head_dim", args.head_dim, FAST_HEAD_DIMS)
+                targets._check_choice("head_dim", args.head_dim, HOPPER_HEAD_DIMS)
     except ValueError as e:
         raise UsageError(str(e)) from None
     if args.backward and args.variant:

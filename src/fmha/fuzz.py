@@ -30,7 +30,7 @@ import torch
 
 from . import configs, verify
 from .api import attention, attention_paged, attention_varlen
-from .checks import FAST_HEAD_DIMS, HEAD_DIMS
+from .checks import HEAD_DIMS, TUNED_HEAD_DIMS
 from .kernels.hopper.resources import padded
 
 PATTERNS = ("normal", "rising", "late_spike", "late_first", "equal", "inf_key", "nan_key", "extreme")
@@ -106,8 +106,8 @@ def draw(rng: random.Random, on_gpu: bool, hopper: bool) -> Problem:
     that can takes the backward too, and whether one without a config takes a head dim off the usual ones (any
     other multiple of 8), are drawn from its own seed, so the rest of the draw stays as it was."""
     entry = rng.choices(["attention", "varlen", "paged"], [7, 2, 2])[0]
-    head_dim = rng.choice(FAST_HEAD_DIMS)
-    narrower = [d for d in FAST_HEAD_DIMS if d < head_dim]
+    head_dim = rng.choice(TUNED_HEAD_DIMS)
+    narrower = [d for d in TUNED_HEAD_DIMS if d < head_dim]
     head_dim_v = rng.choice(narrower) if narrower and rng.random() < 0.15 else 0
     pattern = rng.choice(PATTERNS)
     kv_heads = rng.randint(1, 3)
@@ -138,7 +138,7 @@ def draw(rng: random.Random, on_gpu: bool, hopper: bool) -> Problem:
                 seed=rng.randrange(1 << 30), head_dim_v=head_dim_v)
     off = random.Random(p.seed + 1)  # a head dim off the usual ones, drawn apart so the rest stays as it was
     if p.config is None and off.random() < 0.2:
-        d = off.choice([x for x in HEAD_DIMS if x not in FAST_HEAD_DIMS])
+        d = off.choice([x for x in HEAD_DIMS if x not in TUNED_HEAD_DIMS])
         p = dataclasses.replace(p, head_dim=d, head_dim_v=off.choice([x for x in HEAD_DIMS if x < d])
                                 if p.head_dim_v and d > 8 else 0)
     own = random.Random(p.seed)

@@ -26,7 +26,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from .checks import FAST_HEAD_DIMS, HEAD_DIMS, MLA_ABSORBED
+from .checks import HEAD_DIMS, HOPPER_HEAD_DIMS, MLA_ABSORBED
 
 
 @dataclass(frozen=True)
@@ -322,13 +322,13 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
     _check_choice("target", target, list(TARGETS))
     _check_choice("variant", variant, variants())
     _check_choice("dtype", dtype, list(DTYPES))
-    _check_choice("head_dim", head_dim, (FAST_HEAD_DIMS if variant == "hopper" else HEAD_DIMS)
+    _check_choice("head_dim", head_dim, (HOPPER_HEAD_DIMS if variant == "hopper" else HEAD_DIMS)
                   + ((MLA_ABSORBED[0],) if variant == "tiled" else ()))
     _check_choice("lengths", lengths, ("dense", "varlen", "seqused", "paged"))
     if head_dim_v:
         if variant in ("singlewave", "pipelined") or head_dim == MLA_ABSORBED[0]:
             raise ValueError(f"head_dim_v: {variant} at head_dim {head_dim} takes V's head dim as it is")
-        _check_choice("head_dim_v", head_dim_v, [d for d in (FAST_HEAD_DIMS if variant == "hopper" else HEAD_DIMS)
+        _check_choice("head_dim_v", head_dim_v, [d for d in (HOPPER_HEAD_DIMS if variant == "hopper" else HEAD_DIMS)
                                                  if d <= head_dim])
     if attn_mask and variant != "tiled":
         raise ValueError(f"attn_mask: {variant} takes none (the tiled variant reads it)")

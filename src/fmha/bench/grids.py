@@ -96,10 +96,10 @@ def models_grid() -> list[Cell]:
 
 
 def head_dims_grid() -> list[Cell]:
-    """The head dims beside the default grid's 64 and 128 (32; 96 as in Phi; 256 as in Gemma 2 and 3):
-    B*S = 16k at 1k-16k tokens, heads = 2048 // D, causal off and on."""
+    """The head dims beside the default grid's 64 and 128 (32; 80 as in Phi-2 and StableLM; 96 as in Phi-3; 256
+    as in Gemma 2 and 3): B*S = 16k at 1k-16k tokens, heads = 2048 // D, causal off and on."""
     return [Cell(16384 // s, 2048 // d, 2048 // d, s, s, d, c)
-            for d in (32, 96, 256) for c in (False, True) for s in (1024, 4096, 16384)]
+            for d in (32, 80, 96, 256) for c in (False, True) for s in (1024, 4096, 16384)]
 
 
 def mla_grid() -> list[Cell]:

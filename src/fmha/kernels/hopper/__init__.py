@@ -42,7 +42,7 @@ loop at the block's first visible tile and masks the band's lower edge; softcap
 and ALiBi act on the raw scores ``q.k`` (:func:`_scores`, the same values as
 ``common.scores`` before its scale).
 
-Shapes it takes (:func:`supports`): sm_90, head_dim 32, 64, 96, 128, 192 or 256 and
+Shapes it takes (:func:`supports`): sm_90, head_dim a multiple of 8 from 32 to 256 and
 V's no larger than q/k's (DeepSeek's 192/128), any seqlen_q and seqlen_k, q/k/v/out in
 any strides TMA can read (:mod:`..tma`), packed sequences (``VARLEN``,
 one packed bshd tensor; the work items come from a list built on the device from the
@@ -80,7 +80,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from ... import replay
 from .. import combine, strides_bhsd, tma
 from . import multicast, narrow_pass, transpose, worklist
-from ...checks import FAST_HEAD_DIMS, FP8
+from ...checks import FP8, HOPPER_HEAD_DIMS
 from ...constants import LOG2E
 from ...device import device_facts
 from .kernel import KERNEL, hopper_kernel  # noqa: F401
@@ -99,6 +99,7 @@ from .schedule import (ITEM_COST, _schedule, balanced_tail, block_tiles, item_ro
 ROWS_LAYOUT_2 = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3, cga_layout=[[0, 0, 0]])
 
 
+HEAD_DIMS_SAID = "a multiple of 8 from 32 to 256"
 KV_LAYOUT_2 = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4, cga_layout=[[0, 0, 0, 0]])
 
 
@@ -109,10 +110,9 @@ def _in_bytes(prob) -> int:
 
 def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
     """None if the hopper kernel takes this call, else the reason it does not."""
-    if prob.head_dim not in FAST_HEAD_DIMS or prob.dv not in FAST_HEAD_DIMS or prob.dv > prob.head_dim:
+    if prob.head_dim not in HOPPER_HEAD_DIMS or prob.dv not in HOPPER_HEAD_DIMS or prob.dv > prob.head_dim:
         v_dim = f" with V's {prob.dv}" if prob.head_dim_v else ""
-        dims = ", ".join(map(str, FAST_HEAD_DIMS))
-        return f"head_dim {prob.head_dim}{v_dim} (takes {dims}, V's no larger than q/k's)"
+        return f"head_dim {prob.head_dim}{v_dim} (takes {HEAD_DIMS_SAID}, V's no larger than q/k's)"
     if not q.is_cuda or device_facts(q.device.index)[0] != 9:
         return "needs an sm_90 GPU"
     if cfg.block_m not in (64, 128, 192):
@@ -149,7 +149,7 @@ def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
 def fp8_head_dim_reason(head_dim: int, head_dim_v: int) -> str | None:
     """Why the float8 kernel does not take these head dims, or None: 64, 96 or 128 (a 64- or 128-column tile), V's
     alike."""
-    if padded(head_dim) not in (64, 128) or head_dim_v != head_dim:
+    if head_dim not in (64, 96, 128) or head_dim_v != head_dim:
         return f"float8 on hopper takes head_dim 64, 96 or 128 (V's alike), not {head_dim}"
     return None
 
@@ -281,13 +281,17 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
 
 def qk_slices(head_dim: int, cfg) -> tuple[int, int]:
     """(QK_HI, QK_LO): Q K^T over a padded head dim's own columns, in two slices of powers of two (192 as
-    128 + 64, 96 as 64 + 32); (0, 0): over the whole tile (a head dim of its own tile's width, Q in registers,
-    whose operand does not slice, or a cluster, whose shared tiles Gluon 3.6 does not slice).  ``split_qk``
+    128 + 64, 96 as 64 + 32, 80 as 64 + 16, 40 as 32 + 16: the second slice 16 columns at least, a wgmma's
+    k-step, reading TMA's zeros past head_dim); (0, 0): over the whole tile (a head dim of its own tile's width,
+    two slices that would cover it (112 as 64 + 64), Q in registers, whose operand does not slice, or a cluster,
+    whose shared tiles Gluon 3.6 does not slice).  ``split_qk``
     holds the two slices as tiles of their own, in registers too with ``q_regs``."""
-    if head_dim == padded(head_dim) or (cfg.q_regs and not cfg.split_qk) or cfg.cluster:
+    tile = padded(head_dim)
+    if head_dim == tile or (cfg.q_regs and not cfg.split_qk) or cfg.cluster:
         return 0, 0
     hi = 1 << (head_dim.bit_length() - 1)
-    return hi, head_dim - hi
+    lo = max(16, 1 << (head_dim - hi - 1).bit_length())  # a wgmma's k-step at least
+    return (hi, lo) if hi + lo < tile else (0, 0)
 
 
 def constexprs(prob, cfg, store_lse: bool, paired: bool = False, alibi: bool = False, split: bool = False,

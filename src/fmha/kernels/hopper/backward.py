@@ -39,10 +39,10 @@ their P is 1 but dO's rows and dS are 0 and nothing reaches dK or dV. Keys past 
 (their score 0 can lie far above a row's LSE, where P would overflow and dQ turn NaN), and their dK/dV rows are
 not stored. A row that sees no key (LSE ``-inf``) is masked wherever it meets a key block: a tile holding it
 holds an unseen pair, so it is one of the tiles masked (:func:`_crossed`), and its P is 0. Takes
-(:func:`supports`): sm_90, head_dim 32, 64, 96 or 128 with V's the same (tiles of 64 or 128 columns, zeros past
-head_dim), a scale of at least :data:`MIN_SCALE`, causal in either alignment, sliding windows with an upper edge
-(causal, or a right side), packed sequences (``VARLEN``), no softcap, ALiBi or seqused_k; anything else runs on the
-Triton kernels.
+(:func:`supports`): sm_90, head_dim a multiple of 8 from 32 to 128 with V's the same (tiles of 64 or 128 columns,
+zeros past head_dim), a scale of at least :data:`MIN_SCALE`, causal in either alignment, sliding windows with an
+upper edge (causal, or a right side), packed sequences (``VARLEN``), no softcap, ALiBi or seqused_k; anything else
+runs on the Triton kernels.
 
 Packed sequences (``VARLEN``): a program's (batch, KV head) is a sequence's, its bounds read from cu_seqlens
 (:func:`_extent`), blocks past a shorter sequence's end idle, the band moved to each sequence's diagonal.  The
@@ -74,7 +74,7 @@ from .producer import _zero_rows
 from .resources import padded
 
 BLOCK_N = gl.constexpr(128)  # keys a program owns: 64 a consumer warpgroup
-HEAD_DIMS = (32, 64, 96, 128)  # in tiles of 64 or 128 columns, zeros past head_dim
+HEAD_DIMS = tuple(range(32, 129, 8))  # in tiles of 64 or 128 columns, zeros past head_dim
 STAGES = gl.constexpr(2)  # Q/dO tiles in flight
 LOG2E = gl.constexpr(LOG2E_VALUE)
 WARPS = gl.constexpr(4)  # a consumer warpgroup's
@@ -649,7 +649,7 @@ def supports(prob, q, k, v, do, layout: str, alibi: bool) -> str | None:
     if not q.is_cuda or device_facts(q.device.index)[0] != 9:
         return "needs an sm_90 GPU"
     if prob.head_dim not in HEAD_DIMS or prob.dv != prob.head_dim:
-        return f"head_dim {prob.head_dim} (V's {prob.dv}): takes {', '.join(map(str, HEAD_DIMS))}, V's the same"
+        return f"head_dim {prob.head_dim} (V's {prob.dv}): takes a multiple of 8 from 32 to 128, V's the same"
     if prob.softcap > 0 or alibi or prob.seqused:
         return "softcap, ALiBi and seqused_k run on the Triton kernels"
     if prob.window_offset is not None and not prob.causal:
