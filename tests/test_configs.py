@@ -14,7 +14,8 @@ def test_every_hopper_row_is_reachable():
 
 
 @pytest.mark.parametrize("head_dim, head_dim_v", [(32, 0), (64, 0), (96, 0), (128, 0), (192, 0), (192, 128),
-                                                  (192, 64), (256, 0)])
+                                                  (192, 64), (256, 0), (40, 0), (80, 0), (80, 40), (112, 0),
+                                                  (160, 0), (144, 80), (248, 0)])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("seqlen_k", [128, 512, 1000, 1024, 4096, 8192, 9000, 16384, 131072])
 @pytest.mark.parametrize("modifiers", [False, True])
@@ -38,7 +39,8 @@ def test_hopper_answers_fit_the_kernel(head_dim, head_dim_v, causal, seqlen_k, m
     assert configs.default_config("hopper", "sm90", head_dim, causal, seqlen_k, modifiers, per_sequence,
                                   head_dim_v=head_dim_v) == cfg
     if cfg.cluster:  # clusters only where the kernel takes them (hopper.supports)
-        assert head_dim in (96, 128) and not causal and not modifiers and not per_sequence
+        assert hopper.padded(head_dim) == hopper.padded(head_dim_v or head_dim) == 128
+        assert not causal and not modifiers and not per_sequence
         assert (cfg.block_m, cfg.block_n, cfg.pingpong, cfg.occupancy) == (128, 128, 0, 0)
     # a cluster runs two query blocks: none where the rows make an odd number of them
     for seqlen_q, paired in [(1, False), (128, False), (129, True), (300, False), (1000, True), (4096, True)]:

@@ -157,10 +157,10 @@ def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = 
     causal head dim padded to its tile (96), whose Q K^T then skips the zero columns
     (``hopper.qk_slices``: 1-3% faster at D=96, docs/PERF.md), and which takes the standing pivot (``stale``:
     2-3% faster there, 1-5% slower at D=128 causal up to 8k keys) and the last rounds dealt by LPT (``balance``:
-    2-3% faster there); with them or lengths per sequence, no
-    clusters (``hopper.supports``), nor where ``seqlen_q`` (0: not known) makes an odd number of
-    query blocks (FlashAttention-3's rule): a cluster runs two blocks, and the partner of a last
-    lone block would compute rows that do not exist (a 2x loss where a head has one block).  ``fp8``: float8
+    2-3% faster there); with them or lengths per sequence, no clusters (``hopper.supports``), nor for a V in a
+    narrower tile than q/k's (80/40), nor where ``seqlen_q`` (0: not known) makes an odd number of query blocks
+    (FlashAttention-3's rule): a cluster runs two blocks, and the partner of a last lone block would compute rows
+    that do not exist (a 2x loss where a head has one block).  ``fp8``: float8
     q, k and v take the ``HOPPER_FP8`` row of their head dim and keys (none: the 16-bit rows, which
     ``hopper.fp8_reason`` then refuses), 192 rows becoming 128 as above.  ``head_dim_v`` (0: q/k's): q/k 192
     with V's 128 or fewer takes ``HOPPER_SPLIT_QK``; 96 without causal past ``LONG_96_KEYS`` keys, dense and in
@@ -185,7 +185,7 @@ def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = 
                 cfg = replace(cfg, head_group=WINDOW_HEAD_GROUP)
             if modifiers:  # the lazy pivot was timed without them; beside a window at 256 it spills (sm_90 build)
                 cfg = replace(cfg, lazy=0)
-            if modifiers or per_sequence or -(-seqlen_q // cfg.block_m) % 2:
+            if modifiers or per_sequence or -(-seqlen_q // cfg.block_m) % 2 or padded(head_dim_v or head_dim, 64) != d:
                 cfg = replace(cfg, cluster=0)
             return replace(cfg, block_m=128) if _too_wide(cfg, modifiers, per_sequence, seqlen_k) else cfg
     raise AssertionError("the HOPPER table ends with an open row for every (head_dim, causal)")
