@@ -27,7 +27,7 @@ def test_v_head_dim_other_than_qk(causal, align, layout):
     assert fmha.api.describe(q, k, v, layout=layout).startswith("hopper" if on_hopper else "tiled")
 
 
-@pytest.mark.parametrize("head_dim,head_dim_v", [(192, 128), (80, 80), (40, 24)])
+@pytest.mark.parametrize("head_dim,head_dim_v", [(192, 128), (80, 80), (48, 24), (40, 40)])
 def test_split_decoding_and_packed_sequences(head_dim, head_dim_v):
     q, k, v = qkv(2, 8, 2, 1, 300, head_dim, head_dim_v, "bhsd", seed=1)
     o = fmha.attention(q, k, v, num_splits=3)
@@ -179,7 +179,7 @@ def test_every_multiple_of_8_on_every_variant(variant, head_dim):
         check_against_reference(out, q, k, v, causal, align, "bshd")
 
 
-@pytest.mark.parametrize("head_dim,head_dim_v", [(80, 80), (40, 40), (248, 248), (112, 48), (40, 96)])
+@pytest.mark.parametrize("head_dim,head_dim_v", [(80, 80), (40, 40), (248, 248), (112, 48), (48, 96)])
 def test_gradients_at_every_multiple_of_8(head_dim, head_dim_v):
     """Gradients at head dims off the powers of two, V narrower or wider than q/k (``tiled`` takes either)."""
     q, k, v = (t.requires_grad_(True) for t in qkv(1, 4, 2, 29, 41, head_dim, head_dim_v, "bhsd", seed=head_dim_v))
@@ -187,6 +187,23 @@ def test_gradients_at_every_multiple_of_8(head_dim, head_dim_v):
     do = torch.randn(o.shape, generator=torch.Generator().manual_seed(9)).to(o)
     o.backward(do)
     check_grads((q.grad, k.grad, v.grad), q, k, v, do, True, o=o.detach())
+
+
+def test_a_v_head_dim_other_than_qk_needs_qk_a_multiple_of_16():
+    """q/k 40 with V's 24 (``tiled`` answered wrongly on sm_90) is refused by name in every entry point and by the
+    transformers integration, which runs SDPA for it; 48 with V's 24 and 40 with V's 40 are taken."""
+    from fmha.checks import head_dims_reason
+    from fmha.integrations.transformers import _takes_head_dims
+    q, k, v = qkv(1, 4, 2, 5, 9, 40, 24, "bshd")
+    says = "v head_dim other than q/k's takes a q/k head_dim that is a multiple of 16"
+    with pytest.raises(ValueError, match=says):
+        fmha.attention(q, k, v, layout="bshd")
+    cu = torch.tensor([0, 5], dtype=torch.int32, device=q.device), torch.tensor([0, 9], dtype=torch.int32,
+                                                                                device=q.device)
+    with pytest.raises(ValueError, match=says):
+        fmha.attention_varlen(q[0], k[0], v[0], *cu, 5, 9)
+    assert head_dims_reason(48, 24) is head_dims_reason(40, 40) is head_dims_reason(576, 512) is None
+    assert not _takes_head_dims(40, 24) and _takes_head_dims(48, 24) and _takes_head_dims(40, 40)
 
 
 def test_a_head_dim_the_gluon_kernels_lack_plans_tiled_on_sm90(monkeypatch):

@@ -209,7 +209,7 @@ def test_head_dims_fmha_does_not_take_run_sdpa_said_once(monkeypatch):
         got = ours.generate(ids, max_new_tokens=3, do_sample=False)
     assert_greedy_alike(got, ref.generate(ids, max_new_tokens=3, do_sample=False), ref)
     assert [str(w.message) for w in said if "head dims" in str(w.message)] == [
-        f"fmha takes head dims {fmha_hf.HEAD_DIMS_SAID}; this model's q/k and v head dims (12, 12) run on torch SDPA"]
+        f"fmha does not take this model's head dims ({fmha_hf.head_dims_reason(12, 12)}): they run on torch SDPA"]
     q = torch.zeros(1, 4, 3, 12, dtype=torch.bfloat16, device=DEVICE)
     with pytest.raises(NotImplementedError, match="SDPA has no attention sinks"):
         fmha_hf.attention_forward(ours.model.layers[0].self_attn, q, q[:, :2], q[:, :2], None,

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 import fmha
-from ..checks import HEAD_DIMS, HEAD_DIMS_SAID, MLA_ABSORBED
+from ..checks import head_dims_reason
 
 NAME = "fmha"
 SINKS_MASKS = ("fmha takes attention sinks with causal, sliding-window and padding masks, and with other boolean "
@@ -108,7 +108,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
 def _takes_head_dims(d: int, dv: int) -> bool:
     """Whether fmha takes q/k's head dim ``d`` with V's ``dv`` (:data:`fmha.checks.HEAD_DIMS`, MLA's absorbed
     form)."""
-    return (d, dv) == MLA_ABSORBED or d in HEAD_DIMS and dv in HEAD_DIMS
+    return head_dims_reason(d, dv) is None
 
 
 _warned_head_dims: set = set()
@@ -121,13 +121,13 @@ def _sdpa_for_head_dims(module, query, key, value, attention_mask, dropout, scal
 
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     dims = (query.shape[-1], value.shape[-1])
+    why = head_dims_reason(*dims)
     if sinks is not None:
-        raise NotImplementedError(f"fmha takes head dims {HEAD_DIMS_SAID}, this model's are {dims}, and SDPA has no "
-                                  "attention sinks: use attn_implementation='eager'")
+        raise NotImplementedError(f"fmha does not take this model's head dims ({why}), and SDPA has no attention "
+                                  "sinks: use attn_implementation='eager'")
     if dims not in _warned_head_dims:
         _warned_head_dims.add(dims)
-        warnings.warn(f"fmha takes head dims {HEAD_DIMS_SAID}; this model's q/k and v head dims {dims} run on torch "
-                      "SDPA", stacklevel=3)
+        warnings.warn(f"fmha does not take this model's head dims ({why}): they run on torch SDPA", stacklevel=3)
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                   is_causal=is_causal, **kwargs)
 
