@@ -140,7 +140,7 @@ def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
         if prob.causal or prob.window_offset is not None or per_sequence(prob) or prob.page:
             return "clusters take dense non-causal calls without a window"
         if padded(prob.head_dim) != 128 or padded(prob.dv) != 128 or cfg.block_n != 128:
-            return "clusters take head_dim 96 or 128 in 128-key tiles"
+            return "clusters take q/k and V head dims of 128-column tiles (72 to 128) in 128-key tiles"
         if cfg.block_m != 128 or cfg.pingpong or cfg.occupancy > 1 or cfg.persistent == 0:
             return "clusters take 128-row persistent programs, one an SM, without ping-pong"
     return None
