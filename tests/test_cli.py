@@ -93,6 +93,8 @@ def test_compile_takes_v_head_dim_apart():
     assert out.returncode == 0, out.stderr[-2000:]
     refused = fmha("compile", "--variant", "tiled", "--target", "sm_90", "--head-dim", "128", "--head-dim-v", "256")
     assert refused.returncode != 0 and "head_dim_v" in refused.stderr
+    refused = fmha("compile", "--variant", "tiled", "--target", "sm_90", "--head-dim", "40", "--head-dim-v", "24")
+    assert refused.returncode == 2 and "multiple of 16" in refused.stderr and "Traceback" not in refused.stderr
 
 
 def test_compile_records_a_build_row(tmp_path):

@@ -26,7 +26,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from .checks import HEAD_DIMS, HOPPER_HEAD_DIMS, MLA_ABSORBED
+from .checks import HEAD_DIMS, HOPPER_HEAD_DIMS, MLA_ABSORBED, head_dims_reason
 
 
 @dataclass(frozen=True)
@@ -330,6 +330,9 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
             raise ValueError(f"head_dim_v: {variant} at head_dim {head_dim} takes V's head dim as it is")
         _check_choice("head_dim_v", head_dim_v, [d for d in (HOPPER_HEAD_DIMS if variant == "hopper" else HEAD_DIMS)
                                                  if d <= head_dim])
+        why = head_dims_reason(head_dim, head_dim_v)
+        if why:  # what a call refuses is not built either
+            raise ValueError(why)
     if attn_mask and variant != "tiled":
         raise ValueError(f"attn_mask: {variant} takes none (the tiled variant reads it)")
     if checked and (variant != "tiled" or lengths not in ("varlen", "paged")):
