@@ -106,8 +106,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
 
 
 def _takes_head_dims(d: int, dv: int) -> bool:
-    """Whether fmha takes q/k's head dim ``d`` with V's ``dv`` (:data:`fmha.checks.HEAD_DIMS`, MLA's absorbed
-    form)."""
+    """Whether fmha takes q/k's head dim ``d`` with V's ``dv`` (:func:`fmha.checks.head_dims_reason`)."""
     return head_dims_reason(d, dv) is None
 
 

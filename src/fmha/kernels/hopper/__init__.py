@@ -98,9 +98,10 @@ from .schedule import (ITEM_COST, _schedule, balanced_tail, block_tiles, item_ro
 # CLUSTER: the same layouts, whole in each CTA of the cluster
 ROWS_LAYOUT_2 = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3, cga_layout=[[0, 0, 0]])
 
-
-HEAD_DIMS_SAID = "a multiple of 8 from 32 to 256"
 KV_LAYOUT_2 = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4, cga_layout=[[0, 0, 0, 0]])
+
+
+HEAD_DIMS_SAID = "a multiple of 8 from 32 to 256"  # :data:`fmha.checks.HOPPER_HEAD_DIMS`
 
 
 def _in_bytes(prob) -> int:
