@@ -189,21 +189,30 @@ def test_gradients_at_every_multiple_of_8(head_dim, head_dim_v):
     check_grads((q.grad, k.grad, v.grad), q, k, v, do, True, o=o.detach())
 
 
-def test_a_v_head_dim_other_than_qk_needs_qk_a_multiple_of_16():
-    """q/k 40 with V's 24 (``tiled`` answered wrongly on sm_90) is refused by name in every entry point and by the
-    transformers integration, which runs SDPA for it; 48 with V's 24 and 40 with V's 40 are taken."""
-    from fmha.checks import head_dims_reason
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim,head_dim_v,config", [
+    (40, 24, None), (24, 8, None), (56, 8, None), (72, 24, None), (104, 8, None), (48, 24, (64, 64, 4, 1)),
+    (128, 16, (64, 64, 4, 1)), (40, 32, (64, 64, 4, 1))])
+def test_a_narrow_v_beside_another_qk(head_dim, head_dim_v, config, causal):
+    """A V narrower than 64 columns beside q/k's of another width, on ``tiled``: on sm_90 these pairs (in 16- or
+    32-column V tiles) answered wrongly (errors 0.4-1.5) or faulted (72 with 24; 48 with 24 in 64 x 64 tiles of one
+    stage); V's tile is now at least 64 columns there (:func:`fmha.plan.v_tile`).  Forward over 300 keys in bshd
+    (rows a multiple of 8 elements apart), gradients at the first pair; the transformers integration takes them."""
     from fmha.integrations.transformers import _takes_head_dims
-    q, k, v = qkv(1, 4, 2, 5, 9, 40, 24, "bshd")
-    says = "v head_dim other than q/k's takes a q/k head_dim that is a multiple of 16"
-    with pytest.raises(ValueError, match=says):
-        fmha.attention(q, k, v, layout="bshd")
-    cu = torch.tensor([0, 5], dtype=torch.int32, device=q.device), torch.tensor([0, 9], dtype=torch.int32,
-                                                                                device=q.device)
-    with pytest.raises(ValueError, match=says):
-        fmha.attention_varlen(q[0], k[0], v[0], *cu, 5, 9)
-    assert head_dims_reason(48, 24) is head_dims_reason(40, 40) is head_dims_reason(576, 512) is None
-    assert not _takes_head_dims(40, 24) and _takes_head_dims(48, 24) and _takes_head_dims(40, 40)
+    from fmha.plan import v_tile
+    cfg = fmha.KernelConfig(*config) if config else None
+    q, k, v = qkv(1, 4, 2, 37, 300, head_dim, head_dim_v, "bshd", seed=head_dim)
+    out = torch.full((*q.shape[:-1], head_dim_v), float("nan"), dtype=q.dtype, device=DEVICE)
+    _, lse = fmha.attention(q, k, v, causal=causal, causal_align="bottom_right", layout="bshd", variant="tiled",
+                            config=cfg, out=out, return_lse=True)
+    check_against_reference(out, q, k, v, causal, "bottom_right", "bshd", lse=lse)
+    assert v_tile(head_dim, head_dim_v) == 64 and v_tile(head_dim_v, head_dim_v) < 64 and _takes_head_dims(40, 24)
+    if (head_dim, head_dim_v) == (40, 24) and causal:
+        q, k, v = (t[:, :40].detach().requires_grad_(True) for t in (q, k, v))
+        o = fmha.attention(q, k, v, causal=True, layout="bshd")
+        do = torch.randn(o.shape, generator=torch.Generator().manual_seed(3)).to(o)
+        o.backward(do)
+        check_grads((q.grad, k.grad, v.grad), q, k, v, do, True, "top_left", "bshd", o=o.detach())
 
 
 def test_a_head_dim_the_gluon_kernels_lack_plans_tiled_on_sm90(monkeypatch):

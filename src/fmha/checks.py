@@ -26,18 +26,12 @@ def variants(interpreter: bool = False) -> list[str]:
 
 
 def head_dims_reason(d: int, dv: int) -> str | None:
-    """Why fmha does not take q/k's head dim ``d`` with V's ``dv``, or None: each in :data:`HEAD_DIMS` (or MLA's
-    absorbed pair), and a V head dim other than q/k's beside a q/k head dim that is a multiple of 16: on sm_90
-    ``tiled`` answers wrongly at q/k 40, 56, 72 and 104 (rows a multiple of 8 elements apart, which Triton reads
-    element by element, K's tile unpipelined) beside V's 8 and 24 (a tile of 16 or 32 columns), while 48 beside
-    24, 40 beside 16, 48 and 56, 88 beside 40, and every head dim beside an equal V's are exact."""
+    """Why fmha does not take q/k's head dim ``d`` with V's ``dv``, or None: each in :data:`HEAD_DIMS`, or MLA's
+    absorbed pair.  (A V head dim other than q/k's runs in a V tile of its own width, :func:`fmha.plan.v_tile`.)"""
     if (d, dv) == MLA_ABSORBED:
         return None
     if d not in HEAD_DIMS or dv not in HEAD_DIMS:
         return f"head_dim {d} with v's {dv}: each must be {HEAD_DIMS_SAID}"
-    if dv != d and d % 16:
-        return (f"head_dim {d} with v's {dv}: a v head_dim other than q/k's takes a q/k head_dim that is a multiple "
-                "of 16 (or pad q and k with zero columns to one)")
     return None
 
 
@@ -93,9 +87,6 @@ def check_inputs(q, k, v, causal_align: str, layout: str, variant: str, scale, f
         if v.shape[3] not in HEAD_DIMS:
             raise ValueError(f"v's head_dim must be {HEAD_DIMS_SAID} (or {MLA_ABSORBED[1]} with q/k's "
                              f"{MLA_ABSORBED[0]}), got {v.shape[3]}")
-        why = head_dims_reason(d, v.shape[3])
-        if why:
-            raise ValueError(why)
     if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale must be a finite positive number or None, got {scale!r}")
 

@@ -13,7 +13,7 @@ import torch
 
 import fmha
 from fmha import reference
-from fmha.checks import HEAD_DIMS, HOPPER_HEAD_DIMS, MLA_ABSORBED, head_dims_reason
+from fmha.checks import HEAD_DIMS, HOPPER_HEAD_DIMS, MLA_ABSORBED
 from fmha.device import interpreting
 
 
@@ -307,9 +307,6 @@ def cmd_compile(args) -> int:
             targets._check_choice("variant", args.variant, targets.variants())
             if args.variant == "hopper":
                 targets._check_choice("head_dim", args.head_dim, HOPPER_HEAD_DIMS)
-            why = args.head_dim_v and head_dims_reason(args.head_dim, args.head_dim_v)
-            if why:
-                raise ValueError(why)
     except ValueError as e:
         raise UsageError(str(e)) from None
     if args.backward and args.variant:

@@ -140,7 +140,7 @@ def draw(rng: random.Random, on_gpu: bool, hopper: bool) -> Problem:
     if p.config is None and off.random() < 0.2:
         d = off.choice([x for x in HEAD_DIMS if x not in TUNED_HEAD_DIMS])
         p = dataclasses.replace(p, head_dim=d, head_dim_v=off.choice([x for x in HEAD_DIMS if x < d])
-                                if p.head_dim_v and d % 16 == 0 else 0)  # (checks.head_dims_reason)
+                                if p.head_dim_v and d > min(HEAD_DIMS) else 0)
     own = random.Random(p.seed)
     if _takes_grad(p) and own.random() < 0.5:
         p = dataclasses.replace(p, grad=own.choice(GRADS), attn_mask=own.random() < 0.2)

@@ -60,7 +60,18 @@ class Problem:
 
     @property
     def block_dv(self) -> int:
-        return max(16, 1 << (self.dv - 1).bit_length())
+        """V's tile width (:func:`v_tile`)."""
+        return v_tile(self.head_dim, self.dv)
+
+
+def v_tile(head_dim: int, dv: int) -> int:
+    """V's and O's tile width in the Triton kernels: V's head dim's power of two, and at least 64 columns beside a
+    q/k head dim of another width.  On sm_90 Triton's wgmma builds of a 16- or 32-column V beside such a K answered
+    wrongly or faulted, reading shared memory out of bounds (compute-sanitizer: invalid 1024-byte shared reads):
+    V's columns masked (8, 24) beside q/k 24, 40, 56, 72 and 104, and any of them (16, 32 too) beside any q/k in
+    tiles of one stage; in 64-column tiles every pair was exact."""
+    width = max(16, 1 << (dv - 1).bit_length())
+    return max(width, 64) if dv != head_dim else width
 
 
 def sizes(q, k, layout: str) -> tuple[int, int, int, int, int, int]:

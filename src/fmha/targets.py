@@ -26,7 +26,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from .checks import HEAD_DIMS, HOPPER_HEAD_DIMS, MLA_ABSORBED, head_dims_reason
+from .checks import HEAD_DIMS, HOPPER_HEAD_DIMS, MLA_ABSORBED
 
 
 @dataclass(frozen=True)
@@ -330,9 +330,6 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
             raise ValueError(f"head_dim_v: {variant} at head_dim {head_dim} takes V's head dim as it is")
         _check_choice("head_dim_v", head_dim_v, [d for d in (HOPPER_HEAD_DIMS if variant == "hopper" else HEAD_DIMS)
                                                  if d <= head_dim])
-        why = head_dims_reason(head_dim, head_dim_v)
-        if why:  # what a call refuses is not built either
-            raise ValueError(why)
     if attn_mask and variant != "tiled":
         raise ValueError(f"attn_mask: {variant} takes none (the tiled variant reads it)")
     if checked and (variant != "tiled" or lengths not in ("varlen", "paged")):
@@ -362,8 +359,9 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
                  VARLEN=False, SEQUSED=False, ALIGN_BR=False, SPLIT=False, PAGED=False, PAGE=1,
                  PACK_GQA=False, KV_TMA=False)
     if "HEAD_V" in kernel.arg_names:  # tiled: V's head dim
+        from .plan import v_tile
         dv = head_dim_v or head_dim
-        const.update(HEAD_V=dv, BLOCK_DV=max(16, triton.next_power_of_2(dv)))
+        const.update(HEAD_V=dv, BLOCK_DV=v_tile(head_dim, dv))
     if "AMD" in kernel.arg_names:  # pipelined: the build orders its loop for gfx11's WMMA registers
         const.update(AMD=chip.backend == "hip")
     if "QK_CHUNKS" in kernel.arg_names:  # tiled: Q K^T batched over column chunks
