@@ -70,6 +70,23 @@ def test_what_a_mask_call_refuses():
         fmha.attention(q, k, v, attn_mask=torch.ones(4, 16, dtype=torch.bool, device=DEVICE), variant="singlewave")
 
 
+def test_a_split_at_head_dim_256_beside_a_mask_fits_sm90(monkeypatch):
+    """A key split of 71 query rows at head_dim 256 takes the decode table's 64 x 64 tiles in three stages, which
+    beside a mask asked sm_90 for 240 KB (Triton's out-of-resources error on the H200, found by the fuzzer): the plan
+    takes two stages there, and the call is exact."""
+    from fmha import configs, plan as planning
+    q, k, v = make_qkv(1, 2, 1, 71, 600, 256, torch.float16, layout="bshd")
+    mask = _mask((1, 1, 71, 600), 5)
+    prob = planning.problem(*planning.sizes(q, k, "bshd"), causal=True, scale=None, attn_mask=True)
+    monkeypatch.setattr(planning, "arch_of", lambda device: "sm90")
+    cfg = planning.plan(prob, q, k, v, q, "bshd", "auto", None, None, 4).config
+    assert cfg.num_stages == 2 and configs.tiled_smem(cfg, 256, 256, True) <= 232448, cfg
+    monkeypatch.undo()
+    out = nan_like(q)
+    fmha.attention(q, k, v, causal=True, layout="bshd", attn_mask=mask, num_splits=4, out=out)
+    check_against_reference(out, q, k, v, True, layout="bshd", attn_mask=mask)
+
+
 def test_a_callers_config_too_big_beside_a_mask_is_refused(monkeypatch):
     """On sm_90, the caller's ``tiled`` config whose stages fit without a mask but not beside one (128 x 128 tiles
     in three stages: 256 KB with the mask's, past the 227 KB there) is refused by name before any launch, where

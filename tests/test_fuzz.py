@@ -64,7 +64,8 @@ def test_a_masked_problem_draws_the_config_the_plan_takes():
     assert any(p.config["block_m"] * p.config["block_n"] >= 128 * 128 for p in masked)
     for p in masked:
         cfg = fmha.KernelConfig(**p.config)
-        assert configs.with_attn_mask(cfg) == cfg, p
+        widths = fmha.plan.v_tile(p.head_dim, p.head_dim), fmha.plan.v_tile(p.head_dim, p.head_dim_v or p.head_dim)
+        assert configs.with_attn_mask(cfg, *widths) == cfg, p
 
 
 def test_problems_with_an_attn_mask_pass_and_a_dropped_mask_is_caught(monkeypatch):

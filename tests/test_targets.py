@@ -707,15 +707,20 @@ def test_amd_decoding_fits_a_workgroups_lds(target, head_dim, rows):
     assert r.spilled_registers == 0, (cfg, r.spilled_registers)
 
 
-@pytest.mark.parametrize("head_dim,rows", [(64, 0), (128, 0), (256, 0), (128, 1), (256, 16)])
+@pytest.mark.parametrize("head_dim,rows", [(64, 0), (128, 0), (256, 0), (128, 1), (256, 16), (256, 64), (96, 64)])
 def test_tiled_with_an_attn_mask_fits_shared_memory(head_dim, rows):
-    """An attn_mask's tiles take shared memory beside K's and V's: the plan's ``tiled`` configs with one
-    (``configs.with_attn_mask``: three stages of 128 x 128 tiles at D=128 asked for 256 KB) fit sm_90's."""
+    """An attn_mask's scores take shared memory beside K's and V's: the plan's ``tiled`` configs with one
+    (``configs.with_attn_mask``: three stages of 128 x 128 tiles at D=128 asked for 256 KB, a split's three of 64 x 64
+    at 256, 64 query rows or more, 240 KB) fit sm_90's, within what :func:`fmha.configs.tiled_smem` counts."""
     from fmha import configs
     from fmha.kernels.hopper.resources import SMEM_LIMIT
     config = configs.decode_config(rows, 4096, head_dim, "sm90") if rows else configs.tiled_config("sm90", head_dim)
-    b = targets.build("tiled", "sm_90", head_dim, "bfloat16", False, configs.with_attn_mask(config), attn_mask=True)
-    assert b.metadata["shared"] <= SMEM_LIMIT, (config, b.metadata["shared"])
+    width = max(16, 1 << (head_dim - 1).bit_length())
+    masked = configs.with_attn_mask(config, width, width)
+    b = targets.build("tiled", "sm_90", head_dim, "bfloat16", False, masked, attn_mask=True)
+    assert b.metadata["shared"] <= min(SMEM_LIMIT, configs.tiled_smem(masked, width, width, True)), (masked, b.metadata)
+    assert targets.build("tiled", "sm_90", head_dim, "bfloat16", False, config).metadata["shared"] <= \
+        configs.tiled_smem(config, width, width, False)
 
 
 @pytest.mark.parametrize("variant,head_dim,rows", [("tiled", 128, 0), ("tiled", 256, 64), ("tiled", 256, 16),

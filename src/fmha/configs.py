@@ -265,13 +265,22 @@ def tiled_config(arch: str, head_dim: int, fp8: bool = False) -> KernelConfig:
     raise ValueError(f"no tiled config for arch={arch!r}, head_dim={head_dim}")
 
 
-def with_attn_mask(cfg: KernelConfig) -> KernelConfig:
-    """A ``tiled`` config beside an attn_mask, whose tiles (block_m x block_n bytes a stage) take shared memory
-    too: at 128 x 128 tiles three stages need 256 KB with them (sm_90 build: 224 KB without), past the H200's
-    227, so they take two (192 KB)."""
-    if cfg.block_m * cfg.block_n >= 128 * 128 and cfg.num_stages > 2:
-        return replace(cfg, num_stages=2)
+def with_attn_mask(cfg: KernelConfig, block_d: int, block_dv: int, limit: int = 232448) -> KernelConfig:
+    """A ``tiled`` config beside an attn_mask, whose scores take shared memory too, in as many stages as fit
+    ``limit`` bytes (sm_90's 227 KB), counted as :func:`tiled_smem` counts them: 128 x 128 tiles at head_dim 128
+    take two stages (three asked for 256 KB), 64 x 64 at 256 (a split's) two (three asked for 240 KB)."""
+    while cfg.num_stages > 1 and tiled_smem(cfg, block_d, block_dv, True) > limit:
+        cfg = replace(cfg, num_stages=cfg.num_stages - 1)
     return cfg
+
+
+def tiled_smem(cfg: KernelConfig, block_d: int, block_dv: int, attn_mask: bool) -> int:
+    """Shared memory ``tiled`` may take, 16-bit tiles ``block_d`` (q/k) and ``block_dv`` (V) wide: K and V a stage,
+    Q's tile, beside an attn_mask 4 bytes a score, and 1 KB for barriers.  sm_90 builds took exactly the tiles
+    (224 KB at 128 x 128, D=128, three stages), and 1-4 bytes a score more beside a mask (256 KB there; 240 KB at 64
+    x 64, D=256, three stages)."""
+    tiles = cfg.num_stages * cfg.block_n * (block_d + block_dv) * 2 + cfg.block_m * block_d * 2
+    return tiles + (cfg.block_m * cfg.block_n * 4 if attn_mask else 0) + 1024
 
 
 def default_config(variant: str, arch: str, head_dim: int, causal: bool = False, seqlen_k: int = 0,

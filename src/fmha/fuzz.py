@@ -28,7 +28,7 @@ import warnings
 
 import torch
 
-from . import configs, verify
+from . import configs, plan, verify
 from .api import attention, attention_paged, attention_varlen
 from .checks import HEAD_DIMS, TUNED_HEAD_DIMS
 from .kernels.hopper.resources import padded
@@ -147,7 +147,8 @@ def draw(rng: random.Random, on_gpu: bool, hopper: bool) -> Problem:
     elif p.entry == "attention" and own.random() < 0.2:
         p = dataclasses.replace(p, attn_mask=True)
     if p.attn_mask and p.config:  # the table's row as the plan takes it beside a mask (its tiles take shared memory)
-        p = dataclasses.replace(p, config=configs.with_attn_mask(configs.KernelConfig(**p.config)).as_dict())
+        widths = plan.v_tile(p.head_dim, p.head_dim), plan.v_tile(p.head_dim, p.head_dim_v or p.head_dim)
+        p = dataclasses.replace(p, config=configs.with_attn_mask(configs.KernelConfig(**p.config), *widths).as_dict())
     return p
 
 

@@ -209,13 +209,13 @@ def plan(prob: Problem, q, k, v, o, layout: str, variant: str, config, alibi_slo
         if cfg.tma and (kernels.unsupported(name, cfg, prob, q, k, v, o, layout) or prob.fp8 and config is None):
             cfg = dataclasses.replace(cfg, tma=0)
     if prob.attn_mask:
-        masked = configs.with_attn_mask(cfg)
+        masked = configs.with_attn_mask(cfg, prob.block_d, prob.block_dv)
         if config is None:
             cfg = masked
         elif masked != cfg and arch == "sm90":  # the caller's config would die in Triton's compiler, unexplained
             raise ValueError(f"variant {name!r} cannot take this call: config {cfg} beside an attn_mask asks for "
-                             "more shared memory than sm_90 has (the mask's tiles take block_m x block_n bytes a "
-                             f"stage); num_stages={masked.num_stages} fits")
+                             "more shared memory than sm_90 has (K's and V's tiles a stage, Q's, and the mask's "
+                             f"scores); num_stages={masked.num_stages} fits")
     return Plan(name, cfg, prob, split_len, splits)
 
 
