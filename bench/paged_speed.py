@@ -15,6 +15,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import fmha
 from fmha.bench import ledger
 from fmha.bench.flops import attention_flops
+from fmha.bench.report import cell_lines, measured
 from fmha.bench.timing import graph_median_ms
 
 PAGE = 256
@@ -69,25 +70,16 @@ def main():
                     "sdpa:flash": sdpa(SDPBackend.FLASH_ATTENTION),
                 }
                 ref = fmha.attention(q, k, v, causal=causal, causal_align="bottom_right", variant="tiled").float()
-                results = {}
-                for name, fn in provs.items():
-                    try:
-                        err = float(((fn().float() - ref).norm() / ref.norm()))
-                        results[name] = (min(graph_median_ms(fn), graph_median_ms(fn)), err)
-                    except Exception as e:  # noqa: BLE001 -- a backend that refuses the call is reported
-                        results[name] = (None, f"{type(e).__name__}: {' '.join(str(e).split())}"[:90])
-                peers = [ms for n, (ms, _) in results.items() if ms is not None and n.startswith("sdpa")]
-                best = min(peers) if peers else None
-                for name, (ms, err) in results.items():
-                    if ms is None:
-                        print(f"{heads}/{kv_heads:<3} {d:>4} {sk:>6} {causal:>6} {name:<14} skipped: {err}")
-                        continue
-                    ratio = best / ms if best else float("nan")
-                    print(f"{heads}/{kv_heads:<3} {d:>4} {sk:>6} {causal:>6} {name:<14} {ms:>8.3f} "
-                          f"{flops / ms / 1e9:>8.1f} {ratio:>11.3f} {err:>8.1e}", flush=True)
+
+                def one(name, fn):
+                    err = float(((fn().float() - ref).norm() / ref.norm()))
+                    return min(graph_median_ms(fn), graph_median_ms(fn)), err
+                label = f"{heads}/{kv_heads:<3} {d:>4} {sk:>6} {causal:>6}"
+                for name, ms, tflops, ratio, err in cell_lines(label, measured(provs, one), flops,
+                                                               lambda n: n.startswith("sdpa"), width=14):
                     rows.append(dict(env, provider=name, config="library default", dtype="bfloat16", batch=b,
                                      heads=heads, kv_heads=kv_heads, seqlen_q=sq, seqlen_k=sk, head_dim=d,
-                                     causal=int(causal), ms=ms, tflops=flops / ms / 1e9, ratio_best_peer=ratio,
+                                     causal=int(causal), ms=ms, tflops=tflops, ratio_best_peer=ratio,
                                      error=err, features="paged",
                                      note=f"pages of {PAGE} keys, shuffled; bottom-right; peers on the contiguous "
                                           "cache (gather not counted), cuda graph"))

@@ -28,6 +28,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import fmha
 from fmha.bench import ledger
 from fmha.bench.providers import entry, triton_backward
+from fmha.bench.report import cell_lines, measured
 from fmha.bench.timing import median_ms
 
 CELLS = [(16, 16, 128), (32, 32, 64), (32, 8, 128)]  # (heads, kv_heads, head_dim)
@@ -133,35 +134,13 @@ def run_backward(args, lens, cu, total, longest, rows):
             report(args, rows, results, lens, total, longest, heads, kv_heads, d, causal, flops, "bwd")
 
 
-def measured(named, one):
-    """name -> (ms, error) by ``one(name, fn)``, or (None, why): the reason a provider gave instead of a callable,
-    or the exception with which a backend refused the call."""
-    results = {}
-    for name, fn in named.items():
-        if isinstance(fn, str):
-            results[name] = (None, fn)
-            continue
-        try:
-            results[name] = one(name, fn)
-        except Exception as e:  # noqa: BLE001 -- a backend that refuses the call is reported
-            results[name] = (None, f"{type(e).__name__}: {e}"[:100])
-    return results
-
-
 def report(args, rows, results, lens, total, longest, heads, kv_heads, d, causal, flops, pass_):
     """Print a cell's rows and keep them for the ledger."""
-    peers = [ms for name, (ms, _) in results.items() if ms is not None and not name.startswith("fmha")]
-    best = min(peers) if peers else None
-    for name, (ms, err) in results.items():
-        if ms is None:
-            print(f"{heads}/{kv_heads:<3} {d:>4} {causal:>6} {name:<28} skipped: {err}")
-            continue
-        ratio = best / ms if best else float("nan")
-        print(f"{heads}/{kv_heads:<3} {d:>4} {causal:>6} {name:<28} {ms:>8.3f} {flops / ms / 1e9:>8.1f} "
-              f"{ratio:>11.3f} {err:>8.1e}", flush=True)
+    label = f"{heads}/{kv_heads:<3} {d:>4} {causal:>6}"
+    for name, ms, tflops, ratio, err in cell_lines(label, results, flops, lambda n: not n.startswith("fmha")):
         rows.append(dict(ledger.environment("cuda"), provider=name, config="library default", dtype="bfloat16",
                          batch=len(lens), heads=heads, kv_heads=kv_heads, seqlen_q=longest, seqlen_k=longest,
-                         head_dim=d, causal=int(causal), ms=ms, tflops=flops / ms / 1e9, ratio_best_peer=ratio,
+                         head_dim=d, causal=int(causal), ms=ms, tflops=tflops, ratio_best_peer=ratio,
                          error=err, features="varlen", note=f"{len(lens)} packed sequences of "
                          + (f"{lens[0]} rows" if args.lengths != "random" else "128-4096 rows (seed 0)")
                          + f", {total} tokens", **{"pass": pass_}))

@@ -374,3 +374,24 @@ def test_run_tag_keeps_streams_of_one_second_apart(monkeypatch):
     assert plain["git_sha"] == tagged["git_sha"] == "abc1234"
     assert tagged["run_id"].endswith("-gpu1") and tagged["run_id"][:15].isascii()
     assert plain["run_id"] == plain["timestamp"][:19].replace("-", "").replace(":", "").replace("+", "")[:15]
+
+
+def test_a_bench_scripts_cell_ranks_against_its_peers_and_says_what_was_skipped(capsys):
+    """``report.measured`` and ``report.cell_lines`` (bench/varlen_speed.py's and bench/paged_speed.py's cells): each
+    provider timed by ``one``, a refusal's reason and a raised error kept as why it was skipped, the ratio taken
+    against the fastest peer only, the error printed beside it."""
+    def boom():
+        raise RuntimeError("no  kernel\nfor this")
+    named = {"fmha:auto": lambda: 2.0, "sdpa:flash": lambda: 4.0, "sdpa:cudnn": lambda: 3.0,
+             "flash_attn": "not installed", "sdpa:math": boom}
+    results = report.measured(named, lambda name, fn: (fn(), 1e-3))
+    assert results["flash_attn"] == (None, "not installed")
+    assert results["sdpa:math"] == (None, "RuntimeError: no kernel for this")
+    timed = report.cell_lines("32/8   128", results, 6e9, lambda n: n.startswith("sdpa"), width=12)
+    assert [(n, ms, round(tf, 3), round(r, 3)) for n, ms, tf, r, _ in timed] == [
+        ("fmha:auto", 2.0, 3.0, 1.5), ("sdpa:flash", 4.0, 1.5, 0.75), ("sdpa:cudnn", 3.0, 2.0, 1.0)]
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["32/8", "128", "fmha:auto", "2.000", "3.0", "1.500", "1.0e-03"]
+    assert lines[3] == "32/8   128 flash_attn   skipped: not installed"
+    assert lines[4].endswith("skipped: RuntimeError: no kernel for this")
+    assert np.isnan(report.cell_lines("x", {"fmha:auto": (1.0, 0.0)}, 1e9, lambda n: False)[0][3])  # no peer

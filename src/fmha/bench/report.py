@@ -59,3 +59,35 @@ def grid_table(rows: list[dict], focus: str = "fmha:auto", timing_means_nothing:
     if timing_means_nothing:
         out.append("CPU interpreter run: the times above mean nothing; only the errors do.")
     return "\n".join(out)
+
+
+def measured(named: dict, one) -> dict:
+    """name -> (ms, error) by ``one(name, fn)`` for each named callable, or (None, why): the reason a provider gave
+    instead of a callable, or the exception with which a backend refused the call (a bench script's cells)."""
+    results = {}
+    for name, fn in named.items():
+        if isinstance(fn, str):
+            results[name] = (None, fn)
+            continue
+        try:
+            results[name] = one(name, fn)
+        except Exception as e:  # noqa: BLE001 -- a backend that refuses the call is reported
+            results[name] = (None, f"{type(e).__name__}: {' '.join(str(e).split())}"[:100])
+    return results
+
+
+def cell_lines(label: str, results: dict, flops: float, is_peer, width: int = 28) -> list[tuple]:
+    """Print one cell's line per provider of :func:`measured`'s ``results`` after ``label``: ms, TFLOP/s, the
+    fastest peer's time over its own (``is_peer(name)``), error, or why it was skipped.  Returns ``(name, ms,
+    TFLOP/s, ratio, error)`` of those timed, for the ledger's rows."""
+    peers = [ms for name, (ms, _) in results.items() if ms is not None and is_peer(name)]
+    best = min(peers) if peers else None
+    timed = []
+    for name, (ms, err) in results.items():
+        if ms is None:
+            print(f"{label} {name:<{width}} skipped: {err}")
+            continue
+        ratio = best / ms if best else float("nan")
+        print(f"{label} {name:<{width}} {ms:>8.3f} {flops / ms / 1e9:>8.1f} {ratio:>11.3f} {err:>8.1e}", flush=True)
+        timed.append((name, ms, flops / ms / 1e9, ratio, err))
+    return timed
