@@ -85,8 +85,9 @@ def _table_configs(variant: str, head_dim: int, causal: bool, head_dim_v: int = 
         if head_dim == 96 and not causal:  # long dense calls at 96: their own row
             rows.append(configs.HOPPER_96_LONG.as_dict())
         return rows
-    if variant == "tiled":
-        return [cfg.as_dict() for arch, max_d, cfg in configs.TILED if arch == "sm90" and head_dim <= max_d]
+    if variant == "tiled":  # every chip's rows (a caller may pass any): one stage, 8 and 16 warps among them
+        rows = dict.fromkeys(cfg for arch, max_d, cfg in configs.TILED if arch != "interpreter" and head_dim <= max_d)
+        return [cfg.as_dict() for cfg in rows]
     return []
 
 
