@@ -199,3 +199,25 @@ def test_only_tiled_takes_the_decode_table_on_a_split(monkeypatch):
         p = plan.plan(prob, q, k, v, q, "bhsd", variant, None, None, 4)
         own = configs.default_config(variant, "sm90", 256, True, 1257, False, per_sequence=False, seqlen_q=1074)
         assert p.config == own and p.split_len, (variant, p.config)
+
+
+@pytest.mark.parametrize("shared,head_dim,sq,sk,stages", [
+    (101376, 128, 1, 16384, 2),   # sm_86 / sm_89: the 128-key tiles from 8k keys took 136 KB in three stages
+    (101376, 256, 1, 4096, 2),    # 138 KB in three
+    (101376, 256, 16, 4096, 1),   # 64 rows (16 queries of 4 heads a KV head): 104 KB in two
+    (166912, 256, 16, 4096, 2),   # an A100: 168 KB in three
+    (166912, 128, 1, 16384, 3)])  # fits as it is
+def test_a_decode_takes_the_stages_its_gpu_holds(monkeypatch, shared, head_dim, sq, sk, stages):
+    """On a GPU other than sm_90 the decode table's tiles take as many stages as its shared memory holds
+    (:func:`fmha.configs.fit_shared`): three asked an A100 or an sm_89 for more than it has, which Triton refuses
+    at the launch."""
+    from fmha import plan
+    monkeypatch.setattr(plan, "arch_of", lambda device: "sm80")
+    monkeypatch.setattr(plan, "_shared", lambda device, arch: (8, shared))
+    monkeypatch.setattr(plan, "device_facts", lambda index: (8, 108))
+    monkeypatch.setattr(plan, "index_of", lambda device: 0)
+    q = torch.zeros(1, 16, sq, head_dim, dtype=torch.bfloat16)
+    k = v = torch.zeros(1, 4, sk, head_dim, dtype=torch.bfloat16)
+    prob = plan.problem(*plan.sizes(q, k, "bhsd"), causal=False, scale=None)
+    p = plan.plan(prob, q, k, v, q, "bhsd", "tiled", None, None, 0)
+    assert p.split_len and p.config.num_stages == stages, p.config

@@ -57,7 +57,7 @@ def test_problems_with_a_narrower_v_pass():
 
 def test_a_masked_problem_draws_the_config_the_plan_takes():
     """A problem with an attn_mask and a table row draws the row as the plan takes it beside a mask
-    (``configs.with_attn_mask``: ``tiled``'s 128 x 128 row in two stages), not the row itself, whose three stages
+    (``configs.fit_shared``: ``tiled``'s 128 x 128 row in two stages), not the row itself, whose three stages
     with the mask's tiles would not fit sm_90 (the plan refuses a caller's config there)."""
     drawn = [fuzz.draw(random.Random(s), True, True) for s in range(3000)]
     masked = [p for p in drawn if p.attn_mask and p.config]
@@ -65,7 +65,7 @@ def test_a_masked_problem_draws_the_config_the_plan_takes():
     for p in masked:
         cfg = fmha.KernelConfig(**p.config)
         widths = fmha.plan.v_tile(p.head_dim, p.head_dim), fmha.plan.v_tile(p.head_dim, p.head_dim_v or p.head_dim)
-        assert configs.with_attn_mask(cfg, *widths) == cfg, p
+        assert configs.fit_shared(cfg, *widths, True) == cfg, p
 
 
 def test_problems_with_an_attn_mask_pass_and_a_dropped_mask_is_caught(monkeypatch):

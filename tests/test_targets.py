@@ -707,20 +707,30 @@ def test_amd_decoding_fits_a_workgroups_lds(target, head_dim, rows):
     assert r.spilled_registers == 0, (cfg, r.spilled_registers)
 
 
-@pytest.mark.parametrize("head_dim,rows", [(64, 0), (128, 0), (256, 0), (128, 1), (256, 16), (256, 64), (96, 64)])
-def test_tiled_with_an_attn_mask_fits_shared_memory(head_dim, rows):
-    """An attn_mask's scores take shared memory beside K's and V's: the plan's ``tiled`` configs with one
-    (``configs.with_attn_mask``: three stages of 128 x 128 tiles at D=128 asked for 256 KB, a split's three of 64 x 64
-    at 256, 64 query rows or more, 240 KB) fit sm_90's, within what :func:`fmha.configs.tiled_smem` counts."""
+H200, A100, SM89 = 232448, 166912, 101376  # bytes of shared memory a block may take
+
+
+@pytest.mark.parametrize("target,limit,head_dim,rows,seqlen_k,mask", [
+    ("sm_90", H200, 64, 0, 4096, True), ("sm_90", H200, 128, 0, 4096, True), ("sm_90", H200, 256, 0, 4096, True),
+    ("sm_90", H200, 128, 1, 4096, True), ("sm_90", H200, 256, 16, 4096, True), ("sm_90", H200, 256, 64, 4096, True),
+    ("sm_90", H200, 96, 64, 4096, True), ("sm_80", A100, 256, 64, 4096, False), ("sm_80", A100, 128, 0, 4096, True),
+    ("sm_80", SM89, 128, 16, 16384, False), ("sm_80", SM89, 256, 16, 4096, False),
+    ("sm_80", SM89, 256, 64, 4096, False)])
+def test_tiled_fits_the_shared_memory_of_its_gpu(target, limit, head_dim, rows, seqlen_k, mask):
+    """The plan's ``tiled`` configs take as many stages as fit the GPU's shared memory
+    (:func:`fmha.configs.fit_shared`), counted by :func:`fmha.configs.tiled_smem`, which holds what Triton's build
+    takes: on sm_90 beside an attn_mask (three stages of 128 x 128 tiles at D=128 asked for 256 KB, a split's three of
+    64 x 64 at 256 240 KB); on an A100 (163 KB) a split's 64 x 64 tiles at 256 (168 KB in three); on sm_86 / sm_89
+    (99 KB) a decode's 128-key tiles at 128 from 8k keys (136 KB) and its 64-key ones at 256 (138 KB; 104 KB in two
+    stages for 64 query rows, so one)."""
     from fmha import configs
-    from fmha.kernels.hopper.resources import SMEM_LIMIT
-    config = configs.decode_config(rows, 4096, head_dim, "sm90") if rows else configs.tiled_config("sm90", head_dim)
+    arch, major = target.replace("_", ""), int(target[3])
+    config = (configs.decode_config(rows, seqlen_k, head_dim, arch) if rows
+              else configs.tiled_config(arch, head_dim))
     width = max(16, 1 << (head_dim - 1).bit_length())
-    masked = configs.with_attn_mask(config, width, width)
-    b = targets.build("tiled", "sm_90", head_dim, "bfloat16", False, masked, attn_mask=True)
-    assert b.metadata["shared"] <= min(SMEM_LIMIT, configs.tiled_smem(masked, width, width, True)), (masked, b.metadata)
-    assert targets.build("tiled", "sm_90", head_dim, "bfloat16", False, config).metadata["shared"] <= \
-        configs.tiled_smem(config, width, width, False)
+    fitted = configs.fit_shared(config, width, width, mask, limit, major)
+    took = targets.build("tiled", target, head_dim, "bfloat16", False, fitted, attn_mask=mask).metadata["shared"]
+    assert took <= configs.tiled_smem(fitted, width, width, mask, major) <= limit, (fitted, took)
 
 
 @pytest.mark.parametrize("variant,head_dim,rows", [("tiled", 128, 0), ("tiled", 256, 64), ("tiled", 256, 16),

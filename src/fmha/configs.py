@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from .kernels.hopper.resources import SPLIT_QK_DIM, padded
+from .kernels.hopper.resources import SMEM_LIMIT, SPLIT_QK_DIM, padded
 
 
 @dataclass(frozen=True)
@@ -265,22 +265,30 @@ def tiled_config(arch: str, head_dim: int, fp8: bool = False) -> KernelConfig:
     raise ValueError(f"no tiled config for arch={arch!r}, head_dim={head_dim}")
 
 
-def with_attn_mask(cfg: KernelConfig, block_d: int, block_dv: int, limit: int = 232448) -> KernelConfig:
-    """A ``tiled`` config beside an attn_mask, whose scores take shared memory too, in as many stages as fit
-    ``limit`` bytes (sm_90's 227 KB), counted as :func:`tiled_smem` counts them: 128 x 128 tiles at head_dim 128
-    take two stages (three asked for 256 KB), 64 x 64 at 256 (a split's) two (three asked for 240 KB)."""
-    while cfg.num_stages > 1 and tiled_smem(cfg, block_d, block_dv, True) > limit:
+def fit_shared(cfg: KernelConfig, block_d: int, block_dv: int, attn_mask: bool, limit: int = SMEM_LIMIT,
+               major: int = 9) -> KernelConfig:
+    """A ``tiled`` config in as many stages as fit ``limit`` bytes of shared memory on a GPU of compute capability
+    ``major``, counted as :func:`tiled_smem` counts them.  On sm_90 beside an attn_mask: 128 x 128 tiles at head_dim
+    128 take two stages (three asked for 256 KB), a split's 64 x 64 at 256 two (240 KB); on an A100 (163 KB) a split's
+    64 x 64 at 256 two (168 KB in three); on sm_86 / sm_89 (99 KB) a decode's 128-key tiles at 128 two (136 KB)."""
+    while cfg.num_stages > 1 and tiled_smem(cfg, block_d, block_dv, attn_mask, major) > limit:
         cfg = replace(cfg, num_stages=cfg.num_stages - 1)
     return cfg
 
 
-def tiled_smem(cfg: KernelConfig, block_d: int, block_dv: int, attn_mask: bool) -> int:
-    """Shared memory ``tiled`` may take, 16-bit tiles ``block_d`` (q/k) and ``block_dv`` (V) wide: K and V a stage,
-    Q's tile, beside an attn_mask 4 bytes a score, and 1 KB for barriers.  sm_90 builds took exactly the tiles
-    (224 KB at 128 x 128, D=128, three stages), and 1-4 bytes a score more beside a mask (256 KB there; 240 KB at 64
-    x 64, D=256, three stages)."""
-    tiles = cfg.num_stages * cfg.block_n * (block_d + block_dv) * 2 + cfg.block_m * block_d * 2
-    return tiles + (cfg.block_m * cfg.block_n * 4 if attn_mask else 0) + 1024
+def tiled_smem(cfg: KernelConfig, block_d: int, block_dv: int, attn_mask: bool, major: int = 9) -> int:
+    """Shared memory ``tiled`` may take, 16-bit tiles ``block_d`` (q/k) and ``block_dv`` (V) wide, as Triton's builds
+    took it: on sm_90 ``num_stages`` K/V tiles and Q's (224 KB at 128 x 128, D=128, three stages) and beside an
+    attn_mask up to 4 bytes a score more (256 KB there); on sm_80 ``num_stages - 1`` K/V tiles (one stage: K's tile
+    once, for its layout) and Q's, and a scratch of up to 8 KB that the mask's up to 4 bytes a score share (168 KB at
+    64 x 64, D=256, three stages; 72 KB in one); and 1 KB for barriers."""
+    if major >= 9:
+        kv = cfg.num_stages * (block_d + block_dv)
+    else:
+        kv = (cfg.num_stages - 1) * (block_d + block_dv) or block_d
+    scores = cfg.block_m * cfg.block_n * 4 if attn_mask else 0
+    scratch = scores if major >= 9 else max(8192, scores)
+    return kv * cfg.block_n * 2 + cfg.block_m * block_d * 2 + scratch + 1024
 
 
 def default_config(variant: str, arch: str, head_dim: int, causal: bool = False, seqlen_k: int = 0,

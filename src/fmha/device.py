@@ -22,6 +22,13 @@ def device_facts(index: int) -> tuple[int, int]:
 
 
 @functools.lru_cache(maxsize=None)
+def shared_limit(index: int) -> int:
+    """The shared memory one block of CUDA device ``index`` may take, in bytes (227 KB on sm_90, 163 KB on an A100,
+    99 KB on sm_86 and sm_89)."""
+    return torch.cuda.get_device_properties(index).shared_memory_per_block_optin
+
+
+@functools.lru_cache(maxsize=None)
 def l2_bytes(index: int) -> int:
     """The L2 cache's size of CUDA device ``index``, in bytes."""
     return torch.cuda.get_device_properties(index).L2_cache_size

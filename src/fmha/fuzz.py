@@ -149,7 +149,7 @@ def draw(rng: random.Random, on_gpu: bool, hopper: bool) -> Problem:
         p = dataclasses.replace(p, attn_mask=True)
     if p.attn_mask and p.config:  # the table's row as the plan takes it beside a mask (its tiles take shared memory)
         widths = plan.v_tile(p.head_dim, p.head_dim), plan.v_tile(p.head_dim, p.head_dim_v or p.head_dim)
-        p = dataclasses.replace(p, config=configs.with_attn_mask(configs.KernelConfig(**p.config), *widths).as_dict())
+        p = dataclasses.replace(p, config=configs.fit_shared(configs.KernelConfig(**p.config), *widths, True).as_dict())
     return p
 
 

@@ -9,7 +9,7 @@ import torch
 
 from . import configs
 from .constants import LOG2E
-from .device import arch_of, device_facts, index_of
+from .device import arch_of, device_facts, index_of, shared_limit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,15 +208,25 @@ def plan(prob: Problem, q, k, v, o, layout: str, variant: str, config, alibi_slo
         # pointer on the H200 (bench/fp8_speed.py), so they take it only when the caller's config asks
         if cfg.tma and (kernels.unsupported(name, cfg, prob, q, k, v, o, layout) or prob.fp8 and config is None):
             cfg = dataclasses.replace(cfg, tma=0)
-    if prob.attn_mask:
-        masked = configs.with_attn_mask(cfg, prob.block_d, prob.block_dv)
+    if name == "tiled" and arch in ("sm90", "sm80"):
+        major, limit = _shared(q.device, arch)
+        fitted = configs.fit_shared(cfg, prob.block_d, prob.block_dv, prob.attn_mask, limit, major)
         if config is None:
-            cfg = masked
-        elif masked != cfg and arch == "sm90":  # the caller's config would die in Triton's compiler, unexplained
-            raise ValueError(f"variant {name!r} cannot take this call: config {cfg} beside an attn_mask asks for "
-                             "more shared memory than sm_90 has (K's and V's tiles a stage, Q's, and the mask's "
-                             f"scores); num_stages={masked.num_stages} fits")
+            cfg = fitted
+        elif fitted != cfg:  # the caller's config would die in Triton's compiler or at the launch
+            raise ValueError(f"variant {name!r} cannot take this call: config {cfg} asks for more shared memory than "
+                             f"this GPU has ({limit >> 10} KB: K's and V's tiles a stage, Q's"
+                             f"{', the mask' + chr(39) + 's scores' if prob.attn_mask else ''}); "
+                             f"num_stages={fitted.num_stages} fits")
     return Plan(name, cfg, prob, split_len, splits)
+
+
+def _shared(device: torch.device, arch: str) -> tuple[int, int]:
+    """(compute capability major, shared memory a block may take) of ``device``; off a GPU, ``arch``'s own (sm90:
+    an H200's, sm80: an A100's)."""
+    if device.type == "cuda":
+        return device_facts(index_of(device))[0], shared_limit(index_of(device))
+    return (9, configs.SMEM_LIMIT) if arch == "sm90" else (8, 166912)
 
 
 def describe(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
