@@ -59,6 +59,23 @@ def test_amd_tiles_have_the_reference_gradients(monkeypatch, family, head_dim, c
     check_grads(grads, q, k, v, do, causal, "bottom_right", "bhsd")
 
 
+@pytest.mark.parametrize("shared,head_dim,causal,deterministic", [
+    (101376, 256, True, False), (101376, 256, False, True), (166912, 256, True, False), (101376, 128, True, False)])
+def test_small_shared_memory_tiles_have_the_reference_gradients(monkeypatch, shared, head_dim, causal, deterministic):
+    """The NVIDIA tiles of a GPU with less shared memory than sm_90's (:data:`fmha.backward.SMALL_SHARED`: 32 x 32
+    past head_dim 128, dQ in its own kernel; 64 x 64 dQ tiles at 128 under 105 KB), run by the interpreter on the CPU
+    and compiled on a GPU: the walks over ragged ends and the causal band hold for them."""
+    monkeypatch.setattr(backward, "family_of", lambda device: "nvidia")
+    monkeypatch.setattr(backward, "_shared", lambda device: shared)
+    q, k, v = leaves(*make_qkv(1, 2, 1, 37, 45, head_dim, torch.bfloat16, "bhsd", seed=head_dim))
+    o = fmha.attention(q, k, v, causal=causal, causal_align="bottom_right", deterministic=deterministic)
+    grads, do = grads_of(o, (q, k, v), seed=1)
+    check_grads(grads, q, k, v, do, causal, "bottom_right", "bhsd")
+    small = backward.SMALL_SHARED[256 if head_dim > 128 else 128][1]
+    assert f"dQ {small[0]}x{small[1]} warps={small[2]}" in backward.describe(q, k, v, causal=causal,
+                                                                             deterministic=deterministic)
+
+
 def test_describe_names_the_backward_that_runs(monkeypatch):
     """:func:`fmha.backward.describe` says which backward runs and with which tiles, as :func:`fmha.backward.dense`
     picks them: the table's tiles (AMD's here, the family patched), dQ from its own kernel when deterministic."""

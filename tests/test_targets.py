@@ -760,3 +760,14 @@ def test_hopper_backward_builds_for_packed_sequences(head_dim, deterministic):
     usage = targets.ptxas_usage(ptx, 90)
     assert usage["spill_stores"] <= (192 if head_dim == 64 else 512), usage
     assert not usage["serialized"], "ptxas waits for each wgmma before the next"
+
+
+@pytest.mark.parametrize("shared,head_dim,deterministic,mask", [
+    (A100, 256, False, False), (A100, 256, True, True), (A100, 128, False, True), (SM89, 256, False, True),
+    (SM89, 256, True, False), (SM89, 128, False, True), (SM89, 64, True, True)])
+def test_the_backwards_kernels_fit_the_shared_memory_of_their_gpu(shared, head_dim, deterministic, mask):
+    """The portable backward's kernels on a GPU with less shared memory than sm_90's take tiles that fit it
+    (:data:`fmha.backward.SMALL_SHARED`): the H200's took 168 KB past head_dim 128 (an A100 has 163) and its dQ kernel
+    104 KB at 128 beside a mask (sm_86 and sm_89 have 99)."""
+    for b in targets.build_backward_kernels("sm_80", head_dim, "bfloat16", True, deterministic, mask, shared=shared):
+        assert b.metadata["shared"] <= shared, (b.variant, b.config, b.metadata["shared"])

@@ -10,7 +10,8 @@ import triton
 
 from . import plan as planning
 from . import replay
-from .device import family_of, interpreting, on
+from .device import family_of, index_of, interpreting, on, shared_limit
+from .kernels.hopper.resources import SMEM_LIMIT
 from .kernels import mask_args, strides_bhsd
 from .kernels import backward as kernels
 from .sinks import grad as sink_grad
@@ -20,15 +21,18 @@ def _t(block_m, block_n, warps, stages, chunks=0) -> dict:
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages, QK_CHUNKS=chunks)
 
 
-def tiles(head_dim: int, causal: bool, deterministic: bool, family: str = "nvidia") -> tuple[dict, dict | None]:
+def tiles(head_dim: int, causal: bool, deterministic: bool, family: str = "nvidia",
+          shared: int = SMEM_LIMIT) -> tuple[dict, dict | None]:
     """Tiles, warps and stages of ``(dkdv_kernel, dq_kernel)``; ``None`` for the second: dQ added
-    atomically by the first.  ``head_dim``: the larger of q/k's and v's; ``family``: :func:`fmha.device.family_of`.
+    atomically by the first.  ``head_dim``: the larger of q/k's and v's; ``family``: :func:`fmha.device.family_of`;
+    ``shared``: the bytes of shared memory a block of the GPU may take (:func:`fmha.device.shared_limit`).
 
     NVIDIA, not ``deterministic``: the faster dQ of bench/backward_tiles.py's sweep on the H200 (ledger): the dQ
     kernel at head_dim 128 (atomics cost more than its two recomputed matmuls), atomics for causal
-    head_dim <= 64 and past 128.  AMD: the largest tiles whose builds keep every value in registers
-    (:data:`AMD_TILES`), the same choice of dQ where the atomic build spills no more.  Under the interpreter,
-    atomics whenever allowed (the CPU tests cover both)."""
+    head_dim <= 64 and past 128.  A GPU with less shared memory than sm_90's (an A100's 163 KB, sm_86 and sm_89's
+    99 KB) takes smaller tiles where the H200's would not fit (:data:`SMALL_SHARED`).  AMD: the largest tiles whose
+    builds keep every value in registers (:data:`AMD_TILES`), the same choice of dQ where the atomic build spills no
+    more.  Under the interpreter, atomics whenever allowed (the CPU tests cover both)."""
     if family == "interpreter":
         small = _t(16, 16, 4, 1)
         return small, small if deterministic else None
@@ -40,11 +44,23 @@ def tiles(head_dim: int, causal: bool, deterministic: bool, family: str = "nvidi
     if head_dim <= 64:
         atomic = causal and not deterministic
         return _t(64, 64, 4, 3), None if atomic else _t(128, 64, 8, 2)
+    needs, small = SMALL_SHARED[128 if head_dim <= 128 else 256]
     if head_dim <= 128:
-        return _t(64, 64, 4, 2), _t(128, 64, 8, 2)
+        return _t(64, 64, 4, 2), _t(128, 64, 8, 2) if shared >= needs else _t(*small)
+    if shared < needs:
+        return _t(*small), _t(*small)
     if deterministic:
         return _t(32, 64, 4, 1), _t(64, 32, 4, 2)
     return _t(64, 64, 8, 1), None
+
+
+# NVIDIA GPUs whose blocks take less shared memory than sm_90's: per head dim up to 128 and 256, (the bytes a block
+# must take for the H200's tiles, as sm_80 builds took them; the tiles, (BLOCK_M, BLOCK_N, warps, stages), of the
+# kernels that take their place below that).  At 128 the dQ kernel's 128 x 64 tiles took 104 KB beside an attn_mask
+# (sm_86 and sm_89 have 99): 64 x 64 take 72 KB.  Past 128 the H200's tiles took 168 KB (the dK/dV kernel adding dQ
+# atomically; an A100 has 163) or 100 KB and spilled 2.9 KB of registers (deterministic): 32 x 32 tiles in one stage
+# take 66 KB in both kernels, dQ apart, with at most 6 registers spilled.  Read from builds, not timed on those GPUs.
+SMALL_SHARED = {128: (107520, (64, 64, 8, 2)), 256: (SMEM_LIMIT, (32, 32, 4, 1))}
 
 
 # (BLOCK_M, BLOCK_N, warps) of the dK/dV kernel, of the dK/dV kernel adding dQ atomically (None: it spills
@@ -110,7 +126,12 @@ def packed(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
 def _tables(q) -> tuple:
     """What picks a backward's kernels besides its kind (:mod:`fmha.replay`'s key): the tile tables in force and
     the device's family."""
-    return id(GLUON_ROWS), id(GLUON_ROWS_DETERMINISTIC), family_of(q.device)
+    return id(GLUON_ROWS), id(GLUON_ROWS_DETERMINISTIC), family_of(q.device), _shared(q.device)
+
+
+def _shared(device: torch.device) -> int:
+    """The shared memory a block of ``device`` may take (sm_90's off a CUDA GPU: the interpreter's tiles ignore it)."""
+    return shared_limit(index_of(device)) if device.type == "cuda" and not torch.version.hip else SMEM_LIMIT
 
 
 def _zeros(shape, dtype, device) -> torch.Tensor:
@@ -167,7 +188,8 @@ def describe(q, k, v, *, causal: bool = False, layout: str = "bhsd", determinist
         cut = hopper.tiles(hopper.tile_width(prob.head_dim), deterministic)
         return (f"hopper backward BLOCK_M={cut.rows} BLOCK_N={hopper.BLOCK_N.value} stages={hopper.STAGES.value} "
                 f"ds_bufs={cut.ds_bufs} rs={int(cut.rs)} dq_rows={cut.dq_rows} dq_cols={cut.dq_cols}{order}")
-    kv_tiles, q_tiles = tiles(max(prob.head_dim, prob.dv), prob.causal, deterministic, family_of(q.device))
+    kv_tiles, q_tiles = tiles(max(prob.head_dim, prob.dv), prob.causal, deterministic, family_of(q.device),
+                              _shared(q.device))
 
     def shape(t):
         chunks = f" qk_chunks={t['QK_CHUNKS']}" if t["QK_CHUNKS"] else ""
@@ -235,7 +257,8 @@ def _run(prob, do, q, k, v, o, lse, layout, alibi, seqs, rows, keys, sinks, dete
     if (kernel(prob, q, k, v, do, layout, alibi, deterministic, rows) == "hopper"
             and not (prob.varlen and sinks is not None)):
         return _hopper(prob, do, q, k, v, o, lse, dk, dv, layout, sinks, deterministic, seqs, rows, keys)
-    kv_tiles, q_tiles = tiles(max(prob.head_dim, prob.dv), prob.causal, deterministic, family_of(q.device))
+    kv_tiles, q_tiles = tiles(max(prob.head_dim, prob.dv), prob.causal, deterministic, family_of(q.device),
+                              _shared(q.device))
     atomic = q_tiles is None
     # atomically: a float32 dQ the key blocks add into, cast once at the end
     with on(q.device):

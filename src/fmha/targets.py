@@ -190,19 +190,23 @@ def family_of_target(target: str) -> str:
 
 
 def build_backward_kernels(target: str, head_dim: int, dtype: str = "bfloat16", causal: bool = False,
-                           deterministic: bool = False, attn_mask: bool = False) -> list["Build"]:
+                           deterministic: bool = False, attn_mask: bool = False, shared: int = 0) -> list["Build"]:
     """The portable backward's kernels (:mod:`fmha.kernels.backward`: dK/dV, and dQ unless the first adds it
     atomically) compiled for ``target`` without a GPU, with the tiles :func:`fmha.backward.tiles` picks
-    there; their ``variant`` is the kernel's name.  ``attn_mask``: built to read one (its keys one byte apart)."""
+    there; their ``variant`` is the kernel's name.  ``attn_mask``: built to read one (its keys one byte apart).
+    ``shared``: the bytes of shared memory a block may take, as a GPU of that target has them (0: the target's
+    SM's less 1 KB: an A100's for sm_80)."""
     from .backward import tiles
     from .kernels import backward as kernels
     _check_choice("target", target, list(TARGETS))
     _check_choice("dtype", dtype, ["float16", "bfloat16"])
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
-        return _build_elsewhere(target, head_dim, dtype, causal, deterministic, attn_mask,
+        return _build_elsewhere(target, head_dim, dtype, causal, deterministic, attn_mask, shared,
                                 builder="build_backward_kernels")
     chip = TARGETS[target]
-    kv_tiles, q_tiles = tiles(head_dim, causal, deterministic, family_of_target(target))
+    # a block's shared memory: an SM's less the 1 KB the driver keeps (an A100's 163 KB for sm_80)
+    kv_tiles, q_tiles = tiles(head_dim, causal, deterministic, family_of_target(target),
+                              shared or chip.shared_bytes - 1024)
     block_d = max(16, triton.next_power_of_2(head_dim))
     out = []
     for kernel, t in ((kernels.dkdv_kernel, kv_tiles), (kernels.dq_kernel, q_tiles)):
