@@ -24,8 +24,10 @@ def device_facts(index: int) -> tuple[int, int]:
 @functools.lru_cache(maxsize=None)
 def shared_limit(index: int) -> int:
     """The shared memory one block of CUDA device ``index`` may take, in bytes (227 KB on sm_90, 163 KB on an A100,
-    99 KB on sm_86 and sm_89)."""
-    return torch.cuda.get_device_properties(index).shared_memory_per_block_optin
+    99 KB on sm_86 and sm_89); where torch does not say, the figure of its compute capability."""
+    props = torch.cuda.get_device_properties(index)
+    known = 232448 if props.major >= 9 else 166912 if (props.major, props.minor) in ((8, 0), (8, 7)) else 101376
+    return getattr(props, "shared_memory_per_block_optin", None) or known
 
 
 @functools.lru_cache(maxsize=None)
