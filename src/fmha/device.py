@@ -26,8 +26,12 @@ def shared_limit(index: int) -> int:
     """The shared memory one block of CUDA device ``index`` may take, in bytes (227 KB on sm_90, 163 KB on an A100,
     99 KB on sm_86 and sm_89); where torch does not say, the figure of its compute capability."""
     props = torch.cuda.get_device_properties(index)
-    known = 232448 if props.major >= 9 else 166912 if (props.major, props.minor) in ((8, 0), (8, 7)) else 101376
-    return getattr(props, "shared_memory_per_block_optin", None) or known
+    return getattr(props, "shared_memory_per_block_optin", None) or shared_of(props.major, props.minor)
+
+
+def shared_of(major: int, minor: int) -> int:
+    """The shared memory one block may take on NVIDIA GPUs of compute capability ``major.minor``, in bytes."""
+    return 232448 if major >= 9 else 166912 if (major, minor) in ((8, 0), (8, 7)) else 101376
 
 
 @functools.lru_cache(maxsize=None)

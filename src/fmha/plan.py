@@ -9,7 +9,7 @@ import torch
 
 from . import configs
 from .constants import LOG2E
-from .device import arch_of, device_facts, index_of, shared_limit
+from .device import arch_of, device_facts, index_of, shared_limit, shared_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,10 +214,9 @@ def plan(prob: Problem, q, k, v, o, layout: str, variant: str, config, alibi_slo
         if config is None:
             cfg = fitted
         elif fitted != cfg:  # the caller's config would die in Triton's compiler or at the launch
+            what = "K's and V's tiles a stage, Q's" + (", the mask's scores" if prob.attn_mask else "")
             raise ValueError(f"variant {name!r} cannot take this call: config {cfg} asks for more shared memory than "
-                             f"this GPU has ({limit >> 10} KB: K's and V's tiles a stage, Q's"
-                             f"{', the mask' + chr(39) + 's scores' if prob.attn_mask else ''}); "
-                             f"num_stages={fitted.num_stages} fits")
+                             f"this GPU has ({limit >> 10} KB: {what}); num_stages={fitted.num_stages} fits")
     return Plan(name, cfg, prob, split_len, splits)
 
 
@@ -226,7 +225,8 @@ def _shared(device: torch.device, arch: str) -> tuple[int, int]:
     an H200's, sm80: an A100's)."""
     if device.type == "cuda":
         return device_facts(index_of(device))[0], shared_limit(index_of(device))
-    return (9, configs.SMEM_LIMIT) if arch == "sm90" else (8, 166912)
+    major = 9 if arch == "sm90" else 8
+    return major, shared_of(major, 0)
 
 
 def describe(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
