@@ -8,6 +8,7 @@ import pytest
 from conftest import DEVICE
 import fmha
 from fmha import configs, fuzz
+from fmha.kernels.hopper.resources import padded
 
 
 def test_drawn_problems_pass_and_cover_the_patterns():
@@ -64,7 +65,7 @@ def test_a_masked_problem_draws_the_config_the_plan_takes():
     assert any(p.config["block_m"] * p.config["block_n"] >= 128 * 128 for p in masked)
     for p in masked:
         cfg = fmha.KernelConfig(**p.config)
-        widths = fmha.plan.v_tile(p.head_dim, p.head_dim), fmha.plan.v_tile(p.head_dim, p.head_dim_v or p.head_dim)
+        widths = padded(p.head_dim, 16), fmha.plan.v_tile(p.head_dim, p.head_dim_v or p.head_dim)
         assert configs.fit_shared(cfg, *widths, True) == cfg, p
 
 

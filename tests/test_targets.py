@@ -724,10 +724,11 @@ def test_tiled_fits_the_shared_memory_of_its_gpu(target, limit, head_dim, rows, 
     (99 KB) a decode's 128-key tiles at 128 from 8k keys (136 KB) and its 64-key ones at 256 (138 KB; 104 KB in two
     stages for 64 query rows, so one)."""
     from fmha import configs
+    from fmha.kernels.hopper.resources import padded
     arch, major = target.replace("_", ""), int(target[3])
     config = (configs.decode_config(rows, seqlen_k, head_dim, arch) if rows
               else configs.tiled_config(arch, head_dim))
-    width = max(16, 1 << (head_dim - 1).bit_length())
+    width = padded(head_dim, 16)
     fitted = configs.fit_shared(config, width, width, mask, limit, major)
     took = targets.build("tiled", target, head_dim, "bfloat16", False, fitted, attn_mask=mask).metadata["shared"]
     assert took <= configs.tiled_smem(fitted, width, width, mask, major) <= limit, (fitted, took)
