@@ -366,14 +366,14 @@ def test_later_backwards_replay_the_first(shape, causal, deterministic, monkeypa
 def test_what_the_hopper_backward_leaves_to_triton(monkeypatch):
     monkeypatch.setattr(backward, "GLUON_ROWS", RULE)
     monkeypatch.setattr(backward, "GLUON_ROWS_DETERMINISTIC", RULE_DETERMINISTIC)
-    for head_dim, rows in RULE.items():  # the walks too short to pay for a program's K/V and dK/dV
+    for (head_dim, causal), rows in RULE.items():  # the walks too short to pay for a program's K/V and dK/dV
         q, k, v = make_qkv(1, 2, 2, rows, rows, head_dim, torch.bfloat16)
-        assert runs_on(q, k, v) == "hopper"
-        assert runs_on(q[:, :, :rows // 2], k, v) == "triton"
-    for head_dim, rows in RULE_DETERMINISTIC.items():  # deterministic: where the fixed order beat the dQ pass
+        assert runs_on(q, k, v, causal=causal) == "hopper"
+        assert runs_on(q[:, :, :rows // 2], k, v, causal=causal) == "triton"
+    for (head_dim, causal), rows in RULE_DETERMINISTIC.items():  # deterministic: where the fixed order beat dQ's pass
         q, k, v = make_qkv(1, 2, 2, rows or 4096, rows or 4096, head_dim, torch.bfloat16)
-        assert runs_on(q, k, v, deterministic=True) == ("hopper" if rows else "triton")
-        assert runs_on(q[:, :, :(rows or 4096) // 2], k, v, deterministic=True) == "triton"
+        assert runs_on(q, k, v, causal=causal, deterministic=True) == ("hopper" if rows else "triton")
+        assert runs_on(q[:, :, :(rows or 4096) // 2], k, v, causal=causal, deterministic=True) == "triton"
     q, k, v = make_qkv(1, 2, 2, 64, 64, 256, torch.bfloat16)
     assert runs_on(q, k, v) == "triton"
     q, k, v = make_qkv(1, 2, 2, 1024, 1024, 64, torch.bfloat16)

@@ -151,28 +151,28 @@ def _cast(src, src_strides, dst, dst_strides, batch: int, heads: int, rows: int,
                   VARLEN=cu_q is not None, num_warps=4)
 
 
-# the shortest walk (query rows) on which the Gluon backward beat the Triton kernels on the H200, by head
-# dim: 1k rows at head_dim 128 (0.83-0.86x cuDNN against 0.69-0.73x) and at 64 (its 128-row tiles: 327-328
-# TFLOP/s against 274 without causal, 219-227 against 218 causal); at 512 rows a program's few query tiles do not
-# pay for its K/V load and dK/dV stores (at 64: 102-123 against 167 causal)
-GLUON_ROWS = {64: 1024, 128: 1024}
+# the shortest walk (query rows) on which the Gluon backward beats the Triton kernels on the H200, by tile width
+# and causal: 512 rows at head_dim 128 (bf16, backward kernels' GPU time a call: 527 us against 689 without causal,
+# 450 against 494 causal) and at 64 without causal (641 against 707); at 64 causal 1k (512: 525 against 509, the
+# Triton kernels' dK/dV program adding dQ atomically); below 512 not timed
+GLUON_ROWS = {(64, False): 512, (64, True): 1024, (128, False): 512, (128, True): 512}
 # the same when deterministic, against the Triton kernels' separate dQ pass: at head_dim 128 from 2k rows
 # (1.05-1.17x from 2k; at 1k 1.08x without causal, 0.88x causal); at 64 from 1k (285 / 205 TFLOP/s against 273 /
 # 196 at 1k, 378 / 350 against 315 / 267 at 16k, without / with causal; at 512 196 / 101 against 242 / 154)
-GLUON_ROWS_DETERMINISTIC = {64: 1024, 128: 2048}
+GLUON_ROWS_DETERMINISTIC = {(64, False): 1024, (64, True): 1024, (128, False): 2048, (128, True): 2048}
 
 
 def kernel(prob, q, k, v, do, layout: str, alibi, deterministic: bool = False, rows: int | None = None) -> str:
     """Which backward runs: ``"hopper"`` (the Gluon kernel, :mod:`fmha.kernels.hopper.backward`) where it
-    takes the call and measured faster (:data:`GLUON_ROWS`, :data:`GLUON_ROWS_DETERMINISTIC`) on walks of
-    ``rows`` query rows (seqlen_q; packed, the longest sequence's), else ``"triton"`` (:mod:`fmha.kernels.backward`,
-    which alone reads an attn_mask)."""
+    takes the call and measured faster (:data:`GLUON_ROWS`, :data:`GLUON_ROWS_DETERMINISTIC`, by tile width and
+    causal) on walks of ``rows`` query rows (seqlen_q; packed, the longest sequence's), else ``"triton"``
+    (:mod:`fmha.kernels.backward`, which alone reads an attn_mask)."""
     if interpreting() or not q.is_cuda or prob.attn_mask:
         return "triton"
     from .kernels.hopper import backward as hopper
     if hopper.supports(prob, q, k, v, do, layout, alibi is not None):
         return "triton"
-    least = (GLUON_ROWS_DETERMINISTIC if deterministic else GLUON_ROWS)[hopper.tile_width(prob.head_dim)]
+    least = (GLUON_ROWS_DETERMINISTIC if deterministic else GLUON_ROWS)[hopper.tile_width(prob.head_dim), prob.causal]
     return "hopper" if least is not None and (prob.seqlen_q if rows is None else rows) >= least else "triton"
 
 

@@ -172,7 +172,8 @@ def providers(device: str) -> list[Provider]:
     return out
 
 
-NO_GLUON_ROWS = {64: None, 128: None}  # the Gluon backward's rows rules, emptied (one object: fmha.replay's key)
+# the Gluon backward's rows rules, emptied (one object: fmha.replay's key)
+NO_GLUON_ROWS = {(width, causal): None for width in (64, 128) for causal in (False, True)}
 
 
 @contextlib.contextmanager
