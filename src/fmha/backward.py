@@ -156,10 +156,10 @@ def _cast(src, src_strides, dst, dst_strides, batch: int, heads: int, rows: int,
 # 450 against 494 causal) and at 64 without causal (641 against 707); at 64 causal 1k (512: 525 against 509, the
 # Triton kernels' dK/dV program adding dQ atomically); below 512 not timed
 GLUON_ROWS = {(64, False): 512, (64, True): 1024, (128, False): 512, (128, True): 512}
-# the same when deterministic, against the Triton kernels' separate dQ pass: at head_dim 128 from 2k rows
-# (1.05-1.17x from 2k; at 1k 1.08x without causal, 0.88x causal); at 64 from 1k (285 / 205 TFLOP/s against 273 /
-# 196 at 1k, 378 / 350 against 315 / 267 at 16k, without / with causal; at 512 196 / 101 against 242 / 154)
-GLUON_ROWS_DETERMINISTIC = {(64, False): 1024, (64, True): 1024, (128, False): 2048, (128, True): 2048}
+# the same when deterministic, against the Triton kernels' separate dQ pass (bf16, backward kernels' GPU time a call):
+# at head_dim 128 from 512 rows (613 us against 694 without causal, 491 against 493 causal; at 1k 927 against 1167
+# and 660 against 752), at 64 from 1k (1086 against 1250, 780 against 873; at 512 703 against 710, 575 against 558)
+GLUON_ROWS_DETERMINISTIC = {(64, False): 1024, (64, True): 1024, (128, False): 512, (128, True): 512}
 
 
 def kernel(prob, q, k, v, do, layout: str, alibi, deterministic: bool = False, rows: int | None = None) -> str:
