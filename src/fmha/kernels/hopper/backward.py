@@ -1,11 +1,13 @@
 """``hopper``'s backward: FlashAttention-3's shape in Gluon (TMA, wgmma, warp specialization), with
 the math of :mod:`..backward` (docs/BACKWARD.md).
 
-A program owns one block of ``BLOCK_N = 128`` keys of one (batch, KV head) and walks the query tiles
+A program takes blocks of ``BLOCK_N = 128`` keys of one (batch, KV head) in turn (:func:`_program`; one block a
+program, or, where every walk is as long, one program an SM, :func:`launch`) and for each walks the query tiles
 (``BLOCK_M`` rows, :func:`tiles`) of every query head of its group that see those keys (causal: from the first
 tile at or past the block's diagonal; with a sliding window, to the last tile the window reaches, :func:`_walk`),
 each key block starting at its own tile (:func:`_query_tile`). A
-one-warp producer loads K and V once and streams each tile's Q, dO and its rows' LSEs and deltas by TMA into a
+one-warp producer loads a block's K and V once (the next block's as soon as both consumers have arrived on
+``kv_empty``, done with the last one's) and streams each tile's Q, dO and its rows' LSEs and deltas by TMA into a
 ``STAGES``-deep ring (the statistics read from shared memory straight into the layout a product needs: loaded
 from global memory by the consumers instead, and spread through shared memory at head_dim 64, the backward ran
 0.91-0.94x as fast at head_dim 128 and as fast at 64); two consumer warpgroups own 64 keys each, with dK and
@@ -143,12 +145,12 @@ def _seen(keys, rows, seqlen_q, seqlen_k, causal_offset, window_offset, CAUSAL: 
 
 @gluon.jit
 def _program(pid, order, CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr):
-    """This program's key block and (batch, KV head), of ``order = (section, blocks, pairs)``: the ``pairs``
+    """Work item ``pid``'s key block and (batch, KV head), of ``order = (section, blocks, pairs)``: the ``pairs``
     (batch, KV head)s go in sections of ``section`` (the last one may be narrower), and inside a section key
     block-major, every pair's block 0, then every pair's block 1, ... (:func:`section`).  Deterministic causal
-    calls run the last block first: blocks start in the order of their program ids, and a deterministic block
-    waits only for blocks of its own pair that start before it (:func:`_turn`), so a waiting block never holds
-    the SM one it waits for needs."""
+    calls run the last block first: blocks start in the order of their numbers (one a program), and a
+    deterministic block waits only for blocks of its own pair that start before it (:func:`_turn`), so a waiting
+    block never holds the SM one it waits for needs."""
     section, blocks, pairs = order
     first = pid // (section * blocks) * section
     width = gl.minimum(section, pairs - first)
