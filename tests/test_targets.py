@@ -534,6 +534,16 @@ def test_hopper_backward_builds_with_tma_reduce_adds(head_dim, causal, determini
     assert from_regs == (32 if head_dim == 64 else 0), from_regs
 
 
+def test_the_hopper_backward_deals_blocks_to_one_program_an_sm_only_where_walks_are_even():
+    """Dense walks without causal (all as long) go to one program an SM, each taking blocks in turn; causal or packed
+    walks (uneven) and deterministic ones (turns that need the blocks to start in order) get one program a block."""
+    from fmha.kernels.hopper.backward import program_count
+    assert program_count(2048, 132, causal=False, packed=False, deterministic=False) == 132
+    assert program_count(100, 132, causal=False, packed=False, deterministic=False) == 100
+    for causal, packed, deterministic in [(True, False, False), (False, True, False), (False, False, True)]:
+        assert program_count(2048, 132, causal, packed, deterministic) == 2048
+
+
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_hopper_backward_builds_for_a_window_and_a_ragged_key_count(head_dim):
     """The masks of a sliding window's lower edge and of the keys past a seqlen_k off the 128-key block build into

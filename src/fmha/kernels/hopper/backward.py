@@ -783,6 +783,16 @@ def dq_gap(prob, deterministic: bool) -> int:
     return tiles(tile_width(prob.head_dim), deterministic).rows if prob.varlen else 0
 
 
+def program_count(blocks: int, sms: int, causal: bool, packed: bool, deterministic: bool) -> int:
+    """The programs that walk ``blocks`` key blocks (:func:`_program`).  Walks of one length (dense, without
+    causal): one program an SM, taking the blocks in their order a turn of the SMs at a time, the next block's K
+    and V loading while the last one's tiles finish (bf16, B*S 16k, the backward's kernels: 1.4-4% faster from 512
+    to 2k tokens at head_dim 64 and 128, -1.5% at 4k and 128).  Else one program a block: the GPU hands uneven
+    walks (causal, packed) to the SMs as they free (a fixed deal ran 7-31% slower causal at 128), and a
+    deterministic block's turns wait only for blocks whose programs start before it."""
+    return blocks if deterministic or causal or packed else min(blocks, sms)
+
+
 def launch(prob, q, k, v, do, lse, delta, dk, dv, layout: str, strides, zeros, deterministic: bool = False,
            packed=None) -> torch.Tensor:
     """dK and dV into ``dk``, ``dv``; returns dQ (float32, ``[batch * heads, seqlen_q, tile width]``), its adds
@@ -815,14 +825,7 @@ def launch(prob, q, k, v, do, lse, delta, dk, dv, layout: str, strides, zeros, d
     chunk = (sms if packed else min(blocks, n_m, sms)) if deterministic else 1
     scale = prob.scale_log2 / LOG2E_VALUE
     heads_in_turn = 1 if packed else section(prob, head, q.element_size(), q.device.index, deterministic)
-    # walks of one length (dense, without causal): one program an SM, taking the key blocks in their order
-    # (:func:`_program`) a turn of the SMs at a time, the next block's K and V loading while the last one's tiles
-    # finish (bf16, B*S 16k, backward kernels: 1.4-4% faster from 512 to 2k tokens at head_dim 64 and 128, -1.5%
-    # at 4k and 128); else one program a block: the GPU deals blocks of uneven walks (causal: 7-31% slower at 128
-    # in turns) to the SMs as they free, and deterministic, a block's turns wait only for blocks whose programs
-    # start before it
-    persistent = not (deterministic or prob.causal or packed)
-    programs = min(blocks * pairs, sms) if persistent else blocks * pairs
+    programs = program_count(blocks * pairs, sms, prob.causal, bool(packed), deterministic)
     replay.launch(backward_kernel, (programs,), *descs, dk, dv, locks, cu_q, cu_k, prob.heads, prob.kv_heads,
                   prob.heads // prob.kv_heads, prob.seqlen_q, prob.seqlen_k, n_m, prob.causal_offset,
                   prob.window_offset or 0, chunk, heads_in_turn, blocks, pairs, prob.scale_log2, scale, *place,
