@@ -138,7 +138,8 @@ def _compile_backward(head_dim: int, dtype: str, causal: bool, deterministic: bo
                                     head, cut)
     kernel = backward.backward_kernel
     const = dict(HEAD=head, D=head_dim, CAUSAL=causal, WINDOW=window, RAGGED=ragged or varlen, RS=cut.rs,
-                 DS_BUFS=cut.ds_bufs, DETERMINISTIC=deterministic, VARLEN=varlen, ALIGN_BR=varlen)
+                 DS_BUFS=cut.ds_bufs, DETERMINISTIC=deterministic, VARLEN=varlen, ALIGN_BR=varlen,
+                 DYNAMIC=backward.schedule(1, 1, causal, varlen, deterministic)[1])
     by_name = dict(zip(("q_desc", "k_desc", "v_desc", "do_desc", "dq_desc", "lse_desc", "delta_desc"), descs))
     sig = {}
     for name in kernel.arg_names:
@@ -146,7 +147,7 @@ def _compile_backward(head_dim: int, dtype: str, causal: bool, deterministic: bo
             sig[name] = "constexpr"
         elif name in by_name:
             sig[name] = native_specialize_impl(BaseBackend, by_name[name], False, True, True)[0]
-        elif name in ("Locks", "CuQ", "CuK"):
+        elif name in ("Locks", "Deal", "CuQ", "CuK"):
             sig[name] = "*i32"
         elif name in ("DK", "DV"):
             sig[name] = "*" + DTYPES[dtype]
