@@ -534,14 +534,29 @@ def test_hopper_backward_builds_with_tma_reduce_adds(head_dim, causal, determini
     assert from_regs == (32 if head_dim == 64 else 0), from_regs
 
 
-def test_the_hopper_backward_deals_blocks_to_one_program_an_sm_only_where_walks_are_even():
-    """Dense walks without causal (all as long) go to one program an SM, each taking blocks in turn; causal or packed
-    walks (uneven) and deterministic ones (turns that need the blocks to start in order) get one program a block."""
-    from fmha.kernels.hopper.backward import program_count
-    assert program_count(2048, 132, causal=False, packed=False, deterministic=False) == 132
-    assert program_count(100, 132, causal=False, packed=False, deterministic=False) == 100
-    for causal, packed, deterministic in [(True, False, False), (False, True, False), (False, False, True)]:
-        assert program_count(2048, 132, causal, packed, deterministic) == 2048
+def test_the_hopper_backward_deals_key_blocks_as_its_walks_need():
+    """Not deterministic: one program an SM (fewer when the blocks are fewer), each walking blocks in turn: even
+    walks (dense, without causal) in a fixed deal, uneven ones (causal, packed) from a counter as programs free.
+    Deterministic: one program a block (its turns need the blocks to start in order)."""
+    from fmha.kernels.hopper.backward import schedule
+    assert schedule(2048, 132, causal=False, packed=False, deterministic=False) == (132, False)
+    assert schedule(100, 132, causal=False, packed=False, deterministic=False) == (100, False)
+    assert schedule(2048, 132, causal=True, packed=False, deterministic=False) == (132, True)
+    assert schedule(2048, 132, causal=False, packed=True, deterministic=False) == (132, True)
+    for causal, packed in [(False, False), (True, False), (False, True)]:
+        assert schedule(2048, 132, causal, packed, deterministic=True) == (2048, False)
+
+
+def test_hopper_backward_takes_uneven_walks_from_a_counter():
+    """The causal build takes its next key block with one relaxed atomic add by the producer's first thread (read by
+    its warp), and counts its program out with an acquire-release add; the dense and the deterministic builds take
+    none."""
+    ptx = targets.build_hopper_backward(64, "bfloat16", causal=True).asm["ptx"]
+    assert len(re.findall(r"atom\.relaxed\.gpu\.global\.add\.u32", ptx)) == 1
+    assert len(re.findall(r"atom\.acq_rel\.gpu\.global\.add\.u32", ptx)) == 1
+    for causal, deterministic in [(False, False), (True, True)]:
+        ptx = targets.build_hopper_backward(64, "bfloat16", causal=causal, deterministic=deterministic).asm["ptx"]
+        assert not re.search(r"atom\.(relaxed|acq_rel)\.gpu\.global\.add\.u32", ptx)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])

@@ -1,8 +1,9 @@
 """``hopper``'s backward: FlashAttention-3's shape in Gluon (TMA, wgmma, warp specialization), with
 the math of :mod:`..backward` (docs/BACKWARD.md).
 
-A program takes blocks of ``BLOCK_N = 128`` keys of one (batch, KV head) in turn (:func:`_program`; one block a
-program, or, where every walk is as long, one program an SM, :func:`launch`) and for each walks the query tiles
+A program takes blocks of ``BLOCK_N = 128`` keys of one (batch, KV head) in turn (:func:`_program`; one program
+an SM, the blocks in a fixed deal or, ``DYNAMIC``, from a counter as programs free; deterministic, one block a
+program: :func:`schedule`) and for each walks the query tiles
 (``BLOCK_M`` rows, :func:`tiles`) of every query head of its group that see those keys (causal: from the first
 tile at or past the block's diagonal; with a sliding window, to the last tile the window reaches, :func:`_walk`),
 each key block starting at its own tile (:func:`_query_tile`). A
