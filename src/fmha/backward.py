@@ -152,10 +152,11 @@ def _cast(src, src_strides, dst, dst_strides, batch: int, heads: int, rows: int,
 
 
 # the shortest walk (query rows) on which the Gluon backward beats the Triton kernels on the H200, by tile width
-# and causal: 512 rows at head_dim 128 (bf16, backward kernels' GPU time a call: 527 us against 689 without causal,
-# 450 against 494 causal) and at 64 without causal (641 against 707); at 64 causal 1k (512: 525 against 509, the
-# Triton kernels' dK/dV program adding dQ atomically); below 512 not timed
-GLUON_ROWS = {(64, False): 512, (64, True): 1024, (128, False): 512, (128, True): 512}
+# and causal: 512 rows (bf16, backward kernels' GPU time a call, one program a key block: 527 us against 689 at
+# head_dim 128 without causal, 450 against 494 causal, 641 against 707 at 64 without causal; at 64 causal 525
+# against 509, and the counter's deal of causal blocks 0.933x one program a block's in a later run: about 490
+# against 509); below 512 not timed
+GLUON_ROWS = {(64, False): 512, (64, True): 512, (128, False): 512, (128, True): 512}
 # the same when deterministic, against the Triton kernels' separate dQ pass (bf16, backward kernels' GPU time a call):
 # at head_dim 128 from 512 rows (613 us against 694 without causal, 491 against 493 causal; at 1k 927 against 1167
 # and 660 against 752), at 64 from 1k (1086 against 1250, 780 against 873; at 512 703 against 710, 575 against 558)
