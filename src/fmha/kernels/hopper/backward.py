@@ -913,7 +913,9 @@ def launch(prob, q, k, v, do, lse, delta, dk, dv, layout: str, strides, zeros, d
     scale = prob.scale_log2 / LOG2E_VALUE
     heads_in_turn = 1 if packed else section(prob, head, q.element_size(), q.device.index, deterministic)
     programs, dynamic = schedule(blocks * pairs, sms, prob.causal, bool(packed), deterministic)
-    deal = replay.tickets(q.device, 2) if dynamic else locks
+    deal = locks  # (unread)
+    if dynamic:  # a stream's counters, left at zero; where a call may hold nothing (a CUDA graph's capture), its own
+        deal = replay.tickets(q.device, 2) if replay.holding(q.device) else zeros((2,), torch.int32)
     replay.launch(backward_kernel, (programs,), *descs, dk, dv, locks, deal, cu_q, cu_k, prob.heads, prob.kv_heads,
                   prob.heads // prob.kv_heads, prob.seqlen_q, prob.seqlen_k, n_m, prob.causal_offset,
                   prob.window_offset or 0, chunk, heads_in_turn, blocks, pairs, prob.scale_log2, scale, *place,
