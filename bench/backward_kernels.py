@@ -1,0 +1,139 @@
+"""The GPU time of one backward, kernel by kernel, beside cuDNN's: what each kernel of a forward-with-grad and its
+``torch.autograd.grad`` costs (``torch.profiler``), less what the forward alone costs.
+
+    PYTHONPATH=src python3 bench/backward_kernels.py [--head-dims 64 128] [--seqlens 512 1024 2048 4096]
+        [--causal 0 1] [--providers triton gluon gluon-block gluon-counter cudnn] [--deterministic] [--kernels]
+        [--ledger bench/ledger.csv]
+
+Cells: the default grid's shapes (B*S = 16k, H*D = 2048; bf16, bhsd).  Providers: ``triton`` (fmha's backward
+held to the Triton kernels), ``gluon`` (every length on the Gluon kernel, its programs dealt as
+:func:`fmha.kernels.hopper.backward.schedule` deals them), ``gluon-block`` (one program a key block),
+``gluon-counter`` (every walk from the counter), ``cudnn`` (SDPA's cuDNN backend); ``--deterministic`` times fmha's
+fixed order.  The backward's time is what its kernels take on the GPU, so a run reads the kernels' share of a
+backward apart from its host time and launch gaps (``fmha bench --pass bwd`` times the whole call).  Rows:
+``pass`` ``bwd``, ``ms`` the backward's kernels, TFLOP/s 2.5x the forward's FLOPs over it.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.append(str(Path(__file__).resolve().parents[1] / "src"))  # after PYTHONPATH: another tree can be timed
+
+import fmha  # noqa: E402
+from fmha import backward  # noqa: E402
+from fmha.bench import ledger  # noqa: E402
+from fmha.bench.flops import attention_flops  # noqa: E402
+from fmha.kernels.hopper import backward as gluon  # noqa: E402
+
+# the rows rules each provider holds the backward to (distinct objects: the backward's replay key holds their ids)
+EVERY_LENGTH = {"gluon": {}, "gluon-block": {}, "gluon-counter": {}}
+for rules in EVERY_LENGTH.values():
+    rules.update({(width, causal): 1 for width in (64, 128) for causal in (False, True)})
+NEVER = {(width, causal): None for width in (64, 128) for causal in (False, True)}
+DEALT = gluon.schedule
+
+
+def one_program_a_block(blocks, sms, causal, packed, deterministic):
+    return blocks, False
+
+
+def every_walk_from_the_counter(blocks, sms, causal, packed, deterministic):
+    return DEALT(blocks, sms, causal, packed, deterministic) if deterministic else (min(blocks, sms), True)
+
+
+DEALS = {"gluon-block": one_program_a_block, "gluon-counter": every_walk_from_the_counter}
+
+
+def kernel_times(run, reps: int) -> dict:
+    """Each kernel's GPU time (us) a call of ``run``, after three calls unprofiled."""
+    for _ in range(3):
+        run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            run()
+        torch.cuda.synchronize()
+    times: dict = defaultdict(float)
+    for event in prof.events():
+        if event.device_type.name == "CUDA":
+            times[event.name[:80]] += event.device_time / reps
+    return times
+
+
+def attention_of(provider: str, causal: bool, deterministic: bool):
+    if provider == "cudnn":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        def sdpa(q, k, v):
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return sdpa
+    return lambda q, k, v: fmha.attention(q, k, v, causal=causal, deterministic=deterministic)
+
+
+def measure(provider: str, q, k, v, causal: bool, deterministic: bool, reps: int) -> tuple[float, dict]:
+    """The backward's kernels' time (us) and the forward-and-backward's kernels, one call's."""
+    attend = attention_of(provider, causal, deterministic)
+    do = torch.randn_like(q)
+    rules = backward.GLUON_ROWS, backward.GLUON_ROWS_DETERMINISTIC
+    if provider != "cudnn":
+        backward.GLUON_ROWS = backward.GLUON_ROWS_DETERMINISTIC = EVERY_LENGTH.get(provider, NEVER)
+    gluon.schedule = DEALS.get(provider, DEALT)
+    try:
+        forward = kernel_times(lambda: attend(q, k, v), reps)
+        both = kernel_times(lambda: torch.autograd.grad(attend(q, k, v), (q, k, v), do), reps)
+    finally:
+        backward.GLUON_ROWS, backward.GLUON_ROWS_DETERMINISTIC = rules
+        gluon.schedule = DEALT
+    return sum(both.values()) - sum(forward.values()), both
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--head-dims", nargs="+", type=int, default=[64, 128])
+    p.add_argument("--seqlens", nargs="+", type=int, default=[512, 1024, 2048, 4096])
+    p.add_argument("--causal", nargs="+", type=int, default=[0, 1])
+    p.add_argument("--providers", nargs="+", default=["triton", "gluon", "cudnn"],
+                   choices=["triton", "gluon", "gluon-block", "gluon-counter", "cudnn"])
+    p.add_argument("--deterministic", action="store_true")
+    p.add_argument("--kernels", action="store_true", help="print each kernel's time too")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--ledger", default=None)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("backward_kernels.py times a GPU's kernels: no CUDA GPU here")
+    env = ledger.environment("cuda")
+    rows = []
+    for d in args.head_dims:
+        for s in args.seqlens:
+            for causal in map(bool, args.causal):
+                b, h = 16384 // s, 2048 // d
+                q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                           for _ in range(3))
+                flops = 2.5 * attention_flops(b, h, s, s, d, causal)
+                print(f"B{b} H{h} S{s} D{d}{' causal' if causal else ''}")
+                for provider in args.providers:
+                    us, kernels = measure(provider, q, k, v, causal, args.deterministic, args.reps)
+                    print(f"  {provider:14s} {us:9.1f} us  {flops / us / 1e6:6.1f} TFLOP/s")
+                    if args.kernels:
+                        for name, t in sorted(kernels.items(), key=lambda x: -x[1]):
+                            print(f"      {t:9.1f}  {name}")
+                    rows.append({**env, "provider": "sdpa:cudnn" if provider == "cudnn" else
+                                 ("fmha:deterministic" if args.deterministic else "fmha:auto"),
+                                 "config": "library default" if provider == "cudnn" else f"backward: {provider}",
+                                 "dtype": "bfloat16", "batch": b, "heads": h, "kv_heads": h, "seqlen_q": s,
+                                 "seqlen_k": s, "head_dim": d, "causal": int(causal), "ms": us / 1000,
+                                 "tflops": flops / us / 1e6, "note": "the backward's kernels' GPU time a call "
+                                 "(bench/backward_kernels.py)", "pass": "bwd"})
+    if args.ledger:
+        ledger.append(args.ledger, rows)
+
+
+if __name__ == "__main__":
+    main()
