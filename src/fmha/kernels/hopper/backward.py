@@ -335,9 +335,9 @@ def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_bufs, do_
     """For each key block the program walks (in turn; DYNAMIC: taken from the counter and its number handed to the
     consumers): its K and V once (once the consumers are done with the last block's), then Q, dO and the rows'
     LSE and delta of each (head, query tile) into the ring.  VARLEN: the descriptors span every packed row, so a
-    block's keys and a tile's rows past the sequence's end are the next sequence's (NaN, maybe, which a masked pair's zero would still carry into the
-    sums): they land on ``landed`` first and are zeroed here (K, V, Q, dO and the deltas; the LSEs are masked)
-    before the consumers are signalled."""
+    block's keys and a tile's rows past the sequence's end are the next sequence's (NaN, maybe, which a masked
+    pair's zero would still carry into the sums): they land on ``landed`` first and are zeroed here (K, V, Q, dO
+    and the deltas; the LSEs are masked) before the consumers are signalled."""
     BLOCK_M: gl.constexpr = q_bufs.shape[1]
     n_landed = 0  # tails zeroed so far (the phase of ``landed``)
     n_kv = 0  # K/V blocks loaded so far (the phases of ``kv_ready`` and ``kv_empty``)
