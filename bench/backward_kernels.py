@@ -17,11 +17,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.append(str(Path(__file__).resolve().parents[1] / "src"))  # after PYTHONPATH: another tree can be timed
 
@@ -29,6 +27,7 @@ import fmha  # noqa: E402
 from fmha import backward  # noqa: E402
 from fmha.bench import ledger  # noqa: E402
 from fmha.bench.flops import attention_flops  # noqa: E402
+from fmha.bench.timing import kernel_times  # noqa: E402
 from fmha.kernels.hopper import backward as gluon  # noqa: E402
 
 # the rows rules each provider holds the backward to (distinct objects: the backward's replay key holds their ids)
@@ -48,22 +47,6 @@ def every_walk_from_the_counter(blocks, sms, causal, packed, deterministic):
 
 
 DEALS = {"gluon-block": one_program_a_block, "gluon-counter": every_walk_from_the_counter}
-
-
-def kernel_times(run, reps: int) -> dict:
-    """Each kernel's GPU time (us) a call of ``run``, after three calls unprofiled."""
-    for _ in range(3):
-        run()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            run()
-        torch.cuda.synchronize()
-    times: dict = defaultdict(float)
-    for event in prof.events():
-        if event.device_type.name == "CUDA":
-            times[event.name[:80]] += event.device_time / reps
-    return times
 
 
 def attention_of(provider: str, causal: bool, deterministic: bool):
@@ -122,7 +105,7 @@ def main(argv=None) -> None:
                     us, kernels = measure(provider, q, k, v, causal, args.deterministic, args.reps)
                     print(f"  {provider:14s} {us:9.1f} us  {flops / us / 1e6:6.1f} TFLOP/s")
                     if args.kernels:
-                        for name, t in sorted(kernels.items(), key=lambda x: -x[1]):
+                        for name, t in kernels.items():
                             print(f"      {t:9.1f}  {name}")
                     rows.append({**env, "provider": "sdpa:cudnn" if provider == "cudnn" else
                                  ("fmha:deterministic" if args.deterministic else "fmha:auto"),

@@ -5,31 +5,13 @@ seqlen_q=1, at the decode grid's key lengths.  Runs each call 200 times under to
 kernel records) and prints, per kernel, the mean duration in microseconds and its share; the sum
 is GPU busy time only (launch gaps are not in it, unlike a CUDA-graph timing).
 """
-from collections import defaultdict
-
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.profiler import ProfilerActivity, profile
 
 import fmha
+from fmha.bench.timing import kernel_times
 
 B, H, KV, D, REPS = 4, 32, 8, 128, 200
-
-
-def kernel_times(fn) -> dict[str, float]:
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(REPS):
-            fn()
-        torch.cuda.synchronize()
-    total = defaultdict(float)
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            total[e.name[:60]] += e.device_time
-    return {name: us / REPS for name, us in sorted(total.items(), key=lambda x: -x[1])}
-
 
 for seqlen_k in (1024, 8192, 131072):
     q = torch.randn(B, H, 1, D, device="cuda", dtype=torch.bfloat16)
@@ -40,6 +22,6 @@ for seqlen_k in (1024, 8192, 131072):
             return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
     print(f"seqlen_k={seqlen_k}: fmha runs {fmha.api.describe(q, k, v)}")
     for name, fn in (("fmha", lambda: fmha.attention(q, k, v)), ("cudnn", cudnn)):
-        times = kernel_times(fn)
+        times = kernel_times(fn, REPS, warmup=10)
         busy = sum(times.values())
         print(f"  {name:<6} busy {busy:7.2f} us: " + "; ".join(f"{n} {t:.2f}" for n, t in times.items()), flush=True)
