@@ -25,16 +25,13 @@ sys.path.append(str(Path(__file__).resolve().parents[1] / "src"))  # after PYTHO
 
 import fmha  # noqa: E402
 from fmha import backward  # noqa: E402
-from fmha.bench import ledger  # noqa: E402
+from fmha.bench import ledger, providers  # noqa: E402
 from fmha.bench.flops import attention_flops  # noqa: E402
 from fmha.bench.timing import kernel_times  # noqa: E402
 from fmha.kernels.hopper import backward as gluon  # noqa: E402
 
 # the rows rules each provider holds the backward to (distinct objects: the backward's replay key holds their ids)
-EVERY_LENGTH = {"gluon": {}, "gluon-block": {}, "gluon-counter": {}}
-for rules in EVERY_LENGTH.values():
-    rules.update({(width, causal): 1 for width in (64, 128) for causal in (False, True)})
-NEVER = {(width, causal): None for width in (64, 128) for causal in (False, True)}
+EVERY_LENGTH = {name: dict.fromkeys(backward.GLUON_ROWS, 1) for name in ("gluon", "gluon-block", "gluon-counter")}
 DEALT = gluon.schedule
 
 
@@ -66,7 +63,7 @@ def measure(provider: str, q, k, v, causal: bool, deterministic: bool, reps: int
     do = torch.randn_like(q)
     rules = backward.GLUON_ROWS, backward.GLUON_ROWS_DETERMINISTIC
     if provider != "cudnn":
-        backward.GLUON_ROWS = backward.GLUON_ROWS_DETERMINISTIC = EVERY_LENGTH.get(provider, NEVER)
+        backward.GLUON_ROWS = backward.GLUON_ROWS_DETERMINISTIC = EVERY_LENGTH.get(provider, providers.NO_GLUON_ROWS)
     gluon.schedule = DEALS.get(provider, DEALT)
     try:
         forward = kernel_times(lambda: attend(q, k, v), reps)

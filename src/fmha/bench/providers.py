@@ -173,7 +173,7 @@ def providers(device: str) -> list[Provider]:
 
 
 # the Gluon backward's rows rules, emptied (one object: fmha.replay's key)
-NO_GLUON_ROWS = {(width, causal): None for width in (64, 128) for causal in (False, True)}
+NO_GLUON_ROWS = dict.fromkeys(fmha.backward.GLUON_ROWS)
 
 
 @contextlib.contextmanager
