@@ -402,3 +402,56 @@ def test_hopper_backward_allocates_the_gradients_and_its_two_buffers_only(determ
     grads = sum(t.numel() * t.element_size() for t in (q, k, v))
     buffers = b * h * s * 4 + b * h * s * d * 4 + (b * h * -(-s // 64) * 2 * 4 if deterministic else 0)
     assert torch.cuda.max_memory_allocated() - base <= grads + buffers + (1 << 20)
+
+
+@pytest.mark.parametrize("causal,varlen", [(False, False), (True, False), (True, True)],
+                         ids=["dense", "causal", "packed-causal"])
+def test_hopper_backward_replays_in_a_cuda_graph(causal, varlen):
+    """Forward and backward captured in one CUDA graph, replayed on new inputs.  Under capture a call holds nothing
+    past its end, so causal and packed walks take their key blocks from a counter of the call's own, zeroed by a
+    launch inside the graph (``backward.schedule``), and every replay deals every block again: the gradients,
+    poisoned before each replay, pass the float64 yardstick; dense walks (a fixed deal, no counter) alike."""
+    from fmha.kernels.hopper import backward as hopper
+    lens = [700, 300, 1000]
+    heads, kv_heads, d = 4, 2, 128
+    if varlen:
+        cu = packed(lens, heads, d, torch.bfloat16, 0)[1]
+        shapes = [(sum(lens), heads, d), (sum(lens), kv_heads, d), (sum(lens), kv_heads, d), (sum(lens), heads, d)]
+    else:
+        shapes = [(2, heads, 1000, d), (2, kv_heads, 1000, d), (2, kv_heads, 1000, d), (2, heads, 1000, d)]
+    assert hopper.schedule(8, 132, causal, varlen, False)[1] == (causal or varlen)
+    q, k, v = leaves(*(torch.zeros(s, dtype=torch.bfloat16, device=DEVICE) for s in shapes[:3]))
+    do = torch.zeros(shapes[3], dtype=torch.bfloat16, device=DEVICE)
+
+    def fill(seed):
+        g = torch.Generator().manual_seed(seed)
+        for t, s in zip((q, k, v, do), shapes):
+            t.data.copy_(torch.randn(s, generator=g).to(t))
+
+    def step():
+        if varlen:
+            o = fmha.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=causal)
+        else:
+            o = fmha.attention(q, k, v, causal=causal)
+        return torch.autograd.grad(o, (q, k, v), do)
+
+    fill(1)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up: compiled and replay-recorded outside the capture
+        step(), step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        grads = step()
+    for seed in (2, 3, 4):
+        fill(seed)
+        for g in grads:
+            g.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        if varlen:
+            for b, found, tensors in each_sequence(grads, (q, k, v, do), (cu, cu)):
+                check_grads(found, *tensors, causal, "top_left", "bshd")
+        else:
+            check_grads(grads, q, k, v, do, causal)
