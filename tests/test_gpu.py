@@ -49,7 +49,6 @@ HOPPER_CONFIGS = [fmha.KernelConfig(128, 128, 4, 3), fmha.KernelConfig(192, 128,
                   fmha.KernelConfig(128, 128, 4, 2, pingpong=1), fmha.KernelConfig(192, 128, 4, 2, pingpong=1),
                   fmha.KernelConfig(128, 128, 4, 2, head_group=3), fmha.KernelConfig(192, 128, 4, 2, head_group=8),
                   fmha.KernelConfig(128, 128, 4, 2, q_regs=1), fmha.KernelConfig(192, 128, 4, 2, fence=1),
-                  fmha.KernelConfig(128, 128, 4, 2, q_regs=2),  # Q K^T's first half from registers
                   fmha.KernelConfig(128, 128, 4, 3, q_regs=1, fence=1),
                   # one consumer warpgroup, several programs on an SM
                   fmha.KernelConfig(64, 128, 4, 2, occupancy=2), fmha.KernelConfig(64, 64, 4, 2, occupancy=2, q_regs=1),
@@ -102,8 +101,7 @@ def test_hopper_matches_reference(config, layout, dtype, causal, align, shape):
                                       (96, fmha.KernelConfig(128, 128, 4, 2, q_regs=1, stale=1)),
                                       (96, fmha.KernelConfig(128, 128, 4, 2, lazy=1)),
                                       (32, fmha.KernelConfig(192, 128, 4, 2, pingpong=1, stale=1)),
-                                      (256, fmha.KernelConfig(128, 64, 4, 2, lazy=1)),
-                                      (256, fmha.KernelConfig(128, 64, 4, 2, pingpong=1, q_regs=2, lazy=1))], ids=str)
+                                      (256, fmha.KernelConfig(128, 64, 4, 2, lazy=1))], ids=str)
 def test_hopper_rescales_as_scores_grow(d, config, growth):
     """Keys growing along the sequence (key j scaled by 1 + growth * j): at 0.05 every row's max grows
     by far more than 2**8 from one key tile to the next, so a lazy pivot moves (and O is rescaled) at
@@ -204,19 +202,15 @@ def _arranged(b, h, kvh, s, d, dv, arrangement, seed):
                                          (32, 32, fmha.KernelConfig(128, 128, 4, 2)),
                                          (96, 96, fmha.KernelConfig(128, 128, 4, 2)),
                                          (96, 96, fmha.KernelConfig(192, 128, 4, 2, pingpong=1, q_regs=1)),
-                                         (32, 32, fmha.KernelConfig(64, 128, 4, 2, occupancy=2)),
-                                         (256, 256, fmha.KernelConfig(128, 64, 4, 2, pingpong=1, q_regs=2, lazy=1)),
-                                         (192, 192, fmha.KernelConfig(128, 64, 4, 2, q_regs=2, lazy=1)),
-                                         (96, 96, fmha.KernelConfig(128, 128, 4, 2, q_regs=2, stale=1)),
-                                         (80, 80, fmha.KernelConfig(128, 128, 4, 2, q_regs=2))], ids=str)
+                                         (32, 32, fmha.KernelConfig(64, 128, 4, 2, occupancy=2))], ids=str)
 def test_hopper_takes_every_head_dim(d, dv, config, causal, align, arrangement):
     """head_dim 32, 96, 192, 256, every other multiple of 8 from 40 (a sample: 40 and 80 with two Q K^T slices, 112
     and 248 over the whole tile), DeepSeek's 192/128 and V narrower than q/k in tiles of another swizzle (64/32)
-    or padded (128/96) on the Gluon kernel, in tiles padded to a power of two (Q in shared memory: Q K^T over the
-    head dim's own columns, in slices; or its first half in registers, ``q_regs=2``), and 192 held unpadded
-    (``split_qk``, 128-key tiles at 192/128).  kv head 1's first key is NaN: heads 2 and 3 (which read it) come out
-    NaN, heads 0 and 1 match the reference, so a box padded past head_dim never reads the next head's columns (side
-    by side in a row in the hf-view and fused-qkv arrangements) nor writes them."""
+    or padded (128/96) on the Gluon kernel, in tiles padded to a power of two (Q in shared memory: Q K^T over
+    the head dim's own columns, in slices), and 192 held unpadded (``split_qk``, 128-key tiles at 192/128).  kv
+    head 1's first key is NaN: heads 2 and 3 (which read it) come out NaN, heads 0 and 1 match the reference, so
+    a box padded past head_dim never reads the next head's columns (side by side in a row in the hf-view and
+    fused-qkv arrangements) nor writes them."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("sm_90 only")
     q, k, v = _arranged(2, 4, 2, 1000, d, dv, arrangement, seed=d + dv)

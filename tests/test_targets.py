@@ -421,29 +421,6 @@ def test_hopper_holds_q_and_k_of_192_unpadded():
     assert targets.report(in_regs[1]).spilled_registers == 0
 
 
-@pytest.mark.parametrize("head_dim,causal,changes", [(256, False, dict(pingpong=1, stale=0, lazy=1)),
-                                                     (256, True, {}), (96, True, {}), (80, True, {})])
-def test_hopper_holds_half_of_q_in_registers(head_dim, causal, changes):
-    """``q_regs=2``: each warpgroup holds the first half of its Q tile in registers and reads the rest from shared
-    memory, so Q K^T is two products: its first half's k-steps take their A operand from registers (as P V's do),
-    its second half's from shared memory, and a padded head dim's second slice stops at its own columns (96: 64 +
-    32, 80: 64 + 16).  The table's rows with it build for sm_90 without spills and keep their products asynchronous."""
-    from dataclasses import replace
-
-    from fmha import configs
-    from fmha.kernels import hopper
-    cfg = replace(configs.hopper_config(head_dim, causal, 16384), q_regs=2, **changes)
-    b = targets.build("hopper", "sm_90", head_dim, "bfloat16", causal, cfg, seqlen_k=16384)
-    assert targets.report(b).spilled_registers == 0
-    assert not targets.ptxas_usage(b.asm["ptx"], 90)["serialized"]
-    hi, lo = hopper.qk_slices(head_dim, cfg)
-    assert (hi, lo) == {256: (128, 128), 96: (64, 32), 80: (64, 16)}[head_dim]
-    # Q K^T's wgmma (m64n{block_n}k16): the k-steps of the first slice from registers, the second's from a descriptor
-    qk = [bool(re.search(r"\},\s*\{", line)) for line in b.asm["ptx"].splitlines()
-          if f"wgmma.mma_async.sync.aligned.m64n{cfg.block_n}k16" in line]
-    assert qk and sum(qk) * lo == (len(qk) - sum(qk)) * hi
-
-
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_fp8_builds_for_sm90_on_tiled(head_dim):
     """``fmha compile --dtype float8_e4m3fn``: the tiled kernel reads float8 q/k/v, converts them to 16 bits

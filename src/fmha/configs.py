@@ -25,7 +25,7 @@ class KernelConfig:
     pingpong: int = 0  # hopper: 1 the consumer warpgroups take turns issuing their matrix products
     head_group: int = 0  # hopper: work items numbered across this many heads at once; 0: head-major (1)
     tma: int = 0  # tiled: 1 K/V read by TMA (3-D descriptors; sm_90, contiguous K/V, not varlen or paged)
-    q_regs: int = 0  # hopper: 1 each consumer warpgroup holds its Q in registers (Q K^T reads only K from smem), 2 half
+    q_regs: int = 0  # hopper: 1 each consumer warpgroup holds its Q in registers (Q K^T reads only K from smem)
     fence: int = 0  # hopper: 1 the softmax is fenced above the wait for P V (ptxas moves that wait up otherwise)
     split_tail: int = 0  # hopper, non-causal: 1 a partly filled last round's items run in pieces, merged by LSE
     balance: int = 0  # hopper, causal persistent: 1 the last round or two of pairs dealt longest item first

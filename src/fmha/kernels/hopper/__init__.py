@@ -124,10 +124,6 @@ def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
         return f"page_size {prob.page} (takes multiples of its {cfg.block_n}-key tile: a tile must not straddle pages)"
     if cfg.split_qk and (prob.head_dim != SPLIT_QK_DIM or cfg.cluster or prob.fp8):
         return f"split_qk takes q/k head_dim {SPLIT_QK_DIM} (not {prob.head_dim}), no clusters or float8"
-    if cfg.q_regs not in (0, 1, 2):
-        return f"q_regs {cfg.q_regs} (takes 0: Q in shared memory, 1: in registers, 2: its first half in registers)"
-    if cfg.q_regs == 2 and (cfg.split_qk or cfg.cluster):
-        return "q_regs=2 (half of Q in registers) takes neither split_qk nor clusters"
     in_bytes = _in_bytes(prob)
     smem = smem_bytes(prob.head_dim, cfg, prob.dv, in_bytes)
     if smem + SMEM_SPARE > SMEM_LIMIT:
@@ -290,13 +286,8 @@ def qk_slices(head_dim: int, cfg) -> tuple[int, int]:
     k-step, reading TMA's zeros past head_dim); (0, 0): over the whole tile (a head dim of its own tile's width,
     two slices that would cover it (112 as 64 + 64), Q in registers, whose operand does not slice, or a cluster,
     whose shared tiles Gluon 3.6 does not slice).  ``split_qk``
-    holds the two slices as tiles of their own, in registers too with ``q_regs``.  ``q_regs=2``: the first slice
-    is the tile's first half, held in registers, and the second slice follows it (the second half where the head
-    dim fills its tile)."""
+    holds the two slices as tiles of their own, in registers too with ``q_regs``."""
     tile = padded(head_dim)
-    if cfg.q_regs == 2:  # the first half of Q's tile in registers, the rest read from shared memory
-        half = tile // 2
-        return half, half if head_dim == tile else min(half, max(16, 1 << (head_dim - half - 1).bit_length()))
     if head_dim == tile or (cfg.q_regs and not cfg.split_qk) or cfg.cluster:
         return 0, 0
     hi = 1 << (head_dim.bit_length() - 1)
@@ -315,7 +306,7 @@ def constexprs(prob, cfg, store_lse: bool, paired: bool = False, alibi: bool = F
                 RAGGED=per_sequence(prob) or prob.seqlen_k % cfg.block_n != 0, PAIRED=paired,
                 PINGPONG=bool(cfg.pingpong), STORE_LSE=store_lse, VARLEN=prob.varlen, SEQUSED=prob.seqused,
                 ALIGN_BR=per_sequence(prob) and prob.align_br, PAGED=bool(prob.page),
-                O_SMEM=o_staged(prob.head_dim, cfg, prob.dv, _in_bytes(prob)), Q_REGS=cfg.q_regs,
+                O_SMEM=o_staged(prob.head_dim, cfg, prob.dv, _in_bytes(prob)), Q_REGS=bool(cfg.q_regs),
                 FENCE=bool(cfg.fence), LAZY=bool(cfg.lazy), STALE=bool(cfg.stale), SPLIT=split, BALANCE=balance,
                 CLUSTER=bool(cfg.cluster), FP8=prob.fp8, SPLIT_QK=bool(cfg.split_qk),
                 NARROW=0 if cfg.wide else narrow_pass.width(prob.dv, padded(prob.dv)))

@@ -37,20 +37,16 @@ def _pass_turn(turns, WG: gl.constexpr, NUM_WG: gl.constexpr, PINGPONG: gl.const
 
 @gluon.jit
 def _qk(q_op, q_lo, k_bufs, k_lo_bufs, s, s_layout: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
-        QK_HI: gl.constexpr, QK_LO: gl.constexpr, SPLIT_QK: gl.constexpr, Q_HALF: gl.constexpr):
+        QK_HI: gl.constexpr, QK_LO: gl.constexpr, SPLIT_QK: gl.constexpr):
     """Q K^T of one key tile, issued (step 5.1).  A head dim padded to its tile's power of two (192 in 256,
     96 in 128) with Q in shared memory: the columns past it hold TMA's zeros, so the product runs over
     the head dim's own columns only, as two slices of powers of two (``QK_HI`` columns, then ``QK_LO``).
     The key tile is slot ``s`` of ``k_bufs``.  SPLIT_QK: the two slices are tiles of their own (``q_op`` and
-    ``k_bufs``' the first 128 columns, ``q_lo`` and ``k_lo_bufs``' the last 64).  Q_HALF: ``q_op`` the first
-    slice of Q in registers, ``q_lo`` the second in shared memory."""
+    ``k_bufs``' the first 128 columns, ``q_lo`` and ``k_lo_bufs``' the last 64)."""
     zeros = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
     k_slot = k_bufs.index(s)
     if QK_HI == 0:  # the whole tile
         return warpgroup_mma(q_op, k_slot.permute((1, 0)), zeros, use_acc=False, is_async=True)
-    elif Q_HALF:  # the first slice's Q in registers (``q_op``), the second's in shared memory (``q_lo``)
-        qk = warpgroup_mma(q_op, k_slot.slice(0, QK_HI, dim=1).permute((1, 0)), zeros, use_acc=False, is_async=True)
-        return warpgroup_mma(q_lo, k_slot.slice(QK_HI, QK_LO, dim=1).permute((1, 0)), qk, is_async=True)
     elif SPLIT_QK:
         qk = warpgroup_mma(q_op, k_slot.permute((1, 0)), zeros, use_acc=False, is_async=True)
         return warpgroup_mma(q_lo, k_lo_bufs.index(s).permute((1, 0)), qk, is_async=True)
@@ -145,7 +141,6 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
     rank = _cta_rank(CLUSTER)
     ROWS: gl.constexpr = 64
     NUM_WG: gl.constexpr = BLOCK_M // ROWS
-    Q_HALF: gl.constexpr = Q_REGS == 2  # Q K^T's first slice from registers, its second from shared memory
     MASKED: gl.constexpr = CAUSAL or WINDOW or RAGGED  # a row may have seen no visible key yet
     dtype: gl.constexpr = o_desc.dtype
     p_dtype: gl.constexpr = v_bufs.dtype  # P narrowed to V's type for P V (float8 with FP8)
@@ -206,22 +201,19 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
         # tile 0: 5.1-5.4 (no rescale yet)
         s = ring_pos % STAGES
         mbarrier.wait(q_bar, items_done & 1)
-        if Q_REGS == 1:  # Q into registers once: its shared slot goes back to the producer at once
+        if Q_REGS:  # Q into registers once: its shared slot goes back to the producer at once
             q_op = q_half.load(q_layout)
             if SPLIT_QK:
                 q_lo_op = q_lo.load(q_layout)
             else:
                 q_lo_op = q_lo
             mbarrier.arrive(q_empty, count=1)
-        elif Q_REGS == 2:  # the first QK_HI columns into registers, the rest read from shared memory
-            q_op = q_half.slice(0, QK_HI, dim=1).load(q_layout)
-            q_lo_op = q_half.slice(QK_HI, QK_LO, dim=1)
         else:
             q_op = q_half
             q_lo_op = q_lo
         mbarrier.wait(k_ready.index(s), (ring_pos // STAGES) & 1)
         _take_turn(turns, n_turn, WG, PINGPONG)
-        qk = _qk(q_op, q_lo_op, k_bufs, k_lo_bufs, s, s_layout, ROWS, BLOCK_N, QK_HI, QK_LO, SPLIT_QK, Q_HALF)
+        qk = _qk(q_op, q_lo_op, k_bufs, k_lo_bufs, s, s_layout, ROWS, BLOCK_N, QK_HI, QK_LO, SPLIT_QK)
         _pass_turn(turns, WG, NUM_WG, PINGPONG)
         n_turn += 1
         qk, _k0 = warpgroup_mma_wait(0, deps=[qk, k_bufs.index(s)])
@@ -242,7 +234,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
             if PINGPONG:  # both operands in place before the turn is taken
                 mbarrier.wait(v_ready.index(prev_slot), prev_phase)
                 _take_turn(turns, n_turn, WG, PINGPONG)
-            qk = _qk(q_op, q_lo_op, k_bufs, k_lo_bufs, s, s_layout, ROWS, BLOCK_N, QK_HI, QK_LO, SPLIT_QK, Q_HALF)
+            qk = _qk(q_op, q_lo_op, k_bufs, k_lo_bufs, s, s_layout, ROWS, BLOCK_N, QK_HI, QK_LO, SPLIT_QK)
             if not PINGPONG:
                 mbarrier.wait(v_ready.index(prev_slot), prev_phase)
             acc = _pv(_pv_operand(p16, p_dtype, p_layout, FP8), _v_operand(v_bufs.index(prev_slot), FP8), acc,
@@ -260,8 +252,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
                 l_tile = gl.sum(p, axis=1)
                 alpha = gl.full_like(l_tile, 1.0)
                 if _any_row_over(_first_seen(l_tile, m, MASKED), WG) != 0:
-                    qk2 = _qk(q_op, q_lo_op, k_bufs, k_lo_bufs, s, s_layout, ROWS, BLOCK_N, QK_HI, QK_LO, SPLIT_QK,
-                              Q_HALF)
+                    qk2 = _qk(q_op, q_lo_op, k_bufs, k_lo_bufs, s, s_layout, ROWS, BLOCK_N, QK_HI, QK_LO, SPLIT_QK)
                     qk2 = warpgroup_mma_wait(0, deps=[qk2])
                     qk2 = _scores(qk2, first + i, mask_from, window_until, offs_m, offs_n, sk, seq_causal,
                                   seq_window, seq_align, cap_in, cap_out, slope, BLOCK_N, CAUSAL, WINDOW, SOFTCAP,
@@ -285,7 +276,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
             else:
                 acc = acc * alpha_o
             p16 = _carried_p(p, p_dtype, p_layout, FP8)
-        if Q_REGS != 1:  # every Q K^T of this item has retired: the producer may load the next item's Q
+        if not Q_REGS:  # every Q K^T of this item has retired: the producer may load the next item's Q
             mbarrier.arrive(q_empty, count=1)
         last = (ring_pos + n_iters - 1) % STAGES
         mbarrier.wait(v_ready.index(last), ((ring_pos + n_iters - 1) // STAGES) & 1)
