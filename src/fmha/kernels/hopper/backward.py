@@ -64,7 +64,7 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                               warpgroup_mma_wait)
+                                                               warpgroup_mma_init, warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ... import replay
@@ -130,6 +130,16 @@ def _crossed(m, key0, seqlen_q, seqlen_k, causal_offset, window_offset, BLOCK_M:
     if WINDOW:
         crossed = crossed | (m * BLOCK_M + BLOCK_M - 1 + window_offset > key0)
     return crossed
+
+
+@gluon.jit
+def _hidden(m, key0, causal_offset, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
+    """Whether the band's upper edge hides keys ``key0`` on from every row of query tile ``m`` (the tile's last row
+    sees none of them): there the warpgroup that owns them has P = dS = 0, nothing to multiply."""
+    hidden = False
+    if CAUSAL:
+        hidden = m * BLOCK_M + BLOCK_M - 1 + causal_offset < key0
+    return hidden
 
 
 @gluon.jit
@@ -583,27 +593,36 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
                     if not DK_LAST:
                         dk = warpgroup_mma(ds_t, q_s, dk, is_async=True)
                 else:
-                    lse2, delta = _row_stats(lse_bufs.index(s), delta_bufs.index(s), LOG2E, row_layout)
-                    zeros = gl.zeros([BLOCK_M, KEYS], gl.float32, s_layout)
-                    qk = warpgroup_mma(q_s, k_w.permute((1, 0)), zeros, use_acc=False, is_async=True)
-                    dp = warpgroup_mma(do_s, v_w.permute((1, 0)), zeros, use_acc=False, is_async=True)
-                    qk = warpgroup_mma_wait(1, deps=[qk])
-                    p = gl.exp2(qk * scale_log2 - lse2[:, None])
-                    if _crossed(m, key0, sq, sk, causal_b, window_b, BLOCK_M, KEYS, CAUSAL, WINDOW, RAGGED,
-                                VARLEN):
-                        p = gl.where(_seen(offs_k[None, :], rows[:, None], sq, sk, causal_b, window_b,
-                                           CAUSAL, WINDOW, VARLEN), p, 0.0)
+                    # typed as the products' accumulators before the branch that may issue none
+                    dv = warpgroup_mma_init(dv)
+                    dk = warpgroup_mma_init(dk)
+                    if _hidden(m, key0, causal_b, BLOCK_M, CAUSAL):  # (a block's first tile, its last keys) dS = 0
+                        mbarrier.wait(ds_free.index(d), d_phase ^ 1)
+                        ds_w.store(gl.zeros([BLOCK_M, KEYS], dtype, s_layout))
+                        fence_async_shared()
+                        mbarrier.arrive(ds_ready.index(d), count=1)
+                    else:
+                        lse2, delta = _row_stats(lse_bufs.index(s), delta_bufs.index(s), LOG2E, row_layout)
+                        zeros = gl.zeros([BLOCK_M, KEYS], gl.float32, s_layout)
+                        qk = warpgroup_mma(q_s, k_w.permute((1, 0)), zeros, use_acc=False, is_async=True)
+                        dp = warpgroup_mma(do_s, v_w.permute((1, 0)), zeros, use_acc=False, is_async=True)
+                        qk = warpgroup_mma_wait(1, deps=[qk])
+                        p = gl.exp2(qk * scale_log2 - lse2[:, None])
+                        if _crossed(m, key0, sq, sk, causal_b, window_b, BLOCK_M, KEYS, CAUSAL, WINDOW, RAGGED,
+                                    VARLEN):
+                            p = gl.where(_seen(offs_k[None, :], rows[:, None], sq, sk, causal_b, window_b,
+                                               CAUSAL, WINDOW, VARLEN), p, 0.0)
 
-                    # P and dS into shared memory (the A operands of dV and dK transposed, of dQ as they are), once
-                    # both warpgroups are done with the previous tile's
-                    mbarrier.wait(ds_free.index(d), d_phase ^ 1)
-                    p_w.store(p.to(dtype))
-                    dp = warpgroup_mma_wait(0, deps=[dp])
-                    ds_w.store((p * (dp - delta[:, None]) * scale).to(dtype))
-                    fence_async_shared()
-                    mbarrier.arrive(ds_ready.index(d), count=1)
-                    dv = warpgroup_mma(p_w.permute((1, 0)), do_s, dv, is_async=True)
-                    dk = warpgroup_mma(ds_w.permute((1, 0)), q_s, dk, is_async=True)
+                        # P and dS into shared memory (the A operands of dV and dK transposed, of dQ as they are),
+                        # once both warpgroups are done with the previous tile's
+                        mbarrier.wait(ds_free.index(d), d_phase ^ 1)
+                        p_w.store(p.to(dtype))
+                        dp = warpgroup_mma_wait(0, deps=[dp])
+                        ds_w.store((p * (dp - delta[:, None]) * scale).to(dtype))
+                        fence_async_shared()
+                        mbarrier.arrive(ds_ready.index(d), count=1)
+                        dv = warpgroup_mma(p_w.permute((1, 0)), do_s, dv, is_async=True)
+                        dk = warpgroup_mma(ds_w.permute((1, 0)), q_s, dk, is_async=True)
                 if DETERMINISTIC:  # the previous tile's add, complete by now: the next block's turn at that tile
                     if it > 0:
                         _pass_turn(lock)
