@@ -8,6 +8,10 @@ of each provider and closes it.  Cells (bf16): `d128nc16k` (B=1, H=16, S=16384, 
 beside the bf16 one (the float8 call's V^T pass too).
 `--hopper field=value,...` (each one a run more) also profiles the ``hopper`` kernel on the cell's table
 config with those fields changed, e.g. `--hopper split_tail=1` (its merge kernel is profiled with it).
+Backward cells (the default grid's shapes, bf16, bhsd): `bwd128c512` (B=32, H=16, S=512, D=128, causal),
+`bwd128nc16k` (B=1, H=16, S=16384, D=128) and `bwd64nc16k` (B=1, H=32, S=16384, D=64): the gradients of fmha's
+call and of cuDNN's, each forward run once before the profiled range, so the range holds the backward's kernels
+alone (fmha's: dQ's zeroing, ``delta``, the main kernel, dQ's cast).
 """
 import argparse
 import dataclasses
@@ -16,13 +20,20 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fmha
-from fmha import configs
+from fmha import backward, configs
 from fmha.bench.providers import config_changes
+
+
+BACKWARD = {"bwd128c512": (32, 16, 512, 128, True), "bwd128nc16k": (1, 16, 16384, 128, False),
+            "bwd64nc16k": (1, 32, 16384, 64, False)}  # name -> (batch, heads, seqlen, head_dim, causal)
 
 
 def cell(name):
     def rand(*shape):
         return torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
+    if name in BACKWARD:
+        b, h, s, d, _ = BACKWARD[name]
+        return rand(b, h, s, d), rand(b, h, s, d), rand(b, h, s, d)
     if name in ("d128nc16k", "fp8nc16k"):
         return rand(1, 16, 16384, 128), rand(1, 16, 16384, 128), rand(1, 16, 16384, 128)
     if name == "decode8k":
@@ -30,9 +41,18 @@ def cell(name):
     raise SystemExit(f"unknown cell {name!r}")
 
 
-def cudnn(q, k, v):
+def cudnn(q, k, v, causal=False):
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=q.shape[1] != k.shape[1])
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                                enable_gqa=q.shape[1] != k.shape[1])
+
+
+def backward_of(attend, q, k, v):
+    """A call of ``attend``'s backward alone: its forward run once here, each call the gradients of q, k and v."""
+    leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+    o = attend(*leaves)
+    do = torch.randn_like(o)
+    return lambda: torch.autograd.grad(o, leaves, do, retain_graph=True)
 
 
 def quantized(t: torch.Tensor):
@@ -53,12 +73,18 @@ ap.add_argument("--hopper", nargs="*", default=[], help="table-config changes to
 args = ap.parse_args()
 for name in args.cells:
     q, k, v = cell(name)
-    print(f"{name}: fmha runs {fmha.api.describe(q, k, v)}; then {args.hopper}", flush=True)
-    fns = [lambda: fmha.attention(q, k, v), lambda: cudnn(q, k, v)]
+    if name in BACKWARD:
+        causal = BACKWARD[name][4]
+        print(f"{name}: fmha's backward runs {backward.describe(q, k, v, causal=causal)}", flush=True)
+        fns = [backward_of(lambda a, b, c: fmha.attention(a, b, c, causal=causal), q, k, v),
+               backward_of(lambda a, b, c: cudnn(a, b, c, causal), q, k, v)]
+    else:
+        print(f"{name}: fmha runs {fmha.api.describe(q, k, v)}; then {args.hopper}", flush=True)
+        fns = [lambda: fmha.attention(q, k, v), lambda: cudnn(q, k, v)] + [changed(q, k, v, spec)
+                                                                           for spec in args.hopper]
     if name == "fp8nc16k":
         (q8, qs), (k8, ks), (v8, vs) = (quantized(t) for t in (q, k, v))
         fns[1] = lambda: fmha.attention(q8, k8, v8, q_descale=qs, k_descale=ks, v_descale=vs)
-    fns += [changed(q, k, v, spec) for spec in args.hopper]
     for fn in fns:
         for _ in range(3):
             fn()
