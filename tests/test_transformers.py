@@ -408,6 +408,31 @@ def test_compiled_generation_with_a_mask_neither_breaks_nor_recompiles(models, m
     assert found["fmha"][1] == 0 and found["fmha"][0] <= found["sdpa"][0], found
 
 
+def test_inductor_compiles_a_masked_forward_and_generation(models):
+    """The whole model compiled by inductor (``torch.compile``'s default backend), handed a mask: inductor lays out
+    the tensors it computes as it likes (q after the rotary embedding came out bhsd where the trace had bshd), and
+    the ``torch.cond`` branches assert the strides they were traced with, so the operands go in flat.  The logits
+    are SDPA's, and generate() with a dynamic and a static cache gives SDPA's tokens."""
+    import torch._dynamo
+    ref, ours = models
+    ids = torch.randint(1, 101, (1, 12), generator=torch.Generator().manual_seed(9)).to(DEVICE)
+    mask = torch.ones_like(ids)
+    compiled = copy.deepcopy(ours)
+    compiled.forward = torch.compile(compiled.forward)
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            got = compiled(ids, attention_mask=mask).logits.float()
+            want = ref(ids, attention_mask=mask).logits.float()
+            assert (got - want).abs().max() <= 2e-2 * want.abs().max(), (got - want).abs().max()
+            for cache in (None, "static"):
+                kw = dict(attention_mask=mask, max_new_tokens=3, min_new_tokens=3, do_sample=False,
+                          cache_implementation=cache)
+                assert_greedy_alike(compiled.generate(ids, **kw), ref.generate(ids, **kw), ref, mask)
+    finally:
+        torch._dynamo.reset()
+
+
 def test_compiled_generation_with_a_static_cache_runs_fmha_with_its_lengths(models, monkeypatch):
     """The whole model under ``torch.compile`` with a static cache (generate()'s ``cache_implementation="static"``,
     whose mask hides the slots not yet written): the prefill's ``torch.cond`` reads the mask as a static cache's

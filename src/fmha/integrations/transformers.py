@@ -273,24 +273,43 @@ def _compiled_masked(module, query, key, value, attention_mask, q, k, v, kw, dro
     def canonical(x):  # the branches' outputs must agree in strides: one flat dimension has one (torch.cond's
         return x.reshape(-1)  # stride merge trips over a decode's size-1 dimensions, even contiguous ones)
 
-    def ours(q, k, v, mask, end, cached):
+    # the operands go in flat as well: inductor may lay out a tensor it computes (q after the rotary embedding)
+    # otherwise than the strides the branches were traced with, and the branches assert those strides
+    (fq, fk, fv), ways = zip(*(_flat(t) for t in (q, k, v)))
+
+    def ours(fq, fk, fv, mask, end, cached):
+        q, k, v = (_unflat(t, way) for t, way in zip((fq, fk, fv), ways))
         return canonical(fmha.attention(q, k, v, causal_align="bottom_right", layout="bshd", **kw))
 
-    def with_lengths(q, k, v, mask, end, cached):
+    def with_lengths(fq, fk, fv, mask, end, cached):
+        q, k, v = (_unflat(t, way) for t, way in zip((fq, fk, fv), ways))
         return canonical(fmha.attention(q, k, v, causal_align="bottom_right", layout="bshd",
                                         seqused_k=end.to(torch.int32), **kw))
 
-    def theirs(q, k, v, mask, end, cached):
-        return canonical(sdpa_attention_forward(module, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                mask, dropout=dropout, scaling=kw["scale"], is_causal=is_causal,
-                                                **kwargs)[0])
+    def theirs(fq, fk, fv, mask, end, cached):
+        q, k, v = (_unflat(t, way).transpose(1, 2) for t, way in zip((fq, fk, fv), ways))
+        return canonical(sdpa_attention_forward(module, q, k, v, mask, dropout=dropout, scaling=kw["scale"],
+                                                is_causal=is_causal, **kwargs)[0])
 
-    def other(q, k, v, mask, end, cached):
-        return torch.cond(cached, with_lengths, theirs, (q, k, v, mask, end, cached))
+    def other(fq, fk, fv, mask, end, cached):
+        return torch.cond(cached, with_lengths, theirs, (fq, fk, fv, mask, end, cached))
     # a static cache is an inference thing; with gradients the branches' gradients would have to agree in strides
     # too, which the lengths' branch and SDPA's do not
-    out = torch.cond(band_alone, ours, theirs if training else other, (q, k, v, attention_mask, end, cached))
+    out = torch.cond(band_alone, ours, theirs if training else other, (fq, fk, fv, attention_mask, end, cached))
     return out.view(*q.shape[:3], v.shape[3])
+
+
+def _flat(t: torch.Tensor):
+    """``t`` as one flat dimension, its elements in the order its memory holds them (a view, no copy, wherever some
+    order of its dimensions is contiguous), and how :func:`_unflat` views it back."""
+    order = sorted(range(t.dim()), key=lambda i: -t.stride(i))  # the outermost dimension first
+    p = t.permute(order)
+    return p.reshape(-1), (tuple(p.shape), [order.index(i) for i in range(t.dim())])
+
+
+def _unflat(x: torch.Tensor, way) -> torch.Tensor:
+    shape, inverse = way
+    return x.view(shape).permute(inverse)
 
 
 _packed: dict = {}  # id(mask) -> [the mask, weakly; its sequence ids [batch, seq]; _packed_sequences' answer]
