@@ -412,23 +412,26 @@ def test_inductor_compiles_a_masked_forward_and_generation(models):
     """The whole model compiled by inductor (``torch.compile``'s default backend), handed a mask: inductor lays out
     the tensors it computes as it likes (q after the rotary embedding came out bhsd where the trace had bshd), and
     the ``torch.cond`` branches assert the strides they were traced with, so the operands go in flat.  The logits
-    are SDPA's, and generate() with a dynamic and a static cache gives SDPA's tokens."""
+    are SDPA's, and generate() with a dynamic and a static cache gives SDPA's tokens, for a tokenizer's all-ones mask
+    and a left-padded batch."""
     import torch._dynamo
     ref, ours = models
-    ids = torch.randint(1, 101, (1, 12), generator=torch.Generator().manual_seed(9)).to(DEVICE)
-    mask = torch.ones_like(ids)
+    ids = torch.randint(1, 101, (2, 12), generator=torch.Generator().manual_seed(9)).to(DEVICE)
+    left = torch.ones_like(ids)
+    left[1, :3] = 0
     compiled = copy.deepcopy(ours)
     compiled.forward = torch.compile(compiled.forward)
     torch._dynamo.reset()
     try:
         with torch.no_grad():
-            got = compiled(ids, attention_mask=mask).logits.float()
-            want = ref(ids, attention_mask=mask).logits.float()
+            got = compiled(ids, attention_mask=torch.ones_like(ids)).logits.float()
+            want = ref(ids, attention_mask=torch.ones_like(ids)).logits.float()
             assert (got - want).abs().max() <= 2e-2 * want.abs().max(), (got - want).abs().max()
-            for cache in (None, "static"):
-                kw = dict(attention_mask=mask, max_new_tokens=3, min_new_tokens=3, do_sample=False,
-                          cache_implementation=cache)
-                assert_greedy_alike(compiled.generate(ids, **kw), ref.generate(ids, **kw), ref, mask)
+            for mask in (torch.ones_like(ids), left):
+                for cache in (None, "static"):
+                    kw = dict(attention_mask=mask, max_new_tokens=3, min_new_tokens=3, do_sample=False,
+                              cache_implementation=cache)
+                    assert_greedy_alike(compiled.generate(ids, **kw), ref.generate(ids, **kw), ref, mask)
     finally:
         torch._dynamo.reset()
 
