@@ -436,6 +436,30 @@ def test_inductor_compiles_a_masked_forward_and_generation(models):
         torch._dynamo.reset()
 
 
+def test_a_compiled_forward_with_a_mask_takes_new_lengths(models):
+    """A compiled forward met again at another prompt length, where Dynamo traces the length as a symbol: the
+    ``torch.cond`` branches read only tensors and plain values (``causal`` stayed a symbolic bool, ``length > 1``,
+    which torch.cond refuses), no graph break, the logits SDPA's at every length, a left-padded row among them."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+    ref, ours = models
+    compiled = torch.compile(copy.deepcopy(ours).forward, backend="eager")
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        with torch.no_grad():
+            for n in (12, 20, 28):
+                ids = torch.randint(1, 101, (2, n), generator=torch.Generator().manual_seed(n)).to(DEVICE)
+                mask = torch.ones_like(ids)
+                mask[1, :3] = 0
+                got = compiled(ids, attention_mask=mask, use_cache=False).logits.float()
+                want = ref(ids, attention_mask=mask, use_cache=False).logits.float()
+                assert (got - want).abs().max() <= 2e-2 * want.abs().max(), (n, (got - want).abs().max())
+    finally:
+        torch._dynamo.reset()
+    assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
+
+
 def test_compiled_generation_with_a_static_cache_runs_fmha_with_its_lengths(models, monkeypatch):
     """The whole model under ``torch.compile`` with a static cache (generate()'s ``cache_implementation="static"``,
     whose mask hides the slots not yet written): the prefill's ``torch.cond`` reads the mask as a static cache's

@@ -51,7 +51,9 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     if dropout and module.training:
         raise NotImplementedError("fmha has no attention dropout; use attn_implementation='sdpa' to train with it")
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    causal = bool(causal) and query.shape[2] > 1  # one new token sees the whole cache
+    causal = bool(causal)
+    if query.shape[2] <= 1:  # one new token sees the whole cache (a branch: where Dynamo traces the length as a
+        causal = False  # symbol, ``causal`` stays a plain bool, as torch.cond's branches need what they read to be)
     sliding = kwargs.get("sliding_window")
     window = (sliding - 1, -1) if sliding else (-1, -1)
     softcap = float(kwargs.get("softcap") or 0.0)
@@ -302,7 +304,12 @@ def _compiled_masked(module, query, key, value, attention_mask, q, k, v, kw, dro
 def _flat(t: torch.Tensor):
     """``t`` as one flat dimension, its elements in the order its memory holds them (a view, no copy, wherever some
     order of its dimensions is contiguous), and how :func:`_unflat` views it back."""
-    order = sorted(range(t.dim()), key=lambda i: -t.stride(i))  # the outermost dimension first
+    order = []  # the outermost dimension first: an insertion sort, whose comparisons Dynamo guards (it sorts no
+    for i in range(t.dim()):  # symbolic keys, which a dynamic shape's strides are)
+        at = len(order)
+        while at and t.stride(order[at - 1]) < t.stride(i):
+            at -= 1
+        order.insert(at, i)
     p = t.permute(order)
     return p.reshape(-1), (tuple(p.shape), [order.index(i) for i in range(t.dim())])
 
