@@ -279,17 +279,18 @@ def _compiled_masked(module, query, key, value, attention_mask, q, k, v, kw, dro
     # otherwise than the strides the branches were traced with, and the branches assert those strides
     (fq, fk, fv), ways = zip(*(_flat(t) for t in (q, k, v)))
 
-    def ours(fq, fk, fv, mask, end, cached):
-        q, k, v = (_unflat(t, way) for t, way in zip((fq, fk, fv), ways))
-        return canonical(fmha.attention(q, k, v, causal_align="bottom_right", layout="bshd", **kw))
+    def unflat(*flat):
+        return [_unflat(t, way) for t, way in zip(flat, ways)]
+
+    def ours(fq, fk, fv, mask, end, cached, seqused_k=None):
+        return canonical(fmha.attention(*unflat(fq, fk, fv), causal_align="bottom_right", layout="bshd",
+                                        seqused_k=seqused_k, **kw))
 
     def with_lengths(fq, fk, fv, mask, end, cached):
-        q, k, v = (_unflat(t, way) for t, way in zip((fq, fk, fv), ways))
-        return canonical(fmha.attention(q, k, v, causal_align="bottom_right", layout="bshd",
-                                        seqused_k=end.to(torch.int32), **kw))
+        return ours(fq, fk, fv, mask, end, cached, seqused_k=end.to(torch.int32))
 
     def theirs(fq, fk, fv, mask, end, cached):
-        q, k, v = (_unflat(t, way).transpose(1, 2) for t, way in zip((fq, fk, fv), ways))
+        q, k, v = (t.transpose(1, 2) for t in unflat(fq, fk, fv))
         return canonical(sdpa_attention_forward(module, q, k, v, mask, dropout=dropout, scaling=kw["scale"],
                                                 is_causal=is_causal, **kwargs)[0])
 
