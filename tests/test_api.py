@@ -41,6 +41,8 @@ def test_out_must_not_alias_an_input():
         fmha.attention(q, k, v, out=q)
     with pytest.raises(ValueError, match="out must have q's shape with v's head_dim"):
         fmha.attention(q, k, v, out=torch.empty_like(q)[:, :1])
+    with pytest.raises(ValueError, match="out has elements that share memory"):  # a broadcast: heads on one place
+        fmha.attention(q, k, v, out=torch.empty_like(q)[:, :1].expand_as(q))
 
 
 def test_cpu_without_interpreter_is_a_clear_error(monkeypatch):

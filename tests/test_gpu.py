@@ -175,6 +175,36 @@ def test_hopper_reads_views_in_place(d, dtype, causal, arrangement):
         assert buf[:, :, 0].isnan().all() and buf[:, :, 2].isnan().all()
 
 
+@pytest.mark.parametrize("broadcast", ["batch-kv", "seq-q", "heads-kv"])
+@pytest.mark.parametrize("seqlen_q", [1000, 1], ids=["prefill", "decode"])
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_broadcast_inputs_read_as_they_are(layout, seqlen_q, broadcast):
+    """Inputs made by ``expand`` (a stride of 0: one prefix's K/V for every sequence of a batch, one query row
+    repeated, one KV head for all): whatever runs them (TMA views where the strides allow, else pointers) reads each
+    element where it is, forward and backward."""
+    q, k, v = make_qkv(3, 8, 2, seqlen_q, 1000, 128, torch.bfloat16, seed=seqlen_q)
+    if broadcast == "batch-kv":
+        k, v = (t[:1].transpose(1, 2).contiguous().transpose(1, 2).expand_as(t) for t in (k, v))  # bshd storage
+    elif broadcast == "seq-q":
+        q = q[:, :, :1].expand_as(q)
+    else:
+        k, v = (t[:, :1].expand(3, 8, *t.shape[2:]) for t in (k, v))
+    qq, kk, vv = (t if layout == "bhsd" else t.transpose(1, 2) for t in (q, k, v))
+    out = nan_like(qq)
+    fmha.attention(qq, kk, vv, causal=seqlen_q > 1, layout=layout, out=out)
+    check_against_reference(out, qq, kk, vv, seqlen_q > 1, "top_left", layout)
+    if seqlen_q == 1:
+        return
+    leaves = [t.detach().requires_grad_() for t in (qq, kk, vv)]
+    fmha.attention(*leaves, causal=True, layout=layout).float().square().sum().backward()
+    ref = [t.detach().float().requires_grad_() for t in (qq, kk, vv)]
+    rq, rk, rv = (t if layout == "bhsd" else t.transpose(1, 2) for t in ref)
+    torch.nn.functional.scaled_dot_product_attention(rq, rk, rv, is_causal=True, enable_gqa=True) \
+        .square().sum().backward()
+    for got, want in zip(leaves, ref):
+        assert (got.grad.float() - want.grad).abs().max() <= 0.05 * want.grad.abs().max(), broadcast
+
+
 def _arranged(b, h, kvh, s, d, dv, arrangement, seed):
     """bf16 q, k, v (bhsd views; v of head dim ``dv``) as a program holds them: ``contiguous`` bhsd,
     transformers' ``hf-view`` (bshd storage) or slices of one ``fused-qkv`` projection."""

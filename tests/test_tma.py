@@ -2,6 +2,8 @@
 is the tensor's own, the view stays inside the storage, and layouts TMA cannot read are refused."""
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fmha.bench.layouts import LAYOUTS, arrange
 from fmha.kernels import tma
@@ -64,6 +66,45 @@ def test_exact_descriptors_end_at_head_dim(layout, arrangement, d):
                 at, first = j if w.col else 0, i * w.batch + j * w.head
                 got = base[at, first:first + t.shape[2]] if kind == "rows" else base[at, first, :t.shape[2]]
                 assert torch.equal(got, t[i, j])
+
+
+@st.composite
+def strided(draw):
+    """A ``[b, h, s, d]`` tensor over a storage of its own with any strides: each dimension's stride a small multiple
+    of 8 elements or of a row, 0 (a broadcast, as ``expand`` makes) included, head_dim unit-stride or not, the pointer
+    aligned or 2 bytes off; and the layout it is read as."""
+    b, h, s = draw(st.sampled_from([1, 2, 3])), draw(st.sampled_from([1, 2, 4])), draw(st.sampled_from([1, 2, 5, 16]))
+    d = draw(st.sampled_from([8, 24, 64]))
+    unit = draw(st.sampled_from([1, 8, d]))
+    strides = [draw(st.sampled_from([0, 1, 2, 3, 5, 8, 40])) * unit for _ in range(3)]
+    strides.append(draw(st.sampled_from([1, 1, 1, 2])))
+    offset = draw(st.sampled_from([0, 8, 1]))
+    size = offset + sum((n - 1) * x for n, x in zip((b, h, s, d), strides)) + 1
+    storage = torch.randn(size, generator=torch.Generator().manual_seed(size), dtype=torch.float16)
+    return torch.as_strided(storage, (b, h, s, d), strides, offset), draw(st.sampled_from(["bhsd", "bshd"]))
+
+
+@settings(max_examples=400, deadline=None)
+@given(strided())
+def test_any_strides_read_through_a_view_are_the_tensor(case):
+    """Whatever the strides (overlapping ones and broadcasts among them), a view the kernels get addresses each
+    (batch, head) sequence's own elements and stays inside the storage; where no view can, there is none (a
+    sequence broadcast from one row, stride 0, was read as the rows after it; a batch broadcast into K or V with
+    heads side by side, as the next batch's keys)."""
+    t, layout = case
+    storage = torch.tensor([], dtype=t.dtype).set_(t.untyped_storage())
+    for view, kind in ((tma.rows_view, "rows"), (tma.kv_view, "kv")):
+        w = view(_bhsd_as(t, layout), layout)
+        if w is None:
+            continue
+        assert torch.equal(_through(t, w, kind), t), (kind, t.stride(), w)
+        shape, strides = tma.exact(_bhsd_as(t, layout), w, layout)
+        base = torch.as_strided(storage, shape, strides, t.storage_offset())  # raises past the storage
+        for i in range(t.shape[0]):
+            for j in range(t.shape[1]):
+                at, first = j if w.col else 0, i * w.batch + j * w.head
+                got = base[at, first:first + t.shape[2]] if kind == "rows" else base[at, first, :t.shape[2]]
+                assert torch.equal(got, t[i, j]), (kind, t.stride(), w)
 
 
 def test_a_page_pool_reads_as_bshd():

@@ -277,6 +277,9 @@ def check_out(out, q, k, v) -> None:
     if tuple(out.shape) != shape or out.dtype != dtype or out.device != q.device:
         raise ValueError(f"out must have q's shape with v's head_dim, dtype and device {shape}, {dtype}, "
                          f"{q.device}; got {tuple(out.shape)}, {out.dtype}, {out.device}")
+    if torch._debug_has_internal_overlap(out) == 1:
+        raise ValueError(f"out has elements that share memory (strides {tuple(out.stride())}, a broadcast): each "
+                         "output element needs a place of its own; pass a tensor from torch.empty")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if _overlaps(out, t):
             raise ValueError(f"out overlaps {name}: the kernel reads {name} while writing out")

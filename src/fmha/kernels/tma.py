@@ -36,11 +36,18 @@ class View:
 
 
 def _sizes_strides(shape, st, layout: str):
-    """(b, h, s, d) and their strides, the stride of a dimension of size 1 set to 0 (it never moves)."""
+    """(b, h, s, d) and their strides, the stride of a dimension of size 1 set to 0 (it never moves).  A
+    stride of 0 elsewhere is a broadcast (``expand``): a batch or head index that does not move."""
     order = (0, 1, 2, 3) if layout == "bhsd" else (0, 2, 1, 3)
     sizes = tuple(shape[i] for i in order)
     strides = tuple(st[i] if shape[i] > 1 else 0 for i in order)
     return sizes, strides
+
+
+def _rows_step(s: int, ss: int, sd: int, d: int) -> bool:
+    """Whether a sequence's rows and a row's columns are what a TMA box steps through: head_dim unit-stride, and
+    one row after another (a sequence broadcast from one row, stride 0, would be read as the rows after it)."""
+    return (d == 1 or sd == 1) and (s == 1 or ss != 0)
 
 
 def _multiple(a: int, b: int) -> bool:
@@ -62,7 +69,7 @@ def _views(view):
 def rows_view(shape, st, size: int, aligned: bool, layout: str) -> View | None:
     """Q or O as the 2-D matrix ``[rows, columns]``; None if its strides do not allow one."""
     (b, h, s, d), (sb, sh, ss, sd) = _sizes_strides(shape, st, layout)
-    if d > 1 and sd != 1:
+    if not _rows_step(s, ss, sd, d):
         return None
     row = ss or sh or sb or d  # a row's stride: a sequence position's, else whatever moves next
     if row < d or not _multiple(sb, row) and sb:
@@ -84,12 +91,12 @@ def kv_view(shape, st, size: int, aligned: bool, layout: str) -> View | None:
     """K or V as the 3-D tensor ``[first, seqlen, columns]`` (a box past seqlen is filled with zeros,
     never the next head's keys); None if its strides do not allow one."""
     (b, h, s, d), (sb, sh, ss, sd) = _sizes_strides(shape, st, layout)
-    if d > 1 and sd != 1:
+    if not _rows_step(s, ss, sd, d):
         return None
     row = ss or max(d, 8)  # one key: any aligned stride does, past it is outside the view
     if h > 1 and 0 < sh < row and sh >= d and (h - 1) * sh + d <= row:  # heads side by side within a row
-        first = sb or row * s
-        shape, strides, fb, fh, ch = (b, s, (h - 1) * sh + d), (first, row, 1), 1, 0, sh
+        first, fb = (sb, 1) if sb else (row * s, 0)  # (a batch broadcast from one: one first index for all)
+        shape, strides, fh, ch = ((b - 1) * fb + 1, s, (h - 1) * sh + d), (first, row, 1), 0, sh
     else:  # heads along the first index
         first = sh or sb or row * s
         if sb and not _multiple(sb, first):
