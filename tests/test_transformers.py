@@ -314,6 +314,55 @@ def test_other_masks_go_to_sdpa(monkeypatch):
     assert len(sdpa_masks) == 1 and sdpa_masks[0] is mask
 
 
+SMALL = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=16, max_position_embeddings=128)
+
+
+def assert_logits_alike(got, want, mask=None):
+    """Logits the same to bfloat16's noise (1e-2 of the largest, up to 7e-2 where a mixture of experts routes a token
+    otherwise; SDPA's own differ from eager's as much; a window lost or a band dropped moves them by 0.3-0.8), over
+    the real tokens of ``mask``."""
+    keep = slice(None) if mask is None else mask.bool()
+    got, want = got.float()[keep], want.float()[keep]
+    assert (got - want).abs().max() <= 0.1 * want.abs().max(), ((got - want).abs().max(), want.abs().max())
+
+
+@pytest.mark.parametrize("cls,cfg", [
+    ("Doge", dict(sliding_window=8)),  # its own additive mask, built from what the mask function gives
+    ("Doge", dict(sliding_window=None)),  # SDPA's own mask skip drops the causal band here: eager is the reference
+    ("Phimoe", dict(sliding_window=8)),
+    ("Qwen2Moe", dict(use_sliding_window=True, sliding_window=8, max_window_layers=2)),  # sliding, then full
+    ("Qwen2Moe", dict(use_sliding_window=True, sliding_window=8, max_window_layers=0)),  # every layer full
+], ids=str)
+def test_layers_that_do_not_name_their_window_keep_their_mask(cls, cfg):
+    """Models whose attention calls name no ``sliding_window``, so that their window lives in their mask alone,
+    which fmha's mask function leaves out where the band is all there is (Doge also adds a bias of its own to that
+    mask, None or not): fmha gives the eager model's logits past the window, and full-attention layers keep every
+    key, with or without padding."""
+    config = getattr(transformers, f"{cls}Config")(**SMALL, **cfg)
+    ref, ours = twins(getattr(transformers, f"{cls}ForCausalLM"), config)
+    eager = getattr(transformers, f"{cls}ForCausalLM")._from_config(copy.deepcopy(config), attn_implementation="eager",
+                                                                    dtype=torch.bfloat16)
+    eager.load_state_dict(ref.state_dict())
+    eager = eager.to(DEVICE).eval()
+    ids = torch.randint(3, 101, (2, 21), generator=torch.Generator().manual_seed(21)).to(DEVICE)
+    padded = torch.ones_like(ids)
+    padded[1, :5] = 0
+    with torch.no_grad():
+        for mask in (None, padded):
+            assert_logits_alike(ours(ids, attention_mask=mask).logits, eager(ids, attention_mask=mask).logits, mask)
+
+
+def test_head_dims_fmha_does_not_take_keep_their_window():
+    """A sliding-window model whose head dim fmha does not take runs SDPA with its window: the mask fmha's mask
+    function left out (the band is all there is) comes back as the band, window included."""
+    ref, ours = twins(transformers.MistralForCausalLM, transformers.MistralConfig(**{**SMALL, "head_dim": 12},
+                                                                                  sliding_window=4))
+    ids = torch.randint(3, 101, (2, 21), generator=torch.Generator().manual_seed(22)).to(DEVICE)
+    with torch.no_grad(), pytest.warns(UserWarning, match="head dims"):
+        assert_logits_alike(ours(ids).logits, ref(ids).logits)
+
+
 @pytest.fixture(scope="module")
 def sliding_models():
     """A small Mistral (sliding window of 8 keys) with SDPA and with fmha, the same weights."""

@@ -54,7 +54,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     causal = bool(causal)
     if query.shape[2] <= 1:  # one new token sees the whole cache (a branch: where Dynamo traces the length as a
         causal = False  # symbol, ``causal`` stays a plain bool, as torch.cond's branches need what they read to be)
-    sliding = kwargs.get("sliding_window")
+    sliding = kwargs.get("sliding_window") if "sliding_window" in kwargs else _window_left_out(module)
     window = (sliding - 1, -1) if sliding else (-1, -1)
     softcap = float(kwargs.get("softcap") or 0.0)
     sinks = kwargs.get("s_aux")  # gpt-oss's attention sinks, one logit a head
@@ -64,8 +64,8 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     if q.dtype == torch.float32 and torch.is_autocast_enabled(dev):  # mixed precision: as autocast casts SDPA's
         q, k, v = (t.to(torch.get_autocast_dtype(dev)) for t in (q, k, v))
     if not _takes_head_dims(q.shape[-1], v.shape[-1]):
-        return _sdpa_for_head_dims(module, query, key, value, attention_mask, dropout, scaling, is_causal, sinks,
-                                   kwargs)
+        return _sdpa_for_head_dims(module, query, key, value, attention_mask, dropout, scaling, is_causal, causal,
+                                   window, sinks, kwargs)
     kw = dict(causal=causal, scale=scaling, window=window, softcap=softcap, sinks=sinks)
     given = [kwargs.get(n) for n in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")]
     packing = q.shape[0] == 1 and all(x is not None for x in given)  # told as FlashAttention is told it
@@ -94,9 +94,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
             if not _boolean(attention_mask):
                 raise NotImplementedError(SINKS_MASKS)
             return masked_attention(q, k, v, attention_mask, scale=scaling, softcap=softcap, sinks=sinks), None
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)
+        return _sdpa(module, query, key, value, attention_mask, dropout, scaling, is_causal, causal, window, kwargs)
     if padding.valid is None:  # every key real: the mask is the band alone
         return fmha.attention(q, k, v, causal_align="bottom_right", layout="bshd", **kw), None
     if padding.used is not None:  # each sequence's real keys a prefix, its queries the last of them
@@ -115,12 +113,12 @@ def _takes_head_dims(d: int, dv: int) -> bool:
 _warned_head_dims: set = set()
 
 
-def _sdpa_for_head_dims(module, query, key, value, attention_mask, dropout, scaling, is_causal, sinks, kwargs):
+def _sdpa_for_head_dims(module, query, key, value, attention_mask, dropout, scaling, is_causal, causal, window, sinks,
+                        kwargs):
     """A model whose head dims fmha does not take (it takes multiples of 8 up to 256, and MLA's absorbed form) runs
-    torch SDPA, said once a pair of head dims; with sinks, which SDPA lacks, it is refused."""
+    torch SDPA (:func:`_sdpa`), said once a pair of head dims; with sinks, which SDPA lacks, it is refused."""
     import warnings
 
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
     dims = (query.shape[-1], value.shape[-1])
     why = head_dims_reason(*dims)
     if sinks is not None:
@@ -129,6 +127,27 @@ def _sdpa_for_head_dims(module, query, key, value, attention_mask, dropout, scal
     if dims not in _warned_head_dims:
         _warned_head_dims.add(dims)
         warnings.warn(f"fmha does not take this model's head dims ({why}): they run on torch SDPA", stacklevel=3)
+    return _sdpa(module, query, key, value, attention_mask, dropout, scaling, is_causal, causal, window, kwargs)
+
+
+def _sdpa(module, query, key, value, attention_mask, dropout, scaling, is_causal, causal: bool, window, kwargs):
+    """transformers' SDPA attention for a call fmha leaves to it, the layer's band (causal, bottom-right, and its
+    window) made explicit where the mask may lack it.  :func:`mask` asks for no mask wherever the band is all there
+    is, which SDPA's ``is_causal`` (top-left, no window) stands for only when the layer has no window and the rows
+    are all the keys or one; and a model may build an additive mask of its own from that None (Doge adds a bias to
+    every key).  A float mask gets the dtype's lowest value outside the band (where the band is in it already,
+    nothing changes); no mask, the band as a boolean one where ``is_causal`` would not be it."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    q_len, k_len = query.shape[2], key.shape[2]
+    if attention_mask is None:
+        explicit = window[0] >= 0 or causal and q_len not in (1, k_len)
+    else:
+        explicit = (causal or window[0] >= 0) and attention_mask.dtype.is_floating_point
+    if explicit:
+        j = torch.arange(k_len, device=query.device)
+        band = _band(torch.arange(q_len, device=query.device)[None, :] + (k_len - q_len), j, causal, window)[:, None]
+        attention_mask = band if attention_mask is None else \
+            attention_mask[..., :k_len].masked_fill(~band, torch.finfo(attention_mask.dtype).min)
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                   is_causal=is_causal, **kwargs)
 
@@ -257,8 +276,8 @@ def _compiled_masked(module, query, key, value, attention_mask, q, k, v, kw, dro
     if not _boolean(attention_mask):
         if kw["sinks"] is not None:  # SDPA has no sinks: running it would drop them
             raise NotImplementedError(SINKS_MASKS)
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                      scaling=kw["scale"], is_causal=is_causal, **kwargs)[0]
+        return _sdpa(module, query, key, value, attention_mask, dropout, kw["scale"], is_causal, kw["causal"],
+                     kw["window"], kwargs)[0]
     q_len, k_len = q.shape[1], k.shape[1]
     if kw["sinks"] is not None or q_len == 1 and not training:
         return masked_attention(q, k, v, attention_mask, scale=kw["scale"], softcap=kw["softcap"], sinks=kw["sinks"])
@@ -430,12 +449,36 @@ def mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function
         padding = prepare_padding_mask(attention_mask, kv_length, kv_offset)
         # an all-ones padding mask (generate() passes one) read once a forward, as SDPA's skip reads it
         if padding is None or not torch.compiler.is_compiling() and bool(padding.all()):
+            if local_size is not None and kwargs.get("config") is not None and not torch.compiler.is_compiling():
+                _windows[id(kwargs["config"])] = (weakref.ref(kwargs["config"]), local_size)
             return None
         if not torch.compiler.is_compiling():  # padding read: SDPA's skip would read it again, to skip nothing
             skip = False
     return sdpa_mask(batch_size, q_length, kv_length, q_offset=q_offset, kv_offset=kv_offset,
                      mask_function=mask_function, attention_mask=attention_mask, local_size=local_size,
                      allow_is_causal_skip=skip, **kwargs)
+
+
+_windows: dict = {}  # id(config) -> [the config, weakly; the window of the sliding mask :func:`mask` left out]
+
+
+def _window_left_out(module) -> int | None:
+    """The sliding window of a layer whose call does not name one (``sliding_window`` not among its arguments)
+    where :func:`mask` has left out a sliding-window mask of its model: that mask's window where the layer takes
+    it, by the config's ``layer_types`` where it has them (Qwen2-MoE), else on every layer (Doge, PhiMoE; Doge
+    builds an additive mask of its own from the None, which :func:`_sdpa` joins with the band).  None otherwise:
+    the layer's mask, or the plain causal band, holds what it sees.  Eager calls only (under ``torch.compile``
+    such a model's layers see the causal band without the window, as FlashAttention's integration gives them)."""
+    if torch.compiler.is_compiling():
+        return None
+    config = getattr(module, "config", None)
+    entry = _windows.get(id(config))
+    if entry is None or entry[0]() is not config:
+        return None
+    types, at = getattr(config, "layer_types", None), getattr(module, "layer_idx", None)
+    if types is not None and at is not None and at < len(types) and types[at] != "sliding_attention":
+        return None
+    return entry[1]
 
 
 def _sliding_window(mask_function) -> bool:
