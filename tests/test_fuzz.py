@@ -167,3 +167,25 @@ def test_a_gradient_is_judged_with_its_scores_computed_again(monkeypatch):
     with pytest.raises(AssertionError, match="dv"):
         fuzz.run(p, DEVICE)
 
+
+
+def test_an_lse_whose_scores_cancel_is_judged_by_what_float32_accumulation_costs(monkeypatch):
+    """Scores of 1e7 that cancel to tens (``extreme``: one key visible to the first causal rows): float32 sums
+    leave a few tenths there in any kernel, which the LSE's yardstick allows (one float32 unit of the row's largest
+    ``scale * sum |q k|``); an LSE 1e-2 off on ordinary inputs still fails."""
+    fuzz.run(fuzz.Problem(
+        entry="paged", variant="tiled", config={"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 2},
+        dtype="bfloat16", layout="fused-qkv", batch=2, heads=6, kv_heads=3, seqlen_q=32, seqlen_k=30, head_dim=96,
+        causal=True, align="top_left", window=(-1, -1), softcap=0.0, alibi=False, seqused=False, num_splits=0,
+        page=128, pattern="extreme", seed=3377674), DEVICE)
+    real = fmha.api.attention
+
+    def off(*args, **kwargs):
+        o, lse = real(*args, **kwargs)
+        return o, lse + 1e-2
+    monkeypatch.setattr(fuzz, "attention", off)
+    with pytest.raises(AssertionError, match="LSE off by"):
+        fuzz.run(fuzz.Problem(
+            entry="attention", variant="tiled", config=None, dtype="float16", layout="bhsd", batch=1, heads=2,
+            kv_heads=1, seqlen_q=9, seqlen_k=20, head_dim=64, causal=False, align="top_left", window=(-1, -1),
+            softcap=0.0, alibi=False, seqused=False, num_splits=0, page=16, pattern="normal", seed=1), DEVICE)

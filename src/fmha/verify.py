@@ -6,7 +6,9 @@ plus one unit in the last place at the output's largest magnitude (the store to 
 alone can cost that where the kernel and PyTorch round ``P`` differently); both errors are
 measured against :func:`fmha.reference.dense_attention`.  Rows whose reference is not finite
 (a NaN or inf in a key they see) must be non-finite in the output too, and only those rows.
-The LSE passes within 2e-3 of the reference's, ``-inf`` exactly where it is.
+The LSE passes within 2e-3 (and 1e-3 of its magnitude) of the reference's, ``-inf`` exactly where it is, plus what
+float32 accumulation may cost a score: one float32 unit of the row's largest ``scale * sum_d |q_d k_d|`` (scores that
+cancel from terms of 1e7 come out a few tenths off in any float32 product).
 """
 from __future__ import annotations
 
@@ -74,20 +76,37 @@ def check(o, q, k, v, causal, causal_align="top_left", layout="bhsd", scale=None
     ulp = ULP[q.dtype] * max(1.0, float(np.abs(ref).max(initial=0.0)))
     assert err <= 2 * base + ulp, f"error {err:.3g} > 2 x torch's {base:.3g} + {ulp:.3g}"
     if lse is not None:
-        check_lse(lse, np.where(bad_ref, 0.0, ref_lse), skip=bad_ref)
+        check_lse(lse, np.where(bad_ref, 0.0, ref_lse), skip=bad_ref, slack=_accumulation(q, k, scale))
     return err, base
 
 
-def check_lse(lse, ref_lse, atol=2e-3, skip=None):
-    """``lse`` (a tensor) against the reference's: ``-inf`` exactly where it is, close elsewhere
-    (rows in the boolean mask ``skip`` are not compared)."""
+def _accumulation(q, k, scale) -> np.ndarray:
+    """What float32 accumulation may cost a row's scores: one float32 unit of its largest ``scale * sum_d |q_d k_d|``
+    (``[batch, heads, seqlen_q]``)."""
+    group = q.shape[1] // k.shape[1]
+    qa, ka = (t.detach().cpu().double().abs().nan_to_num(0.0, 0.0) for t in (q, k.repeat_interleave(group, 1)))
+    scale = 1.0 / q.shape[-1] ** 0.5 if scale is None else scale
+    if ka.shape[2] == 0:
+        return np.zeros(qa.shape[:3])
+    return (np.finfo(np.float32).eps * scale * (qa @ ka.transpose(-1, -2)).amax(-1)).numpy()
+
+
+def check_lse(lse, ref_lse, atol=2e-3, skip=None, slack=None):
+    """``lse`` (a tensor) against the reference's: ``-inf`` exactly where it is, within ``atol``, 1e-3 of its
+    magnitude and ``slack`` (per row, :func:`_accumulation`) elsewhere (rows in the boolean mask ``skip`` are not
+    compared)."""
     got = lse.detach().cpu().double().numpy()
     assert got.shape == ref_lse.shape, (got.shape, ref_lse.shape)
     if skip is not None:
         got = np.where(skip, 0.0, got)
     np.testing.assert_array_equal(np.isneginf(got), np.isneginf(ref_lse))
     fin = np.isfinite(ref_lse)
-    np.testing.assert_allclose(got[fin], ref_lse[fin], atol=atol, rtol=1e-3)
+    off = np.abs(got[fin] - ref_lse[fin])
+    bound = atol + 1e-3 * np.abs(ref_lse[fin]) + (0.0 if slack is None else np.broadcast_to(slack, fin.shape)[fin])
+    if (off > bound).any():
+        worst = np.argmax(off - bound)
+        raise AssertionError(f"LSE off by {off[worst]:.3g} at {ref_lse[fin][worst]:.6g} (bound {bound[worst]:.3g}); "
+                             f"{(off > bound).sum()} of {off.size} rows")
 
 
 def _modified(s, seqlen_k: int, causal, causal_align, window, softcap, alibi_slopes, attn_mask):
