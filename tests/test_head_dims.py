@@ -198,7 +198,7 @@ def test_a_narrow_v_beside_another_qk(head_dim, head_dim_v, config, causal):
     32-column V tiles) answered wrongly (errors 0.4-1.5) or faulted (72 with 24; 48 with 24 in 64 x 64 tiles of one
     stage); V's tile is now at least 64 columns there (:func:`fmha.plan.v_tile`).  Forward over 300 keys in bshd
     (rows a multiple of 8 elements apart), gradients at the first pair; the transformers integration takes them."""
-    from fmha.integrations.transformers import _takes_head_dims
+    from fmha.integrations.transformers import _not_taken
     from fmha.plan import v_tile
     cfg = fmha.KernelConfig(*config) if config else None
     q, k, v = qkv(1, 4, 2, 37, 300, head_dim, head_dim_v, "bshd", seed=head_dim)
@@ -206,7 +206,7 @@ def test_a_narrow_v_beside_another_qk(head_dim, head_dim_v, config, causal):
     _, lse = fmha.attention(q, k, v, causal=causal, causal_align="bottom_right", layout="bshd", variant="tiled",
                             config=cfg, out=out, return_lse=True)
     check_against_reference(out, q, k, v, causal, "bottom_right", "bshd", lse=lse)
-    assert v_tile(head_dim, head_dim_v) == 64 and v_tile(head_dim_v, head_dim_v) < 64 and _takes_head_dims(40, 24)
+    assert v_tile(head_dim, head_dim_v) == 64 and v_tile(head_dim_v, head_dim_v) < 64 and _not_taken(40, 24, {}) is None
     if (head_dim, head_dim_v) == (40, 24) and causal:
         q, k, v = (t[:, :40].detach().requires_grad_(True) for t in (q, k, v))
         o = fmha.attention(q, k, v, causal=True, layout="bshd")

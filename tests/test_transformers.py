@@ -199,7 +199,7 @@ def test_head_dims_fmha_does_not_take_run_sdpa_said_once(monkeypatch):
     import warnings
 
     import fmha.integrations.transformers as fmha_hf
-    monkeypatch.setattr(fmha_hf, "_warned_head_dims", set())
+    monkeypatch.setattr(fmha_hf, "_warned", set())
     ref, ours = twins(transformers.LlamaForCausalLM, transformers.LlamaConfig(
         vocab_size=101, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2))
@@ -209,7 +209,7 @@ def test_head_dims_fmha_does_not_take_run_sdpa_said_once(monkeypatch):
         got = ours.generate(ids, max_new_tokens=3, do_sample=False)
     assert_greedy_alike(got, ref.generate(ids, max_new_tokens=3, do_sample=False), ref)
     assert [str(w.message) for w in said if "head dims" in str(w.message)] == [
-        f"fmha does not take this model's head dims ({fmha_hf.head_dims_reason(12, 12)}): they run on torch SDPA"]
+        f"fmha does not take this model's head dims ({fmha_hf.head_dims_reason(12, 12)}): it runs on torch SDPA"]
     q = torch.zeros(1, 4, 3, 12, dtype=torch.bfloat16, device=DEVICE)
     with pytest.raises(NotImplementedError, match="SDPA has no attention sinks"):
         fmha_hf.attention_forward(ours.model.layers[0].self_attn, q, q[:, :2], q[:, :2], None,
@@ -361,6 +361,29 @@ def test_head_dims_fmha_does_not_take_keep_their_window():
     ids = torch.randint(3, 101, (2, 21), generator=torch.Generator().manual_seed(22)).to(DEVICE)
     with torch.no_grad(), pytest.warns(UserWarning, match="head dims"):
         assert_logits_alike(ours(ids).logits, ref(ids).logits)
+
+
+def test_a_position_bias_runs_sdpa_said_once():
+    """T5's relative positions come as ``position_bias``, an additive bias on every score, which fmha does not take:
+    those calls run SDPA (which adds it to the mask), with one warning, and give SDPA's hidden states, padded or
+    not; dropping the bias moved them by 6e-2 at initialization."""
+    import warnings
+
+    import fmha.integrations.transformers as fmha_hf
+    cfg = transformers.T5Config(vocab_size=101, d_model=64, d_kv=16, d_ff=96, num_layers=2, num_heads=4,
+                                decoder_start_token_id=0)
+    ref, ours = twins(transformers.T5Model, cfg)
+    ids = torch.randint(3, 101, (2, 21), generator=torch.Generator().manual_seed(23)).to(DEVICE)
+    padded = torch.ones_like(ids)
+    padded[1, 15:] = 0
+    fmha_hf._warned.discard("position bias (an additive bias on every score)")
+    with warnings.catch_warnings(record=True) as said, torch.no_grad():
+        warnings.simplefilter("always")
+        for mask in (None, padded):
+            kw = dict(input_ids=ids, attention_mask=mask, decoder_input_ids=ids[:, :9])
+            assert_logits_alike(ours(**kw).last_hidden_state, ref(**kw).last_hidden_state)
+    assert [str(w.message) for w in said if "position bias" in str(w.message)] == [
+        "fmha does not take this model's position bias (an additive bias on every score): it runs on torch SDPA"]
 
 
 @pytest.fixture(scope="module")

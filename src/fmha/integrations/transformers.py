@@ -4,29 +4,29 @@
     fmha_hf.register()                                   # once, before building the model
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="fmha")
 
-Head dims fmha does not take run SDPA (a warning says so once).  Calls without a mask (causal or
-bidirectional, prefill or decode with a KV cache, sliding-window layers, Gemma-style soft-capping,
-gpt-oss's attention sinks) run fmha.  The mask function registered beside it (:func:`mask`) asks for no
-mask whenever the causal band and the layer's window are all there is (no padding, the queries the last
-positions of the keys), under ``torch.compile`` too, so those calls make no host checks and trace whole.
-A padded batch (a mask that is exactly the causal band, the layer's window and one contiguous run of real
-tokens per sequence) runs as packed sequences: the real tokens gathered, :func:`fmha.attention_varlen`,
-scattered back, with zeros on padded query rows; its decoding steps (one query row a sequence, every row
-computed) run fmha with the mask as ``attn_mask``, the cache read in place; a static cache's mask (the real
-keys a prefix, the queries the last of them, the unused slots after) runs with ``seqused_k``.  A padding mask
-with no band (an encoder's own, a decoder's cross-attention) computes every query row against the real keys.
+Head dims fmha does not take, and an additive bias on the scores (T5's ``position_bias``), run SDPA (a warning says so
+once).  Calls without a mask (causal or bidirectional, prefill or decode with a KV cache, sliding-window layers,
+Gemma-style soft-capping, gpt-oss's attention sinks) run fmha.  The mask function registered beside it (:func:`mask`)
+asks for no mask whenever the causal band and the layer's window are all there is (no padding, the queries the last
+positions of the keys), under ``torch.compile`` too, so those calls make no host checks and trace whole; a layer whose
+call names no window, where the sliding mask was left out, takes that mask's window (Doge, PhiMoE, Qwen2-MoE), and
+what goes to SDPA gets the band back.  A padded batch (a mask that is exactly the causal band, the layer's window and
+one contiguous run of real tokens per sequence) runs as packed sequences: the real tokens gathered,
+:func:`fmha.attention_varlen`, scattered back, with zeros on padded query rows; its decoding steps (one query row a
+sequence, every row computed) run fmha with the mask as ``attn_mask``, the cache read in place; a static cache's mask
+(the real keys a prefix, the queries the last of them, the unused slots after) runs with ``seqused_k``.  A padding
+mask with no band (an encoder's own, a decoder's cross-attention) computes every query row against the real keys.
 Sequences packed along a row and told apart by position_ids alone (transformers' padding-free format,
-``DataCollatorWithFlattening``) run as one varlen call over every token (:func:`packed_attention`; the
-mask function notes them, :func:`mask`, or FlashAttention's kwargs ``cu_seq_lens_q/k`` and
-``max_length_q/k`` tell them).  Any other mask goes to torch SDPA with that mask, so nothing is computed
-wrong; with sinks, which SDPA lacks, fmha runs with a boolean mask itself (``attn_mask``, gradients
-included).  Under ``torch.compile`` a mask is not read on the host: a decoding step without gradients
-(and any call with sinks) runs fmha with the mask itself (``attn_mask``, the keys up to its last real one),
-with no ``torch.cond``, so transformers' compiled decoding (a static cache, CUDA graphs) keeps its CUDA graph;
-otherwise ``torch.cond`` picks fmha for the band alone, fmha with ``seqused_k`` for a static cache's
-mask and SDPA with the mask otherwise (no graph break, no graphs that depend on the mask's values).
-Training works (gradients through :mod:`fmha.gradients`), under autocast too (float32 q, k, v are cast
-to the autocast dtype, as autocast casts SDPA's); attention dropout is refused.
+``DataCollatorWithFlattening``) run as one varlen call over every token (:func:`packed_attention`; the mask function
+notes them, :func:`mask`, or FlashAttention's kwargs ``cu_seq_lens_q/k`` and ``max_length_q/k`` tell them).  Any other
+mask goes to torch SDPA with that mask, so nothing is computed wrong; with sinks, which SDPA lacks, fmha runs with a
+boolean mask itself (``attn_mask``, gradients included).  Under ``torch.compile`` a mask is not read on the host: a
+decoding step without gradients (and any call with sinks) runs fmha with the mask itself (``attn_mask``, the keys up
+to its last real one), with no ``torch.cond``, so transformers' compiled decoding (a static cache, CUDA graphs) keeps
+its CUDA graph; otherwise ``torch.cond`` picks fmha for the band alone, fmha with ``seqused_k`` for a static cache's
+mask and SDPA with the mask otherwise (no graph break, no graphs that depend on the mask's values).  Training works
+(gradients through :mod:`fmha.gradients`), under autocast too (float32 q, k, v are cast to the autocast dtype, as
+autocast casts SDPA's); attention dropout is refused.
 """
 from __future__ import annotations
 
@@ -63,9 +63,10 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     dev = q.device.type
     if q.dtype == torch.float32 and torch.is_autocast_enabled(dev):  # mixed precision: as autocast casts SDPA's
         q, k, v = (t.to(torch.get_autocast_dtype(dev)) for t in (q, k, v))
-    if not _takes_head_dims(q.shape[-1], v.shape[-1]):
-        return _sdpa_for_head_dims(module, query, key, value, attention_mask, dropout, scaling, is_causal, causal,
-                                   window, sinks, kwargs)
+    instead = _not_taken(q.shape[-1], v.shape[-1], kwargs)
+    if instead:
+        return _sdpa_instead(instead, module, query, key, value, attention_mask, dropout, scaling, is_causal, causal,
+                             window, sinks, kwargs)
     kw = dict(causal=causal, scale=scaling, window=window, softcap=softcap, sinks=sinks)
     given = [kwargs.get(n) for n in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")]
     packing = q.shape[0] == 1 and all(x is not None for x in given)  # told as FlashAttention is told it
@@ -105,28 +106,33 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     return unpadded_attention(q, k, v, padding.gather, **kw), None
 
 
-def _takes_head_dims(d: int, dv: int) -> bool:
-    """Whether fmha takes q/k's head dim ``d`` with V's ``dv`` (:func:`fmha.checks.head_dims_reason`)."""
-    return head_dims_reason(d, dv) is None
+def _not_taken(d: int, dv: int, kwargs) -> str | None:
+    """What of a call fmha does not take, or None: head dims it has no kernel for (it takes multiples of 8 up to 256,
+    and MLA's absorbed form), or an additive bias on the scores (T5's relative positions, ``position_bias``, which
+    transformers' SDPA attention adds to the mask)."""
+    why = head_dims_reason(d, dv)
+    if why is not None:
+        return f"head dims ({why})"
+    if kwargs.get("position_bias") is not None:
+        return "position bias (an additive bias on every score)"
+    return None
 
 
-_warned_head_dims: set = set()
+_warned: set = set()
 
 
-def _sdpa_for_head_dims(module, query, key, value, attention_mask, dropout, scaling, is_causal, causal, window, sinks,
-                        kwargs):
-    """A model whose head dims fmha does not take (it takes multiples of 8 up to 256, and MLA's absorbed form) runs
-    torch SDPA (:func:`_sdpa`), said once a pair of head dims; with sinks, which SDPA lacks, it is refused."""
+def _sdpa_instead(what: str, module, query, key, value, attention_mask, dropout, scaling, is_causal, causal, window,
+                  sinks, kwargs):
+    """A call fmha does not take (``what``: :func:`_not_taken`) runs torch SDPA (:func:`_sdpa`), said once a
+    reason; with sinks, which SDPA lacks, it is refused."""
     import warnings
 
-    dims = (query.shape[-1], value.shape[-1])
-    why = head_dims_reason(*dims)
     if sinks is not None:
-        raise NotImplementedError(f"fmha does not take this model's head dims ({why}), and SDPA has no attention "
+        raise NotImplementedError(f"fmha does not take this model's {what}, and SDPA has no attention "
                                   "sinks: use attn_implementation='eager'")
-    if dims not in _warned_head_dims:
-        _warned_head_dims.add(dims)
-        warnings.warn(f"fmha does not take this model's head dims ({why}): they run on torch SDPA", stacklevel=3)
+    if what not in _warned:
+        _warned.add(what)
+        warnings.warn(f"fmha does not take this model's {what}: it runs on torch SDPA", stacklevel=3)
     return _sdpa(module, query, key, value, attention_mask, dropout, scaling, is_causal, causal, window, kwargs)
 
 
