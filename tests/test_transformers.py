@@ -386,6 +386,36 @@ def test_a_position_bias_runs_sdpa_said_once():
         "fmha does not take this model's position bias (an additive bias on every score): it runs on torch SDPA"]
 
 
+@pytest.mark.parametrize("name", ["Bloom", "XGLM"])
+def test_a_model_with_attention_of_its_own_gets_eager_masks(name):
+    """Bloom and XGLM compute attention in their own code (with ALiBi, Bloom), asking transformers' mask interface
+    only, and add what they get to their scores: with ``"fmha"`` they get eager's additive mask and give eager's
+    logits, padded or not, said once (a causal band fmha's mask function left out, or a boolean mask added as 0 and 1,
+    gave them the wrong answer)."""
+    import warnings
+
+    import fmha.integrations.transformers as fmha_hf
+    cls, config = getattr(transformers, f"{name}ForCausalLM"), getattr(transformers, f"{name}Config")(
+        vocab_size=101, hidden_size=64, n_layer=2, n_head=4, num_layers=2, attention_heads=4, d_model=64, ffn_dim=96)
+    fmha_hf.register()
+    fmha_hf._interface.pop(type(config), None)
+    torch.manual_seed(0)
+    eager, ours = (cls._from_config(copy.deepcopy(config), attn_implementation=impl, dtype=torch.bfloat16)
+                   for impl in ("eager", "fmha"))
+    ours.load_state_dict(eager.state_dict())
+    eager, ours = eager.to(DEVICE).eval(), ours.to(DEVICE).eval()
+    ids = torch.randint(3, 101, (2, 21), generator=torch.Generator().manual_seed(24)).to(DEVICE)
+    padded = torch.ones_like(ids)
+    padded[1, :5] = 0
+    with warnings.catch_warnings(record=True) as said, torch.no_grad():
+        warnings.simplefilter("always")
+        for mask in (None, padded):
+            assert_logits_alike(ours(ids, attention_mask=mask).logits, eager(ids, attention_mask=mask).logits, mask)
+    assert [str(w.message) for w in said if "its own code" in str(w.message)] == [
+        f"{cls.__name__.replace('ForCausalLM', 'Model')} computes attention in its own code, not through "
+        "transformers' attention interface: attn_implementation='fmha' runs none of it (its masks are eager's)"]
+
+
 @pytest.fixture(scope="module")
 def sliding_models():
     """A small Mistral (sliding window of 8 keys) with SDPA and with fmha, the same weights."""

@@ -5,13 +5,14 @@
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="fmha")
 
 Head dims fmha does not take, and an additive bias on the scores (T5's ``position_bias``), run SDPA (a warning says so
-once).  Calls without a mask (causal or bidirectional, prefill or decode with a KV cache, sliding-window layers,
-Gemma-style soft-capping, gpt-oss's attention sinks) run fmha.  The mask function registered beside it (:func:`mask`)
-asks for no mask whenever the causal band and the layer's window are all there is (no padding, the queries the last
-positions of the keys), under ``torch.compile`` too, so those calls make no host checks and trace whole; a layer whose
-call names no window, where the sliding mask was left out, takes that mask's window (Doge, PhiMoE, Qwen2-MoE), and
-what goes to SDPA gets the band back.  A padded batch (a mask that is exactly the causal band, the layer's window and
-one contiguous run of real tokens per sequence) runs as packed sequences: the real tokens gathered,
+once); a model with attention code of its own (Bloom) gets eager's masks from the mask function, and runs its code.
+Calls without a mask (causal or bidirectional, prefill or decode with a KV cache, sliding-window layers, Gemma-style
+soft-capping, gpt-oss's attention sinks) run fmha.  The mask function registered beside it (:func:`mask`) asks for no
+mask whenever the causal band and the layer's window are all there is (no padding, the queries the last positions of
+the keys), under ``torch.compile`` too, so those calls make no host checks and trace whole; a layer whose call names
+no window, where the sliding mask was left out, takes that mask's window (Doge, PhiMoE, Qwen2-MoE), and what goes to
+SDPA gets the band back.  A padded batch (a mask that is exactly the causal band, the layer's window and one
+contiguous run of real tokens per sequence) runs as packed sequences: the real tokens gathered,
 :func:`fmha.attention_varlen`, scattered back, with zeros on padded query rows; its decoding steps (one query row a
 sequence, every row computed) run fmha with the mask as ``attn_mask``, the cache read in place; a static cache's mask
 (the real keys a prefix, the queries the last of them, the unused slots after) runs with ``seqused_k``.  A padding
@@ -435,8 +436,11 @@ def mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function
     keys.  Otherwise SDPA's mask, which :func:`attention_forward` unpads or hands to SDPA (never SDPA's skip
     that relies on its top-left alignment); where it is the band within packed sequences (transformers found
     them in position_ids), that mask noted with their index per token, for :func:`packed_attention`."""
-    from transformers.masking_utils import causal_mask_function, prepare_padding_mask, sdpa_mask
+    from transformers.masking_utils import causal_mask_function, eager_mask, prepare_padding_mask, sdpa_mask
     mask_function = mask_function or causal_mask_function
+    if not _calls_the_interface(kwargs.get("config")):  # its own attention code reads the mask: eager's, as it is
+        return eager_mask(batch_size, q_length, kv_length, q_offset=q_offset, kv_offset=kv_offset,
+                          mask_function=mask_function, attention_mask=attention_mask, local_size=local_size, **kwargs)
     packing = _packing_of(mask_function)
     if (packing is not None and attention_mask is None and q_offset == kv_offset == 0 and q_length == kv_length
             and not torch.compiler.is_compiling()):
@@ -463,6 +467,39 @@ def mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function
     return sdpa_mask(batch_size, q_length, kv_length, q_offset=q_offset, kv_offset=kv_offset,
                      mask_function=mask_function, attention_mask=attention_mask, local_size=local_size,
                      allow_is_causal_skip=skip, **kwargs)
+
+
+_interface: dict = {}  # config class -> whether its model computes attention through transformers' interface
+
+
+def _calls_the_interface(config) -> bool:
+    """Whether the model of ``config`` computes attention through transformers' attention interface (its module
+    imports ``ALL_ATTENTION_FUNCTIONS``), where fmha runs.  A model with attention code of its own (Bloom, MPT, XGLM,
+    CodeGen) only asks the mask interface, and reads what it gets as its eager code reads an additive mask: it gets
+    eager's mask (and fmha runs none of its attention, said once).  A config transformers does not map to a model
+    (remote code) is taken to call the interface."""
+    return config is None or _interface_of(type(config))
+
+
+@torch._dynamo.assume_constant_result  # under torch.compile: run once while tracing, a constant after
+def _interface_of(kind) -> bool:
+    if kind not in _interface:
+        import sys
+        import warnings
+
+        from transformers import AutoModel
+        try:
+            model = AutoModel._model_mapping[kind]
+            model = model[0] if isinstance(model, (tuple, list)) else model
+            _interface[kind] = hasattr(sys.modules[model.__module__], "ALL_ATTENTION_FUNCTIONS")
+        except (KeyError, ValueError, ImportError, AttributeError):
+            _interface[kind] = True
+        else:
+            if not _interface[kind]:
+                warnings.warn(f"{model.__name__} computes attention in its own code, not through transformers' "
+                              "attention interface: attn_implementation='fmha' runs none of it (its masks are eager's)",
+                              stacklevel=4)
+    return _interface[kind]
 
 
 _windows: dict = {}  # id(config) -> [the config, weakly; the window of the sliding mask :func:`mask` left out]
