@@ -512,7 +512,7 @@ def _window_left_out(module) -> int | None:
     builds an additive mask of its own from the None, which :func:`_sdpa` joins with the band).  None otherwise:
     the layer's mask, or the plain causal band, holds what it sees.  Eager calls only (under ``torch.compile``
     such a model's layers see the causal band without the window, as FlashAttention's integration gives them)."""
-    if torch.compiler.is_compiling():
+    if not _windows or torch.compiler.is_compiling():
         return None
     config = getattr(module, "config", None)
     entry = _windows.get(id(config))
