@@ -3,11 +3,13 @@ import io
 import json
 import random
 
+import numpy as np
 import pytest
+import torch
 
 from conftest import DEVICE
 import fmha
-from fmha import configs, fuzz
+from fmha import configs, fuzz, verify
 from fmha.kernels.hopper.resources import padded
 
 
@@ -184,6 +186,8 @@ def test_an_lse_whose_scores_cancel_is_judged_by_what_float32_accumulation_costs
         o, lse = real(*args, **kwargs)
         return o, lse + 1e-2
     monkeypatch.setattr(fuzz, "attention", off)
+    with pytest.raises(AssertionError, match="LSE off by"):
+        verify.check_lse(torch.tensor([1.0, float("nan")]), np.array([1.0, 2.0]))  # NaN where the reference is finite
     with pytest.raises(AssertionError, match="LSE off by"):
         fuzz.run(fuzz.Problem(
             entry="attention", variant="tiled", config=None, dtype="float16", layout="bhsd", batch=1, heads=2,
