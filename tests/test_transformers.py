@@ -416,6 +416,39 @@ def test_a_model_with_attention_of_its_own_gets_eager_masks(name):
         "transformers' attention interface: attn_implementation='fmha' runs none of it (its masks are eager's)"]
 
 
+@pytest.mark.parametrize("given", ["none", "padded"])
+def test_sparse_indices_pick_the_keys_each_row_takes(given):
+    """Sparse attention (DeepSeek-V3.2, GLM-DSA, HY-V4): transformers hands every implementation but eager and SDPA
+    the indexer's picks (``indices``, the keys each query row takes, -1 for none) beside a mask without them.  fmha
+    joins them, as eager does, with the band its mask function left out or with the mask given: SDPA's answer on the
+    joined mask (dense attention, the picks dropped, was 0.65 off eager on a DeepSeek-V3.2-shaped model).
+    MiniMax-M3's block-sparse ``block_indices`` are refused by name."""
+    import fmha.integrations.transformers as fmha_hf
+    g = torch.Generator().manual_seed(25)
+    q, k, v = (torch.randn(2, h, 9, 32, generator=g).to(torch.bfloat16).to(DEVICE) for h in (4, 2, 2))
+    indices = torch.randint(0, 9, (2, 9, 3), generator=g)
+    indices[:, :, 0] = 0  # every row keeps a key it sees
+    indices[1, 4, 2] = -1
+    module = torch.nn.Module()
+    module.is_causal, module.num_key_value_groups = True, 2
+    band = torch.ones(9, 9, dtype=torch.bool).tril()
+    mask = None
+    if given == "padded":
+        mask = band[None, None].repeat(2, 1, 1, 1).to(DEVICE)
+        mask[1, :, :, 1] = False
+    got = fmha_hf.attention_forward(module, q, k, v, mask, scaling=0.2, indices=indices.to(DEVICE))[0]
+    picked = torch.zeros(2, 1, 9, 9, dtype=torch.bool)
+    for b in range(2):
+        for i in range(9):
+            picked[b, 0, i, [j for j in indices[b, i].tolist() if j >= 0]] = True
+    joined = picked & (band if mask is None else mask.cpu())
+    want = torch.nn.functional.scaled_dot_product_attention(q.float().cpu(), k.float().cpu(), v.float().cpu(),
+                                                            attn_mask=joined, scale=0.2, enable_gqa=True)
+    torch.testing.assert_close(got.float().cpu(), want.transpose(1, 2), atol=2e-2, rtol=2e-2)
+    with pytest.raises(NotImplementedError, match="block_indices"):
+        fmha_hf.attention_forward(module, q, k, v, mask, scaling=0.2, block_indices=torch.zeros(2, 1, 9, 1))
+
+
 @pytest.fixture(scope="module")
 def sliding_models():
     """A small Mistral (sliding window of 8 keys) with SDPA and with fmha, the same weights."""

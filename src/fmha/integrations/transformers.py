@@ -5,7 +5,8 @@
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="fmha")
 
 Head dims fmha does not take, and an additive bias on the scores (T5's ``position_bias``), run SDPA (a warning says so
-once); a model with attention code of its own (Bloom) gets eager's masks from the mask function, and runs its code.
+once); a model with attention code of its own (Bloom) gets eager's masks from the mask function, and runs its code;
+sparse attention's picks (``indices``, DeepSeek-V3.2's) join the mask, as eager joins them.
 Calls without a mask (causal or bidirectional, prefill or decode with a KV cache, sliding-window layers, Gemma-style
 soft-capping, gpt-oss's attention sinks) run fmha.  The mask function registered beside it (:func:`mask`) asks for no
 mask whenever the causal band and the layer's window are all there is (no padding, the queries the last positions of
@@ -64,6 +65,11 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     dev = q.device.type
     if q.dtype == torch.float32 and torch.is_autocast_enabled(dev):  # mixed precision: as autocast casts SDPA's
         q, k, v = (t.to(torch.get_autocast_dtype(dev)) for t in (q, k, v))
+    if kwargs.get("block_indices") is not None:
+        raise NotImplementedError("fmha does not take block-sparse attention (block_indices: the key blocks an "
+                                  "indexer picks, MiniMax-M3's); use attn_implementation='sdpa'")
+    if kwargs.get("indices") is not None:  # sparse attention (DeepSeek-V3.2, GLM-DSA, HY-V4): in the mask from here
+        attention_mask = _picked(attention_mask, kwargs.pop("indices"), query.shape[2], key.shape[2], causal, window)
     instead = _not_taken(q.shape[-1], v.shape[-1], kwargs)
     if instead:
         return _sdpa_instead(instead, module, query, key, value, attention_mask, dropout, scaling, is_causal, causal,
@@ -105,6 +111,22 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         return fmha.attention(q, k, v, causal_align="bottom_right", layout="bshd", attn_mask=attention_mask,
                               **kw), None
     return unpadded_attention(q, k, v, padding.gather, **kw), None
+
+
+def _picked(attention_mask, indices, q_len: int, k_len: int, causal: bool, window) -> torch.Tensor:
+    """The mask of a sparse attention call (DeepSeek-V3.2's indexer, as transformers hands it to any implementation
+    but eager and SDPA): ``indices`` ``[batch, q_len, top_k]``, the keys each query row takes (-1: none), joined with
+    ``attention_mask`` (None: the layer's band, which :func:`mask` left out), as eager joins them.  Boolean
+    ``[batch, 1, q_len, k_len]``, or additive where the mask was."""
+    idx = indices.long()
+    picked = torch.zeros(idx.shape[0], 1, q_len, k_len, dtype=torch.int32, device=idx.device)
+    picked = picked.scatter_add_(-1, idx.clamp_min(0)[:, None], (idx >= 0).to(torch.int32)[:, None]) > 0
+    if attention_mask is None:
+        j = torch.arange(k_len, device=idx.device)
+        return picked & _band(torch.arange(q_len, device=idx.device)[None, :] + (k_len - q_len), j, causal, window)
+    if attention_mask.dtype == torch.bool:
+        return attention_mask[..., :k_len] & picked
+    return attention_mask[..., :k_len].masked_fill(~picked, torch.finfo(attention_mask.dtype).min)
 
 
 def _not_taken(d: int, dv: int, kwargs) -> str | None:
