@@ -799,3 +799,17 @@ def test_a_padded_forward_waits_for_the_gpu_once(models):
                 torch.cuda.set_sync_debug_mode("default")
     waits = [w for w in seen if "called a synchronizing" in str(w.message)]
     assert len(waits) <= 2, [str(w.message)[:200] for w in waits]
+
+
+def test_model_check_passes_real_models_and_catches_a_dropped_window(monkeypatch):
+    """``python -m fmha model-check`` (:mod:`fmha.integrations.model_check`): Llama and Mistral pass (fmha's logits as
+    close to eager's as SDPA's, in prefill, padded and cached decoding); with fmha's window dropped, Mistral (a window
+    of 8 keys, 21 tokens) is off."""
+    import fmha.integrations.transformers as fmha_hf
+    from fmha.integrations import model_check
+    rows = model_check.run(["llama", "mistral"], DEVICE)
+    assert [r.verdict for r in rows] == ["ok", "ok"] and all(r.fmha <= 0.05 for r in rows), rows
+    real = fmha_hf.fmha.attention
+    monkeypatch.setattr(fmha_hf.fmha, "attention", lambda *a, **kw: real(*a, **{**kw, "window": (-1, -1)}))
+    [row] = model_check.run(["mistral"], DEVICE)
+    assert row.verdict == "off" and row.fmha > 0.2, row

@@ -224,6 +224,15 @@ def cmd_fuzz(args) -> int:
     return 1 if counts.get("failed") else 0
 
 
+def cmd_model_check(args) -> int:
+    from fmha.integrations import model_check
+    device = _bench_device(args.device or ("cpu" if interpreting() else "cuda"))
+    rows = model_check.run(args.models or model_check.causal_lms(), device, sys.stdout)
+    counts = {v: sum(r.verdict == v for r in rows) for v in ("ok", "off", "error", "skipped")}
+    print("model-check: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    return 1 if counts["off"] or counts["error"] else 0
+
+
 def _format_report(r) -> str:
     chip_regs = ", ".join(f"{k}={v}" for k, v in r.registers.items())
     occ = ", ".join(f"{k}={v}" for k, v in r.occupancy.items())
@@ -416,6 +425,12 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--seed", type=int, default=0)
     f.add_argument("--device", choices=["cuda", "cpu"], default=None)
     f.set_defaults(fn=cmd_fuzz)
+
+    m = sub.add_parser("model-check", help="transformers models with fmha, SDPA and eager from one config and "
+                       "weights: fmha's logits against eager's (prefill, padded, cached decoding)")
+    m.add_argument("--models", nargs="+", default=None, help="model types (default: every causal LM transformers has)")
+    m.add_argument("--device", choices=["cuda", "cpu"], default=None)
+    m.set_defaults(fn=cmd_model_check)
 
     t = sub.add_parser("train-demo", help="train a small LM with fmha and with SDPA from one seed; compare the losses")
     t.add_argument("--steps", type=int, default=None, help="default: 60 on the CPU, 300 on a GPU")
