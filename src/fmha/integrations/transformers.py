@@ -122,8 +122,7 @@ def _picked(attention_mask, indices, q_len: int, k_len: int, causal: bool, windo
     picked = torch.zeros(idx.shape[0], 1, q_len, k_len, dtype=torch.int32, device=idx.device)
     picked = picked.scatter_add_(-1, idx.clamp_min(0)[:, None], (idx >= 0).to(torch.int32)[:, None]) > 0
     if attention_mask is None:
-        j = torch.arange(k_len, device=idx.device)
-        return picked & _band(torch.arange(q_len, device=idx.device)[None, :] + (k_len - q_len), j, causal, window)
+        return picked & _bottom_right(q_len, k_len, causal, window, idx.device)
     if attention_mask.dtype == torch.bool:
         return attention_mask[..., :k_len] & picked
     return attention_mask[..., :k_len].masked_fill(~picked, torch.finfo(attention_mask.dtype).min)
@@ -173,8 +172,7 @@ def _sdpa(module, query, key, value, attention_mask, dropout, scaling, is_causal
     else:
         explicit = (causal or window[0] >= 0) and attention_mask.dtype.is_floating_point
     if explicit:
-        j = torch.arange(k_len, device=query.device)
-        band = _band(torch.arange(q_len, device=query.device)[None, :] + (k_len - q_len), j, causal, window)[:, None]
+        band = _bottom_right(q_len, k_len, causal, window, query.device)[:, None]
         attention_mask = band if attention_mask is None else \
             attention_mask[..., :k_len].masked_fill(~band, torch.finfo(attention_mask.dtype).min)
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
@@ -247,8 +245,7 @@ def _structure(mask: torch.Tensor, q_len: int, k_len: int, causal: bool, window)
     runs = (valid[:, 1:] & ~valid[:, :-1]).sum(1) + valid[:, 0]  # starts of runs of real keys
     end = torch.where(valid, j + 1, 0).amax(1)  # one past each sequence's last real key
     start = torch.where(valid, j, k_len).amin(1)
-    aligned = (m == _band(torch.arange(q_len, device=mask.device)[None, :] + (k_len - q_len), j, causal, window)
-               & valid[:, None, :]).all()
+    aligned = (m == _bottom_right(q_len, k_len, causal, window, mask.device) & valid[:, None, :]).all()
     last_pos = end[:, None] - q_len + torch.arange(q_len, device=mask.device)[None, :]  # [batch, q_len]
     last = (m == (_band(last_pos, j, causal, window) & valid[:, None, :])).all() & ((end - start) >= q_len).all()
     verdicts = [(runs <= 1).all(), aligned, last, (start == 0).all(), valid.all(), valid.sum(),
@@ -434,6 +431,12 @@ def _band(pos: torch.Tensor, j: torch.Tensor, causal: bool, window) -> torch.Ten
     if window[0] >= 0:
         band &= j >= pos[..., None] - window[0]
     return band
+
+
+def _bottom_right(q_len: int, k_len: int, causal: bool, window, device) -> torch.Tensor:
+    """The band with the queries the last ``q_len`` key columns: ``[1, q_len, k_len]``."""
+    j = torch.arange(k_len, device=device)
+    return _band(torch.arange(q_len, device=device)[None, :] + (k_len - q_len), j, causal, window)
 
 
 def unpadded_attention(q, k, v, gather, *, causal, scale, window, softcap, sinks=None):
