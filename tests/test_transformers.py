@@ -386,17 +386,30 @@ def test_a_position_bias_runs_sdpa_said_once():
         "fmha does not take this model's position bias (an additive bias on every score): it runs on torch SDPA"]
 
 
-@pytest.mark.parametrize("name", ["Bloom", "XGLM"])
+OWN_ATTENTION = {  # model name -> a small config's arguments
+    "Bloom": dict(hidden_size=64, n_layer=2, n_head=4),
+    "XGLM": dict(d_model=64, num_layers=2, attention_heads=4, ffn_dim=96),
+    "Falcon": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4),
+    "GPTJ": dict(n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=64),
+    "GPTNeo": dict(hidden_size=64, num_layers=2, num_heads=4, attention_types=[[["global", "local"], 1]], window_size=8,
+                   max_position_embeddings=64),
+    "Git": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96),
+}
+
+
+@pytest.mark.parametrize("name", list(OWN_ATTENTION))
 def test_a_model_with_attention_of_its_own_gets_eager_masks(name):
     """Bloom and XGLM compute attention in their own code (with ALiBi, Bloom), asking transformers' mask interface
-    only, and add what they get to their scores: with ``"fmha"`` they get eager's additive mask and give eager's
-    logits, padded or not, said once (a causal band fmha's mask function left out, or a boolean mask added as 0 and 1,
-    gave them the wrong answer)."""
+    only, and add what they get to their scores; Falcon, GPT-J, GPT-Neo and GIT pick an attention class of their own
+    by the implementation's name (GIT's text layers beside vision layers on the interface).  With ``"fmha"`` each
+    builds (the last four raised ``KeyError: 'fmha'``), gets eager's additive mask and gives eager's logits, padded or
+    not, said once (a causal band fmha's mask function left out, or a boolean mask added as 0 and 1, gave them the
+    wrong answer)."""
     import warnings
 
     import fmha.integrations.transformers as fmha_hf
-    cls, config = getattr(transformers, f"{name}ForCausalLM"), getattr(transformers, f"{name}Config")(
-        vocab_size=101, hidden_size=64, n_layer=2, n_head=4, num_layers=2, attention_heads=4, d_model=64, ffn_dim=96)
+    cls = getattr(transformers, f"{name}ForCausalLM")
+    config = getattr(transformers, f"{name}Config")(vocab_size=101, **OWN_ATTENTION[name])
     fmha_hf.register()
     fmha_hf._interface.pop(type(config), None)
     torch.manual_seed(0)

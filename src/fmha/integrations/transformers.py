@@ -5,7 +5,9 @@
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="fmha")
 
 Head dims fmha does not take, and an additive bias on the scores (T5's ``position_bias``), run SDPA (a warning says so
-once); a model with attention code of its own (Bloom) gets eager's masks from the mask function, and runs its code;
+once); a model with attention code of its own (Bloom; Falcon, GPT-J, GPT-Neo and GIT, which pick a class of theirs by
+the implementation's name, take their SDPA or eager class for ``"fmha"``) gets eager's masks from the mask function,
+and runs its code;
 sparse attention's picks (``indices``, DeepSeek-V3.2's) join the mask, as eager joins them.
 Calls without a mask (causal or bidirectional, prefill or decode with a KV cache, sliding-window layers, Gemma-style
 soft-capping, gpt-oss's attention sinks) run fmha.  The mask function registered beside it (:func:`mask`) asks for no
@@ -32,6 +34,8 @@ autocast casts SDPA's); attention dropout is refused.
 """
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import weakref
 from dataclasses import dataclass
 
@@ -499,10 +503,11 @@ _interface: dict = {}  # config class -> whether its model computes attention th
 
 def _calls_the_interface(config) -> bool:
     """Whether the model of ``config`` computes attention through transformers' attention interface (its module
-    imports ``ALL_ATTENTION_FUNCTIONS``), where fmha runs.  A model with attention code of its own (Bloom, MPT, XGLM,
-    CodeGen) only asks the mask interface, and reads what it gets as its eager code reads an additive mask: it gets
-    eager's mask (and fmha runs none of its attention, said once).  A config transformers does not map to a model
-    (remote code) is taken to call the interface."""
+    imports ``ALL_ATTENTION_FUNCTIONS`` and picks no attention class of its own), where fmha runs.  A model with
+    attention code of its own (Bloom, MPT, XGLM, CodeGen; Falcon, GPT-J, GPT-Neo, GIT) only asks the mask interface,
+    and reads what it gets as its eager code reads an additive mask: it gets eager's mask (and fmha runs none of that
+    attention, said once).  A config transformers does not map to a model (remote code) is taken to call the
+    interface."""
     return config is None or _interface_of(type(config))
 
 
@@ -516,7 +521,8 @@ def _interface_of(kind) -> bool:
         try:
             model = AutoModel._model_mapping[kind]
             model = model[0] if isinstance(model, (tuple, list)) else model
-            _interface[kind] = hasattr(sys.modules[model.__module__], "ALL_ATTENTION_FUNCTIONS")
+            module = sys.modules[model.__module__]
+            _interface[kind] = hasattr(module, "ALL_ATTENTION_FUNCTIONS") and not _attention_classes(module)
         except (KeyError, ValueError, ImportError, AttributeError):
             _interface[kind] = True
         else:
@@ -561,9 +567,50 @@ def _sliding_window(mask_function) -> bool:
     return False
 
 
+def _attention_classes(module) -> list[dict]:
+    """A model module's tables of attention classes by implementation name (``FALCON_ATTENTION_CLASSES``: "eager",
+    "sdpa", "flash_attention_2"), which it reads where others call transformers' attention interface."""
+    return [table for name, table in vars(module).items()
+            if name.endswith("ATTENTION_CLASSES") and isinstance(table, dict) and "eager" in table]
+
+
+def _adopt(module) -> None:
+    """``"fmha"`` in ``module``'s tables of attention classes: its SDPA class where it has one, else its eager one,
+    so a model that picks its class by name builds (Falcon, GPT-J, GPT-Neo and GIT raised ``KeyError: 'fmha'``) and
+    runs its own code, on eager's masks (:func:`mask`)."""
+    for table in _attention_classes(module):
+        table.setdefault(NAME, table.get("sdpa", table["eager"]))
+
+
+class _Adopter(importlib.abc.MetaPathFinder):
+    """Runs :func:`_adopt` on each transformers model module as it is imported (each is imported on first use)."""
+
+    def find_spec(self, name, path, target=None):
+        if not name.startswith("transformers.models.") or not name.rpartition(".")[2].startswith("modeling_"):
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        if spec is None or not hasattr(spec.loader, "exec_module"):
+            return None
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            _adopt(module)
+        spec.loader.exec_module = exec_module
+        return spec
+
+
 def register() -> None:
-    """Register ``"fmha"`` with transformers' attention and mask interfaces."""
+    """Register ``"fmha"`` with transformers' attention and mask interfaces, and with the models that pick an
+    attention class of their own by the implementation's name (:func:`_adopt`)."""
+    import sys
+
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
     AttentionInterface.register(NAME, attention_forward)
     AttentionMaskInterface.register(NAME, mask)
+    for name, module in list(sys.modules.items()):
+        if name.startswith("transformers.models.") and module is not None:
+            _adopt(module)
+    if not any(isinstance(finder, _Adopter) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _Adopter())
