@@ -13,9 +13,9 @@ Calls without a mask (causal or bidirectional, prefill or decode with a KV cache
 soft-capping, gpt-oss's attention sinks) run fmha.  The mask function registered beside it (:func:`mask`) asks for no
 mask whenever the causal band and the layer's window are all there is (no padding, the queries the last positions of
 the keys), under ``torch.compile`` too, so those calls make no host checks and trace whole; a layer whose call names
-no window, where the sliding mask was left out, takes that mask's window (Doge, PhiMoE, Qwen2-MoE), and what goes to
-SDPA gets the band back.  A padded batch (a mask that is exactly the causal band, the layer's window and one
-contiguous run of real tokens per sequence) runs as packed sequences: the real tokens gathered,
+no window, where the sliding mask was left out, takes its config's window as its mask would (Doge, PhiMoE,
+Qwen2-MoE), and what goes to SDPA gets the band back.  A padded batch (a mask that is exactly the causal band, the
+layer's window and one contiguous run of real tokens per sequence) runs as packed sequences: the real tokens gathered,
 :func:`fmha.attention_varlen`, scattered back, with zeros on padded query rows; its decoding steps (one query row a
 sequence, every row computed) run fmha with the mask as ``attn_mask``, the cache read in place; a static cache's mask
 (the real keys a prefix, the queries the last of them, the unused slots after) runs with ``seqused_k``.  A padding
@@ -464,7 +464,8 @@ def mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function
     added to the band (transformers then forbids the skip), and the queries the last positions of the
     keys.  Otherwise SDPA's mask, which :func:`attention_forward` unpads or hands to SDPA (never SDPA's skip
     that relies on its top-left alignment); where it is the band within packed sequences (transformers found
-    them in position_ids), that mask noted with their index per token, for :func:`packed_attention`."""
+    them in position_ids), that mask noted with their index per token, for :func:`packed_attention`.  A
+    model whose layers do not name their window takes it from its config there (:func:`_window_left_out`)."""
     from transformers.masking_utils import causal_mask_function, eager_mask, prepare_padding_mask, sdpa_mask
     mask_function = mask_function or causal_mask_function
     if not _calls_the_interface(kwargs.get("config")):  # its own attention code reads the mask: eager's, as it is
@@ -488,8 +489,6 @@ def mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function
         padding = prepare_padding_mask(attention_mask, kv_length, kv_offset)
         # an all-ones padding mask (generate() passes one) read once a forward, as SDPA's skip reads it
         if padding is None or not torch.compiler.is_compiling() and bool(padding.all()):
-            if local_size is not None and kwargs.get("config") is not None and not torch.compiler.is_compiling():
-                _windows[id(kwargs["config"])] = (weakref.ref(kwargs["config"]), local_size)
             return None
         if not torch.compiler.is_compiling():  # padding read: SDPA's skip would read it again, to skip nothing
             skip = False
@@ -533,26 +532,43 @@ def _interface_of(kind) -> bool:
     return _interface[kind]
 
 
-_windows: dict = {}  # id(config) -> [the config, weakly; the window of the sliding mask :func:`mask` left out]
+_window_in_mask: dict = {}  # config class -> whether its model's window lives in its mask alone
+
+
+@torch._dynamo.assume_constant_result  # under torch.compile: run once while tracing, a constant after
+def _window_in_mask_only(kind) -> bool:
+    """Whether the model of config class ``kind`` builds sliding-window masks but names no window in its attention
+    calls (``sliding_window=`` nowhere in its module): Doge, PhiMoE, Qwen2-MoE, whose window lives in their mask
+    alone.  False for a config transformers does not map to a model (remote code)."""
+    if kind not in _window_in_mask:
+        import inspect
+        import sys
+
+        from transformers import AutoModel
+        try:
+            model = AutoModel._model_mapping[kind]
+            model = model[0] if isinstance(model, (tuple, list)) else model
+            source = inspect.getsource(sys.modules[model.__module__])
+            _window_in_mask[kind] = "create_sliding_window_causal_mask" in source and "sliding_window=" not in source
+        except (KeyError, ValueError, ImportError, AttributeError, OSError, TypeError):
+            _window_in_mask[kind] = False
+    return _window_in_mask[kind]
 
 
 def _window_left_out(module) -> int | None:
-    """The sliding window of a layer whose call does not name one (``sliding_window`` not among its arguments)
-    where :func:`mask` has left out a sliding-window mask of its model: that mask's window where the layer takes
-    it, by the config's ``layer_types`` where it has them (Qwen2-MoE), else on every layer (Doge, PhiMoE; Doge
-    builds an additive mask of its own from the None, which :func:`_sdpa` joins with the band).  None otherwise:
-    the layer's mask, or the plain causal band, holds what it sees.  Eager calls only (under ``torch.compile``
-    such a model's layers see the causal band without the window, as FlashAttention's integration gives them)."""
-    if not _windows or torch.compiler.is_compiling():
-        return None
+    """The sliding window of a layer whose call names none, in a model whose window lives in its mask alone
+    (:func:`_window_in_mask_only`), where :func:`mask` may leave that mask out: the config's ``sliding_window``, on
+    the layers its ``layer_types`` mark sliding where it has them (Qwen2-MoE), else on every layer (Doge, PhiMoE),
+    as the model's own code picks its masks (Doge builds an additive mask of its own from the None, which
+    :func:`_sdpa` joins with the band).  None otherwise: the layer's mask, or the plain causal band, holds what it
+    sees.  The same eagerly and under ``torch.compile``."""
     config = getattr(module, "config", None)
-    entry = _windows.get(id(config))
-    if entry is None or entry[0]() is not config:
+    if config is None or not _window_in_mask_only(type(config)):
         return None
     types, at = getattr(config, "layer_types", None), getattr(module, "layer_idx", None)
     if types is not None and at is not None and at < len(types) and types[at] != "sliding_attention":
         return None
-    return entry[1]
+    return getattr(config, "sliding_window", None)
 
 
 def _sliding_window(mask_function) -> bool:
