@@ -830,3 +830,24 @@ def test_model_check_passes_real_models_and_catches_a_dropped_window(monkeypatch
     monkeypatch.setattr(fmha_hf.fmha, "attention", lambda *a, **kw: real(*a, **{**kw, "window": (-1, -1)}))
     [row] = model_check.run(["mistral"], DEVICE)
     assert row.verdict == "off" and row.fmha > 0.2, row
+
+
+def test_model_check_compiles_the_models_it_checks(monkeypatch):
+    """``model-check --compile eager``: SDPA's and fmha's models run under ``torch.compile``; Doge (a window its layers
+    do not name) passes, as it did not while a compiled layer lost its window."""
+    import fmha.integrations.transformers as fmha_hf
+    from fmha.integrations import model_check
+    calls = []
+    real = fmha_hf.attention_forward
+
+    def counted(*a, **kw):
+        calls.append(torch.compiler.is_compiling())
+        return real(*a, **kw)
+    monkeypatch.setattr(fmha_hf, "attention_forward", counted)  # what check()'s register() registers
+    try:
+        [row] = model_check.run(["doge"], DEVICE, compile_backend="eager")
+    finally:
+        monkeypatch.undo()
+        fmha_hf.register()
+    assert row.verdict == "ok" and row.fmha <= 0.05, row
+    assert any(calls), calls  # fmha called while compiling (Doge breaks its graph elsewhere: not every call)

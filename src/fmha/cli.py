@@ -227,7 +227,7 @@ def cmd_fuzz(args) -> int:
 def cmd_model_check(args) -> int:
     from fmha.integrations import model_check
     device = _bench_device(args.device or ("cpu" if interpreting() else "cuda"))
-    rows = model_check.run(args.models or model_check.causal_lms(), device, sys.stdout)
+    rows = model_check.run(args.models or model_check.causal_lms(), device, sys.stdout, args.compile)
     counts = {v: sum(r.verdict == v for r in rows) for v in ("ok", "off", "error", "skipped")}
     print("model-check: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     return 1 if counts["off"] or counts["error"] else 0
@@ -430,6 +430,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "weights: fmha's logits against eager's (prefill, padded, cached decoding)")
     m.add_argument("--models", nargs="+", default=None, help="model types (default: every causal LM transformers has)")
     m.add_argument("--device", choices=["cuda", "cpu"], default=None)
+    m.add_argument("--compile", default=None, metavar="BACKEND",
+                   help="SDPA's and fmha's models under torch.compile with this backend (eager: Dynamo alone)")
     m.set_defaults(fn=cmd_model_check)
 
     t = sub.add_parser("train-demo", help="train a small LM with fmha and with SDPA from one seed; compare the losses")

@@ -3,8 +3,9 @@
 ``python -m fmha model-check [--models llama doge ...]`` (default: every causal LM transformers builds from a
 small config) builds each model type three times from one small config and one set of random weights (bfloat16):
 with eager attention (the reference: the model's own definition), SDPA and fmha.  Each answers the same prompts
-(two sequences, one left-padded) in prefill and in four cached decoding steps; the largest difference from eager's
-logits over the real tokens, relative to eager's largest, is each implementation's error.  fmha passes when its
+(two sequences, one left-padded) in prefill and in four cached decoding steps (``--compile BACKEND``: SDPA's and
+fmha's models under ``torch.compile``); the largest difference from eager's logits over the real tokens, relative
+to eager's largest, is each implementation's error.  fmha passes when its
 error is at most twice SDPA's, or 0.05 (bfloat16's noise through two random layers) where that is more or SDPA is
 not offered; a dropped window, a lost causal band or a bias left out moves the logits by 0.3-0.8.  A model type
 that a config this small does not build, or whose eager code answers none of the prompts, is skipped; one that
@@ -83,8 +84,10 @@ def _error(model, want: dict, ids, mask) -> float:
     return max(((_answer(model, part, ids, mask) - w).abs().max() / w.abs().max()).item() for part, w in want.items())
 
 
-def check(model_type: str, device: str = "cpu") -> Row:
-    """One model type: fmha's and SDPA's errors against eager's logits, and the verdict."""
+def check(model_type: str, device: str = "cpu", compile_backend: str | None = None) -> Row:
+    """One model type: fmha's and SDPA's errors against eager's logits, and the verdict.  ``compile_backend``: the
+    SDPA and fmha models run under ``torch.compile`` with that backend ("eager": Dynamo's tracing alone), the eager
+    reference as it is."""
     import fmha.integrations.transformers as fmha_hf
     fmha_hf.register()
     g = torch.Generator().manual_seed(1)
@@ -117,6 +120,9 @@ def check(model_type: str, device: str = "cpu") -> Row:
                 return Row(model_type, "error", note=f"fmha: {type(e).__name__}: {str(e)[:100]}")
             continue
         model.load_state_dict(eager.state_dict())
+        if compile_backend:
+            torch._dynamo.reset()
+            model = torch.compile(model, backend=compile_backend)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -131,13 +137,13 @@ def check(model_type: str, device: str = "cpu") -> Row:
                "without " + ", ".join(left_out) if left_out else "")
 
 
-def run(model_types: list[str], device: str = "cpu", stream=None) -> list[Row]:
+def run(model_types: list[str], device: str = "cpu", stream=None, compile_backend: str | None = None) -> list[Row]:
     """:func:`check` each model type, a line each as it ends."""
     import transformers
     transformers.logging.set_verbosity_error()
     rows = []
     for name in model_types:
-        rows.append(check(name, device))
+        rows.append(check(name, device, compile_backend))
         r = rows[-1]
         if stream is not None:
             print(f"{r.model:24s} {r.verdict:8s} fmha {r.fmha:8.1e}  sdpa {r.sdpa:8.1e}  {r.note}", file=stream,
