@@ -851,3 +851,42 @@ def test_model_check_compiles_the_models_it_checks(monkeypatch):
         fmha_hf.register()
     assert row.verdict == "ok" and row.fmha <= 0.05, row
     assert any(calls), calls  # fmha called while compiling (Doge breaks its graph elsewhere: not every call)
+
+
+def test_a_training_step_with_attention_dropout_runs_sdpa_said_once():
+    """GPT-2 trains with attention dropout by default (``attn_pdrop=0.1``), which fmha does not have: its training
+    steps run SDPA, with one warning, and from one seed give SDPA's loss and gradients exactly (they were refused);
+    in eval mode (no dropout) fmha runs."""
+    import warnings
+
+    import fmha.integrations.transformers as fmha_hf
+    cfg = transformers.GPT2Config(vocab_size=101, n_embd=64, n_layer=2, n_head=4, n_positions=64, attn_pdrop=0.1,
+                                  resid_pdrop=0.0, embd_pdrop=0.0)
+    ref, ours = twins(transformers.GPT2LMHeadModel, cfg)
+    ids = torch.randint(3, 101, (2, 21), generator=torch.Generator().manual_seed(26)).to(DEVICE)
+    fmha_hf._warned.discard("attention dropout")
+    losses = []
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        for model in (ref, ours):
+            model.train()
+            for _ in range(2):
+                torch.manual_seed(5)
+                model.zero_grad()
+                loss = model(ids, labels=ids).loss
+                loss.backward()
+            losses.append((loss.item(), [p.grad.clone() for p in model.parameters()]))
+    assert losses[0][0] == losses[1][0]
+    assert all(torch.equal(a, b) for a, b in zip(losses[0][1], losses[1][1]))
+    assert [str(w.message) for w in said if "dropout" in str(w.message)] == [
+        "fmha does not take this model's attention dropout: it runs on torch SDPA"]
+    calls = []
+    real = fmha_hf.fmha.attention
+    with torch.no_grad():
+        ours.eval()
+        fmha_hf.fmha.attention = lambda *a, **kw: calls.append(1) or real(*a, **kw)
+        try:
+            ours(ids)
+        finally:
+            fmha_hf.fmha.attention = real
+    assert len(calls) == 2

@@ -30,7 +30,7 @@ to its last real one), with no ``torch.cond``, so transformers' compiled decodin
 its CUDA graph; otherwise ``torch.cond`` picks fmha for the band alone, fmha with ``seqused_k`` for a static cache's
 mask and SDPA with the mask otherwise (no graph break, no graphs that depend on the mask's values).  Training works
 (gradients through :mod:`fmha.gradients`), under autocast too (float32 q, k, v are cast to the autocast dtype, as
-autocast casts SDPA's); attention dropout is refused.
+autocast casts SDPA's); a training step with attention dropout runs SDPA, said once (fmha has no dropout).
 """
 from __future__ import annotations
 
@@ -54,8 +54,6 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                       is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
     """transformers' attention interface: q/k/v ``[batch, heads, seq, head_dim]`` in,
     ``[batch, seq, heads, head_dim]`` out."""
-    if dropout and module.training:
-        raise NotImplementedError("fmha has no attention dropout; use attn_implementation='sdpa' to train with it")
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     causal = bool(causal)
     if query.shape[2] <= 1:  # one new token sees the whole cache (a branch: where Dynamo traces the length as a
@@ -75,6 +73,8 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     if kwargs.get("indices") is not None:  # sparse attention (DeepSeek-V3.2, GLM-DSA, HY-V4): in the mask from here
         attention_mask = _picked(attention_mask, kwargs.pop("indices"), query.shape[2], key.shape[2], causal, window)
     instead = _not_taken(q.shape[-1], v.shape[-1], kwargs)
+    if instead is None and dropout and module.training:  # GPT-2's default attn_pdrop, in a training step
+        instead = "attention dropout"
     if instead:
         return _sdpa_instead(instead, module, query, key, value, attention_mask, dropout, scaling, is_causal, causal,
                              window, sinks, kwargs)
