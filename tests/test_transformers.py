@@ -890,3 +890,35 @@ def test_a_training_step_with_attention_dropout_runs_sdpa_said_once():
         finally:
             fmha_hf.fmha.attention = real
     assert len(calls) == 2
+
+
+def test_a_float32_model_runs_sdpa_said_once():
+    """A model left in float32 (``from_config``'s default) with ``"fmha"``: fmha computes in float16 and bfloat16 and
+    refuses float32 rather than round it, so those calls run SDPA, said once, and give SDPA's logits (they raised
+    mid-forward); under bf16 autocast fmha runs them."""
+    import warnings
+
+    import fmha.integrations.transformers as fmha_hf
+    fmha_hf.register()
+    cfg = transformers.LlamaConfig(**SMALL)
+    torch.manual_seed(0)
+    ref, ours = (transformers.LlamaForCausalLM._from_config(copy.deepcopy(cfg), attn_implementation=name)
+                 .to(DEVICE).eval() for name in ("sdpa", "fmha"))
+    ours.load_state_dict(ref.state_dict())
+    ids = torch.randint(3, 101, (2, 21), generator=torch.Generator().manual_seed(27)).to(DEVICE)
+    what = "torch.float32 q, k, v (fmha takes float16 and bfloat16: load the model in one, or run under autocast)"
+    fmha_hf._warned.discard(what)
+    with warnings.catch_warnings(record=True) as said, torch.no_grad():
+        warnings.simplefilter("always")
+        assert torch.equal(ours(ids).logits, ref(ids).logits)
+    assert [str(w.message) for w in said if "float32" in str(w.message)] == [
+        f"fmha does not take this model's {what}: it runs on torch SDPA"]
+    calls = []
+    real = fmha_hf.fmha.attention
+    fmha_hf.fmha.attention = lambda *a, **kw: calls.append(a[0].dtype) or real(*a, **kw)
+    try:
+        with torch.no_grad(), torch.autocast(DEVICE, dtype=torch.bfloat16):
+            ours(ids)
+    finally:
+        fmha_hf.fmha.attention = real
+    assert calls == [torch.bfloat16] * cfg.num_hidden_layers

@@ -4,10 +4,10 @@
     fmha_hf.register()                                   # once, before building the model
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="fmha")
 
-Head dims fmha does not take, and an additive bias on the scores (T5's ``position_bias``), run SDPA (a warning says so
-once); a model with attention code of its own (Bloom; Falcon, GPT-J, GPT-Neo and GIT, which pick a class of theirs by
-the implementation's name, take their SDPA or eager class for ``"fmha"``) gets eager's masks from the mask function,
-and runs its code;
+Head dims fmha does not take, an additive bias on the scores (T5's ``position_bias``) and float32 q, k, v outside
+autocast run SDPA (a warning says so once); a model with attention code of its own (Bloom; Falcon, GPT-J, GPT-Neo
+and GIT, which pick a class of theirs by the implementation's name, take their SDPA or eager class for ``"fmha"``)
+gets eager's masks from the mask function, and runs its code;
 sparse attention's picks (``indices``, DeepSeek-V3.2's) join the mask, as eager joins them.
 Calls without a mask (causal or bidirectional, prefill or decode with a KV cache, sliding-window layers, Gemma-style
 soft-capping, gpt-oss's attention sinks) run fmha.  The mask function registered beside it (:func:`mask`) asks for no
@@ -72,7 +72,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                                   "indexer picks, MiniMax-M3's); use attn_implementation='sdpa'")
     if kwargs.get("indices") is not None:  # sparse attention (DeepSeek-V3.2, GLM-DSA, HY-V4): in the mask from here
         attention_mask = _picked(attention_mask, kwargs.pop("indices"), query.shape[2], key.shape[2], causal, window)
-    instead = _not_taken(q.shape[-1], v.shape[-1], kwargs)
+    instead = _not_taken(q.shape[-1], v.shape[-1], kwargs, q.dtype)
     if instead is None and dropout and module.training:  # GPT-2's default attn_pdrop, in a training step
         instead = "attention dropout"
     if instead:
@@ -132,10 +132,13 @@ def _picked(attention_mask, indices, q_len: int, k_len: int, causal: bool, windo
     return attention_mask[..., :k_len].masked_fill(~picked, torch.finfo(attention_mask.dtype).min)
 
 
-def _not_taken(d: int, dv: int, kwargs) -> str | None:
-    """What of a call fmha does not take, or None: head dims it has no kernel for (it takes multiples of 8 up to 256,
-    and MLA's absorbed form), or an additive bias on the scores (T5's relative positions, ``position_bias``, which
-    transformers' SDPA attention adds to the mask)."""
+def _not_taken(d: int, dv: int, kwargs, dtype: torch.dtype = torch.bfloat16) -> str | None:
+    """What of a call fmha does not take, or None: a float32 model outside autocast (fmha computes in float16 and
+    bfloat16; :func:`fmha.attention` refuses float32 rather than round it), head dims it has no kernel for (it takes
+    multiples of 8 up to 256, and MLA's absorbed form), or an additive bias on the scores (T5's relative positions,
+    ``position_bias``, which transformers' SDPA attention adds to the mask)."""
+    if dtype in (torch.float32, torch.float64):
+        return f"{dtype} q, k, v (fmha takes float16 and bfloat16: load the model in one, or run under autocast)"
     why = head_dims_reason(d, dv)
     if why is not None:
         return f"head dims ({why})"
