@@ -513,25 +513,30 @@ def _calls_the_interface(config) -> bool:
     return config is None or _interface_of(type(config))
 
 
+def _model_of(kind):
+    """The model class transformers builds for config class ``kind``, or None (remote code)."""
+    from transformers import AutoModel
+    try:
+        model = AutoModel._model_mapping[kind]
+    except (KeyError, ValueError, ImportError, AttributeError):
+        return None
+    return model[0] if isinstance(model, (tuple, list)) else model
+
+
 @torch._dynamo.assume_constant_result  # under torch.compile: run once while tracing, a constant after
 def _interface_of(kind) -> bool:
     if kind not in _interface:
         import sys
         import warnings
 
-        from transformers import AutoModel
-        try:
-            model = AutoModel._model_mapping[kind]
-            model = model[0] if isinstance(model, (tuple, list)) else model
-            module = sys.modules[model.__module__]
-            _interface[kind] = hasattr(module, "ALL_ATTENTION_FUNCTIONS") and not _attention_classes(module)
-        except (KeyError, ValueError, ImportError, AttributeError):
-            _interface[kind] = True
-        else:
-            if not _interface[kind]:
-                warnings.warn(f"{model.__name__} computes attention in its own code, not through transformers' "
-                              "attention interface: attn_implementation='fmha' runs none of it (its masks are eager's)",
-                              stacklevel=4)
+        model = _model_of(kind)
+        module = sys.modules.get(model.__module__) if model is not None else None
+        own = module is not None and (not hasattr(module, "ALL_ATTENTION_FUNCTIONS") or _attention_classes(module))
+        _interface[kind] = not own
+        if not _interface[kind]:
+            warnings.warn(f"{model.__name__} computes attention in its own code, not through transformers' "
+                          "attention interface: attn_implementation='fmha' runs none of it (its masks are eager's)",
+                          stacklevel=4)
     return _interface[kind]
 
 
@@ -547,14 +552,12 @@ def _window_in_mask_only(kind) -> bool:
         import inspect
         import sys
 
-        from transformers import AutoModel
+        model = _model_of(kind)
         try:
-            model = AutoModel._model_mapping[kind]
-            model = model[0] if isinstance(model, (tuple, list)) else model
-            source = inspect.getsource(sys.modules[model.__module__])
-            _window_in_mask[kind] = "create_sliding_window_causal_mask" in source and "sliding_window=" not in source
-        except (KeyError, ValueError, ImportError, AttributeError, OSError, TypeError):
-            _window_in_mask[kind] = False
+            source = inspect.getsource(sys.modules[model.__module__]) if model is not None else ""
+        except (KeyError, OSError, TypeError):  # no source to read: taken to name it
+            source = ""
+        _window_in_mask[kind] = "create_sliding_window_causal_mask" in source and "sliding_window=" not in source
     return _window_in_mask[kind]
 
 
