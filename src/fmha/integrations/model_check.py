@@ -21,13 +21,14 @@ import torch
 
 # two layers of 4 heads of 16 (2 KV heads), a window of 8 keys where a model has one; a mixture of experts with every
 # expert taken (a near-tie in routing would send a token elsewhere under either attention's rounding); DeepSeek's
-# latent attention with q/k heads of 32 and V's of 16, its sparse indexer picking 4 keys a row
+# latent attention with q/k heads of 32 and V's of 16, its sparse indexer picking 4 keys a row; rotary embeddings on 8
+# of a head's 16 columns where a model names them so (GPT-J, CodeGen: theirs default to 64)
 SMALL = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, head_dim=16, max_position_embeddings=256, sliding_window=8, pad_token_id=0,
              bos_token_id=1, eos_token_id=2, num_local_experts=2, num_experts=2, n_routed_experts=2,
              num_experts_per_tok=2, moe_intermediate_size=32, n_group=1, topk_group=1, first_k_dense_replace=1,
              qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16, kv_lora_rank=32, q_lora_rank=32,
-             index_topk=4, index_n_heads=2, index_head_dim=16)
+             index_topk=4, index_n_heads=2, index_head_dim=16, rotary_dim=8)
 # where a model takes no more: the sizes alone, and as many KV heads as heads (DeepSeek's latent attention)
 PLAIN = {**{k: SMALL[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                                    "num_attention_heads")}, "num_key_value_heads": 4}
