@@ -853,7 +853,7 @@ def test_model_check_compiles_the_models_it_checks(monkeypatch):
     assert any(calls), calls  # fmha called while compiling (Doge breaks its graph elsewhere: not every call)
 
 
-def test_a_training_step_with_attention_dropout_runs_sdpa_said_once():
+def test_a_training_step_with_attention_dropout_runs_sdpa_said_once(monkeypatch):
     """GPT-2 trains with attention dropout by default (``attn_pdrop=0.1``), which fmha does not have: its training
     steps run SDPA, with one warning, and from one seed give SDPA's loss and gradients exactly (they were refused);
     in eval mode (no dropout) fmha runs."""
@@ -882,17 +882,14 @@ def test_a_training_step_with_attention_dropout_runs_sdpa_said_once():
         "fmha does not take this model's attention dropout: it runs on torch SDPA"]
     calls = []
     real = fmha_hf.fmha.attention
+    monkeypatch.setattr(fmha_hf.fmha, "attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     with torch.no_grad():
         ours.eval()
-        fmha_hf.fmha.attention = lambda *a, **kw: calls.append(1) or real(*a, **kw)
-        try:
-            ours(ids)
-        finally:
-            fmha_hf.fmha.attention = real
+        ours(ids)
     assert len(calls) == 2
 
 
-def test_a_float32_model_runs_sdpa_said_once():
+def test_a_float32_model_runs_sdpa_said_once(monkeypatch):
     """A model left in float32 (``from_config``'s default) with ``"fmha"``: fmha computes in float16 and bfloat16 and
     refuses float32 rather than round it, so those calls run SDPA, said once, and give SDPA's logits (they raised
     mid-forward); under bf16 autocast fmha runs them."""
@@ -915,10 +912,7 @@ def test_a_float32_model_runs_sdpa_said_once():
         f"fmha does not take this model's {what}: it runs on torch SDPA"]
     calls = []
     real = fmha_hf.fmha.attention
-    fmha_hf.fmha.attention = lambda *a, **kw: calls.append(a[0].dtype) or real(*a, **kw)
-    try:
-        with torch.no_grad(), torch.autocast(DEVICE, dtype=torch.bfloat16):
-            ours(ids)
-    finally:
-        fmha_hf.fmha.attention = real
+    monkeypatch.setattr(fmha_hf.fmha, "attention", lambda *a, **kw: calls.append(a[0].dtype) or real(*a, **kw))
+    with torch.no_grad(), torch.autocast(DEVICE, dtype=torch.bfloat16):
+        ours(ids)
     assert calls == [torch.bfloat16] * cfg.num_hidden_layers

@@ -72,9 +72,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                                   "indexer picks, MiniMax-M3's); use attn_implementation='sdpa'")
     if kwargs.get("indices") is not None:  # sparse attention (DeepSeek-V3.2, GLM-DSA, HY-V4): in the mask from here
         attention_mask = _picked(attention_mask, kwargs.pop("indices"), query.shape[2], key.shape[2], causal, window)
-    instead = _not_taken(q.shape[-1], v.shape[-1], kwargs, q.dtype)
-    if instead is None and dropout and module.training:  # GPT-2's default attn_pdrop, in a training step
-        instead = "attention dropout"
+    instead = _not_taken(q.shape[-1], v.shape[-1], kwargs, q.dtype, bool(dropout and module.training))
     if instead:
         return _sdpa_instead(instead, module, query, key, value, attention_mask, dropout, scaling, is_causal, causal,
                              window, sinks, kwargs)
@@ -132,11 +130,12 @@ def _picked(attention_mask, indices, q_len: int, k_len: int, causal: bool, windo
     return attention_mask[..., :k_len].masked_fill(~picked, torch.finfo(attention_mask.dtype).min)
 
 
-def _not_taken(d: int, dv: int, kwargs, dtype: torch.dtype = torch.bfloat16) -> str | None:
+def _not_taken(d: int, dv: int, kwargs, dtype: torch.dtype = torch.bfloat16, dropout: bool = False) -> str | None:
     """What of a call fmha does not take, or None: a float32 model outside autocast (fmha computes in float16 and
-    bfloat16; :func:`fmha.attention` refuses float32 rather than round it), head dims it has no kernel for (it takes
-    multiples of 8 up to 256, and MLA's absorbed form), or an additive bias on the scores (T5's relative positions,
-    ``position_bias``, which transformers' SDPA attention adds to the mask)."""
+    bfloat16; :func:`fmha.attention` refuses float32 rather than round it), attention dropout in a training step
+    (GPT-2's default ``attn_pdrop``; fmha has none), head dims it has no kernel for (it takes multiples of 8 up to
+    256, and MLA's absorbed form), or an additive bias on the scores (T5's relative positions, ``position_bias``,
+    which transformers' SDPA attention adds to the mask)."""
     if dtype in (torch.float32, torch.float64):
         return f"{dtype} q, k, v (fmha takes float16 and bfloat16: load the model in one, or run under autocast)"
     why = head_dims_reason(d, dv)
@@ -144,6 +143,8 @@ def _not_taken(d: int, dv: int, kwargs, dtype: torch.dtype = torch.bfloat16) -> 
         return f"head dims ({why})"
     if kwargs.get("position_bias") is not None:
         return "position bias (an additive bias on every score)"
+    if dropout:
+        return "attention dropout"
     return None
 
 
