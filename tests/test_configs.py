@@ -202,18 +202,21 @@ def test_plan_asks_the_hopper_table_about_a_window_alone(monkeypatch, mods, wind
     assert asked.get("window_only", False) is window_only and asked["modifiers"] is bool(mods)
 
 
-def test_head_dim_96_takes_its_long_row_only_where_it_was_timed():
-    """Head_dim 96 without causal takes 192 x 64 tiles in 3 stages past 2k keys on dense calls of whole key tiles;
-    shorter, causal, with modifiers, lengths per sequence or a ragged last tile, the 128 rows as before."""
-    long96 = configs.HOPPER_96_LONG
-    assert configs.hopper_config(96, False, 4096) == long96
-    assert configs.hopper_config(96, False, 131072) == long96
-    assert configs.default_config("hopper", "sm90", 96, False, 16384) == long96
+@pytest.mark.parametrize("head_dim", [80, 96])
+def test_head_dims_80_and_96_take_their_long_row_only_where_it_was_timed(head_dim):
+    """Head_dim 80 and 96 without causal take 192 x 64 tiles in 3 stages past 2k keys on dense calls of whole key
+    tiles; shorter, causal, with modifiers, lengths per sequence or a ragged last tile, the 128 rows as before; the
+    head dims beside them (72, 88, 104: not timed) the 128 rows."""
+    long = configs.HOPPER_NARROW_LONG
+    assert configs.hopper_config(head_dim, False, 4096) == long
+    assert configs.hopper_config(head_dim, False, 131072) == long
+    assert configs.default_config("hopper", "sm90", head_dim, False, 16384) == long
     for kw in (dict(seqlen_k=2048), dict(seqlen_k=4100), dict(causal=True), dict(modifiers=True),
-               dict(per_sequence=True), dict(head_dim_v=64), dict(fp8=True)):
-        args = {"head_dim": 96, "causal": False, "seqlen_k": 4096, **kw}
-        assert configs.hopper_config(**args) != long96, kw
-    assert configs.hopper_config(128, False, 4096) != long96
+               dict(per_sequence=True), dict(head_dim_v=64), dict(fp8=True), dict(head_dim=head_dim - 8),
+               dict(head_dim=head_dim + 8)):
+        args = {"head_dim": head_dim, "causal": False, "seqlen_k": 4096, **kw}
+        assert configs.hopper_config(**args) != long, kw
+    assert configs.hopper_config(128, False, 4096) != long
 
 
 def test_head_dim_96_causal_takes_the_lpt_tail_alone_of_the_padded_dims():

@@ -257,20 +257,21 @@ def test_hopper_takes_every_head_dim(d, dv, config, causal, align, arrangement):
         assert buf[:, :, 0].isnan().all() and buf[:, :, 2].isnan().all()
 
 
+@pytest.mark.parametrize("head_dim", [80, 96])
 @pytest.mark.parametrize("arrangement", ["contiguous", "hf-view", "fused-qkv"])
-def test_hopper_runs_96_long_on_its_own_row(arrangement):
-    """Head_dim 96 without causal past 2k keys takes ``HOPPER_96_LONG`` (192 x 64 tiles, 3 stages): GQA, each
-    arrangement a program passes, both layouts, a NaN key in kv head 1 (heads 2 and 3 NaN, 0 and 1 the reference's),
-    out in the middle third of a NaN buffer that no store may leave."""
+def test_hopper_runs_80_and_96_long_on_their_own_row(arrangement, head_dim):
+    """Head_dim 80 and 96 without causal past 2k keys take ``HOPPER_NARROW_LONG`` (192 x 64 tiles, 3 stages): GQA,
+    each arrangement a program passes, both layouts, a NaN key in kv head 1 (heads 2 and 3 NaN, 0 and 1 the
+    reference's), out in the middle third of a NaN buffer that no store may leave."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("sm_90 only")
     from fmha import configs
-    q, k, v = _arranged(1, 4, 2, 4096, 96, 96, arrangement, seed=96)
+    q, k, v = _arranged(1, 4, 2, 4096, head_dim, head_dim, arrangement, seed=head_dim)
     k[:, 1, 0] = float("nan")
-    assert fmha.api.describe(q, k, v) == f"hopper {configs.HOPPER_96_LONG}"
+    assert fmha.api.describe(q, k, v) == f"hopper {configs.HOPPER_NARROW_LONG}"
     for layout in ("bhsd", "bshd"):
         qq, kk, vv = (t if layout == "bhsd" else t.transpose(1, 2) for t in (q, k, v))
-        buf = torch.full((1, 4096, 3, 4, 96), float("nan"), dtype=q.dtype, device="cuda")
+        buf = torch.full((1, 4096, 3, 4, head_dim), float("nan"), dtype=q.dtype, device="cuda")
         out = buf[:, :, 1].transpose(1, 2) if layout == "bhsd" else buf[:, :, 1]
         _, lse = fmha.attention(qq, kk, vv, layout=layout, out=out, return_lse=True)
         torch.cuda.synchronize()

@@ -371,17 +371,18 @@ def test_hopper_builds_every_head_dim(head_dim):
         assert set(n) == {128, head_dim}
 
 
-def test_hopper_builds_96_in_192_by_64_tiles():
-    """Head_dim 96's long non-causal row (three consumer warpgroups at 160 registers, 64-key tiles, 3 stages) builds
-    for sm_90 without spills: Q K^T over the head dim's own 96 columns in 64-key products, P V over V's own 96
-    (:mod:`fmha.kernels.hopper.narrow_pass`)."""
+@pytest.mark.parametrize("head_dim", [80, 96])
+def test_hopper_builds_80_and_96_in_192_by_64_tiles(head_dim):
+    """Head_dim 80's and 96's long non-causal row (three consumer warpgroups at 160 registers, 64-key tiles, 3 stages)
+    builds for sm_90 without spills: Q K^T over the head dim's own columns in 64-key products, P V over V's own
+    columns (:mod:`fmha.kernels.hopper.narrow_pass`)."""
     from fmha import configs
-    cfg = configs.hopper_config(96, False, 8192)
-    assert cfg == configs.HOPPER_96_LONG
-    b = targets.build("hopper", "sm_90", 96, "bfloat16", False, cfg, seqlen_k=8192)
+    cfg = configs.hopper_config(head_dim, False, 8192)
+    assert cfg == configs.HOPPER_NARROW_LONG
+    b = targets.build("hopper", "sm_90", head_dim, "bfloat16", False, cfg, seqlen_k=8192)
     assert targets.report(b).spilled_registers == 0
     n = {int(re.search(r"m64n(\d+)k16", k)[1]) for k in targets.report(b).matrix_instructions}
-    assert n == {64, 96}
+    assert n == {64, head_dim}
 
 
 def test_hopper_holds_q_and_k_of_192_unpadded():

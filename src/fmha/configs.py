@@ -102,11 +102,13 @@ HOPPER = [
 HOPPER_SPLIT_QK = KernelConfig(128, 128, 4, 2, split_qk=1)
 
 
-# head_dim 96 without causal past 2k keys, whole 64-key tiles, no modifiers: 192 x 64 tiles in 3 stages (three consumer
-# warpgroups, which 64-key tiles keep at 160 registers beside the padded 128-column P V; Q K^T over its own 96
-# columns): +4-7% at 4k-16k keys against the 128 rows' clusters (two runs), -8% at 1k (docs/PERF.md, "Every head dim")
-HOPPER_96_LONG = KernelConfig(192, 64, 4, 3, fence=1, stale=1)
-LONG_96_KEYS = 2048
+# head_dim 80 and 96 without causal past 2k keys, whole 64-key tiles, no modifiers: 192 x 64 tiles in 3 stages (three
+# consumer warpgroups, which 64-key tiles keep at 160 registers beside the padded 128-column P V; Q K^T over the head
+# dim's own columns): at 96 +4-7% at 4k-16k keys against the 128 rows' clusters (two runs), -8% at 1k; at 80 +6% at
+# 4k and 16k, -5% at 1k, causal 3-4% slower (docs/PERF.md, "Every head dim")
+HOPPER_NARROW_LONG = KernelConfig(192, 64, 4, 3, fence=1, stale=1)
+NARROW_LONG_DIMS = (80, 96)
+NARROW_LONG_KEYS = 2048
 
 
 # head_dim 96 causal deals its last rounds by LPT (``balance``) where it was timed so, past 512 keys and up to 16k
@@ -163,13 +165,14 @@ def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = 
     that do not exist (a 2x loss where a head has one block).  ``fp8``: float8
     q, k and v take the ``HOPPER_FP8`` row of their head dim and keys (none: the 16-bit rows, which
     ``hopper.fp8_reason`` then refuses), 192 rows becoming 128 as above.  ``head_dim_v`` (0: q/k's): q/k 192
-    with V's 128 or fewer takes ``HOPPER_SPLIT_QK``; 96 without causal past ``LONG_96_KEYS`` keys, dense and in
-    whole key tiles, ``HOPPER_96_LONG``."""
+    with V's 128 or fewer takes ``HOPPER_SPLIT_QK``; 80 and 96 without causal past ``NARROW_LONG_KEYS`` keys, dense
+    and in whole key tiles, ``HOPPER_NARROW_LONG``."""
     if head_dim == SPLIT_QK_DIM and 0 < head_dim_v <= 128 and not fp8:
         return HOPPER_SPLIT_QK
-    if (head_dim == 96 and head_dim_v in (0, 96) and not (causal or fp8 or modifiers or per_sequence)
-            and seqlen_k > LONG_96_KEYS and seqlen_k % HOPPER_96_LONG.block_n == 0):
-        return HOPPER_96_LONG
+    if (head_dim in NARROW_LONG_DIMS and head_dim_v in (0, head_dim)
+            and not (causal or fp8 or modifiers or per_sequence)
+            and seqlen_k > NARROW_LONG_KEYS and seqlen_k % HOPPER_NARROW_LONG.block_n == 0):
+        return HOPPER_NARROW_LONG
     d = padded(head_dim, 64)
     for key_d, key_causal, longest, cfg in HOPPER_FP8 if fp8 else ():
         if key_d == d and key_causal == bool(causal) and (longest is None or seqlen_k <= longest):

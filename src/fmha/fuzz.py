@@ -82,8 +82,8 @@ def _table_configs(variant: str, head_dim: int, causal: bool, head_dim_v: int = 
         split = configs.hopper_config(head_dim, causal, 0, head_dim_v=head_dim_v)
         if split.split_qk:  # q/k 192 with a narrower V: its own row
             rows.append(split.as_dict())
-        if head_dim == 96 and not causal:  # long dense calls at 96: their own row
-            rows.append(configs.HOPPER_96_LONG.as_dict())
+        if head_dim in configs.NARROW_LONG_DIMS and not causal:  # long dense calls at 80 and 96: their own row
+            rows.append(configs.HOPPER_NARROW_LONG.as_dict())
         return rows
     if variant == "tiled":  # every chip's rows (a caller may pass any): one stage, 8 and 16 warps among them
         rows = dict.fromkeys(cfg for arch, max_d, cfg in configs.TILED if arch != "interpreter" and head_dim <= max_d)
