@@ -16,11 +16,13 @@ def bshd(batch, heads, seqlen, d, seed):
     return torch.randn(batch, seqlen, heads, d, generator=g).to(F16).to(DEVICE)
 
 
-@pytest.mark.parametrize("causal,window,softcap,alibi", [(True, (-1, -1), 0.0, False), (False, (7, 3), 0.0, False),
-                                                         (True, (9, -1), 4.0, True)])
+@pytest.mark.parametrize("causal,window,softcap,alibi", [(True, (-1, -1), 0.0, None), (False, (7, 3), 0.0, None),
+                                                         (True, (9, -1), 4.0, (4,)), (True, (-1, -1), 0.0, (2, 4))])
 def test_flash_attn_func_is_bottom_right_bshd(causal, window, softcap, alibi):
+    """FlashAttention's conventions: bshd, bottom-right causal, its window, softcap and ALiBi slopes (``[heads]`` or
+    ``[batch, heads]``)."""
     q, k, v = bshd(2, 4, 17, 32, 0), bshd(2, 2, 40, 32, 1), bshd(2, 2, 40, 32, 2)
-    slopes = torch.rand(4, generator=torch.Generator().manual_seed(3)).to(DEVICE) if alibi else None
+    slopes = torch.rand(alibi, generator=torch.Generator().manual_seed(3)).to(DEVICE) if alibi else None
     out, lse = compat.flash_attn_func(q, k, v, softmax_scale=0.2, causal=causal, window_size=window, softcap=softcap,
                                       alibi_slopes=slopes, return_softmax_lse=True)
     assert out.shape == q.shape and lse.shape == (2, 4, 17)

@@ -103,6 +103,15 @@ def test_modifiers_have_their_gradients(mods):
     check_grads(grads, q, k, v, do, True, "bottom_right", **mods)
 
 
+def test_alibi_slopes_per_batch_and_head_have_their_gradients():
+    """``[batch, heads]`` slopes through the Triton backward: each batch's gradients those of its own row."""
+    q, k, v = leaves(*make_qkv(2, 4, 2, 29, 35, 32, torch.bfloat16, seed=8))
+    slopes = torch.tensor([[0.5, 0.25, 0.125, 0.0625], [0.03, 0.7, 0.2, 0.4]], device=DEVICE)
+    o = fmha.attention(q, k, v, causal=True, causal_align="bottom_right", alibi_slopes=slopes)
+    grads, do = grads_of(o, (q, k, v))
+    check_grads(grads, q, k, v, do, True, "bottom_right", alibi_slopes=slopes)
+
+
 def test_seqused_k_keys_get_no_gradient_past_their_length():
     q, k, v = leaves(*make_qkv(2, 2, 2, 16, 40, 32, torch.float16, seed=4))
     used = torch.tensor([40, 13], dtype=torch.int32, device=DEVICE)

@@ -71,14 +71,40 @@ def test_alibi(variant):
     assert max_err(o, ref) < 4e-3
 
 
+@pytest.mark.parametrize("variant", ["auto", *VARIANTS])
+def test_alibi_slopes_per_batch_and_head(variant):
+    """FlashAttention's other form of the slopes, ``[batch, heads]``: each batch's own row, bottom-right causal and
+    with a window, against the reference given the same table; a table whose rows are equal answers as its row
+    does as ``[heads]``.  ``auto`` on sm_90 runs them on ``tiled`` (the Gluon kernel reads a slope a head)."""
+    q, k, v = make_qkv(3, 4, 2, 45, 60, 64, F16, seed=11)
+    slopes = torch.rand(3, 4, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    for causal, align, window in ((True, "bottom_right", (-1, -1)), (False, "top_left", (9, 4))):
+        out = nan_like(q)
+        fmha.attention(q, k, v, causal=causal, causal_align=align, window=window, variant=variant,
+                       alibi_slopes=slopes, out=out)
+        ref = reference.dense_attention(q, k, v, causal=causal, causal_align=align, window=window,
+                                        alibi_slopes=slopes)
+        assert max_err(out.cpu().double().numpy(), ref) < 4e-3
+        one_row = reference.dense_attention(q, k, v, causal=causal, causal_align=align, window=window,
+                                            alibi_slopes=slopes[0])
+        assert max_err(one_row, ref) > 1e-2  # the rows differ, and each batch followed its own
+    same = slopes[:1].expand(3, 4)
+    torch.testing.assert_close(fmha.attention(q, k, v, causal=True, variant=variant, alibi_slopes=same),
+                               fmha.attention(q, k, v, causal=True, variant=variant, alibi_slopes=slopes[0]))
+    if variant == "auto" and DEVICE == "cuda" and torch.cuda.get_device_capability()[0] == 9:
+        assert fmha.describe(q, k, v, alibi_slopes=slopes).startswith("tiled")
+
+
 def test_modifiers_errors():
     q, k, v = make_qkv(1, 2, 2, 16, 16, 32, F16)
     with pytest.raises(ValueError, match="window must be"):
         fmha.attention(q, k, v, window=(-2, 0))
     with pytest.raises(ValueError, match="softcap must be"):
         fmha.attention(q, k, v, softcap=-1.0)
-    with pytest.raises(ValueError, match=r"alibi_slopes must be a float32 tensor of shape \(2,\)"):
-        fmha.attention(q, k, v, alibi_slopes=torch.ones(3))
+    with pytest.raises(ValueError, match=r"alibi_slopes must be a float32 tensor of shape \(2,\) or \(1, 2\)"):
+        fmha.attention(q, k, v, alibi_slopes=torch.ones(3, device=DEVICE))
+    with pytest.raises(ValueError, match=r"alibi_slopes must be a float32 tensor of shape \(2,\) or \(1, 2\)"):
+        fmha.attention(q, k, v, alibi_slopes=torch.ones(2, 2, device=DEVICE))
     if DEVICE == "cpu":
         used = torch.full((1,), 8, dtype=torch.int32)
         for kw in ({}, {"seqused_k": used}):  # the Gluon kernel takes the window and key lengths, on its GPU

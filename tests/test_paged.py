@@ -42,6 +42,22 @@ def test_paged_matches_contiguous(sq, page, causal, splits, layout):
                                 lse=lse[i:i + 1])
 
 
+@pytest.mark.parametrize("splits", [0, 3])
+def test_paged_takes_alibi_slopes_per_batch(splits):
+    """``[batch, heads]`` slopes against a paged cache (decoding, the keys split or not): each sequence its row."""
+    b, h, kvh, d, sk, page = 2, 4, 2, 64, 100, 16
+    q, k, v = make_qkv(b, h, kvh, 3, sk, d, torch.bfloat16, seed=9)
+    lens = torch.tensor([100, 37], dtype=torch.int32, device=DEVICE)
+    k_pool, table = paginate(k, page, -(-sk // page), seed=2)
+    v_pool, _ = paginate(v, page, -(-sk // page), seed=2)
+    slopes = torch.rand(b, h, generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    o, lse = fmha.attention_paged(q, k_pool, v_pool, table, lens, causal=True, num_splits=splits,
+                                  alibi_slopes=slopes, return_lse=True)
+    for i, n in enumerate(lens.tolist()):
+        check_against_reference(o[i:i + 1], q[i:i + 1], k[i:i + 1, :, :n], v[i:i + 1, :, :n], True, "bottom_right",
+                                lse=lse[i:i + 1], alibi_slopes=slopes[i])
+
+
 @pytest.mark.parametrize("d,dv,splits", [(64, 32, 0), (128, 64, 3), (192, 128, 0), (80, 40, 2)])
 def test_paged_takes_a_narrower_v(d, dv, splits):
     """V's pool narrower than K's (DeepSeek's 192/128, as FlashAttention-3's kvcache call takes it): O as wide

@@ -27,6 +27,22 @@ def test_varlen_matches_per_sequence_reference(variant, causal, align, window):
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
+def test_varlen_takes_alibi_slopes_per_sequence(variant):
+    """``alibi_slopes`` ``[batch, heads]``: a row per packed sequence (FlashAttention's varlen form), each sequence
+    against its own row; with the gradients."""
+    lens_q, lens_k = [5, 1, 37, 0, 20], [9, 30, 37, 4, 16]
+    q, cu_q = packed(lens_q, 4, 64, BF16, 4)
+    k, cu_k = packed(lens_k, 2, 64, BF16, 5)
+    v, _ = packed(lens_k, 2, 64, BF16, 6)
+    slopes = torch.rand(5, 4, generator=torch.Generator().manual_seed(7)).to(DEVICE)
+    o, lse = fmha.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True, variant=variant,
+                                   alibi_slopes=slopes, return_lse=True)
+    check_varlen(o, lse, q, k, v, cu_q, cu_k, causal=True, causal_align="bottom_right", alibi_slopes=slopes)
+    with pytest.raises(ValueError, match=r"alibi_slopes must be a float32 tensor of shape \(4,\) or \(5, 4\)"):
+        fmha.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), alibi_slopes=slopes[:4])
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("causal,align", [(False, "top_left"), (True, "bottom_right")])
 def test_seqused_k_is_key_padding(variant, causal, align):
     g = torch.Generator().manual_seed(5)

@@ -56,7 +56,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     around its diagonal ``d`` (0 top-left, ``seqlen_k - seqlen_q`` bottom-right; -1 leaves
     a side open; ``causal`` closes the right side at 0); key tiles outside the band
     are skipped whole.  ``softcap > 0``: scores become ``softcap * tanh(s / softcap)``.
-    ``alibi_slopes`` (float32 ``[heads]``): score ``- slope_h * |i + d - j|``.
+    ``alibi_slopes`` (float32 ``[heads]``, or ``[batch, heads]`` as FlashAttention also takes them: a slope per
+    (batch, head), run on the Triton kernels): score ``- slope_h * |i + d - j|``.
     ``seqused_k`` (int32 ``[batch]``): batch b uses only its first ``seqused_k[b]`` keys
     (key padding; values past seqlen_k are clamped); bottom-right alignment then uses
     that length.  For packed variable-length batches see :func:`attention_varlen`.
@@ -152,7 +153,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     longest sequence.  Masks and modifiers act per sequence, aligned as FlashAttention aligns
     them: ``causal_align="bottom_right"`` by default (query i of a sequence with ``n_q`` queries
     and ``n_k`` keys sees key j when ``j <= i + n_k - n_q``: its new queries are its last
-    positions); ``"top_left"`` gives torch SDPA's ``j <= i``.  Returns ``o`` ``[total_q, heads, head_dim]`` (and LSE
+    positions); ``"top_left"`` gives torch SDPA's ``j <= i``.  ``alibi_slopes``: ``[heads]`` or a row per sequence,
+    ``[batch, heads]``.  Returns ``o`` ``[total_q, heads, head_dim]`` (and LSE
     ``[heads, total_q]``).  Programs (or ``hopper``'s work items) past a sequence's end exit at
     once: no padded work beyond the last tile of each sequence.  ``auto`` picks the variant as
     :func:`attention` would for the longest sequences (``hopper`` on sm_90 at head_dim 64 and

@@ -12,7 +12,7 @@ from . import plan as planning
 from . import replay
 from .device import family_of, index_of, interpreting, on, shared_limit
 from .kernels.hopper.resources import SMEM_LIMIT
-from .kernels import mask_args, strides_bhsd
+from .kernels import alibi_kind, mask_args, strides_bhsd
 from .kernels import backward as kernels
 from .sinks import grad as sink_grad
 
@@ -273,9 +273,9 @@ def _run(prob, do, q, k, v, o, lse, layout, alibi, seqs, rows, keys, sinks, dete
             st[0] = 0
     a = prob.align_offset  # the kernels add each sequence's own diagonal back
     band = (prob.causal_offset - a, (prob.window_offset or 0) - a, 0, prob.scale_log2, prob.softcap or 1.0,
-            alibi if alibi is not None else lse, cu_q, cu_k, seqused)
+            alibi.contiguous() if alibi is not None else lse, cu_q, cu_k, seqused)
     flags = dict(HEAD_DIM=prob.head_dim, BLOCK_D=prob.block_d, CAUSAL=prob.causal,
-                 WINDOW=prob.window_offset is not None, SOFTCAP=prob.softcap > 0, ALIBI=alibi is not None,
+                 WINDOW=prob.window_offset is not None, SOFTCAP=prob.softcap > 0, ALIBI=alibi_kind(alibi),
                  VARLEN=prob.varlen, SEQUSED=prob.seqused, ALIGN_BR=prob.align_br, HEAD_V=prob.dv,
                  BLOCK_DV=prob.block_dv, **mask_args(attn_mask, lse))
     group = prob.heads // prob.kv_heads

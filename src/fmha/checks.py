@@ -91,8 +91,9 @@ def check_inputs(q, k, v, causal_align: str, layout: str, variant: str, scale, f
         raise ValueError(f"scale must be a finite positive number or None, got {scale!r}")
 
 
-def check_features(q, layout: str, window, softcap, alibi_slopes, sinks=None) -> None:
-    """The score modifiers: a window, a softcap, ALiBi slopes; and attention sinks."""
+def check_features(q, layout: str, window, softcap, alibi_slopes, sinks=None, batch: int | None = None) -> None:
+    """The score modifiers: a window, a softcap, ALiBi slopes (``[heads]``, or ``[batch, heads]``: ``batch`` the
+    sequences', q's batch unless given); and attention sinks."""
     if window == (-1, -1) and softcap == 0.0 and alibi_slopes is None and sinks is None:  # none: nothing to check
         return
     if (not isinstance(window, (tuple, list)) or len(window) != 2
@@ -102,11 +103,13 @@ def check_features(q, layout: str, window, softcap, alibi_slopes, sinks=None) ->
         raise ValueError(f"softcap must be a finite number >= 0 (0: off), got {softcap!r}")
     if alibi_slopes is not None:
         heads = q.shape[1] if layout == "bhsd" else q.shape[2]
-        if (not isinstance(alibi_slopes, torch.Tensor) or alibi_slopes.shape != (heads,)
+        batch = q.shape[0] if batch is None else batch
+        if (not isinstance(alibi_slopes, torch.Tensor) or alibi_slopes.shape not in ((heads,), (batch, heads))
                 or alibi_slopes.dtype != torch.float32 or alibi_slopes.device != q.device):
             got = ((tuple(alibi_slopes.shape), alibi_slopes.dtype, alibi_slopes.device)
                    if isinstance(alibi_slopes, torch.Tensor) else type(alibi_slopes).__name__)
-            raise ValueError(f"alibi_slopes must be a float32 tensor of shape ({heads},) on {q.device}, got {got}")
+            raise ValueError(f"alibi_slopes must be a float32 tensor of shape ({heads},) or ({batch}, {heads}) on "
+                             f"{q.device}, got {got}")
     if sinks is not None:
         heads = q.shape[1] if layout == "bhsd" else q.shape[2]
         if (not isinstance(sinks, torch.Tensor) or sinks.shape != (heads,) or sinks.dtype != torch.float32
@@ -203,7 +206,7 @@ def check_varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, causal_align: str, va
     shapes and cu_seqlens, q, k and v as one bshd sequence, the modifiers."""
     check_packed_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k)
     check_inputs(q[None], k[None], v[None], causal_align, "bshd", variant, scale)
-    check_features(q[None], "bshd", window, softcap, alibi_slopes, sinks)
+    check_features(q[None], "bshd", window, softcap, alibi_slopes, sinks, batch=cu_seqlens_q.shape[0] - 1)
 
 
 def check_paged_call(q, k_cache, v_cache, block_table, cache_seqlens, causal_align: str, layout: str, variant: str,

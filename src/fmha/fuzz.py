@@ -212,8 +212,9 @@ def run(p: Problem, device: str) -> None:
     lengths = torch.randint(0, p.seqlen_k + 1, (p.batch,), generator=g, dtype=torch.int32)
     if p.entry == "attention" and not p.seqused:
         lengths.fill_(p.seqlen_k)
+    slopes = (p.batch, p.heads) if p.seed >> 3 & 1 else (p.heads,)  # FlashAttention's two forms, by the seed
     mods = dict(window=tuple(p.window), softcap=p.softcap,
-                alibi_slopes=torch.rand(p.heads, generator=g).to(device) if p.alibi else None)
+                alibi_slopes=torch.rand(slopes, generator=g).to(device) if p.alibi else None)
     cfg = configs.KernelConfig(**p.config) if p.config else None
     if p.grad:
         return _run_grad(p, q, k, v, g, dtype, device, mods, cfg)
@@ -241,8 +242,14 @@ def run(p: Problem, device: str) -> None:
     for b, n in enumerate(lengths.tolist()):
         own = slice(b, b + 1)
         hidden = {} if mask is None else {"attn_mask": mask[own, :, :, :n].expand(1, p.heads, p.seqlen_q, n)}
-        verify.check(o[own], qb[own], kb[own, :, :n], vb[own, :, :n], p.causal, p.align, lse=lse[own], **mods,
-                     **hidden)
+        verify.check(o[own], qb[own], kb[own, :, :n], vb[own, :, :n], p.causal, p.align, lse=lse[own],
+                     **_own(mods, own), **hidden)
+
+
+def _own(mods: dict, own: slice) -> dict:
+    """``mods`` for the batch rows (or sequences) ``own`` alone: their rows of ``[batch, heads]`` ALiBi slopes."""
+    slopes = mods.get("alibi_slopes")
+    return {**mods, "alibi_slopes": slopes[own]} if slopes is not None and slopes.dim() == 2 else mods
 
 
 def _mask(p, g):
@@ -295,7 +302,7 @@ def _run_varlen(p, q, k, v, lengths, g, dtype, device, mods, cfg):
         if rows.start == rows.stop:
             continue
         seq = [t.transpose(0, 1)[None] for t in (o[rows], qs[b].to(dtype), ks[b].to(dtype), vs[b].to(dtype))]
-        verify.check(*seq, p.causal, p.align, lse=lse[None, :, rows], **mods)
+        verify.check(*seq, p.causal, p.align, lse=lse[None, :, rows], **_own(mods, slice(b, b + 1)))
 
 
 def _run_paged(p, q, k, v, lengths, g, dtype, device, mods, cfg):
@@ -319,7 +326,8 @@ def _run_paged(p, q, k, v, lengths, g, dtype, device, mods, cfg):
     qb, kb, vb = (t.to(dtype) for t in (q, k, v))
     for b, n in enumerate(lengths.tolist()):
         own = slice(b, b + 1)
-        verify.check(o[own], qb[own], kb[own, :, :n], vb[own, :, :n], p.causal, p.align, lse=lse[own], **mods)
+        verify.check(o[own], qb[own], kb[own, :, :n], vb[own, :, :n], p.causal, p.align, lse=lse[own],
+                     **_own(mods, own))
 
 
 def fuzz(seconds: float | None, problems: int | None, seed: int, device: str, stream=sys.stdout) -> dict:

@@ -194,7 +194,7 @@ def plan(prob: Problem, q, k, v, o, layout: str, variant: str, config, alibi_slo
                                                per_sequence=prob.varlen or prob.seqused, seqlen_q=seqlen_q,
                                                fp8=prob.fp8, head_dim_v=prob.head_dim_v,
                                                window_only=prob.window_offset is not None and not scores_modified)
-        reason = kernels.unsupported(name, cfg, prob, q, k, v, o, layout, alibi_slopes is not None)
+        reason = kernels.unsupported(name, cfg, prob, q, k, v, o, layout, kernels.alibi_kind(alibi_slopes))
     if reason and variant == "auto":
         name = "tiled"
         cfg = configs.default_config(name, arch, prob.head_dim, prob.causal, fp8=prob.fp8)

@@ -63,13 +63,14 @@ def visible(seqlen_q: int, seqlen_k: int, causal: bool, causal_align: str = "top
 def score_mods(s: np.ndarray, seqlen_q: int, seqlen_k: int, causal_align: str, softcap: float = 0.0,
                alibi_slopes=None) -> np.ndarray:
     """Scores ``scale * q.k`` ``[B, H, Sq, Sk]`` with soft-capping (``softcap * tanh(s / softcap)``)
-    and ALiBi (``- slope_h * |i + offset - j|``) applied, in that order."""
+    and ALiBi (``- slope * |i + offset - j|``, the slopes ``[H]`` or ``[B, H]``) applied, in that order."""
     if softcap:
         s = softcap * np.tanh(s / softcap)
     if alibi_slopes is not None:
         offset = causal_offset(seqlen_q, seqlen_k, causal_align)
         dist = np.abs(np.arange(seqlen_q)[:, None] + offset - np.arange(seqlen_k)[None, :])
-        s = s - _as_f64(alibi_slopes)[None, :, None, None] * dist
+        slopes = _as_f64(alibi_slopes)  # [heads] or [batch, heads]
+        s = s - (slopes[None] if slopes.ndim == 1 else slopes)[:, :, None, None] * dist
     return s
 
 

@@ -120,7 +120,8 @@ def _modified(s, seqlen_k: int, causal, causal_align, window, softcap, alibi_slo
         offset = reference.causal_offset(seqlen_q, seqlen_k, causal_align)
         i = torch.arange(seqlen_q, device=s.device)[:, None] + offset
         dist = (i - torch.arange(seqlen_k, device=s.device)[None, :]).abs().float()
-        s = s - alibi_slopes.float()[None, :, None, None] * dist
+        slopes = alibi_slopes.float()  # [heads] or [batch, heads]
+        s = s - (slopes[None] if slopes.dim() == 1 else slopes)[:, :, None, None] * dist
     mask = torch.from_numpy(reference.visible(seqlen_q, seqlen_k, causal, causal_align, window)).to(s.device)
     if attn_mask is not None:
         mask = mask & attn_mask.to(s.device)

@@ -42,13 +42,21 @@ def unsupported_problem(variant: str, prob) -> str | None:
     return None
 
 
-def unsupported(variant: str, cfg, prob, q, k, v, o, layout: str, alibi: bool = False) -> str | None:
-    """Why ``variant`` cannot take this call, or None."""
+def alibi_kind(alibi) -> int:
+    """The kernels' ``ALIBI`` for slopes ``alibi``: 0 none, 1 one a head (``[heads]``), 2 one a (batch, head)
+    (``[batch, heads]``, FlashAttention's other form; the Triton kernels')."""
+    return 0 if alibi is None else alibi.dim()
+
+
+def unsupported(variant: str, cfg, prob, q, k, v, o, layout: str, alibi: int = 0) -> str | None:
+    """Why ``variant`` cannot take this call (``alibi``: its :func:`alibi_kind`), or None."""
     why = unsupported_problem(variant, prob)
     if why:
         return why
     if variant == "hopper":
         from . import hopper
+        if alibi == 2:
+            return "ALiBi slopes per (batch, head) run on the Triton kernels"
         if prob.fp8 and alibi:  # (the descale factors would scale the bias with the scores)
             return "float8 on hopper takes no ALiBi"
         return hopper.supports(prob, cfg, q, k, v, o, layout)
@@ -119,14 +127,14 @@ def launch(variant: str, cfg, prob, q, k, v, o, lse, layout: str, alibi=None, se
         kernel, grid, q, k, v, o, lse if lse is not None else o, *strides[0], *strides[1], *strides[2], *strides[3],
         prob.heads, prob.heads // prob.kv_heads, prob.seqlen_q, prob.seqlen_k,
         prob.causal_offset - a, prob.scale_log2,
-        (prob.window_offset or 0) - a, 0, prob.softcap, alibi if alibi is not None else o,
+        (prob.window_offset or 0) - a, 0, prob.softcap, alibi.contiguous() if alibi is not None else o,
         cu_q if cu_q is not None else o, cu_k if cu_k is not None else o, seqused if seqused is not None else o,
         split_len, o.stride(0) if split_len else 0, lse[0].numel() if split_len and lse is not None else 0,
         block_table if block_table is not None else o, block_table.stride(0) if block_table is not None else 0,
         block_table.shape[1] if block_table is not None else 0, k_desc, v_desc, *kv_place,
         HEAD_DIM=prob.head_dim - prob.qk_lo, BLOCK_D=prob.block_d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         CAUSAL=prob.causal, STORE_LSE=lse is not None, WINDOW=prob.window_offset is not None,
-        SOFTCAP=prob.softcap > 0, ALIBI=alibi is not None, VARLEN=prob.varlen, SEQUSED=prob.seqused,
+        SOFTCAP=prob.softcap > 0, ALIBI=alibi_kind(alibi), VARLEN=prob.varlen, SEQUSED=prob.seqused,
         ALIGN_BR=prob.align_br, SPLIT=bool(split_len), PAGED=bool(prob.page), PAGE=max(prob.page, 1),
         PACK_GQA=prob.pack_gqa, KV_TMA=kv_tma,
         **(dict(HEAD_V=prob.dv, BLOCK_DV=prob.block_dv) if "HEAD_V" in params else {}),

@@ -195,7 +195,7 @@ def dkdv_kernel(Q, K, V, DO, LSE, Delta, DK, DV, DQ,
         hi = tl.minimum(tl.maximum(start_n + BLOCK_N - window_offset, 0), sq)
     for g in range(group):
         h = kvh * group + g
-        slope = head_slope(Alibi, h, heads, ALIBI)
+        slope = head_slope(Alibi, b * heads + h, heads, ALIBI)
         q_base = Q + b64 * stride_qb + h.to(tl.int64) * stride_qh
         g_base = DO + b64 * stride_gb + h.to(tl.int64) * stride_gh
         for start_m in range(lo, hi, BLOCK_M):
@@ -261,7 +261,7 @@ def dq_kernel(Q, K, V, DO, LSE, Delta, DQ,
     else:
         rows = tl.program_id(1).to(tl.int64) * seqlen_q + offs_m
     lse2, delta = _row_stats(LSE, Delta, rows, offs_m, sq)
-    slope = head_slope(Alibi, h, heads, ALIBI)
+    slope = head_slope(Alibi, b * heads + h, heads, ALIBI)
     k_base = K + b64 * stride_kb + kvh.to(tl.int64) * stride_kh
     v_base = V + b64 * stride_vb + kvh.to(tl.int64) * stride_vh
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)

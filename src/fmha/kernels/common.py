@@ -253,8 +253,12 @@ def paged_rows(base, BlockTable, b, start_n, offs_n, offs_d, stride_bt, max_page
 
 @triton.jit
 def head_slope(Alibi, bh, heads, ALIBI: tl.constexpr):
+    """The ALiBi slope of (batch, head) ``bh`` (``batch * heads + head``): ALIBI 1 one a head (``Alibi`` ``[heads]``),
+    2 one a (batch, head) (``[batch, heads]``, contiguous: FlashAttention's other form), 0 none."""
     slope = 0.0
-    if ALIBI:
+    if ALIBI == 2:
+        slope = tl.load(Alibi + bh)
+    elif ALIBI:
         slope = tl.load(Alibi + bh % heads)
     return slope
 
