@@ -12,7 +12,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
-from fmha.verify import check as check_against_reference, check_lse, max_err, to_bhsd, torch_lowp  # noqa: E402,F401
+from fmha.verify import (check as check_against_reference, check_lse, max_err, of_rows, to_bhsd,  # noqa: E402,F401
+                         torch_lowp)
 
 # property tests draw the same examples on every run (CI's verdict reproducible);
 # HYPOTHESIS_PROFILE=explore draws new ones, as many as asked with --hypothesis-seed
@@ -96,15 +97,12 @@ def check_varlen(o, lse, q, k, v, cu_q, cu_k, skip=(), causal=False, causal_alig
     reference of that sequence alone, by :func:`check_against_reference`'s rule (``mods``: its
     modifiers); sequences in ``skip`` are not checked."""
     assert lse.shape == (q.shape[1], q.shape[0])
-    slopes = mods.get("alibi_slopes")
     for b in range(len(cu_q) - 1):
         qs, ks = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
         if qs.start == qs.stop or b in skip:
             continue
         seq = [t[s].transpose(0, 1)[None] for t, s in ((o, qs), (q, qs), (k, ks), (v, ks))]
-        if slopes is not None and slopes.dim() == 2:  # a row per sequence
-            mods = {**mods, "alibi_slopes": slopes[b]}
-        check_against_reference(*seq, causal, causal_align, lse=lse[None, :, qs], **mods)
+        check_against_reference(*seq, causal, causal_align, lse=lse[None, :, qs], **of_rows(mods, slice(b, b + 1)))
 
 
 def replays_as_it_ran(inputs, grads, exact_dq, monkeypatch, recorded=True):

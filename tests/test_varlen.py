@@ -29,7 +29,7 @@ def test_varlen_matches_per_sequence_reference(variant, causal, align, window):
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_varlen_takes_alibi_slopes_per_sequence(variant):
     """``alibi_slopes`` ``[batch, heads]``: a row per packed sequence (FlashAttention's varlen form), each sequence
-    against its own row; with the gradients."""
+    against its own row."""
     lens_q, lens_k = [5, 1, 37, 0, 20], [9, 30, 37, 4, 16]
     q, cu_q = packed(lens_q, 4, 64, BF16, 4)
     k, cu_k = packed(lens_k, 2, 64, BF16, 5)

@@ -243,13 +243,7 @@ def run(p: Problem, device: str) -> None:
         own = slice(b, b + 1)
         hidden = {} if mask is None else {"attn_mask": mask[own, :, :, :n].expand(1, p.heads, p.seqlen_q, n)}
         verify.check(o[own], qb[own], kb[own, :, :n], vb[own, :, :n], p.causal, p.align, lse=lse[own],
-                     **_own(mods, own), **hidden)
-
-
-def _own(mods: dict, own: slice) -> dict:
-    """``mods`` for the batch rows (or sequences) ``own`` alone: their rows of ``[batch, heads]`` ALiBi slopes."""
-    slopes = mods.get("alibi_slopes")
-    return {**mods, "alibi_slopes": slopes[own]} if slopes is not None and slopes.dim() == 2 else mods
+                     **verify.of_rows(mods, own), **hidden)
 
 
 def _mask(p, g):
@@ -302,7 +296,7 @@ def _run_varlen(p, q, k, v, lengths, g, dtype, device, mods, cfg):
         if rows.start == rows.stop:
             continue
         seq = [t.transpose(0, 1)[None] for t in (o[rows], qs[b].to(dtype), ks[b].to(dtype), vs[b].to(dtype))]
-        verify.check(*seq, p.causal, p.align, lse=lse[None, :, rows], **_own(mods, slice(b, b + 1)))
+        verify.check(*seq, p.causal, p.align, lse=lse[None, :, rows], **verify.of_rows(mods, slice(b, b + 1)))
 
 
 def _run_paged(p, q, k, v, lengths, g, dtype, device, mods, cfg):
@@ -327,7 +321,7 @@ def _run_paged(p, q, k, v, lengths, g, dtype, device, mods, cfg):
     for b, n in enumerate(lengths.tolist()):
         own = slice(b, b + 1)
         verify.check(o[own], qb[own], kb[own, :, :n], vb[own, :, :n], p.causal, p.align, lse=lse[own],
-                     **_own(mods, own))
+                     **verify.of_rows(mods, own))
 
 
 def fuzz(seconds: float | None, problems: int | None, seed: int, device: str, stream=sys.stdout) -> dict:

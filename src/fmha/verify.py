@@ -56,6 +56,13 @@ def max_err(a, b) -> float:
     return float(np.max(np.abs(np.asarray(a, dtype=np.float64) - b), initial=0.0))
 
 
+def of_rows(mods: dict, rows: slice) -> dict:
+    """``mods`` for the batch rows (or packed sequences) ``rows`` alone: their rows of ``[batch, heads]`` ALiBi
+    slopes (``[heads]`` ones, and the rest, as they are)."""
+    slopes = mods.get("alibi_slopes")
+    return {**mods, "alibi_slopes": slopes[rows]} if slopes is not None and slopes.dim() == 2 else mods
+
+
 def check(o, q, k, v, causal, causal_align="top_left", layout="bhsd", scale=None, lse=None, **mods):
     """Assert ``o`` (in ``layout``) and ``lse`` (when given, ``[batch, heads, seqlen_q]``) pass the
     yardstick; ``mods``: window, softcap, alibi_slopes, attn_mask as the kernel got them.  Returns
