@@ -1,13 +1,13 @@
-"""``attn_mask``: SDPA's boolean mask joined with the band, on the tiled variant (every split and layout), against
-the float64 reference; its gradients against the float64 backward; its refusals; and the custom op under
-``torch.compile``, forward and backward."""
+"""``attn_mask``: SDPA's boolean mask joined with the band and its additive float mask (a bias on the scores), on the
+tiled variant (every split and layout), against the float64 reference; their gradients (a bias's own included)
+against the float64 backward; the refusals; and the custom op under ``torch.compile``, forward and backward."""
 import numpy as np
 import pytest
 import torch
 
 import fmha
 from conftest import DEVICE, check_against_reference, make_qkv, nan_like
-from fmha.verify import check_grads
+from fmha.verify import check_grads, check_mask_grad
 
 
 def _mask(shape, seed, keep=0.6):
@@ -62,8 +62,8 @@ def test_a_key_the_mask_hides_may_hold_nan():
 
 def test_what_a_mask_call_refuses():
     q, k, v = make_qkv(1, 2, 2, 4, 16, 64, torch.float16)
-    with pytest.raises(ValueError, match="attn_mask must be boolean"):
-        fmha.attention(q, k, v, attn_mask=torch.zeros(4, 16, device=DEVICE))
+    with pytest.raises(ValueError, match="attn_mask must be boolean .* or a float16, bfloat16 or float32 bias"):
+        fmha.attention(q, k, v, attn_mask=torch.zeros(4, 16, dtype=torch.int32, device=DEVICE))
     with pytest.raises(ValueError, match="does not broadcast"):
         fmha.attention(q, k, v, attn_mask=torch.ones(4, 15, dtype=torch.bool, device=DEVICE))
     with pytest.raises(ValueError, match="cannot take this call: an attn_mask runs on the tiled variant"):
@@ -186,3 +186,114 @@ def test_a_mask_beside_attention_sinks():
     o, lse = fmha.attention(q, k, v, layout="bshd", attn_mask=mask, sinks=sinks, num_splits=2, return_lse=True)
     check_against_reference(o, q, k, v, False, layout="bshd", lse=lse, sinks=sinks,
                             attn_mask=mask.expand(2, 4, 1, 80))
+
+
+def _bias(shape, seed, dtype=torch.float32, hidden=0.3):
+    """A bias of normal scores (scale 2), about ``hidden`` of them ``-inf``: keys hidden as a float mask hides them."""
+    g = torch.Generator().manual_seed(seed)
+    bias = torch.randn(shape, generator=g) * 2
+    return bias.masked_fill(torch.rand(shape, generator=g) < hidden, float("-inf")).to(dtype).to(DEVICE)
+
+
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("b,h,kvh,sq,sk,d,shape,dtype,causal,splits,softcap", [
+    (2, 4, 2, 37, 90, 64, (2, 1, 37, 90), torch.float32, False, 0, 0.0),   # transformers' [batch, 1, q, k]
+    (2, 4, 2, 1, 300, 64, (2, 1, 1, 300), torch.bfloat16, False, 3, 0.0),  # a decoding step, keys split and merged
+    (1, 8, 2, 5, 200, 32, (8, 5, 200), torch.float16, True, 2, 0.0),       # per head, GQA rows packed, the band
+    (2, 4, 4, 20, 20, 128, (20, 20), torch.float32, False, 1, 30.0),       # one [q, k] bias (T5's), after a softcap
+    (2, 2, 1, 70, 130, 96, (2, 2, 70, 130), torch.bfloat16, True, 1, 0.0),  # the full shape, bottom-right band
+])
+def test_a_float_mask_adds_to_the_scores(layout, b, h, kvh, sq, sk, d, shape, dtype, causal, splits, softcap):
+    q, k, v = make_qkv(b, h, kvh, sq, sk, d, torch.bfloat16, layout=layout, seed=sk + sq + 1)
+    bias = _bias(shape, seed=sq, dtype=dtype)
+    out = nan_like(q)
+    o, lse = fmha.attention(q, k, v, attn_mask=bias, layout=layout, causal=causal, causal_align="bottom_right",
+                            num_splits=splits, softcap=softcap, return_lse=True, out=out)
+    assert o is out
+    check_against_reference(out, q, k, v, causal, "bottom_right", layout=layout, lse=lse, softcap=softcap,
+                            attn_mask=bias.expand(b, h, sq, sk))
+    again = fmha.attention(q, k, v, attn_mask=bias, layout=layout, causal=causal, causal_align="bottom_right",
+                           num_splits=splits, softcap=softcap)  # the fast path (no out=): the same bits
+    assert torch.equal(again, out)
+
+
+def test_a_bias_of_zeros_and_minus_infinity_is_the_boolean_mask():
+    """0 where a boolean mask keeps a key and -inf where it hides it: the same scores, the same bits, rows that see
+    no key included (0, LSE -inf)."""
+    q, k, v = make_qkv(2, 4, 2, 24, 70, 64, torch.float16, seed=3)
+    mask = _mask((2, 1, 24, 70), seed=4)
+    mask[1, :, 7] = False
+    bias = torch.zeros(mask.shape, device=DEVICE).masked_fill(~mask, float("-inf"))
+    for splits in (1, 3):
+        want = fmha.attention(q, k, v, attn_mask=mask, causal=True, num_splits=splits, return_lse=True)
+        got = fmha.attention(q, k, v, attn_mask=bias, causal=True, num_splits=splits, return_lse=True)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+        assert (got[0][1, :, 7] == 0).all() and torch.isneginf(got[1][1, :, 7]).all()
+
+
+def test_a_large_bias_does_not_overflow():
+    # a bias that dwarfs the scores picks its keys; float32's exponent holds it (scores are never exponentiated raw)
+    q, k, v = make_qkv(1, 2, 2, 8, 40, 64, torch.bfloat16, seed=5)
+    bias = torch.full((8, 40), -1e4, device=DEVICE)
+    bias[:, 11] = 1e4
+    bias[3, 30] = 1e4
+    o, lse = fmha.attention(q, k, v, attn_mask=bias, return_lse=True)
+    check_against_reference(o, q, k, v, False, lse=lse, attn_mask=bias.expand(1, 2, 8, 40))
+    torch.testing.assert_close(o[0, :, 0], v[0, :, 11], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("layout,b,h,kvh,sq,sk,d,shape,dtype,causal,deterministic,softcap", [
+    ("bhsd", 2, 4, 2, 37, 90, 64, (1, 4, 37, 90), torch.float32, False, False, 0.0),  # a learned bias a head, GQA
+    ("bshd", 1, 8, 2, 45, 45, 32, (45, 45), torch.bfloat16, True, True, 0.0),      # one [q, k] bias, dQ in one order
+    ("bshd", 2, 2, 1, 20, 70, 128, (2, 1, 1, 70), torch.float16, False, False, 2.0),  # per key, MQA, a softcap
+    ("bhsd", 2, 2, 2, 33, 33, 96, (2, 2, 33, 33), torch.float32, True, False, 0.0),   # the full shape
+])
+def test_a_bias_has_its_gradients(layout, b, h, kvh, sq, sk, d, shape, dtype, causal, deterministic, softcap):
+    """dq, dk, dv of a call with a float mask, and the bias's own gradient (summed over the dimensions it
+    broadcast, in its dtype), against the float64 backward; a row the bias leaves no key gives zero gradients."""
+    q, k, v = make_qkv(b, h, kvh, sq, sk, d, torch.bfloat16, layout=layout, seed=sq + d)
+    bias = _bias(shape, seed=sk, dtype=dtype)
+    if shape[-2] == sq:
+        bias[..., 3, :] = float("-inf")  # query row 3 sees no key
+    q, k, v, leaf = _leaves(q, k, v, bias)
+    o = fmha.attention(q, k, v, attn_mask=leaf, layout=layout, causal=causal, causal_align="bottom_right",
+                       deterministic=deterministic, softcap=softcap)
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(d), dtype=torch.float32).to(o)
+    o.backward(do)
+    full = bias.expand(b, h, sq, sk)
+    check_grads((q.grad, k.grad, v.grad), q, k, v, do, causal, "bottom_right", layout, softcap=softcap,
+                attn_mask=full)
+    assert leaf.grad.dtype == dtype and leaf.grad.shape == shape
+    check_mask_grad(leaf.grad, q, k, v, do, causal, "bottom_right", layout, softcap=softcap, attn_mask=bias)
+    if shape[-2] == sq:
+        row = (slice(None), 3) if layout == "bshd" else (slice(None), slice(None), 3)
+        assert not q.grad[row].any() and not leaf.grad[..., 3, :].any()
+
+
+def test_a_bias_alone_requiring_grad_is_recorded():
+    """Only the bias asks for a gradient (a relative-position table learned over frozen q, k, v): autograd records
+    the call, and the gradient is the float64 one."""
+    q, k, v = make_qkv(1, 2, 2, 16, 24, 64, torch.bfloat16, seed=7)
+    leaf = _bias((2, 16, 24), seed=8, hidden=0.0).requires_grad_(True)
+    o = fmha.attention(q, k, v, attn_mask=leaf, causal=True)
+    assert o.requires_grad
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(9)).to(o)
+    o.backward(do)
+    check_mask_grad(leaf.grad, q, k, v, do, True, attn_mask=leaf.detach())
+
+
+def test_the_custom_op_trains_a_bias_under_compile():
+    """fullgraph=True: the bias's gradient comes back through the custom op's backward, equal to eager's."""
+    q, k, v = make_qkv(2, 4, 2, 19, 40, 64, torch.bfloat16, layout="bshd", seed=5)
+    bias = _bias((1, 4, 19, 40), seed=6)
+    compiled_in, eager_in = _leaves(q, k, v, bias), _leaves(q, k, v, bias)
+
+    def block(q, k, v, m):
+        return (fmha.attention(q * 1.0, k, v, layout="bshd", attn_mask=m * 1.0).float() ** 2).sum()
+    try:
+        torch.compile(block, backend="aot_eager", fullgraph=True)(*compiled_in).backward()
+    finally:
+        torch._dynamo.reset()
+    block(*eager_in).backward()
+    for a, b in zip(compiled_in, eager_in):
+        torch.testing.assert_close(a.grad, b.grad)

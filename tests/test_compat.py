@@ -295,12 +295,33 @@ def test_sdpa_is_top_left_bhsd_with_its_mask(sq, sk, causal, masked):
         torch.testing.assert_close(o.float(), want, atol=2e-3, rtol=0)
 
 
+@pytest.mark.parametrize("shape,dtype", [((8, 8), torch.float32), ((1, 4, 8, 8), F16), ((2, 1, 1, 8), torch.float32)])
+def test_sdpa_takes_an_additive_float_mask(shape, dtype):
+    """SDPA's float attn_mask, added to the scores, broadcast as torch broadcasts it: torch's own result, and the
+    float64 reference; its gradient, the bias's included, as torch's."""
+    g = torch.Generator().manual_seed(len(shape))
+    q, k, v = (torch.randn(2, h, 8, 64, generator=g).to(F16).to(DEVICE) for h in (4, 2, 2))
+    bias = (torch.randn(shape, generator=g) * 3).masked_fill(torch.rand(shape, generator=g) < 0.2, float("-inf"))
+    bias[..., 0] = 0.0  # every row sees a key (torch's math gives NaN for a row that sees none)
+    bias = bias.to(dtype).to(DEVICE)
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v, bias)]
+    o = compat.scaled_dot_product_attention(*leaves[:3], attn_mask=leaves[3], enable_gqa=True)
+    check_against_reference(o, q, k, v, False, attn_mask=bias.expand(2, 4, 8, 8))
+    ref = [t.detach().float().clone().requires_grad_(True) for t in (q, k, v, bias)]
+    want = torch.nn.functional.scaled_dot_product_attention(*ref[:3], attn_mask=ref[3], enable_gqa=True)
+    torch.testing.assert_close(o.float(), want, atol=3e-3, rtol=0)
+    do = torch.randn(o.shape, generator=g).to(DEVICE)
+    o.backward(do.to(o.dtype))
+    want.backward(do)
+    for got, w in zip(leaves, ref):
+        assert got.grad.shape == w.shape and got.grad.dtype == got.dtype
+        torch.testing.assert_close(got.grad.float(), w.grad, atol=2e-2, rtol=2e-2)
+
+
 def test_sdpa_refuses_what_it_would_and_what_fmha_does_not_take():
     q, k, v = (torch.randn(1, h, 8, 64).to(F16).to(DEVICE) for h in (4, 2, 2))
     with pytest.raises(ValueError, match="enable_gqa=True"):
         compat.scaled_dot_product_attention(q, k, v)
-    with pytest.raises(NotImplementedError, match="additive float mask"):
-        compat.scaled_dot_product_attention(q, k, v, attn_mask=torch.zeros(8, 8, device=DEVICE), enable_gqa=True)
     with pytest.raises(NotImplementedError, match="dropout_p"):
         compat.scaled_dot_product_attention(q, k, v, dropout_p=0.1, enable_gqa=True)
 

@@ -37,8 +37,8 @@ def test_a_wrong_gradient_is_caught(monkeypatch):
     real = backward.dense
 
     def off_by_a_little(*args, **kwargs):
-        dq, dk, dv, dsinks = real(*args, **kwargs)
-        return dq, dk * 1.01, dv, dsinks
+        dq, dk, dv, dsinks, dmask = real(*args, **kwargs)
+        return dq, dk * 1.01, dv, dsinks, dmask
     monkeypatch.setattr(backward, "dense", off_by_a_little)
     for p in grads:
         with pytest.raises(AssertionError, match="dk"):
@@ -72,8 +72,9 @@ def test_a_masked_problem_draws_the_config_the_plan_takes():
 
 
 def test_problems_with_an_attn_mask_pass_and_a_dropped_mask_is_caught(monkeypatch):
-    """Problems with a random boolean mask run on ``tiled`` (``auto`` picks it) against float64, forward and
-    (some) backward; the seed's one-warp variants refuse them; a call that drops the mask fails each of them."""
+    """Problems with a random mask (boolean or a bias) run on ``tiled`` (``auto`` picks it) against float64, forward
+    and (some) backward, a bias's gradient too; the seed's one-warp variants refuse them; a call that drops the mask
+    fails each of them."""
     drawn = [fuzz.draw(random.Random(s), False, False) for s in range(400)]
     masked = [p for p in drawn if p.attn_mask and not p.grad and p.variant in ("auto", "tiled")][:4]
     masked += [p for p in drawn if p.attn_mask and p.grad][:3]
@@ -163,8 +164,8 @@ def test_a_gradient_is_judged_with_its_scores_computed_again(monkeypatch):
     real = backward.dense
 
     def off_by_a_little(*args, **kwargs):
-        dq, dk, dv, dsinks = real(*args, **kwargs)
-        return dq, dk, dv * 1.01, dsinks
+        dq, dk, dv, dsinks, dmask = real(*args, **kwargs)
+        return dq, dk, dv * 1.01, dsinks, dmask
     monkeypatch.setattr(backward, "dense", off_by_a_little)
     with pytest.raises(AssertionError, match="dv"):
         fuzz.run(p, DEVICE)

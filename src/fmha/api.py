@@ -72,7 +72,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     ``tiled`` variant, which reads the mask's rows tile by tile (the band's own tiles are skipped whole, the
     mask's are not: pass ``causal``/``window`` for what is a band and the mask for the rest);
     differentiable through the Triton backward, which reads it too (a non-finite key it hides still
-    reaches dQ, ``0 * k`` in dS K, as in SDPA).  An additive float mask is not taken.
+    reaches dQ, ``0 * k`` in dS K, as in SDPA).  A float ``attn_mask`` (float16, bfloat16 or float32) is SDPA's
+    additive one: added to each score after the scale (and the softcap), ``-inf`` hiding a key; a bias that
+    requires grad gets its gradient, the gradient of each score, summed over the dimensions it broadcast.
     ``num_splits``: split the keys over that many programs per query block and merge
     the partials by their LSE (flash-decoding); 0 (default) decides: on a GPU, short
     queries (seqlen_q <= 16) against long keys are split to fill the chip; 1 never splits.
@@ -93,8 +95,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
 
     def checks():
         check_inputs(q, k, v, causal_align, layout, variant, scale, fp8=True)
-        check_fp8(q, k, layout, descales, sinks, gradients.needs_grad(q, k, v))
-        check_forward_only(q, v, gradients.needs_grad(q, k, v))
+        check_fp8(q, k, layout, descales, sinks, gradients.needs_grad(q, k, v, mask))
+        check_forward_only(q, v, gradients.needs_grad(q, k, v, mask))
         check_features(q, layout, window, softcap, alibi_slopes, sinks)
         if seqused_k is not None:
             check_index(seqused_k, "seqused_k", (q.shape[0],), q.device)
@@ -103,7 +105,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
             check_out(out, q, k, v)
     if (out is None and sinks is None and q_descale is None and k_descale is None and v_descale is None
             and _replayable(q, k, v, alibi_slopes, seqused_k, mask, window=window, softcap=softcap)
-            and not gradients.needs_grad(q, k, v) and not torch.compiler.is_compiling()):
+            and not gradients.needs_grad(q, k, v, mask) and not torch.compiler.is_compiling()):
         o, lse = forward.dense(q, k, v, causal=causal, scale=scale, variant=variant, causal_align=causal_align,
                                layout=layout, return_lse=return_lse, config=config, window=window,
                                softcap=float(softcap), alibi_slopes=alibi_slopes, seqused_k=seqused_k,
@@ -114,19 +116,21 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     descale = forward.descale_table(q, k, layout, descales)
     if descale is not None and torch.compiler.is_compiling():
         raise NotImplementedError("float8 attention does not run under torch.compile: call it eagerly")
-    grad = gradients.needs_grad(q, k, v, sinks)
+    grad = gradients.needs_grad(q, k, v, sinks, mask)
     if torch.compiler.is_compiling() and out is None and config is None:
         from .custom_op import attention_op
         o, lse = attention_op(q, k, v, bool(causal), None if scale is None else float(scale), variant,
                               causal_align, layout, return_lse or grad, bool(deterministic), int(window[0]),
-                              int(window[1]), float(softcap), alibi_slopes, seqused_k, int(num_splits), sinks, mask)
+                              int(window[1]), float(softcap), alibi_slopes, seqused_k, int(num_splits), sinks,
+                              attn_mask)
         lse = lse if return_lse else None
     elif grad:
         if out is not None:
             raise ValueError("out= is not differentiable: drop it, or run under torch.no_grad()")
         kw = dict(causal=causal, scale=scale, variant=variant, causal_align=causal_align, layout=layout, config=config,
                   window=tuple(window), softcap=float(softcap), num_splits=num_splits)
-        o, lse = gradients.Attention.apply(q, k, v, alibi_slopes, seqused_k, sinks, kw, bool(deterministic), mask)
+        o, lse = gradients.Attention.apply(q, k, v, alibi_slopes, seqused_k, sinks, kw, bool(deterministic),
+                                           attn_mask)
         lse = lse if return_lse else None
     else:
         o, lse = forward.dense(q, k, v, causal=causal, scale=scale, variant=variant, causal_align=causal_align,

@@ -85,10 +85,12 @@ def _unit_last(t: torch.Tensor) -> torch.Tensor:
 
 
 def dense(do, q, k, v, o, lse, *, causal, scale, causal_align, layout, window=(-1, -1), softcap=0.0,
-          alibi_slopes=None, seqused_k=None, sinks=None, deterministic=False, attn_mask=None):
-    """Gradients ``(dq, dk, dv, dsinks or None)`` of :func:`fmha.attention` (``lse``: its float32
+          alibi_slopes=None, seqused_k=None, sinks=None, deterministic=False, attn_mask=None, mask_grad=False):
+    """Gradients ``(dq, dk, dv, dsinks or None, dmask or None)`` of :func:`fmha.attention` (``lse``: its float32
     ``[batch, heads, seqlen_q]``, the sinks included), each in the layout and strides order of its input.
-    ``attn_mask``: the forward's boolean ``[batch, heads, seqlen_q, seqlen_k]`` view (the Triton kernels).
+    ``attn_mask``: the forward's ``[batch, heads, seqlen_q, seqlen_k]`` view, boolean or a float bias (the Triton
+    kernels); ``mask_grad``: also the bias's gradient, float32 and contiguous in that shape (autograd sums it
+    over the dimensions the view broadcast).
     ``deterministic``: dQ bit for bit the same every run (the Triton kernels: dQ from its own kernel; the Gluon
     kernel: its adds in one fixed order); else, on the Triton kernels, that or dQ added up atomically by the
     dK/dV kernel, whichever :func:`tiles` finds faster (:mod:`fmha.kernels.backward`)."""
@@ -99,9 +101,9 @@ def dense(do, q, k, v, o, lse, *, causal, scale, causal_align, layout, window=(-
                                 seqused=seqused_k is not None, head_dim_v=v.shape[3],
                                 attn_mask=attn_mask is not None)
         return _run(prob, do, q, k, v, o, lse, layout, alibi_slopes, (None, None, seqused_k), seqlen_q, seqlen_k,
-                    sinks, deterministic, attn_mask)
+                    sinks, deterministic, attn_mask, mask_grad)
     return replay.through("backward dense", (do, q, k, v, o, lse, alibi_slopes, seqused_k, sinks, attn_mask), call,
-                          causal, scale, causal_align, layout, window, softcap, deterministic, *_tables(q))
+                          causal, scale, causal_align, layout, window, softcap, deterministic, mask_grad, *_tables(q))
 
 
 def packed(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal, scale,
@@ -115,7 +117,8 @@ def packed(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
                                 scale=scale, window=window, causal_align=causal_align, softcap=softcap, varlen=True,
                                 head_dim_v=v.shape[2])
         return _run(prob, do[None], q[None], k[None], v[None], o[None], lse, "bshd", alibi_slopes,
-                    (cu_seqlens_q, cu_seqlens_k, None), int(max_seqlen_q), int(max_seqlen_k), sinks, deterministic)
+                    (cu_seqlens_q, cu_seqlens_k, None), int(max_seqlen_q), int(max_seqlen_k), sinks,
+                    deterministic)[:4]
     dq, dk, dv, dsinks = replay.through("backward packed", (do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k,
                                                              alibi_slopes, sinks), call, int(max_seqlen_q),
                                         int(max_seqlen_k), causal, scale, causal_align, window, softcap, deterministic,
@@ -246,20 +249,24 @@ def _hopper(prob, do, q, k, v, o, lse, dk, dv, layout, sinks, deterministic, seq
     return dq, dk, dv, None if sinks is None else sink_grad(sinks, lse, delta)
 
 
-def _run(prob, do, q, k, v, o, lse, layout, alibi, seqs, rows, keys, sinks, deterministic, attn_mask=None):
+def _run(prob, do, q, k, v, o, lse, layout, alibi, seqs, rows, keys, sinks, deterministic, attn_mask=None,
+         mask_grad=False):
     """The launches over ``rows`` query rows and ``keys`` keys per sequence (the longest, when
-    packed); the sinks' gradient from ``delta`` (:mod:`fmha.sinks`)."""
+    packed); the sinks' gradient from ``delta`` (:mod:`fmha.sinks`); with ``mask_grad`` the attn_mask's, each
+    score's ``dZ`` stored by the dQ kernel.  Returns ``(dq, dk, dv, dsinks or None, dmask or None)``."""
     do, q, k, v, o = (_unit_last(t) for t in (do, q, k, v, o))
     dk, dv = (replay.buffer(torch.empty_like(t, memory_format=torch.contiguous_format)) for t in (k, v))
     if 0 in (prob.batch, prob.heads, rows, keys) or q.numel() == 0:
         return (torch.zeros_like(q, memory_format=torch.contiguous_format), dk.zero_(), dv.zero_(),
-                None if sinks is None else torch.zeros_like(sinks))
+                None if sinks is None else torch.zeros_like(sinks),
+                torch.zeros(attn_mask.shape, dtype=torch.float32, device=q.device) if mask_grad else None)
     # (packed with sinks on the Triton kernels: the sinks' gradient reads delta laid out as the forward's LSE)
     if (kernel(prob, q, k, v, do, layout, alibi, deterministic, rows) == "hopper"
             and not (prob.varlen and sinks is not None)):
-        return _hopper(prob, do, q, k, v, o, lse, dk, dv, layout, sinks, deterministic, seqs, rows, keys)
-    kv_tiles, q_tiles = tiles(max(prob.head_dim, prob.dv), prob.causal, deterministic, family_of(q.device),
-                              _shared(q.device))
+        return (*_hopper(prob, do, q, k, v, o, lse, dk, dv, layout, sinks, deterministic, seqs, rows, keys), None)
+    # a bias's gradient comes from the dQ pass, which visits each score of the band once (deterministic's tiles)
+    kv_tiles, q_tiles = tiles(max(prob.head_dim, prob.dv), prob.causal, deterministic or mask_grad,
+                              family_of(q.device), _shared(q.device))
     atomic = q_tiles is None
     # atomically: a float32 dQ the key blocks add into, cast once at the end
     with on(q.device):
@@ -281,6 +288,7 @@ def _run(prob, do, q, k, v, o, lse, layout, alibi, seqs, rows, keys, sinks, dete
     group = prob.heads // prob.kv_heads
     with on(q.device):
         delta = _delta(prob, o, do, lse, layout, cu_q, rows)
+        dmask = _zeros(attn_mask.shape, torch.float32, q.device) if mask_grad else None
         sizes = (prob.heads, group, prob.seqlen_q, prob.seqlen_k)
         replay.launch(kernels.dkdv_kernel, (triton.cdiv(keys, kv_tiles["BLOCK_N"]), prob.batch * prob.kv_heads),
                       q, k, v, do, lse, delta, dk, dv, dq, *strides["q"], *strides["k"], *strides["v"],
@@ -289,10 +297,11 @@ def _run(prob, do, q, k, v, o, lse, layout, alibi, seqs, rows, keys, sinks, dete
         if not atomic:
             replay.launch(kernels.dq_kernel, (triton.cdiv(rows, q_tiles["BLOCK_M"]), prob.batch * prob.heads),
                           q, k, v, do, lse, delta, dq, *strides["q"], *strides["k"], *strides["v"], *strides["do"],
-                          *strides["dq"], *sizes, *band, **flags, **q_tiles)
+                          *strides["dq"], *sizes, *band, **flags, **q_tiles, DMask=lse if dmask is None else dmask,
+                          MASK_GRAD=mask_grad)
         else:
             acc, dq = dq, replay.buffer(torch.empty_like(q, memory_format=torch.contiguous_format))
             seq = 2 if layout == "bhsd" else 1  # (packed: one sequence of every row, as the tensors lie)
             _cast(acc, strides_bhsd(acc, layout)[:3], dq, strides_bhsd(dq, layout)[:3], q.shape[0], prob.heads,
                   q.shape[seq], prob.head_dim)
-    return dq, dk, dv, None if sinks is None else sink_grad(sinks, lse, delta)
+    return dq, dk, dv, None if sinks is None else sink_grad(sinks, lse, delta), dmask

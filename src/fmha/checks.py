@@ -119,18 +119,22 @@ def check_features(q, layout: str, window, softcap, alibi_slopes, sinks=None, ba
             raise ValueError(f"sinks must be a float32 tensor of shape ({heads},) on {q.device}, got {got}")
 
 
+MASK_DTYPES = (torch.bool, torch.float16, torch.bfloat16, torch.float32)  # a boolean attn_mask, or an additive bias
+
+
 def attn_mask_view(attn_mask, q, k, layout: str) -> torch.Tensor:
-    """``attn_mask`` (SDPA's boolean mask: True where the key takes part, broadcastable to ``[batch, heads,
-    seqlen_q, seqlen_k]`` in every layout) checked and expanded to that shape (broadcast dimensions stride 0)."""
+    """``attn_mask`` (SDPA's: boolean, True where the key takes part, or a float bias added to the scores;
+    broadcastable to ``[batch, heads, seqlen_q, seqlen_k]`` in every layout) checked and expanded to that shape
+    (broadcast dimensions stride 0)."""
     batch, heads, seqlen_q = (q.shape[0], q.shape[1], q.shape[2]) if layout == "bhsd" else (
         q.shape[0], q.shape[2], q.shape[1])
     seqlen_k = k.shape[2] if layout == "bhsd" else k.shape[1]
     full = (batch, heads, seqlen_q, seqlen_k)
     if not isinstance(attn_mask, torch.Tensor):
-        raise ValueError(f"attn_mask must be a boolean tensor, got {type(attn_mask).__name__}")
-    if attn_mask.dtype != torch.bool:
-        raise ValueError(f"attn_mask must be boolean (True: the key takes part), got {attn_mask.dtype}: an additive "
-                         "float mask is not taken")
+        raise ValueError(f"attn_mask must be a tensor, got {type(attn_mask).__name__}")
+    if attn_mask.dtype not in MASK_DTYPES:
+        raise ValueError(f"attn_mask must be boolean (True: the key takes part) or a float16, bfloat16 or float32 "
+                         f"bias added to the scores, got {attn_mask.dtype}")
     if attn_mask.device != q.device:
         raise ValueError(f"attn_mask must be on {q.device}, got {attn_mask.device}")
     try:

@@ -13,7 +13,7 @@ and cache batch indices (``cache_batch_idx``) are applied on the device before t
 them.  What fmha cannot do is refused by name rather than ignored: dropout (``return_attn_probs`` gives None where
 FlashAttention 2 returns the probabilities: fmha never forms them).  ``flash_attn_func`` and
 ``flash_attn_varlen_func`` are differentiable (:mod:`fmha.gradients`).  ``scaled_dot_product_attention`` takes
-torch's: bhsd tensors, ``is_causal`` aligned top-left, a boolean ``attn_mask``, ``enable_gqa``.
+torch's: bhsd tensors, ``is_causal`` aligned top-left, a boolean or additive ``attn_mask``, ``enable_gqa``.
 """
 from __future__ import annotations
 
@@ -249,15 +249,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,
                                  scale: float | None = None, enable_gqa: bool = False):
     """``torch.nn.functional.scaled_dot_product_attention``: ``[batch, heads, seq, head_dim]`` tensors, ``is_causal``
-    aligned top-left (query i sees keys ``j <= i``), a boolean ``attn_mask`` (True: the key takes part;
-    broadcastable to ``[batch, heads, seqlen_q, seqlen_k]``; forward only), query heads a multiple of the key's
-    with ``enable_gqa``.  A row that sees no key gives 0 where SDPA's math gives NaN; ``is_causal`` and a mask
-    may come together (joined).  An additive float mask and dropout are refused by name; differentiable, the
-    mask's calls too."""
+    aligned top-left (query i sees keys ``j <= i``), an ``attn_mask`` broadcastable to ``[batch, heads, seqlen_q,
+    seqlen_k]`` (boolean, True where the key takes part, or a float one added to the scores), query heads a
+    multiple of the key's with ``enable_gqa``.  A row that sees no key gives 0 where SDPA's math gives NaN;
+    ``is_causal`` and a mask may come together (joined).  Dropout is refused by name; differentiable, a float
+    mask's gradient included."""
     _refuse(dropout_p=dropout_p)
-    if isinstance(attn_mask, torch.Tensor) and attn_mask.dtype != torch.bool:
-        raise NotImplementedError(f"fmha.compat takes a boolean attn_mask (True: the key takes part), got "
-                                  f"{attn_mask.dtype}: an additive float mask is not taken")
     if query.dim() == 4 and key.dim() == 4 and query.shape[1] != key.shape[1] and not enable_gqa:
         raise ValueError(f"query has {query.shape[1]} heads and key {key.shape[1]}: grouped-query attention asks for "
                          "enable_gqa=True, as SDPA does")

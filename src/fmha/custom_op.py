@@ -67,25 +67,30 @@ def attention_backward_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
                           lse: torch.Tensor, causal: bool, scale: float | None, causal_align: str,
                           layout: str, deterministic: bool, window_left: int, window_right: int, softcap: float,
                           alibi_slopes: torch.Tensor | None, seqused_k: torch.Tensor | None,
-                          sinks: torch.Tensor | None, attn_mask: torch.Tensor | None = None,
-                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The backward of ``fmha::attention``: :func:`fmha.backward.dense` on its saved O and LSE; the sinks'
-    gradient last (empty without sinks)."""
+                          sinks: torch.Tensor | None, attn_mask: torch.Tensor | None = None, mask_grad: bool = False,
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward of ``fmha::attention``: :func:`fmha.backward.dense` on its saved O and LSE; then the sinks'
+    gradient (empty without sinks) and, with ``mask_grad``, the float attn_mask's in float32, in its shape (else
+    empty)."""
     mask = None if attn_mask is None else attn_mask_view(attn_mask, q, k, layout)
     with replay.transient():
-        dq, dk, dv, dsinks = backward.dense(do, q, k, v, o, lse, causal=causal, scale=scale,
-                                            causal_align=causal_align, layout=layout, deterministic=deterministic,
-                                            window=(window_left, window_right), softcap=softcap,
-                                            alibi_slopes=alibi_slopes, seqused_k=seqused_k, sinks=sinks,
-                                            attn_mask=mask)
-    return dq, dk, dv, dsinks if dsinks is not None else q.new_empty((0,), dtype=torch.float32)
+        dq, dk, dv, dsinks, dmask = backward.dense(do, q, k, v, o, lse, causal=causal, scale=scale,
+                                                   causal_align=causal_align, layout=layout,
+                                                   deterministic=deterministic, window=(window_left, window_right),
+                                                   softcap=softcap, alibi_slopes=alibi_slopes, seqused_k=seqused_k,
+                                                   sinks=sinks, attn_mask=mask, mask_grad=mask_grad)
+    def empty():  # (each a tensor of its own: an op's outputs may not alias)
+        return q.new_empty((0,), dtype=torch.float32)
+    return (dq, dk, dv, dsinks if dsinks is not None else empty(),
+            dmask.sum_to_size(attn_mask.shape) if dmask is not None else empty())
 
 
 @attention_backward_op.register_fake
 def _(do, q, k, v, o, lse, causal, scale, causal_align, layout, deterministic, window_left, window_right, softcap,
-      alibi_slopes, seqused_k, sinks, attn_mask=None):
+      alibi_slopes, seqused_k, sinks, attn_mask=None, mask_grad=False):
     grads = tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
-    return (*grads, torch.empty_like(sinks) if sinks is not None else q.new_empty((0,), dtype=torch.float32))
+    dmask = q.new_empty(attn_mask.shape if mask_grad else (0,), dtype=torch.float32)
+    return (*grads, torch.empty_like(sinks) if sinks is not None else q.new_empty((0,), dtype=torch.float32), dmask)
 
 
 def _save(ctx, inputs, output):
@@ -98,9 +103,11 @@ def _save(ctx, inputs, output):
 def _backward(ctx, grad_o, grad_lse):
     q, k, v, o, lse, alibi_slopes, seqused_k, sinks, attn_mask = ctx.saved_tensors
     check_forward_only(q, v, True)
-    dq, dk, dv, dsinks = attention_backward_op(grad_o, q, k, v, o, lse, *ctx.args, alibi_slopes, seqused_k, sinks,
-                                               attn_mask)
-    return (dq, dk, dv, *[None] * 13, dsinks if sinks is not None else None, None)
+    mask_grad = attn_mask is not None and bool(ctx.needs_input_grad[17])
+    dq, dk, dv, dsinks, dmask = attention_backward_op(grad_o, q, k, v, o, lse, *ctx.args, alibi_slopes, seqused_k,
+                                                      sinks, attn_mask, mask_grad)
+    return (dq, dk, dv, *[None] * 13, dsinks if sinks is not None else None,
+            dmask.to(attn_mask.dtype) if mask_grad else None)  # (summed to the mask's shape in float32 by the op)
 
 
 attention_op.register_autograd(_backward, setup_context=_save)

@@ -63,7 +63,7 @@ class Problem:
     seed: int
     head_dim_v: int = 0     # V's and O's head dim where it is smaller than q/k's (MLA's 192/128), else 0
     grad: str = ""          # attention: also the backward, "fast" or "deterministic" (:func:`_takes_grad`)
-    attn_mask: bool = False  # attention: a random boolean mask [batch, 1 or heads, seqlen_q, seqlen_k] too
+    attn_mask: bool = False  # attention: a random mask [batch, 1 or heads, seqlen_q, seqlen_k] too (:func:`_mask`)
 
     def __str__(self):
         return json.dumps(dataclasses.asdict(self))
@@ -247,11 +247,15 @@ def run(p: Problem, device: str) -> None:
 
 
 def _mask(p, g):
-    """``p``'s attn_mask, if it takes one: one for every head or one a head, about a third of the keys hidden."""
+    """``p``'s attn_mask, if it takes one: one for every head or one a head, about a third of the keys hidden;
+    boolean, or (by the seed) a float32 bias, normal scores of scale 2 and ``-inf`` where it hides a key."""
     if not p.attn_mask:
         return None
     heads = p.heads if torch.rand(1, generator=g).item() < 0.5 else 1
-    return torch.rand(p.batch, heads, p.seqlen_q, p.seqlen_k, generator=g) < 0.65
+    keep = torch.rand(p.batch, heads, p.seqlen_q, p.seqlen_k, generator=g) < 0.65
+    if not p.seed >> 4 & 1:
+        return keep
+    return (torch.randn(keep.shape, generator=g) * 2).masked_fill(~keep, float("-inf"))
 
 
 def _run_grad(p, q, k, v, g, dtype, device, mods, cfg):
@@ -262,19 +266,28 @@ def _run_grad(p, q, k, v, g, dtype, device, mods, cfg):
     qd, kd, vd = (t.detach().requires_grad_(True) for t in (qd, kd, vd))
     deterministic = p.grad == "deterministic"
     mask = _mask(p, g)
+    leaves = (qd, kd, vd)
     if mask is not None:
-        mods = {**mods, "attn_mask": mask.to(device)}
+        mask = mask.to(device)
+        if mask.dtype != torch.bool:  # a bias: its gradient too
+            mask.requires_grad_(True)
+            leaves += (mask,)
+        mods = {**mods, "attn_mask": mask}
 
     def grads(do=None):
         o, lse = attention(qd, kd, vd, causal=p.causal, causal_align=p.align, layout=layout, variant=p.variant,
                            config=cfg, return_lse=True, deterministic=deterministic, **mods)
         do = torch.randn(o.shape, generator=g).to(dtype).to(device) if do is None else do
-        return torch.autograd.grad(o, (qd, kd, vd), do), do, o.detach(), lse
+        return torch.autograd.grad(o, leaves, do, allow_unused=True, materialize_grads=True), do, o.detach(), lse
     got, do, o, lse = grads()
     # the references take the mask as the kernels read it, [batch, heads, seqlen_q, seqlen_k]
-    ref = mods if mask is None else {**mods, "attn_mask": mask.expand(p.batch, p.heads, p.seqlen_q, p.seqlen_k)}
+    ref = mods if mask is None else {**mods, "attn_mask": mask.detach().cpu().expand(p.batch, p.heads, p.seqlen_q,
+                                                                                    p.seqlen_k)}
     verify.check(verify.to_bhsd(o, layout), *(t.to(dtype) for t in (q, k, v)), p.causal, p.align, lse=lse, **ref)
-    verify.check_grads(got, qd, kd, vd, do, p.causal, p.align, layout, o=o, lse=lse, **ref)
+    verify.check_grads(got[:3], qd, kd, vd, do, p.causal, p.align, layout, o=o, lse=lse, **ref)
+    if len(got) > 3:
+        verify.check_mask_grad(got[3], qd, kd, vd, do, p.causal, p.align, layout, o=o,
+                               **{**mods, "attn_mask": mask.detach()})
     if deterministic:
         again, _, _, _ = grads(do)
         assert all(torch.equal(a, b) for a, b in zip(got, again)), "deterministic: two backward runs differ"
@@ -346,7 +359,7 @@ def fuzz(seconds: float | None, problems: int | None, seed: int, device: str, st
             if p.grad:
                 counts["with the backward, " + p.grad] += 1
             if p.attn_mask:
-                counts["with an attn_mask"] += 1
+                counts["with an attn_mask" + (", a bias" if p.seed >> 4 & 1 else "")] += 1
         except ValueError as e:  # the variant or config does not take this call: said, not wrong
             counts["refused"] += 1
             refused[str(e).split(":")[0][:80]] += 1

@@ -1,10 +1,11 @@
 """Autograd: :func:`fmha.attention` and :func:`fmha.attention_varlen` are differentiable.
 
-A call that autograd records (grad mode on, q, k, v or the sinks requiring grad) runs the forward with its LSE,
-saves only q, k, v, O and the LSE (memory O(seqlen), no score matrix), and its backward runs
-:mod:`fmha.backward`.  The LSE a caller asks for is not differentiable; a second derivative is
-refused.  :func:`fmha.attention_paged` (paged caches, split decoding) is inference-only: a call
-that autograd would record refuses its backward with :data:`PAGED_MESSAGE`.
+A call that autograd records (grad mode on, q, k, v, the sinks or a float attn_mask requiring grad) runs the
+forward with its LSE, saves only q, k, v, O and the LSE (memory O(seqlen), no score matrix; the attn_mask as the
+caller holds it), and its backward runs :mod:`fmha.backward` (a bias's gradient is the gradient of each score,
+``[batch, heads, seqlen_q, seqlen_k]`` in float32 before autograd sums it to the bias's shape).  The LSE a caller
+asks for is not differentiable; a second derivative is refused.  :func:`fmha.attention_paged` (paged caches, split
+decoding) is inference-only: a call that autograd would record refuses its backward with :data:`PAGED_MESSAGE`.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import functools
 import torch
 
 from . import backward, forward, sinks as sink_mod
+from .checks import attn_mask_view
 
 PAGED_MESSAGE = ("fmha.attention_paged is inference-only (paged KV caches and split decoding have no backward): "
                  "run it under torch.no_grad() / torch.inference_mode(), or train with fmha.attention or "
@@ -52,12 +54,18 @@ def packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, alib
     return (o, lse) if sinks is None else sink_mod.attach(o, lse, sinks, "packed")
 
 
+def _full(attn_mask, q, k, layout: str):
+    """The attn_mask as the kernels read it, ``[batch, heads, seqlen_q, seqlen_k]`` (:func:`.checks.attn_mask_view`)."""
+    return None if attn_mask is None else attn_mask_view(attn_mask, q, k, layout)
+
+
 class Attention(torch.autograd.Function):
-    """:func:`dense` with its backward; ``kw`` the forward's keyword arguments but the tensors."""
+    """:func:`dense` with its backward; ``kw`` the forward's keyword arguments but the tensors; ``attn_mask`` as the
+    caller passed it (broadcastable), so that a bias's gradient is summed to its shape in float32."""
 
     @staticmethod
     def forward(ctx, q, k, v, alibi_slopes, seqused_k, sinks, kw, deterministic, attn_mask=None):
-        o, lse = dense(q, k, v, alibi_slopes, seqused_k, sinks, kw, attn_mask)
+        o, lse = dense(q, k, v, alibi_slopes, seqused_k, sinks, kw, _full(attn_mask, q, k, kw["layout"]))
         ctx.save_for_backward(q, k, v, o, lse, alibi_slopes, seqused_k, sinks, attn_mask)
         ctx.kw, ctx.deterministic = kw, deterministic
         ctx.mark_non_differentiable(lse)
@@ -68,9 +76,13 @@ class Attention(torch.autograd.Function):
         _first_order_only()
         q, k, v, o, lse, alibi_slopes, seqused_k, sinks, attn_mask = ctx.saved_tensors
         kw = {n: ctx.kw[n] for n in ("causal", "scale", "causal_align", "layout", "window", "softcap")}
-        dq, dk, dv, dsinks = backward.dense(do, q, k, v, o, lse, alibi_slopes=alibi_slopes, seqused_k=seqused_k,
-                                            sinks=sinks, deterministic=ctx.deterministic, attn_mask=attn_mask, **kw)
-        return dq, dk, dv, None, None, dsinks, None, None, None
+        dq, dk, dv, dsinks, dmask = backward.dense(do, q, k, v, o, lse, alibi_slopes=alibi_slopes,
+                                                   seqused_k=seqused_k, sinks=sinks, deterministic=ctx.deterministic,
+                                                   attn_mask=_full(attn_mask, q, k, kw["layout"]),
+                                                   mask_grad=attn_mask is not None and ctx.needs_input_grad[8], **kw)
+        if dmask is not None:  # summed over what the mask broadcast in float32, then in the mask's dtype
+            dmask = dmask.sum_to_size(attn_mask.shape).to(attn_mask.dtype)
+        return dq, dk, dv, None, None, dsinks, None, None, dmask
 
 
 class AttentionVarlen(torch.autograd.Function):

@@ -107,12 +107,18 @@ def _softmax(z: np.ndarray, sinks=None):
     return p, lse
 
 
-def _kept(seqlen_q: int, seqlen_k: int, causal: bool, causal_align: str, window, attn_mask) -> np.ndarray:
-    """The band (:func:`visible`) joined with a boolean ``attn_mask`` broadcastable to ``[B, H, Sq, Sk]``."""
-    mask = visible(seqlen_q, seqlen_k, causal, causal_align, window)
+def _masked(z, causal: bool, causal_align: str, window, attn_mask) -> np.ndarray:
+    """Scores ``z`` ``[B, H, Sq, Sk]`` with the band (:func:`visible`) and ``attn_mask`` (broadcastable to that
+    shape: boolean, joined with the band; float, added to the scores), ``-inf`` where a key is hidden."""
+    band = visible(z.shape[-2], z.shape[-1], causal, causal_align, window)
     if attn_mask is not None:
-        mask = mask & np.asarray(attn_mask.cpu() if hasattr(attn_mask, "cpu") else attn_mask, dtype=bool)
-    return mask
+        boolean = str(attn_mask.dtype) in ("bool", "torch.bool")  # (numpy's or torch's, without importing torch)
+        if boolean:
+            band = band & np.asarray(attn_mask.cpu() if hasattr(attn_mask, "cpu") else attn_mask, dtype=bool)
+        else:
+            with np.errstate(invalid="ignore"):  # (an infinite score beside a -inf bias: NaN, as SDPA's sum gives)
+                z = z + _as_f64(attn_mask)
+    return np.where(band, z, -np.inf)
 
 
 def dense_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
@@ -123,29 +129,31 @@ def dense_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     Returns ``o`` ``[B, H, Sq, D]`` float64 (and the natural-log LSE ``[B, H, Sq]``
     when ``return_lse``).  Rows with no visible key give 0 and LSE ``-inf``.  ``sinks``: one
     logit a head in every row's denominator, with no value (gpt-oss's attention sinks).  ``attn_mask``:
-    a boolean mask broadcastable to ``[B, H, Sq, Sk]`` (SDPA's: True, the key takes part), joined with
-    the band.
+    broadcastable to ``[B, H, Sq, Sk]``, as SDPA takes it: boolean (True: the key takes part), joined with the
+    band, or a float bias added to the scores (after the softcap and ALiBi).
     """
     q, k, v = _as_f64(q), _as_f64(k), _as_f64(v)
     k, v = _expand_kv(q, k, v)
     seqlen_q, seqlen_k, head_dim = q.shape[2], k.shape[2], q.shape[3]
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
     s = score_mods(scale * (q @ k.swapaxes(-1, -2)), seqlen_q, seqlen_k, causal_align, softcap, alibi_slopes)
-    p, lse = _softmax(np.where(_kept(seqlen_q, seqlen_k, causal, causal_align, window, attn_mask), s, -np.inf), sinks)
+    p, lse = _softmax(_masked(s, causal, causal_align, window, attn_mask), sinks)
     o = p @ v
     return (o, lse) if return_lse else o
 
 
 def dense_attention_backward(q, k, v, do, *, causal: bool = False, scale: float | None = None,
                              causal_align: str = "top_left", window=(-1, -1), softcap: float = 0.0,
-                             alibi_slopes=None, o=None, sinks=None, attn_mask=None):
+                             alibi_slopes=None, o=None, sinks=None, attn_mask=None, mask_grad: bool = False):
     """(c) The gradients ``(dq, dk, dv)`` of :func:`dense_attention` for the incoming ``do``, in float64,
     written as the kernels compute them (docs/BACKWARD.md): ``P`` from the scores, ``dV = P^T dO``,
     ``dP = dO V^T``, ``delta = rowsum(dO * O)``, ``dZ = P (dP - delta)``, then through the softcap's
     ``1 - tanh^2`` and the scale to ``dQ = dS K``, ``dK = dS^T Q``; dK and dV summed over each KV head's
     query heads.  Rows with no visible key have ``P = 0``: zero gradients.  ``o``: the output to take
     ``delta`` from (default the exact one; the kernels take the stored, rounded one).  With ``sinks``
-    also ``d sink_h = -sum_i P_sink,i delta_i``, a fourth result.  ``attn_mask``: as :func:`dense_attention`'s."""
+    also ``d sink_h = -sum_i P_sink,i delta_i``, a fourth result.  ``attn_mask``: as :func:`dense_attention`'s;
+    ``mask_grad``: also the gradient of each score after the softcap, ``dZ`` ``[B, H, Sq, Sk]`` (a float bias's
+    before it is summed to the bias's shape), last."""
     q, k, v, do = _as_f64(q), _as_f64(k), _as_f64(v), _as_f64(do)
     group = q.shape[1] // k.shape[1]
     ke, ve = _expand_kv(q, k, v)
@@ -153,13 +161,13 @@ def dense_attention_backward(q, k, v, do, *, causal: bool = False, scale: float 
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
     raw = scale * (q @ ke.swapaxes(-1, -2))
     z = score_mods(raw, seqlen_q, seqlen_k, causal_align, softcap, alibi_slopes)
-    z = np.where(_kept(seqlen_q, seqlen_k, causal, causal_align, window, attn_mask), z, -np.inf)
+    z = _masked(z, causal, causal_align, window, attn_mask)
     p, lse = _softmax(z, sinks)
     o = p @ ve if o is None else _as_f64(o)
     dv = p.swapaxes(-1, -2) @ do
     dp = do @ ve.swapaxes(-1, -2)
     delta = (do * o).sum(axis=-1, keepdims=True)
-    ds = p * (dp - delta)
+    ds = dz = p * (dp - delta)
     if softcap:
         ds = ds * (1.0 - np.tanh(raw / softcap) ** 2)
     ds = ds * scale
@@ -168,10 +176,11 @@ def dense_attention_backward(q, k, v, do, *, causal: bool = False, scale: float 
 
     def per_kv_head(g):  # [B, H, S, D] -> [B, H / group, S, D], summing each group
         return g.reshape(g.shape[0], g.shape[1] // group, group, *g.shape[2:]).sum(axis=2)
-    if sinks is None:
-        return dq, per_kv_head(dk), per_kv_head(dv)
-    p_sink = np.exp(_as_f64(sinks)[None, :, None] - lse)
-    return dq, per_kv_head(dk), per_kv_head(dv), -(p_sink * delta[..., 0]).sum(axis=(0, 2))
+    grads = (dq, per_kv_head(dk), per_kv_head(dv))
+    if sinks is not None:
+        p_sink = np.exp(_as_f64(sinks)[None, :, None] - lse)
+        grads += (-(p_sink * delta[..., 0]).sum(axis=(0, 2)),)
+    return (*grads, dz) if mask_grad else grads
 
 
 @dataclass

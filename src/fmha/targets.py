@@ -191,10 +191,11 @@ def family_of_target(target: str) -> str:
 
 
 def build_backward_kernels(target: str, head_dim: int, dtype: str = "bfloat16", causal: bool = False,
-                           deterministic: bool = False, attn_mask: bool = False, shared: int = 0) -> list["Build"]:
+                           deterministic: bool = False, attn_mask: bool | str = False,
+                           shared: int = 0) -> list["Build"]:
     """The portable backward's kernels (:mod:`fmha.kernels.backward`: dK/dV, and dQ unless the first adds it
     atomically) compiled for ``target`` without a GPU, with the tiles :func:`fmha.backward.tiles` picks
-    there; their ``variant`` is the kernel's name.  ``attn_mask``: built to read one (its keys one byte apart).
+    there; their ``variant`` is the kernel's name.  ``attn_mask``: built to read one (:func:`_mask_build`).
     ``shared``: the bytes of shared memory a block may take, as a GPU of that target has them (0: the target's
     SM's less 1 KB: an A100's for sm_80)."""
     from .backward import tiles
@@ -216,13 +217,14 @@ def build_backward_kernels(target: str, head_dim: int, dtype: str = "bfloat16", 
         atomic = kernel is kernels.dkdv_kernel and q_tiles is None
         const = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=t["BLOCK_M"], BLOCK_N=t["BLOCK_N"], CAUSAL=causal,
                      WINDOW=False, SOFTCAP=False, ALIBI=False, VARLEN=False, SEQUSED=False, ALIGN_BR=False,
-                     HEAD_V=head_dim, BLOCK_DV=block_d, ATTN_MASK=attn_mask, QK_CHUNKS=t["QK_CHUNKS"],
-                     **({"stride_mk": 1} if attn_mask else {}))
+                     HEAD_V=head_dim, BLOCK_DV=block_d, QK_CHUNKS=t["QK_CHUNKS"], **_mask_build(attn_mask, kernel)[0])
         if "ATOMIC_DQ" in kernel.arg_names:
             const["ATOMIC_DQ"] = atomic
+        else:  # the dQ kernel: a bias's gradient not asked for
+            const["MASK_GRAD"] = False
         dt = DTYPES[dtype]
         aligned = {**dict.fromkeys(("Q", "K", "V", "DO", "DK", "DV"), dt), "DQ": "fp32" if atomic else dt,
-                   **dict.fromkeys(("LSE", "Delta", "Alibi"), "fp32")}
+                   **dict.fromkeys(("LSE", "Delta", "Alibi", "DMask"), "fp32"), **_mask_build(attn_mask, kernel)[1]}
         compiled = _compile(kernel, const, aligned, chip, t["num_warps"], t["num_stages"])
         cfg = dict(block_m=t["BLOCK_M"], block_n=t["BLOCK_N"], num_warps=t["num_warps"], num_stages=t["num_stages"],
                    **({"qk_chunks": t["QK_CHUNKS"]} if t["QK_CHUNKS"] else {}),
@@ -230,6 +232,18 @@ def build_backward_kernels(target: str, head_dim: int, dtype: str = "bfloat16", 
         out.append(Build(kernel.__name__, target, head_dim, dtype, causal, cfg, dict(compiled.asm),
                          _plain(compiled.metadata)))
     return out
+
+
+def _mask_build(attn_mask: bool | str, kernel) -> tuple[dict, dict]:
+    """The constexprs and the mask's pointer type of ``kernel``'s build that reads an attn_mask: ``True`` a boolean
+    one (bytes), ``"bias"`` an additive float32 one, either with its keys next to each other as a launch specialises
+    them (where ``kernel`` specialises their stride); ``False`` none."""
+    if not attn_mask:
+        return dict(ATTN_MASK=0), {}
+    if attn_mask not in (True, "bias"):
+        raise ValueError(f"attn_mask: True (boolean), 'bias' (float32) or False, got {attn_mask!r}")
+    unit = {} if "stride_mk" in kernel.do_not_specialize else dict(stride_mk=1)
+    return dict(ATTN_MASK=1 if attn_mask is True else 2, **unit), {"AttnMask": "fp32"} if attn_mask == "bias" else {}
 
 
 def _build_elsewhere(*args, builder: str = "build"):
@@ -314,13 +328,13 @@ def _check_choice(kind: str, value, valid) -> None:
 
 def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16", causal: bool = False,
           config=None, seqlen_k: int = 0, lengths: str = "dense", head_dim_v: int = 0,
-          attn_mask: bool = False, checked: bool = False) -> Build:
+          attn_mask: bool | str = False, checked: bool = False) -> Build:
     """Compile ``variant`` for ``target`` (a key of :data:`TARGETS`) without a GPU.  ``seqlen_k``
     matters to ``hopper`` only (a length off its key tile builds the ragged key mask); ``lengths`` to ``hopper``
     and ``tiled`` ("varlen" or "seqused" the lengths per sequence; "paged" those in a paged cache of 256-key
     pages).  ``head_dim_v``:
     V's head dim where it differs from q/k's (DeepSeek's 192/128; no larger), 0 where it does not.
-    ``attn_mask`` (``tiled``): built to read an attn_mask, its keys one byte apart as a launch specialises them.
+    ``attn_mask`` (``tiled``): built to read an attn_mask (:func:`_mask_build`).
     ``checked`` (``tiled``, ``lengths`` "varlen" or "paged"): the kernel checks the indices it follows itself, built
     with its asserts (:func:`fmha.forward.self_checked`)."""
     from . import configs
@@ -377,7 +391,7 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
     if "QK_LO" in kernel.arg_names:  # tiled: no second slice of Q K^T (MLA's absorbed form), V read apart
         const.update(QK_LO=0, V_FROM_K=False)
     if "MERGE" in kernel.arg_names:  # tiled: a split launch's partials merged apart; an attn_mask when asked
-        const.update(MERGE=False, MERGE_LSE=False, ATTN_MASK=attn_mask, **({"stride_mk": 1} if attn_mask else {}))
+        const.update(MERGE=False, MERGE_LSE=False, **_mask_build(attn_mask, kernel)[0])
     if "CHECKED" in kernel.arg_names:  # tiled: lengths per sequence or a paged cache of 256-key pages
         const.update(CHECKED=checked, VARLEN=lengths == "varlen", PAGED=lengths == "paged",
                      SEQUSED=lengths in ("seqused", "paged"), PAGE=256 if lengths == "paged" else 1)
@@ -388,7 +402,7 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
                   if name.startswith("stride_") and name.endswith("d") and name not in const})
     out = "bf16" if fp8 else DTYPES[dtype]
     aligned = {**dict.fromkeys(("Q", "K", "V"), DTYPES[dtype]), **dict.fromkeys(("O", "Out"), out),
-               **dict.fromkeys(("LSE", "Alibi", "Descale", "LseOut"), "fp32")}
+               **dict.fromkeys(("LSE", "Alibi", "Descale", "LseOut"), "fp32"), **_mask_build(attn_mask, kernel)[1]}
     from .kernels.guards import CHECK_OPTIONS
     compiled = _compile(kernel, const, aligned, chip, cfg.num_warps, cfg.num_stages, CHECK_OPTIONS if checked else {})
     return Build(variant, target, head_dim, dtype, causal, cfg.as_dict(), dict(compiled.asm),
@@ -414,7 +428,7 @@ def _compile(kernel, const: dict, aligned: dict, chip, num_warps: int, num_stage
             sig[name] = "fp32"
         else:
             sig[name] = "i32"
-            if name.startswith("stride_"):
+            if name.startswith("stride_") and name not in kernel.do_not_specialize:
                 attrs[(i,)] = [["tt.divisibility", 16]]
     target = GPUTarget(chip.backend, chip.arch, chip.warp_size)
     return triton.compile(ASTSource(kernel, sig, const, attrs), target=target,

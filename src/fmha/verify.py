@@ -44,9 +44,7 @@ def torch_lowp(q, k, v, causal, causal_align, scale=None, window=(-1, -1), softc
     if softcap or alibi_slopes is not None:
         s = torch.from_numpy(reference.score_mods(s.cpu().double().numpy(), q.shape[2], k.shape[2], causal_align,
                                                   softcap, alibi_slopes)).float().to(q.device)
-    mask = torch.from_numpy(reference.visible(q.shape[2], k.shape[2], causal, causal_align, window)).to(q.device)
-    if attn_mask is not None:
-        mask = mask & attn_mask.to(q.device)
+    s, mask = _joined(s, reference.visible(q.shape[2], k.shape[2], causal, causal_align, window), attn_mask)
     s = s.masked_fill(~mask, float("-inf"))
     p = _softmax_lowp(s, sinks).nan_to_num(0.0).to(dt)
     return (p @ v).double().cpu().numpy()
@@ -129,25 +127,40 @@ def _modified(s, seqlen_k: int, causal, causal_align, window, softcap, alibi_slo
         dist = (i - torch.arange(seqlen_k, device=s.device)[None, :]).abs().float()
         slopes = alibi_slopes.float()  # [heads] or [batch, heads]
         s = s - (slopes[None] if slopes.dim() == 1 else slopes)[:, :, None, None] * dist
-    mask = torch.from_numpy(reference.visible(seqlen_q, seqlen_k, causal, causal_align, window)).to(s.device)
-    if attn_mask is not None:
-        mask = mask & attn_mask.to(s.device)
-    return s, mask
+    return _joined(s, reference.visible(seqlen_q, seqlen_k, causal, causal_align, window), attn_mask)
+
+
+def _joined(s, band, attn_mask):
+    """Scores ``s`` and the keys each row sees (``band``, numpy) with ``attn_mask``: a boolean one joins the band,
+    a float one is added to the scores (its ``-inf`` entries join the band instead, so that autograd through a row
+    it leaves no key meets no NaN).  ``(s, visible)``."""
+    mask = torch.from_numpy(band).to(s.device)
+    if attn_mask is None:
+        return s, mask
+    attn_mask = attn_mask.to(s.device)
+    if attn_mask.dtype == torch.bool:
+        return s, mask & attn_mask
+    hidden = torch.isneginf(attn_mask)
+    return s + attn_mask.float().masked_fill(hidden, 0.0), mask & ~hidden
 
 
 def torch_lowp_grads(q, k, v, do, causal, causal_align, scale=None, window=(-1, -1), softcap=0.0,
                      alibi_slopes=None, sinks=None, attn_mask=None):
     """The gradients of :func:`torch_lowp`'s attention by PyTorch's autograd at the input precision
-    (bhsd; float64 numpy out)."""
+    (bhsd; float64 numpy out); a float ``attn_mask``'s too, fourth, in its shape."""
     dt = q.dtype
     q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    leaves = [q, k, v]
+    if attn_mask is not None and attn_mask.dtype != torch.bool:
+        attn_mask = attn_mask.detach().clone().requires_grad_(True)
+        leaves.append(attn_mask)
     group = q.shape[1] // k.shape[1]
     scale = 1.0 / q.shape[-1] ** 0.5 if scale is None else scale
     s = (q @ k.repeat_interleave(group, 1).transpose(-1, -2)).float() * scale
     s, mask = _modified(s, k.shape[2], causal, causal_align, window, softcap, alibi_slopes, attn_mask)
     p = _softmax_lowp(s.masked_fill(~mask, float("-inf")), sinks).nan_to_num(0.0).to(dt)
     (p @ v.repeat_interleave(group, 1)).backward(do.to(dt))
-    return tuple(t.grad.double().cpu().numpy() for t in (q, k, v))
+    return tuple(t.grad.double().cpu().numpy() for t in leaves)
 
 
 def flash_grads32(q, k, v, do, o, lse, causal, causal_align, scale=None, window=(-1, -1), softcap=0.0,
@@ -213,6 +226,35 @@ def check_grads(grads, q, k, v, do, causal, causal_align="top_left", layout="bhs
             f"from the stored O and LSE {flash_err:.3g}) + {ulp:.3g}")
         errs.append(err)
     return errs
+
+
+def check_mask_grad(got, q, k, v, do, causal, causal_align="top_left", layout="bhsd", scale=None, o=None,
+                    attn_mask=None, **mods):
+    """Assert a float ``attn_mask``'s gradient ``got`` (in the bias's own shape, ``attn_mask`` its values in that
+    shape) against the float64 gradient of each score (:func:`fmha.reference.dense_attention_backward`'s ``dZ``)
+    summed over the dimensions the bias broadcast: within twice the sum of PyTorch's own error at the input
+    precision and the error that ``delta`` from the stored output ``o`` causes, plus one unit in the last place of
+    the gradient's dtype at its largest magnitude; and finite.  Returns the error."""
+    q, k, v, do = (to_bhsd(t, layout).detach() for t in (q, k, v, do))
+    full = attn_mask.detach().expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    kw = dict(causal=causal, causal_align=causal_align, scale=scale, attn_mask=full, **mods)
+
+    def summed(dz):
+        return torch.from_numpy(np.ascontiguousarray(dz)).sum_to_size(attn_mask.shape).numpy()
+    ref = summed(reference.dense_attention_backward(q, k, v, do, mask_grad=True, **kw)[-1])
+    stored = (to_bhsd(o, layout).detach().cpu() if o is not None
+              else torch.from_numpy(reference.dense_attention(q, k, v, **kw)).to(q.dtype))
+    rounded = summed(reference.dense_attention_backward(q, k, v, do, o=stored, mask_grad=True, **kw)[-1])
+    base = summed(torch_lowp_grads(q, k, v, do, causal, causal_align, scale, attn_mask=full, **mods)[3])
+    g = got.detach().cpu().double().numpy()
+    assert g.shape == ref.shape, (g.shape, ref.shape)
+    assert np.isfinite(g).all(), "the mask's gradient is not finite"
+    err, torch_err, o_err = max_err(g, ref), max_err(base, ref), max_err(rounded, ref)
+    ulp = ULP.get(got.dtype, 2.0 ** -23) * max(1.0, float(np.abs(ref).max(initial=0.0)))
+    assert err <= 2 * (torch_err + o_err) + ulp, (
+        f"the mask's gradient: error {err:.3g} > 2 x (torch's {torch_err:.3g} + the stored O's {o_err:.3g}) + "
+        f"{ulp:.3g}")
+    return err
 
 
 def greedy_partings(got, want, model, mask=None) -> list[tuple[int, int, float, float]]:

@@ -14,16 +14,17 @@ from the forward's LSE, ``O = P V`` and the incoming ``dO``:
   by :func:`zero_kernel` and cast after by :func:`cast_kernel` (launches, not torch's ops: a replayed call,
   :mod:`fmha.replay`, makes only launches).
 
-``dZ' = dZ`` times the softcap's derivative ``1 - tanh^2(scale q.k / softcap)`` when capped.  Masks
-and modifiers are the forward's (:func:`.common.scores`), and with ``ATTN_MASK`` its boolean mask (``P = 0``
-where it hides the key, :func:`_kept`); a row that sees no key (LSE ``-inf``) has ``P = 0`` and so zero
-gradients.  Without ``ATOMIC_DQ`` the work is deterministic: each output
+``dZ' = dZ`` times the softcap's derivative ``1 - tanh^2(scale q.k / softcap)`` when capped.  Masks and modifiers
+are the forward's (:func:`.common.scores`), and with ``ATTN_MASK`` its attn_mask (:func:`.common.masked_scores`:
+``P = 0`` where a boolean one hides the key, a bias added to ``z``), whose gradient, when asked (``MASK_GRAD``: a
+bias's), is ``dZ`` itself, stored by :func:`dq_kernel` for every score it visits; a row that sees no key (LSE
+``-inf``) has ``P = 0`` and so zero gradients.  Without ``ATOMIC_DQ`` the work is deterministic: each output
 element is written by one program, in a fixed order.
 """
 import triton
 import triton.language as tl
 
-from .common import LOG2E, dot_t, head_slope, load_rows, mma, scores, sequence
+from .common import LOG2E, dot_t, head_slope, load_rows, masked_scores, mma, scores, sequence
 
 
 @triton.jit
@@ -100,15 +101,18 @@ def cast_kernel(Src, Dst, stride_sb, stride_sh, stride_ss, stride_db, stride_dh,
 
 
 @triton.jit
-def _probs(q, k, lse2, offs_m, offs_n, seqlen_k, scale_log2, softcap, slope, causal_offset, window_offset,
-           align_offset, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-           ALIBI: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QK_CHUNKS: tl.constexpr):
+def _probs(q, k, lse2, offs_m, offs_n, seqlen_q, seqlen_k, scale_log2, softcap, slope, causal_offset, window_offset,
+           align_offset, mask_rows, stride_mk, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+           ALIBI: tl.constexpr, ATTN_MASK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+           QK_CHUNKS: tl.constexpr):
     """``P`` of a (query block, key block) tile from the saved base-2 LSE, and the factor that turns
     ``dZ`` into the gradient of ``scale q.k`` (the softcap's ``1 - tanh^2``, else 1); QK_CHUNKS:
-    :func:`.common.dot_t`'s."""
+    :func:`.common.dot_t`'s.  With ATTN_MASK the forward's attn_mask joins the scores (``mask_rows``:
+    :func:`_mask_rows`), as it joined them in the LSE."""
     qk = dot_t(q, k, BLOCK_M, BLOCK_N, QK_CHUNKS)
     s = scores(qk, offs_m, offs_n, seqlen_k, scale_log2, softcap, slope, causal_offset, window_offset,
                align_offset, True, CAUSAL, WINDOW, SOFTCAP, ALIBI)
+    s = masked_scores(s, mask_rows, offs_m < seqlen_q, offs_n, seqlen_k, stride_mk, ATTN_MASK)
     p = tl.math.exp2(s - lse2[:, None])
     dcap = tl.full([BLOCK_M, BLOCK_N], 1.0, tl.float32)
     if SOFTCAP:
@@ -119,16 +123,11 @@ def _probs(q, k, lse2, offs_m, offs_n, seqlen_k, scale_log2, softcap, slope, cau
 
 
 @triton.jit
-def _kept(p, AttnMask, b, h, offs_m, offs_n, sq, sk, stride_mb, stride_mh, stride_mq, stride_mk,
-          ATTN_MASK: tl.constexpr):
-    """``p`` where the boolean attn_mask ``[batch, heads, seqlen_q, seqlen_k]`` (read as bytes) keeps the key, 0
-    where it hides it (the forward's LSE left those keys out; ``where``, so a hidden NaN score stays out)."""
-    if ATTN_MASK:
-        at = AttnMask + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
-        keep = tl.load(at + offs_m.to(tl.int64)[:, None] * stride_mq + offs_n.to(tl.int64)[None, :] * stride_mk,
-                       mask=(offs_m < sq)[:, None] & (offs_n < sk)[None, :], other=0)
-        p = tl.where(keep != 0, p, 0.0)
-    return p
+def _mask_rows(AttnMask, b, h, offs_m, stride_mb, stride_mh, stride_mq):
+    """Each query row's pointer into the attn_mask ``[batch, heads, seqlen_q, seqlen_k]`` of (batch, head)
+    ``(b, h)`` (:func:`.common.masked_scores` reads them; unread without one)."""
+    at = AttnMask + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
+    return at + offs_m.to(tl.int64) * stride_mq
 
 
 @triton.jit
@@ -210,10 +209,10 @@ def dkdv_kernel(Q, K, V, DO, LSE, Delta, DK, DV, DQ,
             else:
                 rows = (b * heads + h).to(tl.int64) * seqlen_q + offs_m
             lse2, delta = _row_stats(LSE, Delta, rows, offs_m, sq)
-            p, dcap = _probs(q, k, lse2, offs_m, offs_n, sk, scale_log2, softcap, slope, causal_offset,
-                             window_offset, align_offset, CAUSAL, WINDOW, SOFTCAP, ALIBI, BLOCK_M, BLOCK_N, QK_CHUNKS)
-            p = _kept(p, AttnMask, b, h, offs_m, offs_n, sq, sk, stride_mb, stride_mh, stride_mq, stride_mk,
-                      ATTN_MASK)
+            mask_rows = _mask_rows(AttnMask, b, h, offs_m, stride_mb, stride_mh, stride_mq)
+            p, dcap = _probs(q, k, lse2, offs_m, offs_n, sq, sk, scale_log2, softcap, slope, causal_offset,
+                             window_offset, align_offset, mask_rows, stride_mk, CAUSAL, WINDOW, SOFTCAP, ALIBI,
+                             ATTN_MASK, BLOCK_M, BLOCK_N, QK_CHUNKS)
             dv = mma(tl.trans(p.to(do.dtype)), do, dv)
             dp = dot_t(do, v, BLOCK_M, BLOCK_N, QK_CHUNKS)
             dz = p * (dp - delta[:, None]) * dcap
@@ -233,12 +232,14 @@ def dq_kernel(Q, K, V, DO, LSE, Delta, DQ,
               stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
               stride_gb, stride_gh, stride_gs, stride_dqb, stride_dqh, stride_dqs, heads, group, seqlen_q, seqlen_k,
               causal_offset, window_offset, align_offset, scale_log2, softcap, Alibi, CuQ, CuK, SeqK, AttnMask,
-              stride_mb, stride_mh, stride_mq, stride_mk,
+              stride_mb, stride_mh, stride_mq, stride_mk, DMask,
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
               VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr, HEAD_V: tl.constexpr,
-              BLOCK_DV: tl.constexpr, ATTN_MASK: tl.constexpr, QK_CHUNKS: tl.constexpr):
-    """dQ of query block ``program_id(0)`` of (batch, head) ``program_id(1)``."""
+              BLOCK_DV: tl.constexpr, ATTN_MASK: tl.constexpr, QK_CHUNKS: tl.constexpr, MASK_GRAD: tl.constexpr):
+    """dQ of query block ``program_id(0)`` of (batch, head) ``program_id(1)``; with ``MASK_GRAD`` also the gradient
+    of each score it visits, ``dZ``, into the float32 ``DMask`` ``[batch, heads, seqlen_q, seqlen_k]`` (contiguous;
+    zero where no program writes: scores outside the band)."""
     b = tl.program_id(1) // heads
     h = tl.program_id(1) % heads
     kvh = h // group
@@ -262,6 +263,7 @@ def dq_kernel(Q, K, V, DO, LSE, Delta, DQ,
         rows = tl.program_id(1).to(tl.int64) * seqlen_q + offs_m
     lse2, delta = _row_stats(LSE, Delta, rows, offs_m, sq)
     slope = head_slope(Alibi, b * heads + h, heads, ALIBI)
+    mask_rows = _mask_rows(AttnMask, b, h, offs_m, stride_mb, stride_mh, stride_mq)
     k_base = K + b64 * stride_kb + kvh.to(tl.int64) * stride_kh
     v_base = V + b64 * stride_vb + kvh.to(tl.int64) * stride_vh
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -279,12 +281,15 @@ def dq_kernel(Q, K, V, DO, LSE, Delta, DQ,
                       True)
         v = load_rows(v_base + keys[:, None] * stride_vs + offs_dv[None, :], offs_n, sk, offs_dv, HEAD_V, BLOCK_DV,
                       True)
-        p, dcap = _probs(q, k, lse2, offs_m, offs_n, sk, scale_log2, softcap, slope, causal_offset, window_offset,
-                         align_offset, CAUSAL, WINDOW, SOFTCAP, ALIBI, BLOCK_M, BLOCK_N, QK_CHUNKS)
-        p = _kept(p, AttnMask, b, h, offs_m, offs_n, sq, sk, stride_mb, stride_mh, stride_mq, stride_mk, ATTN_MASK)
+        p, dcap = _probs(q, k, lse2, offs_m, offs_n, sq, sk, scale_log2, softcap, slope, causal_offset, window_offset,
+                         align_offset, mask_rows, stride_mk, CAUSAL, WINDOW, SOFTCAP, ALIBI, ATTN_MASK, BLOCK_M,
+                         BLOCK_N, QK_CHUNKS)
         dp = dot_t(do, v, BLOCK_M, BLOCK_N, QK_CHUNKS)
-        dz = p * (dp - delta[:, None]) * dcap
-        dq = mma(dz.to(k.dtype), k, dq)
+        dz = p * (dp - delta[:, None])
+        if MASK_GRAD:  # (dense only: the buffer's rows are (batch, head, query))
+            at = DMask + (tl.program_id(1).to(tl.int64) * seqlen_q + offs_m)[:, None] * seqlen_k + offs_n[None, :]
+            tl.store(at, dz, mask=(offs_m < sq)[:, None] & (offs_n < sk)[None, :])
+        dq = mma((dz * dcap).to(k.dtype), k, dq)
     dq = dq * (scale_log2 / LOG2E)
     tl.store(DQ + b64 * stride_dqb + h.to(tl.int64) * stride_dqh + seq[:, None] * stride_dqs + offs_d[None, :],
              dq.to(DQ.dtype.element_ty), mask=(offs_m[:, None] < sq) & (offs_d[None, :] < HEAD_DIM))

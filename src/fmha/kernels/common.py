@@ -5,6 +5,7 @@
   sequence's place and lengths, and m, l, acc at t = 0; :func:`row_place` -- a flattened query row's place;
 * :func:`load_rows` -- a masked ``[rows, head_dim]`` tile load;
 * :func:`scores` -- scale, softcap, ALiBi, and the key-boundary, causal and window masks (5.2);
+  :func:`masked_scores` -- an ``attn_mask`` joined with them, boolean or an additive bias;
 * :func:`window_start` -- the sliding window's whole-tile skip; :func:`window_clear` -- the tiles past its edge;
 * :func:`causal_stop` -- the early exit (Section 7);
 * :func:`softmax_weights`, :func:`online_softmax_step`, :func:`pv_half` -- one tile of the
@@ -206,6 +207,29 @@ def scores(qk, offs_m, offs_n, seqlen_k, scale_log2, softcap, slope, causal_offs
         s = tl.where(offs_n[None, :] <= offs_m[:, None] + causal_offset, s, float("-inf"))
     if WINDOW:
         s = tl.where(offs_n[None, :] >= offs_m[:, None] + window_offset, s, float("-inf"))
+    return s
+
+
+# an attn_mask's kinds, as the kernels' ATTN_MASK constexpr takes them
+MASK_NONE = tl.constexpr(0)
+MASK_BOOL = tl.constexpr(1)  # SDPA's boolean mask, read as bytes: a key it hides scores -inf
+MASK_BIAS = tl.constexpr(2)  # SDPA's float mask: added to each score (natural units)
+
+
+@triton.jit
+def masked_scores(s, mask_rows, rows_in, cols, seqlen_k, stride_mk, ATTN_MASK: tl.constexpr):
+    """Base-2 scores ``s`` joined with an attn_mask (``mask_rows``: each row's pointer into it, ``rows_in`` the
+    rows whose pointer may be read, ``cols`` the keys, ``stride_mk`` apart).  MASK_BOOL: -inf where it hides the
+    key (``where``: a NaN score it hides stays out); MASK_BIAS: plus the bias times log2(e) (-inf hides the key,
+    NaN reaches the row as SDPA's sum takes it).  Keys past ``seqlen_k`` read as hidden."""
+    if ATTN_MASK != MASK_NONE:
+        at = mask_rows[:, None] + cols[None, :].to(tl.int64) * stride_mk
+        inside = rows_in[:, None] & (cols < seqlen_k)[None, :]
+        if ATTN_MASK == MASK_BOOL:
+            keep = tl.load(at, mask=inside, other=0)
+            s = tl.where(keep != 0, s, float("-inf"))
+        else:
+            s = s + tl.load(at, mask=inside, other=float("-inf")).to(tl.float32) * LOG2E
     return s
 
 

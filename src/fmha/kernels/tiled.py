@@ -11,8 +11,9 @@ import triton.language as tl
 
 from . import guards
 from .combine import merge_if_last
-from .common import (causal_stop, dot_t, full_stop, head_slope, initial_state, load_rows, mma, online_softmax_step,
-                     paged_rows, program_start, row_place, scores, split_keys, window_clear, window_start, write_output)
+from .common import (causal_stop, dot_t, full_stop, head_slope, initial_state, load_rows, masked_scores, mma,
+                     online_softmax_step, paged_rows, program_start, row_place, scores, split_keys, window_clear,
+                     window_start, write_output)
 
 
 @triton.jit
@@ -51,7 +52,8 @@ def _key_range(acc, l, m, q, q_lo, k_base, v_base, lo, hi, offs_m, offs_n, offs_
                QK_CHUNKS: tl.constexpr):
     """The key tiles ``[lo, hi)``.  QK_LO: Q K^T also over the ``QK_LO`` columns after q/k's first ``BLOCK_D``
     (``q_lo``: Q's); V_FROM_K: V is K's first ``BLOCK_DV`` columns (MLA's absorbed form), so K's tile serves.
-    ATTN_MASK: each row's boolean mask (``mask_rows``, key stride ``stride_mk``) joins the band, in every tile.
+    ATTN_MASK: each row's attn_mask (``mask_rows``, key stride ``stride_mk``; :func:`.common.masked_scores`) joins
+    the band, in every tile.
     AMD: a masked tile's V read as :func:`_v_rows_clamped` reads it.  ``offs_dv`` and HEAD_V: the columns V's tile
     reads and how many of them are real (columns past them read 0); an AMD build passes :func:`_v_columns`' and
     BLOCK_DV.  QK_CHUNKS: Q K^T over column chunks (:func:`.common.dot_t`)."""
@@ -86,10 +88,7 @@ def _key_range(acc, l, m, q, q_lo, k_base, v_base, lo, hi, offs_m, offs_n, offs_
             qk = mma(q_lo, tl.trans(k_lo), qk)
         s = scores(qk, offs_m, cols, seqlen_k, scale_log2, softcap, slope, causal_offset, window_offset, align_offset,
                    MASKED, CAUSAL and MASKED, WINDOW and MASKED, SOFTCAP, ALIBI)
-        if ATTN_MASK:  # (keys past seqlen_k read False)
-            keep = tl.load(mask_rows[:, None] + cols[None, :].to(tl.int64) * stride_mk,
-                           mask=(offs_m >= 0)[:, None] & (cols < seqlen_k)[None, :], other=0)
-            s = tl.where(keep != 0, s, float("-inf"))
+        s = masked_scores(s, mask_rows, offs_m >= 0, cols, seqlen_k, stride_mk, ATTN_MASK)
         if V_FROM_K:  # (already 16-bit, and zero past seqlen_k where MASKED)
             v = k
         elif KV_TMA:
@@ -125,7 +124,9 @@ def _mask_rows(AttnMask, lse_rows, offs_m, heads, seqlen_q, lse_split, stride_mb
     return rows
 
 
-@triton.jit
+# the mask's key stride unspecialised: known to be 1, a boolean mask's rows load 16 bytes a thread, whose layout
+# change to the scores' spilled registers on every target (264 on gfx1151 at head_dim 64, 4876 on sm_80 at 128)
+@triton.jit(do_not_specialize=["stride_mk"])
 def tiled_kernel(
         Q, K, V, O, LSE,
         stride_qb, stride_qh, stride_qs, stride_qd,
@@ -151,8 +152,9 @@ def tiled_kernel(
     ``Descale`` holds each (batch, kv head)'s q, k and v factors: q's and k's scale the scores (with
     ``scale_log2``), v's the output.  MERGE (SPLIT): the split that finishes a row block last merges the
     partials into ``Out`` (strides ``stride_f*``) and, MERGE_LSE, ``LseOut``, counting splits in ``Tickets``
-    (int32, one per row block and batch*head program, at zero).  ATTN_MASK: a boolean mask ``[batch, heads,
-    seqlen_q, seqlen_k]`` (strides ``stride_m*``, broadcast dimensions 0) joins the band (not VARLEN).  AMD: an AMD
+    (int32, one per row block and batch*head program, at zero).  ATTN_MASK: an attn_mask ``[batch, heads,
+    seqlen_q, seqlen_k]`` (strides ``stride_m*``, broadcast dimensions 0), boolean or an additive bias
+    (:data:`.common.MASK_BOOL`, :data:`.common.MASK_BIAS`), joins the band (not VARLEN).  AMD: an AMD
     build (:func:`fmha.kernels.amd_build`), which reads V without masked loads (:func:`_v_rows_clamped`,
     :func:`_v_columns`).  QK_CHUNKS (``KernelConfig.qk_chunks``): Q K^T as one batched product over that many column
     chunks of q/k's first ``BLOCK_D`` columns, summed: each warp holds a chunk of Q's columns for the loop, not all of
