@@ -193,9 +193,10 @@ def self_checked(p: planning.Plan, q: torch.Tensor) -> bool:
     calls ``__assertfail``, after which ptxas serializes every wgmma of the kernel.  Elsewhere the separate check:
     on sm_80 the builds with asserts spill where the plain ones do not (8 bytes in 16-row tiles at head_dim 64,
     180 in 128-row tiles at 128, paged), not timed.  Not in the interpreter, which skips device asserts (there
-    the separate check's verdict is read on the host)."""
+    the separate check's verdict is read on the host); nor where the grid is split over launches
+    (:data:`fmha.replay.GRID_STEP`), whose programs would each see only their launch's sequences."""
     return (p.variant == "tiled" and q.is_cuda and not torch.version.hip and p.config.block_m < 64
-            and device_facts(index_of(q.device))[0] == 9)
+            and device_facts(index_of(q.device))[0] == 9 and p.problem.grid(p.config.block_m)[1] <= replay.GRID_STEP)
 
 
 def merge_in_split(device: torch.device) -> bool:

@@ -30,12 +30,13 @@ from .common import LOG2E, dot_t, head_slope, load_rows, masked_scores, mma, sco
 @triton.jit
 def delta_kernel(O, DO, Delta, stride_ob, stride_oh, stride_os, stride_gb, stride_gh, stride_gs, heads,
                  seqlen_q, delta_rows, CuQ, Lse, LseOut, lse_rows, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                 BLOCK_M: tl.constexpr, VARLEN: tl.constexpr, ALIGNED: tl.constexpr):
+                 BLOCK_M: tl.constexpr, VARLEN: tl.constexpr, ALIGNED: tl.constexpr, bh_base=0):
     """``Delta[row] = sum_d dO * O`` (float32), rows laid out as the forward's LSE, a head's ``delta_rows`` apart
     (seqlen_q, or the packed rows, or more).  ALIGNED (packed): sequence b's rows from :func:`stats_row` instead
     of its first row, and the forward's LSE (``[heads, total_q]``, a head's ``lse_rows`` apart) copied beside
-    them into ``LseOut``, laid out as Delta: rows that start 16 bytes apart, as TMA reads them."""
-    bh = tl.program_id(1)
+    them into ``LseOut``, laid out as Delta: rows that start 16 bytes apart, as TMA reads them.  ``bh_base``, here
+    and in the kernels below: the first (batch, head) program of this launch (:func:`fmha.replay.launch`)."""
+    bh = tl.program_id(1) + bh_base
     b = bh // heads
     h = bh % heads
     q0, sq = 0, seqlen_q
@@ -79,11 +80,12 @@ def zero_kernel(X, n, BLOCK: tl.constexpr):
 
 @triton.jit
 def cast_kernel(Src, Dst, stride_sb, stride_sh, stride_ss, stride_db, stride_dh, stride_ds, heads, seqlen, CuQ, gap,
-                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, VARLEN: tl.constexpr):
+                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, VARLEN: tl.constexpr,
+                bh_base=0):
     """``Dst = Src`` in Dst's dtype, (batch, head, row) each in its own strides, the first HEAD_DIM columns.
     VARLEN: packed sequence b's rows from ``CuQ[b]`` in Dst and from ``CuQ[b] + b * gap`` in Src (the batch
     strides unused)."""
-    bh = tl.program_id(1)
+    bh = tl.program_id(1) + bh_base
     b = bh // heads
     h = bh % heads
     q0, sq = 0, seqlen
@@ -159,12 +161,13 @@ def dkdv_kernel(Q, K, V, DO, LSE, Delta, DK, DV, DQ,
                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
                 VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr, HEAD_V: tl.constexpr,
-                BLOCK_DV: tl.constexpr, ATTN_MASK: tl.constexpr, ATOMIC_DQ: tl.constexpr, QK_CHUNKS: tl.constexpr):
+                BLOCK_DV: tl.constexpr, ATTN_MASK: tl.constexpr, ATOMIC_DQ: tl.constexpr, QK_CHUNKS: tl.constexpr,
+                bh_base=0):
     """dK and dV of key block ``program_id(0)`` of (batch, KV head) ``program_id(1)`` (HEAD_V: V's, O's and
     dO's head dimension); with ``ATOMIC_DQ`` also this block's share of dQ, added into the float32 ``DQ``."""
     kv_heads = heads // group
-    b = tl.program_id(1) // kv_heads
-    kvh = tl.program_id(1) % kv_heads
+    b = (tl.program_id(1) + bh_base) // kv_heads
+    kvh = (tl.program_id(1) + bh_base) % kv_heads
     q0, k0, sq, sk, causal_offset, window_offset, align_offset = _sequence_band(
         b, seqlen_q, seqlen_k, CuQ, CuK, SeqK, causal_offset, window_offset, align_offset, VARLEN, SEQUSED, ALIGN_BR)
     start_n = tl.program_id(0) * BLOCK_N
@@ -236,12 +239,14 @@ def dq_kernel(Q, K, V, DO, LSE, Delta, DQ,
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
               VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr, HEAD_V: tl.constexpr,
-              BLOCK_DV: tl.constexpr, ATTN_MASK: tl.constexpr, QK_CHUNKS: tl.constexpr, MASK_GRAD: tl.constexpr):
+              BLOCK_DV: tl.constexpr, ATTN_MASK: tl.constexpr, QK_CHUNKS: tl.constexpr, MASK_GRAD: tl.constexpr,
+              bh_base=0):
     """dQ of query block ``program_id(0)`` of (batch, head) ``program_id(1)``; with ``MASK_GRAD`` also the gradient
     of each score it visits, ``dZ``, into the float32 ``DMask`` ``[batch, heads, seqlen_q, seqlen_k]`` (contiguous;
     zero where no program writes: scores outside the band)."""
-    b = tl.program_id(1) // heads
-    h = tl.program_id(1) % heads
+    bh = tl.program_id(1) + bh_base
+    b = bh // heads
+    h = bh % heads
     kvh = h // group
     q0, k0, sq, sk, causal_offset, window_offset, align_offset = _sequence_band(
         b, seqlen_q, seqlen_k, CuQ, CuK, SeqK, causal_offset, window_offset, align_offset, VARLEN, SEQUSED, ALIGN_BR)
@@ -260,7 +265,7 @@ def dq_kernel(Q, K, V, DO, LSE, Delta, DQ,
     if VARLEN:
         rows = h.to(tl.int64) * seqlen_q + q0 + offs_m
     else:
-        rows = tl.program_id(1).to(tl.int64) * seqlen_q + offs_m
+        rows = bh.to(tl.int64) * seqlen_q + offs_m
     lse2, delta = _row_stats(LSE, Delta, rows, offs_m, sq)
     slope = head_slope(Alibi, b * heads + h, heads, ALIBI)
     mask_rows = _mask_rows(AttnMask, b, h, offs_m, stride_mb, stride_mh, stride_mq)
@@ -287,7 +292,7 @@ def dq_kernel(Q, K, V, DO, LSE, Delta, DQ,
         dp = dot_t(do, v, BLOCK_M, BLOCK_N, QK_CHUNKS)
         dz = p * (dp - delta[:, None])
         if MASK_GRAD:  # (dense only: the buffer's rows are (batch, head, query))
-            at = DMask + (tl.program_id(1).to(tl.int64) * seqlen_q + offs_m)[:, None] * seqlen_k + offs_n[None, :]
+            at = DMask + (bh.to(tl.int64) * seqlen_q + offs_m)[:, None] * seqlen_k + offs_n[None, :]
             tl.store(at, dz, mask=(offs_m < sq)[:, None] & (offs_n < sk)[None, :])
         dq = mma((dz * dcap).to(k.dtype), k, dq)
     dq = dq * (scale_log2 / LOG2E)
