@@ -27,8 +27,8 @@ def t(*shape, dtype=F16):
     ({"variant": "nope"}, (t(1, 2, 16, 64),) * 3, "variant must be 'auto' or one of"),
     ({"layout": "sbhd"}, (t(1, 2, 16, 64),) * 3, "layout must be one of"),
     ({"causal_align": "center"}, (t(1, 2, 16, 64),) * 3, "causal_align must be one of"),
-    ({"scale": -1.0}, (t(1, 2, 16, 64),) * 3, "scale must be a finite positive"),
-    ({"scale": math.nan}, (t(1, 2, 16, 64),) * 3, "scale must be a finite positive"),
+    ({"scale": "0.1"}, (t(1, 2, 16, 64),) * 3, "scale must be a finite number"),
+    ({"scale": math.nan}, (t(1, 2, 16, 64),) * 3, "scale must be a finite number"),
 ])
 def test_errors_name_the_argument(kwargs, args, match):
     with pytest.raises((ValueError, TypeError), match=match):
@@ -104,7 +104,7 @@ def test_more_errors_name_the_argument():
         fmha.attention(q, t(1, 1, 16, 64), t(1, 2, 16, 64))
     with pytest.raises(ValueError, match=r"heads \(2\) must be a multiple of kv_heads \(0\)"):
         fmha.attention(q, t(1, 0, 16, 64), t(1, 0, 16, 64))
-    with pytest.raises(ValueError, match="scale must be a finite positive"):
+    with pytest.raises(ValueError, match="scale must be a finite number"):
         fmha.attention(q, q, q, scale=float("inf"))
 
 
@@ -113,6 +113,41 @@ def test_seqlen_one_both_sides(variant):
     q, k, v = make_qkv(2, 2, 1, 1, 1, 32, F16)
     o = fmha.attention(q, k, v, causal=True, variant=variant, out=nan_like(q))
     torch.testing.assert_close(o, v.repeat_interleave(2, 1))  # one key: the output is its value row
+
+
+@pytest.mark.parametrize("variant", [*VARIANTS, "auto"])
+@pytest.mark.parametrize("scale", [0.0, -0.3])
+def test_any_finite_scale_as_sdpa_takes(variant, scale):
+    """A scale of 0 (every visible key weighs the same) or below it (the lowest scores weigh most), as torch SDPA takes
+    any float: the forward against float64, rows that see one key, and (on ``tiled``) the gradients."""
+    from fmha.verify import check_grads
+    q, k, v = make_qkv(2, 4, 2, 19, 40, 64, torch.bfloat16, seed=3)
+    out = nan_like(q)
+    o, lse = fmha.attention(q, k, v, causal=True, scale=scale, variant=variant, return_lse=True, out=out)
+    check_against_reference(out, q, k, v, True, scale=scale, lse=lse)
+    if scale == 0:  # uniform: row i averages the values of keys 0..i
+        want = v.float().repeat_interleave(2, 1).cumsum(2)[:, :, :19] / torch.arange(1, 20, device=DEVICE)[:, None]
+        torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=0)
+    if variant in ("tiled", "auto"):
+        leaves = [x.detach().clone().requires_grad_(True) for x in (q, k, v)]
+        o = fmha.attention(*leaves, causal=True, scale=scale, variant=variant)
+        do = torch.randn(o.shape, generator=torch.Generator().manual_seed(4)).to(o)
+        o.backward(do)
+        check_grads([x.grad for x in leaves], q, k, v, do, True, scale=scale)
+
+
+def test_the_gluon_kernels_leave_a_scale_they_divide_by_to_the_triton_ones():
+    """The Gluon forward divides by the scale (and its backward starts S^T at -LSE / scale): a scale of 0, below it
+    or under 2^-60 / log2(e) is refused by name, so ``auto`` sends it to ``tiled`` (above)."""
+    from fmha import plan as planning
+    from fmha.kernels import hopper
+    q, k, v = make_qkv(1, 2, 2, 256, 256, 128, torch.bfloat16)
+    cfg = fmha.KernelConfig(128, 128, 8, 2)
+    for scale in (0.0, -0.1, 1e-19):
+        prob = planning.problem(*planning.sizes(q, k, "bhsd"), causal=False, scale=scale)
+        assert "the kernel divides by it" in hopper.supports(prob, cfg, q, k, v, q, "bhsd")
+    prob = planning.problem(*planning.sizes(q, k, "bhsd"), causal=False, scale=0.1)
+    assert "divides" not in (hopper.supports(prob, cfg, q, k, v, q, "bhsd") or "")
 
 
 def test_auto_picks_by_shape_on_sm90():

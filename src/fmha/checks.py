@@ -87,8 +87,8 @@ def check_inputs(q, k, v, causal_align: str, layout: str, variant: str, scale, f
         if v.shape[3] not in HEAD_DIMS:
             raise ValueError(f"v's head_dim must be {HEAD_DIMS_SAID} (or {MLA_ABSORBED[1]} with q/k's "
                              f"{MLA_ABSORBED[0]}), got {v.shape[3]}")
-    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
-        raise ValueError(f"scale must be a finite positive number or None, got {scale!r}")
+    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)):
+        raise ValueError(f"scale must be a finite number or None, got {scale!r}")
 
 
 def check_features(q, layout: str, window, softcap, alibi_slopes, sinks=None, batch: int | None = None) -> None:

@@ -84,7 +84,7 @@ from ...checks import FP8, HOPPER_HEAD_DIMS
 from ...constants import LOG2E
 from ...device import device_facts
 from .kernel import KERNEL, hopper_kernel  # noqa: F401
-from .resources import (REGS_SM, SMEM_LIMIT, SMEM_SM, SMEM_SPARE, SPLIT_QK_DIM, consumer_regs,  # noqa: F401
+from .resources import (MIN_SCALE, REGS_SM, SMEM_LIMIT, SMEM_SM, SMEM_SPARE, SPLIT_QK_DIM, consumer_regs,  # noqa: F401
                         launch_options, launch_regs, o_staged, padded, sm_bytes, smem_bytes, tile_layout)
 from .schedule import (ITEM_COST, _schedule, balanced_tail, block_tiles, item_rows, paired_block,  # noqa: F401
                        per_sequence, split_pieces, tail_pieces)
@@ -114,6 +114,8 @@ def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
     if prob.head_dim not in HOPPER_HEAD_DIMS or prob.dv not in HOPPER_HEAD_DIMS or prob.dv > prob.head_dim:
         v_dim = f" with V's {prob.dv}" if prob.head_dim_v else ""
         return f"head_dim {prob.head_dim}{v_dim} (takes {HEAD_DIMS_SAID}, V's no larger than q/k's)"
+    if not prob.scale_log2 >= MIN_SCALE:
+        return f"scale {prob.scale_log2 / LOG2E}: the kernel divides by it (takes scale * log2(e) >= 2^-60)"
     if not q.is_cuda or device_facts(q.device.index)[0] != 9:
         return "needs an sm_90 GPU"
     if cfg.block_m not in (64, 128, 192):

@@ -74,16 +74,13 @@ from .. import tma as views
 from . import reduce_pass
 from .mask import _sequence
 from .producer import _zero_rows
-from .resources import padded
+from .resources import MIN_SCALE, padded
 
 BLOCK_N = gl.constexpr(128)  # keys a program owns: 64 a consumer warpgroup
 HEAD_DIMS = tuple(range(32, 129, 8))  # in tiles of 64 or 128 columns, zeros past head_dim
 STAGES = gl.constexpr(2)  # Q/dO tiles in flight
 LOG2E = gl.constexpr(LOG2E_VALUE)
 WARPS = gl.constexpr(4)  # a consumer warpgroup's
-# the least scale (times log2 e) the kernel takes: S^T's accumulator starts at -LSE / scale, finite for any
-# LSE below 2^60 from there
-MIN_SCALE = 2.0 ** -60
 
 TILE = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
 TILE_F32 = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))

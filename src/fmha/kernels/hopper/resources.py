@@ -27,6 +27,11 @@ SMEM_SPARE = 1024  # bytes left for the mbarriers
 SPLIT_QK_DIM = 192  # the q/k head dim ``KernelConfig.split_qk`` holds as a 128- and a 64-column tile
 
 
+# the least scale (times log2 e) the Gluon kernels take: the forward divides by the scale (ALiBi's slopes and the
+# softcap meet the scores before it), the backward's S^T starts at -LSE / scale, finite for any LSE below 2^60
+MIN_SCALE = 2.0 ** -60
+
+
 def padded(head_dim: int, least: int = 32) -> int:
     """The tile width a head dim runs in: a power of two, ``least`` at least (TMA fills the columns past
     head_dim with zeros, and stores none of them)."""
