@@ -318,6 +318,28 @@ def test_sdpa_takes_an_additive_float_mask(shape, dtype):
         torch.testing.assert_close(got.grad.float(), w.grad, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("lead,mask_shape", [((), (8, 10)), ((2, 3), (3, 1, 8, 10)), ((2, 3), None), ((1,), (8, 10))])
+def test_sdpa_takes_any_leading_dimensions(lead, mask_shape):
+    """SDPA's ``[..., heads, seq, head_dim]``: no batch, or several leading dimensions, read as one batch; the mask
+    broadcast over them as torch broadcasts it; torch's own result, and the float64 reference per leading index."""
+    g = torch.Generator().manual_seed(len(lead))
+    q, k, v = (torch.randn(*lead, h, s, 64, generator=g).to(F16).to(DEVICE) for h, s in ((4, 8), (2, 10), (2, 10)))
+    mask = None if mask_shape is None else (torch.rand(mask_shape, generator=g) < 0.7).to(DEVICE)
+    if mask is not None:
+        mask[..., 0] = True  # every row sees a key (torch's math gives NaN for a row that sees none)
+    o = compat.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    assert o.shape == q.shape
+    want = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
+                                                            enable_gqa=True)
+    torch.testing.assert_close(o.float(), want, atol=3e-3, rtol=0)
+    flat = [t.reshape(-1, *t.shape[-3:]) for t in (o, q, k, v)]
+    full = None if mask is None else mask.expand(*lead, 4, 8, 10).reshape(-1, 4, 8, 10)
+    check_against_reference(*flat, False, **({} if full is None else {"attn_mask": full}))
+    with pytest.raises(ValueError, match="does not broadcast"):
+        compat.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(3, 10, dtype=torch.bool, device=DEVICE),
+                                            enable_gqa=True)
+
+
 def test_sdpa_refuses_what_it_would_and_what_fmha_does_not_take():
     q, k, v = (torch.randn(1, h, 8, 64).to(F16).to(DEVICE) for h in (4, 2, 2))
     with pytest.raises(ValueError, match="enable_gqa=True"):

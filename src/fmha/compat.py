@@ -248,13 +248,30 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,
                                  scale: float | None = None, enable_gqa: bool = False):
-    """``torch.nn.functional.scaled_dot_product_attention``: ``[batch, heads, seq, head_dim]`` tensors, ``is_causal``
-    aligned top-left (query i sees keys ``j <= i``), an ``attn_mask`` broadcastable to ``[batch, heads, seqlen_q,
-    seqlen_k]`` (boolean, True where the key takes part, or a float one added to the scores), query heads a
-    multiple of the key's with ``enable_gqa``.  A row that sees no key gives 0 where SDPA's math gives NaN;
-    ``is_causal`` and a mask may come together (joined).  Dropout is refused by name; differentiable, a float
-    mask's gradient included."""
+    """``torch.nn.functional.scaled_dot_product_attention``: ``[..., heads, seq, head_dim]`` tensors (as SDPA, any
+    leading dimensions: ``[heads, seq, head_dim]``, ``[batch, heads, seq, head_dim]`` or more, one batch of them
+    all), ``is_causal`` aligned top-left (query i sees keys ``j <= i``), an ``attn_mask`` broadcastable to
+    ``[..., heads, seqlen_q, seqlen_k]`` (boolean, True where the key takes part, or a float one added to the
+    scores), query heads a multiple of the key's with ``enable_gqa``.  A row that sees no key gives 0 where SDPA's
+    math gives NaN; ``is_causal`` and a mask may come together (joined).  Dropout is refused by name;
+    differentiable, a float mask's gradient included."""
     _refuse(dropout_p=dropout_p)
+    tensors = (query, key, value)
+    if all(isinstance(t, torch.Tensor) and t.dim() >= 3 for t in tensors) and query.dim() != 4:
+        lead = query.shape[:-3]  # SDPA's leading dimensions, as one batch
+        if not key.shape[:-3] == value.shape[:-3] == lead:
+            raise ValueError(f"query, key and value must share their leading dimensions, got {tuple(query.shape)}, "
+                             f"{tuple(key.shape)}, {tuple(value.shape)}")
+        if isinstance(attn_mask, torch.Tensor):
+            full = (*query.shape[:-1], key.shape[-2])
+            try:
+                attn_mask = attn_mask.expand(full).reshape(-1, *full[-3:])
+            except RuntimeError:
+                raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to {list(full)}") \
+                    from None
+        query, key, value = (t.reshape(-1, *t.shape[-3:]) for t in tensors)
+        out = scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        return out.reshape(*lead, *out.shape[1:])
     if query.dim() == 4 and key.dim() == 4 and query.shape[1] != key.shape[1] and not enable_gqa:
         raise ValueError(f"query has {query.shape[1]} heads and key {key.shape[1]}: grouped-query attention asks for "
                          "enable_gqa=True, as SDPA does")
