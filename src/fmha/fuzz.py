@@ -4,16 +4,17 @@
 ``attention_varlen``, ``attention_paged``), variants and their table configs, dtypes, head dims, V
 narrower than q/k (MLA's 192/128), lengths on and off every tile, layouts (bhsd, bshd,
 transformers' transposed views, slices of one fused qkv tensor), GQA, both causal alignments, windows,
-softcap, ALiBi, key padding and the key split, and fills them with score patterns that stress the online
+softcap, ALiBi in either of FlashAttention's forms, key padding, the key split and now and then a scale of 0 or
+below (:func:`scale_of`), and fills them with score patterns that stress the online
 softmax and the pivots that stand in for the row max: scores rising along the keys, one huge key late in
 the row, rows whose first visible key comes late, all-equal scores, inf or NaN in one key, magnitudes near
 the dtype's limits.
 Each answer (output poisoned with NaN first, and its LSE) is held against the float64 reference by
 :mod:`fmha.verify`'s rule.  Some ``attention`` problems with finite inputs also take the backward, fast or
-``deterministic`` (:data:`GRADS`), some of them under a random ``attn_mask``: dQ, dK and dV against the
-float64 reference's, and a deterministic backward run twice gives the same bits.  A failure prints as one
-JSON line: ``Problem(**json.loads(line))`` rebuilds it, which is how a failure becomes a named regression
-test.
+``deterministic`` (:data:`GRADS`), some of them under a random ``attn_mask`` (boolean, or a bias whose own
+gradient is checked too): dQ, dK and dV against the float64 reference's, and a deterministic backward run
+twice gives the same bits.  A failure prints as one JSON line: ``Problem(**json.loads(line))`` rebuilds it,
+which is how a failure becomes a named regression test.
 """
 from __future__ import annotations
 
@@ -214,7 +215,7 @@ def run(p: Problem, device: str) -> None:
         lengths.fill_(p.seqlen_k)
     slopes = (p.batch, p.heads) if p.seed >> 3 & 1 else (p.heads,)  # FlashAttention's two forms, by the seed
     mods = dict(window=tuple(p.window), softcap=p.softcap,
-                alibi_slopes=torch.rand(slopes, generator=g).to(device) if p.alibi else None)
+                alibi_slopes=torch.rand(slopes, generator=g).to(device) if p.alibi else None, scale=scale_of(p))
     cfg = configs.KernelConfig(**p.config) if p.config else None
     if p.grad:
         return _run_grad(p, q, k, v, g, dtype, device, mods, cfg)
@@ -244,6 +245,14 @@ def run(p: Problem, device: str) -> None:
         hidden = {} if mask is None else {"attn_mask": mask[own, :, :, :n].expand(1, p.heads, p.seqlen_q, n)}
         verify.check(o[own], qb[own], kb[own, :, :n], vb[own, :, :n], p.causal, p.align, lse=lse[own],
                      **verify.of_rows(mods, own), **hidden)
+
+
+def scale_of(p: Problem) -> float | None:
+    """``p``'s scale, by the seed: one problem in sixteen 0 (uniform weights) or -0.125 (the lowest score weighs most),
+    as SDPA takes any float; else the default (None)."""
+    if p.seed >> 5 & 15:
+        return None
+    return -0.125 if p.seed >> 9 & 1 else 0.0
 
 
 def _mask(p, g):
@@ -360,6 +369,8 @@ def fuzz(seconds: float | None, problems: int | None, seed: int, device: str, st
                 counts["with the backward, " + p.grad] += 1
             if p.attn_mask:
                 counts["with an attn_mask" + (", a bias" if p.seed >> 4 & 1 else "")] += 1
+            if scale_of(p) is not None:
+                counts["with a scale of 0 or below"] += 1
         except ValueError as e:  # the variant or config does not take this call: said, not wrong
             counts["refused"] += 1
             refused[str(e).split(":")[0][:80]] += 1
