@@ -1,0 +1,104 @@
+"""Time calls with an `attn_mask` (boolean, or SDPA's additive float bias) beside torch SDPA given the same mask.
+
+`PYTHONPATH=src python3 bench/mask_speed.py [--ledger FILE] [--seqlens 1024 4096] [--forward-only]`: bf16, GQA 32
+query heads on 8 KV heads, D=128, batch 2, causal; three masks: a boolean `[batch, 1, S, S]` (the band and a
+padded batch's keys, as transformers builds it), a float32 bias `[1, heads, S, S]` (T5's relative positions: a
+learned bias a head, `-inf` above the diagonal) and the same bias requiring grad (`fwd+bwd`: the bias's own
+gradient too).  fmha runs with `causal=True` beside the mask (its band's tiles skipped whole, the mask read on
+the rest: `tiled`); SDPA gets the mask alone (the band in it), with its memory-efficient and cuDNN backends and
+its own pick.  Each forward's error is against SDPA's math backend in float32 on the same inputs and mask (a
+provider that dropped the mask would show it).  CUDA graphs for the forward; the backward eagerly (each call's
+gradients, q's, k's, v's and the bias's). Rows go to the ledger with features "mask=bool", "mask=bias",
+"mask=bias-grad".
+"""
+import argparse
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import fmha
+from fmha.bench import ledger
+from fmha.bench.flops import attention_flops
+from fmha.bench.report import cell_lines, measured
+from fmha.bench.timing import graph_median_ms, median_ms
+
+HEADS, KV_HEADS, HEAD_DIM, BATCH = 32, 8, 128, 2
+
+
+def masks(s: int, g: torch.Generator) -> dict:
+    """The three masks of a cell, each with the band in it (SDPA's is_causal cannot join a mask)."""
+    band = torch.ones(s, s, dtype=torch.bool).tril()
+    real = torch.arange(s)[None, :] < torch.tensor([s, s * 3 // 4])[:, None]  # batch 1 padded to its last quarter
+    boolean = (band[None] & real[:, None, :])[:, None].cuda()
+    bias = (torch.randn(1, HEADS, s, s, generator=g) * 2).masked_fill(~band, float("-inf")).cuda()
+    return {"bool": boolean, "bias": bias, "bias-grad": bias}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ledger", default=str(ledger.DEFAULT_LEDGER))
+    ap.add_argument("--seqlens", type=int, nargs="+", default=[1024, 4096])
+    ap.add_argument("--forward-only", action="store_true")
+    args = ap.parse_args()
+    env = ledger.environment("cuda")
+    rows = []
+    print(f"{'S':>6} {'mask':<10} {'provider':<16} {'ms':>8} {'TFLOP/s':>8} {'x best peer':>11} {'err':>8}")
+    for s in args.seqlens:
+        g = torch.Generator().manual_seed(s)
+        q = torch.randn(BATCH, HEADS, s, HEAD_DIM, generator=g).to("cuda", torch.bfloat16)
+        k, v = (torch.randn(BATCH, KV_HEADS, s, HEAD_DIM, generator=g).to("cuda", torch.bfloat16) for _ in range(2))
+        for kind, mask in masks(s, g).items():
+            grad = kind == "bias-grad"
+            if grad and args.forward_only:
+                continue
+            flops = attention_flops(BATCH, HEADS, s, s, HEAD_DIM, True, "top_left") * (3.5 if grad else 1.0)
+            ref = None
+            if not grad:
+                with sdpa_kernel(SDPBackend.MATH):
+                    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(),
+                                                                           attn_mask=mask, enable_gqa=True)
+
+            def call(fn):
+                if not grad:
+                    return fn
+                leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v, mask)]
+                do = torch.randn(BATCH, HEADS, s, HEAD_DIM, generator=g).to("cuda", torch.bfloat16)
+
+                def step():
+                    out = fn(*leaves)
+                    torch.autograd.grad(out, leaves, do)
+                    return out
+                return step
+
+            def sdpa(backend):
+                def run(q=q, k=k, v=v, m=mask):
+                    with sdpa_kernel(backend):
+                        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True)
+                return run
+            provs = {
+                "fmha:auto": lambda q=q, k=k, v=v, m=mask: fmha.attention(q, k, v, causal=True, attn_mask=m),
+                "sdpa:efficient": sdpa(SDPBackend.EFFICIENT_ATTENTION),
+                "sdpa:cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
+                "sdpa:default": lambda q=q, k=k, v=v, m=mask: torch.nn.functional.scaled_dot_product_attention(
+                    q, k, v, attn_mask=m, enable_gqa=True),
+            }
+
+            def one(name, fn):
+                run = call(fn)
+                err = float("nan") if ref is None else float((run().float() - ref).norm() / ref.norm())
+                timer = median_ms if grad else graph_median_ms
+                return min(timer(run), timer(run)), err
+            label = f"{s:>6} {kind:<10}"
+            for name, ms, tflops, ratio, err in cell_lines(label, measured(provs, one), flops,
+                                                           lambda n: n.startswith("sdpa"), width=16):
+                rows.append(dict(env, provider=name, config="library default", dtype="bfloat16", batch=BATCH,
+                                 heads=HEADS, kv_heads=KV_HEADS, seqlen_q=s, seqlen_k=s, head_dim=HEAD_DIM,
+                                 causal=1, ms=ms, tflops=tflops, ratio_best_peer=ratio, error=err,
+                                 features=f"mask={kind}", **({"pass": "fwd+bwd"} if grad else {}),
+                                 note="fmha causal beside the mask, SDPA the mask alone; "
+                                      + ("eager, the bias's gradient too" if grad else "cuda graph")))
+    ledger.append(args.ledger, rows)
+
+
+if __name__ == "__main__":
+    main()
