@@ -664,10 +664,11 @@ def test_tiled_checks_its_own_indices_only_where_its_tiles_stay_off_wgmma(length
     """``tiled`` checking its own cu_seqlens or block table (asserts compiled in) on sm_90: in 16-row tiles
     (mma.sync) it builds as without the checks, no spills; in 64-row tiles the assert's call makes ptxas
     serialize every wgmma, which is why :func:`fmha.forward.self_checked` keeps those tiles, and other GPUs
-    (not timed), to the separate check."""
+    (not timed), to the separate check; as it keeps a grid split over launches (each would check its own
+    sequences alone)."""
     from fmha import forward
     from fmha.configs import KernelConfig
-    from fmha.plan import Plan
+    from fmha.plan import Plan, problem
     cfg = KernelConfig(rows, 64, 4, 3)
     plain, checked = (targets.build("tiled", "sm_90", 128, "bfloat16", config=cfg, lengths=lengths, checked=c)
                       for c in (False, True))
@@ -677,10 +678,13 @@ def test_tiled_checks_its_own_indices_only_where_its_tiles_stay_off_wgmma(length
     assert not usage[False]["serialized"]
     assert usage[True]["serialized"] == (rows >= 64)
     q = SimpleNamespace(is_cuda=True, device=torch.device("cuda", 0))  # (a stand-in: the decision reads no tensor)
+    prob = problem(4, 32, 8, 1, 4096, 128, causal=False, scale=None, seqused=True)
     for major in (9, 8, 10):
         monkeypatch.setattr(forward, "device_facts", lambda index: (major, 132))
-        assert forward.self_checked(Plan("tiled", cfg, None), q) == (self_checked and major == 9)
-        assert not forward.self_checked(Plan("hopper", cfg, None), q)
+        assert forward.self_checked(Plan("tiled", cfg, prob), q) == (self_checked and major == 9)
+        assert not forward.self_checked(Plan("hopper", cfg, prob), q)
+    many = problem(3000, 32, 32, 1, 4096, 128, causal=False, scale=None, seqused=True)  # 96000 (batch, head)s
+    assert not forward.self_checked(Plan("tiled", cfg, many), q)
     with pytest.raises(ValueError, match="checks its own cu_seqlens"):
         targets.build("tiled", "sm_90", 128, "bfloat16", lengths="dense", checked=True)
 

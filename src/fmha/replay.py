@@ -72,19 +72,19 @@ def key(kind: str, tensors, *flags) -> tuple:
     return (*parts, *flags)
 
 
-GRID_STEP = 65520  # the most programs a launch puts on grid axis 1 (CUDA takes 65535; a multiple of 16, so that
-# every later launch's ``bh_base`` specialises as the first's)
+GRID_STEP = 65520  # the most programs a launch puts on grid axis 1 (CUDA takes 65535)
 
 
 def launch(kernel, grid, *args, **kwargs) -> None:
     """``kernel[grid](*args, **kwargs)``, recorded when a call is being recorded.  A launch whose kernel Triton
     has compiled for arguments of the same specialization goes to that compiled kernel directly
     (:func:`_dispatch`).  A grid whose axis 1 (a kernel's batch * heads) holds more than :data:`GRID_STEP`
-    programs goes as several launches of at most that many, each told the first it covers (``bh_base``, which
-    every kernel with a second grid axis takes and adds to ``program_id(1)``)."""
+    programs goes as several launches of at most that many, each told the first it covers (``BH_BASE``, a constexpr
+    that every kernel with a second grid axis takes and adds to ``program_id(1)``: 0, which adds nothing, for every
+    grid within the limit)."""
     if len(grid) > 1 and grid[1] > GRID_STEP:
         for base in range(0, grid[1], GRID_STEP):
-            launch(kernel, (grid[0], min(GRID_STEP, grid[1] - base), *grid[2:]), *args, **kwargs, bh_base=base)
+            launch(kernel, (grid[0], min(GRID_STEP, grid[1] - base), *grid[2:]), *args, **kwargs, BH_BASE=base)
         return
     compiled = _dispatch(kernel, grid, args, kwargs)
     if compiled is None:

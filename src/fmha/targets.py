@@ -415,6 +415,8 @@ def _compile(kernel, const: dict, aligned: dict, chip, num_warps: int, num_stage
     table int32 pointers, the scale and softcap float32, every other argument an int32 (strides divisible by
     16); ``options``: more of Triton's build options."""
     sig, attrs = {}, {}
+    if "BH_BASE" in kernel.arg_names:  # one launch's grid: no programs before it (:func:`fmha.replay.launch`)
+        const = {**const, "BH_BASE": 0}
     for i, name in enumerate(kernel.arg_names):
         if name in const:
             sig[name] = "constexpr"

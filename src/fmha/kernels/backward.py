@@ -30,13 +30,13 @@ from .common import LOG2E, dot_t, head_slope, load_rows, masked_scores, mma, sco
 @triton.jit
 def delta_kernel(O, DO, Delta, stride_ob, stride_oh, stride_os, stride_gb, stride_gh, stride_gs, heads,
                  seqlen_q, delta_rows, CuQ, Lse, LseOut, lse_rows, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                 BLOCK_M: tl.constexpr, VARLEN: tl.constexpr, ALIGNED: tl.constexpr, bh_base=0):
+                 BLOCK_M: tl.constexpr, VARLEN: tl.constexpr, ALIGNED: tl.constexpr, BH_BASE: tl.constexpr = 0):
     """``Delta[row] = sum_d dO * O`` (float32), rows laid out as the forward's LSE, a head's ``delta_rows`` apart
     (seqlen_q, or the packed rows, or more).  ALIGNED (packed): sequence b's rows from :func:`stats_row` instead
     of its first row, and the forward's LSE (``[heads, total_q]``, a head's ``lse_rows`` apart) copied beside
-    them into ``LseOut``, laid out as Delta: rows that start 16 bytes apart, as TMA reads them.  ``bh_base``, here
+    them into ``LseOut``, laid out as Delta: rows that start 16 bytes apart, as TMA reads them.  ``BH_BASE``, here
     and in the kernels below: the first (batch, head) program of this launch (:func:`fmha.replay.launch`)."""
-    bh = tl.program_id(1) + bh_base
+    bh = tl.program_id(1) + BH_BASE
     b = bh // heads
     h = bh % heads
     q0, sq = 0, seqlen_q
@@ -81,11 +81,11 @@ def zero_kernel(X, n, BLOCK: tl.constexpr):
 @triton.jit
 def cast_kernel(Src, Dst, stride_sb, stride_sh, stride_ss, stride_db, stride_dh, stride_ds, heads, seqlen, CuQ, gap,
                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, VARLEN: tl.constexpr,
-                bh_base=0):
+                BH_BASE: tl.constexpr = 0):
     """``Dst = Src`` in Dst's dtype, (batch, head, row) each in its own strides, the first HEAD_DIM columns.
     VARLEN: packed sequence b's rows from ``CuQ[b]`` in Dst and from ``CuQ[b] + b * gap`` in Src (the batch
     strides unused)."""
-    bh = tl.program_id(1) + bh_base
+    bh = tl.program_id(1) + BH_BASE
     b = bh // heads
     h = bh % heads
     q0, sq = 0, seqlen
@@ -162,12 +162,13 @@ def dkdv_kernel(Q, K, V, DO, LSE, Delta, DK, DV, DQ,
                 CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
                 VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr, HEAD_V: tl.constexpr,
                 BLOCK_DV: tl.constexpr, ATTN_MASK: tl.constexpr, ATOMIC_DQ: tl.constexpr, QK_CHUNKS: tl.constexpr,
-                bh_base=0):
+                BH_BASE: tl.constexpr = 0):
     """dK and dV of key block ``program_id(0)`` of (batch, KV head) ``program_id(1)`` (HEAD_V: V's, O's and
     dO's head dimension); with ``ATOMIC_DQ`` also this block's share of dQ, added into the float32 ``DQ``."""
     kv_heads = heads // group
-    b = (tl.program_id(1) + bh_base) // kv_heads
-    kvh = (tl.program_id(1) + bh_base) % kv_heads
+    bh = tl.program_id(1) + BH_BASE
+    b = bh // kv_heads
+    kvh = bh % kv_heads
     q0, k0, sq, sk, causal_offset, window_offset, align_offset = _sequence_band(
         b, seqlen_q, seqlen_k, CuQ, CuK, SeqK, causal_offset, window_offset, align_offset, VARLEN, SEQUSED, ALIGN_BR)
     start_n = tl.program_id(0) * BLOCK_N
@@ -240,11 +241,11 @@ def dq_kernel(Q, K, V, DO, LSE, Delta, DQ,
               CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
               VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr, HEAD_V: tl.constexpr,
               BLOCK_DV: tl.constexpr, ATTN_MASK: tl.constexpr, QK_CHUNKS: tl.constexpr, MASK_GRAD: tl.constexpr,
-              bh_base=0):
+              BH_BASE: tl.constexpr = 0):
     """dQ of query block ``program_id(0)`` of (batch, head) ``program_id(1)``; with ``MASK_GRAD`` also the gradient
     of each score it visits, ``dZ``, into the float32 ``DMask`` ``[batch, heads, seqlen_q, seqlen_k]`` (contiguous;
     zero where no program writes: scores outside the band)."""
-    bh = tl.program_id(1) + bh_base
+    bh = tl.program_id(1) + BH_BASE
     b = bh // heads
     h = bh % heads
     kvh = h // group

@@ -62,8 +62,8 @@ def program_start(Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride
                   causal_offset, window_offset, align_offset, CuQ, CuK, SeqK, stride_osplit, lse_split,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                   BLOCK_M: tl.constexpr, VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr,
-                  SPLIT: tl.constexpr, PAGED: tl.constexpr, PACK_GQA: tl.constexpr, bh_base):
-    """Program (row block, batch*head: ``program_id(1) + bh_base``, :func:`fmha.replay.launch`) -> its query rows, its Q
+                  SPLIT: tl.constexpr, PAGED: tl.constexpr, PACK_GQA: tl.constexpr, BH_BASE: tl.constexpr):
+    """Program (row block, batch*head: ``program_id(1) + BH_BASE``, :func:`fmha.replay.launch`) -> its query rows, its Q
     tile, the bases of its K/V head, a pointer to each row's output and the offset of each row's LSE, its
     sequence's lengths, and the band's offsets moved onto its sequence's diagonal (the host passes them relative
     to it).  Returns ``(row_lo, row_hi, offs_m, q, k_base, v_base, o_rows, lse_rows, seqlen_q, seqlen_k,
@@ -82,7 +82,7 @@ def program_start(Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride
     offset.  64-bit offsets: tensors past 2**31 elements stay addressable.
     """
     start_m = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1) + bh_base
+    bh = tl.program_id(1) + BH_BASE
     rows = start_m + tl.arange(0, BLOCK_M)
     if PACK_GQA:
         kv_heads = heads // group

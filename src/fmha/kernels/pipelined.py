@@ -35,13 +35,13 @@ def pipelined_kernel(
         CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
         ALIBI: tl.constexpr, VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr,
         SPLIT: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr, PACK_GQA: tl.constexpr,
-        KV_TMA: tl.constexpr, AMD: tl.constexpr, bh_base=0):
+        KV_TMA: tl.constexpr, AMD: tl.constexpr, BH_BASE: tl.constexpr = 0):
     (row_lo, row_hi, offs_m, q, k_base, v_base, o_rows, lse_rows, seqlen_q, seqlen_k, causal_offset, window_offset,
      align_offset) = program_start(
         Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh,
         stride_vs, stride_ob, stride_oh, stride_os, heads, group, seqlen_q, seqlen_k, causal_offset, window_offset,
         align_offset, CuQ, CuK, SeqK, stride_osplit, lse_split, HEAD_DIM, BLOCK_D, BLOCK_M, VARLEN, SEQUSED,
-        ALIGN_BR, SPLIT, PAGED, PACK_GQA, bh_base)
+        ALIGN_BR, SPLIT, PAGED, PACK_GQA, BH_BASE)
     tl.static_assert(not PAGED and not KV_TMA, "paged KV and K/V by TMA run on the tiled variant")
     tl.static_assert(not (PACK_GQA and ALIBI), "ALiBi slopes are per head: not with packed GQA rows")
     if row_lo >= seqlen_q:  # past this sequence's end (packed batches): nothing to do
@@ -55,7 +55,7 @@ def pipelined_kernel(
 
     m, l, acc = initial_state(BLOCK_M, HALF)
     acc_hi = tl.zeros([BLOCK_M, HALF], tl.float32)
-    slope = head_slope(Alibi, tl.program_id(1) + bh_base, heads, ALIBI)
+    slope = head_slope(Alibi, tl.program_id(1) + BH_BASE, heads, ALIBI)
     first = window_start(row_lo, window_offset, BLOCK_N, WINDOW)
     stop = causal_stop(row_hi, seqlen_k, causal_offset, CAUSAL)
     first, stop = split_keys(first, stop, split_len, SPLIT)

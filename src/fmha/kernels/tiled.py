@@ -145,7 +145,7 @@ def tiled_kernel(
         Out, stride_fb, stride_fh, stride_fs, stride_fd, LseOut, Tickets, MERGE: tl.constexpr,
         MERGE_LSE: tl.constexpr, AttnMask, stride_mb, stride_mh, stride_mq, stride_mk, ATTN_MASK: tl.constexpr,
         AMD: tl.constexpr, QK_CHUNKS: tl.constexpr, num_pages, max_seqlen_q, max_seqlen_k, CHECKED: tl.constexpr,
-        bh_base=0):
+        BH_BASE: tl.constexpr = 0):
     """HEAD_V, BLOCK_DV: V's and O's head dimension (DeepSeek's MLA: 128 against q/k's 192), else HEAD_DIM's.
     QK_LO: q/k have ``QK_LO`` more columns after their first ``BLOCK_D`` (MLA's absorbed form: 576 = 512 + 64,
     HEAD_DIM then 512), a second slice of Q K^T; V_FROM_K: V is K's first columns, read once as K's tile.
@@ -163,10 +163,10 @@ def tiled_kernel(
     CHECKED (VARLEN or PAGED; built with :data:`.guards.CHECK_OPTIONS`): the program checks its sequence's cu_seqlens
     (against ``max_seqlen_q`` / ``max_seqlen_k``) or cache_seqlens, and the pages of the keys it reads (``num_pages``
     in the pool) before it reads them, as the separate launches of :mod:`.guards` would (one launch's grid holds
-    every sequence: :func:`fmha.forward.self_checked`).  ``bh_base``: the first (batch, head) program of this
+    every sequence: :func:`fmha.forward.self_checked`).  ``BH_BASE``: the first (batch, head) program of this
     launch (:func:`fmha.replay.launch`)."""
     per_batch = heads // group if PACK_GQA else heads
-    bh = tl.program_id(1) + bh_base
+    bh = tl.program_id(1) + BH_BASE
     if CHECKED:
         guards.program_checks(CuQ, CuK, SeqK, bh // per_batch, tl.num_programs(1) // per_batch,
                               seqlen_q, seqlen_k, max_seqlen_q, max_seqlen_k, seqlen_k, VARLEN, PAGED)
@@ -175,7 +175,7 @@ def tiled_kernel(
         Q, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh,
         stride_vs, stride_ob, stride_oh, stride_os, heads, group, seqlen_q, seqlen_k, causal_offset, window_offset,
         align_offset, CuQ, CuK, SeqK, stride_osplit, lse_split, HEAD_DIM, BLOCK_D, BLOCK_M, VARLEN, SEQUSED,
-        ALIGN_BR, SPLIT, PAGED, PACK_GQA, bh_base)
+        ALIGN_BR, SPLIT, PAGED, PACK_GQA, BH_BASE)
     tl.static_assert(not (PACK_GQA and ALIBI), "ALiBi slopes are per head: not with packed GQA rows")
     tl.static_assert(not KV_TMA or (BLOCK_D == HEAD_DIM and not VARLEN and not PAGED and not QK_LO),
                      "K/V by TMA: whole head_dim boxes of one (batch, head) sequence")
@@ -190,7 +190,7 @@ def tiled_kernel(
             Q + BLOCK_D * stride_qd, K, V, O, stride_qb, stride_qh, stride_qs, stride_qd, stride_kb, stride_kh,
             stride_ks, stride_vb, stride_vh, stride_vs, stride_ob, stride_oh, stride_os, heads, group, seqlen_q,
             seqlen_k, causal_offset, window_offset, align_offset, CuQ, CuK, SeqK, stride_osplit, lse_split, QK_LO,
-            QK_LO, BLOCK_M, VARLEN, SEQUSED, ALIGN_BR, SPLIT, PAGED, PACK_GQA, bh_base)[3]
+            QK_LO, BLOCK_M, VARLEN, SEQUSED, ALIGN_BR, SPLIT, PAGED, PACK_GQA, BH_BASE)[3]
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)

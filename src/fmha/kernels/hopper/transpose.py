@@ -15,12 +15,12 @@ from ... import replay
 
 @triton.jit
 def _transpose(V, VT, stride_b, stride_h, stride_s, kv_heads, seqlen, row, HEAD_DIM: tl.constexpr,
-               BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, bh_base=0):
+               BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, BH_BASE: tl.constexpr = 0):
     """Program (column block, batch * kv_heads + head): VT's ``[head_dim, BLOCK_S]`` block, each column from the
     key that the reorder sends there (rows of V gathered, so the stores stay contiguous); keys past seqlen
-    (up to ``row``) as zeros; ``bh_base``: the first (batch, head) program of this launch
+    (up to ``row``) as zeros; ``BH_BASE``: the first (batch, head) program of this launch
     (:func:`fmha.replay.launch`)."""
-    bh = tl.program_id(1) + bh_base
+    bh = tl.program_id(1) + BH_BASE
     col = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
     key = (col & ~31) | (col & 16) | ((col & 12) >> 1) | ((col & 2) << 2) | (col & 1)  # column 16a+4t+2b+e's key
     offs_d = tl.arange(0, BLOCK_D)
