@@ -518,6 +518,22 @@ def test_tiled_reads_an_attn_mask_on_gfx1151_without_spills(mask, load, head_dim
     assert load in b.asm["amdgcn"]
 
 
+@pytest.mark.parametrize("target", ["gfx1151", "gfx942"])
+@pytest.mark.parametrize("head_dim", [192, 256])
+def test_tiled_past_head_dim_128_builds_for_amd_without_spills(target, head_dim):
+    """``tiled`` past head_dim 128 on AMD (the table's row, and on gfx1151 a decode's 16 and 32 rows), dense, beside
+    a boolean mask or a float32 bias and over a paged cache: Q K^T over 16 column chunks keeps every value in
+    registers (Q held whole, gfx1151 spilled 62-116 registers in all but the dense build)."""
+    from fmha import configs
+    decode = (configs.amd_decode_config(16, head_dim), configs.amd_decode_config(32, head_dim))
+    for cfg in (configs.tiled_config("hip", head_dim), *(decode if target == "gfx1151" else ())):
+        assert cfg.qk_chunks == 16
+        for lengths, mask in (("dense", False), ("dense", True), ("dense", "bias"), ("paged", False)):
+            r = targets.report(targets.build("tiled", target, head_dim, "bfloat16", True, cfg, lengths=lengths,
+                                             attn_mask=mask))
+            assert r.spilled_registers == 0 and r.scratch_bytes == 0, (cfg, lengths, mask, r.spilled_registers)
+
+
 @pytest.mark.parametrize("head_dim,causal,deterministic", [(64, False, False), (128, True, False), (96, False, False),
                                                           (64, True, True), (128, False, True)])
 def test_hopper_backward_builds_with_tma_reduce_adds(head_dim, causal, deterministic):

@@ -64,7 +64,9 @@ TILED = [
     # no AMD chip to time: the largest tiles that build for gfx1151 (RDNA) and gfx942 (CDNA) with the fewest spills
     ("hip", 64, KernelConfig(64, 32, 4, 1)),           # no spills on either
     ("hip", 128, KernelConfig(64, 16, 8, 1)),          # no spills on either (32x16 in 2 warps: 21 on gfx1151)
-    ("hip", 256, KernelConfig(32, 16, 16, 1)),         # none on either at 192-256 (V read without masked loads)
+    # 192-256: Q K^T as one product over 16 column chunks, a warp a chunk (Q held whole, 236-245 VGPRs of gfx11's 256,
+    # spilled 62-116 registers beside a mask, a bias or a paged cache's pointers; chunked: 143-164, none spilled)
+    ("hip", 256, KernelConfig(32, 16, 16, 1, qk_chunks=16)),  # none on gfx1151, gfx1100 or gfx942, in any of those
 ]
 
 
@@ -221,13 +223,14 @@ def amd_decode_config(block_m: int, head_dim: int) -> KernelConfig:
     96-128 KB of LDS at head_dim 128-256, past the 64 KB a workgroup gets) and the largest key tiles that build
     without spills for gfx1151 (RDNA) and gfx942 (CDNA); past head_dim 128 16-key tiles, 16 rows in 8 warps or 32 in
     16 (at 256 none spill on either chip; 32 rows in 8 warps spilled 2 registers on gfx1151, 64 rows 4), so more rows
-    take more blocks of 32."""
+    take more blocks of 32, and Q K^T over 16 column chunks, as :data:`TILED`'s row there (Q held whole, gfx1151
+    spilled 62-69 registers reading a paged cache, 88-115 beside a mask; chunked, none)."""
     one_block = dict(split_per_sm=1) if block_m == 16 else {}
     if head_dim <= 64:
         return KernelConfig(block_m, 64 if block_m == 16 else 32, 8, 1, **one_block)
     if head_dim <= 128:
         return KernelConfig(block_m, 16, 4 if block_m == 16 else 8, 1, **one_block)
-    return KernelConfig(min(block_m, 32), 16, 8 if block_m == 16 else 16, 1, **one_block)
+    return KernelConfig(min(block_m, 32), 16, 8 if block_m == 16 else 16, 1, qk_chunks=16, **one_block)
 
 
 # float8 K/V (dequantized on load): the 16-bit copies of the float8 tiles beside 128-key tiles spill 16-18
