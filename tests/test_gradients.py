@@ -59,6 +59,31 @@ def test_amd_tiles_have_the_reference_gradients(monkeypatch, family, head_dim, c
     check_grads(grads, q, k, v, do, causal, "bottom_right", "bhsd")
 
 
+@pytest.mark.skipif(DEVICE != "cpu", reason="the AMD tables' tiles, run by the interpreter")
+@pytest.mark.parametrize("family", ["rdna", "cdna"])
+@pytest.mark.parametrize("head_dim,causal,deterministic,mask", [(64, True, False, "bool"), (64, False, True, "bias"),
+                                                                (128, True, False, "bias"), (256, True, True, "bool")])
+def test_amd_tiles_beside_a_mask_have_the_reference_gradients(monkeypatch, family, head_dim, causal, deterministic,
+                                                              mask):
+    """The tiles the AMD tables pick beside an attn_mask (:data:`fmha.backward.AMD_TILES_MASKED`), run by the
+    interpreter: dQ, dK, dV and a bias's own gradient against float64."""
+    from fmha import backward
+    from fmha.verify import check_mask_grad
+    monkeypatch.setattr(backward, "family_of", lambda device: family)
+    q, k, v = leaves(*make_qkv(1, 2, 1, 37, 45, head_dim, torch.bfloat16, "bhsd", seed=head_dim))
+    g = torch.Generator().manual_seed(head_dim)
+    keep = (torch.rand(1, 1, 37, 45, generator=g) < 0.7).to(DEVICE)
+    attn_mask = keep if mask == "bool" else torch.randn(1, 2, 37, 45, generator=g).to(DEVICE).requires_grad_(True)
+    o = fmha.attention(q, k, v, causal=causal, causal_align="bottom_right", deterministic=deterministic,
+                       attn_mask=attn_mask)
+    inputs = (q, k, v) if mask == "bool" else (q, k, v, attn_mask)
+    grads, do = grads_of(o, inputs, seed=1)
+    full = attn_mask.detach().expand(1, 2, 37, 45)
+    check_grads(grads[:3], q, k, v, do, causal, "bottom_right", "bhsd", attn_mask=full)
+    if mask == "bias":
+        check_mask_grad(grads[3], q, k, v, do, causal, "bottom_right", attn_mask=attn_mask.detach())
+
+
 @pytest.mark.parametrize("shared,head_dim,causal,deterministic", [
     (101376, 256, True, False), (101376, 256, False, True), (166912, 256, True, False), (101376, 128, True, False)])
 def test_small_shared_memory_tiles_have_the_reference_gradients(monkeypatch, shared, head_dim, causal, deterministic):

@@ -22,7 +22,7 @@ def _t(block_m, block_n, warps, stages, chunks=0) -> dict:
 
 
 def tiles(head_dim: int, causal: bool, deterministic: bool, family: str = "nvidia",
-          shared: int = SMEM_LIMIT) -> tuple[dict, dict | None]:
+          shared: int = SMEM_LIMIT, masked: bool = False) -> tuple[dict, dict | None]:
     """Tiles, warps and stages of ``(dkdv_kernel, dq_kernel)``; ``None`` for the second: dQ added
     atomically by the first.  ``head_dim``: the larger of q/k's and v's; ``family``: :func:`fmha.device.family_of`;
     ``shared``: the bytes of shared memory a block of the GPU may take (:func:`fmha.device.shared_limit`).
@@ -31,13 +31,15 @@ def tiles(head_dim: int, causal: bool, deterministic: bool, family: str = "nvidi
     kernel at head_dim 128 (atomics cost more than its two recomputed matmuls), atomics for causal
     head_dim <= 64 and past 128.  A GPU with less shared memory than sm_90's (an A100's 163 KB, sm_86 and sm_89's
     99 KB) takes smaller tiles where the H200's would not fit (:data:`SMALL_SHARED`).  AMD: the largest tiles whose
-    builds keep every value in registers (:data:`AMD_TILES`), the same choice of dQ where the atomic build spills no
-    more.  Under the interpreter, atomics whenever allowed (the CPU tests cover both)."""
+    builds keep every value in registers (:data:`AMD_TILES`; ``masked``, reading an attn_mask:
+    :data:`AMD_TILES_MASKED`), the same choice of dQ where the atomic build spills no more.  Under the interpreter,
+    atomics whenever allowed (the CPU tests cover both)."""
     if family == "interpreter":
         small = _t(16, 16, 4, 1)
         return small, small if deterministic else None
     if family in AMD_TILES:
-        *row, chunks = AMD_TILES[family][64 if head_dim <= 64 else 128 if head_dim <= 128 else 256]
+        table = (AMD_TILES_MASKED if masked else AMD_TILES)[family]
+        *row, chunks = table[64 if head_dim <= 64 else 128 if head_dim <= 128 else 256]
         dkdv, atomic_dkdv, dq = (_t(*t, 1, chunks) if t else None for t in row)
         atomic = atomic_dkdv is not None and not deterministic and (causal if head_dim <= 64 else head_dim > 128)
         return (atomic_dkdv, None) if atomic else (dkdv, dq)
@@ -76,6 +78,17 @@ AMD_TILES = {
              256: ((16, 32, 16), None, (32, 16, 16), 16)},
     "cdna": {64: ((64, 64, 8), (64, 32, 8), (128, 64, 8), 0),
              128: ((64, 32, 8), (64, 32, 8), (64, 32, 8), 0),
+             256: ((64, 16, 8), (64, 16, 8), (64, 16, 8), 0)},
+}
+# the same beside an attn_mask (boolean or a bias), whose tile each kernel reads as well: smaller tiles where those
+# above spilled (gfx1151 10-50 registers from head_dim 64 to 256, gfx942 15-40 at 64 and 128); none spill, in either
+# kernel, causal or not, deterministic or not
+AMD_TILES_MASKED = {
+    "rdna": {64: ((32, 16, 8), (16, 16, 8), (32, 16, 8), 0),
+             128: ((16, 16, 16), None, (16, 16, 8), 8),
+             256: ((16, 16, 16), None, (32, 16, 16), 16)},
+    "cdna": {64: ((64, 16, 8), (64, 16, 8), (128, 32, 8), 0),
+             128: ((64, 16, 8), (64, 16, 8), (64, 32, 8), 0),
              256: ((64, 16, 8), (64, 16, 8), (64, 16, 8), 0)},
 }
 
@@ -266,7 +279,7 @@ def _run(prob, do, q, k, v, o, lse, layout, alibi, seqs, rows, keys, sinks, dete
         return (*_hopper(prob, do, q, k, v, o, lse, dk, dv, layout, sinks, deterministic, seqs, rows, keys), None)
     # a bias's gradient comes from the dQ pass, which visits each score of the band once (deterministic's tiles)
     kv_tiles, q_tiles = tiles(max(prob.head_dim, prob.dv), prob.causal, deterministic or mask_grad,
-                              family_of(q.device), _shared(q.device))
+                              family_of(q.device), _shared(q.device), prob.attn_mask)
     atomic = q_tiles is None
     # atomically: a float32 dQ the key blocks add into, cast once at the end
     with on(q.device):

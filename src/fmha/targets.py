@@ -208,7 +208,7 @@ def build_backward_kernels(target: str, head_dim: int, dtype: str = "bfloat16", 
     chip = TARGETS[target]
     # a block's shared memory: an SM's less the 1 KB the driver keeps (an A100's 163 KB for sm_80)
     kv_tiles, q_tiles = tiles(head_dim, causal, deterministic, family_of_target(target),
-                              shared or chip.shared_bytes - 1024)
+                              shared or chip.shared_bytes - 1024, bool(attn_mask))
     block_d = max(16, triton.next_power_of_2(head_dim))
     out = []
     for kernel, t in ((kernels.dkdv_kernel, kv_tiles), (kernels.dq_kernel, q_tiles)):
