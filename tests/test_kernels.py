@@ -133,3 +133,14 @@ def test_tiled_amd_rows_match_reference(max_d, cfg):
     at its largest head dim: its tile shapes walk ragged ends and the causal band right."""
     run_case("tiled", Case(37, 45, d=max_d, causal=True, align="bottom_right", dtype=BF16, heads=2, kv_heads=1),
              config=cfg)
+
+
+@pytest.mark.parametrize("max_d,cfg", configs.TILED_HIP_MODIFIED, ids=str)
+def test_tiled_amd_rows_beside_the_modifiers_match_reference(max_d, cfg):
+    """The AMD rows taken beside a window, softcap or ALiBi (:data:`fmha.configs.TILED_HIP_MODIFIED`), run by the
+    interpreter with all three at its largest head dim, against float64."""
+    q, k, v = make_qkv(1, 2, 1, 37, 45, max_d, BF16, seed=max_d)
+    mods = dict(window=(20, 0), softcap=5.0, alibi_slopes=torch.tensor([0.1, 0.3], device=q.device))
+    out = nan_like(q)
+    fmha.attention(q, k, v, causal=True, causal_align="bottom_right", variant="tiled", config=cfg, out=out, **mods)
+    check_against_reference(out, q, k, v, True, "bottom_right", **mods)

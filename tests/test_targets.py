@@ -740,6 +740,24 @@ def test_backward_kernels_build_for_amd_within_their_registers(target, matrix, h
 
 @pytest.mark.parametrize("target", ["gfx942", "gfx1151"])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_tiled_with_every_modifier_builds_for_amd_without_spills(target, head_dim):
+    """``tiled`` on AMD with a window, softcap, ALiBi and the LSE at once (``modifiers``), in the configs the plan
+    takes beside them (:data:`fmha.configs.TILED_HIP_MODIFIED`, and the decode tiles with ``modifiers``): no spills
+    with per-sequence lengths or beside a mask (the plain rows spilled 2-30 registers there)."""
+    from fmha import configs
+    for lengths, mask in (("seqused", False), ("dense", True)):
+        b = targets.build("tiled", target, head_dim, "bfloat16", True, lengths=lengths, attn_mask=mask, modifiers=True)
+        assert b.config == configs.tiled_config("hip", head_dim, modifiers=True).as_dict()
+        assert targets.report(b).spilled_registers == 0, (lengths, mask, targets.report(b).spilled_registers)
+    for rows in (16, 64):
+        cfg = configs.decode_config(rows, 4096, head_dim, "hip", modifiers=True)
+        r = targets.report(targets.build("tiled", target, head_dim, "bfloat16", False, cfg, attn_mask=True,
+                                         modifiers=True))
+        assert r.spilled_registers == 0, (cfg, r.spilled_registers)
+
+
+@pytest.mark.parametrize("target", ["gfx942", "gfx1151"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("mask,causal,deterministic", [(True, False, False), (True, True, False), (True, True, True),
                                                        ("bias", True, True)])
 def test_backward_kernels_beside_a_mask_build_for_amd_within_their_registers(target, head_dim, mask, causal,

@@ -68,6 +68,14 @@ TILED = [
     # spilled 62-116 registers beside a mask, a bias or a paged cache's pointers; chunked: 143-164, none spilled)
     ("hip", 256, KernelConfig(32, 16, 16, 1, qk_chunks=16)),  # none on gfx1151, gfx1100 or gfx942, in any of those
 ]
+# AMD with a window, softcap, ALiBi or an attn_mask: tiles whose builds with all of them at once (and the LSE) spill
+# none on gfx1151 or gfx942, where the rows above spilled 3-30 registers at 64 (gfx942; 23 on gfx1151 beside a mask),
+# 2 at 128 (gfx1151) and 10 at 256 (gfx942) beside a mask
+TILED_HIP_MODIFIED = [
+    (64, KernelConfig(64, 16, 4, 1)),
+    (128, KernelConfig(32, 16, 8, 1)),
+    (256, KernelConfig(32, 16, 8, 1, qk_chunks=8)),
+]
 
 
 # The Gluon sm_90 kernel: block_m = 64 x consumer warpgroups (64, 128 or 192), num_stages = ring depth.
@@ -196,21 +204,22 @@ def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = 
     raise AssertionError("the HOPPER table ends with an open row for every (head_dim, causal)")
 
 
-def decode_config(rows: int, seqlen_k: int, head_dim: int = 128, arch: str = "sm90") -> KernelConfig:
+def decode_config(rows: int, seqlen_k: int, head_dim: int = 128, arch: str = "sm90",
+                  modifiers: bool = False) -> KernelConfig:
     """Decoding (keys split over programs): a block just big enough for the program's query
     rows (seqlen_q, times the GQA group when packed), 16 to 64; memory-bound, so mma.sync
     tiles suffice, and K/V read by TMA (``tma=1``; the caller drops it where the call cannot take
     it).  One query block: as many splits as fill each SM once (``split_per_sm=1``); from 8k keys
     128-key tiles in 3 stages (192 KB in flight), shorter caches 64-key tiles; past head_dim 128 the
     64-key tiles keep 3 stages (4 would need 256 KB).  MLA's absorbed form: its ``arch``'s :func:`mla_config`;
-    AMD: :func:`amd_decode_config`.
+    AMD: :func:`amd_decode_config` (``modifiers``: a window, softcap, ALiBi or an attn_mask).
     Measurements: docs/PERF.md, "Decoding"."""
     block_m = min(64, max(16, 1 << (rows - 1).bit_length()))
     if head_dim > 256:  # MLA's absorbed form: a 512-wide accumulator
         mla = mla_config(arch)
         return replace(mla, block_m=min(block_m, mla.block_m), split_per_sm=1)
     if arch == "hip":
-        return amd_decode_config(block_m, head_dim)
+        return amd_decode_config(block_m, head_dim, modifiers)
     if block_m > 16:
         return KernelConfig(block_m, 64, 4, 3, tma=1)
     if seqlen_k >= 8192 and head_dim <= 128:
@@ -218,16 +227,22 @@ def decode_config(rows: int, seqlen_k: int, head_dim: int = 128, arch: str = "sm
     return KernelConfig(16, 64, 4, 3, split_per_sm=1, tma=1)
 
 
-def amd_decode_config(block_m: int, head_dim: int) -> KernelConfig:
+def amd_decode_config(block_m: int, head_dim: int, modifiers: bool = False) -> KernelConfig:
     """Decoding on AMD, with no chip to time: one stage (the NVIDIA rows' three stages of 64-128 keys ask for
     96-128 KB of LDS at head_dim 128-256, past the 64 KB a workgroup gets) and the largest key tiles that build
     without spills for gfx1151 (RDNA) and gfx942 (CDNA); past head_dim 128 16-key tiles, 16 rows in 8 warps or 32 in
     16 (at 256 none spill on either chip; 32 rows in 8 warps spilled 2 registers on gfx1151, 64 rows 4), so more rows
     take more blocks of 32, and Q K^T over 16 column chunks, as :data:`TILED`'s row there (Q held whole, gfx1151
-    spilled 62-69 registers reading a paged cache, 88-115 beside a mask; chunked, none)."""
+    spilled 62-69 registers reading a paged cache, 88-115 beside a mask; chunked, none).  With ``modifiers`` (the
+    registers of every modifier and a mask at once, in builds with all of them) 32-key tiles for 16 rows to head_dim
+    64 (the 64-key ones spilled 5-41 registers on gfx1151), at most 32 rows a block to 128 and 16 past it (64 rows at
+    128 spilled 2 on gfx1151, 32 at 256 3 on gfx942)."""
     one_block = dict(split_per_sm=1) if block_m == 16 else {}
     if head_dim <= 64:
-        return KernelConfig(block_m, 64 if block_m == 16 else 32, 8, 1, **one_block)
+        return KernelConfig(block_m, 64 if block_m == 16 and not modifiers else 32, 8, 1, **one_block)
+    if modifiers:
+        block_m = min(block_m, 32 if head_dim <= 128 else 16)
+        one_block = dict(split_per_sm=1) if block_m == 16 else {}
     if head_dim <= 128:
         return KernelConfig(block_m, 16, 4 if block_m == 16 else 8, 1, **one_block)
     return KernelConfig(min(block_m, 32), 16, 8 if block_m == 16 else 16, 1, qk_chunks=16, **one_block)
@@ -255,10 +270,14 @@ def mla_config(arch: str) -> KernelConfig:
     return MLA.get(arch, MLA_DEFAULT)
 
 
-def tiled_config(arch: str, head_dim: int, fp8: bool = False) -> KernelConfig:
-    """The ``tiled`` entry for ``arch`` at ``head_dim`` (padded to a power of two); ``fp8``: float8 K/V's."""
+def tiled_config(arch: str, head_dim: int, fp8: bool = False, modifiers: bool = False) -> KernelConfig:
+    """The ``tiled`` entry for ``arch`` at ``head_dim`` (padded to a power of two); ``fp8``: float8 K/V's;
+    ``modifiers``: a window, softcap, ALiBi or an attn_mask (AMD: :data:`TILED_HIP_MODIFIED`)."""
     if head_dim > 256:
         return mla_config(arch)
+    for max_d, cfg in TILED_HIP_MODIFIED if arch == "hip" and modifiers else ():
+        if head_dim <= max_d:
+            return cfg
     for key, max_d, cfg in TILED_FP8 if fp8 else ():
         if key == arch and head_dim <= max_d:
             return cfg
@@ -303,7 +322,7 @@ def default_config(variant: str, arch: str, head_dim: int, causal: bool = False,
     if variant in ("singlewave", "pipelined"):
         return SEED
     if variant == "tiled":
-        return tiled_config(arch, head_dim, fp8)
+        return tiled_config(arch, head_dim, fp8, modifiers)
     if variant == "hopper":
         return hopper_config(head_dim, causal, seqlen_k, modifiers, per_sequence, seqlen_q, fp8, head_dim_v,
                              window_only)

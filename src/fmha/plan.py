@@ -146,7 +146,8 @@ def _pack_gqa(prob: Problem, alibi_slopes) -> Problem:
     return prob
 
 
-def _split_plan(num_splits: int, arch: str, prob: Problem, cfg, device, variant: str, fixed: bool = False):
+def _split_plan(num_splits: int, arch: str, prob: Problem, cfg, device, variant: str, fixed: bool = False,
+                modifiers: bool = False):
     """(config, split count asked for, keys per split): a split launch of ``tiled`` on a GPU runs the decode
     config (a few query rows: small blocks, the keys spread over programs) unless the caller fixed one.
     The seed's one-warp variants keep their own: the decode table's tiles are ``tiled``'s (``pipelined`` at
@@ -154,7 +155,7 @@ def _split_plan(num_splits: int, arch: str, prob: Problem, cfg, device, variant:
     splits, split_len = _split_len(num_splits, arch, prob, cfg, device)
     if split_len and not fixed and variant == "tiled" and arch != "interpreter":
         rows = prob.seqlen_q * (prob.heads // prob.kv_heads if prob.pack_gqa else 1)
-        cfg = configs.decode_config(rows, prob.seqlen_k, prob.head_dim, arch)
+        cfg = configs.decode_config(rows, prob.seqlen_k, prob.head_dim, arch, modifiers)
         splits, split_len = _split_len(num_splits, arch, prob, cfg, device)
     return cfg, splits, split_len
 
@@ -197,13 +198,14 @@ def plan(prob: Problem, q, k, v, o, layout: str, variant: str, config, alibi_slo
         reason = kernels.unsupported(name, cfg, prob, q, k, v, o, layout, kernels.alibi_kind(alibi_slopes))
     if reason and variant == "auto":
         name = "tiled"
-        cfg = configs.default_config(name, arch, prob.head_dim, prob.causal, fp8=prob.fp8)
+        cfg = configs.default_config(name, arch, prob.head_dim, prob.causal, modifiers=modifiers, fp8=prob.fp8)
     elif reason:
         raise ValueError(f"variant {name!r} cannot take this call: {reason}")
     splits = split_len = 0
     if name != "hopper" and not prob.varlen:
         prob = _pack_gqa(prob, alibi_slopes)
-        cfg, splits, split_len = _split_plan(num_splits, arch, prob, cfg, q.device, name, fixed=config is not None)
+        cfg, splits, split_len = _split_plan(num_splits, arch, prob, cfg, q.device, name, fixed=config is not None,
+                                             modifiers=modifiers)
         # the decode table's TMA, where the call can take it; float8 K/V by TMA decoded 5-20% slower than by
         # pointer on the H200 (bench/fp8_speed.py), so they take it only when the caller's config asks
         if cfg.tma and (kernels.unsupported(name, cfg, prob, q, k, v, o, layout) or prob.fp8 and config is None):

@@ -328,7 +328,7 @@ def _check_choice(kind: str, value, valid) -> None:
 
 def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16", causal: bool = False,
           config=None, seqlen_k: int = 0, lengths: str = "dense", head_dim_v: int = 0,
-          attn_mask: bool | str = False, checked: bool = False) -> Build:
+          attn_mask: bool | str = False, checked: bool = False, modifiers: bool = False) -> Build:
     """Compile ``variant`` for ``target`` (a key of :data:`TARGETS`) without a GPU.  ``seqlen_k``
     matters to ``hopper`` only (a length off its key tile builds the ragged key mask); ``lengths`` to ``hopper``
     and ``tiled`` ("varlen" or "seqused" the lengths per sequence; "paged" those in a paged cache of 256-key
@@ -336,7 +336,9 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
     V's head dim where it differs from q/k's (DeepSeek's 192/128; no larger), 0 where it does not.
     ``attn_mask`` (``tiled``): built to read an attn_mask (:func:`_mask_build`).
     ``checked`` (``tiled``, ``lengths`` "varlen" or "paged"): the kernel checks the indices it follows itself, built
-    with its asserts (:func:`fmha.forward.self_checked`)."""
+    with its asserts (:func:`fmha.forward.self_checked`).  ``modifiers`` (the Triton variants): built with a window,
+    softcap, ALiBi and the LSE all at once (the most registers they take), in the config the plan takes beside
+    them."""
     from . import configs
     _check_choice("target", target, list(TARGETS))
     _check_choice("variant", variant, variants())
@@ -351,6 +353,8 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
                                                  if d <= head_dim])
     if attn_mask and variant != "tiled":
         raise ValueError(f"attn_mask: {variant} takes none (the tiled variant reads it)")
+    if modifiers and variant == "hopper":
+        raise ValueError("modifiers: the Triton variants' switch (hopper builds its own per call)")
     if checked and (variant != "tiled" or lengths not in ("varlen", "paged")):
         raise ValueError("checked: the tiled variant checks its own cu_seqlens (lengths='varlen') or block table "
                          "(lengths='paged')")
@@ -359,11 +363,11 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
         raise ValueError(reason)
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         return _build_elsewhere(variant, target, head_dim, dtype, causal, config, seqlen_k, lengths, head_dim_v,
-                                attn_mask, checked)
+                                attn_mask, checked, modifiers)
     chip = TARGETS[target]
     arch_key = "hip" if chip.backend == "hip" else ("sm90" if chip.arch == 90 else "sm80")
     cfg = config or configs.default_config(variant, arch_key, head_dim, causal, fp8=dtype == "float8_e4m3fn",
-                                           head_dim_v=head_dim_v or 0)
+                                           head_dim_v=head_dim_v or 0, modifiers=modifiers or bool(attn_mask))
     if variant == "hopper":
         from .kernels import hopper
         compiled = triton.compile(_hopper_source(head_dim, dtype, causal, cfg, seqlen_k, lengths, head_dim_v),
@@ -374,7 +378,8 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
     from .kernels import VARIANTS
     kernel = VARIANTS[variant]
     const = dict(HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_M=cfg.block_m,
-                 BLOCK_N=cfg.block_n, CAUSAL=causal, STORE_LSE=False, WINDOW=False, SOFTCAP=False, ALIBI=False,
+                 BLOCK_N=cfg.block_n, CAUSAL=causal, STORE_LSE=modifiers, WINDOW=modifiers, SOFTCAP=modifiers,
+                 ALIBI=int(modifiers),
                  VARLEN=False, SEQUSED=False, ALIGN_BR=False, SPLIT=False, PAGED=False, PAGE=1,
                  PACK_GQA=False, KV_TMA=False)
     if "HEAD_V" in kernel.arg_names:  # tiled: V's head dim
