@@ -146,11 +146,11 @@ def test_gpt_oss_generates_with_a_static_cache_as_its_eager_attention(left_padde
         assert gap <= step, (row, at, gap, step)
 
 
-def test_sinks_with_any_boolean_mask_run_fmha_with_it():
+def test_sinks_with_any_mask_run_fmha_with_it():
     """transformers' attention call with sinks and a boolean mask that is no padding fmha knows (keys hidden at
     random): fmha with the mask as ``attn_mask``, against float64, eagerly and compiled whole (``fullgraph``: the
     mask is not read on the host); its gradients, sinks' included, against float64 autograd, eagerly and compiled;
-    a float mask refused by name (SDPA has no sinks)."""
+    an additive float mask (a bias, the hidden keys at bfloat16's lowest value) alike (SDPA has no sinks)."""
     import fmha.integrations.transformers as fmha_hf
     module = torch.nn.Module()
     module.is_causal = True
@@ -180,8 +180,12 @@ def test_sinks_with_any_boolean_mask_run_fmha_with_it():
         (run(*leaves[:3], mask, leaves[3]).float() * do).sum().backward()
         for got, w in zip(leaves, want):
             torch.testing.assert_close(got.grad.double(), w.grad, atol=3e-2, rtol=3e-2)
-    with pytest.raises(NotImplementedError, match="boolean masks"):
-        call(q.detach(), k, v, torch.zeros(2, 1, 9, 30, device=DEVICE))
+    bias = torch.randn(2, 1, 9, 30, generator=torch.Generator().manual_seed(7)).to(DEVICE, torch.bfloat16)
+    additive = bias.masked_fill(~mask, torch.finfo(torch.bfloat16).min)  # a float mask, as transformers builds one
+    with torch.no_grad():
+        for run in (call, torch.compile(call, fullgraph=True, backend="eager")):
+            check_against_reference(run(q, k, v, additive), *(t.transpose(1, 2) for t in (q, k, v)), False,
+                                    layout="bshd", scale=0.125, attn_mask=additive.expand(2, 4, 9, 30), sinks=sinks)
 
 
 def test_gpt_oss_matches_its_eager_attention():

@@ -12,6 +12,7 @@ import torch
 from .. import replay
 from ..device import device_facts
 from . import pipelined, singlewave, tiled, tma
+from .common import MASK_BIAS, MASK_BOOL, MASK_NONE
 
 VARIANTS = {  # Triton: every target, and the CPU interpreter
     "singlewave": singlewave.KERNEL,
@@ -159,20 +160,20 @@ def _check_args(checks) -> dict:
 
 
 def mask_kind(attn_mask) -> int:
-    """The kernels' ``ATTN_MASK`` for ``attn_mask``: 0 none, 1 boolean, 2 an additive float bias
-    (:data:`.common.MASK_BOOL`, :data:`.common.MASK_BIAS`)."""
-    return 0 if attn_mask is None else 1 if attn_mask.dtype == torch.bool else 2
+    """The kernels' ``ATTN_MASK`` for ``attn_mask``: none, boolean or an additive float bias."""
+    kind = MASK_NONE if attn_mask is None else MASK_BOOL if attn_mask.dtype == torch.bool else MASK_BIAS
+    return kind.value
 
 
 def mask_args(attn_mask, o) -> dict:
     """The arguments of a kernel that reads an attn_mask (``tiled``, the backward's), for a ``[batch, heads, seqlen_q,
     seqlen_k]`` view, or for none (``o``: any tensor, never read)."""
     if attn_mask is None:
-        return dict(AttnMask=o, stride_mb=0, stride_mh=0, stride_mq=0, stride_mk=0, ATTN_MASK=0)
+        return dict(AttnMask=o, stride_mb=0, stride_mh=0, stride_mq=0, stride_mk=0, ATTN_MASK=MASK_NONE.value)
     mb, mh, mq, mk = attn_mask.stride()
     kind = mask_kind(attn_mask)  # (a boolean one read as bytes: the kernel tests them against 0)
-    return dict(AttnMask=attn_mask.view(torch.uint8) if kind == 1 else attn_mask, stride_mb=mb, stride_mh=mh,
-                stride_mq=mq, stride_mk=mk, ATTN_MASK=kind)
+    return dict(AttnMask=attn_mask.view(torch.uint8) if kind == MASK_BOOL.value else attn_mask, stride_mb=mb,
+                stride_mh=mh, stride_mq=mq, stride_mk=mk, ATTN_MASK=kind)
 
 
 def _merge_args(merge, layout: str, device, grid, o) -> dict:
