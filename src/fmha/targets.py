@@ -234,15 +234,19 @@ def build_backward_kernels(target: str, head_dim: int, dtype: str = "bfloat16", 
     return out
 
 
-def _mask_build(attn_mask: bool | str, kernel) -> tuple[dict, dict]:
+def _mask_build(attn_mask: bool | str, kernel, chip=None) -> tuple[dict, dict]:
     """The constexprs and the mask's pointer type of ``kernel``'s build that reads an attn_mask: ``True`` a boolean
-    one (bytes), ``"bias"`` an additive float32 one, either with its keys next to each other as a launch specialises
-    them (where ``kernel`` specialises their stride); ``False`` none."""
+    one (bytes), ``"bias"`` an additive float32 one, either with its keys next to each other as a launch on
+    ``chip`` reads them (a specialised stride, or ``tiled``'s MASK_UNIT: :func:`fmha.kernels.mask_unit`); ``False``
+    none."""
     if not attn_mask:
         return dict(ATTN_MASK=0), {}
     if attn_mask not in (True, "bias"):
         raise ValueError(f"attn_mask: True (boolean), 'bias' (float32) or False, got {attn_mask!r}")
-    unit = {} if "stride_mk" in kernel.do_not_specialize else dict(stride_mk=1)
+    if "MASK_UNIT" in kernel.arg_names:
+        unit = dict(MASK_UNIT=chip is not None and chip.backend == "cuda" and chip.arch >= 90)
+    else:
+        unit = {} if "stride_mk" in kernel.do_not_specialize else dict(stride_mk=1)
     return dict(ATTN_MASK=1 if attn_mask is True else 2, **unit), {"AttnMask": "fp32"} if attn_mask == "bias" else {}
 
 
@@ -396,7 +400,7 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
     if "QK_LO" in kernel.arg_names:  # tiled: no second slice of Q K^T (MLA's absorbed form), V read apart
         const.update(QK_LO=0, V_FROM_K=False)
     if "MERGE" in kernel.arg_names:  # tiled: a split launch's partials merged apart; an attn_mask when asked
-        const.update(MERGE=False, MERGE_LSE=False, **_mask_build(attn_mask, kernel)[0])
+        const.update(MERGE=False, MERGE_LSE=False, **_mask_build(attn_mask, kernel, chip)[0])
     if "CHECKED" in kernel.arg_names:  # tiled: lengths per sequence or a paged cache of 256-key pages
         const.update(CHECKED=checked, VARLEN=lengths == "varlen", PAGED=lengths == "paged",
                      SEQUSED=lengths in ("seqused", "paged"), PAGE=256 if lengths == "paged" else 1)

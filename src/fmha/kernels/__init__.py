@@ -145,6 +145,7 @@ def launch(variant: str, cfg, prob, q, k, v, o, lse, layout: str, alibi=None, se
         **(dict(QK_CHUNKS=cfg.qk_chunks) if "QK_CHUNKS" in params else {}),
         **(_merge_args(merge, layout, q.device, grid, o) if "MERGE" in params else {}),
         **(mask_args(attn_mask, o) if "ATTN_MASK" in params else {}),
+        **(dict(MASK_UNIT=mask_unit(attn_mask, q)) if "MASK_UNIT" in params else {}),
         **(_check_args(checks) if "CHECKED" in params else {}),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
@@ -163,6 +164,15 @@ def mask_kind(attn_mask) -> int:
     """The kernels' ``ATTN_MASK`` for ``attn_mask``: none, boolean or an additive float bias."""
     kind = MASK_NONE if attn_mask is None else MASK_BOOL if attn_mask.dtype == torch.bool else MASK_BIAS
     return kind.value
+
+
+def mask_unit(attn_mask, q) -> bool:
+    """Whether ``tiled`` reads ``attn_mask``'s keys as lying next to each other (its ``MASK_UNIT``): where they do,
+    on NVIDIA GPUs of compute capability 9 and above, where that was timed (3.2-3.9x the stride read at run time on
+    an H100, a boolean mask).  Not on sm_80 and sm_89, whose builds spill 4876 registers so at head_dim 128 (100 with
+    the stride read at run time; not timed), nor on AMD GPUs (the seed's chip builds without spills only so)."""
+    return (attn_mask is not None and attn_mask.stride(-1) == 1 and q.is_cuda and not amd_build(q)
+            and device_facts(q.device.index if q.device.index is not None else torch.cuda.current_device())[0] >= 9)
 
 
 def mask_args(attn_mask, o) -> dict:

@@ -124,8 +124,7 @@ def _mask_rows(AttnMask, lse_rows, offs_m, heads, seqlen_q, lse_split, stride_mb
     return rows
 
 
-# the mask's key stride unspecialised: known to be 1, a boolean mask's rows load 16 bytes a thread, whose layout
-# change to the scores' spilled registers on every target (264 on gfx1151 at head_dim 64, 4876 on sm_80 at 128)
+# the mask's key stride unspecialised: MASK_UNIT says where its keys lie next to each other (the docstring)
 @triton.jit(do_not_specialize=["stride_mk"])
 def tiled_kernel(
         Q, K, V, O, LSE,
@@ -145,7 +144,7 @@ def tiled_kernel(
         Out, stride_fb, stride_fh, stride_fs, stride_fd, LseOut, Tickets, MERGE: tl.constexpr,
         MERGE_LSE: tl.constexpr, AttnMask, stride_mb, stride_mh, stride_mq, stride_mk, ATTN_MASK: tl.constexpr,
         AMD: tl.constexpr, QK_CHUNKS: tl.constexpr, num_pages, max_seqlen_q, max_seqlen_k, CHECKED: tl.constexpr,
-        BH_BASE: tl.constexpr = 0):
+        MASK_UNIT: tl.constexpr = False, BH_BASE: tl.constexpr = 0):
     """HEAD_V, BLOCK_DV: V's and O's head dimension (DeepSeek's MLA: 128 against q/k's 192), else HEAD_DIM's.
     QK_LO: q/k have ``QK_LO`` more columns after their first ``BLOCK_D`` (MLA's absorbed form: 576 = 512 + 64,
     HEAD_DIM then 512), a second slice of Q K^T; V_FROM_K: V is K's first columns, read once as K's tile.
@@ -155,7 +154,11 @@ def tiled_kernel(
     partials into ``Out`` (strides ``stride_f*``) and, MERGE_LSE, ``LseOut``, counting splits in ``Tickets``
     (int32, one per row block and batch*head program, at zero).  ATTN_MASK: an attn_mask ``[batch, heads,
     seqlen_q, seqlen_k]`` (strides ``stride_m*``, broadcast dimensions 0), boolean or an additive bias
-    (:data:`.common.MASK_BOOL`, :data:`.common.MASK_BIAS`), joins the band (not VARLEN).  AMD: an AMD
+    (:data:`.common.MASK_BOOL`, :data:`.common.MASK_BIAS`), joins the band (not VARLEN); MASK_UNIT: its keys lie
+    next to each other (``stride_mk`` 1, :func:`fmha.kernels.mask_unit`), and a thread loads a row's bytes 16 at a
+    time: on the H100 a boolean mask's forward ran 3.2-3.9x as fast as with the stride read at run time, although
+    the layout change to the scores spills registers (sm_90 294 at head_dim 128, sm_80 4876, gfx1151 34; with the
+    stride read at run time 158, 100 and 0).  AMD: an AMD
     build (:func:`fmha.kernels.amd_build`), which reads V without masked loads (:func:`_v_rows_clamped`,
     :func:`_v_columns`).  QK_CHUNKS (``KernelConfig.qk_chunks``): Q K^T as one batched product over that many column
     chunks of q/k's first ``BLOCK_D`` columns, summed: each warp holds a chunk of Q's columns for the loop, not all of
@@ -222,6 +225,8 @@ def tiled_kernel(
     offs_vr = _v_columns(offs_dv, HEAD_V, BLOCK_DV, AMD)  # V's columns as read (AMD: no column mask)
     V_READ: tl.constexpr = BLOCK_DV if AMD else HEAD_V
     ranges = ((w0, w1), (u0, u1), (lo, hi))
+    if MASK_UNIT:
+        stride_mk = 1
     for part in tl.static_range(3):
         if part != 0 or WINDOW:
             acc, l, m = _key_range(acc, l, m, q, q_lo, k_base, v_base, ranges[part][0], ranges[part][1], offs_m,
