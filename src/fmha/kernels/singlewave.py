@@ -1,12 +1,12 @@
 """``singlewave``: the seed's kernel (seed Sections 4-7, ``fmha_singlewave.py``).
 
-One warp per program (``num_warps=1``), 16 query rows, 16-key tiles: the
-16x16x16 matrix-instruction shape of gfx1151's ``v_wmma_f32_16x16x16_f16``.
-The running ``m``, ``l``, ``acc`` ride the key loop in registers (``acc`` and each V tile in two
-halves of the head dimension, as the seed's ``n_dk`` loop splits them, so D=128 fits gfx1151's 256
-VGPRs; at D=96, causal, the second half's P V waits for the first's on AMD, :func:`.common.after`, so the
-masks' registers fit too); the loop stops at the last tile any row of the block can see (causal early exit), and every
-tile is masked elementwise (a no-op except on the causal diagonal and the last, ragged tile).
+One warp per program (``num_warps=1``), 16 query rows, 16-key tiles: the 16x16x16 matrix-instruction shape of
+gfx1151's ``v_wmma_f32_16x16x16_f16``. The running ``m``, ``l``, ``acc`` ride the key loop in registers (``acc`` and
+each V tile in two halves of the head dimension, as the seed's ``n_dk`` loop splits them, so D=128 fits gfx1151's
+256 VGPRs; at D=96, causal, and beside a window, softcap or ALiBi, the second half's P V waits for the first's on
+AMD, :func:`.common.after`, so the masks' and modifiers' registers fit too); the loop stops at the last tile any row
+of the block can see (causal early exit), and every tile is masked elementwise (a no-op except on the causal
+diagonal and the last, ragged tile).
 """
 import triton
 import triton.language as tl
@@ -66,8 +66,9 @@ def singlewave_kernel(
         # 5.3-5.5 running max, alpha, p, l; 5.6 acc += P V, a half of the head dimension at a time
         p, alpha, l, m = softmax_weights(l, m, s)
         acc = pv_half(acc, alpha, p, v_ptrs, cols, seqlen_k, offs_h, HALF, HALF)
-        if AMD and CAUSAL and HEAD_DIM != BLOCK_D:  # the masks' registers: the second half's V waits for the
-            p = after(p, tl.max(acc, 1)[:, None], AMD)  # first's P V (D=96: 16 spilled without; D=128 spills none)
+        # the masks' and modifiers' registers: the second half's V waits for the first's P V (16 spilled without)
+        if AMD and (CAUSAL and HEAD_DIM != BLOCK_D or WINDOW or SOFTCAP or ALIBI):
+            p = after(p, tl.max(acc, 1)[:, None], AMD)
         acc_hi = pv_half(acc_hi, alpha, p, v_ptrs + HALF * stride_vd, cols, seqlen_k, offs_h, HEAD_DIM - HALF, HALF)
         # 5.7 next tile
         k_ptrs += BLOCK_N * stride_ks
