@@ -218,8 +218,11 @@ def test_a_float_mask_adds_to_the_scores(layout, b, h, kvh, sq, sk, d, shape, dt
 
 
 def test_a_bias_of_zeros_and_minus_infinity_is_the_boolean_mask():
-    """0 where a boolean mask keeps a key and -inf where it hides it: the same scores, the same bits, rows that see
-    no key included (0, LSE -inf)."""
+    """0 where a boolean mask keeps a key and -inf where it hides it: the same scores, the same bits under the
+    interpreter, rows that see no key included (0, LSE -inf).  Compiled, a unit in the last place apart: where the
+    mask's select stands between the scale's product and the row max's shift, the GPU build fuses the two into one
+    FMA, and beside the bias's add it does not (on an H100, one output element of 3360 and 16-18 LSEs of 192 moved
+    by one unit)."""
     q, k, v = make_qkv(2, 4, 2, 24, 70, 64, torch.float16, seed=3)
     mask = _mask((2, 1, 24, 70), seed=4)
     mask[1, :, 7] = False
@@ -227,7 +230,11 @@ def test_a_bias_of_zeros_and_minus_infinity_is_the_boolean_mask():
     for splits in (1, 3):
         want = fmha.attention(q, k, v, attn_mask=mask, causal=True, num_splits=splits, return_lse=True)
         got = fmha.attention(q, k, v, attn_mask=bias, causal=True, num_splits=splits, return_lse=True)
-        assert all(torch.equal(a, b) for a, b in zip(got, want))
+        if DEVICE == "cpu":
+            assert all(torch.equal(a, b) for a, b in zip(got, want))
+        else:
+            for a, b in zip(got, want):
+                torch.testing.assert_close(a, b, rtol=torch.finfo(a.dtype).eps, atol=0)
         assert (got[0][1, :, 7] == 0).all() and torch.isneginf(got[1][1, :, 7]).all()
 
 
