@@ -4,34 +4,33 @@
     fmha_hf.register()                                   # once, before building the model
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="fmha")
 
-Head dims fmha does not take and float32 q, k, v outside autocast run SDPA (a warning says so once); T5's relative
-positions (``position_bias``, an additive bias on every score) run fmha with the bias as ``attn_mask``, the layer's
-mask joined to it as SDPA's attention joins them (:func:`biased_attention`); a model with attention code of its own
-(Bloom; Falcon, GPT-J, GPT-Neo and GIT, which pick a class of theirs by the implementation's name, take their SDPA or
-eager class for ``"fmha"``) gets eager's masks from the mask function, and runs its code; sparse attention's picks
-(``indices``, DeepSeek-V3.2's) join the mask, as eager joins them.  Calls without a mask (causal or bidirectional,
-prefill or decode with a KV cache, sliding-window layers, Gemma-style soft-capping, gpt-oss's attention sinks) run
-fmha.  The mask function registered beside it (:func:`mask`) asks for no mask whenever the causal band and the layer's
-window are all there is (no padding, the queries the last positions of the keys), under ``torch.compile`` too, so
-those calls make no host checks and trace whole; a layer whose call names no window, where the sliding mask was left
-out, takes its config's window as its mask would (Doge, PhiMoE, Qwen2-MoE), and what goes to SDPA gets the band back.
-A padded batch (a mask that is exactly the causal band, the layer's window and one contiguous run of real tokens per
-sequence) runs as packed sequences: the real tokens gathered, :func:`fmha.attention_varlen`, scattered back, with
-zeros on padded query rows; its decoding steps (one query row a sequence, every row computed) run fmha with the mask
-as ``attn_mask``, the cache read in place; a static cache's mask (the real keys a prefix, the queries the last of
-them, the unused slots after) runs with ``seqused_k``.  A padding mask with no band (an encoder's own, a decoder's
-cross-attention) computes every query row against the real keys.  Sequences packed along a row and told apart by
-position_ids alone (transformers' padding-free format, ``DataCollatorWithFlattening``) run as one varlen call over
-every token (:func:`packed_attention`; the mask function notes them, :func:`mask`, or FlashAttention's kwargs
-``cu_seq_lens_q/k`` and ``max_length_q/k`` tell them).  Any other mask goes to torch SDPA with that mask, so nothing
-is computed wrong; with sinks, which SDPA lacks, fmha runs with the mask itself, boolean or additive (``attn_mask``,
-gradients included).  Under ``torch.compile`` a mask is not read on the host: a decoding step without gradients (and
-any call with sinks) runs fmha with the mask itself (``attn_mask``, the keys up to its last real one), with no
-``torch.cond``, so transformers' compiled decoding (a static cache, CUDA graphs) keeps its CUDA graph; otherwise
-``torch.cond`` picks fmha for the band alone, fmha with ``seqused_k`` for a static cache's mask and SDPA with the mask
-otherwise (no graph break, no graphs that depend on the mask's values).  Training works (gradients through
-:mod:`fmha.gradients`), under autocast too (float32 q, k, v are cast to the autocast dtype, as autocast casts SDPA's);
-a training step with attention dropout runs SDPA, said once (fmha has no dropout).
+Head dims fmha does not take, an additive bias on the scores (T5's ``position_bias``) and float32 q, k, v outside
+autocast run SDPA (a warning says so once); a model with attention code of its own (Bloom; Falcon, GPT-J, GPT-Neo and
+GIT, which pick a class of theirs by the implementation's name, take their SDPA or eager class for ``"fmha"``) gets
+eager's masks from the mask function, and runs its code; sparse attention's picks (``indices``, DeepSeek-V3.2's) join
+the mask, as eager joins them.  Calls without a mask (causal or bidirectional, prefill or decode with a KV cache,
+sliding-window layers, Gemma-style soft-capping, gpt-oss's attention sinks) run fmha.  The mask function registered
+beside it (:func:`mask`) asks for no mask whenever the causal band and the layer's window are all there is (no
+padding, the queries the last positions of the keys), under ``torch.compile`` too, so those calls make no host checks
+and trace whole; a layer whose call names no window, where the sliding mask was left out, takes its config's window as
+its mask would (Doge, PhiMoE, Qwen2-MoE), and what goes to SDPA gets the band back.  A padded batch (a mask that is
+exactly the causal band, the layer's window and one contiguous run of real tokens per sequence) runs as packed
+sequences: the real tokens gathered, :func:`fmha.attention_varlen`, scattered back, with zeros on padded query rows;
+its decoding steps (one query row a sequence, every row computed) run fmha with the mask as ``attn_mask``, the cache
+read in place; a static cache's mask (the real keys a prefix, the queries the last of them, the unused slots after)
+runs with ``seqused_k``.  A padding mask with no band (an encoder's own, a decoder's cross-attention) computes every
+query row against the real keys.  Sequences packed along a row and told apart by position_ids alone (transformers'
+padding-free format, ``DataCollatorWithFlattening``) run as one varlen call over every token
+(:func:`packed_attention`; the mask function notes them, :func:`mask`, or FlashAttention's kwargs ``cu_seq_lens_q/k``
+and ``max_length_q/k`` tell them).  Any other mask goes to torch SDPA with that mask, so nothing is computed wrong;
+with sinks, which SDPA lacks, fmha runs with the mask itself, boolean or additive (``attn_mask``, gradients included).
+Under ``torch.compile`` a mask is not read on the host: a decoding step without gradients (and any call with sinks)
+runs fmha with the mask itself (``attn_mask``, the keys up to its last real one), with no ``torch.cond``, so
+transformers' compiled decoding (a static cache, CUDA graphs) keeps its CUDA graph; otherwise ``torch.cond`` picks
+fmha for the band alone, fmha with ``seqused_k`` for a static cache's mask and SDPA with the mask otherwise (no graph
+break, no graphs that depend on the mask's values).  Training works (gradients through :mod:`fmha.gradients`), under
+autocast too (float32 q, k, v are cast to the autocast dtype, as autocast casts SDPA's); a training step with
+attention dropout runs SDPA, said once (fmha has no dropout).
 """
 from __future__ import annotations
 
@@ -76,9 +75,6 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         return _sdpa_instead(instead, module, query, key, value, attention_mask, dropout, scaling, is_causal, causal,
                              window, sinks, kwargs)
     kw = dict(causal=causal, scale=scaling, window=window, softcap=softcap, sinks=sinks)
-    if kwargs.get("position_bias") is not None:  # T5's relative positions
-        return biased_attention(*(t.transpose(1, 2) for t in (q, k, v)), attention_mask, kwargs["position_bias"],
-                                **kw), None
     given = [kwargs.get(n) for n in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")]
     packing = q.shape[0] == 1 and all(x is not None for x in given)  # told as FlashAttention is told it
     if attention_mask is None and q.shape[2] == 1 and not packing:
@@ -133,13 +129,17 @@ def _picked(attention_mask, indices, q_len: int, k_len: int, causal: bool, windo
 def _not_taken(d: int, dv: int, kwargs, dtype: torch.dtype = torch.bfloat16, dropout: bool = False) -> str | None:
     """What of a call fmha does not take, or None: a float32 model outside autocast (fmha computes in float16 and
     bfloat16; :func:`fmha.attention` refuses float32 rather than round it), attention dropout in a training step
-    (GPT-2's default ``attn_pdrop``; fmha has none), or head dims it has no kernel for (it takes multiples of 8 up to
-    256, and MLA's absorbed form)."""
+    (GPT-2's default ``attn_pdrop``; fmha has none), head dims it has no kernel for (it takes multiples of 8 up to
+    256, and MLA's absorbed form), or an additive bias on the scores (T5's relative positions, ``position_bias``,
+    which transformers' SDPA attention adds to the mask: fmha's ``tiled`` takes it as ``attn_mask``, at 0.61x cuDNN
+    at T5-base's encoder shapes on an H100, docs/PERF.md)."""
     if dtype in (torch.float32, torch.float64):
         return f"{dtype} q, k, v (fmha takes float16 and bfloat16: load the model in one, or run under autocast)"
     why = head_dims_reason(d, dv)
     if why is not None:
         return f"head dims ({why})"
+    if kwargs.get("position_bias") is not None:
+        return "position bias (an additive bias on every score)"
     if dropout:
         return "attention dropout"
     return None
@@ -292,20 +292,6 @@ def masked_attention(q, k, v, mask, *, scale, softcap, sinks=None):
     used = torch.where(seen.any(dim=1), last, 0).to(torch.int32)
     return fmha.attention(q, k, v, layout="bshd", attn_mask=mask, seqused_k=used, scale=scale, softcap=softcap,
                           sinks=sinks)
-
-
-def biased_attention(q, k, v, mask, bias, *, causal, scale, window, softcap, sinks=None):
-    """T5's relative positions (``position_bias``, ``[1 or batch, heads, q_len, k_len]``, added to every score) as
-    fmha's additive ``attn_mask``, the layer's mask joined to it as transformers' SDPA attention joins them (a boolean
-    mask hides its keys with the bias dtype's lowest value, a float one is added), differentiable in the bias.  With
-    no mask the layer's band is fmha's own (bottom-right causal, its window: the tiles past it skipped whole); a mask
-    holds the band itself."""
-    if mask is not None:
-        mask = mask[..., :k.shape[1]]
-        bias = torch.where(mask, bias, torch.finfo(bias.dtype).min) if mask.dtype == torch.bool else bias + mask
-        causal, window = False, (-1, -1)
-    return fmha.attention(q, k, v, causal=causal, causal_align="bottom_right", layout="bshd", window=window,
-                          scale=scale, softcap=softcap, sinks=sinks, attn_mask=bias)
 
 
 def _compiled_masked(module, query, key, value, attention_mask, q, k, v, kw, dropout, is_causal, kwargs, training):
