@@ -96,14 +96,15 @@ def test_hopper_matches_reference(config, layout, dtype, causal, align, shape):
 @pytest.mark.parametrize("config", [None, fmha.KernelConfig(64, 64, 4, 2, q_regs=1, occupancy=3),
                                     fmha.KernelConfig(128, 128, 4, 2, q_regs=1)], ids=str)
 def test_hopper_runs_many_short_items(d, sq, causal, config):
-    """256 sequences of 32 heads, one or two key tiles each: a persistent program runs a score of items, and the
-    producer reaches each next item's Q as soon as the warpgroup frees the last one.  With Q held in registers the
-    slot went back once one thread's rows were read, and the next Q landed over rows other warps had not read:
-    1833-1899 of 65504 heads wrong at 2047-2100 sequences of 40 tokens, head_dim 64, causal (the table's short
-    causal row).  Every row against float64."""
+    """Thousands of sequences of 32 heads, one or two key tiles each: a persistent program runs dozens of items in
+    turn.  On an H100, 2047-2100 sequences of 40 tokens at head_dim 64, causal, in the table's row for them (64-row
+    programs three to an SM, Q in registers, causal pairs with the last rounds dealt by LPT), came out wrong in
+    1833-1899 of 65504-67200 heads, spread over every sequence, the second item of a pair in the whole rounds
+    (`tiled` right on the same calls).  The cause is not found yet; this test holds the case.  Every row against
+    float64."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("sm_90 only")
-    q, k, v = make_qkv(256, 32, 32, sq, sq, d, torch.bfloat16, "bshd", seed=sq + d)
+    q, k, v = make_qkv(2048 if sq == 40 else 256, 32, 32, sq, sq, d, torch.bfloat16, "bshd", seed=sq + d)
     out = nan_like(q)
     fmha.attention(q, k, v, causal=causal, layout="bshd", variant="hopper", out=out, config=config)
     torch.cuda.synchronize()

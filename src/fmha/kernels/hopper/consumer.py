@@ -201,12 +201,13 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
         # tile 0: 5.1-5.4 (no rescale yet)
         s = ring_pos % STAGES
         mbarrier.wait(q_bar, items_done & 1)
-        if Q_REGS:  # Q into registers once: its shared slot goes back to the producer after tile 0's Q K^T
+        if Q_REGS:  # Q into registers once: its shared slot goes back to the producer at once
             q_op = q_half.load(q_layout)
             if SPLIT_QK:
                 q_lo_op = q_lo.load(q_layout)
             else:
                 q_lo_op = q_lo
+            mbarrier.arrive(q_empty, count=1)
         else:
             q_op = q_half
             q_lo_op = q_lo
@@ -217,10 +218,6 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
         n_turn += 1
         qk, _k0 = warpgroup_mma_wait(0, deps=[qk, k_bufs.index(s)])
         _release(k_empty.index(s), CLUSTER)
-        if Q_REGS:  # every warp of the warpgroup has read its Q rows: that product took all four warps' registers.
-            # (Arriving once this thread's own rows were read let the next item's Q land over rows another warp
-            # had not read yet: short items, where the producer reaches the next Q at once, came out wrong.)
-            mbarrier.arrive(q_empty, count=1)
         qk = _scores(qk, first, mask_from, window_until, offs_m, offs_n, sk, seq_causal, seq_window, seq_align,
                      cap_in, cap_out, slope, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
         m = gl.max(qk, axis=1) * item_scale - P_SHIFT
