@@ -151,8 +151,8 @@ def test_the_gluon_kernels_leave_a_scale_they_divide_by_to_the_triton_ones():
 
 
 def test_auto_picks_by_shape_on_sm90():
-    """The measured choices (``select_variant``): decoding and packed causal D=64 on ``tiled``,
-    other prefill on the Gluon kernel, every head dim."""
+    """The measured choices (``select_variant``): decoding, packed causal D=64 and causal calls of at most 64 query
+    rows on ``tiled``, other prefill on the Gluon kernel, every head dim."""
     pick = fmha.select_variant
     prefill = {"head_dim": 128, "seqlen_q": 4096, "seqlen_k": 4096, "causal": True}
     assert pick("sm90", prefill) == "hopper"
@@ -162,3 +162,7 @@ def test_auto_picks_by_shape_on_sm90():
     assert pick("sm90", dict(prefill, varlen=True, head_dim=64)) == "tiled"
     assert pick("sm90", dict(prefill, varlen=True, head_dim=64, causal=False)) == "hopper"
     assert pick("sm80", prefill) == "tiled"
+    # causal heads of one 64-row block (hopper's open defect: tests/test_gpu.py::test_hopper_runs_many_short_items)
+    assert pick("sm90", dict(prefill, head_dim=64, seqlen_q=40, seqlen_k=40)) == "tiled"
+    assert pick("sm90", dict(prefill, head_dim=64, seqlen_q=40, seqlen_k=40, causal=False)) == "hopper"
+    assert pick("sm90", dict(prefill, head_dim=64, seqlen_q=65, seqlen_k=65)) == "hopper"
