@@ -52,6 +52,20 @@ def test_seed_kernels_on_gfx1151_use_wmma_wave32_without_spills(builds, variant,
     assert t["flop_per_byte"] == 16.0
 
 
+def test_tiled_reads_an_attn_mask_as_each_target_launches_it():
+    """The builds read an attn_mask as a launch does (:func:`fmha.kernels.mask_unit`): its keys next to each other
+    on sm_90 (on an H100 the stride read at run time ran a boolean mask's forward 3.2-3.9x slower), the stride at
+    run time on sm_80 (whose build would spill 4876 registers at head_dim 128) and on AMD (none spilled so)."""
+    import torch
+
+    from fmha.kernels import mask_unit, tiled
+    unit = {t: targets._mask_build(True, tiled.tiled_kernel, targets.TARGETS[t])[0]["MASK_UNIT"]
+            for t in ("sm_90", "sm_80", "gfx1151", "gfx942")}
+    assert unit == {"sm_90": True, "sm_80": False, "gfx1151": False, "gfx942": False}
+    assert not mask_unit(torch.ones(1, 1, 4, 4, dtype=torch.bool), torch.ones(1, 1, 4, 8))  # no GPU: no launch
+    assert not mask_unit(None, torch.ones(1))
+
+
 @pytest.mark.parametrize("target", ["gfx1151", "gfx1100", "gfx942"])
 @pytest.mark.parametrize("head_dim", [64, 96, 128])
 def test_singlewave_with_every_modifier_builds_for_amd_without_spills(target, head_dim):
