@@ -277,6 +277,21 @@ def test_a_bias_has_its_gradients(layout, b, h, kvh, sq, sk, d, shape, dtype, ca
         assert not q.grad[row].any() and not leaf.grad[..., 3, :].any()
 
 
+def test_a_bias_over_rows_that_see_one_key_each():
+    """A window of width 0 beside the causal band: each row sees one key, so each score's gradient ``P (dP -
+    delta)`` is 0 in exact arithmetic and torch's own is exactly 0, while fmha's ``dP`` and ``delta`` are
+    float32 sums in different orders: the bias's gradient is held to their accumulation (it failed the bound
+    without it at large values, as the fuzz drew it)."""
+    q, k, v = make_qkv(2, 2, 2, 24, 31, 64, torch.bfloat16, seed=11)
+    v = (v * 8).to(torch.bfloat16)
+    bias = _bias((1, 2, 24, 31), seed=12, hidden=0.0)
+    q, k, v, leaf = _leaves(q, k, v, bias)
+    o = fmha.attention(q, k, v, attn_mask=leaf, causal=True, causal_align="bottom_right", window=(0, -1))
+    do = (torch.randn(o.shape, generator=torch.Generator().manual_seed(13)) * 8).to(o)
+    o.backward(do)
+    check_mask_grad(leaf.grad, q, k, v, do, True, "bottom_right", window=(0, -1), attn_mask=bias)
+
+
 def test_a_bias_alone_requiring_grad_is_recorded():
     """Only the bias asks for a gradient (a relative-position table learned over frozen q, k, v): autograd records
     the call, and the gradient is the float64 one."""
