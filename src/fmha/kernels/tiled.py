@@ -155,10 +155,10 @@ def tiled_kernel(
     (int32, one per row block and batch*head program, at zero).  ATTN_MASK: an attn_mask ``[batch, heads,
     seqlen_q, seqlen_k]`` (strides ``stride_m*``, broadcast dimensions 0), boolean or an additive bias
     (:data:`.common.MASK_BOOL`, :data:`.common.MASK_BIAS`), joins the band (not VARLEN); MASK_UNIT: its keys lie
-    next to each other (``stride_mk`` 1, :func:`fmha.kernels.mask_unit`), and a thread loads a row's bytes 16 at a
-    time: on the H100 a boolean mask's forward ran 3.2-3.9x as fast as with the stride read at run time, although
-    the layout change to the scores spills registers (sm_90 294 at head_dim 128, sm_80 4876, gfx1151 34; with the
-    stride read at run time 158, 100 and 0).  AMD: an AMD
+    next to each other (``stride_mk`` 1, :func:`fmha.kernels.mask_unit`), a constant in the build: on the H100 a
+    boolean mask's forward ran 3.2-3.9x as fast as with the stride read at run time (not profiled; both builds load
+    the mask a byte at a time), although it spills more registers (sm_90 294 at head_dim 128, sm_80 4876, gfx1151
+    34; with the stride read at run time 158, 100 and 0).  AMD: an AMD
     build (:func:`fmha.kernels.amd_build`), which reads V without masked loads (:func:`_v_rows_clamped`,
     :func:`_v_columns`).  QK_CHUNKS (``KernelConfig.qk_chunks``): Q K^T as one batched product over that many column
     chunks of q/k's first ``BLOCK_D`` columns, summed: each warp holds a chunk of Q's columns for the loop, not all of
