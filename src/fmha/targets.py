@@ -244,7 +244,9 @@ def _mask_build(attn_mask: bool | str, kernel, chip=None) -> tuple[dict, dict]:
     if attn_mask not in (True, "bias"):
         raise ValueError(f"attn_mask: True (boolean), 'bias' (float32) or False, got {attn_mask!r}")
     if "MASK_UNIT" in kernel.arg_names:
-        unit = dict(MASK_UNIT=chip is not None and chip.backend == "cuda" and chip.arch >= 90)
+        from .kernels import mask_unit_on
+        major = chip.arch // 10 if chip is not None and chip.backend == "cuda" else 0  # (AMD's arch is its name)
+        unit = dict(MASK_UNIT=chip is not None and mask_unit_on(chip.backend, major))
     else:
         unit = {} if "stride_mk" in kernel.do_not_specialize else dict(stride_mk=1)
     return dict(ATTN_MASK=1 if attn_mask is True else 2, **unit), {"AttnMask": "fp32"} if attn_mask == "bias" else {}

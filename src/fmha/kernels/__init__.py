@@ -171,8 +171,16 @@ def mask_unit(attn_mask, q) -> bool:
     on NVIDIA GPUs of compute capability 9 and above, where that was timed (3.2-3.9x the stride read at run time on
     an H100, a boolean mask).  Not on sm_80 and sm_89, whose builds spill 4876 registers so at head_dim 128 (100 with
     the stride read at run time; not timed), nor on AMD GPUs (the seed's chip builds without spills only so)."""
-    return (attn_mask is not None and attn_mask.stride(-1) == 1 and q.is_cuda and not amd_build(q)
-            and device_facts(q.device.index if q.device.index is not None else torch.cuda.current_device())[0] >= 9)
+    if attn_mask is None or attn_mask.stride(-1) != 1 or not q.is_cuda:
+        return False
+    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    return mask_unit_on("hip" if amd_build(q) else "cuda", device_facts(index)[0])
+
+
+def mask_unit_on(backend: str, major: int) -> bool:
+    """Whether a launch on a GPU of ``backend`` ("cuda", "hip") and compute capability ``major`` reads a unit-stride
+    attn_mask as such (:func:`mask_unit`; the ahead-of-time builds ask too)."""
+    return backend == "cuda" and major >= 9
 
 
 def mask_args(attn_mask, o) -> dict:
