@@ -54,6 +54,7 @@ TARGETS = {
     "sm_90": Chip("cuda", 90, 32, 65536, 256, 64, 233472, max_blocks=32),
 }
 DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float8_e4m3fn": "fp8e4nv"}  # float8: K/V (and q), tiled
+MODIFIERS = ("window", "softcap", "alibi", "lse")  # what ``build(modifiers=...)`` names: the optional parts of a build
 
 
 def variants() -> list[str]:
@@ -334,7 +335,7 @@ def _check_choice(kind: str, value, valid) -> None:
 
 def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16", causal: bool = False,
           config=None, seqlen_k: int = 0, lengths: str = "dense", head_dim_v: int = 0,
-          attn_mask: bool | str = False, checked: bool = False, modifiers: bool = False) -> Build:
+          attn_mask: bool | str = False, checked: bool = False, modifiers: bool | tuple = False) -> Build:
     """Compile ``variant`` for ``target`` (a key of :data:`TARGETS`) without a GPU.  ``seqlen_k``
     matters to ``hopper`` only (a length off its key tile builds the ragged key mask); ``lengths`` to ``hopper``
     and ``tiled`` ("varlen" or "seqused" the lengths per sequence; "paged" those in a paged cache of 256-key
@@ -344,7 +345,7 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
     ``checked`` (``tiled``, ``lengths`` "varlen" or "paged"): the kernel checks the indices it follows itself, built
     with its asserts (:func:`fmha.forward.self_checked`).  ``modifiers`` (the Triton variants): built with a window,
     softcap, ALiBi and the LSE all at once (the most registers they take), in the config the plan takes beside
-    them."""
+    them; or some of them, named (:data:`MODIFIERS`)."""
     from . import configs
     _check_choice("target", target, list(TARGETS))
     _check_choice("variant", variant, variants())
@@ -367,13 +368,17 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
     reason = unbuildable(variant, target, head_dim, dtype)
     if reason:
         raise ValueError(reason)
+    if not isinstance(modifiers, bool):
+        for name in modifiers:
+            _check_choice("modifier", name, MODIFIERS)
+    mods = MODIFIERS if modifiers is True else tuple(modifiers or ())
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         return _build_elsewhere(variant, target, head_dim, dtype, causal, config, seqlen_k, lengths, head_dim_v,
                                 attn_mask, checked, modifiers)
     chip = TARGETS[target]
     arch_key = "hip" if chip.backend == "hip" else ("sm90" if chip.arch == 90 else "sm80")
     cfg = config or configs.default_config(variant, arch_key, head_dim, causal, fp8=dtype == "float8_e4m3fn",
-                                           head_dim_v=head_dim_v or 0, modifiers=modifiers or bool(attn_mask))
+                                           head_dim_v=head_dim_v or 0, modifiers=bool(mods) or bool(attn_mask))
     if variant == "hopper":
         from .kernels import hopper
         compiled = triton.compile(_hopper_source(head_dim, dtype, causal, cfg, seqlen_k, lengths, head_dim_v),
@@ -384,8 +389,8 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
     from .kernels import VARIANTS
     kernel = VARIANTS[variant]
     const = dict(HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_M=cfg.block_m,
-                 BLOCK_N=cfg.block_n, CAUSAL=causal, STORE_LSE=modifiers, WINDOW=modifiers, SOFTCAP=modifiers,
-                 ALIBI=int(modifiers),
+                 BLOCK_N=cfg.block_n, CAUSAL=causal, STORE_LSE="lse" in mods, WINDOW="window" in mods,
+                 SOFTCAP="softcap" in mods, ALIBI=int("alibi" in mods),
                  VARLEN=False, SEQUSED=False, ALIGN_BR=False, SPLIT=False, PAGED=False, PAGE=1,
                  PACK_GQA=False, KV_TMA=False)
     if "HEAD_V" in kernel.arg_names:  # tiled: V's head dim

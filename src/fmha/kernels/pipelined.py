@@ -10,9 +10,10 @@ On gfx11 a WMMA operand is held twice (both half-waves), so at head_dim 128 Q (6
 accumulator (64) and the next tile's K operand (64) leave no room for the softmax if the compiler
 sinks the next tile's Q K^T below it, as LLVM's scheduler does: it then spills Q to scratch and
 reads it back every tile.  ``AMD`` builds make this tile's scores wait for the next tile's Q K^T
-(:func:`.common.after`), the order the seed pipelines in, so K's operand dies before the softmax; with
-the causal mask's registers besides, the second half's P V also waits for the first's: no spills
-(docs/SEED_MAP.md).
+(:func:`.common.after`), the order the seed pipelines in, so K's operand dies before the softmax;
+beside the causal mask, a window, softcap or ALiBi (their registers besides), the second half's P V
+also waits for the first's: no spills at 96 or 128 but with a window at 128 or all three modifiers at
+once, 8 registers (docs/SEED_MAP.md).
 """
 import triton
 import triton.language as tl
@@ -75,7 +76,7 @@ def pipelined_kernel(
                    window_offset, align_offset, True, CAUSAL, WINDOW, SOFTCAP, ALIBI)
         p, alpha, l, m = softmax_weights(l, m, s)
         acc = pv_half(acc, alpha, p, v_ptrs, cols, seqlen_k, offs_h, HALF, HALF)
-        if AMD and CAUSAL and BLOCK_D > 64:  # the mask's registers: the second half's V waits for the first's P V
+        if AMD and (CAUSAL or WINDOW or SOFTCAP or ALIBI) and BLOCK_D > 64:  # the second half's V after the first's P V
             p = after(p, tl.max(acc, 1)[:, None], AMD)
         acc_hi = pv_half(acc_hi, alpha, p, v_ptrs + HALF * stride_vd, cols, seqlen_k, offs_h, HEAD_DIM - HALF, HALF)
         # 5.7 carry, the next scores included
