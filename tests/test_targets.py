@@ -295,6 +295,35 @@ def test_hopper_builds_one_warpgroup_several_programs_per_sm(occupancy, block_n,
     assert r.spilled_registers == 0 and r.occupancy["ctas_per_sm"] == occupancy
 
 
+@pytest.mark.parametrize("head_dim,cfg", [(64, dict(block_m=64, block_n=64, balance=1, occupancy=3)),
+                                          (128, dict(block_m=128, block_n=128, fence=1, stale=1)),
+                                          (192, dict(block_m=128, block_n=128, split_qk=1))])
+def test_hopper_q_in_registers_frees_its_slot_behind_a_proxy_fence(head_dim, cfg):
+    """With Q in registers a consumer frees Q's shared slot right after reading it, and the next item's Q lands there
+    by TMA.  The reads are the generic proxy's, the TMA write the async proxy's: the build must put
+    ``fence.proxy.async`` between the reads and the arrive that frees the slot.  Without it ptxas issued the arrive
+    with the reads still in flight (their registers waited on only at the first Q K^T), and on an H100 thousands of
+    short causal heads came out partly wrong (``tests/test_gpu.py::test_hopper_runs_many_short_items``)."""
+    from fmha import configs
+    b = targets.build("hopper", "sm_90", head_dim, "bfloat16", True, configs.KernelConfig(**cfg, num_warps=4,
+                                                                                         num_stages=2, q_regs=1))
+    unfenced = _reads_released_unfenced(b.asm["ptx"])
+    assert unfenced == [], unfenced
+
+
+def _reads_released_unfenced(ptx: str) -> list[str]:
+    """Each ``mbarrier.arrive`` of ``ptx`` that follows reads of shared memory into registers (``ldmatrix``,
+    ``ld.shared``; not the byte Gluon's partitions read their state from, ``ld.shared.b8``) since the thread's last
+    mbarrier wait with no ``fence.proxy.async`` after the last of them."""
+    found = []
+    for m in re.finditer(r"mbarrier\.arrive[^;]*;", ptx):
+        window = ptx[ptx.rfind("mbarrier.try_wait", 0, m.start()):m.start()]
+        reads = [r.start() for r in re.finditer(r"ldmatrix|ld\.shared(?!\.b8)", window)]
+        if reads and "fence.proxy.async" not in window[reads[-1]:]:
+            found.append(m.group(0))
+    return found
+
+
 @pytest.mark.parametrize("lengths,head_dim,causal", [("varlen", 128, True), ("seqused", 64, False),
                                                      ("paged", 128, True)])
 def test_hopper_builds_lengths_per_sequence(lengths, head_dim, causal):

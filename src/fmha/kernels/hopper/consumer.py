@@ -207,6 +207,10 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
                 q_lo_op = q_lo.load(q_layout)
             else:
                 q_lo_op = q_lo
+            # the loads are the generic proxy's reads, the next item's Q lands by TMA (the async proxy): without
+            # the proxy fence the slot is released while they are in flight (the build waits on their registers
+            # only at the first Q K^T), and the next Q can land under them
+            fence_async_shared()
             mbarrier.arrive(q_empty, count=1)
         else:
             q_op = q_half
