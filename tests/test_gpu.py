@@ -100,7 +100,9 @@ def test_hopper_runs_many_short_items(d, sq, causal, config):
     turn.  On an H100, 2047-2100 sequences of 40 tokens at head_dim 64, causal, in the table's row for them (64-row
     programs three to an SM, Q in registers, causal pairs with the last rounds dealt by LPT), came out wrong in
     1833-1899 of 65504-67200 heads, spread over every sequence, the second item of a pair in the whole rounds
-    (`tiled` right on the same calls).  The cause is not found yet; this test holds the case.  Every row against
+    (`tiled` right on the same calls).  The likely cause: with Q in registers the consumer freed Q's slot for the
+    next item's TMA load with its reads still in flight (a proxy fence now sits there:
+    ``test_targets.py::test_hopper_q_in_registers_frees_its_slot_behind_a_proxy_fence``).  Every row against
     float64."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("sm_90 only")
