@@ -111,10 +111,6 @@ def select_variant(arch: str, shape: dict | None = None) -> str:
     shape = shape or {}
     if shape.get("seqlen_q", 1 << 30) <= 16:
         return "tiled"  # decoding: the keys split over programs (flash-decoding), GQA rows packed
-    if arch == "sm90" and shape.get("causal") and not shape.get("varlen") and shape.get("seqlen_q", 1 << 30) <= 64:
-        return "tiled"  # causal heads of one 64-row block, many of them: hopper gave wrong heads on an H100 (Q's slot
-        # freed with its reads in flight, fenced since; until tests/test_gpu.py::test_hopper_runs_many_short_items
-        # passes on a GPU); tiled gave the right ones on the same calls
     if arch == "sm90" and shape.get("varlen") and shape.get("causal") and shape.get("head_dim") == 64:
         return "tiled"  # packed causal D=64: hopper 0.85-1.00x tiled (docs/PERF.md, packed sequences)
     if arch == "sm90":  # float8 prefill too: its wgmma runs 1.7-2.8x the tiled kernel's dequantize-on-load
