@@ -205,7 +205,7 @@ def test_fp8_on_hopper_sees_through_a_huge_key(lazy, head_dim, rows, keys):
 
 
 def test_fp8_plans_hopper_for_float8_q(monkeypatch):
-    """On sm_90 ``auto`` and ``variant="hopper"`` take float8 q at head_dim 64, 96 or 128 past 64 query rows with
+    """On sm_90 ``auto`` and ``variant="hopper"`` take float8 q at head_dim 64, 96 or 128 past 16 query rows with
     the float8 table row of its tile; ``hopper`` refuses float8 K/V under a 16-bit q and other head dims, where
     ``auto`` (and decoding) keeps ``tiled`` with its float8 config."""
     from fmha import configs, kernels, plan
@@ -222,7 +222,7 @@ def test_fp8_plans_hopper_for_float8_q(monkeypatch):
             row.setdefault(d, cfg)
     for d in (64, 96, 128):
         for variant in ("hopper", "auto"):
-            p = planned(F8, d, 128, variant)  # (causal calls of at most 64 query rows: auto runs tiled)
+            p = planned(F8, d, 64, variant)
             assert p.variant == "hopper" and p.config == row[64 if d <= 64 else 128], (d, variant)
     for q_dtype, d, says in ((torch.bfloat16, 128, "float8 K/V with torch.bfloat16 q"),
                              (F8, 32, "takes head_dim 64, 96 or 128")):
