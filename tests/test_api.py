@@ -154,8 +154,8 @@ def test_the_gluon_kernels_leave_a_scale_they_divide_by_to_the_triton_ones():
 
 
 def test_auto_picks_by_shape_on_sm90():
-    """The measured choices (``select_variant``): decoding, packed causal D=64 and causal calls of at most 64 query
-    rows on ``tiled``, other prefill on the Gluon kernel, every head dim."""
+    """The measured choices (``select_variant``): decoding and packed causal D=64 on ``tiled``, other prefill on the
+    Gluon kernel, every head dim."""
     pick = fmha.select_variant
     prefill = {"head_dim": 128, "seqlen_q": 4096, "seqlen_k": 4096, "causal": True}
     assert pick("sm90", prefill) == "hopper"
