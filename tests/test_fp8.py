@@ -187,16 +187,14 @@ def test_fp8_on_hopper_in_64_key_tiles(causal, align, rows, d, sq, sk):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("head_dim,rows,keys", [(64, 128, 128), (64, 192, 128), (128, 128, 128), (128, 192, 64)])
-@pytest.mark.parametrize("lazy,poly", [(0, 0), (1, 0), (0, 2), (1, 1)])
-def test_fp8_on_hopper_sees_through_a_huge_key(lazy, poly, head_dim, rows, keys):
+@pytest.mark.parametrize("lazy", [0, 1])
+def test_fp8_on_hopper_sees_through_a_huge_key(lazy, head_dim, rows, keys):
     """One key far above the rest (its probability near 1, the others rounded to float8's small values), and
     scores rising along the keys: the online softmax's rescales with float8 P, with the exact pivot and with the
-    lazy one (``lazy=1``: a pivot that lags the max by up to 0.75, P up to 2**8.75, inside float8's 448), and with
-    some of P's exponentials from the cubic (``poly_exp``)."""
+    lazy one (``lazy=1``: a pivot that lags the max by up to 0.75, P up to 2**8.75, inside float8's 448)."""
     if not _sm90():
         pytest.skip("the Gluon kernel needs an sm_90 GPU")
-    config = fmha.KernelConfig(rows, keys, 4, 2, lazy=lazy, pingpong=int(rows == 192),  # (192: three in turns)
-                               poly_exp=poly)
+    config = fmha.KernelConfig(rows, keys, 4, 2, lazy=lazy, pingpong=int(rows == 192))  # (192: three in turns)
     (q, k, v), descales, full = fp8_inputs(1, 4, 4, 256, 512, head_dim, F8, seed=11)
     k = k.clone()
     k[:, :, 300] = (q[:, :, 0].float() * 4).clamp(-448, 448).to(F8)  # the first query's huge key

@@ -2,13 +2,10 @@
 import json
 import os
 import re
-import struct
 import subprocess
 import sys
-from fractions import Fraction
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 import triton
@@ -934,78 +931,3 @@ def test_the_backwards_kernels_fit_the_shared_memory_of_their_gpu(shared, head_d
     104 KB at 128 beside a mask (sm_86 and sm_89 have 99)."""
     for b in targets.build_backward_kernels("sm_80", head_dim, "bfloat16", True, deterministic, mask, shared=shared):
         assert b.metadata["shared"] <= shared, (b.variant, b.config, b.metadata["shared"])
-
-
-def _run_ptx(text: str, x: np.ndarray) -> np.ndarray:
-    """The straight-line float32 PTX of ``softmax.CUBIC_PTX`` on ``x`` (its ``$x``), elementwise in numpy: each
-    instruction as PTX defines it (``.NaN`` min/max keep NaN; ``add.rm`` rounds toward -inf, taken from the
-    exact sum; ``shl.b32`` on the float's bits)."""
-    regs = {"$x": x.astype(np.float32)}
-
-    def val(a):
-        return regs[a] if a in regs else np.float32(struct.unpack(">f", bytes.fromhex(a[2:]))[0])
-
-    for ins in filter(None, (i.strip() for i in text.split(";"))):
-        op, args = ins.split(None, 1)
-        d, *src = [a.strip() for a in args.split(",")]
-        a = [val(s) for s in src[:2] if not s.isdigit()]
-        with np.errstate(invalid="ignore", over="ignore"):
-            if op in ("max.NaN.f32", "min.NaN.f32"):
-                r = (np.maximum if op.startswith("max") else np.minimum)(*a)  # numpy's keep NaN, as .NaN does
-            elif op == "add.rm.f32":
-                r = np.array([_add_down(u, w) for u, w in zip(*np.broadcast_arrays(*a))], dtype=np.float32)
-            elif op == "sub.rn.f32":
-                r = (a[0] - a[1]).astype(np.float32)
-            elif op == "mul.rn.f32":
-                r = (a[0] * a[1]).astype(np.float32)
-            elif op == "fma.rn.f32":
-                r = (a[0].astype(np.float64) * np.float64(val(src[1])) + np.float64(val(src[2]))).astype(np.float32)
-            elif op == "shl.b32":
-                r = (a[0].view(np.uint32) << np.uint32(int(src[1]))).view(np.float32)
-            else:
-                raise AssertionError(f"not interpreted: {op}")
-        regs[d] = np.asarray(r, dtype=np.float32)
-    return regs["$y"]
-
-
-def _add_down(u: np.float32, w: np.float32) -> np.float32:
-    """``u + w`` rounded toward -inf to float32 (PTX's ``add.rm.f32``)."""
-    if not (np.isfinite(u) and np.isfinite(w)):
-        return np.float32(u + w)
-    exact = Fraction(float(u)) + Fraction(float(w))
-    r = np.float32(float(exact))
-    return np.nextafter(r, np.float32(-np.inf)) if Fraction(float(r)) > exact else r
-
-
-def test_the_cubic_exponential_is_exp2_within_its_bound():
-    """``poly_exp``'s exponentials, the PTX itself run instruction by instruction: 2**x within the cubic's
-    8.6e-5 where 2**x is a normal float, 0 where ``ex2.approx.ftz`` flushes (and at -inf), inf past 128, NaN
-    kept (a NaN score must reach the output, not vanish as a clamp's -127 would make it)."""
-    from fmha.kernels.hopper import softmax
-    x = np.concatenate([np.linspace(-140, 140, 20011), np.linspace(-1, 1, 4001), -np.logspace(-30, 0, 50),
-                        [-np.inf, np.inf, np.nan, 1e30, -1e30]]).astype(np.float32)
-    y = _run_ptx(softmax.CUBIC_PTX, x)
-    with np.errstate(over="ignore"):
-        want = np.exp2(x.astype(np.float64))
-    normal = (x >= -126) & (x < 128)
-    assert np.max(np.abs(y[normal] / want[normal] - 1)) < 8.6e-5
-    assert (y[x < -127] == 0).all() and (y[x >= 128] == np.inf).all() and np.isnan(y[np.isnan(x)]).all()
-    assert np.isnan(y).sum() == 1
-
-
-@pytest.mark.parametrize("head_dim,dtype,causal", [(128, "float8_e4m3fn", False), (64, "bfloat16", True)])
-def test_hopper_poly_exp_moves_exponentials_off_the_mufu(head_dim, dtype, causal):
-    """``poly_exp=k``: k of each four of P's exponentials leave ``ex2.approx`` for the cubic (one rounding add
-    each), the others stay; no spills (the table's rows for these shapes)."""
-    from dataclasses import replace
-
-    from fmha import configs
-    cfg = configs.hopper_config(head_dim, causal, 16384, fp8=dtype == "float8_e4m3fn")
-    ptx = {k: targets.build("hopper", "sm_90", head_dim, dtype, causal, replace(cfg, poly_exp=k)).asm["ptx"]
-           for k in (0, 1, 2)}
-    p_exps = 4 * ptx[1].count("add.rm.f32")
-    assert ptx[0].count("add.rm.f32") == 0 and p_exps > 0 and ptx[2].count("add.rm.f32") == p_exps // 2
-    for k in (1, 2):
-        assert ptx[0].count("ex2.approx") - ptx[k].count("ex2.approx") == k * p_exps // 4
-        usage = targets.ptxas_usage(ptx[k], 90)
-        assert usage["spill_stores"] == 0 and not usage["serialized"], (k, usage)

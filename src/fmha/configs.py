@@ -35,7 +35,6 @@ class KernelConfig:
     stale: int = 0  # hopper: 1 no row max past the first tile (the pivot stands until a tile's row sum passes 2**15)
     split_qk: int = 0  # hopper, q/k head dim 192: 1 Q and K held as a 128- and a 64-column tile (no padding)
     wide: int = 0  # hopper: 1 P V over a padded V's whole tile (0: over its own columns, ``narrow_pass``)
-    poly_exp: int = 0  # hopper: of each four probabilities, this many from a cubic on the FMA pipes (0: all on MUFU)
     qk_chunks: int = 0  # tiled: Q K^T as one batched product over this many column chunks, summed (0: one product)
 
     def as_dict(self) -> dict:

@@ -311,4 +311,4 @@ def constexprs(prob, cfg, store_lse: bool, paired: bool = False, alibi: bool = F
                 O_SMEM=o_staged(prob.head_dim, cfg, prob.dv, _in_bytes(prob)), Q_REGS=bool(cfg.q_regs),
                 FENCE=bool(cfg.fence), LAZY=bool(cfg.lazy), STALE=bool(cfg.stale), SPLIT=split, BALANCE=balance,
                 CLUSTER=bool(cfg.cluster), FP8=prob.fp8, SPLIT_QK=bool(cfg.split_qk),
-                NARROW=0 if cfg.wide else narrow_pass.width(prob.dv, padded(prob.dv)), POLY=cfg.poly_exp)
+                NARROW=0 if cfg.wide else narrow_pass.width(prob.dv, padded(prob.dv)))

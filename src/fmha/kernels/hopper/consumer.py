@@ -13,7 +13,7 @@ from .mask import _key_tiles, _mask_from, _scores, _sequence, _window_until
 from . import narrow_pass
 from .narrow_pass import mark
 from .schedule import _n_items, _piece, _tile, _work
-from .softmax import _any_row_over, _exp2, _fence, _first_seen, _lse, _narrow, _pivot, _rescale_lazy, _softmax
+from .softmax import _any_row_over, _fence, _first_seen, _lse, _narrow, _pivot, _rescale_lazy, _softmax
 
 
 narrow_pass.install()
@@ -136,8 +136,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
               PAIRED: gl.constexpr, PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr, VARLEN: gl.constexpr,
               SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, O_SMEM: gl.constexpr, Q_REGS: gl.constexpr,
               FENCE: gl.constexpr, LAZY: gl.constexpr, STALE: gl.constexpr, SPLIT: gl.constexpr, BALANCE: gl.constexpr,
-              CLUSTER: gl.constexpr, FP8: gl.constexpr, SPLIT_QK: gl.constexpr, NARROW: gl.constexpr,
-              POLY: gl.constexpr):
+              CLUSTER: gl.constexpr, FP8: gl.constexpr, SPLIT_QK: gl.constexpr, NARROW: gl.constexpr):
     _cluster_sync(CLUSTER)
     rank = _cta_rank(CLUSTER)
     ROWS: gl.constexpr = 64
@@ -226,7 +225,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
         qk = _scores(qk, first, mask_from, window_until, offs_m, offs_n, sk, seq_causal, seq_window, seq_align,
                      cap_in, cap_out, slope, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
         m = gl.max(qk, axis=1) * item_scale - P_SHIFT
-        p = _exp2(qk * item_scale - _pivot(m, MASKED)[:, None], POLY)
+        p = gl.exp2(qk * item_scale - _pivot(m, MASKED)[:, None])
         l = gl.sum(p, axis=1)
         p16 = _carried_p(p, p_dtype, p_layout, FP8)
         for i in range(1, n_iters):
@@ -253,7 +252,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
             qk = _scores(qk, first + i, mask_from, window_until, offs_m, offs_n, sk, seq_causal, seq_window,
                          seq_align, cap_in, cap_out, slope, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
             if STALE:  # the standing pivot, no row max; a row sum past STALE_SUM: the tile again, with its max
-                p = _exp2(qk * item_scale - _pivot(m, MASKED)[:, None], POLY)
+                p = gl.exp2(qk * item_scale - _pivot(m, MASKED)[:, None])
                 l_tile = gl.sum(p, axis=1)
                 alpha = gl.full_like(l_tile, 1.0)
                 if _any_row_over(_first_seen(l_tile, m, MASKED), WG) != 0:
@@ -262,11 +261,11 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
                     qk2 = _scores(qk2, first + i, mask_from, window_until, offs_m, offs_n, sk, seq_causal,
                                   seq_window, seq_align, cap_in, cap_out, slope, BLOCK_N, CAUSAL, WINDOW, SOFTCAP,
                                   ALIBI, RAGGED)
-                    p, alpha, m = _softmax(qk2, m, item_scale, MASKED, False, POLY=POLY)
+                    p, alpha, m = _softmax(qk2, m, item_scale, MASKED, False)
                     l_tile = gl.sum(p, axis=1)
                 _release(k_empty.index(s), CLUSTER)
             else:
-                p, alpha, m = _softmax(qk, m, item_scale, MASKED, LAZY, P_SHIFT, POLY)
+                p, alpha, m = _softmax(qk, m, item_scale, MASKED, LAZY, P_SHIFT)
                 l_tile = gl.sum(p, axis=1)
             l = l * alpha + l_tile
             if FENCE:

@@ -14,11 +14,6 @@ from ...constants import LN2 as LN2_VALUE
 LN2 = gl.constexpr(LN2_VALUE)
 
 
-def _ptx_float(x: float) -> str:
-    """``x`` as a PTX float32 literal."""
-    return "0f" + struct.pack(">f", x).hex().upper()
-
-
 @gluon.jit
 def _narrow(x, dtype: gl.constexpr):
     """``x.to(dtype)`` for float32 ``x``, 16-bit types two values at a time: one packed ``cvt.rn`` per pair (the
@@ -76,7 +71,7 @@ LAZY_GROWTH_FP8 = gl.constexpr(0.75)
 STALE_SUM = 2.0 ** 15
 
 
-STALE_SUM_PTX = _ptx_float(STALE_SUM)
+STALE_SUM_PTX = "0f" + struct.pack(">f", STALE_SUM).hex().upper()  # as a PTX float literal
 
 
 @gluon.jit
@@ -129,53 +124,8 @@ def _first_seen(l_tile, m, MASKED: gl.constexpr):
     return l_tile
 
 
-# 2**f on [0, 1) as 1 + f (c1 + f (c2 + f c3)): the cubic closest to it in relative error (float32 coefficients, a
-# minimax fit; at most 8.6e-5 off, against P's rounding to bf16's 3.9e-3 or float8's 6.3e-2)
-EXP2_CUBIC = (0.6951162219047546, 0.2276475876569748, 0.07706467062234879)
-# x + ROUNDER rounded down is ROUNDER + floor(x), whose float bits are 127 + floor(x) over a zero high part: shifted
-# left by 23 they are the float 2**floor(x) (0 at -127, inf at 128)
-ROUNDER = 1.5 * 2.0 ** 23 + 127
-
-
-def _cubic_ptx() -> str:
-    """PTX for 2**x of the asm's input ``$x`` into its output ``$y``, on the FMA and integer pipes: x clamped
-    to [-127, 128] (NaN kept: ``.NaN``), split into floor and fraction by one rounding add, the fraction's power
-    by the cubic, the floor's by the exponent bits; -inf gives 0, NaN NaN, past 128 inf, as ``ex2.approx.ftz``."""
-    c1, c2, c3 = (_ptx_float(c) for c in EXP2_CUBIC)
-    r = _ptx_float(ROUNDER)
-    return (f"max.NaN.f32 %t, $x, {_ptx_float(-127.0)}; min.NaN.f32 %t, %t, {_ptx_float(128.0)}; "
-            f"add.rm.f32 %j, %t, {r}; sub.rn.f32 %f, %j, {r}; sub.rn.f32 %f, %t, %f; "
-            f"fma.rn.f32 %p, %f, {c3}, {c2}; fma.rn.f32 %p, %p, %f, {c1}; fma.rn.f32 %p, %p, %f, 0f3F800000; "
-            "shl.b32 %e, %j, 23; mul.rn.f32 $y, %p, %e; ")
-
-
-CUBIC_PTX = _cubic_ptx()
-
-
-@triton.constexpr_function
-def _exp2_asm(poly):
-    """PTX for four values' 2**x: the first ``poly`` by the cubic, the rest by the MUFU's ``ex2.approx.ftz``."""
-    body = "".join((CUBIC_PTX if i < poly else "ex2.approx.ftz.f32 $y, $x; ").replace("$x", f"${4 + i}")
-                   .replace("$y", f"${i}") for i in range(4))
-    return "{ .reg .f32 %t, %j, %f, %p, %e; " + body + "}"
-
-
 @gluon.jit
-def _exp2(x, POLY: gl.constexpr):
-    """``exp2(x)``, ``POLY`` of each four values of a thread from a cubic on the FMA pipes instead of the
-    MUFU (FlashAttention-4's emulated exponentials): the MUFU takes 16 a clock an SM, about what a 128 x
-    128 tile's float8 or head-dim-64 products take, and the FMA pipes are half idle beside it."""
-    if POLY == 0:
-        y = gl.exp2(x)
-    else:
-        y = gl.inline_asm_elementwise(_exp2_asm(POLY), "=f,=f,=f,=f,f,f,f,f", [x], dtype=gl.float32, is_pure=True,
-                                      pack=4)
-    return y
-
-
-@gluon.jit
-def _softmax(qk, m, scale_log2, MASKED: gl.constexpr, LAZY: gl.constexpr, SHIFT: gl.constexpr = 0.0,
-             POLY: gl.constexpr = 0):
+def _softmax(qk, m, scale_log2, MASKED: gl.constexpr, LAZY: gl.constexpr, SHIFT: gl.constexpr = 0.0):
     """Steps 5.2-5.4 of a key tile after the first: the row's new pivot from the tile's max, the
     tile's probabilities ``p`` and ``alpha``, the factor on what the old pivot summed.  ``SHIFT``: the
     pivot sits that far below the max, so ``p`` runs up to ``2**SHIFT`` (l and the LSE carry it alike)."""
@@ -184,7 +134,7 @@ def _softmax(qk, m, scale_log2, MASKED: gl.constexpr, LAZY: gl.constexpr, SHIFT:
         GROWTH: gl.constexpr = LAZY_GROWTH_FP8 if SHIFT > 0.0 else LAZY_GROWTH
         m_new = gl.where(m_new - m > GROWTH, m_new, m)
     m_safe = _pivot(m_new, MASKED)
-    return _exp2(qk * scale_log2 - m_safe[:, None], POLY), gl.exp2(m - m_safe), m_new
+    return gl.exp2(qk * scale_log2 - m_safe[:, None]), gl.exp2(m - m_safe), m_new
 
 
 @gluon.jit
