@@ -84,6 +84,36 @@ def test_amd_tiles_beside_a_mask_have_the_reference_gradients(monkeypatch, famil
         check_mask_grad(grads[3], q, k, v, do, causal, "bottom_right", attn_mask=attn_mask.detach())
 
 
+@pytest.mark.skipif(DEVICE != "cpu", reason="the sm80 table's tiles, run by the interpreter")
+@pytest.mark.parametrize("head_dim,causal,deterministic,mask", [(64, True, False, None), (64, False, True, "bool"),
+                                                                (64, True, False, "bias"), (128, True, False, None),
+                                                                (128, False, False, "bias"), (128, True, True, "bool")])
+def test_sm80_tiles_have_the_reference_gradients(monkeypatch, head_dim, causal, deterministic, mask):
+    """The tiles NVIDIA GPUs before Hopper take (:data:`fmha.backward.SM80_TILES`, beside a mask
+    :data:`fmha.backward.SM80_TILES_MASKED`: one stage, 32- to 128-row blocks, dQ by atomics or its own kernel),
+    run by the interpreter: dQ, dK, dV and a bias's own gradient against float64."""
+    from fmha.verify import check_mask_grad
+    monkeypatch.setattr(backward, "family_of", lambda device: "sm80")
+    q, k, v = leaves(*make_qkv(1, 2, 1, 37, 45, head_dim, torch.bfloat16, "bhsd", seed=head_dim))
+    g = torch.Generator().manual_seed(head_dim)
+    attn_mask = None
+    if mask == "bool":
+        attn_mask = (torch.rand(1, 1, 37, 45, generator=g) < 0.7).to(DEVICE)
+    elif mask == "bias":
+        attn_mask = torch.randn(1, 2, 37, 45, generator=g).to(DEVICE).requires_grad_(True)
+    o = fmha.attention(q, k, v, causal=causal, causal_align="bottom_right", deterministic=deterministic,
+                       attn_mask=attn_mask)
+    grads, do = grads_of(o, (q, k, v) if mask != "bias" else (q, k, v, attn_mask), seed=1)
+    full = None if attn_mask is None else attn_mask.detach().expand(1, 2, 37, 45)
+    check_grads(grads[:3], q, k, v, do, causal, "bottom_right", "bhsd", attn_mask=full)
+    if mask == "bias":
+        check_mask_grad(grads[3], q, k, v, do, causal, "bottom_right", attn_mask=attn_mask.detach())
+    if mask is None:  # the table's row ran
+        kv, _ = backward.tiles(head_dim, causal, deterministic, "sm80")
+        assert f"dK/dV {kv['BLOCK_M']}x{kv['BLOCK_N']} warps=8 stages=1" in backward.describe(
+            q, k, v, causal=causal, deterministic=deterministic)
+
+
 @pytest.mark.parametrize("shared,head_dim,causal,deterministic", [
     (101376, 256, True, False), (101376, 256, False, True), (166912, 256, True, False), (101376, 128, True, False)])
 def test_small_shared_memory_tiles_have_the_reference_gradients(monkeypatch, shared, head_dim, causal, deterministic):

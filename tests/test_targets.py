@@ -931,3 +931,19 @@ def test_the_backwards_kernels_fit_the_shared_memory_of_their_gpu(shared, head_d
     104 KB at 128 beside a mask (sm_86 and sm_89 have 99)."""
     for b in targets.build_backward_kernels("sm_80", head_dim, "bfloat16", True, deterministic, mask, shared=shared):
         assert b.metadata["shared"] <= shared, (b.variant, b.config, b.metadata["shared"])
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("mask,mask_grad", [(False, False), (True, False), ("bias", False), ("bias", True)])
+def test_the_backward_builds_for_sm80_without_spills(head_dim, mask, mask_grad):
+    """NVIDIA before Hopper takes the portable backward's tiles of :data:`fmha.backward.SM80_TILES` (mma.sync, no
+    wgmma): every kernel of it, causal or not, deterministic or not, beside a boolean mask, a bias, a bias's
+    gradient or none, keeps its values in registers (the H200's tiles spilled 23-409 registers in the dK/dV kernel
+    and up to 506 in the dQ kernel there) and fits the 99 KB of sm_86's and sm_89's blocks."""
+    for causal in (False, True):
+        for deterministic in (False, True):
+            for b in targets.build_backward_kernels("sm_80", head_dim, "bfloat16", causal, deterministic, mask,
+                                                    mask_grad=mask_grad):
+                r = targets.report(b)
+                assert r.spilled_registers == 0, (causal, deterministic, b.variant, b.config, r.spilled_registers)
+                assert b.metadata["shared"] <= SM89, (b.variant, b.config, b.metadata["shared"])

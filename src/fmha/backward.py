@@ -32,7 +32,8 @@ def tiles(head_dim: int, causal: bool, deterministic: bool, family: str = "nvidi
     head_dim <= 64 and past 128.  A GPU with less shared memory than sm_90's (an A100's 163 KB, sm_86 and sm_89's
     99 KB) takes smaller tiles where the H200's would not fit (:data:`SMALL_SHARED`).  AMD: the largest tiles whose
     builds keep every value in registers (:data:`AMD_TILES`; ``masked``, reading an attn_mask:
-    :data:`AMD_TILES_MASKED`), the same choice of dQ where the atomic build spills no more.  Under the interpreter,
+    :data:`AMD_TILES_MASKED`), the same choice of dQ where the atomic build spills no more; NVIDIA before Hopper
+    likewise (:data:`SM80_TILES`), with the H200's choice of dQ.  Under the interpreter,
     atomics whenever allowed (the CPU tests cover both)."""
     if family == "interpreter":
         small = _t(16, 16, 4, 1)
@@ -42,6 +43,11 @@ def tiles(head_dim: int, causal: bool, deterministic: bool, family: str = "nvidi
         *row, chunks = table[64 if head_dim <= 64 else 128 if head_dim <= 128 else 256]
         dkdv, atomic_dkdv, dq = (_t(*t, 1, chunks) if t else None for t in row)
         atomic = atomic_dkdv is not None and not deterministic and (causal if head_dim <= 64 else head_dim > 128)
+        return (atomic_dkdv, None) if atomic else (dkdv, dq)
+    if family == "sm80" and head_dim <= 128:
+        row = (SM80_TILES_MASKED if masked else SM80_TILES)[64 if head_dim <= 64 else 128]
+        dkdv, atomic_dkdv, dq = (_t(*t) if t else None for t in row)
+        atomic = atomic_dkdv is not None and causal and not deterministic
         return (atomic_dkdv, None) if atomic else (dkdv, dq)
     if head_dim <= 64:
         atomic = causal and not deterministic
@@ -59,10 +65,25 @@ def tiles(head_dim: int, causal: bool, deterministic: bool, family: str = "nvidi
 # NVIDIA GPUs whose blocks take less shared memory than sm_90's: per head dim up to 128 and 256, (the bytes a block
 # must take for the H200's tiles, as sm_80 builds took them; the tiles, (BLOCK_M, BLOCK_N, warps, stages), of the
 # kernels that take their place below that).  At 128 the dQ kernel's 128 x 64 tiles took 104 KB beside an attn_mask
-# (sm_86 and sm_89 have 99): 64 x 64 take 72 KB.  Past 128 the H200's tiles took 168 KB (the dK/dV kernel adding dQ
-# atomically; an A100 has 163) or 100 KB and spilled 2.9 KB of registers (deterministic): 32 x 32 tiles in one stage
-# take 66 KB in both kernels, dQ apart, with at most 6 registers spilled.  Read from builds, not timed on those GPUs.
+# (sm_86, sm_89 and sm_120 have 99; the first two take :data:`SM80_TILES` up to 128): 64 x 64 take 72 KB.  Past 128
+# the H200's tiles took 168 KB (the dK/dV kernel adding dQ atomically; an A100 has 163) or 100 KB and spilled 2.9 KB
+# of registers (deterministic): 32 x 32 tiles in one stage take 66 KB in both kernels, dQ apart, with at most 6
+# registers spilled.  Read from builds, not timed on those GPUs.
 SMALL_SHARED = {128: (107520, (64, 64, 8, 2)), 256: (SMEM_LIMIT, (32, 32, 4, 1))}
+
+
+# NVIDIA before Hopper (sm_80, sm_86, sm_89: mma.sync, no wgmma), up to head_dim 64 and 128: (BLOCK_M, BLOCK_N, warps,
+# stages) of the dK/dV kernel, of the dK/dV kernel adding dQ atomically (causal, as on the H200; None: dQ takes its own
+# kernel, as at 128 on the H200) and of the dQ kernel, chosen from sm_80 builds
+# by their spills (tests/test_targets.py), not timed.  The H200's tiles spilled there: the dK/dV kernel's 64 x 64 in 4
+# warps 23-103 registers at 64 and 278-409 at 128, the dQ kernel's 128 x 64 at 128 506
+# beside a boolean mask and 101 with a bias's gradient.  Eight warps and one stage hold dK's and dV's accumulators in
+# registers; every kernel of these, causal or not, deterministic or not, with a boolean mask, a bias or its gradient
+# or none, spills none, in at most 96 KB of shared memory (sm_86's and sm_89's 99 KB hold them).
+SM80_TILES = {64: ((64, 64, 8, 1), (64, 32, 8, 1), (128, 64, 8, 2)),
+              128: ((64, 64, 8, 1), None, (128, 64, 8, 2))}
+SM80_TILES_MASKED = {64: ((64, 32, 8, 1), (32, 64, 8, 1), (128, 32, 8, 2)),
+                     128: ((64, 64, 8, 1), None, (64, 64, 8, 2))}
 
 
 # (BLOCK_M, BLOCK_N, warps) of the dK/dV kernel, of the dK/dV kernel adding dQ atomically (None: it spills

@@ -47,12 +47,13 @@ def amd_family(index: int) -> str:
 
 
 def family_of(device: torch.device) -> str:
-    """The backward's tile table for ``device``: interpreter, nvidia, rdna or cdna."""
+    """The backward's tile table for ``device``: interpreter, nvidia (Hopper on), sm80 (NVIDIA before Hopper:
+    sm_80, sm_86, sm_89), rdna or cdna."""
     if interpreting():
         return "interpreter"
     if torch.version.hip:
         return amd_family(index_of(device))
-    return "nvidia"
+    return "sm80" if device_facts(index_of(device))[0] < 9 else "nvidia"
 
 
 def index_of(device: torch.device) -> int:

@@ -184,19 +184,21 @@ def build_hopper_backward(head_dim: int, dtype: str = "bfloat16", causal: bool =
 
 
 def family_of_target(target: str) -> str:
-    """The backward's tile table of ``target`` (:func:`fmha.device.family_of`): nvidia, rdna or cdna."""
+    """The backward's tile table of ``target`` (:func:`fmha.device.family_of`): nvidia, sm80, rdna or cdna."""
     chip = TARGETS[target]
     if chip.backend != "hip":
-        return "nvidia"
+        return "nvidia" if chip.arch >= 90 else "sm80"
     return "rdna" if chip.arch.startswith("gfx1") else "cdna"
 
 
 def build_backward_kernels(target: str, head_dim: int, dtype: str = "bfloat16", causal: bool = False,
                            deterministic: bool = False, attn_mask: bool | str = False,
-                           shared: int = 0) -> list["Build"]:
+                           shared: int = 0, mask_grad: bool = False) -> list["Build"]:
     """The portable backward's kernels (:mod:`fmha.kernels.backward`: dK/dV, and dQ unless the first adds it
     atomically) compiled for ``target`` without a GPU, with the tiles :func:`fmha.backward.tiles` picks
-    there; their ``variant`` is the kernel's name.  ``attn_mask``: built to read one (:func:`_mask_build`).
+    there; their ``variant`` is the kernel's name.  ``attn_mask``: built to read one (:func:`_mask_build`);
+    ``mask_grad``: a bias's gradient too, stored by the dQ kernel (in the deterministic tiles, as the backward
+    takes them then).
     ``shared``: the bytes of shared memory a block may take, as a GPU of that target has them (0: the target's
     SM's less 1 KB: an A100's for sm_80)."""
     from .backward import tiles
@@ -208,7 +210,9 @@ def build_backward_kernels(target: str, head_dim: int, dtype: str = "bfloat16", 
                                 builder="build_backward_kernels")
     chip = TARGETS[target]
     # a block's shared memory: an SM's less the 1 KB the driver keeps (an A100's 163 KB for sm_80)
-    kv_tiles, q_tiles = tiles(head_dim, causal, deterministic, family_of_target(target),
+    if mask_grad and attn_mask in (False, True):
+        raise ValueError("mask_grad: the gradient of a float attn_mask (attn_mask='bias')")
+    kv_tiles, q_tiles = tiles(head_dim, causal, deterministic or mask_grad, family_of_target(target),
                               shared or chip.shared_bytes - 1024, bool(attn_mask))
     block_d = max(16, triton.next_power_of_2(head_dim))
     out = []
@@ -221,8 +225,8 @@ def build_backward_kernels(target: str, head_dim: int, dtype: str = "bfloat16", 
                      HEAD_V=head_dim, BLOCK_DV=block_d, QK_CHUNKS=t["QK_CHUNKS"], **_mask_build(attn_mask, kernel)[0])
         if "ATOMIC_DQ" in kernel.arg_names:
             const["ATOMIC_DQ"] = atomic
-        else:  # the dQ kernel: a bias's gradient not asked for
-            const["MASK_GRAD"] = False
+        else:  # the dQ kernel
+            const["MASK_GRAD"] = mask_grad
         dt = DTYPES[dtype]
         aligned = {**dict.fromkeys(("Q", "K", "V", "DO", "DK", "DV"), dt), "DQ": "fp32" if atomic else dt,
                    **dict.fromkeys(("LSE", "Delta", "Alibi", "DMask"), "fp32"), **_mask_build(attn_mask, kernel)[1]}
