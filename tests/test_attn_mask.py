@@ -87,6 +87,27 @@ def test_a_split_at_head_dim_256_beside_a_mask_fits_sm90(monkeypatch):
     check_against_reference(out, q, k, v, True, layout="bshd", attn_mask=mask)
 
 
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_a_gpu_before_hopper_reads_a_mask_in_tiles_that_do_not_spill(monkeypatch, d):
+    """NVIDIA before Hopper (the sm80 rows) plans a masked call in :data:`fmha.configs.TILED_SM80_MASKED`'s tiles (its
+    sm_80 builds spill none: ``test_tiled_beside_a_mask_builds_for_sm80_without_spills``), an unmasked one in
+    :data:`fmha.configs.TILED`'s; the masked tiles' answer, a boolean mask and a bias, causal, against float64."""
+    from fmha import configs, plan as planning
+    q, k, v = make_qkv(1, 2, 1, 45, 70, d, torch.bfloat16, seed=d)
+    masked_row = next(cfg for max_d, cfg in configs.TILED_SM80_MASKED if d <= max_d)
+    monkeypatch.setattr(planning, "arch_of", lambda device: "sm80")
+    for masked in (True, False):
+        prob = planning.problem(*planning.sizes(q, k, "bhsd"), causal=True, scale=None, attn_mask=masked)
+        cfg = planning.plan(prob, q, k, v, q, "bhsd", "tiled", None, None, 1).config
+        assert (cfg == masked_row) == masked, (masked, cfg)
+    monkeypatch.undo()
+    for mask in (_mask((1, 1, 45, 70), d), torch.randn(1, 2, 45, 70, generator=torch.Generator().manual_seed(d))
+                 .to(DEVICE)):
+        out = nan_like(q)
+        fmha.attention(q, k, v, attn_mask=mask, causal=True, variant="tiled", config=masked_row, out=out)
+        check_against_reference(out, q, k, v, True, attn_mask=mask.expand(1, 2, 45, 70))
+
+
 def test_a_callers_config_too_big_beside_a_mask_is_refused(monkeypatch):
     """On sm_90, the caller's ``tiled`` config whose stages fit without a mask but not beside one (128 x 128 tiles
     in three stages: 256 KB with the mask's, past the 227 KB there) is refused by name before any launch, where

@@ -947,3 +947,16 @@ def test_the_backward_builds_for_sm80_without_spills(head_dim, mask, mask_grad):
                 r = targets.report(b)
                 assert r.spilled_registers == 0, (causal, deterministic, b.variant, b.config, r.spilled_registers)
                 assert b.metadata["shared"] <= SM89, (b.variant, b.config, b.metadata["shared"])
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_tiled_beside_a_mask_builds_for_sm80_without_spills(head_dim):
+    """``tiled`` reading an attn_mask on NVIDIA before Hopper takes :data:`fmha.configs.TILED_SM80_MASKED` (the sm80
+    rows spilled 100-143 registers beside a boolean mask, 11-56 beside a bias): none spilled, boolean or bias,
+    causal or not, with a window, softcap and ALiBi beside it too."""
+    from fmha import configs
+    row = next(cfg for max_d, cfg in configs.TILED_SM80_MASKED if head_dim <= max_d)
+    for mask, causal, mods in ((True, False, False), (True, True, True), ("bias", False, False), ("bias", True, True)):
+        b = targets.build("tiled", "sm_80", head_dim, "bfloat16", causal, attn_mask=mask, modifiers=mods)
+        assert b.config == row.as_dict()
+        assert targets.report(b).spilled_registers == 0, (mask, causal, mods)

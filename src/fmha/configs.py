@@ -77,6 +77,15 @@ TILED_HIP_MODIFIED = [
     (256, KernelConfig(32, 16, 8, 1, qk_chunks=8)),
 ]
 
+# NVIDIA before Hopper (the sm80 rows) reading an attn_mask: the rows above spilled 100-118 registers beside a boolean
+# mask in the sm_80 builds at head_dim 64 and 128 (110-143 at 256) and 11-56 beside a bias; these spill none, boolean or
+# bias, causal or not, beside a window, softcap and ALiBi too (tests/test_targets.py).  Read from builds, not timed.
+TILED_SM80_MASKED = [
+    (64, KernelConfig(64, 64, 8, 2)),
+    (128, KernelConfig(64, 32, 8, 2)),
+    (256, KernelConfig(32, 32, 8, 2)),
+]
+
 
 # The Gluon sm_90 kernel: block_m = 64 x consumer warpgroups (64, 128 or 192), num_stages = ring depth.
 # (head_dim, causal, longest seqlen_k) -> config, first match wins; each row the fastest beside its
@@ -270,12 +279,17 @@ def mla_config(arch: str) -> KernelConfig:
     return MLA.get(arch, MLA_DEFAULT)
 
 
-def tiled_config(arch: str, head_dim: int, fp8: bool = False, modifiers: bool = False) -> KernelConfig:
+def tiled_config(arch: str, head_dim: int, fp8: bool = False, modifiers: bool = False,
+                 masked: bool = False) -> KernelConfig:
     """The ``tiled`` entry for ``arch`` at ``head_dim`` (padded to a power of two); ``fp8``: float8 K/V's;
-    ``modifiers``: a window, softcap, ALiBi or an attn_mask (AMD: :data:`TILED_HIP_MODIFIED`)."""
+    ``modifiers``: a window, softcap, ALiBi or an attn_mask (AMD: :data:`TILED_HIP_MODIFIED`); ``masked``: an
+    attn_mask (sm80: :data:`TILED_SM80_MASKED`)."""
     if head_dim > 256:
         return mla_config(arch)
     for max_d, cfg in TILED_HIP_MODIFIED if arch == "hip" and modifiers else ():
+        if head_dim <= max_d:
+            return cfg
+    for max_d, cfg in TILED_SM80_MASKED if arch == "sm80" and masked and not fp8 else ():
         if head_dim <= max_d:
             return cfg
     for key, max_d, cfg in TILED_FP8 if fp8 else ():
@@ -318,11 +332,12 @@ def tiled_smem(cfg: KernelConfig, block_d: int, block_dv: int, attn_mask: bool, 
 
 def default_config(variant: str, arch: str, head_dim: int, causal: bool = False, seqlen_k: int = 0,
                    modifiers: bool = False, per_sequence: bool = False, seqlen_q: int = 0,
-                   fp8: bool = False, head_dim_v: int = 0, window_only: bool = False) -> KernelConfig:
+                   fp8: bool = False, head_dim_v: int = 0, window_only: bool = False,
+                   masked: bool = False) -> KernelConfig:
     if variant in ("singlewave", "pipelined"):
         return SEED
     if variant == "tiled":
-        return tiled_config(arch, head_dim, fp8, modifiers)
+        return tiled_config(arch, head_dim, fp8, modifiers, masked)
     if variant == "hopper":
         return hopper_config(head_dim, causal, seqlen_k, modifiers, per_sequence, seqlen_q, fp8, head_dim_v,
                              window_only)

@@ -194,11 +194,13 @@ def plan(prob: Problem, q, k, v, o, layout: str, variant: str, config, alibi_slo
         cfg = config or configs.default_config(name, arch, prob.head_dim, prob.causal, seqlen_k, modifiers,
                                                per_sequence=prob.varlen or prob.seqused, seqlen_q=seqlen_q,
                                                fp8=prob.fp8, head_dim_v=prob.head_dim_v,
-                                               window_only=prob.window_offset is not None and not scores_modified)
+                                               window_only=prob.window_offset is not None and not scores_modified,
+                                               masked=prob.attn_mask)
         reason = kernels.unsupported(name, cfg, prob, q, k, v, o, layout, kernels.alibi_kind(alibi_slopes))
     if reason and variant == "auto":
         name = "tiled"
-        cfg = configs.default_config(name, arch, prob.head_dim, prob.causal, modifiers=modifiers, fp8=prob.fp8)
+        cfg = configs.default_config(name, arch, prob.head_dim, prob.causal, modifiers=modifiers, fp8=prob.fp8,
+                                     masked=prob.attn_mask)
     elif reason:
         raise ValueError(f"variant {name!r} cannot take this call: {reason}")
     splits = split_len = 0
