@@ -74,12 +74,12 @@ SMALL_SHARED = {128: (107520, (64, 64, 8, 2)), 256: (SMEM_LIMIT, (32, 32, 4, 1))
 
 # NVIDIA before Hopper (sm_80, sm_86, sm_89: mma.sync, no wgmma), up to head_dim 64 and 128: (BLOCK_M, BLOCK_N, warps,
 # stages) of the dK/dV kernel, of the dK/dV kernel adding dQ atomically (causal, as on the H200; None: dQ takes its own
-# kernel, as at 128 on the H200) and of the dQ kernel, chosen from sm_80 builds
-# by their spills (tests/test_targets.py), not timed.  The H200's tiles spilled there: the dK/dV kernel's 64 x 64 in 4
-# warps 23-103 registers at 64 and 278-409 at 128, the dQ kernel's 128 x 64 at 128 506
-# beside a boolean mask and 101 with a bias's gradient.  Eight warps and one stage hold dK's and dV's accumulators in
-# registers; every kernel of these, causal or not, deterministic or not, with a boolean mask, a bias or its gradient
-# or none, spills none, in at most 96 KB of shared memory (sm_86's and sm_89's 99 KB hold them).
+# kernel, as at 128 on the H200) and of the dQ kernel, chosen from sm_80 builds by their spills (tests/test_targets.py),
+# not timed.  The H200's tiles spilled there: the dK/dV kernel's 64 x 64 in 4 warps 23-103 registers at 64 and 278-409
+# at 128, the dQ kernel's 128 x 64 at 128 506 beside a boolean mask and 101 with a bias's gradient.  Eight warps and one
+# stage hold dK's and dV's accumulators in registers; every kernel of these, causal or not, deterministic or not, with a
+# boolean mask, a bias or its gradient or none, spills none, in at most 96 KB of shared memory (sm_86's and sm_89's 99
+# KB hold them).
 SM80_TILES = {64: ((64, 64, 8, 1), (64, 32, 8, 1), (128, 64, 8, 2)),
               128: ((64, 64, 8, 1), None, (128, 64, 8, 2))}
 SM80_TILES_MASKED = {64: ((64, 32, 8, 1), (32, 64, 8, 1), (128, 32, 8, 2)),

@@ -78,7 +78,7 @@ TILED_HIP_MODIFIED = [
 ]
 
 # NVIDIA before Hopper (the sm80 rows) reading an attn_mask: the rows above spilled 100-118 registers beside a boolean
-# mask in the sm_80 builds at head_dim 64 and 128 (110-143 at 256) and 11-56 beside a bias; these spill none, boolean or
+# mask in the sm_80 builds at head_dim 64 and 128 (114-143 at 256) and 11-56 beside a bias; these spill none, boolean or
 # bias, causal or not, beside a window, softcap and ALiBi too (tests/test_targets.py).  Read from builds, not timed.
 TILED_SM80_MASKED = [
     (64, KernelConfig(64, 64, 8, 2)),
