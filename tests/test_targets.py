@@ -960,3 +960,22 @@ def test_tiled_beside_a_mask_builds_for_sm80_without_spills(head_dim):
         b = targets.build("tiled", "sm_80", head_dim, "bfloat16", causal, attn_mask=mask, modifiers=mods)
         assert b.config == row.as_dict()
         assert targets.report(b).spilled_registers == 0, (mask, causal, mods)
+
+
+# the table rows that build with spills, as timed: (dtype, head_dim, causal, longest seqlen_k) -> registers spilled
+HOPPER_ROWS_SPILLING = {("bfloat16", 64, False, None): 26}  # 192 rows, the standing pivot's re-take (timed fastest so)
+
+
+def test_every_hopper_table_row_builds_for_sm90_within_its_registers():
+    """Every row of the Gluon kernel's tables (bf16's, float8's, 192/128's unpadded Q and K, 80 and 96's long row)
+    builds for sm_90 with no spilled register, but the rows timed fastest with a few (:data:`HOPPER_ROWS_SPILLING`):
+    a change to the kernel that makes a row spill shows here, on the CPU, before a GPU times it."""
+    from fmha import configs
+    rows = [(d, causal, longest, cfg, "bfloat16", 0) for d, causal, longest, cfg in configs.HOPPER]
+    rows += [(d, causal, longest, cfg, "float8_e4m3fn", 0) for d, causal, longest, cfg in configs.HOPPER_FP8]
+    rows += [(192, True, None, configs.HOPPER_SPLIT_QK, "bfloat16", 128)]
+    rows += [(d, False, None, configs.HOPPER_NARROW_LONG, "bfloat16", 0) for d in configs.NARROW_LONG_DIMS]
+    for d, causal, longest, cfg, dtype, dv in rows:
+        b = targets.build("hopper", "sm_90", d, dtype, causal, cfg, seqlen_k=longest or 16384, head_dim_v=dv)
+        spilled = targets.report(b).spilled_registers
+        assert spilled == HOPPER_ROWS_SPILLING.get((dtype, d, causal, longest), 0), (dtype, d, str(cfg), spilled)
