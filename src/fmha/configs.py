@@ -77,9 +77,10 @@ TILED_HIP_MODIFIED = [
     (256, KernelConfig(32, 16, 8, 1, qk_chunks=8)),
 ]
 
-# NVIDIA before Hopper (the sm80 rows) reading an attn_mask: the rows above spilled 100-118 registers beside a boolean
-# mask in the sm_80 builds at head_dim 64 and 128 (114-143 at 256) and 11-56 beside a bias; these spill none, boolean or
-# bias, causal or not, beside a window, softcap and ALiBi too (tests/test_targets.py).  Read from builds, not timed.
+# The sm80 rows' GPUs (every CUDA GPU but sm_90, :func:`fmha.device.arch_of`) reading an attn_mask: the rows above
+# spilled 100-118 registers beside a boolean mask in the sm_80 builds at head_dim 64 and 128 (114-143 at 256) and 11-56
+# beside a bias; these spill none, boolean or bias, causal or not, beside a window, softcap and ALiBi too
+# (tests/test_targets.py).  Read from sm_80 builds, not timed.
 TILED_SM80_MASKED = [
     (64, KernelConfig(64, 64, 8, 2)),
     (128, KernelConfig(64, 32, 8, 2)),
