@@ -108,6 +108,20 @@ def test_more_errors_name_the_argument():
         fmha.attention(q, q, q, scale=float("inf"))
 
 
+def test_a_config_whose_column_chunks_the_matrix_unit_cannot_take_is_refused_by_name():
+    """Q K^T over ``qk_chunks`` column chunks needs 16 columns a chunk at least (the matrix unit's step) and a
+    power of two of them: AMD's 256-wide row (16 chunks) passed at head_dim 96 died in Triton's compiler on a GPU (the
+    fuzzer's draw), and is refused instead; at 256 it runs."""
+    q = t(1, 2, 16, 96)
+    for chunks in (16, 3):
+        with pytest.raises(ValueError, match=f"config qk_chunks={chunks}: Q K\\^T's chunks are a power of two"):
+            fmha.attention(q, q, q, variant="tiled", config=fmha.KernelConfig(32, 16, 16, 1, qk_chunks=chunks))
+    q = t(1, 2, 16, 256)
+    out = nan_like(q)
+    fmha.attention(q, q, q, variant="tiled", config=fmha.KernelConfig(32, 16, 16, 1, qk_chunks=16), out=out)
+    check_against_reference(out, q, q, q, False)
+
+
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_seqlen_one_both_sides(variant):
     q, k, v = make_qkv(2, 2, 1, 1, 1, 32, F16)

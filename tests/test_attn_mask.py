@@ -240,10 +240,10 @@ def test_a_float_mask_adds_to_the_scores(layout, b, h, kvh, sq, sk, d, shape, dt
 
 def test_a_bias_of_zeros_and_minus_infinity_is_the_boolean_mask():
     """0 where a boolean mask keeps a key and -inf where it hides it: the same scores, the same bits under the
-    interpreter, rows that see no key included (0, LSE -inf).  Compiled, a unit in the last place apart: where the
-    mask's select stands between the scale's product and the row max's shift, the GPU build fuses the two into one
-    FMA, and beside the bias's add it does not (on an H100, one output element of 3360 and 16-18 LSEs of 192 moved
-    by one unit)."""
+    interpreter, rows that see no key included (0, LSE -inf).  Compiled, a unit or two in the last place apart: where
+    the mask's select stands between the scale's product and the row max's shift, the GPU build fuses the two into
+    one FMA, and beside the bias's add it does not (on an H100, one output element of 3360 and 16-18 LSEs of 192
+    moved by one unit in one run, 5 LSEs by up to two in another)."""
     q, k, v = make_qkv(2, 4, 2, 24, 70, 64, torch.float16, seed=3)
     mask = _mask((2, 1, 24, 70), seed=4)
     mask[1, :, 7] = False
@@ -255,7 +255,7 @@ def test_a_bias_of_zeros_and_minus_infinity_is_the_boolean_mask():
             assert all(torch.equal(a, b) for a, b in zip(got, want))
         else:
             for a, b in zip(got, want):
-                torch.testing.assert_close(a, b, rtol=torch.finfo(a.dtype).eps, atol=0)
+                torch.testing.assert_close(a, b, rtol=4 * torch.finfo(a.dtype).eps, atol=0)
         assert (got[0][1, :, 7] == 0).all() and torch.isneginf(got[1][1, :, 7]).all()
 
 

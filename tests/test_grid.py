@@ -22,7 +22,10 @@ class _StandIn:
 
 
 def test_a_long_second_axis_goes_as_launches_of_at_most_the_step(monkeypatch):
+    """Also with compiled launches kept, as a GPU process has them once any kernel ran: a kernel that is no
+    Triton JIT function goes to its own launch, never to the compiled-launch lookup."""
     monkeypatch.setattr(replay, "_remember", lambda *a: None)
+    monkeypatch.setitem(replay._COMPILED, ("another kernel",), [])
     kernel = _StandIn()
     replay.launch(kernel, (2, 131073, 3), 1, x=2)
     assert kernel.launches == [((2, 65520, 3), 0), ((2, 65520, 3), 65520), ((2, 33, 3), 131040)]

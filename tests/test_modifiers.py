@@ -92,7 +92,7 @@ def test_alibi_slopes_per_batch_and_head(variant):
     torch.testing.assert_close(fmha.attention(q, k, v, causal=True, variant=variant, alibi_slopes=same),
                                fmha.attention(q, k, v, causal=True, variant=variant, alibi_slopes=slopes[0]))
     if variant == "auto" and DEVICE == "cuda" and torch.cuda.get_device_capability()[0] == 9:
-        assert fmha.describe(q, k, v, alibi_slopes=slopes).startswith("tiled")
+        assert fmha.api.describe(q, k, v, alibi_slopes=slopes).startswith("tiled")
 
 
 def test_modifiers_errors():

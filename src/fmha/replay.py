@@ -150,8 +150,9 @@ def _spec(kernel, at: int, value, backend):
 def _dispatch(kernel, grid, args, kwargs):
     """The compiled kernel Triton's JIT would pick for this launch, launched, when an earlier launch of
     ``kernel`` with the same constexprs and options had its other arguments specialized alike (those that
-    differ compared by Triton's own function); None when there is none (the JIT then runs)."""
-    if not _COMPILED or type(kernel).run is not JITFunction.run:
+    differ compared by Triton's own function); None when there is none (the JIT then runs), and for a kernel that
+    is no Triton JIT function (a stand-in, or one whose ``run`` is its own)."""
+    if not _COMPILED or getattr(type(kernel), "run", None) is not JITFunction.run:
         return None
     full, options = _full(kernel, args, kwargs)
     k = _compiled_key(kernel, full, options)
