@@ -108,6 +108,33 @@ def test_a_gpu_before_hopper_reads_a_mask_in_tiles_that_do_not_spill(monkeypatch
         check_against_reference(out, q, k, v, True, attn_mask=mask.expand(1, 2, 45, 70))
 
 
+def test_a_bias_counts_its_stages_where_a_boolean_mask_fits(monkeypatch):
+    """A float bias's tiles take shared memory in the pipeline's stages: at head_dim 64, 128 x 128 tiles in three
+    stages built for sm_90 took 176 KB beside a boolean mask and 240 KB beside a bias (past the 227 KB there: Triton's
+    out-of-resources error on an H100, the fuzzer's draw, where the plan had counted the bias as a boolean mask).
+    The count (``configs.tiled_smem``) holds each build, and the plan refuses that config beside a bias by name and
+    takes it beside a boolean mask; the calls themselves, a bias and its boolean twin, are exact."""
+    from fmha import configs, plan as planning
+    q, k, v = make_qkv(1, 2, 2, 40, 70, 64, torch.float16)
+    three = fmha.KernelConfig(128, 128, 8, 3)
+    monkeypatch.setattr(planning, "arch_of", lambda device: "sm90")
+    for kind in (True, "bias"):
+        prob = planning.problem(*planning.sizes(q, k, "bhsd"), causal=False, scale=None, attn_mask=kind)
+        if kind is True:
+            assert planning.plan(prob, q, k, v, q, "bhsd", "tiled", three, None, 0).config == three
+        else:
+            with pytest.raises(ValueError, match="num_stages=3 asks for more shared memory .*num_stages=2 fits"):
+                planning.plan(prob, q, k, v, q, "bhsd", "tiled", three, None, 0)
+    assert configs.fit_shared(three, 64, 64, "bias") == fmha.KernelConfig(128, 128, 8, 2)
+    monkeypatch.undo()
+    mask = _mask((1, 1, 40, 70), 7)
+    bias = torch.zeros(mask.shape, device=DEVICE).masked_fill(~mask, float("-inf"))
+    for m in (mask, bias):
+        out = nan_like(q)
+        fmha.attention(q, k, v, attn_mask=m, variant="tiled", config=fmha.KernelConfig(128, 128, 8, 2), out=out)
+        check_against_reference(out, q, k, v, False, attn_mask=mask.expand(1, 2, 40, 70))
+
+
 def test_a_callers_config_too_big_beside_a_mask_is_refused(monkeypatch):
     """On sm_90, the caller's ``tiled`` config whose stages fit without a mask but not beside one (128 x 128 tiles
     in three stages: 256 KB with the mask's, past the 227 KB there) is refused by name before any launch, where

@@ -60,7 +60,10 @@ HOPPER_CONFIGS = [fmha.KernelConfig(128, 128, 4, 3), fmha.KernelConfig(192, 128,
                   fmha.KernelConfig(128, 128, 4, 2, q_regs=1, fence=1, stale=1),
                   fmha.KernelConfig(128, 128, 4, 3, q_regs=1, fence=1, stale=1),
                   fmha.KernelConfig(192, 128, 4, 2, pingpong=1, stale=1),
-                  fmha.KernelConfig(64, 64, 4, 2, occupancy=3, q_regs=1, stale=1)]
+                  fmha.KernelConfig(64, 64, 4, 2, occupancy=3, q_regs=1, stale=1),
+                  # off the tables: key tiles of 16 and 32, one stage and four
+                  fmha.KernelConfig(128, 32, 4, 2), fmha.KernelConfig(64, 16, 4, 2), fmha.KernelConfig(128, 64, 4, 1),
+                  fmha.KernelConfig(128, 64, 4, 4)]
 DTYPE_LAYOUTS = [(dt, lay) for dt in (torch.float16, torch.bfloat16) for lay in ("bhsd", "bshd")]
 # the table's configs in every dtype and layout; each other config in one of them (the descriptors
 # and the output's dtype do not depend on the schedule)
@@ -89,6 +92,20 @@ def test_hopper_matches_reference(config, layout, dtype, causal, align, shape):
     _, ref_lse = fmha.attention(q, k, v, causal=causal, causal_align=align, layout=layout, variant="tiled",
                                 return_lse=True)
     torch.testing.assert_close(lse, ref_lse, atol=1e-3, rtol=1e-4)
+
+
+def test_hopper_refuses_a_config_ptxas_cannot_build():
+    """A caller's config whose build runs out of registers (64 rows of 256-key tiles: ptxas stops with "Insufficient
+    registers") is refused in one line naming the config and ptxas's verdict, not with Triton's message carrying the
+    whole PTX; the table's config runs the same call."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("sm_90 only")
+    q, k, v = make_qkv(1, 2, 2, 300, 300, 64, torch.bfloat16)
+    with pytest.raises(ValueError, match=r"config block_m=64 block_n=256 .* does not build for sm_90 \(ptxas fatal"):
+        fmha.attention(q, k, v, variant="hopper", config=fmha.KernelConfig(64, 256, 4, 2))
+    out = nan_like(q)
+    fmha.attention(q, k, v, variant="hopper", out=out)
+    check_against_reference(out, q, k, v, False)
 
 
 @pytest.mark.parametrize("d,sq", [(64, 40), (64, 100), (128, 40), (128, 100)])

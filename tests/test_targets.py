@@ -870,6 +870,7 @@ H200, A100, SM89 = 232448, 166912, 101376  # bytes of shared memory a block may 
 
 @pytest.mark.parametrize("target,limit,head_dim,rows,seqlen_k,mask", [
     ("sm_90", H200, 64, 0, 4096, True), ("sm_90", H200, 128, 0, 4096, True), ("sm_90", H200, 256, 0, 4096, True),
+    ("sm_90", H200, 64, 0, 4096, "bias"), ("sm_90", H200, 128, 0, 4096, "bias"), ("sm_90", H200, 256, 64, 4096, "bias"),
     ("sm_90", H200, 128, 1, 4096, True), ("sm_90", H200, 256, 16, 4096, True), ("sm_90", H200, 256, 64, 4096, True),
     ("sm_90", H200, 96, 64, 4096, True), ("sm_80", A100, 256, 64, 4096, False), ("sm_80", A100, 128, 0, 4096, True),
     ("sm_80", SM89, 128, 16, 16384, False), ("sm_80", SM89, 256, 16, 4096, False),
@@ -878,9 +879,9 @@ def test_tiled_fits_the_shared_memory_of_its_gpu(target, limit, head_dim, rows, 
     """The plan's ``tiled`` configs take as many stages as fit the GPU's shared memory
     (:func:`fmha.configs.fit_shared`), counted by :func:`fmha.configs.tiled_smem`, which holds what Triton's build
     takes: on sm_90 beside an attn_mask (three stages of 128 x 128 tiles at D=128 asked for 256 KB, a split's three of
-    64 x 64 at 256 240 KB); on an A100 (163 KB) a split's 64 x 64 tiles at 256 (168 KB in three); on sm_86 / sm_89
-    (99 KB) a decode's 128-key tiles at 128 from 8k keys (136 KB) and its 64-key ones at 256 (138 KB; 104 KB in two
-    stages for 64 query rows, so one)."""
+    64 x 64 at 256 240 KB; a float bias's tiles in two of three stages); on an A100 (163 KB) a split's 64 x 64 tiles
+    at 256 (168 KB in three); on sm_86 / sm_89 (99 KB) a decode's 128-key tiles at 128 from 8k keys (136 KB) and its
+    64-key ones at 256 (138 KB; 104 KB in two stages for 64 query rows, so one)."""
     from fmha import configs
     from fmha.kernels.hopper.resources import padded
     arch, major = target.replace("_", ""), int(target[3])
@@ -963,6 +964,19 @@ def test_tiled_beside_a_mask_builds_for_sm80_without_spills(head_dim):
 
 
 # the table rows that build with spills, as timed: (dtype, head_dim, causal, longest seqlen_k) -> registers spilled
+def test_a_failed_hopper_build_is_told_by_ptxas_own_line():
+    """64 rows of 256-key tiles at head_dim 64 run out of registers in ptxas; the launch's refusal quotes ptxas's own
+    line from the failed build's message, which goes on with the whole PTX (:func:`fmha.kernels.hopper.ptxas_says`;
+    under the interpreter the build runs in a process of its own, whose failure carries the same message)."""
+    from triton.runtime.errors import PTXASError
+    from fmha.configs import KernelConfig
+    from fmha.kernels import hopper
+    with pytest.raises((PTXASError, RuntimeError)) as failed:
+        targets.build("hopper", "sm_90", 64, "bfloat16", False, KernelConfig(64, 256, 4, 2))
+    said = hopper.ptxas_says(failed.value)
+    assert said.startswith("ptxas fatal") and "Insufficient registers" in said and "\n" not in said, said
+
+
 HOPPER_ROWS_SPILLING = {("bfloat16", 64, False, None): 26}  # 192 rows, the standing pivot's re-take (timed fastest so)
 
 

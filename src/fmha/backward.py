@@ -133,7 +133,7 @@ def dense(do, q, k, v, o, lse, *, causal, scale, causal_align, layout, window=(-
         prob = planning.problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal=causal, scale=scale,
                                 window=window, causal_align=causal_align, softcap=softcap,
                                 seqused=seqused_k is not None, head_dim_v=v.shape[3],
-                                attn_mask=attn_mask is not None)
+                                attn_mask=planning.mask_kind(attn_mask))
         return _run(prob, do, q, k, v, o, lse, layout, alibi_slopes, (None, None, seqused_k), seqlen_q, seqlen_k,
                     sinks, deterministic, attn_mask, mask_grad)
     return replay.through("backward dense", (do, q, k, v, o, lse, alibi_slopes, seqused_k, sinks, attn_mask), call,

@@ -305,7 +305,7 @@ def tiled_config(arch: str, head_dim: int, fp8: bool = False, modifiers: bool = 
     raise ValueError(f"no tiled config for arch={arch!r}, head_dim={head_dim}")
 
 
-def fit_shared(cfg: KernelConfig, block_d: int, block_dv: int, attn_mask: bool, limit: int = SMEM_LIMIT,
+def fit_shared(cfg: KernelConfig, block_d: int, block_dv: int, attn_mask: bool | str, limit: int = SMEM_LIMIT,
                major: int = 9) -> KernelConfig:
     """A ``tiled`` config in as many stages as fit ``limit`` bytes of shared memory on a GPU of compute capability
     ``major``, counted as :func:`tiled_smem` counts them.  On sm_90 beside an attn_mask: 128 x 128 tiles at head_dim
@@ -316,17 +316,21 @@ def fit_shared(cfg: KernelConfig, block_d: int, block_dv: int, attn_mask: bool, 
     return cfg
 
 
-def tiled_smem(cfg: KernelConfig, block_d: int, block_dv: int, attn_mask: bool, major: int = 9) -> int:
+def tiled_smem(cfg: KernelConfig, block_d: int, block_dv: int, attn_mask: bool | str, major: int = 9) -> int:
     """Shared memory ``tiled`` may take, 16-bit tiles ``block_d`` (q/k) and ``block_dv`` (V) wide, as Triton's builds
     took it: on sm_90 ``num_stages`` K/V tiles and Q's (224 KB at 128 x 128, D=128, three stages) and beside an
-    attn_mask up to 4 bytes a score more (256 KB there); on sm_80 ``num_stages - 1`` K/V tiles (one stage: K's tile
-    once, for its layout) and Q's, and a scratch of up to 8 KB that the mask's up to 4 bytes a score share (168 KB at
-    64 x 64, D=256, three stages; 72 KB in one); and 1 KB for barriers."""
+    attn_mask (True: boolean; ``"bias"``: an additive float one) up to 4 bytes a score more (256 KB there), a bias's
+    float32 tiles in ``num_stages - 1`` of the pipeline's stages (352 KB there; 240 KB at D=64, where a boolean mask
+    took 176); on sm_80 ``num_stages - 1`` K/V tiles (one stage: K's tile once, for its layout) and Q's, and a
+    scratch of up to 8 KB that the mask's up to 4 bytes a score share (168 KB at 64 x 64, D=256, three stages; 72 KB
+    in one); and 1 KB for barriers."""
     if major >= 9:
         kv = cfg.num_stages * (block_d + block_dv)
     else:
         kv = (cfg.num_stages - 1) * (block_d + block_dv) or block_d
     scores = cfg.block_m * cfg.block_n * 4 if attn_mask else 0
+    if attn_mask == "bias" and major >= 9:
+        scores *= max(cfg.num_stages - 1, 1)
     scratch = scores if major >= 9 else max(8192, scores)
     return kv * cfg.block_n * 2 + cfg.block_m * block_d * 2 + scratch + 1024
 

@@ -67,7 +67,7 @@ def _dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse,
         prob = planning.problem(batch, heads, kv_heads, seqlen_q, k.shape[seq], head_dim, causal=causal, scale=scale,
                                 window=window, causal_align=causal_align, softcap=softcap,
                                 seqused=seqused_k is not None, head_dim_v=v.shape[3], fp8=descale is not None,
-                                attn_mask=attn_mask is not None)
+                                attn_mask=planning.mask_kind(attn_mask))
         return planning.plan(prob, q, k, v, o, layout, variant, config, alibi_slopes, num_splits)
 
     def plan_at(n: int) -> tuple:

@@ -148,9 +148,10 @@ def draw(rng: random.Random, on_gpu: bool, hopper: bool) -> Problem:
         p = dataclasses.replace(p, grad=own.choice(GRADS), attn_mask=own.random() < 0.2)
     elif p.entry == "attention" and own.random() < 0.2:
         p = dataclasses.replace(p, attn_mask=True)
-    if p.attn_mask and p.config:  # the table's row as the plan takes it beside a mask (its tiles take shared memory)
-        widths = padded(p.head_dim, 16), plan.v_tile(p.head_dim, p.head_dim_v or p.head_dim)
-        p = dataclasses.replace(p, config=configs.fit_shared(configs.KernelConfig(**p.config), *widths, True).as_dict())
+    if p.attn_mask and p.config:  # the table's row as the plan takes it beside a mask, boolean or a bias (its tiles
+        widths = padded(p.head_dim, 16), plan.v_tile(p.head_dim, p.head_dim_v or p.head_dim)  # take shared memory)
+        p = dataclasses.replace(p, config=configs.fit_shared(configs.KernelConfig(**p.config), *widths,
+                                                             "bias").as_dict())
     return p
 
 

@@ -34,7 +34,8 @@ class Problem:
     pack_gqa: bool = False            # a program's rows: the query heads of one KV head, interleaved
     head_dim_v: int = 0               # V's and O's head dimension when it differs from q/k's (MLA), else 0
     fp8: bool = False                 # float8 K and V (and q), dequantized on load by their descale factors
-    attn_mask: bool = False           # a boolean mask [batch, heads, seqlen_q, seqlen_k] joins the band
+    attn_mask: bool | str = False     # a mask [batch, heads, seqlen_q, seqlen_k] joins the band: True boolean,
+    #                                   "bias" an additive float one (:func:`mask_kind`)
 
     def grid(self, block_m: int, rows: int | None = None) -> tuple[int, int]:
         """(row blocks, batch * heads per program axis) covering ``rows`` queries (default seqlen_q)."""
@@ -101,6 +102,14 @@ def problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, *, causal, sca
                    window_offset=window_offset, align_offset=align, softcap=float(softcap),
                    align_br=causal_align == "bottom_right", varlen=varlen, seqused=seqused, page=page,
                    head_dim_v=head_dim_v if head_dim_v != head_dim else 0, fp8=fp8, attn_mask=attn_mask)
+
+
+def mask_kind(attn_mask) -> bool | str:
+    """:attr:`Problem.attn_mask` for an attn_mask tensor (or None): False, True (boolean) or ``"bias"`` (an additive
+    float one, whose tiles take more shared memory: :func:`fmha.configs.tiled_smem`)."""
+    if attn_mask is None:
+        return False
+    return "bias" if attn_mask.dtype.is_floating_point else True
 
 
 def select_variant(arch: str, shape: dict | None = None) -> str:

@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import torch
 from triton.experimental.gluon import language as gl
+from triton.runtime.errors import PTXASError
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ... import replay
@@ -269,17 +270,29 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
     scale = prob.scale_log2 / LOG2E
     cap = prob.softcap or 1.0
     cu_q, cu_k, seqused = (t if t is not None else o for t in seqs)
-    replay.launch(hopper_kernel, grid, *descs, o, lse if lse is not None else o,
-                  alibi.contiguous() if alibi is not None else o,
-                  cu_q, cu_k, seqused, items, prob.heads, prob.heads // prob.kv_heads, prob.seqlen_q,
-                  prob.seqlen_k, causal_offset, window_offset, prob.align_offset - a, scale / cap, cap / scale,
-                  1.0 / scale, prob.scale_log2, n_tiles, n_m, max(cfg.head_group, 1), *strides,
-                  block_table if block_table is not None else o,
-                  block_table.stride(0) if block_table is not None else 0, max(prob.page, 1), w, wl, dest,
-                  pieces, descale if descale is not None else o,
-                  **consts, num_warps=4, **launch_options(cfg))
+    try:
+        replay.launch(hopper_kernel, grid, *descs, o, lse if lse is not None else o,
+                      alibi.contiguous() if alibi is not None else o,
+                      cu_q, cu_k, seqused, items, prob.heads, prob.heads // prob.kv_heads, prob.seqlen_q,
+                      prob.seqlen_k, causal_offset, window_offset, prob.align_offset - a, scale / cap, cap / scale,
+                      1.0 / scale, prob.scale_log2, n_tiles, n_m, max(cfg.head_group, 1), *strides,
+                      block_table if block_table is not None else o,
+                      block_table.stride(0) if block_table is not None else 0, max(prob.page, 1), w, wl, dest,
+                      pieces, descale if descale is not None else o,
+                      **consts, num_warps=4, **launch_options(cfg))
+    except PTXASError as e:  # (its message carries the whole PTX)
+        raise ValueError(f"variant 'hopper' cannot take this call: config {cfg} does not build for sm_90 "
+                         f"({ptxas_says(e)})") from None
     if pieces > 1:
         combine.launch(w, wl, o, lse, strides_bhsd(o, layout), prob.heads, prob.seqlen_q, dest)
+
+
+def ptxas_says(error: Exception) -> str:
+    """ptxas's own verdict in a failed build's message (which goes on with the whole PTX): its first fatal or error
+    line, else the message's first line."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    said = [line for line in lines if line.startswith("ptxas") and ("fatal" in line or "error" in line)]
+    return (said or lines or ["ptxas failed"])[0]
 
 
 def qk_slices(head_dim: int, cfg) -> tuple[int, int]:
