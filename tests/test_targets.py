@@ -893,6 +893,22 @@ def test_tiled_fits_the_shared_memory_of_its_gpu(target, limit, head_dim, rows, 
     assert took <= configs.tiled_smem(fitted, width, width, mask, major) <= limit, (fitted, took)
 
 
+def test_a_bias_beside_three_stage_tiles_is_counted_as_its_build_takes_it():
+    """128 x 128 tiles in three stages at head_dim 64 (a fuzzer's draw, V 32 wide): beside a boolean mask the sm_90
+    build takes 176 KB and keeps its three stages; beside a float bias it took 240 KB, past the 227 KB an H100 gives a
+    block (Triton's out-of-resources error at the launch), where the count had taken the bias for a boolean mask.
+    Counted as the build takes it, the bias's config falls to two stages, which fit."""
+    from fmha import configs
+    from fmha.configs import KernelConfig
+    three = KernelConfig(128, 128, 8, 3)
+    for mask, stages in ((True, 3), ("bias", 2)):
+        fitted = configs.fit_shared(three, 64, 64, mask)
+        assert fitted.num_stages == stages, (mask, fitted)
+        took = targets.build("tiled", "sm_90", 64, "bfloat16", True, fitted, head_dim_v=32,
+                             attn_mask=mask).metadata["shared"]
+        assert took <= configs.tiled_smem(fitted, 64, 64, mask) <= H200, (mask, took)
+
+
 @pytest.mark.parametrize("variant,head_dim,rows", [("tiled", 128, 0), ("tiled", 256, 64), ("tiled", 256, 16),
                                                    ("pipelined", 256, 0), ("singlewave", 256, 0)])
 def test_sm90_builds_fit_shared_memory(variant, head_dim, rows):
