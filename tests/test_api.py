@@ -3,9 +3,12 @@ import math
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import fmha
 from fmha.kernels import VARIANTS
+from fmha.kernels.common import mma
 from conftest import DEVICE, check_against_reference, make_qkv, nan_like
 
 F16 = torch.float16
@@ -108,18 +111,38 @@ def test_more_errors_name_the_argument():
         fmha.attention(q, q, q, scale=float("inf"))
 
 
-def test_a_config_whose_column_chunks_the_matrix_unit_cannot_take_is_refused_by_name():
-    """Q K^T over ``qk_chunks`` column chunks needs 16 columns a chunk at least (the matrix unit's step) and a
-    power of two of them: AMD's 256-wide row (16 chunks) passed at head_dim 96 died in Triton's compiler on a GPU (the
-    fuzzer's draw), and is refused instead; at 256 it runs."""
-    q = t(1, 2, 16, 96)
-    for chunks in (16, 3):
-        with pytest.raises(ValueError, match=f"config qk_chunks={chunks}: Q K\\^T's chunks are a power of two"):
-            fmha.attention(q, q, q, variant="tiled", config=fmha.KernelConfig(32, 16, 16, 1, qk_chunks=chunks))
-    q = t(1, 2, 16, 256)
-    out = nan_like(q)
-    fmha.attention(q, q, q, variant="tiled", config=fmha.KernelConfig(32, 16, 16, 1, qk_chunks=16), out=out)
-    check_against_reference(out, q, q, q, False)
+def test_column_chunks_come_in_a_power_of_two_of_at_least_16_columns():
+    """Q K^T over ``qk_chunks`` column chunks: a count that is no power of two is refused by name; a count past the
+    head dim's chunks of 16 columns (the matrix unit's least depth) takes as many of them as there are. AMD's 256-wide
+    row (16 chunks) passed at head_dim 96 died in Triton's compiler on a GPU, 8 columns a chunk (the fuzzer's draw):
+    it runs in 8 chunks of 16, exact, as at 256 in its 16."""
+    for d in (96, 256):
+        q = t(1, 2, 16, d)
+        with pytest.raises(ValueError, match="config qk_chunks=3: Q K\\^T's column chunks come in a power of two"):
+            fmha.attention(q, q, q, variant="tiled", config=fmha.KernelConfig(32, 16, 16, 1, qk_chunks=3))
+        out = nan_like(q)
+        fmha.attention(q, q, q, variant="tiled", config=fmha.KernelConfig(32, 16, 16, 1, qk_chunks=16), out=out)
+        check_against_reference(out, q, q, q, False)
+
+
+@triton.jit
+def _product(A, B, O, K: tl.constexpr):
+    """O = A @ B through the kernels' one product (``[16, K] @ [K, 16]``)."""
+    a = tl.load(A + tl.arange(0, 16)[:, None] * K + tl.arange(0, K)[None, :])
+    b = tl.load(B + tl.arange(0, K)[:, None] * 16 + tl.arange(0, 16)[None, :])
+    tl.store(O + tl.arange(0, 16)[:, None] * 16 + tl.arange(0, 16)[None, :], mma(a, b, tl.zeros([16, 16], tl.float32)))
+
+
+def test_a_product_shallower_than_the_matrix_units_step_fails_under_the_interpreter_too():
+    """The compiled ``tl.dot`` takes a depth of 16 at least; the interpreter would multiply any, so the kernels' one
+    product (:func:`fmha.kernels.common.mma`) asserts it on both, and a tiling a GPU build refuses fails on the CPU
+    as well (the fuzzer's 8-column chunks showed only on a GPU)."""
+    a, b = t(16, 16), t(16, 16)
+    o = torch.empty(16, 16, device=DEVICE)
+    _product[(1,)](a, b, o, K=16)
+    torch.testing.assert_close(o, a.float() @ b.float(), rtol=1e-3, atol=1e-3)
+    with pytest.raises(Exception, match="depth .* must be 16 at least"):
+        _product[(1,)](a[:, :8].contiguous(), b[:8].contiguous(), o, K=8)
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))

@@ -51,6 +51,23 @@ def test_gradients_with_v_head_dim_other_than_qk():
     check_grads((q.grad, k.grad, v.grad), q, k, v, do, True, "top_left", "bshd", softcap=10.0)
 
 
+@pytest.mark.skipif(DEVICE != "cpu", reason="the AMD tables' tiles, run by the interpreter")
+@pytest.mark.parametrize("family", ["rdna", "cdna"])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_gradients_with_v_head_dim_other_than_qk_in_the_amd_tiles(monkeypatch, family, deterministic):
+    """DeepSeek's 192/128 in the tiles the AMD tables take past head_dim 128 (RDNA: S and dP over 16 column chunks):
+    dP = dO V^T reads V's 128 columns, 8 to a chunk, shallower than the matrix unit takes (the build died there, and
+    the interpreter, which asserts the depth since, refused it), so that product takes V's columns in 8 chunks of 16.
+    Against the float64 gradients."""
+    from fmha import backward
+    monkeypatch.setattr(backward, "family_of", lambda device: family)
+    q, k, v = (t.requires_grad_(True) for t in qkv(1, 2, 1, 21, 27, 192, 128, "bhsd", seed=11))
+    o = fmha.attention(q, k, v, causal=True, deterministic=deterministic)
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(12)).to(o)
+    o.backward(do)
+    check_grads((q.grad, k.grad, v.grad), q, k, v, do, True, o=o.detach())
+
+
 @pytest.mark.parametrize("variant", ["singlewave", "pipelined", "tiled"])
 def test_head_dim_192_on_every_variant(variant):
     q, k, v = qkv(1, 2, 1, 33, 40, 192, 192, "bhsd", seed=7)

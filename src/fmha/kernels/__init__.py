@@ -63,9 +63,8 @@ def unsupported(variant: str, cfg, prob, q, k, v, o, layout: str, alibi: int = 0
         return hopper.supports(prob, cfg, q, k, v, o, layout)
     if prob.head_dim_v and variant != "tiled":
         return "a V head dim other than q/k's is the tiled variant's"
-    if cfg.qk_chunks and (cfg.qk_chunks & (cfg.qk_chunks - 1) or prob.block_d // cfg.qk_chunks < 16):
-        return (f"config qk_chunks={cfg.qk_chunks}: Q K^T's chunks are a power of two of at least 16 of the "
-                f"{prob.block_d} columns the head dim is read in (the matrix unit's step)")
+    if cfg.qk_chunks and (cfg.qk_chunks < 0 or cfg.qk_chunks & (cfg.qk_chunks - 1)):
+        return f"config qk_chunks={cfg.qk_chunks}: Q K^T's column chunks come in a power of two"
     if cfg.tma:
         if variant != "tiled":
             return "K/V by TMA (config tma=1) is the tiled variant's"

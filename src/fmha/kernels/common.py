@@ -32,7 +32,10 @@ LOG2E = tl.constexpr(constants.LOG2E)
 
 @triton.jit
 def mma(a, b, acc):
-    """``acc + a @ b`` with float32 accumulation."""
+    """``acc + a @ b`` with float32 accumulation.  The product's depth must be 16 at least, as the compiled
+    ``tl.dot`` asserts (the matrix unit's step): the interpreter, which would multiply any depth, asserts it too, so a
+    tiling that a GPU build refuses fails on the CPU as well."""
+    tl.static_assert(a.shape[len(a.shape) - 1] >= 16, "a product's depth (a's last dimension) must be 16 at least")
     if INTERPRET:
         out = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
     else:
@@ -45,12 +48,14 @@ def dot_t(a, b, M: tl.constexpr, N: tl.constexpr, CHUNKS: tl.constexpr):
     """``a @ b^T`` in float32 (``a`` ``[M, D]``, ``b`` ``[N, D]``); CHUNKS: as one batched product over that many
     column chunks of D, summed, so that each warp holds a chunk of both operands' columns, not all of them (RDNA's
     matrix unit holds an operand twice, once a half-wave: at head_dim 256 whole rows of both fill the register file,
-    and at MLA's 576 whole rows of Q alone)."""
+    and at MLA's 576 whole rows of Q alone); fewer where D holds fewer chunks of 16 columns, the product's least depth
+    (V's 128 columns beside q/k's 192 in 8, where the q/k product takes 16)."""
     if CHUNKS:
         D: tl.constexpr = a.shape[1]
-        a3 = tl.permute(tl.reshape(a, [M, CHUNKS, D // CHUNKS]), (1, 0, 2))
-        b3 = tl.permute(tl.reshape(b, [N, CHUNKS, D // CHUNKS]), (1, 2, 0))
-        out = tl.sum(mma(a3, b3, tl.zeros([CHUNKS, M, N], tl.float32)), axis=0)
+        C: tl.constexpr = CHUNKS if D // CHUNKS >= 16 else D // 16
+        a3 = tl.permute(tl.reshape(a, [M, C, D // C]), (1, 0, 2))
+        b3 = tl.permute(tl.reshape(b, [N, C, D // C]), (1, 2, 0))
+        out = tl.sum(mma(a3, b3, tl.zeros([C, M, N], tl.float32)), axis=0)
     else:
         out = mma(a, tl.trans(b), tl.zeros([M, N], tl.float32))
     return out
