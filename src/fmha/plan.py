@@ -106,10 +106,11 @@ def problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, *, causal, sca
 
 def mask_kind(attn_mask) -> bool | str:
     """:attr:`Problem.attn_mask` for an attn_mask tensor (or None): False, True (boolean) or ``"bias"`` (an additive
-    float one, whose tiles take more shared memory: :func:`fmha.configs.tiled_smem`)."""
-    if attn_mask is None:
-        return False
-    return "bias" if attn_mask.dtype.is_floating_point else True
+    float one, whose tiles take more shared memory: :func:`fmha.configs.tiled_smem`), as the kernels tell them
+    (:func:`fmha.kernels.mask_kind`)."""
+    from . import kernels
+    return {kernels.MASK_NONE.value: False, kernels.MASK_BOOL.value: True,
+            kernels.MASK_BIAS.value: "bias"}[kernels.mask_kind(attn_mask)]
 
 
 def select_variant(arch: str, shape: dict | None = None) -> str:

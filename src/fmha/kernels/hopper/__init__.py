@@ -75,8 +75,8 @@ from __future__ import annotations
 
 import torch
 from triton.experimental.gluon import language as gl
-from triton.runtime.errors import PTXASError
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+from triton.runtime.errors import PTXASError
 
 from ... import replay
 from .. import combine, strides_bhsd, tma
