@@ -275,6 +275,29 @@ def test_a_replay_keeps_its_scratch_in_the_threads_workspace(monkeypatch):
     assert replay._local.workspaces[(None, 0)] is block and kernel.launches[-1][2][1] != block.data_ptr()
 
 
+def test_a_replay_told_whether_it_may_hold_asks_no_more(monkeypatch):
+    """The entry point asks once whether a call may keep buffers past its end (on a GPU a query of the stream's
+    capture state, which costs microseconds) and passes the answer down: the replay then takes the thread's
+    workspace, or, told it may hold nothing, a block of its own, without asking again."""
+    kernel = RawKernel()
+    monkeypatch.setattr(replay, "_fill_descriptor", lambda ptr, *fill: ("map", ptr))
+    monkeypatch.setattr(replay._local, "workspaces", {}, raising=False)
+    x, y = torch.zeros(4), torch.ones(4)
+    cpu = torch.device("cpu")
+
+    def with_partials():
+        out, _ = _call(kernel, x, y)
+        replay.launch(kernel, (1,), x, replay.buffer(torch.empty(3)), Desc(y, [8]), 5)
+        return out, None
+    replay.call(_kind(x, y), (x, y), cpu, with_partials)
+    monkeypatch.setattr(replay, "holding", lambda device: pytest.fail("asked again"))
+    replay.call(_kind(x, y), (x, y), cpu, lambda: pytest.fail("not replayed"), held=True)
+    block = replay._local.workspaces[(None, 0)]
+    assert kernel.launches[-1][2][1] == block.data_ptr()
+    replay.call(_kind(x, y), (x, y), cpu, lambda: pytest.fail("not replayed"), held=False)
+    assert kernel.launches[-1][2][1] != block.data_ptr() and replay._local.workspaces[(None, 0)] is block
+
+
 def test_descriptors_are_filled_once_for_each_base(monkeypatch):
     """A launch's descriptor slot keeps what it filled for each base pointer it meets: calls taking turns over
     two tensors (one recipe shared by a model's layers, each with its own KV cache) fill each one once."""

@@ -37,7 +37,6 @@ as they see any other.
 """
 from __future__ import annotations
 
-import copy
 import math
 import threading
 
@@ -347,15 +346,16 @@ class Recipe:
         except LookupError:  # a launcher this module does not know how to drive: Triton's own path
             self.fast = None
 
-    def run(self, inputs, device: torch.device):
+    def run(self, inputs, device: torch.device, held: bool | None = None):
         """Launch the recorded kernels over ``inputs`` (in the recorded order); returns the outputs (None: a
-        length's recipe, :class:`_Length`, under a launch hook)."""
+        length's recipe, :class:`_Length`, under a launch hook).  ``held``: :func:`holding` for the call, where
+        its caller has asked already (None: asked here, if the recipe has scratch)."""
         if device.type != "cuda" or device.index == torch._C._cuda_getDevice():
-            return self._run(inputs, device)
+            return self._run(inputs, device, held)
         with on(device):
-            return self._run(inputs, device)
+            return self._run(inputs, device, held)
 
-    def _run(self, inputs, device):
+    def _run(self, inputs, device, held):
         stream = _stream(device)
         enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook  # a profiler's, as Triton's
         if self.fast is not None and not _hooked(enter) and not _hooked(leave):
@@ -366,7 +366,7 @@ class Recipe:
                 buffers[i] = torch.empty(shape, dtype=dtype, device=device)
                 ptrs[n + i] = buffers[i].data_ptr()
             if self.scratch_bytes:
-                scratch = _workspace(self.scratch_bytes, device, stream)
+                scratch = _workspace(self.scratch_bytes, device, stream, held)
                 base = scratch.data_ptr()
                 for i, offset in self.scratch:
                     ptrs[n + i] = base + offset
@@ -391,15 +391,15 @@ class Recipe:
         return [None if o is None else (inputs[o[1]] if o[0] else buffers[o[1]]) for o in self.outputs]
 
 
-def _workspace(nbytes: int, device: torch.device, stream: int) -> torch.Tensor:
+def _workspace(nbytes: int, device: torch.device, stream: int, held: bool | None = None) -> torch.Tensor:
     """At least ``nbytes`` of scratch for a replay's launches on ``stream``: this thread's workspace on that
     stream, grown when short (the launches of one thread on one stream run in the order they were enqueued,
     so each call's use of it ends before the next call's begins, as cuBLAS's workspace does).  While the
     stream is being captured into a CUDA graph (or where the call may hold nothing, :func:`holding`), a block of
     its own, freed when the call returns (a capture's later work reuses it in order); likewise past
     :data:`WORKSPACE_BYTES`, where a call's kernels outlast an allocation's cost and a held block would keep
-    memory from everything else."""
-    if nbytes > WORKSPACE_BYTES or not holding(device):
+    memory from everything else.  ``held``: :func:`holding`, where the call has asked already."""
+    if nbytes > WORKSPACE_BYTES or not (holding(device) if held is None else held):
         return torch.empty(nbytes, dtype=torch.uint8, device=device)
     spaces = getattr(_local, "workspaces", None)
     if spaces is None:
@@ -521,19 +521,19 @@ def through(kind: str, inputs, run, *flags, checks=None, lengths=None):
             checks()
         return run()
     held = holding(first.device)  # (a forward's split merges apart where a call holds nothing: merge_in_split)
-    return tuple(call(key(kind, inputs, *flags, held), inputs, first.device, run, checks, lengths))
+    return tuple(call(key(kind, inputs, *flags, held), inputs, first.device, run, checks, lengths, held))
 
 
-def call(k: tuple, inputs, device: torch.device, run, checks=None, lengths=None):
+def call(k: tuple, inputs, device: torch.device, run, checks=None, lengths=None, held: bool | None = None):
     """``run()`` (returning the call's outputs) for the first call of kind ``k``, recorded; the recipe
     for every later one.  ``checks()``, a function of the kind, runs before any call not replayed: a recipe
     exists only for a kind whose checks passed.  ``lengths = ({the index of an input: its dimension}, n)``: a
     kind that differs from others by that one length ``n`` alone (a decode against a KV cache one key longer
-    at each call), replayed from its family's recipes where they know it (:func:`lengthwise`).  Returns the
-    outputs."""
+    at each call), replayed from its family's recipes where they know it (:func:`lengthwise`).  ``held``:
+    :func:`holding` for the call, where the caller has asked (:meth:`Recipe.run`).  Returns the outputs."""
     recipe = _RECIPES.get(k)
     if recipe is not None and recipe is not UNRECORDABLE:
-        outputs = recipe.run(inputs, device)
+        outputs = recipe.run(inputs, device, held)
         if outputs is not None:
             return outputs
         del _RECIPES[k]  # a length's recipe under a launch hook (:meth:`Recipe.run`): the ordinary path
@@ -541,7 +541,7 @@ def call(k: tuple, inputs, device: torch.device, run, checks=None, lengths=None)
     loose = None
     if recipe is None and lengths is not None and getattr(_local, "steps", None) is None:
         loose = _loose(k, inputs, *lengths)
-        outputs = _known_length(k, inputs, device, loose, lengths[1]) if loose is not None else None
+        outputs = _known_length(k, inputs, device, loose, lengths[1], held) if loose is not None else None
         if outputs is not None:
             return outputs
     if checks is not None and (loose is None or loose not in _FAMILIES):  # (a family's first call ran them: they
@@ -602,14 +602,14 @@ def _loose(k: tuple, inputs, dims: dict, n: int):
     return tuple(parts)
 
 
-def _known_length(k, inputs, device, loose, n: int):
+def _known_length(k, inputs, device, loose, n: int, held: bool | None = None):
     """The outputs of a call at length ``n`` that a family already knows: ``n`` lies between two lengths whose
     plans decided alike (the plan's outcome is constant between them: :func:`lengthwise`), and a proven
     :class:`_Length` of that outcome gives its launches (no checks, no plan; as a replay, the checks being a
     function of the kind).  None otherwise."""
     for family in _FAMILIES.get(loose, {}).values():
         if family.lo <= n <= family.hi:
-            outputs = family.replay(k, inputs, device, n)
+            outputs = family.replay(k, inputs, device, n, held)
             if outputs is not None:
                 return outputs
     return None
@@ -709,14 +709,15 @@ class _Length:
         """The recipe at length ``n`` (its launches without Triton's own path: under a launch hook it answers
         None, :meth:`Recipe.run`), or None where an integer would specialize otherwise or a descriptor's size
         would not be positive."""
+        for _, (ints, _) in zip(self.recipe.fast, self.launches):  # (checked before anything is built)
+            for _, a, b, spec in ints:
+                if _specialized(a + b * n) != spec:
+                    return None
         fast = []
         for launch, (ints, fills) in zip(self.recipe.fast, self.launches):
             flat = launch.flat.copy()
-            for at, a, b, spec in ints:
-                v = a + b * n
-                if _specialized(v) != spec:
-                    return None
-                flat[at] = v
+            for at, a, b, _ in ints:
+                flat[at] = a + b * n
             slots = []
             for slot, lines in zip(launch.desc_slots, fills):
                 if lines is not None:
@@ -727,7 +728,8 @@ class _Length:
                     slot = (*slot[:3], (*fill[:4], shape, strides, fill[6]))
                 slots.append(slot)
             fast.append(launch.moved(flat, slots))
-        recipe = copy.copy(self.recipe)
+        recipe = Recipe.__new__(Recipe)  # (a shallow copy, as copy.copy makes it, for a fraction of its cost)
+        recipe.__dict__.update(self.recipe.__dict__)
         recipe.fast, recipe.steps = fast, None
         return recipe
 
@@ -775,10 +777,10 @@ class _Family:
             self.hi = n + step
             step *= 2
 
-    def replay(self, k, inputs, device, n: int):
+    def replay(self, k, inputs, device, n: int, held: bool | None = None):
         """The outputs of ``at(n)``'s launches over ``inputs``, the recipe kept under ``k``; or None."""
         recipe = self.at(n)
-        outputs = recipe.run(inputs, device) if recipe is not None else None
+        outputs = recipe.run(inputs, device, held) if recipe is not None else None
         if outputs is not None:
             if len(_RECIPES) >= _MAX_RECIPES:
                 _RECIPES.clear()
