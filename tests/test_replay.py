@@ -298,6 +298,21 @@ def test_a_replay_told_whether_it_may_hold_asks_no_more(monkeypatch):
     assert kernel.launches[-1][2][1] != block.data_ptr() and replay._local.workspaces[(None, 0)] is block
 
 
+def test_the_default_stream_is_never_asked_whether_it_is_captured(monkeypatch):
+    """CUDA refuses to capture the legacy default stream (0), where an eager program runs: a call there may hold
+    its buffers without the capture query; on any other stream the query decides, and inside :func:`transient`
+    nothing is held."""
+    cuda = torch.device("cuda", 0)
+    capturing = []
+    monkeypatch.setattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: capturing.append(1) or True,
+                        raising=False)
+    assert replay.holding(cuda, 0) and not capturing
+    assert not replay.holding(cuda, 7) and capturing == [1]
+    assert not replay.holding(cuda) and capturing == [1, 1]
+    with replay.transient():
+        assert not replay.holding(cuda, 0)
+
+
 def test_descriptors_are_filled_once_for_each_base(monkeypatch):
     """A launch's descriptor slot keeps what it filled for each base pointer it meets: calls taking turns over
     two tensors (one recipe shared by a model's layers, each with its own KV cache) fill each one once."""

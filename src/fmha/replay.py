@@ -226,14 +226,16 @@ def host_work() -> None:
         _local.steps.append(None)
 
 
-def holding(device: torch.device) -> bool:
+def holding(device: torch.device, stream: int | None = None) -> bool:
     """Whether a call may keep buffers past its end (the thread's workspace, a stream's counters): not while the
     stream is captured into a CUDA graph, nor inside :func:`transient` (a custom op's call from compiled code,
     whose CUDA graphs, torch.compile's cudagraph trees, run their warm-up in the graphs' memory pool: a buffer
-    kept from there would be a live block of the pool that no graph owns, which the trees refuse)."""
+    kept from there would be a live block of the pool that no graph owns, which the trees refuse).  ``stream``:
+    the device's current raw stream where the caller has it; the legacy default stream (0, an eager program's)
+    is never captured (CUDA refuses to capture it), so the capture query, microseconds of a call, is not made."""
     if getattr(_local, "transient", False):
         return False
-    return not (device.type == "cuda" and torch._C._cuda_isCurrentStreamCapturing())
+    return device.type != "cuda" or stream == 0 or not torch._C._cuda_isCurrentStreamCapturing()
 
 
 class transient:
@@ -346,17 +348,18 @@ class Recipe:
         except LookupError:  # a launcher this module does not know how to drive: Triton's own path
             self.fast = None
 
-    def run(self, inputs, device: torch.device, held: bool | None = None):
+    def run(self, inputs, device: torch.device, held: bool | None = None, stream: int | None = None):
         """Launch the recorded kernels over ``inputs`` (in the recorded order); returns the outputs (None: a
-        length's recipe, :class:`_Length`, under a launch hook).  ``held``: :func:`holding` for the call, where
-        its caller has asked already (None: asked here, if the recipe has scratch)."""
+        length's recipe, :class:`_Length`, under a launch hook).  ``held`` (:func:`holding`) and ``stream`` (the
+        device's current raw stream): the call's, where its caller has them already (None: found here)."""
         if device.type != "cuda" or device.index == torch._C._cuda_getDevice():
-            return self._run(inputs, device, held)
+            return self._run(inputs, device, held, stream)
         with on(device):
-            return self._run(inputs, device, held)
+            return self._run(inputs, device, held, stream)
 
-    def _run(self, inputs, device, held):
-        stream = _stream(device)
+    def _run(self, inputs, device, held, stream):
+        if stream is None:
+            stream = _stream(device)
         enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook  # a profiler's, as Triton's
         if self.fast is not None and not _hooked(enter) and not _hooked(leave):
             n = len(inputs)
@@ -520,20 +523,23 @@ def through(kind: str, inputs, run, *flags, checks=None, lengths=None):
         if checks is not None:
             checks()
         return run()
-    held = holding(first.device)  # (a forward's split merges apart where a call holds nothing: merge_in_split)
-    return tuple(call(key(kind, inputs, *flags, held), inputs, first.device, run, checks, lengths, held))
+    device = first.device
+    stream = _stream(device)
+    held = holding(device, stream)  # (a forward's split merges apart where a call holds nothing: merge_in_split)
+    return tuple(call(key(kind, inputs, *flags, held), inputs, device, run, checks, lengths, held, stream))
 
 
-def call(k: tuple, inputs, device: torch.device, run, checks=None, lengths=None, held: bool | None = None):
+def call(k: tuple, inputs, device: torch.device, run, checks=None, lengths=None, held: bool | None = None,
+         stream: int | None = None):
     """``run()`` (returning the call's outputs) for the first call of kind ``k``, recorded; the recipe
     for every later one.  ``checks()``, a function of the kind, runs before any call not replayed: a recipe
     exists only for a kind whose checks passed.  ``lengths = ({the index of an input: its dimension}, n)``: a
     kind that differs from others by that one length ``n`` alone (a decode against a KV cache one key longer
-    at each call), replayed from its family's recipes where they know it (:func:`lengthwise`).  ``held``:
-    :func:`holding` for the call, where the caller has asked (:meth:`Recipe.run`).  Returns the outputs."""
+    at each call), replayed from its family's recipes where they know it (:func:`lengthwise`).  ``held`` and
+    ``stream``: the call's, where the caller has them (:meth:`Recipe.run`).  Returns the outputs."""
     recipe = _RECIPES.get(k)
     if recipe is not None and recipe is not UNRECORDABLE:
-        outputs = recipe.run(inputs, device, held)
+        outputs = recipe.run(inputs, device, held, stream)
         if outputs is not None:
             return outputs
         del _RECIPES[k]  # a length's recipe under a launch hook (:meth:`Recipe.run`): the ordinary path
@@ -541,7 +547,7 @@ def call(k: tuple, inputs, device: torch.device, run, checks=None, lengths=None,
     loose = None
     if recipe is None and lengths is not None and getattr(_local, "steps", None) is None:
         loose = _loose(k, inputs, *lengths)
-        outputs = _known_length(k, inputs, device, loose, lengths[1], held) if loose is not None else None
+        outputs = _known_length(k, inputs, device, loose, lengths[1], held, stream) if loose is not None else None
         if outputs is not None:
             return outputs
     if checks is not None and (loose is None or loose not in _FAMILIES):  # (a family's first call ran them: they
@@ -602,14 +608,14 @@ def _loose(k: tuple, inputs, dims: dict, n: int):
     return tuple(parts)
 
 
-def _known_length(k, inputs, device, loose, n: int, held: bool | None = None):
+def _known_length(k, inputs, device, loose, n: int, held: bool | None = None, stream: int | None = None):
     """The outputs of a call at length ``n`` that a family already knows: ``n`` lies between two lengths whose
     plans decided alike (the plan's outcome is constant between them: :func:`lengthwise`), and a proven
     :class:`_Length` of that outcome gives its launches (no checks, no plan; as a replay, the checks being a
     function of the kind).  None otherwise."""
     for family in _FAMILIES.get(loose, {}).values():
         if family.lo <= n <= family.hi:
-            outputs = family.replay(k, inputs, device, n, held)
+            outputs = family.replay(k, inputs, device, n, held, stream)
             if outputs is not None:
                 return outputs
     return None
@@ -777,10 +783,10 @@ class _Family:
             self.hi = n + step
             step *= 2
 
-    def replay(self, k, inputs, device, n: int, held: bool | None = None):
+    def replay(self, k, inputs, device, n: int, held: bool | None = None, stream: int | None = None):
         """The outputs of ``at(n)``'s launches over ``inputs``, the recipe kept under ``k``; or None."""
         recipe = self.at(n)
-        outputs = recipe.run(inputs, device, held) if recipe is not None else None
+        outputs = recipe.run(inputs, device, held, stream) if recipe is not None else None
         if outputs is not None:
             if len(_RECIPES) >= _MAX_RECIPES:
                 _RECIPES.clear()
