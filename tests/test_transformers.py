@@ -854,7 +854,7 @@ def test_model_check_compiles_the_models_it_checks(monkeypatch):
 
 
 def test_a_training_step_with_attention_dropout_runs_sdpa_said_once(monkeypatch):
-    """GPT-2 trains with attention dropout by default (``attn_pdrop=0.1``), which fmha does not have: its training
+    """GPT-2 trains with attention dropout by default (``attn_pdrop=0.1``), which fmha leaves to SDPA: its training
     steps run SDPA, with one warning, and from one seed give SDPA's loss and gradients exactly (they were refused);
     in eval mode (no dropout) fmha runs."""
     import warnings

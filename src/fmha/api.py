@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from . import configs, forward
-from .checks import (attn_mask_view, check_features, check_forward_only, check_fp8, check_index, check_inputs,
-                     check_out, check_paged_call, check_splits, check_varlen_call, variants)
+from .checks import (attn_mask_view, check_dropout, check_features, check_forward_only, check_fp8, check_index,
+                     check_inputs, check_out, check_paged_call, check_splits, check_varlen_call, variants)
 from . import gradients
 from .plan import describe, select_variant
 from .sinks import attach as attach_sinks
@@ -22,7 +22,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
               seqused_k: torch.Tensor | None = None, num_splits: int = 0, sinks: torch.Tensor | None = None,
               deterministic: bool = False, config: configs.KernelConfig | None = None,
               q_descale: torch.Tensor | None = None, k_descale: torch.Tensor | None = None,
-              v_descale: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None):
+              v_descale: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0):
     """Exact attention ``softmax(scale * q k^T) v``, computed flash-style (no score matrix).
 
     Shapes (``layout="bhsd"``): ``q`` ``[batch, heads, seqlen_q, head_dim]``, ``k`` and
@@ -75,6 +75,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     reaches dQ, ``0 * k`` in dS K, as in SDPA).  A float ``attn_mask`` (float16, bfloat16 or float32) is SDPA's
     additive one: added to each score after the scale (and the softcap), ``-inf`` hiding a key; a bias that
     requires grad gets its gradient, the gradient of each score, summed over the dimensions it broadcast.
+    ``dropout_p``: attention dropout, as SDPA's and FlashAttention's: each probability is dropped with probability
+    ``dropout_p`` and the kept ones scaled by ``1 / (1 - dropout_p)``, after the softmax (its denominator counts
+    every key); the pairs drawn from torch's generator on q's device (``torch.manual_seed`` repeats them), the same
+    pairs again in the backward, on the ``tiled`` variant and the Triton backward (:mod:`fmha.kernels.dropout`).
+    SDPA applies it whenever it is given, as here: pass 0 outside training.  Not with float8, sinks, or under
+    ``torch.compile``.
     ``num_splits``: split the keys over that many programs per query block and merge
     the partials by their LSE (flash-decoding); 0 (default) decides: on a GPU, short
     queries (seqlen_q <= 16) against long keys are split to fill the chip; 1 never splits.
@@ -103,6 +109,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         check_splits(num_splits)
         if out is not None:
             check_out(out, q, k, v)
+    dropout = None
+    if dropout_p:  # (checked here: a replayed call runs no checks, and the seed is drawn for each call)
+        check_dropout(dropout_p, k, sinks)
+        if torch.compiler.is_compiling():
+            raise NotImplementedError("attention dropout does not run under torch.compile: call it eagerly")
+        from .kernels.dropout import draw_seed
+        dropout = (draw_seed(q.device), float(dropout_p))
     if (out is None and sinks is None and q_descale is None and k_descale is None and v_descale is None
             and _replayable(q, k, v, alibi_slopes, seqused_k, mask, window=window, softcap=softcap)
             and not gradients.needs_grad(q, k, v, mask) and not torch.compiler.is_compiling()):
@@ -110,7 +123,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
                                layout=layout, return_lse=return_lse, config=config, window=window,
                                softcap=float(softcap), alibi_slopes=alibi_slopes, seqused_k=seqused_k,
                                num_splits=num_splits, descale=forward.descale_table(q, k, layout, descales),
-                               checks=checks, attn_mask=mask)
+                               checks=checks, attn_mask=mask, dropout=dropout)
         return (o, lse) if return_lse else o
     checks()
     descale = forward.descale_table(q, k, layout, descales)
@@ -128,7 +141,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         if out is not None:
             raise ValueError("out= is not differentiable: drop it, or run under torch.no_grad()")
         kw = dict(causal=causal, scale=scale, variant=variant, causal_align=causal_align, layout=layout, config=config,
-                  window=tuple(window), softcap=float(softcap), num_splits=num_splits)
+                  window=tuple(window), softcap=float(softcap), num_splits=num_splits, dropout=dropout)
         o, lse = gradients.Attention.apply(q, k, v, alibi_slopes, seqused_k, sinks, kw, bool(deterministic),
                                            attn_mask)
         lse = lse if return_lse else None
@@ -136,7 +149,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         o, lse = forward.dense(q, k, v, causal=causal, scale=scale, variant=variant, causal_align=causal_align,
                                layout=layout, return_lse=return_lse or sinks is not None, out=out, config=config,
                                window=tuple(window), softcap=float(softcap), alibi_slopes=alibi_slopes,
-                               seqused_k=seqused_k, num_splits=num_splits, descale=descale, attn_mask=mask)
+                               seqused_k=seqused_k, num_splits=num_splits, descale=descale, attn_mask=mask,
+                               dropout=dropout)
         if sinks is not None:
             o, lse = attach_sinks(o, lse, sinks, layout)
     return (o, lse) if return_lse else o

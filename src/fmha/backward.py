@@ -119,7 +119,8 @@ def _unit_last(t: torch.Tensor) -> torch.Tensor:
 
 
 def dense(do, q, k, v, o, lse, *, causal, scale, causal_align, layout, window=(-1, -1), softcap=0.0,
-          alibi_slopes=None, seqused_k=None, sinks=None, deterministic=False, attn_mask=None, mask_grad=False):
+          alibi_slopes=None, seqused_k=None, sinks=None, deterministic=False, attn_mask=None, mask_grad=False,
+          dropout=None):
     """Gradients ``(dq, dk, dv, dsinks or None, dmask or None)`` of :func:`fmha.attention` (``lse``: its float32
     ``[batch, heads, seqlen_q]``, the sinks included), each in the layout and strides order of its input.
     ``attn_mask``: the forward's ``[batch, heads, seqlen_q, seqlen_k]`` view, boolean or a float bias (the Triton
@@ -127,17 +128,20 @@ def dense(do, q, k, v, o, lse, *, causal, scale, causal_align, layout, window=(-
     over the dimensions the view broadcast).
     ``deterministic``: dQ bit for bit the same every run (the Triton kernels: dQ from its own kernel; the Gluon
     kernel: its adds in one fixed order); else, on the Triton kernels, that or dQ added up atomically by the
-    dK/dV kernel, whichever :func:`tiles` finds faster (:mod:`fmha.kernels.backward`)."""
+    dK/dV kernel, whichever :func:`tiles` finds faster (:mod:`fmha.kernels.backward`).  ``dropout = (seed,
+    dropout_p)``: the forward's attention dropout (the Triton kernels draw its pairs again)."""
     def call():
         batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim = planning.sizes(q, k, layout)
         prob = planning.problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal=causal, scale=scale,
                                 window=window, causal_align=causal_align, softcap=softcap,
                                 seqused=seqused_k is not None, head_dim_v=v.shape[3],
-                                attn_mask=planning.mask_kind(attn_mask))
+                                attn_mask=planning.mask_kind(attn_mask), dropout=dropout is not None)
         return _run(prob, do, q, k, v, o, lse, layout, alibi_slopes, (None, None, seqused_k), seqlen_q, seqlen_k,
-                    sinks, deterministic, attn_mask, mask_grad)
-    return replay.through("backward dense", (do, q, k, v, o, lse, alibi_slopes, seqused_k, sinks, attn_mask), call,
-                          causal, scale, causal_align, layout, window, softcap, deterministic, mask_grad, *_tables(q))
+                    sinks, deterministic, attn_mask, mask_grad, dropout)
+    seed, dropout_p = dropout if dropout is not None else (None, 0.0)
+    return replay.through("backward dense", (do, q, k, v, o, lse, alibi_slopes, seqused_k, sinks, attn_mask, seed),
+                          call, causal, scale, causal_align, layout, window, softcap, deterministic, mask_grad,
+                          dropout_p, *_tables(q))
 
 
 def packed(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal, scale,
@@ -204,8 +208,8 @@ def kernel(prob, q, k, v, do, layout: str, alibi, deterministic: bool = False, r
     """Which backward runs: ``"hopper"`` (the Gluon kernel, :mod:`fmha.kernels.hopper.backward`) where it
     takes the call and measured faster (:data:`GLUON_ROWS`, :data:`GLUON_ROWS_DETERMINISTIC`, by tile width and
     causal) on walks of ``rows`` query rows (seqlen_q; packed, the longest sequence's), else ``"triton"``
-    (:mod:`fmha.kernels.backward`, which alone reads an attn_mask)."""
-    if interpreting() or not q.is_cuda or prob.attn_mask:
+    (:mod:`fmha.kernels.backward`, which alone reads an attn_mask and draws attention dropout)."""
+    if interpreting() or not q.is_cuda or prob.attn_mask or prob.dropout:
         return "triton"
     from .kernels.hopper import backward as hopper
     if hopper.supports(prob, q, k, v, do, layout, alibi is not None):
@@ -284,7 +288,7 @@ def _hopper(prob, do, q, k, v, o, lse, dk, dv, layout, sinks, deterministic, seq
 
 
 def _run(prob, do, q, k, v, o, lse, layout, alibi, seqs, rows, keys, sinks, deterministic, attn_mask=None,
-         mask_grad=False):
+         mask_grad=False, dropout=None):
     """The launches over ``rows`` query rows and ``keys`` keys per sequence (the longest, when
     packed); the sinks' gradient from ``delta`` (:mod:`fmha.sinks`); with ``mask_grad`` the attn_mask's, each
     score's ``dZ`` stored by the dQ kernel.  Returns ``(dq, dk, dv, dsinks or None, dmask or None)``."""
@@ -318,7 +322,8 @@ def _run(prob, do, q, k, v, o, lse, layout, alibi, seqs, rows, keys, sinks, dete
     flags = dict(HEAD_DIM=prob.head_dim, BLOCK_D=prob.block_d, CAUSAL=prob.causal,
                  WINDOW=prob.window_offset is not None, SOFTCAP=prob.softcap > 0, ALIBI=alibi_kind(alibi),
                  VARLEN=prob.varlen, SEQUSED=prob.seqused, ALIGN_BR=prob.align_br, HEAD_V=prob.dv,
-                 BLOCK_DV=prob.block_dv, **mask_args(attn_mask, lse))
+                 BLOCK_DV=prob.block_dv, **mask_args(attn_mask, lse),
+                 **(dict(Seed=dropout[0], dropout_p=float(dropout[1]), DROPOUT=True) if dropout is not None else {}))
     group = prob.heads // prob.kv_heads
     with on(q.device):
         delta = _delta(prob, o, do, lse, layout, cu_q, rows)

@@ -158,6 +158,17 @@ def check_splits(num_splits) -> None:
         raise ValueError(f"num_splits must be an int >= 0 (0: decide), got {num_splits!r}")
 
 
+def check_dropout(dropout_p, k, sinks) -> None:
+    """Attention dropout: a probability in [0, 1), on 16-bit K/V without sinks (whose denominator the kept pairs would
+    not share)."""
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be a float in [0, 1), got {dropout_p!r}")
+    if dropout_p and k.dtype == FP8:
+        raise NotImplementedError("attention dropout with float8 K/V: float8 attention is for inference")
+    if dropout_p and sinks is not None:
+        raise NotImplementedError("attention dropout with attention sinks is not supported")
+
+
 def check_packed_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k) -> None:
     """What of packed sequences the host knows without reading the device: 3-D q/k/v of one packed
     key length, int32 cu_seqlens of one length on q's device."""

@@ -10,8 +10,10 @@ window side -1, or None as FlashAttention 4 writes it; FlashAttention 4's ``lear
 as fmha's ``sinks``; FlashAttention 3's descale factors for float8).  A left-padded cache (``cache_leftpad``) hides
 the keys before each sequence's start with a mask (``attn_mask``); rotary embeddings (``rotary_cos``/``rotary_sin``)
 and cache batch indices (``cache_batch_idx``) are applied on the device before the call, as FlashAttention places
-them.  What fmha cannot do is refused by name rather than ignored: dropout (``return_attn_probs`` gives None where
-FlashAttention 2 returns the probabilities: fmha never forms them).  ``flash_attn_func`` and
+them.  Dropout (``dropout_p``) runs on the dense entry points (``flash_attn_func``, its packed forms and
+``scaled_dot_product_attention``), as :func:`fmha.attention` takes it.  What fmha cannot do is refused by name rather
+than ignored: dropout over packed sequences (``return_attn_probs`` gives None where FlashAttention 2 returns the
+probabilities: fmha never forms them).  ``flash_attn_func`` and
 ``flash_attn_varlen_func`` are differentiable (:mod:`fmha.gradients`).  ``scaled_dot_product_attention`` takes
 torch's: bhsd tensors, ``is_causal`` aligned top-left, a boolean or additive ``attn_mask``, ``enable_gqa``.
 """
@@ -20,13 +22,6 @@ from __future__ import annotations
 import torch
 
 from .api import attention, attention_paged, attention_varlen
-
-
-def _refuse(**given) -> None:
-    for name, value in given.items():
-        if value is not None and (isinstance(value, torch.Tensor) or value):
-            raise NotImplementedError(f"fmha.compat takes no {name} (got {value!r}): fmha computes exact attention, "
-                                      "with no dropout")
 
 
 def _window(window_size) -> tuple[int, int]:
@@ -46,12 +41,12 @@ def flash_attn_func(q, k, v, dropout_p: float = 0.0, softmax_scale: float | None
     ``return_attn_probs``) ``(out, lse)`` with the LSE ``[batch, heads, seqlen_q]`` (and ``None`` for
     the probabilities FlashAttention 2 returns third: fmha never forms them).  Float8 q, k, v take
     FlashAttention 3's ``q_descale``, ``k_descale``, ``v_descale`` (float32 ``[batch, kv_heads]``), as
-    :func:`fmha.attention` does (forward only)."""
-    _refuse(dropout_p=dropout_p)
+    :func:`fmha.attention` does (forward only).  ``dropout_p``: attention dropout, as :func:`fmha.attention`'s."""
     out = attention(q, k, v, causal=causal, scale=softmax_scale, causal_align="bottom_right", layout="bshd",
                     window=_window(window_size), softcap=softcap, alibi_slopes=alibi_slopes,
                     deterministic=deterministic, return_lse=return_softmax_lse or return_attn_probs,
-                    q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, sinks=learnable_sink)
+                    q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, sinks=learnable_sink,
+                    dropout_p=dropout_p)
     if return_attn_probs:
         return (*out, None)
     return out
@@ -68,7 +63,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     the first ``cu_seqlens_k[b + 1] - cu_seqlens_k[b]`` of its pages: each sequence's queries are copied into a
     block of ``max_seqlen_q`` rows, at its end (so the bottom-right band and window keep their places), run by
     :func:`fmha.attention_paged`, and copied back (forward only)."""
-    _refuse(dropout_p=dropout_p)
+    if dropout_p:
+        raise NotImplementedError(f"flash_attn_varlen_func takes no dropout_p (got {dropout_p!r}): attention dropout "
+                                  "runs on dense calls (flash_attn_func), not over packed sequences")
     if block_table is not None:
         return _paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, block_table,
                              return_softmax_lse or return_attn_probs, return_attn_probs, causal=causal,
@@ -253,9 +250,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     all), ``is_causal`` aligned top-left (query i sees keys ``j <= i``), an ``attn_mask`` broadcastable to
     ``[..., heads, seqlen_q, seqlen_k]`` (boolean, True where the key takes part, or a float one added to the
     scores), query heads a multiple of the key's with ``enable_gqa``.  A row that sees no key gives 0 where SDPA's
-    math gives NaN; ``is_causal`` and a mask may come together (joined).  Dropout is refused by name;
-    differentiable, a float mask's gradient included."""
-    _refuse(dropout_p=dropout_p)
+    math gives NaN; ``is_causal`` and a mask may come together (joined).  ``dropout_p`` as SDPA's (applied whenever
+    given); differentiable, a float mask's gradient included."""
     tensors = (query, key, value)
     if all(isinstance(t, torch.Tensor) and t.dim() >= 3 for t in tensors) and query.dim() != 4:
         lead = query.shape[:-3]  # SDPA's leading dimensions, as one batch
@@ -275,4 +271,4 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     if query.dim() == 4 and key.dim() == 4 and query.shape[1] != key.shape[1] and not enable_gqa:
         raise ValueError(f"query has {query.shape[1]} heads and key {key.shape[1]}: grouped-query attention asks for "
                          "enable_gqa=True, as SDPA does")
-    return attention(query, key, value, causal=is_causal, scale=scale, attn_mask=attn_mask)
+    return attention(query, key, value, causal=is_causal, scale=scale, attn_mask=attn_mask, dropout_p=dropout_p)

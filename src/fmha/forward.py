@@ -33,26 +33,29 @@ def descale_table(q, k, layout: str, descales) -> torch.Tensor | None:
 
 def dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse, out=None, config=None,
           window=(-1, -1), softcap=0.0, alibi_slopes=None, seqused_k=None, num_splits=0, descale=None, checks=None,
-          attn_mask=None):
+          attn_mask=None, dropout=None):
     """:func:`fmha.attention` on checked inputs (or with their ``checks``, run unless the call is
     replayed); ``descale``: float8 K/V's factors (:func:`descale_table`); ``attn_mask``: a boolean
-    ``[batch, heads, seqlen_q, seqlen_k]`` view (:func:`fmha.checks.attn_mask_view`).  Returns ``(o, lse or None)``."""
+    ``[batch, heads, seqlen_q, seqlen_k]`` view (:func:`fmha.checks.attn_mask_view`); ``dropout = (seed, dropout_p)``:
+    attention dropout (:mod:`fmha.kernels.dropout`; the seed an input of the call, so a replay draws with the new
+    one).  Returns ``(o, lse or None)``."""
     def call():
         return _dense(q, k, v, causal=causal, scale=scale, variant=variant, causal_align=causal_align,
                       layout=layout, return_lse=return_lse, out=out, config=config, window=window, softcap=softcap,
                       alibi_slopes=alibi_slopes, seqused_k=seqused_k, num_splits=num_splits, descale=descale,
-                      attn_mask=attn_mask)
+                      attn_mask=attn_mask, dropout=dropout)
     seq = 2 if layout == "bhsd" else 1
     # decoding: a KV cache one key longer at each call makes each call a new kind, which its family may know
     lengths = ({1: seq, 2: seq}, k.shape[seq]) if (q.dim() == k.dim() == 4 and q.shape[seq] <= 16
-                                                   and attn_mask is None) else None
-    return replay.through("dense", (q, k, v, out, alibi_slopes, seqused_k, descale, attn_mask), call, causal, scale,
-                          variant, causal_align, layout, return_lse, config, window, softcap, num_splits,
-                          checks=checks, lengths=lengths)
+                                                   and attn_mask is None and dropout is None) else None
+    seed, dropout_p = dropout if dropout is not None else (None, 0.0)
+    return replay.through("dense", (q, k, v, out, alibi_slopes, seqused_k, descale, attn_mask, seed), call, causal,
+                          scale, variant, causal_align, layout, return_lse, config, window, softcap, num_splits,
+                          dropout_p, checks=checks, lengths=lengths)
 
 
 def _dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse, out, config, window, softcap,
-           alibi_slopes, seqused_k, num_splits, descale, attn_mask):
+           alibi_slopes, seqused_k, num_splits, descale, attn_mask, dropout=None):
     batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim = planning.sizes(q, k, layout)
     o = replay.buffer(output(q, v.shape[3])) if out is None else out
     lse = replay.buffer(torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device)) \
@@ -67,7 +70,7 @@ def _dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse,
         prob = planning.problem(batch, heads, kv_heads, seqlen_q, k.shape[seq], head_dim, causal=causal, scale=scale,
                                 window=window, causal_align=causal_align, softcap=softcap,
                                 seqused=seqused_k is not None, head_dim_v=v.shape[3], fp8=descale is not None,
-                                attn_mask=planning.mask_kind(attn_mask))
+                                attn_mask=planning.mask_kind(attn_mask), dropout=dropout is not None)
         return planning.plan(prob, q, k, v, o, layout, variant, config, alibi_slopes, num_splits)
 
     def plan_at(n: int) -> tuple:
@@ -80,7 +83,8 @@ def _dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse,
     replayed = replay.lengthwise(p.by_length(), plan_at)  # (a decode's family: dense())
     if replayed is not None:
         return tuple(replayed)
-    run(p, q, k, v, o, lse, layout, alibi_slopes, (None, None, seqused_k), descale=descale, attn_mask=attn_mask)
+    run(p, q, k, v, o, lse, layout, alibi_slopes, (None, None, seqused_k), descale=descale, attn_mask=attn_mask,
+        dropout=dropout)
     return o, lse
 
 
@@ -209,7 +213,7 @@ def merge_in_split(device: torch.device) -> bool:
 
 
 def run(p: planning.Plan, q, k, v, o, lse, layout, alibi, seqs, block_table=None, descale=None,
-        attn_mask=None, checks=None) -> None:
+        attn_mask=None, checks=None, dropout=None) -> None:
     """Launch ``p``: directly, or split over the keys into float32 partials merged by their LSE, inside
     the split launch (:func:`merge_in_split`) or in a second kernel (stream-K and a programmatic dependent
     launch of the merge measured slower: docs/PERF.md, decoding)."""
@@ -218,7 +222,7 @@ def run(p: planning.Plan, q, k, v, o, lse, layout, alibi, seqs, block_table=None
     with on(q.device):
         if not p.split_len:
             kernels.launch(p.variant, p.config, prob, q, k, v, o, lse, layout, alibi, seqs, block_table=block_table,
-                           descale=descale, attn_mask=attn_mask, checks=checks)
+                           descale=descale, attn_mask=attn_mask, checks=checks, dropout=dropout)
             return
         from .kernels import combine
         shape = (-(-prob.seqlen_k // p.split_len), prob.batch, prob.heads, prob.seqlen_q)

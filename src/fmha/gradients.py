@@ -76,6 +76,7 @@ class Attention(torch.autograd.Function):
         _first_order_only()
         q, k, v, o, lse, alibi_slopes, seqused_k, sinks, attn_mask = ctx.saved_tensors
         kw = {n: ctx.kw[n] for n in ("causal", "scale", "causal_align", "layout", "window", "softcap")}
+        kw["dropout"] = ctx.kw.get("dropout")  # (seed, dropout_p), or None
         dq, dk, dv, dsinks, dmask = backward.dense(do, q, k, v, o, lse, alibi_slopes=alibi_slopes,
                                                    seqused_k=seqused_k, sinks=sinks, deterministic=ctx.deterministic,
                                                    attn_mask=_full(attn_mask, q, k, kw["layout"]),

@@ -36,6 +36,7 @@ class Problem:
     fp8: bool = False                 # float8 K and V (and q), dequantized on load by their descale factors
     attn_mask: bool | str = False     # a mask [batch, heads, seqlen_q, seqlen_k] joins the band: True boolean,
     #                                   "bias" an additive float one (:func:`mask_kind`)
+    dropout: bool = False             # attention dropout (:mod:`fmha.kernels.dropout`): dense rows, one launch
 
     def grid(self, block_m: int, rows: int | None = None) -> tuple[int, int]:
         """(row blocks, batch * heads per program axis) covering ``rows`` queries (default seqlen_q)."""
@@ -92,7 +93,7 @@ def band(causal: bool, window, align: int):
 
 def problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, *, causal, scale, window=(-1, -1),
             causal_align="top_left", softcap=0.0, varlen=False, seqused=False, page=0, head_dim_v=0,
-            fp8=False, attn_mask=False) -> Problem:
+            fp8=False, attn_mask=False, dropout=False) -> Problem:
     """The :class:`Problem` of a checked call: the band placed on the diagonal its alignment picks
     (per sequence when ``varlen``), and ``scale`` (default ``1/sqrt(head_dim)``) folded with log2(e)."""
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
@@ -101,7 +102,8 @@ def problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, *, causal, sca
     return Problem(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, upper, causal_offset, scale * LOG2E,
                    window_offset=window_offset, align_offset=align, softcap=float(softcap),
                    align_br=causal_align == "bottom_right", varlen=varlen, seqused=seqused, page=page,
-                   head_dim_v=head_dim_v if head_dim_v != head_dim else 0, fp8=fp8, attn_mask=attn_mask)
+                   head_dim_v=head_dim_v if head_dim_v != head_dim else 0, fp8=fp8, attn_mask=attn_mask,
+                   dropout=dropout)
 
 
 def mask_kind(attn_mask) -> bool | str:
@@ -214,7 +216,7 @@ def plan(prob: Problem, q, k, v, o, layout: str, variant: str, config, alibi_slo
     elif reason:
         raise ValueError(f"variant {name!r} cannot take this call: {reason}")
     splits = split_len = 0
-    if name != "hopper" and not prob.varlen:
+    if name != "hopper" and not prob.varlen and not prob.dropout:  # (dropout's pairs: dense rows, one launch)
         prob = _pack_gqa(prob, alibi_slopes)
         cfg, splits, split_len = _split_plan(num_splits, arch, prob, cfg, q.device, name, fixed=config is not None,
                                              modifiers=modifiers)

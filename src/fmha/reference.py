@@ -123,14 +123,16 @@ def _masked(z, causal: bool, causal_align: str, window, attn_mask) -> np.ndarray
 
 def dense_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
                     causal_align: str = "top_left", return_lse: bool = False, window=(-1, -1),
-                    softcap: float = 0.0, alibi_slopes=None, sinks=None, attn_mask=None):
+                    softcap: float = 0.0, alibi_slopes=None, sinks=None, attn_mask=None, dropout=None):
     """(a) ``softmax(scale * Q K^T) V`` in float64, the whole score matrix at once.
 
     Returns ``o`` ``[B, H, Sq, D]`` float64 (and the natural-log LSE ``[B, H, Sq]``
     when ``return_lse``).  Rows with no visible key give 0 and LSE ``-inf``.  ``sinks``: one
     logit a head in every row's denominator, with no value (gpt-oss's attention sinks).  ``attn_mask``:
     broadcastable to ``[B, H, Sq, Sk]``, as SDPA takes it: boolean (True: the key takes part), joined with the
-    band, or a float bias added to the scores (after the softcap and ALiBi).
+    band, or a float bias added to the scores (after the softcap and ALiBi).  ``dropout``: attention dropout's
+    factors ``Z`` ``[B, H, Sq, Sk]`` (``1 / (1 - p)`` kept, 0 dropped: :func:`fmha.kernels.dropout.factors`), so
+    ``o = (P * Z) V`` (the LSE is the softmax's).
     """
     q, k, v = _as_f64(q), _as_f64(k), _as_f64(v)
     k, v = _expand_kv(q, k, v)
@@ -138,13 +140,14 @@ def dense_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
     s = score_mods(scale * (q @ k.swapaxes(-1, -2)), seqlen_q, seqlen_k, causal_align, softcap, alibi_slopes)
     p, lse = _softmax(_masked(s, causal, causal_align, window, attn_mask), sinks)
-    o = p @ v
+    o = (p if dropout is None else p * _as_f64(dropout)) @ v
     return (o, lse) if return_lse else o
 
 
 def dense_attention_backward(q, k, v, do, *, causal: bool = False, scale: float | None = None,
                              causal_align: str = "top_left", window=(-1, -1), softcap: float = 0.0,
-                             alibi_slopes=None, o=None, sinks=None, attn_mask=None, mask_grad: bool = False):
+                             alibi_slopes=None, o=None, sinks=None, attn_mask=None, mask_grad: bool = False,
+                             dropout=None):
     """(c) The gradients ``(dq, dk, dv)`` of :func:`dense_attention` for the incoming ``do``, in float64,
     written as the kernels compute them (docs/BACKWARD.md): ``P`` from the scores, ``dV = P^T dO``,
     ``dP = dO V^T``, ``delta = rowsum(dO * O)``, ``dZ = P (dP - delta)``, then through the softcap's
@@ -153,7 +156,8 @@ def dense_attention_backward(q, k, v, do, *, causal: bool = False, scale: float 
     ``delta`` from (default the exact one; the kernels take the stored, rounded one).  With ``sinks``
     also ``d sink_h = -sum_i P_sink,i delta_i``, a fourth result.  ``attn_mask``: as :func:`dense_attention`'s;
     ``mask_grad``: also the gradient of each score after the softcap, ``dZ`` ``[B, H, Sq, Sk]`` (a float bias's
-    before it is summed to the bias's shape), last."""
+    before it is summed to the bias's shape), last.  ``dropout``: :func:`dense_attention`'s factors ``Z``, so
+    ``dV = (P Z)^T dO`` and ``dP = Z (dO V^T)``."""
     q, k, v, do = _as_f64(q), _as_f64(k), _as_f64(v), _as_f64(do)
     group = q.shape[1] // k.shape[1]
     ke, ve = _expand_kv(q, k, v)
@@ -163,9 +167,10 @@ def dense_attention_backward(q, k, v, do, *, causal: bool = False, scale: float 
     z = score_mods(raw, seqlen_q, seqlen_k, causal_align, softcap, alibi_slopes)
     z = _masked(z, causal, causal_align, window, attn_mask)
     p, lse = _softmax(z, sinks)
-    o = p @ ve if o is None else _as_f64(o)
-    dv = p.swapaxes(-1, -2) @ do
-    dp = do @ ve.swapaxes(-1, -2)
+    kept = np.ones_like(p) if dropout is None else _as_f64(dropout)
+    o = (p * kept) @ ve if o is None else _as_f64(o)
+    dv = (p * kept).swapaxes(-1, -2) @ do
+    dp = (do @ ve.swapaxes(-1, -2)) * kept
     delta = (do * o).sum(axis=-1, keepdims=True)
     ds = dz = p * (dp - delta)
     if softcap:

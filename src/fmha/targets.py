@@ -193,12 +193,13 @@ def family_of_target(target: str) -> str:
 
 def build_backward_kernels(target: str, head_dim: int, dtype: str = "bfloat16", causal: bool = False,
                            deterministic: bool = False, attn_mask: bool | str = False,
-                           shared: int = 0, mask_grad: bool = False) -> list["Build"]:
+                           shared: int = 0, mask_grad: bool = False, dropout: bool = False) -> list["Build"]:
     """The portable backward's kernels (:mod:`fmha.kernels.backward`: dK/dV, and dQ unless the first adds it
     atomically) compiled for ``target`` without a GPU, with the tiles :func:`fmha.backward.tiles` picks
     there; their ``variant`` is the kernel's name.  ``attn_mask``: built to read one (:func:`_mask_build`);
     ``mask_grad``: a bias's gradient too, stored by the dQ kernel (in the deterministic tiles, as the backward
-    takes them then).
+    takes them then).  ``dropout``: built to drop the forward's attention probabilities again
+    (:mod:`fmha.kernels.dropout`).
     ``shared``: the bytes of shared memory a block may take, as a GPU of that target has them (0: the target's
     SM's less 1 KB: an A100's for sm_80)."""
     from .backward import tiles
@@ -206,7 +207,7 @@ def build_backward_kernels(target: str, head_dim: int, dtype: str = "bfloat16", 
     _check_choice("target", target, list(TARGETS))
     _check_choice("dtype", dtype, ["float16", "bfloat16"])
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
-        return _build_elsewhere(target, head_dim, dtype, causal, deterministic, attn_mask, shared,
+        return _build_elsewhere(target, head_dim, dtype, causal, deterministic, attn_mask, shared, mask_grad, dropout,
                                 builder="build_backward_kernels")
     chip = TARGETS[target]
     # a block's shared memory: an SM's less the 1 KB the driver keeps (an A100's 163 KB for sm_80)
@@ -223,13 +224,16 @@ def build_backward_kernels(target: str, head_dim: int, dtype: str = "bfloat16", 
         const = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=t["BLOCK_M"], BLOCK_N=t["BLOCK_N"], CAUSAL=causal,
                      WINDOW=False, SOFTCAP=False, ALIBI=False, VARLEN=False, SEQUSED=False, ALIGN_BR=False,
                      HEAD_V=head_dim, BLOCK_DV=block_d, QK_CHUNKS=t["QK_CHUNKS"], **_mask_build(attn_mask, kernel)[0])
+        if dropout:
+            const["DROPOUT"] = True
         if "ATOMIC_DQ" in kernel.arg_names:
             const["ATOMIC_DQ"] = atomic
         else:  # the dQ kernel
             const["MASK_GRAD"] = mask_grad
         dt = DTYPES[dtype]
         aligned = {**dict.fromkeys(("Q", "K", "V", "DO", "DK", "DV"), dt), "DQ": "fp32" if atomic else dt,
-                   **dict.fromkeys(("LSE", "Delta", "Alibi", "DMask"), "fp32"), **_mask_build(attn_mask, kernel)[1]}
+                   **dict.fromkeys(("LSE", "Delta", "Alibi", "DMask"), "fp32"), **_mask_build(attn_mask, kernel)[1],
+                   **({"Seed": "i64"} if dropout else {})}
         compiled = _compile(kernel, const, aligned, chip, t["num_warps"], t["num_stages"])
         cfg = dict(block_m=t["BLOCK_M"], block_n=t["BLOCK_N"], num_warps=t["num_warps"], num_stages=t["num_stages"],
                    **({"qk_chunks": t["QK_CHUNKS"]} if t["QK_CHUNKS"] else {}),
@@ -339,7 +343,8 @@ def _check_choice(kind: str, value, valid) -> None:
 
 def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16", causal: bool = False,
           config=None, seqlen_k: int = 0, lengths: str = "dense", head_dim_v: int = 0,
-          attn_mask: bool | str = False, checked: bool = False, modifiers: bool | tuple = False) -> Build:
+          attn_mask: bool | str = False, checked: bool = False, modifiers: bool | tuple = False,
+          dropout: bool = False) -> Build:
     """Compile ``variant`` for ``target`` (a key of :data:`TARGETS`) without a GPU.  ``seqlen_k``
     matters to ``hopper`` only (a length off its key tile builds the ragged key mask); ``lengths`` to ``hopper``
     and ``tiled`` ("varlen" or "seqused" the lengths per sequence; "paged" those in a paged cache of 256-key
@@ -349,7 +354,8 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
     ``checked`` (``tiled``, ``lengths`` "varlen" or "paged"): the kernel checks the indices it follows itself, built
     with its asserts (:func:`fmha.forward.self_checked`).  ``modifiers`` (the Triton variants): built with a window,
     softcap, ALiBi and the LSE all at once (the most registers they take), in the config the plan takes beside
-    them; or some of them, named (:data:`MODIFIERS`)."""
+    them; or some of them, named (:data:`MODIFIERS`).  ``dropout`` (``tiled``): built to drop attention
+    probabilities (:mod:`fmha.kernels.dropout`)."""
     from . import configs
     _check_choice("target", target, list(TARGETS))
     _check_choice("variant", variant, variants())
@@ -364,6 +370,8 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
                                                  if d <= head_dim])
     if attn_mask and variant != "tiled":
         raise ValueError(f"attn_mask: {variant} takes none (the tiled variant reads it)")
+    if dropout and (variant != "tiled" or lengths != "dense" or head_dim == MLA_ABSORBED[0]):
+        raise ValueError("dropout: the tiled variant's, over dense rows")
     if modifiers and variant == "hopper":
         raise ValueError("modifiers: the Triton variants' switch (hopper builds its own per call)")
     if checked and (variant != "tiled" or lengths not in ("varlen", "paged")):
@@ -378,7 +386,7 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
     mods = MODIFIERS if modifiers is True else tuple(modifiers or ())
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         return _build_elsewhere(variant, target, head_dim, dtype, causal, config, seqlen_k, lengths, head_dim_v,
-                                attn_mask, checked, modifiers)
+                                attn_mask, checked, modifiers, dropout)
     chip = TARGETS[target]
     arch_key = "hip" if chip.backend == "hip" else ("sm90" if chip.arch == 90 else "sm80")
     scored = bool(set(mods) - {"lse"}) or bool(attn_mask)  # what the plan's configs call modifiers
@@ -421,9 +429,12 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
                      PACK_GQA=True, ALIGN_BR=True, SEQUSED=True)
     const.update({name: 1 for name in kernel.arg_names  # unit strides, as launches specialise them
                   if name.startswith("stride_") and name.endswith("d") and name not in const})
+    if dropout:
+        const.update(DROPOUT=True)
     out = "bf16" if fp8 else DTYPES[dtype]
     aligned = {**dict.fromkeys(("Q", "K", "V"), DTYPES[dtype]), **dict.fromkeys(("O", "Out"), out),
-               **dict.fromkeys(("LSE", "Alibi", "Descale", "LseOut"), "fp32"), **_mask_build(attn_mask, kernel)[1]}
+               **dict.fromkeys(("LSE", "Alibi", "Descale", "LseOut"), "fp32"), **_mask_build(attn_mask, kernel)[1],
+               **({"Seed": "i64"} if dropout else {})}
     from .kernels.guards import CHECK_OPTIONS
     compiled = _compile(kernel, const, aligned, chip, cfg.num_warps, cfg.num_stages, CHECK_OPTIONS if checked else {})
     return Build(variant, target, head_dim, dtype, causal, cfg.as_dict(), dict(compiled.asm),
@@ -433,11 +444,13 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
 def _compile(kernel, const: dict, aligned: dict, chip, num_warps: int, num_stages: int, options=None):
     """Triton's build of the Triton ``kernel`` for ``chip`` as a launch specialises it: ``const`` its constexprs,
     ``aligned`` the element type of each pointer it reads 16-byte aligned; the cu_seqlens, lengths and block
-    table int32 pointers, the scale and softcap float32, every other argument an int32 (strides divisible by
-    16); ``options``: more of Triton's build options."""
+    table int32 pointers, the scale, softcap and dropout probability float32, every other argument an int32
+    (strides divisible by 16); a constexpr not in ``const`` and an argument whose default is None take their
+    defaults, as a launch that leaves them out does (``BH_BASE`` 0: one launch's grid, :func:`fmha.replay.launch`;
+    no dropout); ``options``: more of Triton's build options."""
     sig, attrs = {}, {}
-    if "BH_BASE" in kernel.arg_names:  # one launch's grid: no programs before it (:func:`fmha.replay.launch`)
-        const = {**const, "BH_BASE": 0}
+    const = {**{p.name: p.default for p in kernel.params
+                if p.has_default and (p.is_constexpr or p.default is None) and p.name not in aligned}, **const}
     for i, name in enumerate(kernel.arg_names):
         if name in const:
             sig[name] = "constexpr"
@@ -447,7 +460,7 @@ def _compile(kernel, const: dict, aligned: dict, chip, num_warps: int, num_stage
             sig[name] = "*i32"
         elif name == "AttnMask":
             sig[name] = "*u8"
-        elif name in ("scale_log2", "softcap"):
+        elif name in ("scale_log2", "softcap", "dropout_p"):
             sig[name] = "fp32"
         else:
             sig[name] = "i32"

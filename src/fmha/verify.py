@@ -34,8 +34,9 @@ def _softmax_lowp(s, sinks):
 
 
 def torch_lowp(q, k, v, causal, causal_align, scale=None, window=(-1, -1), softcap=0.0, alibi_slopes=None,
-               sinks=None, attn_mask=None):
-    """The same attention in PyTorch at the input precision (bhsd, float64 numpy out)."""
+               sinks=None, attn_mask=None, dropout=None):
+    """The same attention in PyTorch at the input precision (bhsd, float64 numpy out); ``dropout``: the factors
+    that multiply the probabilities (:func:`fmha.reference.dense_attention`'s)."""
     dt = q.dtype
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
@@ -47,6 +48,8 @@ def torch_lowp(q, k, v, causal, causal_align, scale=None, window=(-1, -1), softc
     s, mask = _joined(s, reference.visible(q.shape[2], k.shape[2], causal, causal_align, window), attn_mask)
     s = s.masked_fill(~mask, float("-inf"))
     p = _softmax_lowp(s, sinks).nan_to_num(0.0).to(dt)
+    if dropout is not None:
+        p = p * dropout.to(p.device, dt)
     return (p @ v).double().cpu().numpy()
 
 
@@ -145,7 +148,7 @@ def _joined(s, band, attn_mask):
 
 
 def torch_lowp_grads(q, k, v, do, causal, causal_align, scale=None, window=(-1, -1), softcap=0.0,
-                     alibi_slopes=None, sinks=None, attn_mask=None):
+                     alibi_slopes=None, sinks=None, attn_mask=None, dropout=None):
     """The gradients of :func:`torch_lowp`'s attention by PyTorch's autograd at the input precision
     (bhsd; float64 numpy out); a float ``attn_mask``'s too, fourth, in its shape."""
     dt = q.dtype
@@ -159,12 +162,14 @@ def torch_lowp_grads(q, k, v, do, causal, causal_align, scale=None, window=(-1, 
     s = (q @ k.repeat_interleave(group, 1).transpose(-1, -2)).float() * scale
     s, mask = _modified(s, k.shape[2], causal, causal_align, window, softcap, alibi_slopes, attn_mask)
     p = _softmax_lowp(s.masked_fill(~mask, float("-inf")), sinks).nan_to_num(0.0).to(dt)
+    if dropout is not None:
+        p = p * dropout.to(p.device, dt)
     (p @ v.repeat_interleave(group, 1)).backward(do.to(dt))
     return tuple(t.grad.double().cpu().numpy() for t in leaves)
 
 
 def flash_grads32(q, k, v, do, o, lse, causal, causal_align, scale=None, window=(-1, -1), softcap=0.0,
-                  alibi_slopes=None, attn_mask=None, sinks=None):
+                  alibi_slopes=None, attn_mask=None, sinks=None, dropout=None):
     """The gradients as a flash backward computes them, in float32 from the input-precision tensors: the scores
     computed again, ``P`` from the forward's stored LSE (natural log, ``[batch, heads, seqlen_q]``) and ``delta``
     from its stored output ``o`` (bhsd; float64 numpy out).  Where a score is large the two computations of it
@@ -178,8 +183,9 @@ def flash_grads32(q, k, v, do, o, lse, causal, causal_align, scale=None, window=
     z, mask = _modified(raw, k.shape[2], causal, causal_align, window, softcap, alibi_slopes, attn_mask)
     lse = lse.detach().float().to(q.device)[..., None]
     p = torch.where(mask & torch.isfinite(lse), torch.exp(z - lse), 0.0)
-    dv = p.transpose(-1, -2) @ do
-    ds = p * (do @ ve.transpose(-1, -2) - (do * o).sum(-1, keepdim=True))
+    kept = torch.ones_like(p) if dropout is None else dropout.to(p.device, torch.float32)
+    dv = (p * kept).transpose(-1, -2) @ do
+    ds = p * ((do @ ve.transpose(-1, -2)) * kept - (do * o).sum(-1, keepdim=True))
     if softcap:
         ds = ds * (1.0 - torch.tanh(raw / softcap) ** 2)
     ds = ds * scale

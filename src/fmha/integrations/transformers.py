@@ -30,7 +30,8 @@ transformers' compiled decoding (a static cache, CUDA graphs) keeps its CUDA gra
 fmha for the band alone, fmha with ``seqused_k`` for a static cache's mask and SDPA with the mask otherwise (no graph
 break, no graphs that depend on the mask's values).  Training works (gradients through :mod:`fmha.gradients`), under
 autocast too (float32 q, k, v are cast to the autocast dtype, as autocast casts SDPA's); a training step with
-attention dropout runs SDPA, said once (fmha has no dropout).
+attention dropout runs SDPA, said once (fmha's ``dropout_p`` runs on its portable kernels, not yet timed against
+SDPA's FlashAttention-2 kernels, which take dropout).
 """
 from __future__ import annotations
 
@@ -129,10 +130,10 @@ def _picked(attention_mask, indices, q_len: int, k_len: int, causal: bool, windo
 def _not_taken(d: int, dv: int, kwargs, dtype: torch.dtype = torch.bfloat16, dropout: bool = False) -> str | None:
     """What of a call fmha does not take, or None: a float32 model outside autocast (fmha computes in float16 and
     bfloat16; :func:`fmha.attention` refuses float32 rather than round it), attention dropout in a training step
-    (GPT-2's default ``attn_pdrop``; fmha has none), head dims it has no kernel for (it takes multiples of 8 up to
-    256, and MLA's absorbed form), or an additive bias on the scores (T5's relative positions, ``position_bias``,
-    which transformers' SDPA attention adds to the mask: fmha's ``tiled`` takes it as ``attn_mask``, at 0.61x cuDNN
-    at T5-base's encoder shapes on an H100, docs/PERF.md)."""
+    (GPT-2's default ``attn_pdrop``: the module's docstring says why), head dims it has no kernel for (it takes
+    multiples of 8 up to 256, and MLA's absorbed form), or an additive bias on the scores (T5's relative positions,
+    ``position_bias``, which transformers' SDPA attention adds to the mask: fmha's ``tiled`` takes it as ``attn_mask``,
+    at 0.61x cuDNN at T5-base's encoder shapes on an H100, docs/PERF.md)."""
     if dtype in (torch.float32, torch.float64):
         return f"{dtype} q, k, v (fmha takes float16 and bfloat16: load the model in one, or run under autocast)"
     why = head_dims_reason(d, dv)

@@ -40,6 +40,8 @@ def unsupported_problem(variant: str, prob) -> str | None:
         return "q/k head dim 576 (MLA's absorbed form) runs on the tiled variant"
     if prob.attn_mask and variant != "tiled":
         return "an attn_mask runs on the tiled variant"
+    if prob.dropout and variant != "tiled":
+        return "attention dropout runs on the tiled variant"
     return None
 
 
@@ -92,7 +94,7 @@ def amd_build(q: torch.Tensor) -> bool:
 
 def launch(variant: str, cfg, prob, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None, None),
            grid_m: int | None = None, split_len: int = 0, block_table=None, longest=None, descale=None,
-           merge=None, attn_mask=None, checks=None) -> None:
+           merge=None, attn_mask=None, checks=None, dropout=None) -> None:
     """Run ``variant`` with ``cfg`` on ``prob``: writes ``o`` (and ``lse`` if not None).
     ``seqs = (cu_seqlens_q, cu_seqlens_k, seqused_k)``; ``grid_m`` rows cover the longest sequence;
     ``longest``: packed sequences' max_seqlen_q and max_seqlen_k (the room of ``hopper``'s work list).
@@ -103,7 +105,8 @@ def launch(variant: str, cfg, prob, q, k, v, o, lse, layout: str, alibi=None, se
     into ``out`` (in ``layout``) and, when not None, ``out_lse`` (``[batch, heads, seqlen_q]``).
     ``attn_mask`` (``tiled``): a boolean ``[batch, heads, seqlen_q, seqlen_k]`` view (any strides) joining the band.
     ``checks = (num_pages, max_seqlen_q, max_seqlen_k)`` (``tiled``, paged or packed): the kernel checks the block
-    table and cache_seqlens, or the cu_seqlens, itself (:func:`fmha.forward.self_checked`)."""
+    table and cache_seqlens, or the cu_seqlens, itself (:func:`fmha.forward.self_checked`).  ``dropout = (seed,
+    dropout_p)`` (``tiled``, ``prob.dropout``): the seed tensor and probability of :mod:`.dropout`."""
     if variant == "hopper":
         from . import hopper
         return hopper.launch(prob, cfg, q, k, v, o, lse, layout, alibi, seqs, longest, block_table, descale)
@@ -149,6 +152,7 @@ def launch(variant: str, cfg, prob, q, k, v, o, lse, layout: str, alibi=None, se
         **(mask_args(attn_mask, o) if "ATTN_MASK" in params else {}),
         **(dict(MASK_UNIT=mask_unit(attn_mask, q)) if "MASK_UNIT" in params else {}),
         **(_check_args(checks) if "CHECKED" in params else {}),
+        **(dict(Seed=dropout[0], dropout_p=float(dropout[1]), DROPOUT=True) if dropout is not None else {}),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 

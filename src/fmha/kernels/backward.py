@@ -14,7 +14,9 @@ from the forward's LSE, ``O = P V`` and the incoming ``dO``:
   by :func:`zero_kernel` and cast after by :func:`cast_kernel` (launches, not torch's ops: a replayed call,
   :mod:`fmha.replay`, makes only launches).
 
-``dZ' = dZ`` times the softcap's derivative ``1 - tanh^2(scale q.k / softcap)`` when capped.  Masks and modifiers
+With attention dropout (``DROPOUT``, :mod:`.dropout`: ``O = (P * Z) V``) ``dV = (P * Z)^T dO`` and
+``dP = Z * (dO V^T)``, the pairs drawn again from the forward's seed.  ``dZ' = dZ`` times the softcap's derivative
+``1 - tanh^2(scale q.k / softcap)`` when capped.  Masks and modifiers
 are the forward's (:func:`.common.scores`), and with ``ATTN_MASK`` its attn_mask (:func:`.common.masked_scores`:
 ``P = 0`` where a boolean one hides the key, a bias added to ``z``), whose gradient, when asked (``MASK_GRAD``: a
 bias's), is ``dZ`` itself, stored by :func:`dq_kernel` for every score it visits; a row that sees no key (LSE
@@ -24,6 +26,7 @@ element is written by one program, in a fixed order.
 import triton
 import triton.language as tl
 
+from . import dropout
 from .common import LOG2E, dot_t, head_slope, load_rows, masked_scores, mma, scores, sequence
 
 
@@ -162,7 +165,7 @@ def dkdv_kernel(Q, K, V, DO, LSE, Delta, DK, DV, DQ,
                 CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
                 VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr, HEAD_V: tl.constexpr,
                 BLOCK_DV: tl.constexpr, ATTN_MASK: tl.constexpr, ATOMIC_DQ: tl.constexpr, QK_CHUNKS: tl.constexpr,
-                BH_BASE: tl.constexpr = 0):
+                BH_BASE: tl.constexpr = 0, Seed=None, dropout_p=0.0, DROPOUT: tl.constexpr = False):
     """dK and dV of key block ``program_id(0)`` of (batch, KV head) ``program_id(1)`` (HEAD_V: V's, O's and
     dO's head dimension); with ``ATOMIC_DQ`` also this block's share of dQ, added into the float32 ``DQ``."""
     kv_heads = heads // group
@@ -196,6 +199,10 @@ def dkdv_kernel(Q, K, V, DO, LSE, Delta, DK, DV, DQ,
     hi = sq
     if WINDOW:
         hi = tl.minimum(tl.maximum(start_n + BLOCK_N - window_offset, 0), sq)
+    tl.static_assert(not DROPOUT or not VARLEN, "dropout: dense rows")
+    seed = 0
+    if DROPOUT:
+        seed = tl.load(Seed)
     for g in range(group):
         h = kvh * group + g
         slope = head_slope(Alibi, b * heads + h, heads, ALIBI)
@@ -217,8 +224,13 @@ def dkdv_kernel(Q, K, V, DO, LSE, Delta, DK, DV, DQ,
             p, dcap = _probs(q, k, lse2, offs_m, offs_n, sq, sk, scale_log2, softcap, slope, causal_offset,
                              window_offset, align_offset, mask_rows, stride_mk, CAUSAL, WINDOW, SOFTCAP, ALIBI,
                              ATTN_MASK, BLOCK_M, BLOCK_N, QK_CHUNKS)
-            dv = mma(tl.trans(p.to(do.dtype)), do, dv)
-            dp = dot_t(do, v, BLOCK_M, BLOCK_N, QK_CHUNKS)
+            if DROPOUT:
+                z = dropout.weights(seed, rows, offs_n, seqlen_k, dropout_p)
+                dv = mma(tl.trans((p * z).to(do.dtype)), do, dv)
+                dp = dot_t(do, v, BLOCK_M, BLOCK_N, QK_CHUNKS) * z
+            else:
+                dv = mma(tl.trans(p.to(do.dtype)), do, dv)
+                dp = dot_t(do, v, BLOCK_M, BLOCK_N, QK_CHUNKS)
             dz = p * (dp - delta[:, None]) * dcap
             dk = mma(tl.trans(dz.to(q.dtype)), q, dk)
             if ATOMIC_DQ:
@@ -241,7 +253,7 @@ def dq_kernel(Q, K, V, DO, LSE, Delta, DQ,
               CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
               VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr, HEAD_V: tl.constexpr,
               BLOCK_DV: tl.constexpr, ATTN_MASK: tl.constexpr, QK_CHUNKS: tl.constexpr, MASK_GRAD: tl.constexpr,
-              BH_BASE: tl.constexpr = 0):
+              BH_BASE: tl.constexpr = 0, Seed=None, dropout_p=0.0, DROPOUT: tl.constexpr = False):
     """dQ of query block ``program_id(0)`` of (batch, head) ``program_id(1)``; with ``MASK_GRAD`` also the gradient
     of each score it visits, ``dZ``, into the float32 ``DMask`` ``[batch, heads, seqlen_q, seqlen_k]`` (contiguous;
     zero where no program writes: scores outside the band)."""
@@ -280,6 +292,10 @@ def dq_kernel(Q, K, V, DO, LSE, Delta, DQ,
     hi = sk
     if CAUSAL:
         hi = tl.minimum(tl.maximum(start_m + BLOCK_M + causal_offset, 0), sk)
+    tl.static_assert(not DROPOUT or not VARLEN, "dropout: dense rows")
+    seed = 0
+    if DROPOUT:
+        seed = tl.load(Seed)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         keys = (k0 + offs_n).to(tl.int64)
@@ -291,6 +307,8 @@ def dq_kernel(Q, K, V, DO, LSE, Delta, DQ,
                          align_offset, mask_rows, stride_mk, CAUSAL, WINDOW, SOFTCAP, ALIBI, ATTN_MASK, BLOCK_M,
                          BLOCK_N, QK_CHUNKS)
         dp = dot_t(do, v, BLOCK_M, BLOCK_N, QK_CHUNKS)
+        if DROPOUT:
+            dp = dp * dropout.weights(seed, rows, offs_n, seqlen_k, dropout_p)
         dz = p * (dp - delta[:, None])
         if MASK_GRAD:  # (dense only: the buffer's rows are (batch, head, query))
             at = DMask + (bh.to(tl.int64) * seqlen_q + offs_m)[:, None] * seqlen_k + offs_n[None, :]

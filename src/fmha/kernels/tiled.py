@@ -9,11 +9,11 @@ ragged end), masked elementwise.  Tile sizes, warps and stages come from
 import triton
 import triton.language as tl
 
-from . import guards
+from . import dropout, guards
 from .combine import merge_if_last
 from .common import (causal_stop, dot_t, full_stop, head_slope, initial_state, load_rows, masked_scores, mma,
-                     online_softmax_step, paged_rows, program_start, row_place, scores, split_keys, window_clear,
-                     window_start, write_output)
+                     online_softmax_step, paged_rows, program_start, row_place, scores, softmax_weights, split_keys,
+                     window_clear, window_start, write_output)
 
 
 @triton.jit
@@ -43,20 +43,22 @@ def _v_rows_clamped(v_base, cols, seqlen_k, offs_dv, stride_vs, stride_vd, HEAD_
 def _key_range(acc, l, m, q, q_lo, k_base, v_base, lo, hi, offs_m, offs_n, offs_d, offs_dv,
                stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k, causal_offset, scale_log2,
                window_offset, align_offset, softcap, slope, BlockTable, b, stride_bt, max_pages, stride_kb, stride_vb,
-               K_desc, V_desc, kv_seq, kv_col, mask_rows, stride_mk,
+               K_desc, V_desc, kv_seq, kv_col, mask_rows, stride_mk, seed, drop_rows, drop_keys, dropout_p,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
                SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, PAGED: tl.constexpr, PAGE: tl.constexpr,
                KV_TMA: tl.constexpr, HEAD_V: tl.constexpr, BLOCK_DV: tl.constexpr, FP8: tl.constexpr,
                QK_LO: tl.constexpr, V_FROM_K: tl.constexpr, ATTN_MASK: tl.constexpr, AMD: tl.constexpr,
-               QK_CHUNKS: tl.constexpr):
+               QK_CHUNKS: tl.constexpr, DROPOUT: tl.constexpr):
     """The key tiles ``[lo, hi)``.  QK_LO: Q K^T also over the ``QK_LO`` columns after q/k's first ``BLOCK_D``
     (``q_lo``: Q's); V_FROM_K: V is K's first ``BLOCK_DV`` columns (MLA's absorbed form), so K's tile serves.
     ATTN_MASK: each row's attn_mask (``mask_rows``, key stride ``stride_mk``; :func:`.common.masked_scores`) joins
     the band, in every tile.
     AMD: a masked tile's V read as :func:`_v_rows_clamped` reads it.  ``offs_dv`` and HEAD_V: the columns V's tile
     reads and how many of them are real (columns past them read 0); an AMD build passes :func:`_v_columns`' and
-    BLOCK_DV.  QK_CHUNKS: Q K^T over column chunks (:func:`.common.dot_t`)."""
+    BLOCK_DV.  QK_CHUNKS: Q K^T over column chunks (:func:`.common.dot_t`).  DROPOUT: P V over the kept pairs'
+    probabilities (:func:`.dropout.weights` of ``seed`` at the rows ``drop_rows`` of ``drop_keys`` keys), the
+    denominator over all of them."""
     first = (lo + offs_n).to(tl.int64)
     k_ptrs = k_base + first[:, None] * stride_ks + offs_d[None, :] * stride_kd
     v_ptrs = v_base + first[:, None] * stride_vs + offs_dv[None, :] * stride_vd
@@ -101,7 +103,12 @@ def _key_range(acc, l, m, q, q_lo, k_base, v_base, lo, hi, offs_m, offs_n, offs_
             v = load_rows(v_ptrs, cols, seqlen_k, offs_dv, HEAD_V, BLOCK_DV, MASKED)
         if FP8 and not V_FROM_K:
             v = v.to(q.dtype)
-        acc, l, m = online_softmax_step(acc, l, m, s, v)
+        if DROPOUT:
+            p, alpha, l, m = softmax_weights(l, m, s)
+            z = dropout.weights(seed, drop_rows, cols, drop_keys, dropout_p)
+            acc = mma((p * z).to(v.dtype), v, acc * alpha[:, None])
+        else:
+            acc, l, m = online_softmax_step(acc, l, m, s, v)
         k_ptrs += BLOCK_N * stride_ks
         v_ptrs += BLOCK_N * stride_vs
         if QK_LO:
@@ -144,7 +151,8 @@ def tiled_kernel(
         Out, stride_fb, stride_fh, stride_fs, stride_fd, LseOut, Tickets, MERGE: tl.constexpr,
         MERGE_LSE: tl.constexpr, AttnMask, stride_mb, stride_mh, stride_mq, stride_mk, ATTN_MASK: tl.constexpr,
         AMD: tl.constexpr, QK_CHUNKS: tl.constexpr, num_pages, max_seqlen_q, max_seqlen_k, CHECKED: tl.constexpr,
-        MASK_UNIT: tl.constexpr = False, BH_BASE: tl.constexpr = 0):
+        MASK_UNIT: tl.constexpr = False, BH_BASE: tl.constexpr = 0, Seed=None, dropout_p=0.0,
+        DROPOUT: tl.constexpr = False):
     """HEAD_V, BLOCK_DV: V's and O's head dimension (DeepSeek's MLA: 128 against q/k's 192), else HEAD_DIM's.
     QK_LO: q/k have ``QK_LO`` more columns after their first ``BLOCK_D`` (MLA's absorbed form: 576 = 512 + 64,
     HEAD_DIM then 512), a second slice of Q K^T; V_FROM_K: V is K's first columns, read once as K's tile.
@@ -167,7 +175,13 @@ def tiled_kernel(
     (against ``max_seqlen_q`` / ``max_seqlen_k``) or cache_seqlens, and the pages of the keys it reads (``num_pages``
     in the pool) before it reads them, as the separate launches of :mod:`.guards` would (one launch's grid holds
     every sequence: :func:`fmha.forward.self_checked`).  ``BH_BASE``: the first (batch, head) program of this
-    launch (:func:`fmha.replay.launch`)."""
+    launch (:func:`fmha.replay.launch`).  DROPOUT (dense, not split, no packed GQA rows): attention dropout with
+    probability ``dropout_p``, its pairs drawn from the seed in ``Seed`` (:mod:`.dropout`)."""
+    tl.static_assert(not DROPOUT or not (SPLIT or PACK_GQA or VARLEN or PAGED), "dropout: dense rows, one launch")
+    drop_keys = seqlen_k  # the tensor's keys, before a sequence's own length replaces them (a pair's place)
+    seed = 0
+    if DROPOUT:
+        seed = tl.load(Seed)
     per_batch = heads // group if PACK_GQA else heads
     bh = tl.program_id(1) + BH_BASE
     if CHECKED:
@@ -233,9 +247,9 @@ def tiled_kernel(
                                    offs_n, offs_d, offs_vr, stride_ks, stride_kd, stride_vs, stride_vd, seqlen_k,
                                    causal_offset, scale_log2, window_offset, align_offset, softcap, slope, BlockTable,
                                    b, stride_bt, max_pages, stride_kb, stride_vb, K_desc, V_desc, kv_seq, kv_col,
-                                   mask_rows, stride_mk, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, part != 1, CAUSAL,
-                                   WINDOW, SOFTCAP, ALIBI, PAGED, PAGE, KV_TMA, V_READ, BLOCK_DV, FP8, QK_LO,
-                                   V_FROM_K, ATTN_MASK, AMD, QK_CHUNKS)
+                                   mask_rows, stride_mk, seed, lse_rows, drop_keys, dropout_p, HEAD_DIM, BLOCK_D,
+                                   BLOCK_M, BLOCK_N, part != 1, CAUSAL, WINDOW, SOFTCAP, ALIBI, PAGED, PAGE, KV_TMA,
+                                   V_READ, BLOCK_DV, FP8, QK_LO, V_FROM_K, ATTN_MASK, AMD, QK_CHUNKS, DROPOUT)
     if FP8:
         acc = acc * tl.load(factors + 2)
     write_output(o_rows, LSE, lse_rows, acc, l, m, offs_m, seqlen_q, offs_dv, stride_od,
