@@ -45,6 +45,22 @@ def test_a_wrong_gradient_is_caught(monkeypatch):
             fuzz.run(p, DEVICE)
 
 
+def test_problems_with_dropout_pass_and_other_pairs_are_caught(monkeypatch):
+    """Backward problems with attention dropout pass against the reference of the pairs the call drew; handed other
+    pairs (the drawn ones reversed along the keys), the reference fails them."""
+    from fmha.kernels import dropout
+    drawn = [fuzz.draw(random.Random(s), False, False) for s in range(800)]
+    dropped = [p for p in drawn if p.dropout][:3]
+    assert len(dropped) == 3 and all(p.grad for p in dropped)
+    for p in dropped:
+        fuzz.run(p, DEVICE)
+    real = dropout.factors
+    monkeypatch.setattr(dropout, "factors", lambda *a: real(*a).flip(-1))
+    for p in dropped:
+        with pytest.raises(AssertionError):
+            fuzz.run(p, DEVICE)
+
+
 def test_problems_with_a_narrower_v_pass():
     """V narrower than q/k (MLA's shapes): O as wide as V, each entry that takes them against float64; the
     seed's one-warp variants refuse them (a ValueError, counted by the fuzzer as refused)."""

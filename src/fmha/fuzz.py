@@ -12,9 +12,10 @@ the dtype's limits.
 Each answer (output poisoned with NaN first, and its LSE) is held against the float64 reference by
 :mod:`fmha.verify`'s rule.  Some ``attention`` problems with finite inputs also take the backward, fast or
 ``deterministic`` (:data:`GRADS`), some of them under a random ``attn_mask`` (boolean, or a bias whose own
-gradient is checked too): dQ, dK and dV against the float64 reference's, and a deterministic backward run
-twice gives the same bits.  A failure prints as one JSON line: ``Problem(**json.loads(line))`` rebuilds it,
-which is how a failure becomes a named regression test.
+gradient is checked too) or with attention dropout (the reference given the pairs the call drew): dQ, dK and dV
+against the float64 reference's, and a deterministic backward run twice gives the same bits.  A failure prints
+as one JSON line: ``Problem(**json.loads(line))`` rebuilds it, which is how a failure becomes a named regression
+test.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ import torch
 from . import configs, plan, verify
 from .api import attention, attention_paged, attention_varlen
 from .checks import HEAD_DIMS, TUNED_HEAD_DIMS
+from .kernels import dropout
 from .kernels.hopper.resources import padded
 
 PATTERNS = ("normal", "rising", "late_spike", "late_first", "equal", "inf_key", "nan_key", "extreme")
@@ -65,6 +67,7 @@ class Problem:
     head_dim_v: int = 0     # V's and O's head dim where it is smaller than q/k's (MLA's 192/128), else 0
     grad: str = ""          # attention: also the backward, "fast" or "deterministic" (:func:`_takes_grad`)
     attn_mask: bool = False  # attention: a random mask [batch, 1 or heads, seqlen_q, seqlen_k] too (:func:`_mask`)
+    dropout: float = 0.0    # attention with the backward: attention dropout's probability (:func:`_run_grad`)
 
     def __str__(self):
         return json.dumps(dataclasses.asdict(self))
@@ -146,6 +149,8 @@ def draw(rng: random.Random, on_gpu: bool, hopper: bool) -> Problem:
     own = random.Random(p.seed)
     if _takes_grad(p) and own.random() < 0.5:
         p = dataclasses.replace(p, grad=own.choice(GRADS), attn_mask=own.random() < 0.2)
+        if p.variant in ("auto", "tiled") and own.random() < 0.25:  # (dropout runs on tiled)
+            p = dataclasses.replace(p, dropout=own.choice([0.1, 0.5]))
     elif p.entry == "attention" and own.random() < 0.2:
         p = dataclasses.replace(p, attn_mask=True)
     if p.attn_mask and p.config:  # the table's row as the plan takes it beside a mask, boolean or a bias (its tiles
@@ -271,7 +276,8 @@ def _mask(p, g):
 def _run_grad(p, q, k, v, g, dtype, device, mods, cfg):
     """``p``'s call recorded by autograd, its output checked, and its backward for a random dO: dQ, dK, dV
     against the float64 reference from that output (:func:`fmha.verify.check_grads`); ``deterministic``, a
-    second backward gives the same bits."""
+    second backward gives the same bits.  With dropout the references take the pairs the call drew (its seed the
+    first draw after ``torch.manual_seed(p.seed)``, :func:`fmha.kernels.dropout.factors`)."""
     (qd, layout), (kd, _), (vd, _) = (_place(t, p.layout, dtype, device) for t in (q, k, v))
     qd, kd, vd = (t.detach().requires_grad_(True) for t in (qd, kd, vd))
     deterministic = p.grad == "deterministic"
@@ -285,19 +291,25 @@ def _run_grad(p, q, k, v, g, dtype, device, mods, cfg):
         mods = {**mods, "attn_mask": mask}
 
     def grads(do=None):
+        torch.manual_seed(p.seed)  # (dropout's pairs: the same in a deterministic backward's second run)
         o, lse = attention(qd, kd, vd, causal=p.causal, causal_align=p.align, layout=layout, variant=p.variant,
-                           config=cfg, return_lse=True, deterministic=deterministic, **mods)
+                           config=cfg, return_lse=True, deterministic=deterministic, dropout_p=p.dropout, **mods)
         do = torch.randn(o.shape, generator=g).to(dtype).to(device) if do is None else do
         return torch.autograd.grad(o, leaves, do, allow_unused=True, materialize_grads=True), do, o.detach(), lse
     got, do, o, lse = grads()
     # the references take the mask as the kernels read it, [batch, heads, seqlen_q, seqlen_k]
     ref = mods if mask is None else {**mods, "attn_mask": mask.detach().cpu().expand(p.batch, p.heads, p.seqlen_q,
                                                                                     p.seqlen_k)}
+    if p.dropout:
+        torch.manual_seed(p.seed)
+        drawn = dropout.factors(dropout.draw_seed(qd.device), p.dropout, p.batch, p.heads, p.seqlen_q, p.seqlen_k)
+        ref = {**ref, "dropout": drawn.cpu()}
     verify.check(verify.to_bhsd(o, layout), *(t.to(dtype) for t in (q, k, v)), p.causal, p.align, lse=lse, **ref)
     verify.check_grads(got[:3], qd, kd, vd, do, p.causal, p.align, layout, o=o, lse=lse, **ref)
     if len(got) > 3:
         verify.check_mask_grad(got[3], qd, kd, vd, do, p.causal, p.align, layout, o=o,
-                               **{**mods, "attn_mask": mask.detach()})
+                               **{**mods, "attn_mask": mask.detach(), **({"dropout": ref["dropout"]} if p.dropout
+                                                                         else {})})
     if deterministic:
         again, _, _, _ = grads(do)
         assert all(torch.equal(a, b) for a, b in zip(got, again)), "deterministic: two backward runs differ"
@@ -370,6 +382,8 @@ def fuzz(seconds: float | None, problems: int | None, seed: int, device: str, st
                 counts["with the backward, " + p.grad] += 1
             if p.attn_mask:
                 counts["with an attn_mask" + (", a bias" if p.seed >> 4 & 1 else "")] += 1
+            if p.dropout:
+                counts["with dropout"] += 1
             if scale_of(p) is not None:
                 counts["with a scale of 0 or below"] += 1
         except ValueError as e:  # the variant or config does not take this call: said, not wrong
