@@ -12,7 +12,7 @@ from . import plan as planning
 from . import replay
 from .device import family_of, index_of, interpreting, on, shared_limit
 from .kernels.hopper.resources import SMEM_LIMIT
-from .kernels import alibi_kind, mask_args, strides_bhsd
+from .kernels import alibi_kind, dropout_args, mask_args, strides_bhsd
 from .kernels import backward as kernels
 from .sinks import grad as sink_grad
 
@@ -323,7 +323,7 @@ def _run(prob, do, q, k, v, o, lse, layout, alibi, seqs, rows, keys, sinks, dete
                  WINDOW=prob.window_offset is not None, SOFTCAP=prob.softcap > 0, ALIBI=alibi_kind(alibi),
                  VARLEN=prob.varlen, SEQUSED=prob.seqused, ALIGN_BR=prob.align_br, HEAD_V=prob.dv,
                  BLOCK_DV=prob.block_dv, **mask_args(attn_mask, lse),
-                 **(dict(Seed=dropout[0], dropout_p=float(dropout[1]), DROPOUT=True) if dropout is not None else {}))
+                 **dropout_args(dropout))
     group = prob.heads // prob.kv_heads
     with on(q.device):
         delta = _delta(prob, o, do, lse, layout, cu_q, rows)

@@ -13,6 +13,7 @@ from .. import replay
 from ..device import device_facts
 from . import pipelined, singlewave, tiled, tma
 from .common import MASK_BIAS, MASK_BOOL, MASK_NONE
+from .dropout import launch_args as dropout_args
 
 VARIANTS = {  # Triton: every target, and the CPU interpreter
     "singlewave": singlewave.KERNEL,
@@ -152,7 +153,7 @@ def launch(variant: str, cfg, prob, q, k, v, o, lse, layout: str, alibi=None, se
         **(mask_args(attn_mask, o) if "ATTN_MASK" in params else {}),
         **(dict(MASK_UNIT=mask_unit(attn_mask, q)) if "MASK_UNIT" in params else {}),
         **(_check_args(checks) if "CHECKED" in params else {}),
-        **(dict(Seed=dropout[0], dropout_p=float(dropout[1]), DROPOUT=True) if dropout is not None else {}),
+        **dropout_args(dropout),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 

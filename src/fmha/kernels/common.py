@@ -327,11 +327,14 @@ def softmax_weights(l, m, s):
 
 
 @triton.jit
-def online_softmax_step(acc, l, m, s, v):
+def online_softmax_step(acc, l, m, s, v, kept=None):
     """One key tile of the recurrence (seed 5.3-5.6): :func:`softmax_weights`, then
-    ``acc = alpha acc + p @ v``."""
+    ``acc = alpha acc + p @ v``; ``kept``: attention dropout's factors of the tile's pairs
+    (:func:`.dropout.weights`), which weigh ``p`` in the product and not in ``l``."""
     p, alpha, l, m = softmax_weights(l, m, s)
     acc = acc * alpha[:, None]
+    if kept is not None:
+        p = p * kept
     acc = mma(p.to(v.dtype), v, acc)
     return acc, l, m
 

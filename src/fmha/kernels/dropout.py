@@ -37,6 +37,12 @@ def factors(seed: torch.Tensor, dropout_p: float, batch: int, heads: int, seqlen
     return out[:batch * heads * seqlen_q].view(batch, heads, seqlen_q, seqlen_k)
 
 
+def launch_args(dropout) -> dict:
+    """The arguments of a kernel launch that drops pairs (``dropout = (seed, dropout_p)``), or of one that does not
+    (None: the kernels' defaults)."""
+    return {} if dropout is None else dict(Seed=dropout[0], dropout_p=float(dropout[1]), DROPOUT=True)
+
+
 def draw_seed(device: torch.device) -> torch.Tensor:
     """A call's seed, int64 ``[1]`` on ``device``, drawn from torch's generator there (``torch.manual_seed`` repeats
     it; on a GPU without a host-device synchronization)."""

@@ -12,8 +12,8 @@ import triton.language as tl
 from . import dropout, guards
 from .combine import merge_if_last
 from .common import (causal_stop, dot_t, full_stop, head_slope, initial_state, load_rows, masked_scores, mma,
-                     online_softmax_step, paged_rows, program_start, row_place, scores, softmax_weights, split_keys,
-                     window_clear, window_start, write_output)
+                     online_softmax_step, paged_rows, program_start, row_place, scores, split_keys, window_clear,
+                     window_start, write_output)
 
 
 @triton.jit
@@ -103,12 +103,10 @@ def _key_range(acc, l, m, q, q_lo, k_base, v_base, lo, hi, offs_m, offs_n, offs_
             v = load_rows(v_ptrs, cols, seqlen_k, offs_dv, HEAD_V, BLOCK_DV, MASKED)
         if FP8 and not V_FROM_K:
             v = v.to(q.dtype)
+        kept = None
         if DROPOUT:
-            p, alpha, l, m = softmax_weights(l, m, s)
-            z = dropout.weights(seed, drop_rows, cols, drop_keys, dropout_p)
-            acc = mma((p * z).to(v.dtype), v, acc * alpha[:, None])
-        else:
-            acc, l, m = online_softmax_step(acc, l, m, s, v)
+            kept = dropout.weights(seed, drop_rows, cols, drop_keys, dropout_p)
+        acc, l, m = online_softmax_step(acc, l, m, s, v, kept)
         k_ptrs += BLOCK_N * stride_ks
         v_ptrs += BLOCK_N * stride_vs
         if QK_LO:
