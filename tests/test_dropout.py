@@ -8,7 +8,7 @@ import torch
 import fmha
 from fmha import compat
 from fmha.kernels import dropout
-from conftest import DEVICE, check_against_reference, make_qkv, nan_like
+from conftest import DEVICE, check_against_reference, make_qkv, nan_like, packed
 from fmha.verify import check_grads
 
 F16, BF16 = torch.float16, torch.bfloat16
@@ -47,6 +47,35 @@ def test_dropout_matches_the_reference_of_the_pairs_it_drew(case, deterministic)
     assert 0.6 < float((z > 0).float().mean()) < 0.8  # (0.7 kept)
     check_against_reference(o, q.detach(), k.detach(), v.detach(), causal, align, layout, dropout=z, **mods)
     check_grads(grads, q, k, v, do, causal, align, layout, o=o, lse=lse, dropout=z, **mods)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_packed_sequences_drop_each_sequences_own_pairs(causal):
+    """Packed sequences: each sequence's output and gradients against the float64 reference of it alone with the
+    pairs at its rows' places and its keys' numbers (``factors`` over every packed row, ``[1, heads, total_q,
+    total_k]``); FlashAttention's varlen entry point draws the same."""
+    lens_q, lens_k = [5, 17, 1, 12], [9, 17, 6, 12]
+    q, cu_q = packed(lens_q, 4, 32, F16, 1)
+    k, cu_k = packed(lens_k, 2, 32, F16, 2)
+    v, _ = packed(lens_k, 2, 32, F16, 3)
+    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(4)).to(F16).to(DEVICE)
+    torch.manual_seed(21)
+    o, lse = fmha.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal, dropout_p=0.3,
+                                   return_lse=True)
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    z = _drawn(21, 0.3, q[None].transpose(1, 2), k[None].transpose(1, 2))  # [1, heads, total_q, total_k]
+    for b in range(len(lens_q)):
+        qs, ks = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+        mine = z[:, :, qs, :ks.stop - ks.start]
+        seq = [t[s].transpose(0, 1)[None] for t, s in ((o, qs), (q, qs), (k, ks), (v, ks))]
+        check_against_reference(*(t.detach() for t in seq), causal, "bottom_right", lse=lse[None, :, qs],
+                                dropout=mine)
+        check_grads([g[s][None] for g, s in zip(grads, (qs, ks, ks))], q[qs][None], k[ks][None], v[ks][None],
+                    do[qs][None], causal, "bottom_right", "bshd", o=o[qs][None], lse=lse[None, :, qs], dropout=mine)
+    torch.manual_seed(21)
+    again = compat.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), dropout_p=0.3, causal=causal)
+    assert torch.equal(again, o)
 
 
 def test_dropout_writes_every_row_and_returns_the_softmax_lse():
@@ -102,10 +131,11 @@ def test_what_dropout_is_not_taken_with_is_refused_by_name():
         fmha.attention(q, k, v, dropout_p=0.1, sinks=torch.zeros(2, device=DEVICE))
     with pytest.raises(NotImplementedError, match="float8"):
         fmha.attention(q, k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn), dropout_p=0.1)
-    with pytest.raises(NotImplementedError, match="not over packed sequences"):
+    with pytest.raises(NotImplementedError, match="with a block_table"):
         compat.flash_attn_varlen_func(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1),
                                       torch.tensor([0, 8], dtype=torch.int32, device=DEVICE),
-                                      torch.tensor([0, 8], dtype=torch.int32, device=DEVICE), 8, 8, dropout_p=0.1)
+                                      torch.tensor([0, 8], dtype=torch.int32, device=DEVICE), 8, 8, dropout_p=0.1,
+                                      block_table=torch.zeros(1, 1, dtype=torch.int32, device=DEVICE))
     with pytest.raises(ValueError, match="cannot take this call: attention dropout runs on the tiled variant"):
         fmha.attention(q, k, v, dropout_p=0.1, variant="singlewave")
 

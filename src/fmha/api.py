@@ -78,7 +78,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     ``dropout_p``: attention dropout, as SDPA's and FlashAttention's: each probability is dropped with probability
     ``dropout_p`` and the kept ones scaled by ``1 / (1 - dropout_p)``, after the softmax (its denominator counts
     every key); the pairs drawn from torch's generator on q's device (``torch.manual_seed`` repeats them), the same
-    pairs again in the backward, on the ``tiled`` variant and the Triton backward (:mod:`fmha.kernels.dropout`).
+    pairs again in the backward, on the ``tiled`` variant and the Triton backward (:mod:`fmha.kernels.dropout`);
+    :func:`attention_varlen` takes it too.
     SDPA applies it whenever it is given, as here: pass 0 outside training.  Not with float8, sinks, or under
     ``torch.compile``.
     ``num_splits``: split the keys over that many programs per query block and merge
@@ -109,13 +110,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         check_splits(num_splits)
         if out is not None:
             check_out(out, q, k, v)
-    dropout = None
-    if dropout_p:  # (checked here: a replayed call runs no checks, and the seed is drawn for each call)
-        check_dropout(dropout_p, k, sinks)
-        if torch.compiler.is_compiling():
-            raise NotImplementedError("attention dropout does not run under torch.compile: call it eagerly")
-        from .kernels.dropout import draw_seed
-        dropout = (draw_seed(q.device), float(dropout_p))
+    dropout = _dropout(dropout_p, q, k, sinks)
     if (out is None and sinks is None and q_descale is None and k_descale is None and v_descale is None
             and _replayable(q, k, v, alibi_slopes, seqused_k, mask, window=window, softcap=softcap)
             and not gradients.needs_grad(q, k, v, mask) and not torch.compiler.is_compiling()):
@@ -161,7 +156,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                      scale: float | None = None, variant: str = "auto", causal_align: str = "bottom_right",
                      return_lse: bool = False, window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                      alibi_slopes: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
-                     deterministic: bool = False, config: configs.KernelConfig | None = None):
+                     deterministic: bool = False, config: configs.KernelConfig | None = None, dropout_p: float = 0.0):
     """Attention over packed sequences of different lengths (``flash_attn_varlen_func``'s shape).
 
     ``q`` ``[total_q, heads, head_dim]``, ``k``/``v`` ``[total_k, kv_heads, head_dim]``;
@@ -182,17 +177,20 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     there too), so the call never waits for the GPU.
     Differentiable, with ``deterministic`` as in :func:`attention`; under ``torch.compile`` the call goes
     through the custom op ``fmha::attention_varlen`` (:mod:`fmha.custom_op`), its backward with it.
+    ``dropout_p``: attention dropout as in :func:`attention` (each pair drawn at its row's place and its key's number
+    in the sequence).
     """
     def checks():
         check_varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, causal_align, variant, scale, window, softcap,
                           alibi_slopes, sinks)
         check_forward_only(q, v, gradients.needs_grad(q, k, v))
+    dropout = _dropout(dropout_p, q, k, sinks)
     if (sinks is None and _replayable(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, window=window, softcap=softcap)
             and not gradients.needs_grad(q, k, v) and not torch.compiler.is_compiling()):
         o, lse = forward.packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
                                 scale=scale, variant=variant, causal_align=causal_align, return_lse=return_lse,
                                 window=window, softcap=float(softcap), alibi_slopes=alibi_slopes, config=config,
-                                checks=checks)
+                                checks=checks, dropout=dropout)
         return (o, lse) if return_lse else o
     checks()
     grad = gradients.needs_grad(q, k, v, sinks)
@@ -205,17 +203,29 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
         return (o, lse) if return_lse else o
     if grad:
         kw = dict(causal=causal, scale=scale, variant=variant, causal_align=causal_align, window=tuple(window),
-                  softcap=float(softcap), config=config)
+                  softcap=float(softcap), config=config, dropout=dropout)
         o, lse = gradients.AttentionVarlen.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks,
                                                  max_seqlen_q, max_seqlen_k, kw, bool(deterministic))
         return (o, lse) if return_lse else o
     o, lse = forward.packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
                             scale=scale, variant=variant, causal_align=causal_align,
                             return_lse=return_lse or sinks is not None, window=tuple(window), softcap=float(softcap),
-                            alibi_slopes=alibi_slopes, config=config)
+                            alibi_slopes=alibi_slopes, config=config, dropout=dropout)
     if sinks is not None:
         o, lse = attach_sinks(o, lse, sinks, "packed")
     return (o, lse) if return_lse else o
+
+
+def _dropout(dropout_p, q, k, sinks):
+    """``(seed, dropout_p)`` of a call with attention dropout (its seed drawn now), or None; checked here, not with
+    the call's other checks: a replayed call runs none, and each call draws its own seed."""
+    if not dropout_p:
+        return None
+    check_dropout(dropout_p, k, sinks)
+    if torch.compiler.is_compiling():
+        raise NotImplementedError("attention dropout does not run under torch.compile: call it eagerly")
+    from .kernels.dropout import draw_seed
+    return draw_seed(q.device), float(dropout_p)
 
 
 def _replayable(*tensors, window, softcap) -> bool:

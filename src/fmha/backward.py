@@ -145,22 +145,24 @@ def dense(do, q, k, v, o, lse, *, causal, scale, causal_align, layout, window=(-
 
 
 def packed(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal, scale,
-           causal_align, window=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None, deterministic=False):
+           causal_align, window=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None, deterministic=False,
+           dropout=None):
     """Gradients ``(dq, dk, dv, dsinks or None)`` of :func:`fmha.attention_varlen` (``lse`` ``[heads,
-    total_q]``); ``deterministic`` as in :func:`dense`."""
+    total_q]``); ``deterministic`` and ``dropout`` as in :func:`dense`."""
     def call():
         batch = cu_seqlens_q.shape[0] - 1
         heads, kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
         prob = planning.problem(batch, heads, kv_heads, q.shape[0], k.shape[0], head_dim, causal=causal,
                                 scale=scale, window=window, causal_align=causal_align, softcap=softcap, varlen=True,
-                                head_dim_v=v.shape[2])
+                                head_dim_v=v.shape[2], dropout=dropout is not None)
         return _run(prob, do[None], q[None], k[None], v[None], o[None], lse, "bshd", alibi_slopes,
                     (cu_seqlens_q, cu_seqlens_k, None), int(max_seqlen_q), int(max_seqlen_k), sinks,
-                    deterministic)[:4]
+                    deterministic, dropout=dropout)[:4]
+    seed, dropout_p = dropout if dropout is not None else (None, 0.0)
     dq, dk, dv, dsinks = replay.through("backward packed", (do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k,
-                                                             alibi_slopes, sinks), call, int(max_seqlen_q),
+                                                             alibi_slopes, sinks, seed), call, int(max_seqlen_q),
                                         int(max_seqlen_k), causal, scale, causal_align, window, softcap, deterministic,
-                                        *_tables(q))
+                                        dropout_p, *_tables(q))
     return dq[0], dk[0], dv[0], dsinks  # (the buffers as the kernels saw them, one sequence of all the rows)
 
 

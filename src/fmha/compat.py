@@ -10,10 +10,9 @@ window side -1, or None as FlashAttention 4 writes it; FlashAttention 4's ``lear
 as fmha's ``sinks``; FlashAttention 3's descale factors for float8).  A left-padded cache (``cache_leftpad``) hides
 the keys before each sequence's start with a mask (``attn_mask``); rotary embeddings (``rotary_cos``/``rotary_sin``)
 and cache batch indices (``cache_batch_idx``) are applied on the device before the call, as FlashAttention places
-them.  Dropout (``dropout_p``) runs on the dense entry points (``flash_attn_func``, its packed forms and
-``scaled_dot_product_attention``), as :func:`fmha.attention` takes it.  What fmha cannot do is refused by name rather
-than ignored: dropout over packed sequences (``return_attn_probs`` gives None where FlashAttention 2 returns the
-probabilities: fmha never forms them).  ``flash_attn_func`` and
+them.  Dropout (``dropout_p``) runs as :func:`fmha.attention` and :func:`fmha.attention_varlen` take it.  What fmha
+cannot do is refused by name rather than ignored: dropout against page pools (``return_attn_probs`` gives None where
+FlashAttention 2 returns the probabilities: fmha never forms them).  ``flash_attn_func`` and
 ``flash_attn_varlen_func`` are differentiable (:mod:`fmha.gradients`).  ``scaled_dot_product_attention`` takes
 torch's: bhsd tensors, ``is_causal`` aligned top-left, a boolean or additive ``attn_mask``, ``enable_gqa``.
 """
@@ -62,11 +61,12 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     ``[batch, pages_per_seq]``), k/v are page pools ``[num_pages, page_size, kv_heads, D]`` and sequence b's keys
     the first ``cu_seqlens_k[b + 1] - cu_seqlens_k[b]`` of its pages: each sequence's queries are copied into a
     block of ``max_seqlen_q`` rows, at its end (so the bottom-right band and window keep their places), run by
-    :func:`fmha.attention_paged`, and copied back (forward only)."""
-    if dropout_p:
-        raise NotImplementedError(f"flash_attn_varlen_func takes no dropout_p (got {dropout_p!r}): attention dropout "
-                                  "runs on dense calls (flash_attn_func), not over packed sequences")
+    :func:`fmha.attention_paged`, and copied back (forward only).  ``dropout_p`` as :func:`fmha.attention_varlen`
+    takes it (not with a ``block_table``)."""
     if block_table is not None:
+        if dropout_p:
+            raise NotImplementedError(f"flash_attn_varlen_func takes no dropout_p (got {dropout_p!r}) with a "
+                                      "block_table: attention dropout is for training, not against page pools")
         return _paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, block_table,
                              return_softmax_lse or return_attn_probs, return_attn_probs, causal=causal,
                              scale=softmax_scale, window=_window(window_size), softcap=softcap,
@@ -74,7 +74,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     out = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
                            scale=softmax_scale, causal_align="bottom_right", window=_window(window_size),
                            softcap=softcap, alibi_slopes=alibi_slopes, deterministic=deterministic,
-                           return_lse=return_softmax_lse or return_attn_probs, sinks=learnable_sink)
+                           return_lse=return_softmax_lse or return_attn_probs, sinks=learnable_sink,
+                           dropout_p=dropout_p)
     if return_attn_probs:
         return (*out, None)
     return out

@@ -89,23 +89,23 @@ def _dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse,
 
 
 def packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal, scale, variant,
-           causal_align, return_lse, window, softcap, alibi_slopes, config, checks=None):
+           causal_align, return_lse, window, softcap, alibi_slopes, config, checks=None, dropout=None):
     """:func:`fmha.attention_varlen` on checked shapes (or with their ``checks``, as :func:`dense`); the
     cu_seqlens are checked on the device, in stream order, before any kernel reads through them
     (:mod:`fmha.kernels.guards`; ``hopper`` checks them as it builds its work list, ``tiled`` where
-    :func:`self_checked` as it starts).  Returns ``(o, lse or
-    None)``."""
+    :func:`self_checked` as it starts); ``dropout`` as :func:`dense`'s.  Returns ``(o, lse or None)``."""
     def call():
         return _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
                        scale=scale, variant=variant, causal_align=causal_align, return_lse=return_lse, window=window,
-                       softcap=softcap, alibi_slopes=alibi_slopes, config=config)
-    return replay.through("packed", (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes), call, int(max_seqlen_q),
-                          int(max_seqlen_k), causal, scale, variant, causal_align, return_lse, window, softcap, config,
-                          checks=checks)
+                       softcap=softcap, alibi_slopes=alibi_slopes, config=config, dropout=dropout)
+    seed, dropout_p = dropout if dropout is not None else (None, 0.0)
+    return replay.through("packed", (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, seed), call,
+                          int(max_seqlen_q), int(max_seqlen_k), causal, scale, variant, causal_align, return_lse,
+                          window, softcap, config, dropout_p, checks=checks)
 
 
 def _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal, scale, variant,
-            causal_align, return_lse, window, softcap, alibi_slopes, config):
+            causal_align, return_lse, window, softcap, alibi_slopes, config, dropout=None):
     batch = cu_seqlens_q.shape[0] - 1
     heads, kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
     longest = (int(max_seqlen_q), int(max_seqlen_k))
@@ -116,7 +116,7 @@ def _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, 
     if batch and q.shape[0] and heads:
         prob = planning.problem(batch, heads, kv_heads, q.shape[0], k.shape[0], head_dim, causal=causal, scale=scale,
                                 window=window, causal_align=causal_align, softcap=softcap, varlen=True,
-                                head_dim_v=v.shape[2])
+                                head_dim_v=v.shape[2], dropout=dropout is not None)
         p = planning.plan(prob, q4, k4, v4, o4, "bshd", variant, config, alibi_slopes, 1, longest=longest)
     checked = p is not None and self_checked(p, q)
     if not checked and (p is None or p.variant != "hopper"):  # hopper's work-list build checks them itself
@@ -128,7 +128,7 @@ def _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, 
     with on(q.device):
         kernels.launch(p.variant, p.config, p.problem, q4, k4, v4, o4, lse, "bshd", alibi_slopes,
                        (cu_seqlens_q, cu_seqlens_k, None), grid_m=max(longest[0], 1), longest=longest,
-                       checks=(0, *longest) if checked else None)
+                       checks=(0, *longest) if checked else None, dropout=dropout)
     return o, lse
 
 

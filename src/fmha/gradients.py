@@ -104,6 +104,7 @@ class AttentionVarlen(torch.autograd.Function):
         _first_order_only()
         q, k, v, o, lse, cu_q, cu_k, alibi_slopes, sinks = ctx.saved_tensors
         kw = {n: ctx.kw[n] for n in ("causal", "scale", "causal_align", "window", "softcap")}
+        kw["dropout"] = ctx.kw.get("dropout")
         dq, dk, dv, dsinks = backward.packed(do, q, k, v, o, lse, cu_q, cu_k, *ctx.longest, alibi_slopes=alibi_slopes,
                                              sinks=sinks, deterministic=ctx.deterministic, **kw)
         return dq, dk, dv, None, None, None, dsinks, None, None, None, None

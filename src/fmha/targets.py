@@ -370,8 +370,8 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
                                                  if d <= head_dim])
     if attn_mask and variant != "tiled":
         raise ValueError(f"attn_mask: {variant} takes none (the tiled variant reads it)")
-    if dropout and (variant != "tiled" or lengths != "dense" or head_dim == MLA_ABSORBED[0]):
-        raise ValueError("dropout: the tiled variant's, over dense rows")
+    if dropout and (variant != "tiled" or lengths == "paged" or head_dim == MLA_ABSORBED[0]):
+        raise ValueError("dropout: the tiled variant's, not over a paged cache")
     if modifiers and variant == "hopper":
         raise ValueError("modifiers: the Triton variants' switch (hopper builds its own per call)")
     if checked and (variant != "tiled" or lengths not in ("varlen", "paged")):

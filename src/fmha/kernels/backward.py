@@ -199,7 +199,6 @@ def dkdv_kernel(Q, K, V, DO, LSE, Delta, DK, DV, DQ,
     hi = sq
     if WINDOW:
         hi = tl.minimum(tl.maximum(start_n + BLOCK_N - window_offset, 0), sq)
-    tl.static_assert(not DROPOUT or not VARLEN, "dropout: dense rows")
     seed = 0
     if DROPOUT:
         seed = tl.load(Seed)
@@ -292,7 +291,6 @@ def dq_kernel(Q, K, V, DO, LSE, Delta, DQ,
     hi = sk
     if CAUSAL:
         hi = tl.minimum(tl.maximum(start_m + BLOCK_M + causal_offset, 0), sk)
-    tl.static_assert(not DROPOUT or not VARLEN, "dropout: dense rows")
     seed = 0
     if DROPOUT:
         seed = tl.load(Seed)

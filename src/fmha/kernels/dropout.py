@@ -12,9 +12,10 @@ import triton.language as tl
 @triton.jit
 def weights(seed, rows, cols, seqlen_k, dropout_p):
     """Each (query row, key) pair's factor in a tile: ``1 / (1 - dropout_p)`` kept, 0 dropped.  ``rows``: the rows'
-    places among every (batch, head)'s rows (the LSE's: ``(b * heads + h) * seqlen_q + i``), ``cols`` the keys,
-    ``seqlen_k`` the tensor's keys: the pair's place ``rows * seqlen_k + cols`` is its Philox counter (64 bits; a
-    counter of two 32-bit words, key and row, spilled more registers in most sm_90 and gfx1151 builds)."""
+    places among every (batch, head)'s rows (the LSE's: ``(b * heads + h) * seqlen_q + i``; packed sequences',
+    ``h * total_q + row``), ``cols`` the keys (their numbers in the sequence), ``seqlen_k`` the tensor's keys: the
+    pair's place ``rows * seqlen_k + cols`` is its Philox counter (64 bits; a counter of two 32-bit words, key and
+    row, spilled more registers in most sm_90 and gfx1151 builds)."""
     place = rows.to(tl.int64)[:, None] * seqlen_k + cols[None, :]
     keep = tl.rand(seed, place) >= dropout_p
     return tl.where(keep, 1.0 / (1.0 - dropout_p), 0.0)
@@ -30,7 +31,8 @@ def _factors_kernel(Seed, Out, seqlen_k, dropout_p, BLOCK_M: tl.constexpr, BLOCK
 
 def factors(seed: torch.Tensor, dropout_p: float, batch: int, heads: int, seqlen_q: int, seqlen_k: int) -> torch.Tensor:
     """The factors ``Z`` a call with ``seed`` drew, float32 ``[batch, heads, seqlen_q, seqlen_k]`` (what the
-    float64 reference multiplies the probabilities by)."""
+    float64 reference multiplies the probabilities by); of packed sequences, ``[1, heads, total_q, total_k]`` with
+    sequence b's at its rows and its keys' numbers (``Z[0, :, cu_q[b]:cu_q[b + 1], :n_k]``)."""
     out = torch.empty(batch * heads * seqlen_q + 16, seqlen_k, dtype=torch.float32, device=seed.device)
     _factors_kernel[(triton.cdiv(batch * heads * seqlen_q, 16), triton.cdiv(seqlen_k, 16))](
         seed, out, seqlen_k, float(dropout_p), BLOCK_M=16, BLOCK_N=16)

@@ -173,9 +173,10 @@ def tiled_kernel(
     (against ``max_seqlen_q`` / ``max_seqlen_k``) or cache_seqlens, and the pages of the keys it reads (``num_pages``
     in the pool) before it reads them, as the separate launches of :mod:`.guards` would (one launch's grid holds
     every sequence: :func:`fmha.forward.self_checked`).  ``BH_BASE``: the first (batch, head) program of this
-    launch (:func:`fmha.replay.launch`).  DROPOUT (dense, not split, no packed GQA rows): attention dropout with
-    probability ``dropout_p``, its pairs drawn from the seed in ``Seed`` (:mod:`.dropout`)."""
-    tl.static_assert(not DROPOUT or not (SPLIT or PACK_GQA or VARLEN or PAGED), "dropout: dense rows, one launch")
+    launch (:func:`fmha.replay.launch`).  DROPOUT (not split, no packed GQA rows, no pages): attention dropout with
+    probability ``dropout_p``, its pairs drawn from the seed in ``Seed`` (:mod:`.dropout`) at the rows' places (the
+    LSE's) and the keys' numbers in their sequence."""
+    tl.static_assert(not DROPOUT or not (SPLIT or PACK_GQA or PAGED), "dropout: a row's keys in one launch")
     drop_keys = seqlen_k  # the tensor's keys, before a sequence's own length replaces them (a pair's place)
     seed = 0
     if DROPOUT:
