@@ -83,6 +83,27 @@ def test_modifier_cells_are_checked_and_named():
     assert "features" in table.splitlines()[0] and "window=6 alibi" in table
 
 
+def test_dropout_cells_hold_each_provider_to_what_one_draw_of_dropped_pairs_gives():
+    """A dropout cell: fmha and SDPA draw their pairs, each output and each gradient is held to the error one draw
+    gives against the reference's expectation (``sqrt(p / (1 - p))``), a provider that drops nothing fails, the
+    ``features`` column and the config name the dropout, and the grid holds such cells."""
+    cell = grids.Cell(1, 4, 2, 48, 48, 32, True, dropout=0.2)
+    keep = lambda q, k, v, c: (lambda: torch.nn.functional.scaled_dot_product_attention(  # noqa: E731
+        q, k, v, is_causal=True, enable_gqa=True))
+    provs = [p for p in providers.providers("cpu") if p.name in ("fmha:tiled", "sdpa:math")]
+    for pass_ in ("fwd", "bwd"):
+        rows = runner.run_cell(cell, torch.float16, provs + [Provider("undropped", keep, False)], "cpu", 1.0,
+                               pass_=pass_)
+        by = {r["provider"]: r for r in rows}
+        for name in ("fmha:tiled", "sdpa:math"):
+            assert by[name]["note"] == "ok" and by[name]["features"] == "dropout=0.2", by[name]
+            assert 0.5 / 1.5 < by[name]["error"] < 0.5 * 1.5, by[name]  # sqrt(0.2 / 0.8) = 0.5
+        assert by["undropped"]["note"].startswith("failed: RuntimeError: wrong"), by["undropped"]
+    assert "triton backward" in by["fmha:tiled"]["config"], by["fmha:tiled"]["config"]
+    drops = grids.where(grids.dropout_grid(), "dropout=0.1 head_dim=128 causal=1")
+    assert drops and all(c.dropout == 0.1 and c.features == "dropout=0.1" for c in drops)
+
+
 def test_layout_cells_run_the_same_values_in_their_own_strides():
     """A models-grid cell in each layout: q, k, v hold the cell's values in that layout's strides, every
     provider is checked on them, and the ``features`` column names the layout."""

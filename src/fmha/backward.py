@@ -221,11 +221,11 @@ def kernel(prob, q, k, v, do, layout: str, alibi, deterministic: bool = False, r
 
 
 def describe(q, k, v, *, causal: bool = False, layout: str = "bhsd", deterministic: bool = False,
-             window=(-1, -1), softcap: float = 0.0, alibi_slopes=None) -> str:
+             window=(-1, -1), softcap: float = 0.0, alibi_slopes=None, dropout_p: float = 0.0) -> str:
     """Which backward :func:`dense` runs for these q, k, v (and modifiers) and its tiles, in words (the ledger's
     config of a backward row)."""
     prob = planning.problem(*planning.sizes(q, k, layout), causal=causal, scale=None, window=window,
-                            softcap=softcap, head_dim_v=v.shape[3])
+                            softcap=softcap, head_dim_v=v.shape[3], dropout=dropout_p > 0)
     order = ", deterministic" if deterministic else ""
     if kernel(prob, q, k, v, q, layout, alibi_slopes, deterministic) == "hopper":
         from .kernels.hopper import backward as hopper

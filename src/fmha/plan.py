@@ -247,11 +247,11 @@ def _shared(device: torch.device, arch: str) -> tuple[int, int]:
 
 def describe(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
              variant: str = "auto", window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
-             alibi_slopes: torch.Tensor | None = None, layout: str = "bhsd") -> str:
+             alibi_slopes: torch.Tensor | None = None, layout: str = "bhsd", dropout_p: float = 0.0) -> str:
     """What :func:`fmha.attention` runs for this call (top-left): variant, config, and
     GQA packing / key split when used.  For benchmark ledgers."""
     prob = problem(*sizes(q, k, layout), causal=causal, scale=None, window=window, softcap=softcap,
-                   head_dim_v=v.shape[3], fp8=k.dtype == torch.float8_e4m3fn)
+                   head_dim_v=v.shape[3], fp8=k.dtype == torch.float8_e4m3fn, dropout=dropout_p > 0)
     p = plan(prob, q, k, v, q, layout, variant, None, alibi_slopes, 0)
     extra = (" packed-gqa" if p.problem.pack_gqa else "") + (f" split {p.split_len}" if p.split_len else "")
     return f"{p.variant} {p.config}{extra}"

@@ -19,6 +19,7 @@ class Cell:
     alibi: int = 0     # 1: ALiBi slopes 2^(-8 (h + 1) / heads)
     layout: str = "contiguous"  # how q, k, v lie in memory (:mod:`.layouts`)
     head_dim_v: int = 0  # v's head dim when it differs from q/k's (MLA), else 0
+    dropout: float = 0.0  # attention dropout's probability (training), else 0
 
     @property
     def features(self) -> str:
@@ -28,6 +29,7 @@ class Cell:
         parts += [f"softcap={self.softcap}"] if self.softcap else []
         parts += ["alibi"] if self.alibi else []
         parts += [f"head_dim_v={self.head_dim_v}"] if self.head_dim_v else []
+        parts += [f"dropout={self.dropout:g}"] if self.dropout else []
         return " ".join(parts + ([f"layout={self.layout}"] if self.layout != "contiguous" else []))
 
     @property
@@ -78,6 +80,13 @@ def windows_grid() -> list[Cell]:
     windows: where a window is narrow, a key block's walk is a few query tiles."""
     return ([Cell(1, 64, 8, 8192, 8192, 64, True, window=w) for w in (128, 512, 2048)]
             + [Cell(1, 32, 8, 8192, 8192, 128, True, window=w) for w in (256, 1024, 4096)])
+
+
+def dropout_grid() -> list[Cell]:
+    """Attention dropout at 0.1 (a training step's, as BERT-style configs set it) on the default grid's shapes at
+    1k and 4k tokens: what SDPA's flash and efficient backends take with ``dropout_p``."""
+    return [Cell(16384 // s, 2048 // d, 2048 // d, s, s, d, c, dropout=0.1)
+            for d in (64, 128) for c in (False, True) for s in (1024, 4096)]
 
 
 def ragged_grid() -> list[Cell]:
@@ -133,7 +142,7 @@ def parse_fields(text: str | None, fields, kind: str, convert=int) -> dict[str, 
 
 def _value(cell: Cell, field: str) -> str:
     x = getattr(cell, field)
-    return str(int(x)) if isinstance(x, (bool, int)) else x
+    return str(int(x)) if isinstance(x, (bool, int)) else f"{x:g}" if isinstance(x, float) else x
 
 
 def where(cells: list[Cell], text: str | None) -> list[Cell]:
@@ -149,7 +158,7 @@ def values(cells: list[Cell]) -> str:
 
 
 GRIDS = {"default": default_grid, "decode": decode_grid, "extra": extra_grid, "features": features_grid,
-         "windows": windows_grid,
+         "windows": windows_grid, "dropout": dropout_grid,
          "ragged": ragged_grid, "models": models_grid, "head-dims": head_dims_grid, "mla": mla_grid,
          "mla-decode": mla_decode_grid,
          "quick": quick_grid}

@@ -35,12 +35,14 @@ def alibi_slopes(heads: int, device) -> torch.Tensor:
 
 
 def modifiers(cell, device) -> dict:
-    """:func:`fmha.attention`'s keyword arguments for the cell's window, softcap and ALiBi."""
+    """:func:`fmha.attention`'s keyword arguments for the cell's window, softcap, ALiBi and dropout."""
     kw = {"window": (cell.window, -1)} if cell.window >= 0 else {}
     if cell.softcap:
         kw["softcap"] = float(cell.softcap)
     if cell.alibi:
         kw["alibi_slopes"] = alibi_slopes(cell.heads, device)
+    if cell.dropout:
+        kw["dropout_p"] = float(cell.dropout)
     return kw
 
 
@@ -127,7 +129,8 @@ def _sdpa(backend_name: str, max_score_bytes: float | None = None) -> Provider:
         def run():
             with sdpa_kernel(backend):
                 return torch.nn.functional.scaled_dot_product_attention(
-                    q, k, v, attn_mask=mask, is_causal=cell.causal and mask is None, enable_gqa=gqa)
+                    q, k, v, attn_mask=mask, dropout_p=cell.dropout, is_causal=cell.causal and mask is None,
+                    enable_gqa=gqa)
         return run
     return Provider(f"sdpa:{backend_name.lower().replace('_attention', '')}", make, peer=True)
 
@@ -135,6 +138,8 @@ def _sdpa(backend_name: str, max_score_bytes: float | None = None) -> Provider:
 def _flash_attn(module: str) -> Provider:
     def make(q, k, v, cell):
         fn = entry(module, "flash_attn_func")
+        if cell.dropout and module == "flash_attn.cute":
+            raise RuntimeError("skipped: FlashAttention-4 has no dropout")
         # bshd: a contiguous cell's copy (FlashAttention's own layout) made outside the timing; the
         # other layouts as they lie (transformers' views are contiguous bshd; fused qkv slices are strided)
         qt, kt, vt = (t.transpose(1, 2) if cell.layout != "contiguous" else t.transpose(1, 2).contiguous()

@@ -70,7 +70,7 @@ def _reference(q, k, v, cell: Cell) -> torch.Tensor:
     :func:`fmha.reference.dense_attention` (float64, host), a batch at a time."""
     if cell.softcap:
         from fmha import reference
-        kw = modifiers(cell, "cpu")
+        kw = {name: x for name, x in modifiers(cell, "cpu").items() if name != "dropout_p"}  # (the expectation)
         out = [torch.from_numpy(reference.dense_attention(*(t[b:b + 1].cpu() for t in (q, k, v)), causal=cell.causal,
                                                          **kw)) for b in range(cell.batch)]
         return torch.cat(out).to(q.device, torch.float32)
@@ -84,6 +84,20 @@ def _reference(q, k, v, cell: Cell) -> torch.Tensor:
             q[b:b + step].float(), k[b:b + step].float(), v[b:b + step].float(), attn_mask=mask,
             is_causal=cell.causal and mask is None, enable_gqa=cell.heads != cell.kv_heads)
             for b in range(0, cell.batch, step)])
+
+
+def check_error(err: float, cell: Cell, what: str = "result") -> None:
+    """Raise unless ``err``, a provider's relative error against the reference (which draws no dropout), is what
+    a right answer gives: at most 5e-2; with attention dropout at p, one draw of the dropped pairs against their
+    expectation, ``sqrt(p / (1 - p))`` for random inputs (in the output and in each gradient alike), within a
+    factor 1.5 (no pairs dropped, or twice as many, falls outside)."""
+    if cell.dropout:
+        expected = math.sqrt(cell.dropout / (1 - cell.dropout))
+        if not expected / 1.5 <= err <= expected * 1.5:
+            raise RuntimeError(f"wrong {what}: relative error {err:.2e}, where dropout at {cell.dropout:g} gives "
+                               f"{expected:.2e}")
+    elif not math.isfinite(err) or err > 5e-2:
+        raise RuntimeError(f"wrong {what}: relative error {err:.2e}")
 
 
 def cell_inputs(cell: Cell, dtype: torch.dtype, device: str, seed: int = 0):
@@ -146,8 +160,7 @@ def _checked(p: Provider, q, k, v, cell: Cell, ref, pass_: str, do, ref_grads, g
     else:
         grads = _scoped(p, lambda: torch.autograd.grad(o, (q, k, v), do))()
         err = max(((g.float() - r).norm() / r.norm()).item() for g, r in zip(grads, ref_grads))
-    if not math.isfinite(err) or err > 5e-2:
-        raise RuntimeError(f"wrong {'result' if pass_ == 'fwd' else 'gradients'}: relative error {err:.2e}")
+    check_error(err, cell, "result" if pass_ == "fwd" else "gradients")
     if pass_ == "fwd":
         return fn, err
     both = _scoped(p, lambda: torch.autograd.grad(made(), (q, k, v), do))

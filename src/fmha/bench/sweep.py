@@ -11,7 +11,7 @@ from fmha.configs import KernelConfig
 from . import ledger
 from .grids import Cell, parse_fields
 from .providers import modifiers
-from .runner import ceilings, cell_columns, cell_inputs, progress, time_ms
+from .runner import ceilings, cell_columns, cell_inputs, check_error, progress, time_ms
 from .timing import tflops
 
 DEFAULT_SPACE = {
@@ -61,8 +61,7 @@ def sweep(variant: str, space: dict, cells: list[Cell], dtype: torch.dtype, devi
             try:
                 fn = lambda: fmha.attention(q, k, v, causal=cell.causal, variant=variant, config=cfg, **kw)  # noqa: E731
                 err = ((fn().float() - ref).norm() / ref.norm()).item()
-                if not err < 5e-2:
-                    raise RuntimeError(f"wrong result: relative error {err:.2e}")
+                check_error(err, cell)
                 ms = time_ms(fn, device, graphs)
                 row.update(ms=ms, tflops=tflops(flops, ms), pct_peak=100 * tflops(flops, ms) / peak,
                            error=err, note="sweep ok, cuda graph" if graphs else "sweep ok")
