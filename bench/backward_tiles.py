@@ -2,14 +2,15 @@
 shape, in both dQ modes (atomic, ``deterministic``), timed on the default grid's shapes.
 
     PYTHONPATH=src python3 bench/backward_tiles.py [--head-dims 64 128 192] [--seqlens 4096 16384]
-        [--dtype bfloat16] [--ledger bench/ledger.csv]
+        [--dtype bfloat16] [--dropout 0.1] [--ledger bench/ledger.csv]
 
 A candidate is ``BLOCK_M x BLOCK_N / warps / stages``; for each head dim the dK/dV candidates are
 timed with the atomic dQ (no dQ kernel) and with the table's dQ tiles, then the dQ candidates with the
 table's dK/dV tiles.  The gradients of every candidate are checked against the table's deterministic ones
 (the same sums in another tiling: within 2e-2 of the largest gradient).  Rows: ``provider``
 ``fmha:backward``, ``config`` ``dkdv=.. dq=.. atomic|deterministic``, ``pass`` ``bwd``, TFLOP/s 2.5x
-the forward's FLOPs.  The table to edit is :func:`fmha.backward.tiles`.
+the forward's FLOPs.  The table to edit is :func:`fmha.backward.tiles`.  ``--dropout P``: every call with attention
+dropout at P, drawn from one seed (the candidates draw the same pairs; ``features`` ``dropout=P``).
 """
 from __future__ import annotations
 
@@ -27,8 +28,10 @@ from fmha.bench.flops import attention_flops  # noqa: E402
 from fmha.bench.runner import time_ms  # noqa: E402
 from fmha.bench.timing import tflops  # noqa: E402
 
-KV_CANDIDATES = {64: [(64, 128, 8, 2), (32, 128, 4, 3), (64, 64, 4, 3), (128, 128, 8, 2), (64, 128, 4, 2)],
-                 128: [(64, 128, 8, 2), (32, 128, 4, 2), (64, 64, 4, 2), (32, 64, 4, 3), (64, 128, 8, 1)],
+KV_CANDIDATES = {64: [(64, 128, 8, 2), (32, 128, 4, 3), (64, 64, 4, 3), (128, 128, 8, 2), (64, 128, 4, 2),
+                      (64, 64, 8, 2), (32, 64, 4, 2)],
+                 128: [(64, 128, 8, 2), (32, 128, 4, 2), (64, 64, 4, 2), (32, 64, 4, 3), (64, 128, 8, 1),
+                       (64, 64, 8, 2), (64, 32, 4, 2)],
                  256: [(32, 64, 8, 1), (32, 64, 4, 1), (64, 64, 8, 1), (16, 64, 4, 2), (32, 32, 4, 2), (64, 32, 8, 1),
                        (64, 16, 4, 2)]}
 Q_CANDIDATES = {64: [(128, 64, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3), (128, 128, 8, 2)],
@@ -52,6 +55,7 @@ def main(argv=None) -> None:
     ap.add_argument("--ledger", default=None)
     ap.add_argument("--tokens", type=int, default=16384, help="batch x seqlen of every shape")
     ap.add_argument("--device", default="cuda", help="cpu: a check of the tool under the interpreter")
+    ap.add_argument("--dropout", type=float, default=0.0, help="attention dropout's probability in every call")
     args = ap.parse_args(argv)
     dt = getattr(torch, args.dtype)
     dev = args.device
@@ -72,6 +76,8 @@ def main(argv=None) -> None:
                 q, k = (torch.randn(b, h, s, d, device=dev, dtype=dt, generator=g) for _ in "qk")
                 v, do = (torch.randn(b, h, s, dv, device=dev, dtype=dt, generator=g) for _ in "vo")
                 kw = dict(causal=causal, scale=None, causal_align="top_left", layout="bhsd")
+                if args.dropout:
+                    kw["dropout"] = (torch.tensor([1234], dtype=torch.int64, device=dev), args.dropout)
                 o, lse = forward.dense(q, k, v, variant="auto", return_lse=True, **kw)
                 want = backward.dense(do, q, k, v, o, lse, deterministic=True, **kw)[:3]
                 largest = max(float(w.abs().max()) for w in want)
@@ -91,7 +97,9 @@ def main(argv=None) -> None:
                     rows.append({**env, "provider": "fmha:backward", "config": config, "dtype": args.dtype,
                                  "batch": b, "heads": h, "kv_heads": h, "seqlen_q": s, "seqlen_k": s, "head_dim": d,
                                  "causal": int(causal), "ms": ms, "tflops": tflops(flops, ms), "error": err,
-                                 "note": note, "features": f"head_dim_v={dv}" if dv != d else "", "pass": "bwd"})
+                                 "note": note, "pass": "bwd",
+                                 "features": " ".join(([f"head_dim_v={dv}"] if dv != d else [])
+                                                      + ([f"dropout={args.dropout:g}"] if args.dropout else []))})
                     print(f"D{d:<3} {'causal' if causal else 'full':6} S{s:<6} {config:58} "
                           f"{rows[-1]['tflops']:6.0f} TFLOP/s  {note}", flush=True)
         ledger.append(args.ledger, rows)  # a head dim at a time: a run cut short keeps what it measured

@@ -224,9 +224,9 @@ def dkdv_kernel(Q, K, V, DO, LSE, Delta, DK, DV, DQ,
                              window_offset, align_offset, mask_rows, stride_mk, CAUSAL, WINDOW, SOFTCAP, ALIBI,
                              ATTN_MASK, BLOCK_M, BLOCK_N, QK_CHUNKS)
             if DROPOUT:
-                z = dropout.weights(seed, rows, offs_n, seqlen_k, dropout_p)
-                dv = mma(tl.trans((p * z).to(do.dtype)), do, dv)
-                dp = dot_t(do, v, BLOCK_M, BLOCK_N, QK_CHUNKS) * z
+                keep, keep_scale = dropout.kept(seed, rows, start_n, seqlen_k, dropout_p, BLOCK_N)
+                dv = mma(tl.trans(dropout.dropped(p, keep, keep_scale).to(do.dtype)), do, dv)
+                dp = dropout.dropped(dot_t(do, v, BLOCK_M, BLOCK_N, QK_CHUNKS), keep, keep_scale)
             else:
                 dv = mma(tl.trans(p.to(do.dtype)), do, dv)
                 dp = dot_t(do, v, BLOCK_M, BLOCK_N, QK_CHUNKS)
@@ -306,7 +306,8 @@ def dq_kernel(Q, K, V, DO, LSE, Delta, DQ,
                          BLOCK_N, QK_CHUNKS)
         dp = dot_t(do, v, BLOCK_M, BLOCK_N, QK_CHUNKS)
         if DROPOUT:
-            dp = dp * dropout.weights(seed, rows, offs_n, seqlen_k, dropout_p)
+            keep, keep_scale = dropout.kept(seed, rows, start_n, seqlen_k, dropout_p, BLOCK_N)
+            dp = dropout.dropped(dp, keep, keep_scale)
         dz = p * (dp - delta[:, None])
         if MASK_GRAD:  # (dense only: the buffer's rows are (batch, head, query))
             at = DMask + (bh.to(tl.int64) * seqlen_q + offs_m)[:, None] * seqlen_k + offs_n[None, :]

@@ -327,14 +327,14 @@ def softmax_weights(l, m, s):
 
 
 @triton.jit
-def online_softmax_step(acc, l, m, s, v, kept=None):
+def online_softmax_step(acc, l, m, s, v, keep=None, keep_scale=1.0):
     """One key tile of the recurrence (seed 5.3-5.6): :func:`softmax_weights`, then
-    ``acc = alpha acc + p @ v``; ``kept``: attention dropout's factors of the tile's pairs
-    (:func:`.dropout.weights`), which weigh ``p`` in the product and not in ``l``."""
+    ``acc = alpha acc + p @ v``; ``keep, keep_scale``: attention dropout's pairs of the tile
+    (:func:`.dropout.kept`), which weigh ``p`` in the product and not in ``l``."""
     p, alpha, l, m = softmax_weights(l, m, s)
     acc = acc * alpha[:, None]
-    if kept is not None:
-        p = p * kept
+    if keep is not None:
+        p = tl.where(keep, p * keep_scale, 0.0)  # (:func:`.dropout.dropped`)
     acc = mma(p.to(v.dtype), v, acc)
     return acc, l, m
 

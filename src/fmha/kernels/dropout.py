@@ -2,30 +2,60 @@
 probability ``1 - p`` and scaled by ``1 / (1 - p)``, or dropped, after the softmax (whose denominator counts every
 key), so ``O = (P * Z) V`` with ``Z`` the kept pairs' factors.  The pairs are drawn from Philox
 (:func:`triton.language.rand`) keyed by a seed the call draws from torch's generator on the device, at each pair's
-place among every (batch, head)'s scores, so the forward and the backward (:mod:`.backward`: ``dV = (P * Z)^T dO``,
+place among every (batch, head)'s scores (sixteen bits a pair, eight pairs a Philox call: ``p`` in steps of
+``2^-16``, the kept pairs scaled by one over the share kept), so the forward and the backward (:mod:`.backward`: ``dV = (P * Z)^T dO``,
 ``dP = Z * (dO V^T)``) draw the same pairs without storing them, and :func:`factors` can show them."""
 import torch
 import triton
 import triton.language as tl
 
 
+LANE = tl.constexpr(16)  # bits of one pair's draw: each Philox call (four 32-bit words) draws for 128 // LANE pairs
+DRAWS = tl.constexpr(1 << LANE.value)  # the values a draw takes
+
+
 @triton.jit
-def weights(seed, rows, cols, seqlen_k, dropout_p):
-    """Each (query row, key) pair's factor in a tile: ``1 / (1 - dropout_p)`` kept, 0 dropped.  ``rows``: the rows'
-    places among every (batch, head)'s rows (the LSE's: ``(b * heads + h) * seqlen_q + i``; packed sequences',
-    ``h * total_q + row``), ``cols`` the keys (their numbers in the sequence), ``seqlen_k`` the tensor's keys: the
-    pair's place ``rows * seqlen_k + cols`` is its Philox counter (64 bits; a counter of two 32-bit words, key and
-    row, spilled more registers in most sm_90 and gfx1151 builds)."""
-    place = rows.to(tl.int64)[:, None] * seqlen_k + cols[None, :]
-    keep = tl.rand(seed, place) >= dropout_p
-    return tl.where(keep, 1.0 / (1.0 - dropout_p), 0.0)
+def threshold(dropout_p):
+    """(the draws below which a pair is dropped, the kept pairs' factor): ``dropout_p`` in steps of ``2^-LANE``, the
+    factor one over the share kept, so that ``E[Z] = 1`` exactly."""
+    cut = tl.minimum((tl.zeros([], tl.float32) + dropout_p * DRAWS + 0.5).to(tl.int32), DRAWS - 1)
+    return cut.to(tl.uint32), 1.0 / (1.0 - cut.to(tl.float32) / DRAWS)
+
+
+@triton.jit
+def kept(seed, rows, start_n, seqlen_k, dropout_p, BLOCK_N: tl.constexpr):
+    """(which pairs of a tile are kept, their factor: :func:`threshold`).  ``rows``: the rows' places among every
+    (batch, head)'s rows (the LSE's: ``(b * heads + h) * seqlen_q + i``; packed sequences', ``h * total_q + row``);
+    the tile's keys ``start_n + [0, BLOCK_N)`` (their numbers in the sequence; ``start_n`` a multiple of
+    ``128 // LANE``), ``seqlen_k`` the tensor's keys.  A row's keys go in runs of ``128 // LANE``, each run one
+    Philox call (64-bit counter ``rows * runs_a_row + run``) whose four words, cut in ``LANE``-bit draws in order,
+    are the run's keys' draws."""
+    RUN: tl.constexpr = 128 // LANE
+    runs = start_n // RUN + tl.arange(0, BLOCK_N // RUN)
+    r0, r1, r2, r3 = tl.randint4x(seed, rows.to(tl.int64)[:, None] * tl.cdiv(seqlen_k, RUN) + runs[None, :])
+    words = tl.join(tl.join(r0, r1), tl.join(r2, r3)).to(tl.uint32, bitcast=True)
+    if LANE == 16:
+        draws = tl.join(words & 0xFFFF, words >> 16)
+    else:
+        tl.static_assert(LANE == 8, "draws of 8 or 16 bits")
+        draws = tl.join(tl.join(words & 0xFF, (words >> 8) & 0xFF), tl.join((words >> 16) & 0xFF, words >> 24))
+    cut, scale = threshold(dropout_p)
+    return tl.reshape(draws, [rows.shape[0], BLOCK_N]) >= cut, scale
+
+
+@triton.jit
+def dropped(x, keep, scale):
+    """``x * Z``: the kept pairs' ``x`` times their factor, the others 0 (``keep, scale``: :func:`kept`'s)."""
+    return tl.where(keep, x * scale, 0.0)
 
 
 @triton.jit
 def _factors_kernel(Seed, Out, seqlen_k, dropout_p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    z = weights(tl.load(Seed), rows, cols, seqlen_k, dropout_p)
+    start_n = tl.program_id(1) * BLOCK_N
+    cols = start_n + tl.arange(0, BLOCK_N)
+    keep, scale = kept(tl.load(Seed), rows, start_n, seqlen_k, dropout_p, BLOCK_N)
+    z = dropped(tl.full([BLOCK_M, BLOCK_N], 1.0, tl.float32), keep, scale)
     tl.store(Out + rows.to(tl.int64)[:, None] * seqlen_k + cols[None, :], z, mask=(cols < seqlen_k)[None, :])
 
 

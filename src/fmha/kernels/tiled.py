@@ -57,7 +57,7 @@ def _key_range(acc, l, m, q, q_lo, k_base, v_base, lo, hi, offs_m, offs_n, offs_
     AMD: a masked tile's V read as :func:`_v_rows_clamped` reads it.  ``offs_dv`` and HEAD_V: the columns V's tile
     reads and how many of them are real (columns past them read 0); an AMD build passes :func:`_v_columns`' and
     BLOCK_DV.  QK_CHUNKS: Q K^T over column chunks (:func:`.common.dot_t`).  DROPOUT: P V over the kept pairs'
-    probabilities (:func:`.dropout.weights` of ``seed`` at the rows ``drop_rows`` of ``drop_keys`` keys), the
+    probabilities (:func:`.dropout.kept` of ``seed`` at the rows ``drop_rows`` of ``drop_keys`` keys), the
     denominator over all of them."""
     first = (lo + offs_n).to(tl.int64)
     k_ptrs = k_base + first[:, None] * stride_ks + offs_d[None, :] * stride_kd
@@ -103,10 +103,11 @@ def _key_range(acc, l, m, q, q_lo, k_base, v_base, lo, hi, offs_m, offs_n, offs_
             v = load_rows(v_ptrs, cols, seqlen_k, offs_dv, HEAD_V, BLOCK_DV, MASKED)
         if FP8 and not V_FROM_K:
             v = v.to(q.dtype)
-        kept = None
         if DROPOUT:
-            kept = dropout.weights(seed, drop_rows, cols, drop_keys, dropout_p)
-        acc, l, m = online_softmax_step(acc, l, m, s, v, kept)
+            keep, keep_scale = dropout.kept(seed, drop_rows, start_n, drop_keys, dropout_p, BLOCK_N)
+            acc, l, m = online_softmax_step(acc, l, m, s, v, keep, keep_scale)
+        else:
+            acc, l, m = online_softmax_step(acc, l, m, s, v)
         k_ptrs += BLOCK_N * stride_ks
         v_ptrs += BLOCK_N * stride_vs
         if QK_LO:
