@@ -1,10 +1,11 @@
 """Attention dropout, as SDPA's ``dropout_p`` and FlashAttention's: each probability ``P_ij`` is kept with
 probability ``1 - p`` and scaled by ``1 / (1 - p)``, or dropped, after the softmax (whose denominator counts every
 key), so ``O = (P * Z) V`` with ``Z`` the kept pairs' factors.  The pairs are drawn from Philox
-(:func:`triton.language.rand`) keyed by a seed the call draws from torch's generator on the device, at each pair's
-place among every (batch, head)'s scores (sixteen bits a pair, eight pairs a Philox call: ``p`` in steps of
-``2^-16``, the kept pairs scaled by one over the share kept), so the forward and the backward (:mod:`.backward`: ``dV = (P * Z)^T dO``,
-``dP = Z * (dO V^T)``) draw the same pairs without storing them, and :func:`factors` can show them."""
+(:func:`triton.language.randint4x`) keyed by a seed the call draws from torch's generator on the device, at each
+pair's place among every (batch, head)'s scores (sixteen bits a pair, eight pairs a Philox call: ``p`` in steps of
+``2^-16``, the kept pairs scaled by one over the share kept), so the forward and the backward (:mod:`.backward`:
+``dV = (P * Z)^T dO``, ``dP = Z * (dO V^T)``) draw the same pairs without storing them, and :func:`factors` can
+show them."""
 import torch
 import triton
 import triton.language as tl
