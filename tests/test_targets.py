@@ -908,6 +908,21 @@ def test_tiled_fits_the_shared_memory_of_its_gpu(target, limit, head_dim, rows, 
     assert took <= configs.tiled_smem(fitted, width, width, mask, major) <= limit, (fitted, took)
 
 
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_dropout_tiles_fit_shared_memory_with_the_kept_pairs_counted(head_dim):
+    """Attention dropout's kept pairs take a byte a score of shared memory in ``tiled``'s sm_90 builds (on their way
+    to the scores' layout): three stages of 128 x 128 tiles at D=128 took 240 KB, past the 227 KB an H200 gives a
+    block.  Counted (:func:`fmha.configs.tiled_smem`), the plain table's rows and the dropout rows fit as built."""
+    from fmha import configs
+    from fmha.kernels.hopper.resources import padded
+    width = padded(head_dim, 16)
+    for config in (configs.tiled_config("sm90", head_dim), configs.tiled_config("sm90", head_dim, dropout=True)):
+        fitted = configs.fit_shared(config, width, width, False, H200, 9, dropout=True)
+        took = targets.build("tiled", "sm_90", head_dim, "bfloat16", True, fitted, dropout=True).metadata["shared"]
+        assert took <= configs.tiled_smem(fitted, width, width, False, 9, dropout=True) <= H200, (fitted, took)
+    assert configs.fit_shared(configs.KernelConfig(128, 128, 8, 3), 128, 128, False, H200, dropout=True).num_stages == 2
+
+
 def test_a_bias_beside_three_stage_tiles_is_counted_as_its_build_takes_it():
     """128 x 128 tiles in three stages at head_dim 64 (a fuzzer's draw, V 32 wide): beside a boolean mask the sm_90
     build takes 176 KB and keeps its three stages; beside a float bias it took 240 KB, past the 227 KB an H100 gives a

@@ -167,9 +167,9 @@ def packed(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
 
 
 def _tables(q) -> tuple:
-    """What picks a backward's kernels besides its kind (:mod:`fmha.replay`'s key): the tile tables in force and
-    the device's family."""
-    return id(GLUON_ROWS), id(GLUON_ROWS_DETERMINISTIC), family_of(q.device), _shared(q.device)
+    """What picks a backward's kernels besides its kind (:mod:`fmha.replay`'s key): the tile tables and the tiles'
+    rule in force (bench/backward_tiles.py puts its candidates in the rule's place) and the device's family."""
+    return id(GLUON_ROWS), id(GLUON_ROWS_DETERMINISTIC), id(tiles), family_of(q.device), _shared(q.device)
 
 
 def _shared(device: torch.device) -> int:

@@ -264,6 +264,14 @@ TILED_FP8 = [
     ("sm90", 128, KernelConfig(128, 64, 8, 3)),
 ]
 
+# ``tiled`` with attention dropout on sm_90 (the H200, bf16, `fmha bench --grid dropout`, three candidates a head dim
+# in one run: docs/PERF.md): the draws' Philox words and the kept pairs beside the accumulator spilled 102-113 registers
+# in the 128 x 64 four-warp tiles at 64 and 173-187 in 128 x 128 at 128; these spill none
+TILED_DROPOUT = [
+    ("sm90", 64, KernelConfig(64, 64, 4, 3)),
+    ("sm90", 128, KernelConfig(128, 64, 8, 3)),
+]
+
 
 # MLA's absorbed form (q/k 576 = 512 + 64, V 512), by arch, not yet timed on a GPU.  NVIDIA: a [32, 512] float32
 # accumulator and 512-wide K tiles of 32 keys over 8 warps (64 registers a thread for the accumulator; no
@@ -281,12 +289,15 @@ def mla_config(arch: str) -> KernelConfig:
 
 
 def tiled_config(arch: str, head_dim: int, fp8: bool = False, modifiers: bool = False,
-                 masked: bool = False) -> KernelConfig:
+                 masked: bool = False, dropout: bool = False) -> KernelConfig:
     """The ``tiled`` entry for ``arch`` at ``head_dim`` (padded to a power of two); ``fp8``: float8 K/V's;
     ``modifiers``: a window, softcap, ALiBi or an attn_mask (AMD: :data:`TILED_HIP_MODIFIED`); ``masked``: an
-    attn_mask (sm80: :data:`TILED_SM80_MASKED`)."""
+    attn_mask (sm80: :data:`TILED_SM80_MASKED`); ``dropout``: attention dropout (:data:`TILED_DROPOUT`)."""
     if head_dim > 256:
         return mla_config(arch)
+    for key, max_d, cfg in TILED_DROPOUT if dropout and not masked else ():
+        if key == arch and head_dim <= max_d:
+            return cfg
     for max_d, cfg in TILED_HIP_MODIFIED if arch == "hip" and modifiers else ():
         if head_dim <= max_d:
             return cfg
@@ -306,24 +317,26 @@ def tiled_config(arch: str, head_dim: int, fp8: bool = False, modifiers: bool = 
 
 
 def fit_shared(cfg: KernelConfig, block_d: int, block_dv: int, attn_mask: bool | str, limit: int = SMEM_LIMIT,
-               major: int = 9) -> KernelConfig:
+               major: int = 9, dropout: bool = False) -> KernelConfig:
     """A ``tiled`` config in as many stages as fit ``limit`` bytes of shared memory on a GPU of compute capability
     ``major``, counted as :func:`tiled_smem` counts them.  On sm_90 beside an attn_mask: 128 x 128 tiles at head_dim
     128 take two stages (three asked for 256 KB), a split's 64 x 64 at 256 two (240 KB); on an A100 (163 KB) a split's
     64 x 64 at 256 two (168 KB in three); on sm_86 / sm_89 (99 KB) a decode's 128-key tiles at 128 two (136 KB)."""
-    while cfg.num_stages > 1 and tiled_smem(cfg, block_d, block_dv, attn_mask, major) > limit:
+    while cfg.num_stages > 1 and tiled_smem(cfg, block_d, block_dv, attn_mask, major, dropout) > limit:
         cfg = replace(cfg, num_stages=cfg.num_stages - 1)
     return cfg
 
 
-def tiled_smem(cfg: KernelConfig, block_d: int, block_dv: int, attn_mask: bool | str, major: int = 9) -> int:
+def tiled_smem(cfg: KernelConfig, block_d: int, block_dv: int, attn_mask: bool | str, major: int = 9,
+               dropout: bool = False) -> int:
     """Shared memory ``tiled`` may take, 16-bit tiles ``block_d`` (q/k) and ``block_dv`` (V) wide, as Triton's builds
     took it: on sm_90 ``num_stages`` K/V tiles and Q's (224 KB at 128 x 128, D=128, three stages) and beside an
     attn_mask (True: boolean; ``"bias"``: an additive float one) up to 4 bytes a score more (256 KB there), a bias's
     float32 tiles in ``num_stages - 1`` of the pipeline's stages (352 KB there; 240 KB at D=64, where a boolean mask
     took 176); on sm_80 ``num_stages - 1`` K/V tiles (one stage: K's tile once, for its layout) and Q's, and a
     scratch of up to 8 KB that the mask's up to 4 bytes a score share (168 KB at 64 x 64, D=256, three stages; 72 KB
-    in one); and 1 KB for barriers."""
+    in one); with attention dropout a byte a score more, the kept pairs on their way to the scores' layout (240 KB
+    at 128 x 128, D=128, three stages, on sm_90); and 1 KB for barriers."""
     if major >= 9:
         kv = cfg.num_stages * (block_d + block_dv)
     else:
@@ -331,6 +344,7 @@ def tiled_smem(cfg: KernelConfig, block_d: int, block_dv: int, attn_mask: bool |
     scores = cfg.block_m * cfg.block_n * 4 if attn_mask else 0
     if attn_mask == "bias" and major >= 9:
         scores *= max(cfg.num_stages - 1, 1)
+    scores += cfg.block_m * cfg.block_n if dropout else 0
     scratch = scores if major >= 9 else max(8192, scores)
     return kv * cfg.block_n * 2 + cfg.block_m * block_d * 2 + scratch + 1024
 
@@ -338,11 +352,11 @@ def tiled_smem(cfg: KernelConfig, block_d: int, block_dv: int, attn_mask: bool |
 def default_config(variant: str, arch: str, head_dim: int, causal: bool = False, seqlen_k: int = 0,
                    modifiers: bool = False, per_sequence: bool = False, seqlen_q: int = 0,
                    fp8: bool = False, head_dim_v: int = 0, window_only: bool = False,
-                   masked: bool = False) -> KernelConfig:
+                   masked: bool = False, dropout: bool = False) -> KernelConfig:
     if variant in ("singlewave", "pipelined"):
         return SEED
     if variant == "tiled":
-        return tiled_config(arch, head_dim, fp8, modifiers, masked)
+        return tiled_config(arch, head_dim, fp8, modifiers, masked, dropout)
     if variant == "hopper":
         return hopper_config(head_dim, causal, seqlen_k, modifiers, per_sequence, seqlen_q, fp8, head_dim_v,
                              window_only)

@@ -207,12 +207,12 @@ def plan(prob: Problem, q, k, v, o, layout: str, variant: str, config, alibi_slo
                                                per_sequence=prob.varlen or prob.seqused, seqlen_q=seqlen_q,
                                                fp8=prob.fp8, head_dim_v=prob.head_dim_v,
                                                window_only=prob.window_offset is not None and not scores_modified,
-                                               masked=prob.attn_mask)
+                                               masked=prob.attn_mask, dropout=prob.dropout)
         reason = kernels.unsupported(name, cfg, prob, q, k, v, o, layout, kernels.alibi_kind(alibi_slopes))
     if reason and variant == "auto":
         name = "tiled"
         cfg = configs.default_config(name, arch, prob.head_dim, prob.causal, modifiers=modifiers, fp8=prob.fp8,
-                                     masked=prob.attn_mask)
+                                     masked=prob.attn_mask, dropout=prob.dropout)
     elif reason:
         raise ValueError(f"variant {name!r} cannot take this call: {reason}")
     splits = split_len = 0
@@ -226,7 +226,7 @@ def plan(prob: Problem, q, k, v, o, layout: str, variant: str, config, alibi_slo
             cfg = dataclasses.replace(cfg, tma=0)
     if name == "tiled" and arch in ("sm90", "sm80"):
         major, limit = _shared(q.device, arch)
-        fitted = configs.fit_shared(cfg, prob.block_d, prob.block_dv, prob.attn_mask, limit, major)
+        fitted = configs.fit_shared(cfg, prob.block_d, prob.block_dv, prob.attn_mask, limit, major, prob.dropout)
         if config is None:
             cfg = fitted
         elif fitted != cfg:  # the caller's config would die in Triton's compiler or at the launch

@@ -81,7 +81,7 @@ def _table_config(variant: str, cell):
                                      window_only=cell.window >= 0 and not (cell.softcap or cell.alibi))
     if cell.seqlen_q <= 16:
         return configs.decode_config(cell.seqlen_q * cell.heads // cell.kv_heads, cell.seqlen_k, cell.head_dim)
-    return configs.tiled_config("sm90", cell.head_dim)
+    return configs.tiled_config("sm90", cell.head_dim, dropout=cell.dropout > 0)
 
 
 def config_changes(spec: str) -> dict:
