@@ -22,7 +22,7 @@ import torch
 
 sys.path.append(str(Path(__file__).resolve().parents[1] / "src"))  # after PYTHONPATH: another tree can be timed
 
-from fmha import backward, forward  # noqa: E402
+from fmha import backward, forward, replay  # noqa: E402
 from fmha.bench import ledger  # noqa: E402
 from fmha.bench.flops import attention_flops  # noqa: E402
 from fmha.bench.runner import time_ms  # noqa: E402
@@ -84,6 +84,7 @@ def main(argv=None) -> None:
                 flops = 2.5 * attention_flops(b, h, s, s, d, causal, head_dim_v=dv)
                 for kv, qt in trials:
                     backward.tiles = lambda *_, kv=kv, qt=qt: (as_dict(kv), qt and as_dict(qt))
+                    replay.clear(compiled=False)  # (a recorded call would replay the last candidate's kernels)
                     config = f"dkdv={name(kv)} dq={name(qt) if qt else '-'} {'deterministic' if qt else 'atomic'}"
                     try:
                         got = backward.dense(do, q, k, v, o, lse, **kw)[:3]
@@ -94,6 +95,7 @@ def main(argv=None) -> None:
                         ms, err, note = float("nan"), float("nan"), f"failed: {type(e).__name__}: {str(e)[:80]}"
                     finally:
                         backward.tiles = table
+                        replay.clear(compiled=False)
                     rows.append({**env, "provider": "fmha:backward", "config": config, "dtype": args.dtype,
                                  "batch": b, "heads": h, "kv_heads": h, "seqlen_q": s, "seqlen_k": s, "head_dim": d,
                                  "causal": int(causal), "ms": ms, "tflops": tflops(flops, ms), "error": err,

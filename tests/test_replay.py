@@ -569,12 +569,3 @@ def test_a_plan_the_stand_ins_cannot_make_ends_the_span():
     family.reach(40, "outcome", plan_at)
     assert (family.lo, family.hi) == (40, 42)
 
-
-def test_a_backward_recorded_under_one_tiles_rule_is_not_replayed_under_another(monkeypatch):
-    """The backward's replay key holds the tiles' rule in force: a sweep that puts candidates in its place
-    (bench/backward_tiles.py) times each candidate's kernels, not the first one's recording again."""
-    from fmha import backward
-    q = torch.zeros(1, 1, 8, 16)
-    first = backward._tables(q)
-    monkeypatch.setattr(backward, "tiles", lambda *args, **kw: None)
-    assert backward._tables(q) != first

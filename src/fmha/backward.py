@@ -22,15 +22,16 @@ def _t(block_m, block_n, warps, stages, chunks=0) -> dict:
 
 
 def tiles(head_dim: int, causal: bool, deterministic: bool, family: str = "nvidia",
-          shared: int = SMEM_LIMIT, masked: bool = False) -> tuple[dict, dict | None]:
+          shared: int = SMEM_LIMIT, masked: bool = False, dropout: bool = False) -> tuple[dict, dict | None]:
     """Tiles, warps and stages of ``(dkdv_kernel, dq_kernel)``; ``None`` for the second: dQ added
     atomically by the first.  ``head_dim``: the larger of q/k's and v's; ``family``: :func:`fmha.device.family_of`;
     ``shared``: the bytes of shared memory a block of the GPU may take (:func:`fmha.device.shared_limit`).
 
     NVIDIA, not ``deterministic``: the faster dQ of bench/backward_tiles.py's sweep on the H200 (ledger): the dQ
     kernel at head_dim 128 (atomics cost more than its two recomputed matmuls), atomics for causal
-    head_dim <= 64 and past 128.  A GPU with less shared memory than sm_90's (an A100's 163 KB, sm_86 and sm_89's
-    99 KB) takes smaller tiles where the H200's would not fit (:data:`SMALL_SHARED`).  AMD: the largest tiles whose
+    head_dim <= 64 and past 128, and at head_dim <= 64 with attention ``dropout`` (the dQ kernel would draw every
+    pair a third time: ``bench/backward_tiles.py --dropout 0.1``).  A GPU with less shared memory than sm_90's (an
+    A100's 163 KB, sm_86 and sm_89's 99 KB) takes smaller tiles where the H200's would not fit (:data:`SMALL_SHARED`).  AMD: the largest tiles whose
     builds keep every value in registers (:data:`AMD_TILES`; ``masked``, reading an attn_mask:
     :data:`AMD_TILES_MASKED`), the same choice of dQ where the atomic build spills no more; NVIDIA before Hopper
     likewise (:data:`SM80_TILES`), with the H200's choice of dQ.  Under the interpreter,
@@ -50,7 +51,7 @@ def tiles(head_dim: int, causal: bool, deterministic: bool, family: str = "nvidi
         atomic = atomic_dkdv is not None and causal and not deterministic
         return (atomic_dkdv, None) if atomic else (dkdv, dq)
     if head_dim <= 64:
-        atomic = causal and not deterministic
+        atomic = (causal or dropout) and not deterministic
         return _t(64, 64, 4, 3), None if atomic else _t(128, 64, 8, 2)
     needs, small = SMALL_SHARED[128 if head_dim <= 128 else 256]
     if head_dim <= 128:
@@ -167,9 +168,9 @@ def packed(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
 
 
 def _tables(q) -> tuple:
-    """What picks a backward's kernels besides its kind (:mod:`fmha.replay`'s key): the tile tables and the tiles'
-    rule in force (bench/backward_tiles.py puts its candidates in the rule's place) and the device's family."""
-    return id(GLUON_ROWS), id(GLUON_ROWS_DETERMINISTIC), id(tiles), family_of(q.device), _shared(q.device)
+    """What picks a backward's kernels besides its kind (:mod:`fmha.replay`'s key): the tile tables in force and
+    the device's family."""
+    return id(GLUON_ROWS), id(GLUON_ROWS_DETERMINISTIC), family_of(q.device), _shared(q.device)
 
 
 def _shared(device: torch.device) -> int:
@@ -233,7 +234,7 @@ def describe(q, k, v, *, causal: bool = False, layout: str = "bhsd", determinist
         return (f"hopper backward BLOCK_M={cut.rows} BLOCK_N={hopper.BLOCK_N.value} stages={hopper.STAGES.value} "
                 f"ds_bufs={cut.ds_bufs} rs={int(cut.rs)} dq_rows={cut.dq_rows} dq_cols={cut.dq_cols}{order}")
     kv_tiles, q_tiles = tiles(max(prob.head_dim, prob.dv), prob.causal, deterministic, family_of(q.device),
-                              _shared(q.device))
+                              _shared(q.device), dropout=prob.dropout)
 
     def shape(t):
         chunks = f" qk_chunks={t['QK_CHUNKS']}" if t["QK_CHUNKS"] else ""
@@ -306,7 +307,7 @@ def _run(prob, do, q, k, v, o, lse, layout, alibi, seqs, rows, keys, sinks, dete
         return (*_hopper(prob, do, q, k, v, o, lse, dk, dv, layout, sinks, deterministic, seqs, rows, keys), None)
     # a bias's gradient comes from the dQ pass, which visits each score of the band once (deterministic's tiles)
     kv_tiles, q_tiles = tiles(max(prob.head_dim, prob.dv), prob.causal, deterministic or mask_grad,
-                              family_of(q.device), _shared(q.device), prob.attn_mask)
+                              family_of(q.device), _shared(q.device), prob.attn_mask, prob.dropout)
     atomic = q_tiles is None
     # atomically: a float32 dQ the key blocks add into, cast once at the end
     with on(q.device):

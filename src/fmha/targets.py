@@ -214,7 +214,7 @@ def build_backward_kernels(target: str, head_dim: int, dtype: str = "bfloat16", 
     if mask_grad and attn_mask in (False, True):
         raise ValueError("mask_grad: the gradient of a float attn_mask (attn_mask='bias')")
     kv_tiles, q_tiles = tiles(head_dim, causal, deterministic or mask_grad, family_of_target(target),
-                              shared or chip.shared_bytes - 1024, bool(attn_mask))
+                              shared or chip.shared_bytes - 1024, bool(attn_mask), dropout)
     block_d = max(16, triton.next_power_of_2(head_dim))
     out = []
     for kernel, t in ((kernels.dkdv_kernel, kv_tiles), (kernels.dq_kernel, q_tiles)):
