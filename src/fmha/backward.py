@@ -32,10 +32,10 @@ def tiles(head_dim: int, causal: bool, deterministic: bool, family: str = "nvidi
     head_dim <= 64 and past 128, and at head_dim <= 64 with attention ``dropout`` (the dQ kernel would draw every
     pair a third time: ``bench/backward_tiles.py --dropout 0.1``).  A GPU with less shared memory than sm_90's (an
     A100's 163 KB, sm_86 and sm_89's 99 KB) takes smaller tiles where the H200's would not fit (:data:`SMALL_SHARED`).
-    AMD: the largest tiles whose builds keep every value in registers (:data:`AMD_TILES`; ``masked``, reading an attn_mask:
-    :data:`AMD_TILES_MASKED`), the same choice of dQ where the atomic build spills no more; NVIDIA before Hopper
-    likewise (:data:`SM80_TILES`), with the H200's choice of dQ.  Under the interpreter,
-    atomics whenever allowed (the CPU tests cover both)."""
+    AMD: the largest tiles whose builds keep every value in registers (:data:`AMD_TILES`; ``masked``, reading an
+    attn_mask: :data:`AMD_TILES_MASKED`), the same choice of dQ where the atomic build spills no more; NVIDIA before
+    Hopper likewise (:data:`SM80_TILES`), with the H200's choice of dQ.  Under the interpreter, atomics whenever
+    allowed (the CPU tests cover both)."""
     if family == "interpreter":
         small = _t(16, 16, 4, 1)
         return small, small if deterministic else None
