@@ -572,19 +572,21 @@ def test_backward_kernels_build_with_an_attn_mask(target, load):
     assert load in asm[0] and not any(load in a for a in asm[len(with_mask):])
 
 
-@pytest.mark.parametrize("target,mul_hi", [("sm_90", "mul.hi.u32"), ("gfx1151", "v_mul_hi_u32")])
+@pytest.mark.parametrize("target,mul_hi", [("sm_90", "mul.hi.u32"), ("sm_80", "mul.hi.u32"),
+                                            ("gfx1151", "v_mul_hi_u32")])
 def test_dropout_builds_draw_philox_only_where_asked(target, mul_hi):
     """Attention dropout's builds (``tiled``'s forward, the portable backward's kernels) compile for the target and
-    draw Philox's rounds (their 32-bit high multiplies); the builds without it have none.  On the seed's chip the
-    forward with dropout keeps every value in registers (on sm_90 it spilled 107 registers at head_dim 128, causal:
-    not timed)."""
+    draw Philox's rounds (their 32-bit high multiplies); the builds without it have none.  With it the forward keeps
+    every value in registers, in its dropout tiles (:data:`fmha.configs.TILED_DROPOUT`; in the plain table's, sm_90's
+    spilled 173-187 registers at head_dim 128 and sm_80's 189), and so do the backward's kernels on the seed's chip and
+    on sm_80 (whose dQ kernel spilled 147 in the plain table's 128 x 64 tiles)."""
     for dropout in (False, True):
         fwd = targets.build("tiled", target, 128, "bfloat16", True, dropout=dropout)
-        bwd = targets.build_backward_kernels(target, 128, "bfloat16", True, dropout=dropout)
+        bwd = targets.build_backward_kernels(target, 128, "bfloat16", False, dropout=dropout)
         for b in (fwd, *bwd):
             assert (mul_hi in (b.asm.get("ptx") or b.asm["amdgcn"])) == dropout, (b.variant, dropout)
-        if target == "gfx1151":
-            assert targets.report(fwd).spilled_registers == 0
+            if dropout and (b is fwd or target != "sm_90"):
+                assert targets.report(b).spilled_registers == 0, b.variant
 
 
 @pytest.mark.parametrize("mask,load", [(True, "global_load_u8"), ("bias", "global_load_b32")])

@@ -34,7 +34,8 @@ def tiles(head_dim: int, causal: bool, deterministic: bool, family: str = "nvidi
     A100's 163 KB, sm_86 and sm_89's 99 KB) takes smaller tiles where the H200's would not fit (:data:`SMALL_SHARED`).
     AMD: the largest tiles whose builds keep every value in registers (:data:`AMD_TILES`; ``masked``, reading an
     attn_mask: :data:`AMD_TILES_MASKED`), the same choice of dQ where the atomic build spills no more; NVIDIA before
-    Hopper likewise (:data:`SM80_TILES`), with the H200's choice of dQ.  Under the interpreter, atomics whenever
+    Hopper likewise (:data:`SM80_TILES`; with ``dropout`` too, the masked rows: the dQ kernel's 128 x 64 tiles at 128
+    spilled 147 registers drawing its pairs), with the H200's choice of dQ.  Under the interpreter, atomics whenever
     allowed (the CPU tests cover both)."""
     if family == "interpreter":
         small = _t(16, 16, 4, 1)
@@ -46,7 +47,7 @@ def tiles(head_dim: int, causal: bool, deterministic: bool, family: str = "nvidi
         atomic = atomic_dkdv is not None and not deterministic and (causal if head_dim <= 64 else head_dim > 128)
         return (atomic_dkdv, None) if atomic else (dkdv, dq)
     if family == "sm80" and head_dim <= 128:
-        row = (SM80_TILES_MASKED if masked else SM80_TILES)[64 if head_dim <= 64 else 128]
+        row = (SM80_TILES_MASKED if masked or dropout else SM80_TILES)[64 if head_dim <= 64 else 128]
         dkdv, atomic_dkdv, dq = (_t(*t) if t else None for t in row)
         atomic = atomic_dkdv is not None and causal and not deterministic
         return (atomic_dkdv, None) if atomic else (dkdv, dq)

@@ -264,12 +264,18 @@ TILED_FP8 = [
     ("sm90", 128, KernelConfig(128, 64, 8, 3)),
 ]
 
-# ``tiled`` with attention dropout on sm_90 (the H200, bf16, `fmha bench --grid dropout`, three candidates a head dim
-# in one run: docs/PERF.md): the draws' Philox words and the kept pairs beside the accumulator spilled 102-113 registers
-# in the 128 x 64 four-warp tiles at 64 and 173-187 in 128 x 128 at 128; these spill none
+# ``tiled`` with attention dropout (sm_90 at 64 and 128: the H200, bf16, `fmha bench --grid dropout`, three candidates
+# a head dim in one run, docs/PERF.md; the rest not timed): the draws' Philox words and the kept pairs beside the
+# accumulator spilled 102-113 registers in sm_90's 128 x 64 four-warp tiles at 64, 173-187 in 128 x 128 at 128 and
+# 88 in 64 x 32 at 256; on sm_80 189 in 128 x 64 at 128 and 158 in 64 x 32 at 256.  These spill none (sm_80 at 256:
+# 3 registers)
 TILED_DROPOUT = [
     ("sm90", 64, KernelConfig(64, 64, 4, 3)),
     ("sm90", 128, KernelConfig(128, 64, 8, 3)),
+    ("sm90", 256, KernelConfig(64, 32, 8, 2)),
+    ("sm80", 64, KernelConfig(64, 64, 4, 3)),
+    ("sm80", 128, KernelConfig(64, 64, 8, 2)),
+    ("sm80", 256, KernelConfig(64, 32, 8, 2)),
 ]
 
 
@@ -335,8 +341,9 @@ def tiled_smem(cfg: KernelConfig, block_d: int, block_dv: int, attn_mask: bool |
     float32 tiles in ``num_stages - 1`` of the pipeline's stages (352 KB there; 240 KB at D=64, where a boolean mask
     took 176); on sm_80 ``num_stages - 1`` K/V tiles (one stage: K's tile once, for its layout) and Q's, and a
     scratch of up to 8 KB that the mask's up to 4 bytes a score share (168 KB at 64 x 64, D=256, three stages; 72 KB
-    in one); with attention dropout a byte a score more, the kept pairs on their way to the scores' layout (240 KB
-    at 128 x 128, D=128, three stages, on sm_90); and 1 KB for barriers."""
+    in one); with attention dropout up to two bytes a score more, the kept pairs on their way to the scores' layout
+    and its padding (240 KB at 128 x 128, D=128, three stages, on sm_90: a byte a score; 100 KB at 64 x 32 in eight
+    warps, D=256, two stages: 1 KB more); and 1 KB for barriers."""
     if major >= 9:
         kv = cfg.num_stages * (block_d + block_dv)
     else:
@@ -344,7 +351,7 @@ def tiled_smem(cfg: KernelConfig, block_d: int, block_dv: int, attn_mask: bool |
     scores = cfg.block_m * cfg.block_n * 4 if attn_mask else 0
     if attn_mask == "bias" and major >= 9:
         scores *= max(cfg.num_stages - 1, 1)
-    scores += cfg.block_m * cfg.block_n if dropout else 0
+    scores += 2 * cfg.block_m * cfg.block_n if dropout else 0
     scratch = scores if major >= 9 else max(8192, scores)
     return kv * cfg.block_n * 2 + cfg.block_m * block_d * 2 + scratch + 1024
 

@@ -391,7 +391,8 @@ def build(variant: str, target: str, head_dim: int = 128, dtype: str = "float16"
     arch_key = "hip" if chip.backend == "hip" else ("sm90" if chip.arch == 90 else "sm80")
     scored = bool(set(mods) - {"lse"}) or bool(attn_mask)  # what the plan's configs call modifiers
     cfg = config or configs.default_config(variant, arch_key, head_dim, causal, fp8=dtype == "float8_e4m3fn",
-                                           head_dim_v=head_dim_v or 0, modifiers=scored, masked=bool(attn_mask))
+                                           head_dim_v=head_dim_v or 0, modifiers=scored, masked=bool(attn_mask),
+                                           dropout=dropout)
     if variant == "hopper":
         from .kernels import hopper
         compiled = triton.compile(_hopper_source(head_dim, dtype, causal, cfg, seqlen_k, lengths, head_dim_v),
