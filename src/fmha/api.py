@@ -77,9 +77,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     requires grad gets its gradient, the gradient of each score, summed over the dimensions it broadcast.
     ``dropout_p``: attention dropout, as SDPA's and FlashAttention's: each probability is dropped with probability
     ``dropout_p`` (in steps of 2^-16) and the kept ones scaled by one over the share kept, after the softmax (its
-    denominator counts every key); the pairs drawn from torch's generator on q's device (``torch.manual_seed`` repeats them), the same
-    pairs again in the backward, on the ``tiled`` variant and the Triton backward (:mod:`fmha.kernels.dropout`);
-    :func:`attention_varlen` takes it too.
+    denominator counts every key); the pairs drawn from torch's generator on q's device (``torch.manual_seed``
+    repeats them), the same pairs again in the backward, on the ``tiled`` variant and the Triton backward
+    (:mod:`fmha.kernels.dropout`); :func:`attention_varlen` takes it too.
     SDPA applies it whenever it is given, as here: pass 0 outside training.  Not with float8, sinks, or under
     ``torch.compile``.
     ``num_splits``: split the keys over that many programs per query block and merge
