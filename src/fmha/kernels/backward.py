@@ -207,13 +207,6 @@ def dkdv_kernel(Q, K, V, DO, LSE, Delta, DK, DV, DQ,
         slope = head_slope(Alibi, b * heads + h, heads, ALIBI)
         q_base = Q + b64 * stride_qb + h.to(tl.int64) * stride_qh
         g_base = DO + b64 * stride_gb + h.to(tl.int64) * stride_gh
-        if VARLEN:  # the head's first row among the LSE's
-            row0 = h.to(tl.int64) * seqlen_q + q0
-        else:
-            row0 = (b * heads + h).to(tl.int64) * seqlen_q
-        if DROPOUT:  # each tile's kept pairs are drawn during the tile before, behind its products; the first's here
-            keep, keep_scale = dropout.kept(seed, row0 + lo + tl.arange(0, BLOCK_M), start_n, seqlen_k, dropout_p,
-                                            BLOCK_N)
         for start_m in range(lo, hi, BLOCK_M):
             offs_m = start_m + tl.arange(0, BLOCK_M)
             seq = (q0 + offs_m).to(tl.int64)
@@ -221,13 +214,17 @@ def dkdv_kernel(Q, K, V, DO, LSE, Delta, DK, DV, DQ,
                           True)
             do = load_rows(g_base + seq[:, None] * stride_gs + offs_dv[None, :], offs_m, sq, offs_dv, HEAD_V,
                            BLOCK_DV, True)
-            rows = row0 + offs_m
+            if VARLEN:
+                rows = h.to(tl.int64) * seqlen_q + q0 + offs_m
+            else:
+                rows = (b * heads + h).to(tl.int64) * seqlen_q + offs_m
             lse2, delta = _row_stats(LSE, Delta, rows, offs_m, sq)
             mask_rows = _mask_rows(AttnMask, b, h, offs_m, stride_mb, stride_mh, stride_mq)
             p, dcap = _probs(q, k, lse2, offs_m, offs_n, sq, sk, scale_log2, softcap, slope, causal_offset,
                              window_offset, align_offset, mask_rows, stride_mk, CAUSAL, WINDOW, SOFTCAP, ALIBI,
                              ATTN_MASK, BLOCK_M, BLOCK_N, QK_CHUNKS)
             if DROPOUT:
+                keep, keep_scale = dropout.kept(seed, rows, start_n, seqlen_k, dropout_p, BLOCK_N)
                 dv = mma(tl.trans(dropout.dropped(p, keep, keep_scale).to(do.dtype)), do, dv)
                 dp = dropout.dropped(dot_t(do, v, BLOCK_M, BLOCK_N, QK_CHUNKS), keep, keep_scale)
             else:
@@ -235,8 +232,6 @@ def dkdv_kernel(Q, K, V, DO, LSE, Delta, DK, DV, DQ,
                 dp = dot_t(do, v, BLOCK_M, BLOCK_N, QK_CHUNKS)
             dz = p * (dp - delta[:, None]) * dcap
             dk = mma(tl.trans(dz.to(q.dtype)), q, dk)
-            if DROPOUT:
-                keep, keep_scale = dropout.kept(seed, rows + BLOCK_M, start_n, seqlen_k, dropout_p, BLOCK_N)
             if ATOMIC_DQ:
                 dq = mma(dz.to(k.dtype), k, tl.zeros([BLOCK_M, BLOCK_D], tl.float32)) * (scale_log2 / LOG2E)
                 dq_ptrs = DQ + b64 * stride_dqb + h.to(tl.int64) * stride_dqh + seq[:, None] * stride_dqs
@@ -299,8 +294,6 @@ def dq_kernel(Q, K, V, DO, LSE, Delta, DQ,
     seed = 0
     if DROPOUT:
         seed = tl.load(Seed)
-    if DROPOUT:  # each tile's kept pairs are drawn during the tile before, behind its product; the first's here
-        keep, keep_scale = dropout.kept(seed, rows, lo, seqlen_k, dropout_p, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         keys = (k0 + offs_n).to(tl.int64)
@@ -313,14 +306,13 @@ def dq_kernel(Q, K, V, DO, LSE, Delta, DQ,
                          BLOCK_N, QK_CHUNKS)
         dp = dot_t(do, v, BLOCK_M, BLOCK_N, QK_CHUNKS)
         if DROPOUT:
+            keep, keep_scale = dropout.kept(seed, rows, start_n, seqlen_k, dropout_p, BLOCK_N)
             dp = dropout.dropped(dp, keep, keep_scale)
         dz = p * (dp - delta[:, None])
         if MASK_GRAD:  # (dense only: the buffer's rows are (batch, head, query))
             at = DMask + (bh.to(tl.int64) * seqlen_q + offs_m)[:, None] * seqlen_k + offs_n[None, :]
             tl.store(at, dz, mask=(offs_m < sq)[:, None] & (offs_n < sk)[None, :])
         dq = mma((dz * dcap).to(k.dtype), k, dq)
-        if DROPOUT:
-            keep, keep_scale = dropout.kept(seed, rows, start_n + BLOCK_N, seqlen_k, dropout_p, BLOCK_N)
     dq = dq * (scale_log2 / LOG2E)
     tl.store(DQ + b64 * stride_dqb + h.to(tl.int64) * stride_dqh + seq[:, None] * stride_dqs + offs_d[None, :],
              dq.to(DQ.dtype.element_ty), mask=(offs_m[:, None] < sq) & (offs_d[None, :] < HEAD_DIM))

@@ -66,8 +66,6 @@ def _key_range(acc, l, m, q, q_lo, k_base, v_base, lo, hi, offs_m, offs_n, offs_
         offs_lo = tl.arange(0, QK_LO)
         klo_base = k_base + BLOCK_D * stride_kd
         klo_ptrs = klo_base + first[:, None] * stride_ks + offs_lo[None, :] * stride_kd
-    if DROPOUT:  # each tile's kept pairs are drawn during the tile before, behind its P V product; the first's here
-        keep, keep_scale = dropout.kept(seed, drop_rows, lo, drop_keys, dropout_p, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         if PAGED:  # each tile through the block table
@@ -106,8 +104,8 @@ def _key_range(acc, l, m, q, q_lo, k_base, v_base, lo, hi, offs_m, offs_n, offs_
         if FP8 and not V_FROM_K:
             v = v.to(q.dtype)
         if DROPOUT:
+            keep, keep_scale = dropout.kept(seed, drop_rows, start_n, drop_keys, dropout_p, BLOCK_N)
             acc, l, m = online_softmax_step(acc, l, m, s, v, keep, keep_scale)
-            keep, keep_scale = dropout.kept(seed, drop_rows, start_n + BLOCK_N, drop_keys, dropout_p, BLOCK_N)
         else:
             acc, l, m = online_softmax_step(acc, l, m, s, v)
         k_ptrs += BLOCK_N * stride_ks
