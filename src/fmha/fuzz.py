@@ -153,11 +153,12 @@ def draw(rng: random.Random, on_gpu: bool, hopper: bool) -> Problem:
             p = dataclasses.replace(p, dropout=own.choice([0.1, 0.5]))
     elif p.entry == "attention" and own.random() < 0.2:
         p = dataclasses.replace(p, attn_mask=True)
-    if (p.attn_mask or p.dropout) and p.config:  # the table's row as the plan takes it beside a mask, boolean or a
-        widths = padded(p.head_dim, 16), plan.v_tile(p.head_dim, p.head_dim_v or p.head_dim)  # bias, or dropout
-        p = dataclasses.replace(p, config=configs.fit_shared(configs.KernelConfig(**p.config), *widths,  # (shared
-                                                             "bias" if p.attn_mask else False,  # memory)
-                                                             dropout=bool(p.dropout)).as_dict())
+    if (p.attn_mask or p.dropout) and p.config:  # the table's row as the plan takes it beside a mask (boolean or a
+        # bias) or dropout, whose tiles take shared memory
+        widths = padded(p.head_dim, 16), plan.v_tile(p.head_dim, p.head_dim_v or p.head_dim)
+        fitted = configs.fit_shared(configs.KernelConfig(**p.config), *widths, "bias" if p.attn_mask else False,
+                                    dropout=bool(p.dropout))
+        p = dataclasses.replace(p, config=fitted.as_dict())
     return p
 
 

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from .. import constants
+from . import dropout
 
 # Triton 3.6's interpreter returns garbage for a bfloat16 tl.dot; float32 operands
 # give exact products.  Decided once, at import, as Triton decides interpretation.
@@ -334,7 +335,7 @@ def online_softmax_step(acc, l, m, s, v, keep=None, keep_scale=1.0):
     p, alpha, l, m = softmax_weights(l, m, s)
     acc = acc * alpha[:, None]
     if keep is not None:
-        p = tl.where(keep, p * keep_scale, 0.0)  # (:func:`.dropout.dropped`)
+        p = dropout.dropped(p, keep, keep_scale)
     acc = mma(p.to(v.dtype), v, acc)
     return acc, l, m
 

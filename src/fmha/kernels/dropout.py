@@ -11,7 +11,9 @@ import triton
 import triton.language as tl
 
 
-LANE = tl.constexpr(16)  # bits of one pair's draw: each Philox call (four 32-bit words) draws for 128 // LANE pairs
+# bits of one pair's draw: a Philox call's four 32-bit words draw for eight pairs (8-bit draws, sixteen pairs a call,
+# ran 4-10% faster, but a p under 1/512 would drop nothing: docs/PERF.md)
+LANE = tl.constexpr(16)
 DRAWS = tl.constexpr(1 << LANE.value)  # the values a draw takes
 
 
@@ -27,19 +29,14 @@ def threshold(dropout_p):
 def kept(seed, rows, start_n, seqlen_k, dropout_p, BLOCK_N: tl.constexpr):
     """(which pairs of a tile are kept, their factor: :func:`threshold`).  ``rows``: the rows' places among every
     (batch, head)'s rows (the LSE's: ``(b * heads + h) * seqlen_q + i``; packed sequences', ``h * total_q + row``);
-    the tile's keys ``start_n + [0, BLOCK_N)`` (their numbers in the sequence; ``start_n`` a multiple of
-    ``128 // LANE``), ``seqlen_k`` the tensor's keys.  A row's keys go in runs of ``128 // LANE``, each run one
-    Philox call (64-bit counter ``rows * runs_a_row + run``) whose four words, cut in ``LANE``-bit draws in order,
-    are the run's keys' draws."""
-    RUN: tl.constexpr = 128 // LANE
-    runs = start_n // RUN + tl.arange(0, BLOCK_N // RUN)
-    r0, r1, r2, r3 = tl.randint4x(seed, rows.to(tl.int64)[:, None] * tl.cdiv(seqlen_k, RUN) + runs[None, :])
+    the tile's keys ``start_n + [0, BLOCK_N)`` (their numbers in the sequence; ``start_n`` a multiple of 8),
+    ``seqlen_k`` the tensor's keys.  A row's keys go in runs of eight, each run one Philox call (64-bit counter
+    ``rows * runs_a_row + run``) whose four words, cut in 16-bit draws in order, are the run's keys' draws."""
+    tl.static_assert(LANE == 16, "two draws a word")
+    runs = start_n // 8 + tl.arange(0, BLOCK_N // 8)
+    r0, r1, r2, r3 = tl.randint4x(seed, rows.to(tl.int64)[:, None] * tl.cdiv(seqlen_k, 8) + runs[None, :])
     words = tl.join(tl.join(r0, r1), tl.join(r2, r3)).to(tl.uint32, bitcast=True)
-    if LANE == 16:
-        draws = tl.join(words & 0xFFFF, words >> 16)
-    else:
-        tl.static_assert(LANE == 8, "draws of 8 or 16 bits")
-        draws = tl.join(tl.join(words & 0xFF, (words >> 8) & 0xFF), tl.join((words >> 16) & 0xFF, words >> 24))
+    draws = tl.join(words & 0xFFFF, words >> 16)
     cut, scale = threshold(dropout_p)
     return tl.reshape(draws, [rows.shape[0], BLOCK_N]) >= cut, scale
 
