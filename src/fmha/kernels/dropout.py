@@ -12,7 +12,7 @@ import triton.language as tl
 
 
 # bits of one pair's draw: a Philox call's four 32-bit words draw for eight pairs (8-bit draws, sixteen pairs a call,
-# ran 4-10% faster, but a p under 1/512 would drop nothing: docs/PERF.md)
+# ran 4-13% faster, but a p under 1/512 would drop nothing: docs/PERF.md)
 LANE = tl.constexpr(16)
 DRAWS = tl.constexpr(1 << LANE.value)  # the values a draw takes
 
