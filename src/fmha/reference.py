@@ -131,8 +131,8 @@ def dense_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     logit a head in every row's denominator, with no value (gpt-oss's attention sinks).  ``attn_mask``:
     broadcastable to ``[B, H, Sq, Sk]``, as SDPA takes it: boolean (True: the key takes part), joined with the
     band, or a float bias added to the scores (after the softcap and ALiBi).  ``dropout``: attention dropout's
-    factors ``Z`` ``[B, H, Sq, Sk]`` (``1 / (1 - p)`` kept, 0 dropped: :func:`fmha.kernels.dropout.factors`), so
-    ``o = (P * Z) V`` (the LSE is the softmax's).
+    factors ``Z`` ``[B, H, Sq, Sk]`` (one over the share kept for a kept pair, 0 dropped:
+    :func:`fmha.kernels.dropout.factors`), so ``o = (P * Z) V`` (the LSE is the softmax's).
     """
     q, k, v = _as_f64(q), _as_f64(k), _as_f64(v)
     k, v = _expand_kv(q, k, v)

@@ -1,5 +1,5 @@
 """Attention dropout, as SDPA's ``dropout_p`` and FlashAttention's: each probability ``P_ij`` is kept with
-probability ``1 - p`` and scaled by ``1 / (1 - p)``, or dropped, after the softmax (whose denominator counts every
+probability ``1 - p`` and scaled by about ``1 / (1 - p)``, or dropped, after the softmax (whose denominator counts every
 key), so ``O = (P * Z) V`` with ``Z`` the kept pairs' factors.  The pairs are drawn from Philox
 (:func:`triton.language.randint4x`) keyed by a seed the call draws from torch's generator on the device, at each
 pair's place among every (batch, head)'s scores (sixteen bits a pair, eight pairs a Philox call: ``p`` in steps of
@@ -11,15 +11,14 @@ import triton
 import triton.language as tl
 
 
-# bits of one pair's draw: a Philox call's four 32-bit words draw for eight pairs (8-bit draws, sixteen pairs a call,
-# ran 4-13% faster, but a p under 1/512 would drop nothing: docs/PERF.md)
-LANE = tl.constexpr(16)
-DRAWS = tl.constexpr(1 << LANE.value)  # the values a draw takes
+# the values a pair's 16-bit draw takes: a Philox call's four 32-bit words draw for eight pairs (8-bit draws, sixteen
+# pairs a call, ran 4-13% faster, but a p under 1/512 would drop nothing: docs/PERF.md)
+DRAWS = tl.constexpr(1 << 16)
 
 
 @triton.jit
 def threshold(dropout_p):
-    """(the draws below which a pair is dropped, the kept pairs' factor): ``dropout_p`` in steps of ``2^-LANE``, the
+    """(the draws below which a pair is dropped, the kept pairs' factor): ``dropout_p`` in steps of ``2^-16``, the
     factor one over the share kept, so that ``E[Z] = 1`` exactly."""
     cut = tl.minimum((tl.zeros([], tl.float32) + dropout_p * DRAWS + 0.5).to(tl.int32), DRAWS - 1)
     return cut.to(tl.uint32), 1.0 / (1.0 - cut.to(tl.float32) / DRAWS)
@@ -32,7 +31,6 @@ def kept(seed, rows, start_n, seqlen_k, dropout_p, BLOCK_N: tl.constexpr):
     the tile's keys ``start_n + [0, BLOCK_N)`` (their numbers in the sequence; ``start_n`` a multiple of 8),
     ``seqlen_k`` the tensor's keys.  A row's keys go in runs of eight, each run one Philox call (64-bit counter
     ``rows * runs_a_row + run``) whose four words, cut in 16-bit draws in order, are the run's keys' draws."""
-    tl.static_assert(LANE == 16, "two draws a word")
     runs = start_n // 8 + tl.arange(0, BLOCK_N // 8)
     r0, r1, r2, r3 = tl.randint4x(seed, rows.to(tl.int64)[:, None] * tl.cdiv(seqlen_k, 8) + runs[None, :])
     words = tl.join(tl.join(r0, r1), tl.join(r2, r3)).to(tl.uint32, bitcast=True)
