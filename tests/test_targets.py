@@ -573,13 +573,14 @@ def test_backward_kernels_build_with_an_attn_mask(target, load):
 
 
 @pytest.mark.parametrize("target,mul_hi", [("sm_90", "mul.hi.u32"), ("sm_80", "mul.hi.u32"),
-                                            ("gfx1151", "v_mul_hi_u32")])
+                                            ("gfx1151", "v_mul_hi_u32"), ("gfx942", "v_mul_hi_u32")])
 def test_dropout_builds_draw_philox_only_where_asked(target, mul_hi):
     """Attention dropout's builds (``tiled``'s forward, the portable backward's kernels) compile for the target and
     draw Philox's rounds (their 32-bit high multiplies); the builds without it have none.  With it the forward keeps
     every value in registers, in its dropout tiles (:data:`fmha.configs.TILED_DROPOUT`; in the plain table's, sm_90's
-    spilled 173-187 registers at head_dim 128 and sm_80's 189), and so do the backward's kernels on the seed's chip and
-    on sm_80 (whose dQ kernel spilled 147 in the plain table's 128 x 64 tiles)."""
+    spilled 173-187 registers at head_dim 128 and sm_80's 189), and so do the backward's kernels on the seed's chip, on
+    sm_80 (whose dQ kernel spilled 147 in the plain table's 128 x 64 tiles) and on gfx942 (in the masked rows: its
+    dK/dV kernel spilled 22-25 registers at 128 in the plain ones, :data:`fmha.backward.AMD_TILES_MASKED`)."""
     for dropout in (False, True):
         fwd = targets.build("tiled", target, 128, "bfloat16", True, dropout=dropout)
         bwd = targets.build_backward_kernels(target, 128, "bfloat16", False, dropout=dropout)

@@ -33,15 +33,16 @@ def tiles(head_dim: int, causal: bool, deterministic: bool, family: str = "nvidi
     pair a third time: ``bench/backward_tiles.py --dropout 0.1``).  A GPU with less shared memory than sm_90's (an
     A100's 163 KB, sm_86 and sm_89's 99 KB) takes smaller tiles where the H200's would not fit (:data:`SMALL_SHARED`).
     AMD: the largest tiles whose builds keep every value in registers (:data:`AMD_TILES`; ``masked``, reading an
-    attn_mask: :data:`AMD_TILES_MASKED`), the same choice of dQ where the atomic build spills no more; NVIDIA before
-    Hopper likewise (:data:`SM80_TILES`; with ``dropout`` too, the masked rows: the dQ kernel's 128 x 64 tiles at 128
-    spilled 147 registers drawing its pairs), with the H200's choice of dQ.  Under the interpreter, atomics whenever
+    attn_mask, and CDNA's with ``dropout``: :data:`AMD_TILES_MASKED`), the same choice of dQ where the atomic build
+    spills no more; NVIDIA before Hopper likewise (:data:`SM80_TILES`; with ``dropout`` too, the masked rows: the dQ
+    kernel's 128 x 64 tiles at 128 spilled 147 registers drawing its pairs), with the H200's choice of dQ.  Under the
+    interpreter, atomics whenever
     allowed (the CPU tests cover both)."""
     if family == "interpreter":
         small = _t(16, 16, 4, 1)
         return small, small if deterministic else None
     if family in AMD_TILES:
-        table = (AMD_TILES_MASKED if masked else AMD_TILES)[family]
+        table = (AMD_TILES_MASKED if masked or dropout and family == "cdna" else AMD_TILES)[family]
         *row, chunks = table[64 if head_dim <= 64 else 128 if head_dim <= 128 else 256]
         dkdv, atomic_dkdv, dq = (_t(*t, 1, chunks) if t else None for t in row)
         atomic = atomic_dkdv is not None and not deterministic and (causal if head_dim <= 64 else head_dim > 128)
@@ -105,7 +106,8 @@ AMD_TILES = {
 }
 # the same beside an attn_mask (boolean or a bias), whose tile each kernel reads as well: smaller tiles where those
 # above spilled (gfx1151 10-50 registers from head_dim 64 to 256, gfx942 15-40 at 64 and 128); none spill, in either
-# kernel, causal or not, deterministic or not
+# kernel, causal or not, deterministic or not.  CDNA takes them with attention dropout too, whose draws spilled the
+# dK/dV kernel above (gfx942: 20-92 registers at 64, 22-25 at 128; RDNA's tiles above spill none with it)
 AMD_TILES_MASKED = {
     "rdna": {64: ((32, 16, 8), (16, 16, 8), (32, 16, 8), 0),
              128: ((16, 16, 16), None, (16, 16, 8), 8),
