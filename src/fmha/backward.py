@@ -36,8 +36,7 @@ def tiles(head_dim: int, causal: bool, deterministic: bool, family: str = "nvidi
     attn_mask, and CDNA's with ``dropout``: :data:`AMD_TILES_MASKED`), the same choice of dQ where the atomic build
     spills no more; NVIDIA before Hopper likewise (:data:`SM80_TILES`; with ``dropout`` too, the masked rows: the dQ
     kernel's 128 x 64 tiles at 128 spilled 147 registers drawing its pairs), with the H200's choice of dQ.  Under the
-    interpreter, atomics whenever
-    allowed (the CPU tests cover both)."""
+    interpreter, atomics whenever allowed (the CPU tests cover both)."""
     if family == "interpreter":
         small = _t(16, 16, 4, 1)
         return small, small if deterministic else None
