@@ -120,6 +120,24 @@ def test_the_pairs_are_kept_at_one_minus_p_and_scaled_by_its_inverse():
             assert 0 < rows.min() and rows.max() < 1 and 0 < cols.min() and (p == 0.1 or cols.max() < 1)
 
 
+@pytest.mark.parametrize("seqlen_k", [64, 72, 200])
+def test_every_tile_width_draws_the_same_pairs(seqlen_k):
+    """A pair's draw depends on its place alone, not on the tile that draws it: the forward's and the backward's
+    kernels cut the keys in tiles of 16 to 128 (each thread's keys of a 32-key block drawn by its own Philox calls,
+    :func:`fmha.kernels.dropout.kept`), and a sequence's last tile may run past its keys."""
+    seed = torch.tensor([777], dtype=torch.int64, device=DEVICE)
+    rows = 2 * 3 * 24
+    drawn = []
+    for block_n in (8, 16, 32, 64, 128):
+        out = torch.full((rows + 16, seqlen_k), float("nan"), device=DEVICE)
+        dropout._factors_kernel[(-(-rows // 16), -(-seqlen_k // block_n))](seed, out, seqlen_k, 0.3, BLOCK_M=16,
+                                                                          BLOCK_N=block_n)
+        drawn.append(out[:rows])
+    assert not drawn[0].isnan().any() and 0 < float((drawn[0] == 0).float().mean()) < 0.5
+    for z in drawn[1:]:
+        assert torch.equal(z, drawn[0])
+
+
 def test_no_dropout_is_the_call_without_it():
     q, k, v = make_qkv(1, 2, 2, 30, 30, 64, F16, seed=6)
     assert torch.equal(fmha.attention(q, k, v, causal=True, dropout_p=0.0), fmha.attention(q, k, v, causal=True))

@@ -30,8 +30,8 @@ transformers' compiled decoding (a static cache, CUDA graphs) keeps its CUDA gra
 fmha for the band alone, fmha with ``seqused_k`` for a static cache's mask and SDPA with the mask otherwise (no graph
 break, no graphs that depend on the mask's values).  Training works (gradients through :mod:`fmha.gradients`), under
 autocast too (float32 q, k, v are cast to the autocast dtype, as autocast casts SDPA's); a training step with
-attention dropout runs SDPA, said once (fmha's ``dropout_p`` runs on its portable kernels, at 0.61-0.93x SDPA's
-FlashAttention-2 kernels, which take dropout: docs/PERF.md).
+attention dropout runs SDPA, said once (fmha's ``dropout_p`` runs on its portable kernels, a step's forward and
+backward at 0.93-1.08x SDPA's FlashAttention-2 kernels, which take dropout: docs/PERF.md).
 """
 from __future__ import annotations
 

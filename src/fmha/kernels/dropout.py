@@ -28,15 +28,27 @@ def threshold(dropout_p):
 def kept(seed, rows, start_n, seqlen_k, dropout_p, BLOCK_N: tl.constexpr):
     """(which pairs of a tile are kept, their factor: :func:`threshold`).  ``rows``: the rows' places among every
     (batch, head)'s rows (the LSE's: ``(b * heads + h) * seqlen_q + i``; packed sequences', ``h * total_q + row``);
-    the tile's keys ``start_n + [0, BLOCK_N)`` (their numbers in the sequence; ``start_n`` a multiple of 8),
-    ``seqlen_k`` the tensor's keys.  A row's keys go in runs of eight, each run one Philox call (64-bit counter
-    ``rows * runs_a_row + run``) whose four words, cut in 16-bit draws in order, are the run's keys' draws."""
-    runs = start_n // 8 + tl.arange(0, BLOCK_N // 8)
-    r0, r1, r2, r3 = tl.randint4x(seed, rows.to(tl.int64)[:, None] * tl.cdiv(seqlen_k, 8) + runs[None, :])
-    words = tl.join(tl.join(r0, r1), tl.join(r2, r3)).to(tl.uint32, bitcast=True)
-    draws = tl.join(words & 0xFFFF, words >> 16)
+    the tile's keys ``start_n + [0, BLOCK_N)`` (their numbers in the sequence; ``start_n`` a multiple of
+    ``BLOCK_N``, which is 8 or more), ``seqlen_k`` the tensor's keys.
+
+    A row's keys go in blocks of 32, each block in four runs of eight: run ``c`` holds keys ``8 j + 2 c + e``
+    (``j``, ``c`` < 4, ``e`` < 2), the keys one thread holds of a row in NVIDIA's mma and wgmma accumulators, so
+    a thread draws its own pairs from its own Philox calls and no draw crosses threads (a layout conversion).
+    Each run is one call (64-bit counter ``(row * blocks_a_row + block) * 4 + c``); its word ``j`` gives keys
+    ``8 j + 2 c`` and ``8 j + 2 c + 1`` their draws, its low and high 16 bits."""
+    BLOCKS: tl.constexpr = BLOCK_N // 32 if BLOCK_N >= 32 else 1  # the blocks of 32 keys the tile meets
+    GROUPS: tl.constexpr = 4 if BLOCK_N >= 32 else BLOCK_N // 8  # and their groups of 8 keys in it
+    BM: tl.constexpr = rows.shape[0]
+    block = (start_n // 32 + tl.arange(0, BLOCKS))[None, :, None, None, None]
+    c = tl.arange(0, 4)[None, None, None, :, None]
+    place = (rows.to(tl.int64)[:, None, None, None, None] * tl.cdiv(seqlen_k, 32) + block) * 4 + c
+    r0, r1, r2, r3 = tl.randint4x(seed, place)  # [BM, BLOCKS, 1, 4, 1]
+    j = (start_n % 32 // 8 + tl.arange(0, GROUPS))[None, None, :, None, None]
+    word = tl.where(j == 0, r0, tl.where(j == 1, r1, tl.where(j == 2, r2, r3))).to(tl.uint32, bitcast=True)
+    e = tl.arange(0, 2)[None, None, None, None, :]
+    draws = (word >> (e * 16).to(tl.uint32)) & 0xFFFF  # [BM, BLOCKS, GROUPS, 4, 2]: keys 32 block + 8 j + 2 c + e
     cut, scale = threshold(dropout_p)
-    return tl.reshape(draws, [rows.shape[0], BLOCK_N]) >= cut, scale
+    return tl.reshape(draws, [BM, BLOCK_N]) >= cut, scale
 
 
 @triton.jit

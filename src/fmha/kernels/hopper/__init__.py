@@ -125,8 +125,10 @@ def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
         return "ping-pong takes turns between 2 or 3 consumer warpgroups (block_m 128 or 192)"
     if prob.page % cfg.block_n:
         return f"page_size {prob.page} (takes multiples of its {cfg.block_n}-key tile: a tile must not straddle pages)"
-    if cfg.split_qk and (prob.head_dim != SPLIT_QK_DIM or cfg.cluster or prob.fp8):
-        return f"split_qk takes q/k head_dim {SPLIT_QK_DIM} (not {prob.head_dim}), no clusters or float8"
+    if cfg.split_qk and prob.head_dim != SPLIT_QK_DIM:
+        return f"split_qk takes q/k head_dim {SPLIT_QK_DIM} (not {prob.head_dim})"
+    if cfg.split_qk and (cfg.cluster or prob.fp8):
+        return "split_qk takes no clusters and no float8"
     in_bytes = _in_bytes(prob)
     smem = smem_bytes(prob.head_dim, cfg, prob.dv, in_bytes)
     if smem + SMEM_SPARE > SMEM_LIMIT:
