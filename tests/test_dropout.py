@@ -138,6 +138,37 @@ def test_every_tile_width_draws_the_same_pairs(seqlen_k):
         assert torch.equal(z, drawn[0])
 
 
+def _philox4x32(counter: int, seed: int, rounds: int) -> list[int]:
+    """Philox4x32 (Salmon et al., SC'11) of a 64-bit counter (its two low words) under a 64-bit key, as
+    :func:`triton.language.randint4x` takes them."""
+    m = 0xFFFFFFFF
+    c = [counter & m, counter >> 32, 0, 0]
+    k = [seed & m, seed >> 32]
+    for _ in range(rounds):
+        p0, p1 = 0xD2511F53 * c[0], 0xCD9E8D57 * c[2]
+        c = [(p1 >> 32) ^ c[1] ^ k[0], p1 & m, (p0 >> 32) ^ c[3] ^ k[1], p0 & m]
+        k = [(k[0] + 0x9E3779B9) & m, (k[1] + 0xBB67AE85) & m]
+    return c
+
+
+def test_the_pairs_are_philox_draws_at_their_places():
+    """Each pair's 16-bit draw is Philox4x32 in :data:`fmha.kernels.dropout.ROUNDS` rounds at its place, computed here
+    on the host: the keys of a 32-key block in four runs ``8 j + 2 c + e``, run c one call, word j keys ``8 j + 2 c``
+    (low half) and ``+ 1`` (high half); kept where the draw is at least ``p`` in 2^-16 steps."""
+    seed, p, rows, seqlen_k = 0x1234_5678_9ABC, 0.3, 24, 72
+    z = dropout.factors(torch.tensor([seed], dtype=torch.int64, device=DEVICE), p, 1, 2, rows // 2, seqlen_k)
+    blocks = -(-seqlen_k // 32)
+    want = torch.zeros(rows, blocks * 32, dtype=torch.bool)
+    for r in range(rows):
+        for blk in range(blocks):
+            for c in range(4):
+                words = _philox4x32((r * blocks + blk) * 4 + c, seed, dropout.ROUNDS.value)
+                for j in range(4):
+                    for e in range(2):
+                        want[r, 32 * blk + 8 * j + 2 * c + e] = (words[j] >> (16 * e)) & 0xFFFF >= round(p * 65536)
+    assert torch.equal(z.reshape(rows, seqlen_k).cpu() > 0, want[:, :seqlen_k])
+
+
 def test_no_dropout_is_the_call_without_it():
     q, k, v = make_qkv(1, 2, 2, 30, 30, 64, F16, seed=6)
     assert torch.equal(fmha.attention(q, k, v, causal=True, dropout_p=0.0), fmha.attention(q, k, v, causal=True))

@@ -31,7 +31,8 @@ fmha for the band alone, fmha with ``seqused_k`` for a static cache's mask and S
 break, no graphs that depend on the mask's values).  Training works (gradients through :mod:`fmha.gradients`), under
 autocast too (float32 q, k, v are cast to the autocast dtype, as autocast casts SDPA's); a training step with
 attention dropout runs SDPA, said once (fmha's ``dropout_p`` runs on its portable kernels, a step's forward and
-backward at 0.93-1.08x SDPA's FlashAttention-2 kernels, which take dropout: docs/PERF.md).
+backward about even with SDPA's FlashAttention-2 kernels, which also take dropout under ``torch.compile``:
+docs/PERF.md).
 """
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
 """Attention dropout, as SDPA's ``dropout_p`` and FlashAttention's: each probability ``P_ij`` is kept with
 probability ``1 - p`` and scaled by about ``1 / (1 - p)``, or dropped, after the softmax (whose denominator counts every
-key), so ``O = (P * Z) V`` with ``Z`` the kept pairs' factors.  The pairs are drawn from Philox
-(:func:`triton.language.randint4x`) keyed by a seed the call draws from torch's generator on the device, at each
-pair's place among every (batch, head)'s scores (sixteen bits a pair, eight pairs a Philox call: ``p`` in steps of
-``2^-16``, the kept pairs scaled by one over the share kept), so the forward and the backward (:mod:`.backward`:
-``dV = (P * Z)^T dO``, ``dP = Z * (dO V^T)``) draw the same pairs without storing them, and :func:`factors` can
-show them."""
+key), so ``O = (P * Z) V`` with ``Z`` the kept pairs' factors.  The pairs are drawn from Philox4x32 in
+:data:`ROUNDS` rounds (:func:`triton.language.randint4x`) keyed by a seed the call draws from torch's generator on the
+device, at each pair's place among every (batch, head)'s scores (sixteen bits a pair, eight pairs a Philox call: ``p``
+in steps of ``2^-16``, the kept pairs scaled by one over the share kept), so the forward and the backward
+(:mod:`.backward`: ``dV = (P * Z)^T dO``, ``dP = Z * (dO V^T)``) draw the same pairs without storing them, and
+:func:`factors` can show them."""
 import torch
 import triton
 import triton.language as tl
@@ -14,6 +14,10 @@ import triton.language as tl
 # the values a pair's 16-bit draw takes: a Philox call's four 32-bit words draw for eight pairs (8-bit draws, sixteen
 # pairs a call, ran 4-13% faster, but a p under 1/512 would drop nothing: docs/PERF.md)
 DRAWS = tl.constexpr(1 << 16)
+# Philox4x32's rounds: 7, the fewest its authors found to pass TestU01's BigCrush (Salmon et al., SC'11), as
+# FlashAttention-2 (SDPA's flash backend) and Composable Kernel draw their dropout; Triton's default of 10 adds a
+# margin that cost the forward 11-15% and the backward 3-6% (docs/PERF.md)
+ROUNDS = tl.constexpr(7)
 
 
 @triton.jit
@@ -42,7 +46,7 @@ def kept(seed, rows, start_n, seqlen_k, dropout_p, BLOCK_N: tl.constexpr):
     block = (start_n // 32 + tl.arange(0, BLOCKS))[None, :, None, None, None]
     c = tl.arange(0, 4)[None, None, None, :, None]
     place = (rows.to(tl.int64)[:, None, None, None, None] * tl.cdiv(seqlen_k, 32) + block) * 4 + c
-    r0, r1, r2, r3 = tl.randint4x(seed, place)  # [BM, BLOCKS, 1, 4, 1]
+    r0, r1, r2, r3 = tl.randint4x(seed, place, ROUNDS)  # [BM, BLOCKS, 1, 4, 1]
     j = (start_n % 32 // 8 + tl.arange(0, GROUPS))[None, None, :, None, None]
     word = tl.where(j == 0, r0, tl.where(j == 1, r1, tl.where(j == 2, r2, r3))).to(tl.uint32, bitcast=True)
     e = tl.arange(0, 2)[None, None, None, None, :]
