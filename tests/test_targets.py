@@ -913,9 +913,10 @@ def test_tiled_fits_the_shared_memory_of_its_gpu(target, limit, head_dim, rows, 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_dropout_tiles_fit_shared_memory_with_the_kept_pairs_counted(head_dim):
-    """Attention dropout's kept pairs take a byte a score of shared memory in ``tiled``'s sm_90 builds (on their way
-    to the scores' layout): three stages of 128 x 128 tiles at D=128 took 240 KB, past the 227 KB an H200 gives a
-    block.  Counted (:func:`fmha.configs.tiled_smem`), the plain table's rows and the dropout rows fit as built."""
+    """Attention dropout's kept pairs are counted in ``tiled``'s shared memory (:func:`fmha.configs.tiled_smem`: two
+    bytes a score; draws made in another layout than the scores' crossed shared memory, and three stages of 128 x 128
+    tiles at D=128 took 240 KB, past the 227 KB an H200 gives a block): the plain table's rows and the dropout rows fit
+    as built, within what is counted."""
     from fmha import configs
     from fmha.kernels.hopper.resources import padded
     width = padded(head_dim, 16)

@@ -341,9 +341,10 @@ def tiled_smem(cfg: KernelConfig, block_d: int, block_dv: int, attn_mask: bool |
     float32 tiles in ``num_stages - 1`` of the pipeline's stages (352 KB there; 240 KB at D=64, where a boolean mask
     took 176); on sm_80 ``num_stages - 1`` K/V tiles (one stage: K's tile once, for its layout) and Q's, and a
     scratch of up to 8 KB that the mask's up to 4 bytes a score share (168 KB at 64 x 64, D=256, three stages; 72 KB
-    in one); with attention dropout up to two bytes a score more, the kept pairs on their way to the scores' layout
-    and its padding (240 KB at 128 x 128, D=128, three stages, on sm_90: a byte a score; 100 KB at 64 x 32 in eight
-    warps, D=256, two stages: 1 KB more); and 1 KB for barriers."""
+    in one); with attention dropout two bytes a score more, a margin: draws made in another layout than the scores'
+    crossed shared memory there (240 KB at 128 x 128, D=128, three stages, on sm_90: a byte a score), and the draws
+    made where the scores lie (:func:`fmha.kernels.dropout.kept`) take none in the sm_90, sm_80, gfx942 and gfx1151
+    builds; the margin stays until a GPU run shows the stages it would give back; and 1 KB for barriers."""
     if major >= 9:
         kv = cfg.num_stages * (block_d + block_dv)
     else:
