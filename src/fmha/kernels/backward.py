@@ -165,33 +165,49 @@ def dkdv_kernel(Q, K, V, DO, LSE, Delta, DK, DV, DQ,
                 CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
                 VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr, HEAD_V: tl.constexpr,
                 BLOCK_DV: tl.constexpr, ATTN_MASK: tl.constexpr, ATOMIC_DQ: tl.constexpr, QK_CHUNKS: tl.constexpr,
-                BH_BASE: tl.constexpr = 0, Seed=None, dropout_p=0.0, DROPOUT: tl.constexpr = False):
+                BH_BASE: tl.constexpr = 0, Seed=None, dropout_p=0.0, DROPOUT: tl.constexpr = False,
+                COLS: tl.constexpr = 0, COL_CHUNKS: tl.constexpr = 1):
     """dK and dV of key block ``program_id(0)`` of (batch, KV head) ``program_id(1)`` (HEAD_V: V's, O's and
-    dO's head dimension); with ``ATOMIC_DQ`` also this block's share of dQ, added into the float32 ``DQ``."""
+    dO's head dimension); with ``ATOMIC_DQ`` also this block's share of dQ, added into the float32 ``DQ``.
+    ``COLS`` > 0: the block's dK, dV (and dQ) in ``COL_CHUNKS`` programs of ``COLS`` columns each (``program_id(0)``
+    = block * COL_CHUNKS + chunk), each computing the tile's P and dS over every column: past head_dim 128 the
+    accumulators of whole rows leave the tiles too few registers and one stage."""
     kv_heads = heads // group
     bh = tl.program_id(1) + BH_BASE
     b = bh // kv_heads
     kvh = bh % kv_heads
     q0, k0, sq, sk, causal_offset, window_offset, align_offset = _sequence_band(
         b, seqlen_q, seqlen_k, CuQ, CuK, SeqK, causal_offset, window_offset, align_offset, VARLEN, SEQUSED, ALIGN_BR)
-    start_n = tl.program_id(0) * BLOCK_N
+    start_n = tl.program_id(0) // COL_CHUNKS * BLOCK_N
     if VARLEN and start_n >= sk:  # past this sequence's keys: the next sequence's rows
         return
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
+    if COLS:  # this program's columns of dK (and dQ) and of dV
+        offs_ck = tl.program_id(0) % COL_CHUNKS * COLS + tl.arange(0, COLS)
+        offs_cv = offs_ck
+    else:
+        offs_ck = offs_d
+        offs_cv = offs_dv
     b64 = b.to(tl.int64)
     keys = (k0 + offs_n).to(tl.int64)
-    dk_ptrs = DK + b64 * stride_dkb + kvh.to(tl.int64) * stride_dkh + keys[:, None] * stride_dks + offs_d[None, :]
-    dv_ptrs = DV + b64 * stride_dvb + kvh.to(tl.int64) * stride_dvh + keys[:, None] * stride_dvs + offs_dv[None, :]
+    dk_ptrs = DK + b64 * stride_dkb + kvh.to(tl.int64) * stride_dkh + keys[:, None] * stride_dks + offs_ck[None, :]
+    dv_ptrs = DV + b64 * stride_dvb + kvh.to(tl.int64) * stride_dvh + keys[:, None] * stride_dvs + offs_cv[None, :]
     # every key row of the tensor gets written: past a seqused_k length the gradients are 0
     rows_kept = offs_n[:, None] < (sk if VARLEN else seqlen_k)
-    k = load_rows(K + b64 * stride_kb + kvh.to(tl.int64) * stride_kh + keys[:, None] * stride_ks + offs_d[None, :],
-                  offs_n, sk, offs_d, HEAD_DIM, BLOCK_D, True)
+    k_rows = K + b64 * stride_kb + kvh.to(tl.int64) * stride_kh + keys[:, None] * stride_ks
+    k = load_rows(k_rows + offs_d[None, :], offs_n, sk, offs_d, HEAD_DIM, BLOCK_D, True)
     v = load_rows(V + b64 * stride_vb + kvh.to(tl.int64) * stride_vh + keys[:, None] * stride_vs + offs_dv[None, :],
                   offs_n, sk, offs_dv, HEAD_V, BLOCK_DV, True)
-    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
+    if COLS:
+        k_c = _load_cols(k_rows, offs_n, sk, offs_ck, HEAD_DIM)  # dQ's columns of K
+        dk = tl.zeros([BLOCK_N, COLS], tl.float32)
+        dv = tl.zeros([BLOCK_N, COLS], tl.float32)
+    else:
+        k_c = k
+        dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+        dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
     # the query rows that can see this block: from the diagonal (causal) to the window's end
     lo = 0
     if CAUSAL:
@@ -214,6 +230,12 @@ def dkdv_kernel(Q, K, V, DO, LSE, Delta, DK, DV, DQ,
                           True)
             do = load_rows(g_base + seq[:, None] * stride_gs + offs_dv[None, :], offs_m, sq, offs_dv, HEAD_V,
                            BLOCK_DV, True)
+            if COLS:  # dK's columns of Q, dV's of dO
+                q_c = _load_cols(q_base + seq[:, None] * stride_qs, offs_m, sq, offs_ck, HEAD_DIM)
+                do_c = _load_cols(g_base + seq[:, None] * stride_gs, offs_m, sq, offs_cv, HEAD_V)
+            else:
+                q_c = q
+                do_c = do
             if VARLEN:
                 rows = h.to(tl.int64) * seqlen_q + q0 + offs_m
             else:
@@ -225,21 +247,28 @@ def dkdv_kernel(Q, K, V, DO, LSE, Delta, DK, DV, DQ,
                              ATTN_MASK, BLOCK_M, BLOCK_N, QK_CHUNKS)
             if DROPOUT:
                 keep, keep_scale = dropout.kept(seed, rows, start_n, seqlen_k, dropout_p, BLOCK_N)
-                dv = mma(tl.trans(dropout.dropped(p, keep, keep_scale).to(do.dtype)), do, dv)
+                dv = mma(tl.trans(dropout.dropped(p, keep, keep_scale).to(do.dtype)), do_c, dv)
                 dp = dropout.dropped(dot_t(do, v, BLOCK_M, BLOCK_N, QK_CHUNKS), keep, keep_scale)
             else:
-                dv = mma(tl.trans(p.to(do.dtype)), do, dv)
+                dv = mma(tl.trans(p.to(do.dtype)), do_c, dv)
                 dp = dot_t(do, v, BLOCK_M, BLOCK_N, QK_CHUNKS)
             dz = p * (dp - delta[:, None]) * dcap
-            dk = mma(tl.trans(dz.to(q.dtype)), q, dk)
+            dk = mma(tl.trans(dz.to(q.dtype)), q_c, dk)
             if ATOMIC_DQ:
-                dq = mma(dz.to(k.dtype), k, tl.zeros([BLOCK_M, BLOCK_D], tl.float32)) * (scale_log2 / LOG2E)
+                dq = mma(dz.to(k.dtype), k_c, tl.zeros([BLOCK_M, k_c.shape[1]], tl.float32)) * (scale_log2 / LOG2E)
                 dq_ptrs = DQ + b64 * stride_dqb + h.to(tl.int64) * stride_dqh + seq[:, None] * stride_dqs
-                tl.atomic_add(dq_ptrs + offs_d[None, :], dq, mask=(offs_m[:, None] < sq) & (offs_d[None, :] < HEAD_DIM),
-                              sem="relaxed")
+                tl.atomic_add(dq_ptrs + offs_ck[None, :], dq,
+                              mask=(offs_m[:, None] < sq) & (offs_ck[None, :] < HEAD_DIM), sem="relaxed")
     dk = dk * (scale_log2 / LOG2E)
-    tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=rows_kept & (offs_d[None, :] < HEAD_DIM))
-    tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=rows_kept & (offs_dv[None, :] < HEAD_V))
+    tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=rows_kept & (offs_ck[None, :] < HEAD_DIM))
+    tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=rows_kept & (offs_cv[None, :] < HEAD_V))
+
+
+@triton.jit
+def _load_cols(row_ptrs, rows, n_rows, cols, width: tl.constexpr):
+    """The ``[len(rows), len(cols)]`` tile of a tensor's rows (``row_ptrs``, a column each) at columns ``cols``; rows
+    >= n_rows and columns >= ``width`` read 0 (a program's column chunk may lie past a narrower V's)."""
+    return tl.load(row_ptrs + cols[None, :], mask=(rows[:, None] < n_rows) & (cols[None, :] < width), other=0.0)
 
 
 @triton.jit
