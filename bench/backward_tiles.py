@@ -4,8 +4,9 @@ shape, in both dQ modes (atomic, ``deterministic``), timed on the default grid's
     PYTHONPATH=src python3 bench/backward_tiles.py [--head-dims 64 128 192] [--seqlens 4096 16384]
         [--dtype bfloat16] [--dropout 0.1] [--ledger bench/ledger.csv]
 
-A candidate is ``BLOCK_M x BLOCK_N / warps / stages``, past head_dim 128 also ``/ cols`` (the dK/dV kernel's
-column chunks, :func:`fmha.kernels.backward.dkdv_kernel`'s ``COLS``); for each head dim the dK/dV candidates are
+A candidate is ``BLOCK_M x BLOCK_N / warps / stages``, past head_dim 128 also ``/ halves`` (the dK/dV kernel's
+columns in two programs a block, :func:`fmha.kernels.backward.dkdv_kernel`'s ``HALVES``); for each head dim the dK/dV
+candidates are
 timed with the atomic dQ (no dQ kernel) and with the table's dQ tiles, then the dQ candidates with the
 table's dK/dV tiles.  The gradients of every candidate are checked against the table's deterministic ones
 (the same sums in another tiling: within 2e-2 of the largest gradient).  Rows: ``provider``
@@ -34,7 +35,7 @@ KV_CANDIDATES = {64: [(64, 128, 8, 2), (32, 128, 4, 3), (64, 64, 4, 3), (128, 12
                  128: [(64, 128, 8, 2), (32, 128, 4, 2), (64, 64, 4, 2), (32, 64, 4, 3), (64, 128, 8, 1),
                        (64, 64, 8, 2), (64, 32, 4, 2), (64, 32, 8, 2)],
                  256: [(32, 64, 8, 1), (32, 64, 4, 1), (64, 64, 8, 1), (16, 64, 4, 2), (32, 32, 4, 2), (64, 32, 8, 1),
-                       (64, 16, 4, 2), (64, 64, 8, 1, 128), (64, 64, 4, 1, 128), (64, 64, 8, 1, 64)]}
+                       (64, 16, 4, 2), (64, 64, 8, 1, True), (64, 64, 8, 2, True), (128, 64, 8, 1, True)]}
 Q_CANDIDATES = {64: [(128, 64, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3), (128, 128, 8, 2)],
                 128: [(128, 64, 8, 2), (64, 64, 4, 2), (128, 32, 4, 3), (64, 128, 8, 2)],
                 256: [(64, 32, 8, 1), (32, 64, 8, 1), (64, 32, 4, 2), (32, 32, 4, 2)]}
@@ -47,11 +48,11 @@ def as_dict(t):
 def as_tuple(tiles):
     """A table's tiles (:func:`fmha.backward._t`) as a candidate."""
     return (tiles["BLOCK_M"], tiles["BLOCK_N"], tiles["num_warps"], tiles["num_stages"],
-            *([tiles["COLS"]] if tiles.get("COLS") else []))
+            *([True] if tiles.get("HALVES") else []))
 
 
 def name(t):
-    return f"{t[0]}x{t[1]}/{t[2]}w/{t[3]}s" + (f"/{t[4]}c" if len(t) > 4 else "")
+    return f"{t[0]}x{t[1]}/{t[2]}w/{t[3]}s" + ("/halves" if len(t) > 4 and t[4] else "")
 
 
 def main(argv=None) -> None:

@@ -131,28 +131,28 @@ def test_small_shared_memory_tiles_have_the_reference_gradients(monkeypatch, sha
                                                                              deterministic=deterministic)
 
 
-@pytest.mark.parametrize("head_dim,head_dim_v,causal,deterministic,cols,layout", [
-    (256, 256, False, False, 128, "bhsd"), (256, 256, True, True, 64, "bshd"), (192, 128, True, False, 128, "bhsd"),
-    (160, 160, False, True, 64, "bhsd"), (192, 128, False, False, 64, "bshd")])
-def test_column_chunks_have_the_reference_gradients(monkeypatch, head_dim, head_dim_v, causal, deterministic, cols,
+@pytest.mark.parametrize("head_dim,head_dim_v,causal,deterministic,layout", [
+    (256, 256, False, False, "bhsd"), (256, 256, True, True, "bshd"), (192, 128, True, False, "bhsd"),
+    (160, 160, False, True, "bhsd"), (192, 32, False, False, "bshd"), (136, 136, True, False, "bhsd")])
+def test_column_halves_have_the_reference_gradients(monkeypatch, head_dim, head_dim_v, causal, deterministic,
                                                     layout):
-    """The dK/dV kernel with its columns in chunks (``COLS``: each program a block's dK, dV and dQ over ``cols``
-    columns, P and dS over all of them; a chunk past V's narrower head dim computes nothing it keeps), beside GQA,
-    ragged ends, the causal band and both dQ modes."""
+    """The dK/dV kernel with a block's columns in two programs (``HALVES``: each program one half of dK, dV and dQ,
+    both computing P and dS over every column from the operands' two halves; the second half of a V narrower than
+    its tile holds none of it), beside GQA, ragged ends, the causal band and both dQ modes."""
     table = backward.tiles
     rows = (16, 16, 4, 1) if DEVICE == "cpu" else (64, 64, 8, 1)
 
     def tiles(*args, **kw):
         kv, dq = table(*args, **kw)
-        return backward._t(*rows, 0, cols), dq and backward._t(*rows)
+        return backward._t(*rows, 0, True), dq and backward._t(*rows)
     monkeypatch.setattr(backward, "tiles", tiles)
-    q, k, _ = make_qkv(2, 4, 2, 37, 45, head_dim, torch.bfloat16, layout, seed=head_dim + cols)
+    q, k, _ = make_qkv(2, 4, 2, 37, 45, head_dim, torch.bfloat16, layout, seed=head_dim)
     v = make_qkv(2, 4, 2, 37, 45, head_dim_v, torch.bfloat16, layout, seed=1)[2]
     q, k, v = leaves(q, k, v)
     o = fmha.attention(q, k, v, causal=causal, causal_align="bottom_right", layout=layout, deterministic=deterministic)
     grads, do = grads_of(o, (q, k, v), seed=2)
     check_grads(grads, q, k, v, do, causal, "bottom_right", layout)
-    assert f"cols={cols}" in backward.describe(q, k, v, causal=causal, layout=layout, deterministic=deterministic)
+    assert "in column halves" in backward.describe(q, k, v, causal=causal, layout=layout, deterministic=deterministic)
 
 
 def test_describe_names_the_backward_that_runs(monkeypatch):

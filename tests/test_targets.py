@@ -572,27 +572,27 @@ def test_backward_kernels_build_with_an_attn_mask(target, load):
     assert load in asm[0] and not any(load in a for a in asm[len(with_mask):])
 
 
-def test_backward_column_chunks_build_for_sm90_in_its_shared_memory():
-    """The dK/dV kernel past head_dim 128 with its columns in chunks of 128 (``COLS``), as ``bench/backward_tiles.py``
-    times it: the build takes the chunk's columns (two 64 x 128 float32 accumulators, not 64 x 256), fits sm_90's
-    shared memory in one stage, and spills less than the whole rows' build (110-118 registers against 152).  Built
-    in a child process with the interpreter off and the tiles swapped there, as the sweep swaps them."""
+def test_backward_column_halves_build_for_sm90_in_its_shared_memory():
+    """The dK/dV kernel past head_dim 128 with its columns in halves (``HALVES``), as ``bench/backward_tiles.py``
+    times it: the build takes a half's columns (two 64 x 128 float32 accumulators, not 64 x 256), fits sm_90's
+    shared memory in two stages, and spills less than the whole rows' build in one.  Built in a child process with
+    the interpreter off and the tiles swapped there, as the sweep swaps them."""
     code = ("import json; from fmha import targets, backward\n"
             "out = {}\n"
-            "for cols in (0, 128):\n"
-            "    backward.tiles = lambda *a, cols=cols, **k: (backward._t(64, 64, 8, 1, 0, cols), None)\n"
+            "for stages, halves in ((1, False), (2, True)):\n"
+            "    backward.tiles = lambda *a, s=stages, h=halves, **k: (backward._t(64, 64, 8, s, 0, h), None)\n"
             "    b, = targets.build_backward_kernels('sm_90', 256, 'bfloat16', True, False)\n"
             "    r = targets.report(b)\n"
-            "    out[cols] = [b.config.get('cols', 0), r.shared_bytes, r.spilled_registers]\n"
+            "    out[int(halves)] = [b.config.get('halves', False), r.shared_bytes, r.spilled_registers]\n"
             "print(json.dumps(out))")
     run = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, TRITON_INTERPRET="0"),
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     got = json.loads(run.stdout.strip().splitlines()[-1])
     from fmha.kernels.hopper.resources import SMEM_LIMIT
-    (whole_cols, _, whole_spills), (cols, shared, spills) = got["0"], got["128"]
-    assert (whole_cols, cols) == (0, 128)
-    assert shared <= SMEM_LIMIT and spills < whole_spills
+    (whole, _, whole_spills), (halves, shared, spills) = got["0"], got["1"]
+    assert (whole, halves) == (False, True)
+    assert shared <= SMEM_LIMIT and spills < whole_spills, got
 
 
 @pytest.mark.parametrize("target,mul_hi", [("sm_90", "mul.hi.u32"), ("sm_80", "mul.hi.u32"),

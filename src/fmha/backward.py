@@ -17,10 +17,10 @@ from .kernels import backward as kernels
 from .sinks import grad as sink_grad
 
 
-def _t(block_m, block_n, warps, stages, chunks=0, cols=0) -> dict:
-    """A kernel's tiles; ``cols``: the dK/dV kernel's column chunks (``COLS``), 0 for whole rows."""
+def _t(block_m, block_n, warps, stages, chunks=0, halves=False) -> dict:
+    """A kernel's tiles; ``halves``: the dK/dV kernel's columns in two programs a block (``HALVES``)."""
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages, QK_CHUNKS=chunks,
-                **({"COLS": cols} if cols else {}))
+                **({"HALVES": True} if halves else {}))
 
 
 def tiles(head_dim: int, causal: bool, deterministic: bool, family: str = "nvidia",
@@ -242,8 +242,8 @@ def describe(q, k, v, *, causal: bool = False, layout: str = "bhsd", determinist
 
     def shape(t):
         chunks = f" qk_chunks={t['QK_CHUNKS']}" if t["QK_CHUNKS"] else ""
-        cols = f" cols={t['COLS']}" if t.get("COLS") else ""
-        return f"{t['BLOCK_M']}x{t['BLOCK_N']} warps={t['num_warps']} stages={t['num_stages']}{chunks}{cols}"
+        halves = " in column halves" if t.get("HALVES") else ""
+        return f"{t['BLOCK_M']}x{t['BLOCK_N']} warps={t['num_warps']} stages={t['num_stages']}{chunks}{halves}"
     dq = f"dQ {shape(q_tiles)}" if q_tiles else "dQ added atomically"
     return f"triton backward dK/dV {shape(kv_tiles)}, {dq}{order}"
 
@@ -337,12 +337,12 @@ def _run(prob, do, q, k, v, o, lse, layout, alibi, seqs, rows, keys, sinks, dete
         delta = _delta(prob, o, do, lse, layout, cu_q, rows)
         dmask = _zeros(attn_mask.shape, torch.float32, q.device) if mask_grad else None
         sizes = (prob.heads, group, prob.seqlen_q, prob.seqlen_k)
-        chunks = -(-max(prob.head_dim, prob.dv) // kv_tiles["COLS"]) if kv_tiles.get("COLS") else 1
-        replay.launch(kernels.dkdv_kernel, (triton.cdiv(keys, kv_tiles["BLOCK_N"]) * chunks,
+        programs = 2 if kv_tiles.get("HALVES") else 1  # a key block's
+        replay.launch(kernels.dkdv_kernel, (triton.cdiv(keys, kv_tiles["BLOCK_N"]) * programs,
                                             prob.batch * prob.kv_heads),
                       q, k, v, do, lse, delta, dk, dv, dq, *strides["q"], *strides["k"], *strides["v"],
                       *strides["do"], *strides["dk"], *strides["dv"], *strides["dq"], *sizes, *band, **flags,
-                      **kv_tiles, ATOMIC_DQ=atomic, **({"COL_CHUNKS": chunks} if chunks > 1 else {}))
+                      **kv_tiles, ATOMIC_DQ=atomic)
         if not atomic:
             replay.launch(kernels.dq_kernel, (triton.cdiv(rows, q_tiles["BLOCK_M"]), prob.batch * prob.heads),
                           q, k, v, do, lse, delta, dq, *strides["q"], *strides["k"], *strides["v"], *strides["do"],

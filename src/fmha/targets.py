@@ -226,8 +226,8 @@ def build_backward_kernels(target: str, head_dim: int, dtype: str = "bfloat16", 
                      HEAD_V=head_dim, BLOCK_DV=block_d, QK_CHUNKS=t["QK_CHUNKS"], **_mask_build(attn_mask, kernel)[0])
         if dropout:
             const["DROPOUT"] = True
-        if t.get("COLS"):  # the dK/dV kernel's column chunks
-            const.update(COLS=t["COLS"], COL_CHUNKS=-(-head_dim // t["COLS"]))
+        if t.get("HALVES"):  # the dK/dV kernel's columns in halves
+            const["HALVES"] = True
         if "ATOMIC_DQ" in kernel.arg_names:
             const["ATOMIC_DQ"] = atomic
         else:  # the dQ kernel
@@ -239,7 +239,7 @@ def build_backward_kernels(target: str, head_dim: int, dtype: str = "bfloat16", 
         compiled = _compile(kernel, const, aligned, chip, t["num_warps"], t["num_stages"])
         cfg = dict(block_m=t["BLOCK_M"], block_n=t["BLOCK_N"], num_warps=t["num_warps"], num_stages=t["num_stages"],
                    **({"qk_chunks": t["QK_CHUNKS"]} if t["QK_CHUNKS"] else {}),
-                   **({"cols": t["COLS"]} if t.get("COLS") else {}),
+                   **({"halves": True} if t.get("HALVES") else {}),
                    **({"deterministic": True} if deterministic else {}))
         out.append(Build(kernel.__name__, target, head_dim, dtype, causal, cfg, dict(compiled.asm),
                          _plain(compiled.metadata)))

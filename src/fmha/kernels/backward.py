@@ -106,15 +106,12 @@ def cast_kernel(Src, Dst, stride_sb, stride_sh, stride_ss, stride_db, stride_dh,
 
 
 @triton.jit
-def _probs(q, k, lse2, offs_m, offs_n, seqlen_q, seqlen_k, scale_log2, softcap, slope, causal_offset, window_offset,
+def _probs(qk, lse2, offs_m, offs_n, seqlen_q, seqlen_k, scale_log2, softcap, slope, causal_offset, window_offset,
            align_offset, mask_rows, stride_mk, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-           ALIBI: tl.constexpr, ATTN_MASK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-           QK_CHUNKS: tl.constexpr):
-    """``P`` of a (query block, key block) tile from the saved base-2 LSE, and the factor that turns
-    ``dZ`` into the gradient of ``scale q.k`` (the softcap's ``1 - tanh^2``, else 1); QK_CHUNKS:
-    :func:`.common.dot_t`'s.  With ATTN_MASK the forward's attn_mask joins the scores (``mask_rows``:
-    :func:`_mask_rows`), as it joined them in the LSE."""
-    qk = dot_t(q, k, BLOCK_M, BLOCK_N, QK_CHUNKS)
+           ALIBI: tl.constexpr, ATTN_MASK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``P`` of a (query block, key block) tile from its ``qk = Q K^T`` and the saved base-2 LSE, and the factor
+    that turns ``dZ`` into the gradient of ``scale q.k`` (the softcap's ``1 - tanh^2``, else 1).  With ATTN_MASK the
+    forward's attn_mask joins the scores (``mask_rows``: :func:`_mask_rows`), as it joined them in the LSE."""
     s = scores(qk, offs_m, offs_n, seqlen_k, scale_log2, softcap, slope, causal_offset, window_offset,
                align_offset, True, CAUSAL, WINDOW, SOFTCAP, ALIBI)
     s = masked_scores(s, mask_rows, offs_m < seqlen_q, offs_n, seqlen_k, stride_mk, ATTN_MASK)
@@ -166,48 +163,52 @@ def dkdv_kernel(Q, K, V, DO, LSE, Delta, DK, DV, DQ,
                 VARLEN: tl.constexpr, SEQUSED: tl.constexpr, ALIGN_BR: tl.constexpr, HEAD_V: tl.constexpr,
                 BLOCK_DV: tl.constexpr, ATTN_MASK: tl.constexpr, ATOMIC_DQ: tl.constexpr, QK_CHUNKS: tl.constexpr,
                 BH_BASE: tl.constexpr = 0, Seed=None, dropout_p=0.0, DROPOUT: tl.constexpr = False,
-                COLS: tl.constexpr = 0, COL_CHUNKS: tl.constexpr = 1):
+                HALVES: tl.constexpr = False):
     """dK and dV of key block ``program_id(0)`` of (batch, KV head) ``program_id(1)`` (HEAD_V: V's, O's and
     dO's head dimension); with ``ATOMIC_DQ`` also this block's share of dQ, added into the float32 ``DQ``.
-    ``COLS`` > 0: the block's dK, dV (and dQ) in ``COL_CHUNKS`` programs of ``COLS`` columns each (``program_id(0)``
-    = block * COL_CHUNKS + chunk), each computing the tile's P and dS over every column: past head_dim 128 the
-    accumulators of whole rows leave the tiles too few registers and one stage."""
+    ``HALVES``: two programs a block (``program_id(0)`` = 2 block + half), each its half of dK's (and dQ's) and of
+    dV's columns, with every operand read in column halves (its own, then the other, whose products complete S and
+    dP): past head_dim 128 whole rows' accumulators leave a tile too few registers and one stage."""
     kv_heads = heads // group
     bh = tl.program_id(1) + BH_BASE
     b = bh // kv_heads
     kvh = bh % kv_heads
     q0, k0, sq, sk, causal_offset, window_offset, align_offset = _sequence_band(
         b, seqlen_q, seqlen_k, CuQ, CuK, SeqK, causal_offset, window_offset, align_offset, VARLEN, SEQUSED, ALIGN_BR)
-    start_n = tl.program_id(0) // COL_CHUNKS * BLOCK_N
+    block = tl.program_id(0)
+    half = 0
+    if HALVES:
+        half = block % 2
+        block = block // 2
+    start_n = block * BLOCK_N
     if VARLEN and start_n >= sk:  # past this sequence's keys: the next sequence's rows
         return
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    if COLS:  # this program's columns of dK (and dQ) and of dV
-        offs_ck = tl.program_id(0) % COL_CHUNKS * COLS + tl.arange(0, COLS)
-        offs_cv = offs_ck
-    else:
-        offs_ck = offs_d
-        offs_cv = offs_dv
+    KW: tl.constexpr = BLOCK_D // 2 if HALVES else BLOCK_D  # the columns of dK a program holds
+    VW: tl.constexpr = BLOCK_DV // 2 if HALVES else BLOCK_DV  # ... of dV
+    offs_k = half * KW + tl.arange(0, KW)
+    offs_v = half * VW + tl.arange(0, VW)
+    offs_ko = (1 - half) * KW + tl.arange(0, KW)  # HALVES: the other half
+    offs_vo = (1 - half) * VW + tl.arange(0, VW)
     b64 = b.to(tl.int64)
     keys = (k0 + offs_n).to(tl.int64)
-    dk_ptrs = DK + b64 * stride_dkb + kvh.to(tl.int64) * stride_dkh + keys[:, None] * stride_dks + offs_ck[None, :]
-    dv_ptrs = DV + b64 * stride_dvb + kvh.to(tl.int64) * stride_dvh + keys[:, None] * stride_dvs + offs_cv[None, :]
+    dk_ptrs = DK + b64 * stride_dkb + kvh.to(tl.int64) * stride_dkh + keys[:, None] * stride_dks + offs_k[None, :]
+    dv_ptrs = DV + b64 * stride_dvb + kvh.to(tl.int64) * stride_dvh + keys[:, None] * stride_dvs + offs_v[None, :]
     # every key row of the tensor gets written: past a seqused_k length the gradients are 0
     rows_kept = offs_n[:, None] < (sk if VARLEN else seqlen_k)
-    k_rows = K + b64 * stride_kb + kvh.to(tl.int64) * stride_kh + keys[:, None] * stride_ks
-    k = load_rows(k_rows + offs_d[None, :], offs_n, sk, offs_d, HEAD_DIM, BLOCK_D, True)
-    v = load_rows(V + b64 * stride_vb + kvh.to(tl.int64) * stride_vh + keys[:, None] * stride_vs + offs_dv[None, :],
-                  offs_n, sk, offs_dv, HEAD_V, BLOCK_DV, True)
-    if COLS:
-        k_c = _load_cols(k_rows, offs_n, sk, offs_ck, HEAD_DIM)  # dQ's columns of K
-        dk = tl.zeros([BLOCK_N, COLS], tl.float32)
-        dv = tl.zeros([BLOCK_N, COLS], tl.float32)
-    else:
-        k_c = k
-        dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-        dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
+    k = _part(K + b64 * stride_kb + kvh.to(tl.int64) * stride_kh + keys[:, None] * stride_ks, offs_n, sk, offs_k,
+              HEAD_DIM, HALVES)
+    v = _part(V + b64 * stride_vb + kvh.to(tl.int64) * stride_vh + keys[:, None] * stride_vs, offs_n, sk, offs_v,
+              HEAD_V, HALVES)
+    k_o = k
+    v_o = v
+    if HALVES:  # the other half's columns, for S and dP
+        k_o = _part(K + b64 * stride_kb + kvh.to(tl.int64) * stride_kh + keys[:, None] * stride_ks, offs_n, sk,
+                    offs_ko, HEAD_DIM, HALVES)
+        v_o = _part(V + b64 * stride_vb + kvh.to(tl.int64) * stride_vh + keys[:, None] * stride_vs, offs_n, sk,
+                    offs_vo, HEAD_V, HALVES)
+    dk = tl.zeros([BLOCK_N, KW], tl.float32)
+    dv = tl.zeros([BLOCK_N, VW], tl.float32)
     # the query rows that can see this block: from the diagonal (causal) to the window's end
     lo = 0
     if CAUSAL:
@@ -226,49 +227,54 @@ def dkdv_kernel(Q, K, V, DO, LSE, Delta, DK, DV, DQ,
         for start_m in range(lo, hi, BLOCK_M):
             offs_m = start_m + tl.arange(0, BLOCK_M)
             seq = (q0 + offs_m).to(tl.int64)
-            q = load_rows(q_base + seq[:, None] * stride_qs + offs_d[None, :], offs_m, sq, offs_d, HEAD_DIM, BLOCK_D,
-                          True)
-            do = load_rows(g_base + seq[:, None] * stride_gs + offs_dv[None, :], offs_m, sq, offs_dv, HEAD_V,
-                           BLOCK_DV, True)
-            if COLS:  # dK's columns of Q, dV's of dO
-                q_c = _load_cols(q_base + seq[:, None] * stride_qs, offs_m, sq, offs_ck, HEAD_DIM)
-                do_c = _load_cols(g_base + seq[:, None] * stride_gs, offs_m, sq, offs_cv, HEAD_V)
-            else:
-                q_c = q
-                do_c = do
+            q = _part(q_base + seq[:, None] * stride_qs, offs_m, sq, offs_k, HEAD_DIM, HALVES)
+            do = _part(g_base + seq[:, None] * stride_gs, offs_m, sq, offs_v, HEAD_V, HALVES)
             if VARLEN:
                 rows = h.to(tl.int64) * seqlen_q + q0 + offs_m
             else:
                 rows = (b * heads + h).to(tl.int64) * seqlen_q + offs_m
             lse2, delta = _row_stats(LSE, Delta, rows, offs_m, sq)
             mask_rows = _mask_rows(AttnMask, b, h, offs_m, stride_mb, stride_mh, stride_mq)
-            p, dcap = _probs(q, k, lse2, offs_m, offs_n, sq, sk, scale_log2, softcap, slope, causal_offset,
+            qk = dot_t(q, k, BLOCK_M, BLOCK_N, QK_CHUNKS)
+            if HALVES:  # the other half's product completes S
+                q_o = _part(q_base + seq[:, None] * stride_qs, offs_m, sq, offs_ko, HEAD_DIM, HALVES)
+                qk = mma(q_o, tl.trans(k_o), qk)
+            p, dcap = _probs(qk, lse2, offs_m, offs_n, sq, sk, scale_log2, softcap, slope, causal_offset,
                              window_offset, align_offset, mask_rows, stride_mk, CAUSAL, WINDOW, SOFTCAP, ALIBI,
-                             ATTN_MASK, BLOCK_M, BLOCK_N, QK_CHUNKS)
+                             ATTN_MASK, BLOCK_M, BLOCK_N)
             if DROPOUT:
                 keep, keep_scale = dropout.kept(seed, rows, start_n, seqlen_k, dropout_p, BLOCK_N)
-                dv = mma(tl.trans(dropout.dropped(p, keep, keep_scale).to(do.dtype)), do_c, dv)
-                dp = dropout.dropped(dot_t(do, v, BLOCK_M, BLOCK_N, QK_CHUNKS), keep, keep_scale)
+                dv = mma(tl.trans(dropout.dropped(p, keep, keep_scale).to(do.dtype)), do, dv)
             else:
-                dv = mma(tl.trans(p.to(do.dtype)), do_c, dv)
-                dp = dot_t(do, v, BLOCK_M, BLOCK_N, QK_CHUNKS)
+                dv = mma(tl.trans(p.to(do.dtype)), do, dv)
+            dp = dot_t(do, v, BLOCK_M, BLOCK_N, QK_CHUNKS)
+            if HALVES:  # ... and dP
+                do_o = _part(g_base + seq[:, None] * stride_gs, offs_m, sq, offs_vo, HEAD_V, HALVES)
+                dp = mma(do_o, tl.trans(v_o), dp)
+            if DROPOUT:
+                dp = dropout.dropped(dp, keep, keep_scale)
             dz = p * (dp - delta[:, None]) * dcap
-            dk = mma(tl.trans(dz.to(q.dtype)), q_c, dk)
+            dk = mma(tl.trans(dz.to(q.dtype)), q, dk)
             if ATOMIC_DQ:
-                dq = mma(dz.to(k.dtype), k_c, tl.zeros([BLOCK_M, k_c.shape[1]], tl.float32)) * (scale_log2 / LOG2E)
+                dq = mma(dz.to(k.dtype), k, tl.zeros([BLOCK_M, KW], tl.float32)) * (scale_log2 / LOG2E)
                 dq_ptrs = DQ + b64 * stride_dqb + h.to(tl.int64) * stride_dqh + seq[:, None] * stride_dqs
-                tl.atomic_add(dq_ptrs + offs_ck[None, :], dq,
-                              mask=(offs_m[:, None] < sq) & (offs_ck[None, :] < HEAD_DIM), sem="relaxed")
+                tl.atomic_add(dq_ptrs + offs_k[None, :], dq, mask=(offs_m[:, None] < sq) & (offs_k[None, :] < HEAD_DIM),
+                              sem="relaxed")
     dk = dk * (scale_log2 / LOG2E)
-    tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=rows_kept & (offs_ck[None, :] < HEAD_DIM))
-    tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=rows_kept & (offs_cv[None, :] < HEAD_V))
+    tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=rows_kept & (offs_k[None, :] < HEAD_DIM))
+    tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=rows_kept & (offs_v[None, :] < HEAD_V))
 
 
 @triton.jit
-def _load_cols(row_ptrs, rows, n_rows, cols, width: tl.constexpr):
-    """The ``[len(rows), len(cols)]`` tile of a tensor's rows (``row_ptrs``, a column each) at columns ``cols``; rows
-    >= n_rows and columns >= ``width`` read 0 (a program's column chunk may lie past a narrower V's)."""
-    return tl.load(row_ptrs + cols[None, :], mask=(rows[:, None] < n_rows) & (cols[None, :] < width), other=0.0)
+def _part(row_ptrs, rows, n_rows, cols, WIDTH: tl.constexpr, HALVES: tl.constexpr):
+    """The ``[len(rows), len(cols)]`` tile of a tensor's rows (``row_ptrs``, a column each) at columns ``cols``, rows
+    >= n_rows and columns >= WIDTH read 0: whole rows as :func:`.common.load_rows` reads them; a half's columns each
+    masked (the second half of a V narrower than its tile may hold none of V's)."""
+    if HALVES:
+        x = tl.load(row_ptrs + cols[None, :], mask=(rows[:, None] < n_rows) & (cols[None, :] < WIDTH), other=0.0)
+    else:
+        x = load_rows(row_ptrs + cols[None, :], rows, n_rows, cols, WIDTH, cols.shape[0], True)
+    return x
 
 
 @triton.jit
@@ -330,9 +336,9 @@ def dq_kernel(Q, K, V, DO, LSE, Delta, DQ,
                       True)
         v = load_rows(v_base + keys[:, None] * stride_vs + offs_dv[None, :], offs_n, sk, offs_dv, HEAD_V, BLOCK_DV,
                       True)
-        p, dcap = _probs(q, k, lse2, offs_m, offs_n, sq, sk, scale_log2, softcap, slope, causal_offset, window_offset,
-                         align_offset, mask_rows, stride_mk, CAUSAL, WINDOW, SOFTCAP, ALIBI, ATTN_MASK, BLOCK_M,
-                         BLOCK_N, QK_CHUNKS)
+        p, dcap = _probs(dot_t(q, k, BLOCK_M, BLOCK_N, QK_CHUNKS), lse2, offs_m, offs_n, sq, sk, scale_log2, softcap,
+                         slope, causal_offset, window_offset, align_offset, mask_rows, stride_mk, CAUSAL, WINDOW,
+                         SOFTCAP, ALIBI, ATTN_MASK, BLOCK_M, BLOCK_N)
         dp = dot_t(do, v, BLOCK_M, BLOCK_N, QK_CHUNKS)
         if DROPOUT:
             keep, keep_scale = dropout.kept(seed, rows, start_n, seqlen_k, dropout_p, BLOCK_N)
