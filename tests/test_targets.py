@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 from conftest import ON_GPU
 
-from fmha import targets
+from fmha import backward, targets
 
 
 @pytest.fixture(scope="module")
@@ -573,25 +573,27 @@ def test_backward_kernels_build_with_an_attn_mask(target, load):
 
 
 def test_backward_column_halves_build_for_sm90_in_its_shared_memory():
-    """The dK/dV kernel past head_dim 128 with its columns in halves (``HALVES``), as ``bench/backward_tiles.py``
-    times it: the build takes a half's columns (two 64 x 128 float32 accumulators, not 64 x 256), fits sm_90's
-    shared memory in two stages, and spills less than the whole rows' build in one.  Built in a child process with
-    the interpreter off and the tiles swapped there, as the sweep swaps them."""
+    """The dK/dV kernel at head_dim 256 as the table takes it on sm_90, its columns in halves (``HALVES``): the build
+    takes a half's columns (two 128 x 128 float32 accumulators, not 64 x 256), fits sm_90's shared memory, and spills
+    less than the whole rows' build in one stage (64 x 64 in eight warps).  Built in a child process with the
+    interpreter off, the whole rows' tiles swapped in there as ``bench/backward_tiles.py`` swaps them."""
     code = ("import json; from fmha import targets, backward\n"
             "out = {}\n"
-            "for stages, halves in ((1, False), (2, True)):\n"
-            "    backward.tiles = lambda *a, s=stages, h=halves, **k: (backward._t(64, 64, 8, s, 0, h), None)\n"
+            "table = backward.tiles\n"
+            "for halves in (False, True):\n"
+            "    backward.tiles = table if halves else lambda *a, **k: (backward._t(64, 64, 8, 1), None)\n"
             "    b, = targets.build_backward_kernels('sm_90', 256, 'bfloat16', True, False)\n"
             "    r = targets.report(b)\n"
-            "    out[int(halves)] = [b.config.get('halves', False), r.shared_bytes, r.spilled_registers]\n"
+            "    out[int(halves)] = [r.shared_bytes, r.spilled_registers]\n"
             "print(json.dumps(out))")
     run = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, TRITON_INTERPRET="0"),
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     got = json.loads(run.stdout.strip().splitlines()[-1])
     from fmha.kernels.hopper.resources import SMEM_LIMIT
-    (whole, _, whole_spills), (halves, shared, spills) = got["0"], got["1"]
-    assert (whole, halves) == (False, True)
+    (_, whole_spills), (shared, spills) = got["0"], got["1"]
+    assert backward.tiles(256, True, False)[0].get("HALVES")
+    assert not backward.tiles(192, True, False, head_dim_v=128)[0].get("HALVES")  # dV 128 wide: whole rows
     assert shared <= SMEM_LIMIT and spills < whole_spills, got
 
 

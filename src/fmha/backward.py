@@ -24,15 +24,19 @@ def _t(block_m, block_n, warps, stages, chunks=0, halves=False) -> dict:
 
 
 def tiles(head_dim: int, causal: bool, deterministic: bool, family: str = "nvidia",
-          shared: int = SMEM_LIMIT, masked: bool = False, dropout: bool = False) -> tuple[dict, dict | None]:
+          shared: int = SMEM_LIMIT, masked: bool = False, dropout: bool = False,
+          head_dim_v: int | None = None) -> tuple[dict, dict | None]:
     """Tiles, warps and stages of ``(dkdv_kernel, dq_kernel)``; ``None`` for the second: dQ added
-    atomically by the first.  ``head_dim``: the larger of q/k's and v's; ``family``: :func:`fmha.device.family_of`;
-    ``shared``: the bytes of shared memory a block of the GPU may take (:func:`fmha.device.shared_limit`).
+    atomically by the first.  ``head_dim``: the larger of q/k's and v's (``head_dim_v``: v's, if not that);
+    ``family``: :func:`fmha.device.family_of`; ``shared``: the bytes of shared memory a block of the GPU may take
+    (:func:`fmha.device.shared_limit`).
 
     NVIDIA, not ``deterministic``: the faster dQ of bench/backward_tiles.py's sweep on the H200 (ledger): the dQ
     kernel at head_dim 128 (atomics cost more than its two recomputed matmuls), atomics for causal
     head_dim <= 64 and past 128, and at head_dim <= 64 with attention ``dropout`` (the dQ kernel would draw every
-    pair a third time: ``bench/backward_tiles.py --dropout 0.1``).  A GPU with less shared memory than sm_90's (an
+    pair a third time: ``bench/backward_tiles.py --dropout 0.1``); past 128 with V's head dim past 128 too, the dK/dV
+    kernel in column halves, 128 x 64 (1.24-1.29x the whole rows' 64 x 64 at 256, which spill; at DeepSeek's 192/128,
+    whose dV is 128 wide, the whole rows 1.08x the halves).  A GPU with less shared memory than sm_90's (an
     A100's 163 KB, sm_86 and sm_89's 99 KB) takes smaller tiles where the H200's would not fit (:data:`SMALL_SHARED`).
     AMD: the largest tiles whose builds keep every value in registers (:data:`AMD_TILES`; ``masked``, reading an
     attn_mask, and CDNA's with ``dropout``: :data:`AMD_TILES_MASKED`), the same choice of dQ where the atomic build
@@ -63,6 +67,8 @@ def tiles(head_dim: int, causal: bool, deterministic: bool, family: str = "nvidi
         return _t(*small), _t(*small)
     if deterministic:
         return _t(32, 64, 4, 1), _t(64, 32, 4, 2)
+    if (head_dim if head_dim_v is None else head_dim_v) > 128:
+        return _t(128, 64, 8, 1, halves=True), None
     return _t(64, 64, 8, 1), None
 
 
@@ -238,7 +244,7 @@ def describe(q, k, v, *, causal: bool = False, layout: str = "bhsd", determinist
         return (f"hopper backward BLOCK_M={cut.rows} BLOCK_N={hopper.BLOCK_N.value} stages={hopper.STAGES.value} "
                 f"ds_bufs={cut.ds_bufs} rs={int(cut.rs)} dq_rows={cut.dq_rows} dq_cols={cut.dq_cols}{order}")
     kv_tiles, q_tiles = tiles(max(prob.head_dim, prob.dv), prob.causal, deterministic, family_of(q.device),
-                              _shared(q.device), dropout=prob.dropout)
+                              _shared(q.device), dropout=prob.dropout, head_dim_v=prob.dv)
 
     def shape(t):
         chunks = f" qk_chunks={t['QK_CHUNKS']}" if t["QK_CHUNKS"] else ""
@@ -312,7 +318,7 @@ def _run(prob, do, q, k, v, o, lse, layout, alibi, seqs, rows, keys, sinks, dete
         return (*_hopper(prob, do, q, k, v, o, lse, dk, dv, layout, sinks, deterministic, seqs, rows, keys), None)
     # a bias's gradient comes from the dQ pass, which visits each score of the band once (deterministic's tiles)
     kv_tiles, q_tiles = tiles(max(prob.head_dim, prob.dv), prob.causal, deterministic or mask_grad,
-                              family_of(q.device), _shared(q.device), prob.attn_mask, prob.dropout)
+                              family_of(q.device), _shared(q.device), prob.attn_mask, prob.dropout, prob.dv)
     atomic = q_tiles is None
     # atomically: a float32 dQ the key blocks add into, cast once at the end
     with on(q.device):
