@@ -33,6 +33,8 @@ SHAPES = [  # (batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim)
     (1, 4, 2, 300, 500, 80),    # Phi-2's head dim, padded to 128
     (2, 2, 1, 129, 200, 40),    # padded to 64, not a multiple of 16
     (1, 2, 2, 260, 260, 120),
+    (1, 4, 2, 300, 500, 256),   # Gemma's head dim: each warpgroup dK's and dV's column half over 64 keys
+    (2, 2, 1, 129, 200, 192),   # padded to 256
 ]
 ALIGNS = [(False, "top_left"), (True, "top_left"), (True, "bottom_right")]
 
@@ -116,7 +118,7 @@ def test_the_next_heads_statistics_stay_out(head_dim):
         torch.testing.assert_close(got[:, :1], alone, atol=1e-2, rtol=1.6e-2, msg=name)
 
 
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_hopper_backward_under_scores_far_from_zero(head_dim, causal):
     """One key 8x the others (every row's LSE near its score), and a scale of 4 with rising scores (LSEs
@@ -154,6 +156,7 @@ WINDOWS = [  # (batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim), window, c
     ((2, 4, 2, 700, 900, 128), (300, -1), True, "bottom_right"),   # sk > sq: the band from the bottom-right diagonal
     ((1, 2, 2, 900, 500, 128), (256, 64), False, "top_left"),      # both sides, rows past 500 + 256 see no key
     ((1, 8, 2, 1200, 1200, 96), (513, 0), True, "top_left"),
+    ((1, 4, 2, 800, 800, 256), (200, 0), True, "top_left"),
 ]
 
 
@@ -182,6 +185,7 @@ PACKED = [  # (query rows and keys of each sequence, heads, kv_heads, head_dim, 
     ([200, 77, 513], [300, 20, 513], 4, 4, 128, False, "top_left", (-1, -1)),
     ([260, 0, 190], [260, 5, 190], 2, 2, 96, True, "top_left", (50, 0)),  # an empty one (its keys unseen), a window
     ([200, 77, 513], [300, 20, 513], 4, 2, 80, True, "bottom_right", (-1, -1)),
+    ([200, 77, 513], [300, 20, 513], 4, 2, 256, True, "bottom_right", (-1, -1)),
 ]
 
 
@@ -289,6 +293,7 @@ DETERMINISTIC_SHAPES = [  # many key blocks adding into each dQ tile, in every o
     #                              tiles: chunks of 11 blocks, the last one short
     (1, 2, 1, 1000, 1000, 96),
     (1, 2, 1, 1000, 1000, 48),
+    (1, 4, 2, 900, 1000, 256),   # 64-key blocks, dQ's column halves each added in two pieces
 ]
 
 

@@ -210,11 +210,13 @@ def _cast(src, src_strides, dst, dst_strides, batch: int, heads: int, rows: int,
 # head_dim 128 without causal, 450 against 494 causal, 641 against 707 at 64 without causal; at 64 causal 525
 # against 509, and the counter's deal of causal blocks 0.933x one program a block's in a later run: about 490
 # against 509); below 512 not timed
-GLUON_ROWS = {(64, False): 512, (64, True): 512, (128, False): 512, (128, True): 512}
+GLUON_ROWS = {(64, False): 512, (64, True): 512, (128, False): 512, (128, True): 512, (256, False): 512,
+              (256, True): 512}
 # the same when deterministic, against the Triton kernels' separate dQ pass (bf16, backward kernels' GPU time a call):
 # at head_dim 128 from 512 rows (613 us against 694 without causal, 491 against 493 causal; at 1k 927 against 1167
 # and 660 against 752), at 64 from 1k (1086 against 1250, 780 against 873; at 512 703 against 710, 575 against 558)
-GLUON_ROWS_DETERMINISTIC = {(64, False): 1024, (64, True): 1024, (128, False): 512, (128, True): 512}
+GLUON_ROWS_DETERMINISTIC = {(64, False): 1024, (64, True): 1024, (128, False): 512, (128, True): 512,
+                            (256, False): 512, (256, True): 512}
 
 
 def kernel(prob, q, k, v, do, layout: str, alibi, deterministic: bool = False, rows: int | None = None) -> str:
@@ -241,8 +243,9 @@ def describe(q, k, v, *, causal: bool = False, layout: str = "bhsd", determinist
     if kernel(prob, q, k, v, q, layout, alibi_slopes, deterministic) == "hopper":
         from .kernels.hopper import backward as hopper
         cut = hopper.tiles(hopper.tile_width(prob.head_dim), deterministic)
-        return (f"hopper backward BLOCK_M={cut.rows} BLOCK_N={hopper.BLOCK_N.value} stages={hopper.STAGES.value} "
-                f"ds_bufs={cut.ds_bufs} rs={int(cut.rs)} dq_rows={cut.dq_rows} dq_cols={cut.dq_cols}{order}")
+        return (f"hopper backward BLOCK_M={cut.rows} BLOCK_N={cut.block_n} stages={cut.stages} "
+                f"ds_bufs={cut.ds_bufs} rs={int(cut.rs)} dq_rows={cut.dq_rows} dq_cols={cut.dq_cols}"
+                f"{' dk_dv in column halves' if cut.cols else ''}{order}")
     kv_tiles, q_tiles = tiles(max(prob.head_dim, prob.dv), prob.causal, deterministic, family_of(q.device),
                               _shared(q.device), dropout=prob.dropout, head_dim_v=prob.dv)
 

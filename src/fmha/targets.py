@@ -140,7 +140,7 @@ def _compile_backward(head_dim: int, dtype: str, causal: bool, deterministic: bo
     kernel = backward.backward_kernel
     const = dict(HEAD=head, D=head_dim, CAUSAL=causal, WINDOW=window, RAGGED=ragged or varlen, RS=cut.rs,
                  DS_BUFS=cut.ds_bufs, DETERMINISTIC=deterministic, VARLEN=varlen, ALIGN_BR=varlen,
-                 DYNAMIC=backward.schedule(1, 1, causal, varlen, deterministic)[1])
+                 DYNAMIC=backward.schedule(1, 1, causal, varlen, deterministic)[1], STAGES=cut.stages, COLS=cut.cols)
     by_name = dict(zip(("q_desc", "k_desc", "v_desc", "do_desc", "dq_desc", "lse_desc", "delta_desc"), descs))
     sig = {}
     for name in kernel.arg_names:
@@ -176,8 +176,8 @@ def build_hopper_backward(head_dim: int, dtype: str = "bfloat16", causal: bool =
         return _build_elsewhere(head_dim, dtype, causal, deterministic, *flags.values(),
                                 builder="build_hopper_backward")
     compiled = _compile_backward(head_dim, dtype, causal, deterministic, **flags)
-    cfg = dict(block_m=backward.tiles(backward.tile_width(head_dim), deterministic).rows,
-               block_n=backward.BLOCK_N.value, num_warps=12, num_stages=backward.STAGES.value,
+    cut = backward.tiles(backward.tile_width(head_dim), deterministic)
+    cfg = dict(block_m=cut.rows, block_n=cut.block_n, num_warps=12, num_stages=cut.stages,
                **({"deterministic": True} if deterministic else {}), **{k: True for k, v in flags.items() if v})
     return Build("hopper_backward", "sm_90", head_dim, dtype, causal, cfg, dict(compiled.asm),
                  _plain(compiled.metadata))

@@ -76,9 +76,7 @@ from .mask import _sequence
 from .producer import _zero_rows
 from .resources import MIN_SCALE, padded
 
-BLOCK_N = gl.constexpr(128)  # keys a program owns: 64 a consumer warpgroup
-HEAD_DIMS = tuple(range(32, 129, 8))  # in tiles of 64 or 128 columns, zeros past head_dim
-STAGES = gl.constexpr(2)  # Q/dO tiles in flight
+HEAD_DIMS = tuple(range(32, 257, 8))  # in tiles of 64, 128 or 256 columns, zeros past head_dim
 LOG2E = gl.constexpr(LOG2E_VALUE)
 WARPS = gl.constexpr(4)  # a consumer warpgroup's
 
@@ -95,8 +93,8 @@ ID_4 = gl.constexpr(gl.BlockedLayout([1], [32], [4], [0]))  # ... in a consumer 
 
 
 @gluon.jit
-def _walk(pid_n, n_m, causal_offset, window_offset, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr,
-          WINDOW: gl.constexpr):
+def _walk(pid_n, n_m, causal_offset, window_offset, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+          CAUSAL: gl.constexpr, WINDOW: gl.constexpr):
     """The query tiles ``first .. end - 1`` that see a key of block ``pid_n``: query i sees key j when
     ``j <= i + causal_offset`` (CAUSAL: the band's upper edge) and ``j >= i + window_offset`` (WINDOW: its lower
     edge), so the walk starts at the block's diagonal and ends past the window's reach."""
@@ -113,7 +111,7 @@ def _walk(pid_n, n_m, causal_offset, window_offset, BLOCK_M: gl.constexpr, CAUSA
 def _crossed(m, key0, seqlen_q, seqlen_k, causal_offset, window_offset, BLOCK_M: gl.constexpr, KEYS: gl.constexpr,
              CAUSAL: gl.constexpr, WINDOW: gl.constexpr, RAGGED: gl.constexpr, VARLEN: gl.constexpr):
     """Whether query tile ``m`` against keys ``key0 .. key0 + KEYS - 1`` holds a pair that is not seen: RAGGED
-    (seqlen_k not a multiple of ``BLOCK_N``), a key past seqlen_k (TMA's zeros, or the next packed sequence's
+    (seqlen_k not a multiple of the key block), a key past seqlen_k (TMA's zeros, or the next packed sequence's
     keys zeroed, whose score 0 can lie far above a row's LSE, where P = exp(0 - LSE) would overflow); VARLEN, a
     query row past the sequence's end (the next sequence's, its statistics not this one's); or the band's edges
     crossing the tile."""
@@ -173,7 +171,7 @@ def _program(pid, order, CAUSAL: gl.constexpr, DETERMINISTIC: gl.constexpr):
 
 @gluon.jit
 def _extent(pair, kv_heads, seqlen_q, seqlen_k, n_m, blocks, chunk, causal_offset, window_offset, CuQ, CuK,
-            BLOCK_M: gl.constexpr, VARLEN: gl.constexpr, ALIGN_BR: gl.constexpr):
+            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, VARLEN: gl.constexpr, ALIGN_BR: gl.constexpr):
     """What a program of (batch, KV head) ``pair`` walks: (batch, KV head, the sequence's first query row and
     first key in the tensors, its query rows, keys, query tiles and key blocks, the chunk of :func:`_turn`, the
     band's offsets).  VARLEN: packed sequence ``batch`` from ``cu_seqlens``, its band moved to its own diagonal
@@ -196,7 +194,7 @@ def _stats_row(q0, b):
 
 
 @gluon.jit
-def _active(pid_n, seqlen_k, VARLEN: gl.constexpr):
+def _active(pid_n, seqlen_k, BLOCK_N: gl.constexpr, VARLEN: gl.constexpr):
     """Whether key block ``pid_n`` holds keys: VARLEN, the blocks past a shorter sequence's end have no work."""
     active = True
     if VARLEN:
@@ -223,7 +221,8 @@ def _query_tile(j, first, n_m, pid_n, blocks, chunk, CAUSAL: gl.constexpr, DETER
 
 
 @gluon.jit
-def _turn(m, pid_n, blocks, causal_offset, chunk, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
+def _turn(m, pid_n, blocks, causal_offset, chunk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+          CAUSAL: gl.constexpr):
     """Key block ``pid_n``'s place among the blocks that add into query tile ``m``, deterministic: the order in
     which the walks reach the tile (:func:`_query_tile`).
 
@@ -346,6 +345,8 @@ def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_bufs, do_
     pair's zero would still carry into the sums): they land on ``landed`` first and are zeroed here (K, V, Q, dO
     and the deltas; the LSEs are masked) before the consumers are signalled."""
     BLOCK_M: gl.constexpr = q_bufs.shape[1]
+    BLOCK_N: gl.constexpr = k_smem.shape[0]
+    STAGES: gl.constexpr = q_bufs.shape[0]
     n_landed = 0  # tails zeroed so far (the phase of ``landed``)
     n_kv = 0  # K/V blocks loaded so far (the phases of ``kv_ready`` and ``kv_empty``)
     it = 0
@@ -359,12 +360,12 @@ def _producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_bufs, do_
         pid_n, pair = _program(item, order, CAUSAL, DETERMINISTIC)
         b, kvh, q0, sq, k0, sk, n_m_b, blocks, chunk_b, causal_b, window_b = _extent(
             pair, kv_heads, seqlen_q, seqlen_k, n_m, order[1], chunk, causal_offset, window_offset, CuQ, CuK, BLOCK_M,
-            VARLEN, ALIGN_BR)
+            BLOCK_N, VARLEN, ALIGN_BR)
         at = b  # the batch coordinate of the descriptors (packed: one sequence of every row)
         if VARLEN:
             at = 0
-        first, end = _walk(pid_n, n_m_b, causal_b, window_b, BLOCK_M, CAUSAL, WINDOW)
-        if _active(pid_n, sk, VARLEN):
+        first, end = _walk(pid_n, n_m_b, causal_b, window_b, BLOCK_M, BLOCK_N, CAUSAL, WINDOW)
+        if _active(pid_n, sk, BLOCK_N, VARLEN):
             kv_valid = sk - pid_n * BLOCK_N
             kv_at = (kvh * place[3], at * place[4] + kvh * place[5], kvh * place[6], at * place[7] + kvh * place[8],
                      k0 + pid_n * BLOCK_N)
@@ -460,11 +461,10 @@ def _load_tile(q_desc, do_desc, lse_desc, delta_desc, at, bar, q_bufs, do_bufs, 
 
 
 @gluon.jit
-def _pds_views(p_smem, ds_smem, d, WG: gl.constexpr, RS: gl.constexpr, DQ_ROWS: gl.constexpr):
-    """Buffer ``d`` of P and dS: this warpgroup's part of P ([query rows, its keys]) and of dS ([query rows, its
-    keys], or RS: dS^T's [its keys, query rows]), and the dS operand of its dQ product: every key by its
+def _pds_views(p_smem, ds_smem, d, WG: gl.constexpr, KEYS: gl.constexpr, RS: gl.constexpr, DQ_ROWS: gl.constexpr):
+    """Buffer ``d`` of P and dS: this warpgroup's part of P ([query rows, its ``KEYS`` keys]) and of dS ([query
+    rows, its keys], or RS: dS^T's [its keys, query rows]), and the dS operand of its dQ product: every key by its
     ``DQ_ROWS`` query rows (RS: a row half of the 128-row tile) or by the whole tile's (:func:`tiles`)."""
-    KEYS: gl.constexpr = BLOCK_N // 2
     ds = ds_smem.index(d)
     if RS:
         ds_w = ds.slice(WG * KEYS, KEYS, dim=0)
@@ -491,12 +491,18 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
               seqlen_k, n_m, causal_offset, window_offset, chunk, order, scale_log2, scale, dk_strides, dv_strides,
               ids, id_ready, id_free, WG: gl.constexpr, HEAD: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr,
               WINDOW: gl.constexpr, RAGGED: gl.constexpr, RS: gl.constexpr, DETERMINISTIC: gl.constexpr,
-              VARLEN: gl.constexpr, ALIGN_BR: gl.constexpr, DYNAMIC: gl.constexpr):
-    KEYS: gl.constexpr = BLOCK_N // 2  # this warpgroup's keys
+              VARLEN: gl.constexpr, ALIGN_BR: gl.constexpr, DYNAMIC: gl.constexpr, COLS: gl.constexpr):
+    BLOCK_N: gl.constexpr = k_smem.shape[0]  # a program's keys
+    KEYS: gl.constexpr = BLOCK_N // 2  # this warpgroup's keys of S and dP
+    STAGES: gl.constexpr = q_bufs.shape[0]
+    # this warpgroup's dK and dV: its keys' rows over every column, or COLS every key's rows over its column half
+    KV_ROWS: gl.constexpr = BLOCK_N if COLS else KEYS
+    KV_COLS: gl.constexpr = HEAD // 2 if COLS else HEAD
     BLOCK_M: gl.constexpr = q_bufs.shape[1]  # query rows a tile
     DS_BUFS: gl.constexpr = ds_smem.shape[0]
     DQ_ROWS: gl.constexpr = dq_desc.block_type.shape[1]  # dQ: a row or a column half each (:func:`tiles`)
     DQ_COLS: gl.constexpr = dq_desc.block_type.shape[2]
+    DQ_PIECES: gl.constexpr = dq_box.shape[0] // 2  # a warpgroup's dQ adds a tile
     # dK's product issued after dQ's (64-wide tiles, fast mode: 7-12% faster causal); 1-3% slower at 128, and 2-4%
     # slower deterministic, which issue it before
     DK_LAST: gl.constexpr = RS and not DETERMINISTIC
@@ -505,7 +511,7 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, KEYS, 16])
     g_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD, 16])
+                                                       instr_shape=[16, KV_COLS, 16])
     q_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, DQ_COLS, 16])
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -526,27 +532,23 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
         pid_n, pair = _program(item, order, CAUSAL, DETERMINISTIC)
         b, kvh, q0, sq, k0, sk, n_m_b, blocks_b, chunk_b, causal_b, window_b = _extent(
             pair, kv_heads, seqlen_q, seqlen_k, n_m, order[1], chunk, causal_offset, window_offset, CuQ, CuK, BLOCK_M,
-            VARLEN, ALIGN_BR)
+            BLOCK_N, VARLEN, ALIGN_BR)
         key0 = pid_n * BLOCK_N + WG * KEYS
         k_w = k_smem.slice(WG * KEYS, KEYS, dim=0)
         v_w = v_smem.slice(WG * KEYS, KEYS, dim=0)
-        # dQ[rows, cols] = dS[rows, all keys] K[all keys, cols]: this warpgroup's row half, or its column half
-        k_b = k_smem
+        # dQ[rows, cols] = dS[rows, all keys] K[all keys, cols]: this warpgroup's row half, or its column half (COLS:
+        # in pieces of DQ_COLS, one product and one add each)
         dq_row = 0
-        dq_col = 0
-        if DQ_COLS < HEAD:
-            k_b = k_smem.slice(WG * DQ_COLS, DQ_COLS, dim=1)
-            dq_col = WG * DQ_COLS
+        dq_col: gl.constexpr = WG * DQ_COLS * DQ_PIECES if DQ_COLS * DQ_PIECES < HEAD else 0
         if DQ_ROWS < BLOCK_M:
             dq_row = WG * DQ_ROWS
-        dq_tile = dq_box.index(WG)._reinterpret(gl.float32, [DQ_ROWS, DQ_COLS], TILE_F32)
         # a tile's query rows and this warpgroup's keys along the scores' dimensions (RS: S^T's, keys the rows)
         offs_q = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, t_layout) if RS else row_layout)
         offs_k = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, t_layout) if RS else gl.SliceLayout(0, s_layout))
-        dk = gl.zeros([KEYS, HEAD], gl.float32, g_layout)
-        dv = gl.zeros([KEYS, HEAD], gl.float32, g_layout)
-        first, end = _walk(pid_n, n_m_b, causal_b, window_b, BLOCK_M, CAUSAL, WINDOW)
-        if _active(pid_n, sk, VARLEN):
+        dk = gl.zeros([KV_ROWS, KV_COLS], gl.float32, g_layout)
+        dv = gl.zeros([KV_ROWS, KV_COLS], gl.float32, g_layout)
+        first, end = _walk(pid_n, n_m_b, causal_b, window_b, BLOCK_M, BLOCK_N, CAUSAL, WINDOW)
+        if _active(pid_n, sk, BLOCK_N, VARLEN):
             mbarrier.wait(kv_ready, n_kv & 1)
         else:
             end = first
@@ -563,7 +565,7 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
                 do_s = do_bufs.index(s)
                 d = it % DS_BUFS
                 d_phase = (it // DS_BUFS) & 1
-                p_w, ds_w, ds_q = _pds_views(p_smem, ds_smem, d, WG, RS, DQ_ROWS)
+                p_w, ds_w, ds_q = _pds_views(p_smem, ds_smem, d, WG, KEYS, RS, DQ_ROWS)
                 mbarrier.wait(q_ready.index(s), (it // STAGES) & 1)
                 if RS:  # S^T and dP^T (keys the rows): P^T and dS^T are dV's and dK's A operands in registers
                     lse_t, delta_t = _row_stats(lse_bufs.index(s), delta_bufs.index(s), 1.0 / scale,
@@ -595,6 +597,8 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
                     dk = warpgroup_mma_init(dk)
                     if _hidden(m, key0, causal_b, BLOCK_M, CAUSAL):  # (a block's first tile, its last keys) dS = 0
                         mbarrier.wait(ds_free.index(d), d_phase ^ 1)
+                        if COLS:  # (the other warpgroup's dV reads this P)
+                            p_w.store(gl.zeros([BLOCK_M, KEYS], dtype, s_layout))
                         ds_w.store(gl.zeros([BLOCK_M, KEYS], dtype, s_layout))
                         fence_async_shared()
                         mbarrier.arrive(ds_ready.index(d), count=1)
@@ -618,31 +622,46 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
                         ds_w.store((p * (dp - delta[:, None]) * scale).to(dtype))
                         fence_async_shared()
                         mbarrier.arrive(ds_ready.index(d), count=1)
-                        dv = warpgroup_mma(p_w.permute((1, 0)), do_s, dv, is_async=True)
-                        dk = warpgroup_mma(ds_w.permute((1, 0)), q_s, dk, is_async=True)
+                        if not COLS:
+                            dv = warpgroup_mma(p_w.permute((1, 0)), do_s, dv, is_async=True)
+                            dk = warpgroup_mma(ds_w.permute((1, 0)), q_s, dk, is_async=True)
+                    if COLS:  # every key's P and dS, both warpgroups' halves, by this warpgroup's columns
+                        mbarrier.wait(ds_ready.index(d), d_phase)
+                        dv = warpgroup_mma(p_smem.index(d).permute((1, 0)), do_s.slice(WG * KV_COLS, KV_COLS, dim=1),
+                                           dv, is_async=True)
+                        dk = warpgroup_mma(ds_smem.index(d).permute((1, 0)), q_s.slice(WG * KV_COLS, KV_COLS, dim=1),
+                                           dk, is_async=True)
                 if DETERMINISTIC:  # the previous tile's add, complete by now: the next block's turn at that tile
                     if it > 0:
                         _pass_turn(lock)
                 mbarrier.wait(ds_ready.index(d), d_phase)  # both warpgroups' dS in place
-                dq = warpgroup_mma(ds_q, k_b, gl.zeros([DQ_ROWS, DQ_COLS], gl.float32, q_layout), use_acc=False,
-                                   is_async=True)
-                if DK_LAST:  # dK's product in flight while dQ's tile goes to shared memory and on to its add
-                    dk = warpgroup_mma(ds_t, q_s, dk, is_async=True)
-                    dq = warpgroup_mma_wait(1, deps=[dq])
-                else:
-                    dq, dv, dk = warpgroup_mma_wait(0, deps=[dq, dv, dk])
-                    # (and the P/dS buffer where the rings match: one barrier)
-                    mbarrier.arrive(q_empty.index(s), count=1)
-                    if DS_BUFS != STAGES:
-                        mbarrier.arrive(ds_free.index(d), count=1)
-                tma.store_wait(0)  # the previous tile's reduce-add has read the buffer
-                dq_tile.store(dq)
-                fence_async_shared()
-                if DETERMINISTIC:
-                    lock = Locks + (bh * tiles_m + m) * 2 + WG  # (halves: :func:`tiles`)
-                    _take_turn(lock, WARPS * _turn(m, pid_n, blocks_b, causal_b, chunk_b, BLOCK_M, CAUSAL))
-                tma.async_copy_shared_to_global(dq_desc, [dq_at[0], dq_at[1] + m * BLOCK_M + dq_row, dq_col],
-                                                dq_box.index(WG))
+                for piece in gl.static_range(DQ_PIECES):
+                    k_b = k_smem
+                    if DQ_COLS < HEAD:
+                        k_b = k_smem.slice(dq_col + piece * DQ_COLS, DQ_COLS, dim=1)
+                    dq = warpgroup_mma(ds_q, k_b, gl.zeros([DQ_ROWS, DQ_COLS], gl.float32, q_layout), use_acc=False,
+                                       is_async=True)
+                    if DK_LAST:  # dK's product in flight while dQ's tile goes to shared memory and on to its add
+                        dk = warpgroup_mma(ds_t, q_s, dk, is_async=True)
+                        dq = warpgroup_mma_wait(1, deps=[dq])
+                    else:
+                        dq, dv, dk = warpgroup_mma_wait(0, deps=[dq, dv, dk])
+                        if piece == DQ_PIECES - 1:  # the last piece's product has read dS
+                            # (and the P/dS buffer where the rings match: one barrier)
+                            mbarrier.arrive(q_empty.index(s), count=1)
+                            if DS_BUFS != STAGES:
+                                mbarrier.arrive(ds_free.index(d), count=1)
+                    if piece == 0:
+                        tma.store_wait(0)  # the previous tile's reduce-adds have read their buffers
+                    dq_tile = dq_box.index(WG * DQ_PIECES + piece)
+                    dq_tile._reinterpret(gl.float32, [DQ_ROWS, DQ_COLS], TILE_F32).store(dq)
+                    fence_async_shared()
+                    if DETERMINISTIC and piece == 0:
+                        lock = Locks + (bh * tiles_m + m) * 2 + WG  # (halves: :func:`tiles`)
+                        _take_turn(lock, WARPS * _turn(m, pid_n, blocks_b, causal_b, chunk_b, BLOCK_M, BLOCK_N,
+                                                       CAUSAL))
+                    tma.async_copy_shared_to_global(
+                        dq_desc, [dq_at[0], dq_at[1] + m * BLOCK_M + dq_row, dq_col + piece * DQ_COLS], dq_tile)
                 if DK_LAST:
                     dv, dk = warpgroup_mma_wait(0, deps=[dv, dk])
                     # (and the P/dS buffer where the rings match: one barrier)
@@ -650,15 +669,17 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
                     if DS_BUFS != STAGES:
                         mbarrier.arrive(ds_free.index(d), count=1)
                 it += 1
-        if _active(pid_n, sk, VARLEN):
+        if _active(pid_n, sk, BLOCK_N, VARLEN):
             mbarrier.arrive(kv_empty, count=1)  # this block's products are done with K and V: the next block's load
             n_kv += 1
         if DETERMINISTIC:  # (one block a program)
             if it > 0:
                 _pass_turn(lock)
         # (packed: the batch strides are 0, the sequence's keys from its first)
-        _store_rows(dk, DK, b, kvh, k0 + sk, dk_strides, k0 + key0, g_layout, KEYS, HEAD, D)
-        _store_rows(dv, DV, b, kvh, k0 + sk, dv_strides, k0 + key0, g_layout, KEYS, HEAD, D)
+        row0 = k0 + pid_n * BLOCK_N if COLS else k0 + key0
+        col0 = WG * KV_COLS if COLS else 0
+        _store_rows(dk, DK, b, kvh, k0 + sk, dk_strides, row0, col0, g_layout, KV_ROWS, KV_COLS, D)
+        _store_rows(dv, DV, b, kvh, k0 + sk, dv_strides, row0, col0, g_layout, KV_ROWS, KV_COLS, D)
         if DYNAMIC:
             item = _receive(n_seen, ids, id_ready, id_free, ID_4)
             n_seen += 1
@@ -668,11 +689,12 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
 
 
 @gluon.jit
-def _store_rows(acc, Ptr, b, h, seqlen, strides, row0, layout: gl.constexpr, ROWS: gl.constexpr, HEAD: gl.constexpr,
-                D: gl.constexpr):
-    """A [ROWS, HEAD] accumulator into rows ``row0..`` of (b, h) of a 16-bit tensor: the rows and columns that exist."""
+def _store_rows(acc, Ptr, b, h, seqlen, strides, row0, col0, layout: gl.constexpr, ROWS: gl.constexpr,
+                COLS: gl.constexpr, D: gl.constexpr):
+    """A [ROWS, COLS] accumulator into rows ``row0..`` and columns ``col0..`` of (b, h) of a 16-bit tensor: the rows and
+    columns that exist."""
     rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
-    cols = gl.arange(0, HEAD, layout=gl.SliceLayout(0, layout))
+    cols = col0 + gl.arange(0, COLS, layout=gl.SliceLayout(0, layout))
     base = Ptr + b.to(gl.int64) * strides[0] + h.to(gl.int64) * strides[1]
     ptrs = base + rows.to(gl.int64)[:, None] * strides[2] + cols[None, :]
     gl.store(ptrs, acc.to(Ptr.dtype.element_ty), mask=(rows < seqlen)[:, None] & (cols < D)[None, :])
@@ -685,7 +707,8 @@ def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_de
                     v_lead, v_first_b, v_first_h, do_lead, do_first_b, do_first_h, dk_b, dk_h, dk_s, dv_b, dv_h, dv_s,
                     HEAD: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
                     RAGGED: gl.constexpr, RS: gl.constexpr, DS_BUFS: gl.constexpr, DETERMINISTIC: gl.constexpr,
-                    VARLEN: gl.constexpr, ALIGN_BR: gl.constexpr, DYNAMIC: gl.constexpr):
+                    VARLEN: gl.constexpr, ALIGN_BR: gl.constexpr, DYNAMIC: gl.constexpr, STAGES: gl.constexpr,
+                    COLS: gl.constexpr):
     """dK and dV of each key block of a (batch, KV head) a program walks (:func:`_program`), and its share of dQ
     added into ``dq_desc``'s float32 buffer.  HEAD: the tile width (head_dim padded), D: head_dim.
     ``Locks``: deterministic, zeroed int32 counters, one a half of each (batch * head, query tile);
@@ -697,6 +720,7 @@ def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_de
     longest sequence's; the band's offsets relative to each sequence's diagonal where ALIGN_BR."""
     dtype: gl.constexpr = q_desc.dtype
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     q_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD], TILE)
     do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD], TILE)
     lse_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], lse_desc.layout)
@@ -709,8 +733,10 @@ def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_de
     else:
         ds_smem = gl.allocate_shared_memory(dtype, [DS_BUFS, BLOCK_M, BLOCK_N], TILE)
         p_smem = gl.allocate_shared_memory(dtype, [DS_BUFS, BLOCK_M, BLOCK_N], TILE)
-    dq_box = gl.allocate_shared_memory(gl.float32, [2, 1, dq_desc.block_type.shape[1], dq_desc.block_type.shape[2]],
-                                       dq_desc.layout)
+    # (COLS: each warpgroup's column half of dQ in pieces of the descriptor's box)
+    DQ_PIECES: gl.constexpr = HEAD // 2 // dq_desc.block_type.shape[2] if COLS else 1
+    dq_box = gl.allocate_shared_memory(gl.float32, [2 * DQ_PIECES, 1, dq_desc.block_type.shape[1],
+                                                    dq_desc.block_type.shape[2]], dq_desc.layout)
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -748,12 +774,12 @@ def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_de
                      kv_empty, q_ready, q_empty, ds_ready, ds_free, dq_desc, DK, DV, Locks, CuQ, CuK, heads, kv_heads,
                      group, seqlen_q, seqlen_k, n_m, causal_offset, window_offset, chunk, order, scale_log2, scale,
                      (dk_b, dk_h, dk_s), (dv_b, dv_h, dv_s), ids, id_ready, id_free, 0, HEAD, D, CAUSAL, WINDOW,
-                     RAGGED, RS, DETERMINISTIC, VARLEN, ALIGN_BR, DYNAMIC)),
+                     RAGGED, RS, DETERMINISTIC, VARLEN, ALIGN_BR, DYNAMIC, COLS)),
         (_consumer, (k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_smem, dq_box, kv_ready,
                      kv_empty, q_ready, q_empty, ds_ready, ds_free, dq_desc, DK, DV, Locks, CuQ, CuK, heads, kv_heads,
                      group, seqlen_q, seqlen_k, n_m, causal_offset, window_offset, chunk, order, scale_log2, scale,
                      (dk_b, dk_h, dk_s), (dv_b, dv_h, dv_s), ids, id_ready, id_free, 1, HEAD, D, CAUSAL, WINDOW,
-                     RAGGED, RS, DETERMINISTIC, VARLEN, ALIGN_BR, DYNAMIC)),
+                     RAGGED, RS, DETERMINISTIC, VARLEN, ALIGN_BR, DYNAMIC, COLS)),
         (_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs, delta_bufs,
                      k_smem, v_smem, kv_ready, kv_empty, q_ready, q_empty, landed, CuQ, CuK, heads, kv_heads, group,
                      seqlen_q, seqlen_k, n_m, causal_offset, window_offset, chunk, order, place, Deal, ids, id_ready,
@@ -766,7 +792,7 @@ def supports(prob, q, k, v, do, layout: str, alibi: bool) -> str | None:
     if not q.is_cuda or device_facts(q.device.index)[0] != 9:
         return "needs an sm_90 GPU"
     if prob.head_dim not in HEAD_DIMS or prob.dv != prob.head_dim:
-        return f"head_dim {prob.head_dim} (V's {prob.dv}): takes a multiple of 8 from 32 to 128, V's the same"
+        return f"head_dim {prob.head_dim} (V's {prob.dv}): takes a multiple of 8 from 32 to 256, V's the same"
     if prob.softcap > 0 or alibi or prob.seqused:
         return "softcap, ALiBi and seqused_k run on the Triton kernels"
     if prob.window_offset is not None and not prob.causal:
@@ -796,6 +822,9 @@ class Tiles(NamedTuple):
     ds_bufs: int  # buffers of P and dS: with two, a warpgroup writes the next tile's while the other reads these
     dq_rows: int  # the dQ rows a warpgroup adds (over all keys): half the tile's, or all of them
     dq_cols: int  # the dQ columns a warpgroup adds: half the head's, or all of them
+    block_n: int = 128  # keys a program owns (``BLOCK_N``): S's and dP's columns half a warpgroup
+    stages: int = 2  # Q/dO tiles in flight (``STAGES``)
+    cols: bool = False  # each warpgroup holds dK and dV of every key over a column half (``COLS``), not its keys'
 
 
 def tiles(head: int, deterministic: bool = False) -> Tiles:
@@ -813,7 +842,9 @@ def tiles(head: int, deterministic: bool = False) -> Tiles:
     turns."""
     if head <= 64:
         return Tiles(rows=128, rs=True, ds_bufs=2, dq_rows=64, dq_cols=head)
-    return Tiles(rows=64, rs=False, ds_bufs=2, dq_rows=64, dq_cols=head // 2)
+    if head <= 128:
+        return Tiles(rows=64, rs=False, ds_bufs=2, dq_rows=64, dq_cols=head // 2)
+    return Tiles(rows=64, rs=False, ds_bufs=1, dq_rows=64, dq_cols=64, block_n=64, stages=1, cols=True)
 
 
 def descriptors(q, k, v, do, dq, lse, delta, layout: str, head: int, cut: Tiles) -> tuple[list, list[int]]:
@@ -821,7 +852,7 @@ def descriptors(q, k, v, do, dq, lse, delta, layout: str, head: int, cut: Tiles)
     the float32 ``dq`` buffer (a warpgroup's share of a tile) and of the LSE and delta (``[batch * heads,
     seqlen_q]``, a tile's rows a box), and the (batch, head) placements of the first four."""
     descs, place = [], []
-    for t, rows in ((q, cut.rows), (k, BLOCK_N.value), (v, BLOCK_N.value), (do, cut.rows)):
+    for t, rows in ((q, cut.rows), (k, cut.block_n), (v, cut.block_n), (do, cut.rows)):
         shape, st, p = _place(t, layout)
         descs.append(TensorDescriptor(t, shape, st, [1, 1, rows, head], IN_LAYOUT))
         place += p
@@ -922,7 +953,7 @@ def launch(prob, q, k, v, do, lse, delta, dk, dv, layout: str, strides, zeros, d
     reduce_pass.install()
     n_m = triton.cdiv(seqlen_q, cut.rows)
     locks = zeros((prob.batch * prob.heads * n_m * 2,), torch.int32) if deterministic else dq
-    blocks, pairs = triton.cdiv(seqlen_k, BLOCK_N.value), prob.batch * prob.kv_heads
+    blocks, pairs = triton.cdiv(seqlen_k, cut.block_n), prob.batch * prob.kv_heads
     # deterministic: the blocks that walk side by side (:func:`_turn`: a chunk's programs fit the SMs; packed, the
     # kernel cuts it to each sequence's); unused else
     sms = device_facts(q.device.index)[1]
@@ -938,7 +969,7 @@ def launch(prob, q, k, v, do, lse, delta, dk, dv, layout: str, strides, zeros, d
                   prob.window_offset or 0, chunk, heads_in_turn, blocks, pairs, prob.scale_log2, scale, *place,
                   *strides["dk"], *strides["dv"],
                   HEAD=head, D=prob.head_dim, CAUSAL=bool(prob.causal), WINDOW=prob.window_offset is not None,
-                  RAGGED=bool(packed) or prob.seqlen_k % BLOCK_N.value != 0, RS=cut.rs, DS_BUFS=cut.ds_bufs,
+                  RAGGED=bool(packed) or prob.seqlen_k % cut.block_n != 0, RS=cut.rs, DS_BUFS=cut.ds_bufs,
                   DETERMINISTIC=deterministic, VARLEN=bool(packed), ALIGN_BR=bool(packed) and prob.align_br,
-                  DYNAMIC=dynamic, num_warps=4)
+                  DYNAMIC=dynamic, STAGES=cut.stages, COLS=cut.cols, num_warps=4)
     return dq
