@@ -379,8 +379,9 @@ def test_what_the_hopper_backward_leaves_to_triton(monkeypatch):
         q, k, v = make_qkv(1, 2, 2, rows or 4096, rows or 4096, head_dim, torch.bfloat16)
         assert runs_on(q, k, v, causal=causal, deterministic=True) == ("hopper" if rows else "triton")
         assert runs_on(q[:, :, :(rows or 4096) // 2], k, v, causal=causal, deterministic=True) == "triton"
-    q, k, v = make_qkv(1, 2, 2, 64, 64, 256, torch.bfloat16)
-    assert runs_on(q, k, v) == "triton"
+    q, k, _ = make_qkv(1, 2, 2, 1024, 1024, 192, torch.bfloat16)
+    v = make_qkv(1, 2, 2, 1024, 1024, 128, torch.bfloat16)[2]
+    assert runs_on(q, k, v, head_dim_v=128) == "triton"  # DeepSeek's 192/128: V's head dim not q/k's
     q, k, v = make_qkv(1, 2, 2, 1024, 1024, 64, torch.bfloat16)
     assert runs_on(q, k, v, window=(8, 0)) == "hopper"
     assert runs_on(q, k, v, window=(8, -1)) == "triton"  # open to the right: no upper edge

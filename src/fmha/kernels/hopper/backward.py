@@ -478,6 +478,16 @@ def _pds_views(p_smem, ds_smem, d, WG: gl.constexpr, KEYS: gl.constexpr, RS: gl.
 
 
 @gluon.jit
+def _unhoisted(i):
+    """Index ``i`` of a buffer (K's and V's, or a ring of one) as a register the compiler cannot fold, taken at every
+    tile: each product's shared-memory descriptors (one 64-bit value a 16-deep step of each operand) are then made in
+    the walk from it, not hoisted out of the walk as constants and held there, which spilled them.  At head_dim 256
+    (COLS, one stage: 96 descriptors a tile) the sm_90 builds spilled 105-300 registers, 0-5 so, and ran 1.19-1.22x
+    as fast; at 64 and 128 (spills from 14-87 registers to 0-8) 0.98-1.09x, so those keep K's and V's hoisted."""
+    return gl.inline_asm_elementwise("mov.u32 $0, $1;", "=r,r", [i], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def _row_stats(lse_s, delta_s, factor, layout: gl.constexpr):
     """A tile's LSEs times ``factor`` and deltas, from their [1, rows] boxes in shared memory, in ``layout``."""
     ROWS: gl.constexpr = lse_s.shape[1]
@@ -486,13 +496,13 @@ def _row_stats(lse_s, delta_s, factor, layout: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_smem, dq_box, kv_ready, kv_empty,
+def _consumer(k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_smem, dq_box, kv_ready, kv_empty,
               q_ready, q_empty, ds_ready, ds_free, dq_desc, DK, DV, Locks, CuQ, CuK, heads, kv_heads, group, seqlen_q,
               seqlen_k, n_m, causal_offset, window_offset, chunk, order, scale_log2, scale, dk_strides, dv_strides,
               ids, id_ready, id_free, WG: gl.constexpr, HEAD: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr,
               WINDOW: gl.constexpr, RAGGED: gl.constexpr, RS: gl.constexpr, DETERMINISTIC: gl.constexpr,
               VARLEN: gl.constexpr, ALIGN_BR: gl.constexpr, DYNAMIC: gl.constexpr, COLS: gl.constexpr):
-    BLOCK_N: gl.constexpr = k_smem.shape[0]  # a program's keys
+    BLOCK_N: gl.constexpr = k_bufs.shape[1]  # a program's keys
     KEYS: gl.constexpr = BLOCK_N // 2  # this warpgroup's keys of S and dP
     STAGES: gl.constexpr = q_bufs.shape[0]
     # this warpgroup's dK and dV: its keys' rows over every column, or COLS every key's rows over its column half
@@ -506,7 +516,7 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
     # dK's product issued after dQ's (64-wide tiles, fast mode: 7-12% faster causal); 1-3% slower at 128, and 2-4%
     # slower deterministic, which issue it before
     DK_LAST: gl.constexpr = RS and not DETERMINISTIC
-    dtype: gl.constexpr = k_smem.dtype
+    dtype: gl.constexpr = k_bufs.dtype
     gl.inline_asm_elementwise(REDUCE_MARK, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, KEYS, 16])
@@ -534,8 +544,6 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
             pair, kv_heads, seqlen_q, seqlen_k, n_m, order[1], chunk, causal_offset, window_offset, CuQ, CuK, BLOCK_M,
             BLOCK_N, VARLEN, ALIGN_BR)
         key0 = pid_n * BLOCK_N + WG * KEYS
-        k_w = k_smem.slice(WG * KEYS, KEYS, dim=0)
-        v_w = v_smem.slice(WG * KEYS, KEYS, dim=0)
         # dQ[rows, cols] = dS[rows, all keys] K[all keys, cols]: this warpgroup's row half, or its column half (COLS:
         # in pieces of DQ_COLS, one product and one add each)
         dq_row = 0
@@ -560,12 +568,23 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
             for j in range(end - first):
                 m = _query_tile(j, first, n_m_b, pid_n, blocks_b, chunk_b, CAUSAL, DETERMINISTIC)
                 s = it % STAGES
+                if STAGES == 1:  # (a register, not the constant: see :func:`_unhoisted`)
+                    s = _unhoisted(s)
                 rows = m * BLOCK_M + offs_q
                 q_s = q_bufs.index(s)
                 do_s = do_bufs.index(s)
                 d = it % DS_BUFS
+                if DS_BUFS == 1:  # (likewise)
+                    d = _unhoisted(d)
                 d_phase = (it // DS_BUFS) & 1
                 p_w, ds_w, ds_q = _pds_views(p_smem, ds_smem, d, WG, KEYS, RS, DQ_ROWS)
+                kv = 0  # the block's K and V, one buffer each (COLS: see :func:`_unhoisted`)
+                if COLS:
+                    kv = _unhoisted(kv)
+                k_smem = k_bufs.index(kv)
+                v_smem = v_bufs.index(kv)
+                k_w = k_smem.slice(WG * KEYS, KEYS, dim=0)
+                v_w = v_smem.slice(WG * KEYS, KEYS, dim=0)
                 mbarrier.wait(q_ready.index(s), (it // STAGES) & 1)
                 if RS:  # S^T and dP^T (keys the rows): P^T and dS^T are dV's and dK's A operands in registers
                     lse_t, delta_t = _row_stats(lse_bufs.index(s), delta_bufs.index(s), 1.0 / scale,
@@ -725,8 +744,10 @@ def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_de
     do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD], TILE)
     lse_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], lse_desc.layout)
     delta_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], delta_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD], TILE)
-    v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD], TILE)
+    k_bufs = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD], TILE)  # (one buffer, indexed: :func:`_unhoisted`)
+    v_bufs = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD], TILE)
+    k_smem = k_bufs.index(0)
+    v_smem = v_bufs.index(0)
     if RS:  # P stays in registers
         ds_smem = gl.allocate_shared_memory(dtype, [DS_BUFS, BLOCK_N, BLOCK_M], TILE)
         p_smem = ds_smem
@@ -770,12 +791,12 @@ def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_de
     place = (q_lead, q_first_b, q_first_h, k_lead, k_first_b, k_first_h, v_lead, v_first_b, v_first_h, do_lead,
              do_first_b, do_first_h)
     gl.warp_specialize([
-        (_consumer, (k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_smem, dq_box, kv_ready,
+        (_consumer, (k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_smem, dq_box, kv_ready,
                      kv_empty, q_ready, q_empty, ds_ready, ds_free, dq_desc, DK, DV, Locks, CuQ, CuK, heads, kv_heads,
                      group, seqlen_q, seqlen_k, n_m, causal_offset, window_offset, chunk, order, scale_log2, scale,
                      (dk_b, dk_h, dk_s), (dv_b, dv_h, dv_s), ids, id_ready, id_free, 0, HEAD, D, CAUSAL, WINDOW,
                      RAGGED, RS, DETERMINISTIC, VARLEN, ALIGN_BR, DYNAMIC, COLS)),
-        (_consumer, (k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_smem, dq_box, kv_ready,
+        (_consumer, (k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_smem, dq_box, kv_ready,
                      kv_empty, q_ready, q_empty, ds_ready, ds_free, dq_desc, DK, DV, Locks, CuQ, CuK, heads, kv_heads,
                      group, seqlen_q, seqlen_k, n_m, causal_offset, window_offset, chunk, order, scale_log2, scale,
                      (dk_b, dk_h, dk_s), (dv_b, dv_h, dv_s), ids, id_ready, id_free, 1, HEAD, D, CAUSAL, WINDOW,
