@@ -1,19 +1,18 @@
 """``hopper``'s backward: FlashAttention-3's shape in Gluon (TMA, wgmma, warp specialization), with
 the math of :mod:`..backward` (docs/BACKWARD.md).
 
-A program takes blocks of ``BLOCK_N = 128`` keys of one (batch, KV head) in turn (:func:`_program`; one program
-an SM, the blocks in a fixed deal or, ``DYNAMIC``, from a counter as programs free; deterministic, one block a
-program: :func:`schedule`) and for each walks the query tiles
-(``BLOCK_M`` rows, :func:`tiles`) of every query head of its group that see those keys (causal: from the first
-tile at or past the block's diagonal; with a sliding window, to the last tile the window reaches, :func:`_walk`),
-each key block starting at its own tile (:func:`_query_tile`). A
-one-warp producer loads a block's K and V once (the next block's as soon as both consumers have arrived on
-``kv_empty``, done with the last one's) and streams each tile's Q, dO and its rows' LSEs and deltas by TMA into a
-``STAGES``-deep ring (the statistics read from shared memory straight into the layout a product needs: loaded
-from global memory by the consumers instead, and spread through shared memory at head_dim 64, the backward ran
-0.91-0.94x as fast at head_dim 128 and as fast at 64); two consumer warpgroups own 64 keys each, with dK and
-dV in registers (wgmma accumulators) for the whole walk. Per tile a consumer computes, its query rows the rows
-(so a row's LSE and delta are two registers a thread):
+A program takes blocks of ``BLOCK_N`` keys (128; 64 past head_dim 128) of one (batch, KV head) in turn
+(:func:`_program`; one program an SM, the blocks in a fixed deal or, ``DYNAMIC``, from a counter as programs free;
+deterministic, one block a program: :func:`schedule`) and for each walks the query tiles (``BLOCK_M`` rows,
+:func:`tiles`) of every query head of its group that see those keys (causal: from the first tile at or past the
+block's diagonal; with a sliding window, to the last tile the window reaches, :func:`_walk`), each key block
+starting at its own tile (:func:`_query_tile`). A one-warp producer loads a block's K and V once (the next block's
+as soon as both consumers have arrived on ``kv_empty``, done with the last one's) and streams each tile's Q, dO and
+its rows' LSEs and deltas by TMA into a ``STAGES``-deep ring (the statistics read from shared memory straight into
+the layout a product needs: loaded from global memory by the consumers instead, and spread through shared memory at
+head_dim 64, the backward ran 0.91-0.94x as fast at head_dim 128 and as fast at 64); two consumer warpgroups own half
+the keys each, with dK and dV in registers (wgmma accumulators) for the whole walk. Per tile a consumer computes, its
+query rows the rows (so a row's LSE and delta are two registers a thread):
 
 * ``S = Q K^T`` and ``dP = dO V^T`` over its keys;
 * ``P = exp2(scale_log2 S - lse2)`` from the forward's LSE, zero above the causal diagonal;
@@ -27,6 +26,10 @@ dV in registers (wgmma accumulators) for the whole walk. Per tile a consumer com
   tile; instead the products start from them: S^T's accumulator from ``-LSE / scale`` (and ``-inf`` above
   the causal diagonal), dP^T's from ``-delta``, so ``P^T = exp2(scale_log2 S^T)`` and ``dS^T = scale P^T
   dP^T`` (the statistics are read in the accumulators' column layout as the products are issued);
+* past head_dim 128 (``COLS``, :func:`tiles`: 256-column tiles, 64-key blocks, one stage) whole key rows of dK
+  and dV do not fit a warpgroup's registers, so each warpgroup holds their column half over all 64 keys (two
+  64 x 128 float32 accumulators), FlashAttention-3's cut at 256: S and dP over its 32 keys as above, then, both
+  halves of P and dS in place, ``dV += P^T dO`` and ``dK += dS^T Q`` over the block's keys and its columns;
 * ``dQ += dS K`` over all 128 keys: at head_dim 128 the two warpgroups take a column half each, at 64 a
   row half each (:func:`tiles`; a barrier pair between them: both halves of dS in place, and both done with
   them).  The float32 half goes to shared memory and is added into a float32 dQ buffer by a TMA reduce-add
@@ -41,11 +44,11 @@ could hold NaN; their LSE and delta are TMA's zeros too (read from ``[batch * he
 their P is 1 but dO's rows and dS are 0 and nothing reaches dK or dV. Keys past seqlen_k are zeros too, masked
 (their score 0 can lie far above a row's LSE, where P would overflow and dQ turn NaN), and their dK/dV rows are
 not stored. A row that sees no key (LSE ``-inf``) is masked wherever it meets a key block: a tile holding it
-holds an unseen pair, so it is one of the tiles masked (:func:`_crossed`), and its P is 0. Takes
-(:func:`supports`): sm_90, head_dim a multiple of 8 from 32 to 128 with V's the same (tiles of 64 or 128 columns,
-zeros past head_dim), a scale of at least :data:`MIN_SCALE`, causal in either alignment, sliding windows with an
-upper edge (causal, or a right side), packed sequences (``VARLEN``), no softcap, ALiBi or seqused_k; anything else
-runs on the Triton kernels.
+holds an unseen pair, so it is one of the tiles masked (:func:`_crossed`), and its P is 0. Takes (:func:`supports`):
+sm_90, head_dim a multiple of 8 from 32 to 256 with V's the same (tiles of 64, 128 or 256 columns, zeros past
+head_dim), a scale of at least :data:`MIN_SCALE`, causal in either alignment, sliding windows with an upper edge
+(causal, or a right side), packed sequences (``VARLEN``), no softcap, ALiBi or seqused_k; anything else runs on the
+Triton kernels.
 
 Packed sequences (``VARLEN``): a program's (batch, KV head) is a sequence's, its bounds read from cu_seqlens
 (:func:`_extent`), blocks past a shorter sequence's end idle, the band moved to each sequence's diagonal.  The
@@ -859,8 +862,10 @@ def tiles(head: int, deterministic: bool = False) -> Tiles:
     from the statistics: 1.21-1.27x the 64-row tiles from 1k tokens without causal, 1.04-1.10x causal (holding
     the statistics through the tile spilled 752-792 bytes and ran 24-33% slower); dQ in row halves over all
     128 keys, as FlashAttention-3 cuts it there (each warpgroup's own keys over the whole tile adds twice the
-    bytes).  Either way each warpgroup adds its own half of a dQ tile, so deterministic, each half takes its own
-    turns."""
+    bytes). At 256 (``COLS``): 64-key blocks whose dK and dV each warpgroup holds in column halves, one stage of Q
+    and dO and one buffer of P and dS (K, V, Q and dO take 128 KB; with two stages they would not fit beside dQ's
+    staging), dQ's column half in two 64-column pieces (docs/PERF.md, "Past head_dim 128"). Either way each
+    warpgroup adds its own half of a dQ tile, so deterministic, each half takes its own turns."""
     if head <= 64:
         return Tiles(rows=128, rs=True, ds_bufs=2, dq_rows=64, dq_cols=head)
     if head <= 128:
