@@ -485,7 +485,7 @@ def _unhoisted(i):
     """Index ``i`` of a buffer (K's and V's, or a ring of one) as a register the compiler cannot fold, taken at every
     tile: each product's shared-memory descriptors (one 64-bit value a 16-deep step of each operand) are then made in
     the walk from it, not hoisted out of the walk as constants and held there, which spilled them.  At head_dim 256
-    (COLS, one stage: 96 descriptors a tile) the sm_90 builds spilled 105-300 registers, 0-5 so, and ran 1.19-1.22x
+    (COLS, one stage: 96 descriptors a tile) the sm_90 builds spilled 105-300 registers, 0-14 so, and ran 1.19-1.22x
     as fast; at 64 and 128 (spills from 14-87 registers to 0-8) 0.98-1.09x, so those keep K's and V's hoisted."""
     return gl.inline_asm_elementwise("mov.u32 $0, $1;", "=r,r", [i], dtype=gl.int32, is_pure=False, pack=1)
 
