@@ -55,12 +55,13 @@ def test_compile_builds_mla_absorbed_decode_on_tiled():
 
 
 def test_compile_builds_any_multiple_of_8_on_tiled_and_refuses_what_hopper_lacks_cleanly():
-    """tiled builds head_dim 24; hopper takes 32 up, its backward up to 128: below and above, a usage error."""
+    """tiled builds head_dim 24; hopper takes 32 up, its backward up to 256: below and above (MLA's absorbed 576,
+    which only the forward takes), a usage error."""
     out = fmha("compile", "--variant", "tiled", "--target", "sm_90", "--head-dim", "24", "--dtype", "bfloat16",
                "--json")
     assert out.returncode == 0, out.stderr[-2000:]
     assert '"head_dim": 24' in out.stdout
-    for head_dim, extra in (("24", ()), ("136", ("--backward",))):
+    for head_dim, extra in (("24", ()), ("24", ("--backward",)), ("576", ("--backward",))):
         refused = fmha("compile", "--variant", "hopper", "--target", "sm_90", "--head-dim", head_dim, *extra)
         assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
         assert "head_dim" in refused.stderr

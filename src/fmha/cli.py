@@ -308,7 +308,7 @@ def cmd_compile(args) -> int:
             if args.variant and not gluon or args.dtype == "float8_e4m3fn" or args.head_dim > 256:
                 raise ValueError("--backward builds the backward's Triton kernels (no --variant; head_dim up to 256) "
                                  "or, with --variant hopper --target sm_90, the Gluon kernel (head_dim "
-                                 "a multiple of 8 from 32 to 128); "
+                                 "a multiple of 8 from 32 to 256); "
                                  "float16 or bfloat16")
         elif args.variant is None:
             raise ValueError("--variant is required (or --backward)")
