@@ -2,15 +2,16 @@
 ``torch.autograd.grad`` costs (``torch.profiler``), less what the forward alone costs.
 
     PYTHONPATH=src python3 bench/backward_kernels.py [--head-dims 64 128] [--seqlens 512 1024 2048 4096]
-        [--causal 0 1] [--providers triton gluon gluon-block gluon-counter cudnn] [--deterministic] [--kernels]
-        [--ledger bench/ledger.csv]
+        [--causal 0 1] [--providers triton gluon gluon-block gluon-counter gluon-early cudnn] [--deterministic]
+        [--kernels] [--ledger bench/ledger.csv]
 
-Cells: the default grid's shapes (B*S = 16k, H*D = 2048; bf16, bhsd).  Providers: ``triton`` (fmha's backward
-held to the Triton kernels), ``gluon`` (every length on the Gluon kernel, its programs dealt as
+Cells: the default grid's shapes (B*S = 16k, H*D = 2048; bf16, bhsd). Providers: ``triton`` (fmha's backward held to
+the Triton kernels), ``gluon`` (every length on the Gluon kernel, its programs dealt as
 :func:`fmha.kernels.hopper.backward.schedule` deals them), ``gluon-block`` (one program a key block),
-``gluon-counter`` (every walk from the counter), ``cudnn`` (SDPA's cuDNN backend); ``--deterministic`` times fmha's
-fixed order.  The backward's time is what its kernels take on the GPU, so a run reads the kernels' share of a
-backward apart from its host time and launch gaps (``fmha bench --pass bwd`` times the whole call).  Rows:
+``gluon-counter`` (every walk from the counter), ``gluon-early`` (Q's and dO's stage freed while dQ's products run:
+:class:`fmha.kernels.hopper.backward.Tiles`'s ``early_free``), ``cudnn`` (SDPA's cuDNN backend); ``--deterministic``
+times fmha's fixed order. The backward's time is what its kernels take on the GPU, so a run reads the kernels' share
+of a backward apart from its host time and launch gaps (``fmha bench --pass bwd`` times the whole call). Rows:
 ``pass`` ``bwd``, ``ms`` the backward's kernels, TFLOP/s 2.5x the forward's FLOPs over it.
 """
 from __future__ import annotations
@@ -31,8 +32,14 @@ from fmha.bench.timing import kernel_times  # noqa: E402
 from fmha.kernels.hopper import backward as gluon  # noqa: E402
 
 # the rows rules each provider holds the backward to (distinct objects: the backward's replay key holds their ids)
-EVERY_LENGTH = {name: dict.fromkeys(backward.GLUON_ROWS, 1) for name in ("gluon", "gluon-block", "gluon-counter")}
+EVERY_LENGTH = {name: dict.fromkeys(backward.GLUON_ROWS, 1)
+                for name in ("gluon", "gluon-block", "gluon-counter", "gluon-early")}
 DEALT = gluon.schedule
+TILES = gluon.tiles
+
+
+def early_free(head, deterministic=False):
+    return TILES(head, deterministic)._replace(early_free=True)
 
 
 def one_program_a_block(blocks, sms, causal, packed, deterministic):
@@ -65,12 +72,14 @@ def measure(provider: str, q, k, v, causal: bool, deterministic: bool, reps: int
     if provider != "cudnn":
         backward.GLUON_ROWS = backward.GLUON_ROWS_DETERMINISTIC = EVERY_LENGTH.get(provider, providers.NO_GLUON_ROWS)
     gluon.schedule = DEALS.get(provider, DEALT)
+    gluon.tiles = early_free if provider == "gluon-early" else TILES
     try:
         forward = kernel_times(lambda: attend(q, k, v), reps)
         both = kernel_times(lambda: torch.autograd.grad(attend(q, k, v), (q, k, v), do), reps)
     finally:
         backward.GLUON_ROWS, backward.GLUON_ROWS_DETERMINISTIC = rules
         gluon.schedule = DEALT
+        gluon.tiles = TILES
     return sum(both.values()) - sum(forward.values()), both
 
 
@@ -80,7 +89,7 @@ def main(argv=None) -> None:
     p.add_argument("--seqlens", nargs="+", type=int, default=[512, 1024, 2048, 4096])
     p.add_argument("--causal", nargs="+", type=int, default=[0, 1])
     p.add_argument("--providers", nargs="+", default=["triton", "gluon", "cudnn"],
-                   choices=["triton", "gluon", "gluon-block", "gluon-counter", "cudnn"])
+                   choices=["triton", "gluon", "gluon-block", "gluon-counter", "gluon-early", "cudnn"])
     p.add_argument("--deterministic", action="store_true")
     p.add_argument("--kernels", action="store_true", help="print each kernel's time too")
     p.add_argument("--reps", type=int, default=5)

@@ -258,6 +258,30 @@ def test_packed_sequences_stay_apart_in_the_hopper_backward(head_dim):
             check_grads(found, q, k, v, do, True, "bottom_right", "bshd")
 
 
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("shape,causal,align", [((1, 4, 2, 300, 500, 256), True, "bottom_right"),
+                                                ((2, 2, 1, 129, 200, 192), False, "top_left"),
+                                                ((1, 4, 2, 900, 1000, 256), True, "top_left")],
+                         ids=["d256-causal", "d192", "d256-long"])
+def test_hopper_backward_freeing_q_and_do_early(shape, causal, align, deterministic, monkeypatch):
+    """Past head_dim 128 with Q's and dO's stage freed once dV's and dK's products are done, the next tile's loads
+    overlapping dQ's products and adds (``Tiles.early_free``, the P/dS buffer freed by its own barrier): the gradients
+    pass the float64 yardstick; deterministic, two runs give the same bits."""
+    from fmha.kernels.hopper import backward as hopper
+    table = hopper.tiles
+    monkeypatch.setattr(hopper, "tiles", lambda head, det=False: table(head, det)._replace(early_free=head > 128))
+    i = 3 if deterministic else 5
+    q, k, v = make_qkv(*shape, torch.bfloat16, seed=70 + shape[5] + i)
+    kw = dict(causal=causal, causal_align=align, deterministic=deterministic)
+    assert runs_on(q, k, v, **kw) == "hopper"
+    runs = [gradients(q, k, v, i, **kw) for _ in range(2 if deterministic else 1)]
+    if deterministic:
+        for name, a, e in zip("qkv", runs[1][0], runs[0][0]):
+            assert torch.equal(a, e), name
+    grads, (q, k, v, do) = runs[0]
+    check_grads(grads, q, k, v, do, causal, align)
+
+
 def test_a_scale_below_the_hopper_backwards_least_runs_on_triton():
     """The Gluon backward divides the LSE by the scale; a scale below ``MIN_SCALE`` (or not positive) goes
     to the Triton kernels, whose gradients still pass."""

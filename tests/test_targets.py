@@ -695,6 +695,30 @@ def test_hopper_backward_builds_past_head_dim_128_in_column_halves(causal, deter
     assert usage["spill_stores"] <= 64 and not usage["serialized"], usage
 
 
+def test_hopper_backward_can_free_q_and_do_while_dq_runs():
+    """``Tiles.early_free`` at head_dim 256: the consumers wait for dV's and dK's products with dQ's first piece still
+    in flight (one more ``wgmma.wait_group 1`` a warpgroup) and free Q's and dO's stage there, the P/dS buffer on a
+    barrier of its own (one more mbarrier); the build spills no more than the table's.  Not the table's yet (not
+    timed: ``bench/backward_kernels.py --providers gluon gluon-early``).  Built in a child process with the
+    interpreter off and the tiles swapped there, as the bench swaps them."""
+    from fmha.kernels.hopper import backward as hopper
+    assert not hopper.tiles(256).early_free
+    code = ("import json, re; from fmha import targets; from fmha.kernels.hopper import backward as hopper\n"
+            "table = hopper.tiles\n"
+            "out = []\n"
+            "for early in (False, True):\n"
+            "    hopper.tiles = lambda head, det=False, e=early: table(head, det)._replace(early_free=e)\n"
+            "    ptx = targets.build_hopper_backward(256, 'bfloat16', True).asm['ptx']\n"
+            "    out.append([len(re.findall(r'wgmma\\.wait_group\\.sync\\.aligned\\s+1;', ptx)),\n"
+            "                len(re.findall(r'mbarrier\\.init', ptx)), targets.ptxas_usage(ptx, 90)['spill_stores']])\n"
+            "print(json.dumps(out))")
+    run = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, TRITON_INTERPRET="0"),
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    (waits, inits, spills), (waits_early, inits_early, spills_early) = json.loads(run.stdout.strip().splitlines()[-1])
+    assert waits_early == waits + 2 and inits_early > inits and spills_early <= spills
+
+
 def test_the_hopper_backward_deals_key_blocks_as_its_walks_need():
     """Not deterministic: one program an SM (fewer when the blocks are fewer), each walking blocks in turn: even
     walks (dense, without causal) in a fixed deal, uneven ones (causal, packed) from a counter as programs free.

@@ -140,7 +140,8 @@ def _compile_backward(head_dim: int, dtype: str, causal: bool, deterministic: bo
     kernel = backward.backward_kernel
     const = dict(HEAD=head, D=head_dim, CAUSAL=causal, WINDOW=window, RAGGED=ragged or varlen, RS=cut.rs,
                  DS_BUFS=cut.ds_bufs, DETERMINISTIC=deterministic, VARLEN=varlen, ALIGN_BR=varlen,
-                 DYNAMIC=backward.schedule(1, 1, causal, varlen, deterministic)[1], STAGES=cut.stages, COLS=cut.cols)
+                 DYNAMIC=backward.schedule(1, 1, causal, varlen, deterministic)[1], STAGES=cut.stages, COLS=cut.cols,
+                 EARLY=cut.early_free)
     by_name = dict(zip(("q_desc", "k_desc", "v_desc", "do_desc", "dq_desc", "lse_desc", "delta_desc"), descs))
     sig = {}
     for name in kernel.arg_names:

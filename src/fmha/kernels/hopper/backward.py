@@ -504,7 +504,8 @@ def _consumer(k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
               seqlen_k, n_m, causal_offset, window_offset, chunk, order, scale_log2, scale, dk_strides, dv_strides,
               ids, id_ready, id_free, WG: gl.constexpr, HEAD: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr,
               WINDOW: gl.constexpr, RAGGED: gl.constexpr, RS: gl.constexpr, DETERMINISTIC: gl.constexpr,
-              VARLEN: gl.constexpr, ALIGN_BR: gl.constexpr, DYNAMIC: gl.constexpr, COLS: gl.constexpr):
+              VARLEN: gl.constexpr, ALIGN_BR: gl.constexpr, DYNAMIC: gl.constexpr, COLS: gl.constexpr,
+              EARLY: gl.constexpr):
     BLOCK_N: gl.constexpr = k_bufs.shape[1]  # a program's keys
     KEYS: gl.constexpr = BLOCK_N // 2  # this warpgroup's keys of S and dP
     STAGES: gl.constexpr = q_bufs.shape[0]
@@ -516,6 +517,7 @@ def _consumer(k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
     DQ_ROWS: gl.constexpr = dq_desc.block_type.shape[1]  # dQ: a row or a column half each (:func:`tiles`)
     DQ_COLS: gl.constexpr = dq_desc.block_type.shape[2]
     DQ_PIECES: gl.constexpr = dq_box.shape[0] // 2  # a warpgroup's dQ adds a tile
+    FREE_APART: gl.constexpr = DS_BUFS != STAGES or EARLY  # the P/dS buffer freed by its own barrier
     # dK's product issued after dQ's (64-wide tiles, fast mode: 7-12% faster causal); 1-3% slower at 128, and 2-4%
     # slower deterministic, which issue it before
     DK_LAST: gl.constexpr = RS and not DETERMINISTIC
@@ -667,11 +669,15 @@ def _consumer(k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
                         dk = warpgroup_mma(ds_t, q_s, dk, is_async=True)
                         dq = warpgroup_mma_wait(1, deps=[dq])
                     else:
+                        if EARLY and piece == 0:  # dV's and dK's products done: Q, dO and their statistics read
+                            dv, dk = warpgroup_mma_wait(1, deps=[dv, dk])
+                            mbarrier.arrive(q_empty.index(s), count=1)
                         dq, dv, dk = warpgroup_mma_wait(0, deps=[dq, dv, dk])
                         if piece == DQ_PIECES - 1:  # the last piece's product has read dS
                             # (and the P/dS buffer where the rings match: one barrier)
-                            mbarrier.arrive(q_empty.index(s), count=1)
-                            if DS_BUFS != STAGES:
+                            if not EARLY:
+                                mbarrier.arrive(q_empty.index(s), count=1)
+                            if FREE_APART:
                                 mbarrier.arrive(ds_free.index(d), count=1)
                     if piece == 0:
                         tma.store_wait(0)  # the previous tile's reduce-adds have read their buffers
@@ -688,7 +694,7 @@ def _consumer(k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
                     dv, dk = warpgroup_mma_wait(0, deps=[dv, dk])
                     # (and the P/dS buffer where the rings match: one barrier)
                     mbarrier.arrive(q_empty.index(s), count=1)
-                    if DS_BUFS != STAGES:
+                    if FREE_APART:
                         mbarrier.arrive(ds_free.index(d), count=1)
                 it += 1
         if _active(pid_n, sk, BLOCK_N, VARLEN):
@@ -730,7 +736,7 @@ def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_de
                     HEAD: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
                     RAGGED: gl.constexpr, RS: gl.constexpr, DS_BUFS: gl.constexpr, DETERMINISTIC: gl.constexpr,
                     VARLEN: gl.constexpr, ALIGN_BR: gl.constexpr, DYNAMIC: gl.constexpr, STAGES: gl.constexpr,
-                    COLS: gl.constexpr):
+                    COLS: gl.constexpr, EARLY: gl.constexpr):
     """dK and dV of each key block of a (batch, KV head) a program walks (:func:`_program`), and its share of dQ
     added into ``dq_desc``'s float32 buffer.  HEAD: the tile width (head_dim padded), D: head_dim.
     ``Locks``: deterministic, zeroed int32 counters, one a half of each (batch * head, query tile);
@@ -766,7 +772,7 @@ def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_de
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     ds_ready = gl.allocate_shared_memory(gl.int64, [DS_BUFS, 1], mbarrier.MBarrierLayout())
-    if DS_BUFS == STAGES:  # a tile frees its Q/dO stage and its P/dS buffer at once: one barrier for both
+    if DS_BUFS == STAGES and not EARLY:  # a tile frees its Q/dO stage and its P/dS buffer at once: one barrier
         ds_free = q_empty
     else:
         ds_free = gl.allocate_shared_memory(gl.int64, [DS_BUFS, 1], mbarrier.MBarrierLayout())
@@ -788,7 +794,7 @@ def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_de
         mbarrier.init(q_empty.index(i), count=2)
     for i in gl.static_range(DS_BUFS):
         mbarrier.init(ds_ready.index(i), count=2)
-        if DS_BUFS != STAGES:
+        if DS_BUFS != STAGES or EARLY:
             mbarrier.init(ds_free.index(i), count=2)
     order = (section, blocks, pairs)
     place = (q_lead, q_first_b, q_first_h, k_lead, k_first_b, k_first_h, v_lead, v_first_b, v_first_h, do_lead,
@@ -798,12 +804,12 @@ def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_de
                      kv_empty, q_ready, q_empty, ds_ready, ds_free, dq_desc, DK, DV, Locks, CuQ, CuK, heads, kv_heads,
                      group, seqlen_q, seqlen_k, n_m, causal_offset, window_offset, chunk, order, scale_log2, scale,
                      (dk_b, dk_h, dk_s), (dv_b, dv_h, dv_s), ids, id_ready, id_free, 0, HEAD, D, CAUSAL, WINDOW,
-                     RAGGED, RS, DETERMINISTIC, VARLEN, ALIGN_BR, DYNAMIC, COLS)),
+                     RAGGED, RS, DETERMINISTIC, VARLEN, ALIGN_BR, DYNAMIC, COLS, EARLY)),
         (_consumer, (k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_smem, dq_box, kv_ready,
                      kv_empty, q_ready, q_empty, ds_ready, ds_free, dq_desc, DK, DV, Locks, CuQ, CuK, heads, kv_heads,
                      group, seqlen_q, seqlen_k, n_m, causal_offset, window_offset, chunk, order, scale_log2, scale,
                      (dk_b, dk_h, dk_s), (dv_b, dv_h, dv_s), ids, id_ready, id_free, 1, HEAD, D, CAUSAL, WINDOW,
-                     RAGGED, RS, DETERMINISTIC, VARLEN, ALIGN_BR, DYNAMIC, COLS)),
+                     RAGGED, RS, DETERMINISTIC, VARLEN, ALIGN_BR, DYNAMIC, COLS, EARLY)),
         (_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs, delta_bufs,
                      k_smem, v_smem, kv_ready, kv_empty, q_ready, q_empty, landed, CuQ, CuK, heads, kv_heads, group,
                      seqlen_q, seqlen_k, n_m, causal_offset, window_offset, chunk, order, place, Deal, ids, id_ready,
@@ -849,6 +855,9 @@ class Tiles(NamedTuple):
     block_n: int = 128  # keys a program owns (``BLOCK_N``): S's and dP's columns half a warpgroup
     stages: int = 2  # Q/dO tiles in flight (``STAGES``)
     cols: bool = False  # each warpgroup holds dK and dV of every key over a column half (``COLS``), not its keys'
+    # Q's and dO's stage freed once dV's and dK's products are done, while dQ's run (``EARLY``; the P/dS buffer then
+    # freed by its own barrier): at one stage the next tile's loads overlap dQ's products and adds; not timed
+    early_free: bool = False
 
 
 def tiles(head: int, deterministic: bool = False) -> Tiles:
@@ -997,5 +1006,5 @@ def launch(prob, q, k, v, do, lse, delta, dk, dv, layout: str, strides, zeros, d
                   HEAD=head, D=prob.head_dim, CAUSAL=bool(prob.causal), WINDOW=prob.window_offset is not None,
                   RAGGED=bool(packed) or prob.seqlen_k % cut.block_n != 0, RS=cut.rs, DS_BUFS=cut.ds_bufs,
                   DETERMINISTIC=deterministic, VARLEN=bool(packed), ALIGN_BR=bool(packed) and prob.align_br,
-                  DYNAMIC=dynamic, STAGES=cut.stages, COLS=cut.cols, num_warps=4)
+                  DYNAMIC=dynamic, STAGES=cut.stages, COLS=cut.cols, EARLY=cut.early_free, num_warps=4)
     return dq
