@@ -3,16 +3,18 @@
 
     PYTHONPATH=src python3 bench/backward_kernels.py [--head-dims 64 128] [--seqlens 512 1024 2048 4096]
         [--causal 0 1] [--providers triton gluon gluon-block gluon-counter gluon-early cudnn] [--deterministic]
-        [--kernels] [--ledger bench/ledger.csv]
+        [--kernels] [--head-dim-v 128 --narrower-v] [--ledger bench/ledger.csv]
 
 Cells: the default grid's shapes (B*S = 16k, H*D = 2048; bf16, bhsd). Providers: ``triton`` (fmha's backward held to
 the Triton kernels), ``gluon`` (every length on the Gluon kernel, its programs dealt as
 :func:`fmha.kernels.hopper.backward.schedule` deals them), ``gluon-block`` (one program a key block),
 ``gluon-counter`` (every walk from the counter), ``gluon-early`` (Q's and dO's stage freed while dQ's products run:
 :class:`fmha.kernels.hopper.backward.Tiles`'s ``early_free``), ``cudnn`` (SDPA's cuDNN backend); ``--deterministic``
-times fmha's fixed order. The backward's time is what its kernels take on the GPU, so a run reads the kernels' share
-of a backward apart from its host time and launch gaps (``fmha bench --pass bwd`` times the whole call). Rows:
-``pass`` ``bwd``, ``ms`` the backward's kernels, TFLOP/s 2.5x the forward's FLOPs over it.
+times fmha's fixed order; ``--head-dim-v``: V's head dim (DeepSeek-V3's 128 beside q/k's 192), ``--narrower-v`` with
+the Gluon kernel taking V narrower than q/k (:data:`fmha.kernels.hopper.backward.NARROWER_V`). The backward's time
+is what its kernels take on the GPU, so a run reads the kernels' share of a backward apart from its host time and
+launch gaps (``fmha bench --pass bwd`` times the whole call). Rows: ``pass`` ``bwd``, ``ms`` the backward's kernels,
+TFLOP/s 2.5x the forward's FLOPs over it.
 """
 from __future__ import annotations
 
@@ -67,7 +69,7 @@ def attention_of(provider: str, causal: bool, deterministic: bool):
 def measure(provider: str, q, k, v, causal: bool, deterministic: bool, reps: int) -> tuple[float, dict]:
     """The backward's kernels' time (us) and the forward-and-backward's kernels, one call's."""
     attend = attention_of(provider, causal, deterministic)
-    do = torch.randn_like(q)
+    do = torch.randn_like(v)  # (the output is as wide as V)
     rules = backward.GLUON_ROWS, backward.GLUON_ROWS_DETERMINISTIC
     if provider != "cudnn":
         backward.GLUON_ROWS = backward.GLUON_ROWS_DETERMINISTIC = EVERY_LENGTH.get(provider, providers.NO_GLUON_ROWS)
@@ -91,6 +93,8 @@ def main(argv=None) -> None:
     p.add_argument("--providers", nargs="+", default=["triton", "gluon", "cudnn"],
                    choices=["triton", "gluon", "gluon-block", "gluon-counter", "gluon-early", "cudnn"])
     p.add_argument("--deterministic", action="store_true")
+    p.add_argument("--head-dim-v", type=int, default=0, help="V's head dim (0: q/k's)")
+    p.add_argument("--narrower-v", action="store_true", help="the Gluon kernel takes V narrower than q/k")
     p.add_argument("--kernels", action="store_true", help="print each kernel's time too")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--ledger", default=None)
@@ -98,15 +102,16 @@ def main(argv=None) -> None:
     if not torch.cuda.is_available():
         raise SystemExit("backward_kernels.py times a GPU's kernels: no CUDA GPU here")
     env = ledger.environment("cuda")
+    gluon.NARROWER_V = args.narrower_v
     rows = []
     for d in args.head_dims:
         for s in args.seqlens:
             for causal in map(bool, args.causal):
-                b, h = 16384 // s, 2048 // d
-                q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-                           for _ in range(3))
-                flops = 2.5 * attention_flops(b, h, s, s, d, causal)
-                print(f"B{b} H{h} S{s} D{d}{' causal' if causal else ''}")
+                b, h, dv = 16384 // s, 2048 // d, args.head_dim_v or d
+                q, k, v = (torch.randn(b, h, s, width, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                           for width in (d, d, dv))
+                flops = 2.5 * attention_flops(b, h, s, s, d, causal, head_dim_v=dv)
+                print(f"B{b} H{h} S{s} D{d}{f'/{dv}' if dv != d else ''}{' causal' if causal else ''}")
                 for provider in args.providers:
                     us, kernels = measure(provider, q, k, v, causal, args.deterministic, args.reps)
                     print(f"  {provider:14s} {us:9.1f} us  {flops / us / 1e6:6.1f} TFLOP/s")
@@ -119,7 +124,8 @@ def main(argv=None) -> None:
                                  "dtype": "bfloat16", "batch": b, "heads": h, "kv_heads": h, "seqlen_q": s,
                                  "seqlen_k": s, "head_dim": d, "causal": int(causal), "ms": us / 1000,
                                  "tflops": flops / us / 1e6, "note": "the backward's kernels' GPU time a call "
-                                 "(bench/backward_kernels.py)", "pass": "bwd"})
+                                 "(bench/backward_kernels.py)", "pass": "bwd",
+                                 "features": f"head_dim_v={dv}" if dv != d else ""})
     if args.ledger:
         ledger.append(args.ledger, rows)
 

@@ -282,6 +282,53 @@ def test_hopper_backward_freeing_q_and_do_early(shape, causal, align, determinis
     check_grads(grads, q, k, v, do, causal, align)
 
 
+NARROWER = [  # (batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, V's), causal, align, layout, deterministic
+    ((1, 4, 2, 300, 500, 192, 128), True, "bottom_right", "bhsd", False),   # DeepSeek-V3's heads, 256-wide tiles
+    ((2, 4, 4, 257, 200, 192, 128), False, "top_left", "bshd", True),
+    ((1, 4, 1, 700, 700, 192, 128), True, "top_left", "bshd", False),
+    ((1, 2, 2, 129, 300, 128, 64), True, "top_left", "bhsd", True),        # V padded within a 128-wide tile
+    ((1, 2, 1, 333, 333, 96, 40), False, "top_left", "bhsd", False),
+]
+
+
+@pytest.mark.parametrize("case", NARROWER, ids=lambda c: "d{5}-v{6}".format(*c[0]) + ("-causal" if c[1] else ""))
+def test_hopper_backward_with_v_narrower_than_q_and_k(case, monkeypatch):
+    """V's head dim below q/k's (:data:`fmha.kernels.hopper.backward.NARROWER_V`): V and dO read in q/k's tiles,
+    TMA's zeros past V's columns, dV stored over V's own; the gradients pass the float64 yardstick (GQA, lengths off
+    the tiles, both layouts and alignments); deterministic, two runs give the same bits."""
+    from fmha.kernels.hopper import backward as hopper
+    monkeypatch.setattr(hopper, "NARROWER_V", True)
+    (b, h, kvh, sq, sk, d, dv), causal, align, layout, deterministic = case
+    i = NARROWER.index(case)
+    q, k, _ = make_qkv(b, h, kvh, sq, sk, d, torch.bfloat16, layout, seed=80 + i)
+    v = make_qkv(b, h, kvh, sq, sk, dv, torch.bfloat16, layout, seed=90 + i)[2]
+    kw = dict(causal=causal, causal_align=align, layout=layout, deterministic=deterministic)
+    assert runs_on(q, k, v, layout, causal=causal, causal_align=align, deterministic=deterministic,
+                   head_dim_v=dv) == "hopper"
+    runs = [gradients(q, k, v, i, **kw) for _ in range(2 if deterministic else 1)]
+    if deterministic:
+        for name, a, e in zip("qkv", runs[1][0], runs[0][0]):
+            assert torch.equal(a, e), name
+    grads, (q, k, v, do) = runs[0]
+    assert grads[2].shape == v.shape
+    check_grads(grads, q, k, v, do, causal, align, layout)
+
+
+def test_packed_sequences_with_v_narrower_than_q_and_k(monkeypatch):
+    """Packed sequences of DeepSeek-V3's heads (192/128) on the Gluon backward, V narrower: each sequence's gradients
+    pass the float64 yardstick alone."""
+    from fmha.kernels.hopper import backward as hopper
+    monkeypatch.setattr(hopper, "NARROWER_V", True)
+    lens = [200, 77, 513]
+    (q, cu), (k, _), (v, _), (do, _) = (packed(lens, h, d, torch.bfloat16, 100 + j) for j, (h, d) in
+                                        enumerate(((4, 192), (2, 192), (2, 128), (4, 128))))
+    q, k, v = leaves(q, k, v)
+    o = fmha.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=True)
+    o.backward(do)
+    for b, found, (qs, ks, vs, dos) in each_sequence((q.grad, k.grad, v.grad), (q, k, v, do), (cu, cu)):
+        check_grads(found, qs.detach(), ks.detach(), vs.detach(), dos, True, "bottom_right", "bshd")
+
+
 def test_a_scale_below_the_hopper_backwards_least_runs_on_triton():
     """The Gluon backward divides the LSE by the scale; a scale below ``MIN_SCALE`` (or not positive) goes
     to the Triton kernels, whose gradients still pass."""

@@ -676,13 +676,14 @@ def test_hopper_backward_builds_with_tma_reduce_adds(head_dim, causal, determini
 
 @pytest.mark.parametrize("causal,deterministic,flags", [
     (False, False, {}), (True, False, {}), (True, True, {}), (True, False, dict(window=True, ragged=True)),
-    (True, False, dict(varlen=True))])
+    (True, False, dict(varlen=True)), (True, False, dict(head_dim_v=128))])
 def test_hopper_backward_builds_past_head_dim_128_in_column_halves(causal, deterministic, flags):
     """At head_dim 256 the Gluon backward takes 64-key blocks, each warpgroup holding dK's and dV's column half over
     every key (two 64 x 128 float32 accumulators, wgmma's m64n128 over the block's P^T and dS^T) beside its 32 keys'
     S and dP (m64n32 over all 256 columns); its dQ half leaves as two 64-column TMA reduce-adds, both warpgroups' four;
     one stage fits sm_90's shared memory; and with the products' descriptors made in the walk, ptxas spills at most
-    56 bytes (hoisted out of it, 420-1456)."""
+    56 bytes (hoisted out of it, 420-1456).  With V narrower (128: :data:`fmha.kernels.hopper.backward.NARROWER_V`),
+    V and dO in the same tiles, the same kernel."""
     from fmha.kernels.hopper.resources import SMEM_LIMIT
     b = targets.build_hopper_backward(256, "bfloat16", causal, deterministic, **flags)
     ptx = b.asm["ptx"]

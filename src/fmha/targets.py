@@ -121,7 +121,7 @@ def _hopper_source(head_dim: int, dtype: str, causal: bool, cfg, seqlen_k: int =
 
 
 def _compile_backward(head_dim: int, dtype: str, causal: bool, deterministic: bool, window: bool, ragged: bool,
-                      varlen: bool):
+                      varlen: bool, head_dim_v: int):
     """The Gluon backward (:mod:`fmha.kernels.hopper.backward`) compiled for sm_90 from stand-in CPU
     tensors: Triton's compiled kernel, its PTX after fmha's passes (the dQ stores made reduce-adds)."""
     import torch
@@ -134,12 +134,13 @@ def _compile_backward(head_dim: int, dtype: str, causal: bool, deterministic: bo
     head = backward.tile_width(head_dim)
     cut = backward.tiles(head, deterministic)
     t = torch.empty(1, 1, 256, head_dim, dtype=tdt)
+    tv = torch.empty(1, 1, 256, head_dim_v, dtype=tdt)
     stat = torch.empty(1, 256, dtype=torch.float32)
-    descs, _ = backward.descriptors(t, t, t, t, torch.empty(1, 256, head, dtype=torch.float32), stat, stat, "bhsd",
+    descs, _ = backward.descriptors(t, t, tv, tv, torch.empty(1, 256, head, dtype=torch.float32), stat, stat, "bhsd",
                                     head, cut)
     kernel = backward.backward_kernel
-    const = dict(HEAD=head, D=head_dim, CAUSAL=causal, WINDOW=window, RAGGED=ragged or varlen, RS=cut.rs,
-                 DS_BUFS=cut.ds_bufs, DETERMINISTIC=deterministic, VARLEN=varlen, ALIGN_BR=varlen,
+    const = dict(HEAD=head, D=head_dim, D_V=head_dim_v, CAUSAL=causal, WINDOW=window, RAGGED=ragged or varlen,
+                 RS=cut.rs, DS_BUFS=cut.ds_bufs, DETERMINISTIC=deterministic, VARLEN=varlen, ALIGN_BR=varlen,
                  DYNAMIC=backward.schedule(1, 1, causal, varlen, deterministic)[1], STAGES=cut.stages, COLS=cut.cols,
                  EARLY=cut.early_free)
     by_name = dict(zip(("q_desc", "k_desc", "v_desc", "do_desc", "dq_desc", "lse_desc", "delta_desc"), descs))
@@ -163,20 +164,24 @@ def _compile_backward(head_dim: int, dtype: str, causal: bool, deterministic: bo
 
 
 def build_hopper_backward(head_dim: int, dtype: str = "bfloat16", causal: bool = False, deterministic: bool = False,
-                          window: bool = False, ragged: bool = False, varlen: bool = False) -> "Build":
+                          window: bool = False, ragged: bool = False, varlen: bool = False,
+                          head_dim_v: int = 0) -> "Build":
     """The Gluon backward built for ``sm_90`` as a :class:`Build` (variant ``hopper_backward``) for :func:`report`
     and :func:`write`: its config names the tile (64 query rows, 128 keys a program), the ring's depth, the CTA's
     12 warps (two consumer warpgroups and the producer's, padded to a warpgroup) and, deterministic, the fixed
     order of dQ's adds.  ``window``: built for a sliding window's lower edge; ``ragged``: for a key count not a
-    multiple of 128; ``varlen``: for packed sequences (bottom-right aligned, ragged)."""
+    multiple of 128; ``varlen``: for packed sequences (bottom-right aligned, ragged); ``head_dim_v``: V's, if
+    narrower (:data:`fmha.kernels.hopper.backward.NARROWER_V`)."""
     from .kernels.hopper import backward
     _check_choice("dtype", dtype, ["float16", "bfloat16"])
     _check_choice("head_dim", head_dim, backward.HEAD_DIMS)
+    if head_dim_v:
+        _check_choice("head_dim_v", head_dim_v, [d for d in backward.HEAD_DIMS if d <= head_dim])
     flags = dict(window=window, ragged=ragged, varlen=varlen)
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
-        return _build_elsewhere(head_dim, dtype, causal, deterministic, *flags.values(),
+        return _build_elsewhere(head_dim, dtype, causal, deterministic, *flags.values(), head_dim_v,
                                 builder="build_hopper_backward")
-    compiled = _compile_backward(head_dim, dtype, causal, deterministic, **flags)
+    compiled = _compile_backward(head_dim, dtype, causal, deterministic, **flags, head_dim_v=head_dim_v or head_dim)
     cut = backward.tiles(backward.tile_width(head_dim), deterministic)
     cfg = dict(block_m=cut.rows, block_n=cut.block_n, num_warps=12, num_stages=cut.stages,
                **({"deterministic": True} if deterministic else {}), **{k: True for k, v in flags.items() if v})

@@ -80,6 +80,10 @@ from .producer import _zero_rows
 from .resources import MIN_SCALE, padded
 
 HEAD_DIMS = tuple(range(32, 257, 8))  # in tiles of 64, 128 or 256 columns, zeros past head_dim
+# V's head dim below q/k's (DeepSeek-V3's 192/128): V and dO read in q/k's tiles, TMA's zeros past V's columns (their
+# dP and dV products as wide as Q's), dV stored over V's own; off until run and timed on a GPU (the gradient tests
+# and ``bench/backward_kernels.py`` turn it on)
+NARROWER_V = False
 LOG2E = gl.constexpr(LOG2E_VALUE)
 WARPS = gl.constexpr(4)  # a consumer warpgroup's
 
@@ -502,7 +506,8 @@ def _row_stats(lse_s, delta_s, factor, layout: gl.constexpr):
 def _consumer(k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_smem, dq_box, kv_ready, kv_empty,
               q_ready, q_empty, ds_ready, ds_free, dq_desc, DK, DV, Locks, CuQ, CuK, heads, kv_heads, group, seqlen_q,
               seqlen_k, n_m, causal_offset, window_offset, chunk, order, scale_log2, scale, dk_strides, dv_strides,
-              ids, id_ready, id_free, WG: gl.constexpr, HEAD: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr,
+              ids, id_ready, id_free, WG: gl.constexpr, HEAD: gl.constexpr, D: gl.constexpr, D_V: gl.constexpr,
+              CAUSAL: gl.constexpr,
               WINDOW: gl.constexpr, RAGGED: gl.constexpr, RS: gl.constexpr, DETERMINISTIC: gl.constexpr,
               VARLEN: gl.constexpr, ALIGN_BR: gl.constexpr, DYNAMIC: gl.constexpr, COLS: gl.constexpr,
               EARLY: gl.constexpr):
@@ -707,7 +712,7 @@ def _consumer(k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
         row0 = k0 + pid_n * BLOCK_N if COLS else k0 + key0
         col0 = WG * KV_COLS if COLS else 0
         _store_rows(dk, DK, b, kvh, k0 + sk, dk_strides, row0, col0, g_layout, KV_ROWS, KV_COLS, D)
-        _store_rows(dv, DV, b, kvh, k0 + sk, dv_strides, row0, col0, g_layout, KV_ROWS, KV_COLS, D)
+        _store_rows(dv, DV, b, kvh, k0 + sk, dv_strides, row0, col0, g_layout, KV_ROWS, KV_COLS, D_V)
         if DYNAMIC:
             item = _receive(n_seen, ids, id_ready, id_free, ID_4)
             n_seen += 1
@@ -733,12 +738,13 @@ def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_de
                     heads, kv_heads, group, seqlen_q, seqlen_k, n_m, causal_offset, window_offset, chunk, section,
                     blocks, pairs, scale_log2, scale, q_lead, q_first_b, q_first_h, k_lead, k_first_b, k_first_h,
                     v_lead, v_first_b, v_first_h, do_lead, do_first_b, do_first_h, dk_b, dk_h, dk_s, dv_b, dv_h, dv_s,
-                    HEAD: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
+                    HEAD: gl.constexpr, D: gl.constexpr, D_V: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
                     RAGGED: gl.constexpr, RS: gl.constexpr, DS_BUFS: gl.constexpr, DETERMINISTIC: gl.constexpr,
                     VARLEN: gl.constexpr, ALIGN_BR: gl.constexpr, DYNAMIC: gl.constexpr, STAGES: gl.constexpr,
                     COLS: gl.constexpr, EARLY: gl.constexpr):
     """dK and dV of each key block of a (batch, KV head) a program walks (:func:`_program`), and its share of dQ
-    added into ``dq_desc``'s float32 buffer.  HEAD: the tile width (head_dim padded), D: head_dim.
+    added into ``dq_desc``'s float32 buffer.  HEAD: the tile width (head_dim padded), D: head_dim, D_V: V's (no
+    wider: V and dO read in the same tiles, zeros past D_V, :data:`NARROWER_V`).
     ``Locks``: deterministic, zeroed int32 counters, one a half of each (batch * head, query tile);
     ``Deal``: DYNAMIC, two int32 counters at zero (left so): the next key block a program takes as it frees, past
     the first turn's (each program's own number), and the programs done;
@@ -803,12 +809,12 @@ def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_de
         (_consumer, (k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_smem, dq_box, kv_ready,
                      kv_empty, q_ready, q_empty, ds_ready, ds_free, dq_desc, DK, DV, Locks, CuQ, CuK, heads, kv_heads,
                      group, seqlen_q, seqlen_k, n_m, causal_offset, window_offset, chunk, order, scale_log2, scale,
-                     (dk_b, dk_h, dk_s), (dv_b, dv_h, dv_s), ids, id_ready, id_free, 0, HEAD, D, CAUSAL, WINDOW,
+                     (dk_b, dk_h, dk_s), (dv_b, dv_h, dv_s), ids, id_ready, id_free, 0, HEAD, D, D_V, CAUSAL, WINDOW,
                      RAGGED, RS, DETERMINISTIC, VARLEN, ALIGN_BR, DYNAMIC, COLS, EARLY)),
         (_consumer, (k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_smem, dq_box, kv_ready,
                      kv_empty, q_ready, q_empty, ds_ready, ds_free, dq_desc, DK, DV, Locks, CuQ, CuK, heads, kv_heads,
                      group, seqlen_q, seqlen_k, n_m, causal_offset, window_offset, chunk, order, scale_log2, scale,
-                     (dk_b, dk_h, dk_s), (dv_b, dv_h, dv_s), ids, id_ready, id_free, 1, HEAD, D, CAUSAL, WINDOW,
+                     (dk_b, dk_h, dk_s), (dv_b, dv_h, dv_s), ids, id_ready, id_free, 1, HEAD, D, D_V, CAUSAL, WINDOW,
                      RAGGED, RS, DETERMINISTIC, VARLEN, ALIGN_BR, DYNAMIC, COLS, EARLY)),
         (_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs, delta_bufs,
                      k_smem, v_smem, kv_ready, kv_empty, q_ready, q_empty, landed, CuQ, CuK, heads, kv_heads, group,
@@ -821,7 +827,8 @@ def supports(prob, q, k, v, do, layout: str, alibi: bool) -> str | None:
     """None if the Gluon backward takes this call, else why not."""
     if not q.is_cuda or device_facts(q.device.index)[0] != 9:
         return "needs an sm_90 GPU"
-    if prob.head_dim not in HEAD_DIMS or prob.dv != prob.head_dim:
+    narrower = NARROWER_V and prob.dv in HEAD_DIMS and prob.dv < prob.head_dim
+    if prob.head_dim not in HEAD_DIMS or prob.dv != prob.head_dim and not narrower:
         return f"head_dim {prob.head_dim} (V's {prob.dv}): takes a multiple of 8 from 32 to 256, V's the same"
     if prob.softcap > 0 or alibi or prob.seqused:
         return "softcap, ALiBi and seqused_k run on the Triton kernels"
@@ -1003,7 +1010,8 @@ def launch(prob, q, k, v, do, lse, delta, dk, dv, layout: str, strides, zeros, d
                   prob.heads // prob.kv_heads, prob.seqlen_q, prob.seqlen_k, n_m, prob.causal_offset,
                   prob.window_offset or 0, chunk, heads_in_turn, blocks, pairs, prob.scale_log2, scale, *place,
                   *strides["dk"], *strides["dv"],
-                  HEAD=head, D=prob.head_dim, CAUSAL=bool(prob.causal), WINDOW=prob.window_offset is not None,
+                  HEAD=head, D=prob.head_dim, D_V=prob.dv, CAUSAL=bool(prob.causal),
+                  WINDOW=prob.window_offset is not None,
                   RAGGED=bool(packed) or prob.seqlen_k % cut.block_n != 0, RS=cut.rs, DS_BUFS=cut.ds_bufs,
                   DETERMINISTIC=deterministic, VARLEN=bool(packed), ALIGN_BR=bool(packed) and prob.align_br,
                   DYNAMIC=dynamic, STAGES=cut.stages, COLS=cut.cols, EARLY=cut.early_free, num_warps=4)
