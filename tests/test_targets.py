@@ -572,6 +572,15 @@ def test_backward_kernels_build_with_an_attn_mask(target, load):
     assert load in asm[0] and not any(load in a for a in asm[len(with_mask):])
 
 
+def _built_apart(code: str):
+    """What ``code`` prints last as JSON, run in a child process with the interpreter off (builds whose tiles it
+    swaps, as the sweeps swap them)."""
+    run = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, TRITON_INTERPRET="0"),
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
 def test_backward_column_halves_build_for_sm90_in_its_shared_memory():
     """The dK/dV kernel at head_dim 256 as the table takes it on sm_90, its columns in halves (``HALVES``): the build
     takes a half's columns (two 128 x 128 float32 accumulators, not 64 x 256), fits sm_90's shared memory, and spills
@@ -586,10 +595,7 @@ def test_backward_column_halves_build_for_sm90_in_its_shared_memory():
             "    r = targets.report(b)\n"
             "    out[int(halves)] = [r.shared_bytes, r.spilled_registers]\n"
             "print(json.dumps(out))")
-    run = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, TRITON_INTERPRET="0"),
-                         capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-2000:]
-    got = json.loads(run.stdout.strip().splitlines()[-1])
+    got = _built_apart(code)
     from fmha.kernels.hopper.resources import SMEM_LIMIT
     (_, whole_spills), (shared, spills) = got["0"], got["1"]
     assert backward.tiles(256, True, False)[0].get("HALVES")
@@ -713,10 +719,7 @@ def test_hopper_backward_can_free_q_and_do_while_dq_runs():
             "    out.append([len(re.findall(r'wgmma\\.wait_group\\.sync\\.aligned\\s+1;', ptx)),\n"
             "                len(re.findall(r'mbarrier\\.init', ptx)), targets.ptxas_usage(ptx, 90)['spill_stores']])\n"
             "print(json.dumps(out))")
-    run = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, TRITON_INTERPRET="0"),
-                         capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-2000:]
-    (waits, inits, spills), (waits_early, inits_early, spills_early) = json.loads(run.stdout.strip().splitlines()[-1])
+    (waits, inits, spills), (waits_early, inits_early, spills_early) = _built_apart(code)
     assert waits_early == waits + 2 and inits_early > inits and spills_early <= spills
 
 
