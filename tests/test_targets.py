@@ -583,7 +583,7 @@ def _built_apart(code: str):
 
 def test_backward_column_halves_build_for_sm90_in_its_shared_memory():
     """The dK/dV kernel at head_dim 256 as the table takes it on sm_90, its columns in halves (``HALVES``): the build
-    takes a half's columns (two 128 x 128 float32 accumulators, not 64 x 256), fits sm_90's shared memory, and spills
+    takes a half's columns (two 64 x 128 float32 accumulators, not 64 x 256), fits sm_90's shared memory, and spills
     less than the whole rows' build in one stage (64 x 64 in eight warps).  Built in a child process with the
     interpreter off, the whole rows' tiles swapped in there as ``bench/backward_tiles.py`` swaps them."""
     code = ("import json; from fmha import targets, backward\n"

@@ -167,11 +167,11 @@ def build_hopper_backward(head_dim: int, dtype: str = "bfloat16", causal: bool =
                           window: bool = False, ragged: bool = False, varlen: bool = False,
                           head_dim_v: int = 0) -> "Build":
     """The Gluon backward built for ``sm_90`` as a :class:`Build` (variant ``hopper_backward``) for :func:`report`
-    and :func:`write`: its config names the tile (64 query rows, 128 keys a program), the ring's depth, the CTA's
-    12 warps (two consumer warpgroups and the producer's, padded to a warpgroup) and, deterministic, the fixed
-    order of dQ's adds.  ``window``: built for a sliding window's lower edge; ``ragged``: for a key count not a
-    multiple of 128; ``varlen``: for packed sequences (bottom-right aligned, ragged); ``head_dim_v``: V's, if
-    narrower (:data:`fmha.kernels.hopper.backward.NARROWER_V`)."""
+    and :func:`write`: its config names the tile (query rows, keys a program: 128, 64 past head_dim 128), the ring's
+    depth, the CTA's 12 warps (two consumer warpgroups and the producer's, padded to a warpgroup) and, deterministic,
+    the fixed order of dQ's adds.  ``window``: built for a sliding window's lower edge; ``ragged``: for a key count
+    not a multiple of the key block; ``varlen``: for packed sequences (bottom-right aligned, ragged);
+    ``head_dim_v``: V's, if narrower (:data:`fmha.kernels.hopper.backward.NARROWER_V`)."""
     from .kernels.hopper import backward
     _check_choice("dtype", dtype, ["float16", "bfloat16"])
     _check_choice("head_dim", head_dim, backward.HEAD_DIMS)
