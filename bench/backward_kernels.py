@@ -3,15 +3,14 @@
 
     PYTHONPATH=src python3 bench/backward_kernels.py [--head-dims 64 128] [--seqlens 512 1024 2048 4096]
         [--causal 0 1] [--providers triton gluon gluon-block gluon-counter gluon-early cudnn] [--deterministic]
-        [--kernels] [--head-dim-v 128 --narrower-v] [--ledger bench/ledger.csv]
+        [--kernels] [--head-dim-v 128] [--ledger bench/ledger.csv]
 
 Cells: the default grid's shapes (B*S = 16k, H*D = 2048; bf16, bhsd). Providers: ``triton`` (fmha's backward held to
 the Triton kernels), ``gluon`` (every length on the Gluon kernel, its programs dealt as
 :func:`fmha.kernels.hopper.backward.schedule` deals them), ``gluon-block`` (one program a key block),
 ``gluon-counter`` (every walk from the counter), ``gluon-early`` (Q's and dO's stage freed while dQ's products run:
 :class:`fmha.kernels.hopper.backward.Tiles`'s ``early_free``), ``cudnn`` (SDPA's cuDNN backend); ``--deterministic``
-times fmha's fixed order; ``--head-dim-v``: V's head dim (DeepSeek-V3's 128 beside q/k's 192), ``--narrower-v`` with
-the Gluon kernel taking V narrower than q/k (:data:`fmha.kernels.hopper.backward.NARROWER_V`). The backward's time
+times fmha's fixed order; ``--head-dim-v``: V's head dim (DeepSeek-V3's 128 beside q/k's 192). The backward's time
 is what its kernels take on the GPU, so a run reads the kernels' share of a backward apart from its host time and
 launch gaps (``fmha bench --pass bwd`` times the whole call). Rows: ``pass`` ``bwd``, ``ms`` the backward's kernels,
 TFLOP/s 2.5x the forward's FLOPs over it.
@@ -94,7 +93,6 @@ def main(argv=None) -> None:
                    choices=["triton", "gluon", "gluon-block", "gluon-counter", "gluon-early", "cudnn"])
     p.add_argument("--deterministic", action="store_true")
     p.add_argument("--head-dim-v", type=int, default=0, help="V's head dim (0: q/k's)")
-    p.add_argument("--narrower-v", action="store_true", help="the Gluon kernel takes V narrower than q/k")
     p.add_argument("--kernels", action="store_true", help="print each kernel's time too")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--ledger", default=None)
@@ -102,7 +100,6 @@ def main(argv=None) -> None:
     if not torch.cuda.is_available():
         raise SystemExit("backward_kernels.py times a GPU's kernels: no CUDA GPU here")
     env = ledger.environment("cuda")
-    gluon.NARROWER_V = args.narrower_v
     rows = []
     for d in args.head_dims:
         for s in args.seqlens:

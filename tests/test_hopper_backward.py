@@ -260,16 +260,18 @@ def test_packed_sequences_stay_apart_in_the_hopper_backward(head_dim):
 
 @pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("shape,causal,align", [((1, 4, 2, 300, 500, 256), True, "bottom_right"),
-                                                ((2, 2, 1, 129, 200, 192), False, "top_left"),
-                                                ((1, 4, 2, 900, 1000, 256), True, "top_left")],
-                         ids=["d256-causal", "d192", "d256-long"])
-def test_hopper_backward_freeing_q_and_do_early(shape, causal, align, deterministic, monkeypatch):
-    """Past head_dim 128 with Q's and dO's stage freed once dV's and dK's products are done, the next tile's loads
-    overlapping dQ's products and adds (``Tiles.early_free``, the P/dS buffer freed by its own barrier): the gradients
-    pass the float64 yardstick; deterministic, two runs give the same bits."""
+                                                ((2, 2, 1, 129, 200, 128), False, "top_left"),
+                                                ((1, 4, 2, 900, 1000, 96), True, "top_left")],
+                         ids=["d256-causal", "d128", "d96-long"])
+def test_hopper_backward_with_q_and_do_freed_the_other_way(shape, causal, align, deterministic, monkeypatch):
+    """``Tiles.early_free`` set the other way from :func:`~fmha.kernels.hopper.backward.tiles`'s choice (on past
+    head_dim 128: Q's and dO's stage freed once dV's and dK's products are done, the next tile's loads overlapping dQ's
+    products and adds, the P/dS buffer freed by its own barrier; off at 128 and below): the gradients pass the float64
+    yardstick; deterministic, two runs give the same bits."""
     from fmha.kernels.hopper import backward as hopper
     table = hopper.tiles
-    monkeypatch.setattr(hopper, "tiles", lambda head, det=False: table(head, det)._replace(early_free=head > 128))
+    monkeypatch.setattr(hopper, "tiles",
+                        lambda head, det=False: table(head, det)._replace(early_free=not table(head, det).early_free))
     i = 3 if deterministic else 5
     q, k, v = make_qkv(*shape, torch.bfloat16, seed=70 + shape[5] + i)
     kw = dict(causal=causal, causal_align=align, deterministic=deterministic)
@@ -292,12 +294,10 @@ NARROWER = [  # (batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, V's), cau
 
 
 @pytest.mark.parametrize("case", NARROWER, ids=lambda c: "d{5}-v{6}".format(*c[0]) + ("-causal" if c[1] else ""))
-def test_hopper_backward_with_v_narrower_than_q_and_k(case, monkeypatch):
-    """V's head dim below q/k's (:data:`fmha.kernels.hopper.backward.NARROWER_V`): V and dO read in q/k's tiles,
-    TMA's zeros past V's columns, dV stored over V's own; the gradients pass the float64 yardstick (GQA, lengths off
-    the tiles, both layouts and alignments); deterministic, two runs give the same bits."""
-    from fmha.kernels.hopper import backward as hopper
-    monkeypatch.setattr(hopper, "NARROWER_V", True)
+def test_hopper_backward_with_v_narrower_than_q_and_k(case):
+    """V's head dim below q/k's: V and dO read in q/k's tiles, TMA's zeros past V's columns, dV stored over V's own;
+    the gradients pass the float64 yardstick (GQA, lengths off the tiles, both layouts and alignments);
+    deterministic, two runs give the same bits."""
     (b, h, kvh, sq, sk, d, dv), causal, align, layout, deterministic = case
     i = NARROWER.index(case)
     q, k, _ = make_qkv(b, h, kvh, sq, sk, d, torch.bfloat16, layout, seed=80 + i)
@@ -314,11 +314,9 @@ def test_hopper_backward_with_v_narrower_than_q_and_k(case, monkeypatch):
     check_grads(grads, q, k, v, do, causal, align, layout)
 
 
-def test_packed_sequences_with_v_narrower_than_q_and_k(monkeypatch):
+def test_packed_sequences_with_v_narrower_than_q_and_k():
     """Packed sequences of DeepSeek-V3's heads (192/128) on the Gluon backward, V narrower: each sequence's gradients
     pass the float64 yardstick alone."""
-    from fmha.kernels.hopper import backward as hopper
-    monkeypatch.setattr(hopper, "NARROWER_V", True)
     lens = [200, 77, 513]
     (q, cu), (k, _), (v, _), (do, _) = (packed(lens, h, d, torch.bfloat16, 100 + j) for j, (h, d) in
                                         enumerate(((4, 192), (2, 192), (2, 128), (4, 128))))
@@ -452,7 +450,8 @@ def test_what_the_hopper_backward_leaves_to_triton(monkeypatch):
         assert runs_on(q[:, :, :(rows or 4096) // 2], k, v, causal=causal, deterministic=True) == "triton"
     q, k, _ = make_qkv(1, 2, 2, 1024, 1024, 192, torch.bfloat16)
     v = make_qkv(1, 2, 2, 1024, 1024, 128, torch.bfloat16)[2]
-    assert runs_on(q, k, v, head_dim_v=128) == "triton"  # DeepSeek's 192/128: V's head dim not q/k's
+    assert runs_on(q, k, v, head_dim_v=128) == "hopper"  # DeepSeek's 192/128: V narrower, read in q/k's tiles
+    assert runs_on(q[..., :64], k[..., :64], v, head_dim_v=128) == "triton"  # V wider than q/k
     q, k, v = make_qkv(1, 2, 2, 1024, 1024, 64, torch.bfloat16)
     assert runs_on(q, k, v, window=(8, 0)) == "hopper"
     assert runs_on(q, k, v, window=(8, -1)) == "triton"  # open to the right: no upper edge

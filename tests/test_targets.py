@@ -688,8 +688,8 @@ def test_hopper_backward_builds_past_head_dim_128_in_column_halves(causal, deter
     every key (two 64 x 128 float32 accumulators, wgmma's m64n128 over the block's P^T and dS^T) beside its 32 keys'
     S and dP (m64n32 over all 256 columns); its dQ half leaves as two 64-column TMA reduce-adds, both warpgroups' four;
     one stage fits sm_90's shared memory; and with the products' descriptors made in the walk, ptxas spills at most
-    56 bytes (hoisted out of it, 420-1456).  With V narrower (128: :data:`fmha.kernels.hopper.backward.NARROWER_V`),
-    V and dO in the same tiles, the same kernel."""
+    56 bytes (hoisted out of it, 420-1456).  With V narrower (DeepSeek-V3's 128 beside 192), V
+    and dO in the same tiles, the same kernel."""
     from fmha.kernels.hopper.resources import SMEM_LIMIT
     b = targets.build_hopper_backward(256, "bfloat16", causal, deterministic, **flags)
     ptx = b.asm["ptx"]
@@ -705,11 +705,11 @@ def test_hopper_backward_builds_past_head_dim_128_in_column_halves(causal, deter
 def test_hopper_backward_can_free_q_and_do_while_dq_runs():
     """``Tiles.early_free`` at head_dim 256: the consumers wait for dV's and dK's products with dQ's first piece still
     in flight (one more ``wgmma.wait_group 1`` a warpgroup) and free Q's and dO's stage there, the P/dS buffer on a
-    barrier of its own (one more mbarrier); the build spills no more than the table's.  Not the table's yet (not
-    timed: ``bench/backward_kernels.py --providers gluon gluon-early``).  Built in a child process with the
-    interpreter off and the tiles swapped there, as the bench swaps them."""
+    barrier of its own (one more mbarrier); the build spills no more than without.  The table's choice past head_dim
+    128, not at 128 and below.  Built in a child process with the interpreter off and the tiles swapped there, as
+    ``bench/backward_kernels.py --providers gluon-early`` swaps them."""
     from fmha.kernels.hopper import backward as hopper
-    assert not hopper.tiles(256).early_free
+    assert hopper.tiles(256).early_free and hopper.tiles(192).early_free and not hopper.tiles(128).early_free
     code = ("import json, re; from fmha import targets; from fmha.kernels.hopper import backward as hopper\n"
             "table = hopper.tiles\n"
             "out = []\n"

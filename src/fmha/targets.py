@@ -171,7 +171,7 @@ def build_hopper_backward(head_dim: int, dtype: str = "bfloat16", causal: bool =
     depth, the CTA's 12 warps (two consumer warpgroups and the producer's, padded to a warpgroup) and, deterministic,
     the fixed order of dQ's adds.  ``window``: built for a sliding window's lower edge; ``ragged``: for a key count
     not a multiple of the key block; ``varlen``: for packed sequences (bottom-right aligned, ragged);
-    ``head_dim_v``: V's, if narrower (:data:`fmha.kernels.hopper.backward.NARROWER_V`)."""
+    ``head_dim_v``: V's, if narrower."""
     from .kernels.hopper import backward
     _check_choice("dtype", dtype, ["float16", "bfloat16"])
     _check_choice("head_dim", head_dim, backward.HEAD_DIMS)

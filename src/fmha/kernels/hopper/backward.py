@@ -45,10 +45,10 @@ their P is 1 but dO's rows and dS are 0 and nothing reaches dK or dV. Keys past 
 (their score 0 can lie far above a row's LSE, where P would overflow and dQ turn NaN), and their dK/dV rows are
 not stored. A row that sees no key (LSE ``-inf``) is masked wherever it meets a key block: a tile holding it
 holds an unseen pair, so it is one of the tiles masked (:func:`_crossed`), and its P is 0. Takes (:func:`supports`):
-sm_90, head_dim a multiple of 8 from 32 to 256 with V's the same (tiles of 64, 128 or 256 columns, zeros past
-head_dim), a scale of at least :data:`MIN_SCALE`, causal in either alignment, sliding windows with an upper edge
-(causal, or a right side), packed sequences (``VARLEN``), no softcap, ALiBi or seqused_k; anything else runs on the
-Triton kernels.
+sm_90, head_dim a multiple of 8 from 32 to 256 with V's one of those no wider (DeepSeek-V3's 192/128; tiles of 64,
+128 or 256 columns, zeros past head_dim), a scale of at least :data:`MIN_SCALE`, causal in either alignment,
+sliding windows with an upper edge (causal, or a right side), packed sequences (``VARLEN``), no softcap, ALiBi or
+seqused_k; anything else runs on the Triton kernels.
 
 Packed sequences (``VARLEN``): a program's (batch, KV head) is a sequence's, its bounds read from cu_seqlens
 (:func:`_extent`), blocks past a shorter sequence's end idle, the band moved to each sequence's diagonal.  The
@@ -80,10 +80,6 @@ from .producer import _zero_rows
 from .resources import MIN_SCALE, padded
 
 HEAD_DIMS = tuple(range(32, 257, 8))  # in tiles of 64, 128 or 256 columns, zeros past head_dim
-# V's head dim below q/k's (DeepSeek-V3's 192/128): V and dO read in q/k's tiles, TMA's zeros past V's columns (their
-# dP and dV products as wide as Q's), dV stored over V's own; off until run and timed on a GPU (the gradient tests
-# and ``bench/backward_kernels.py`` turn it on)
-NARROWER_V = False
 LOG2E = gl.constexpr(LOG2E_VALUE)
 WARPS = gl.constexpr(4)  # a consumer warpgroup's
 
@@ -744,7 +740,8 @@ def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_de
                     COLS: gl.constexpr, EARLY: gl.constexpr):
     """dK and dV of each key block of a (batch, KV head) a program walks (:func:`_program`), and its share of dQ
     added into ``dq_desc``'s float32 buffer.  HEAD: the tile width (head_dim padded), D: head_dim, D_V: V's (no
-    wider: V and dO read in the same tiles, zeros past D_V, :data:`NARROWER_V`).
+    wider: V and dO read in q/k's tiles, TMA's zeros past D_V, so their dP and dV products run as wide as Q's; dV
+    stored over V's own columns).
     ``Locks``: deterministic, zeroed int32 counters, one a half of each (batch * head, query tile);
     ``Deal``: DYNAMIC, two int32 counters at zero (left so): the next key block a program takes as it frees, past
     the first turn's (each program's own number), and the programs done;
@@ -827,9 +824,8 @@ def supports(prob, q, k, v, do, layout: str, alibi: bool) -> str | None:
     """None if the Gluon backward takes this call, else why not."""
     if not q.is_cuda or device_facts(q.device.index)[0] != 9:
         return "needs an sm_90 GPU"
-    narrower = NARROWER_V and prob.dv in HEAD_DIMS and prob.dv < prob.head_dim
-    if prob.head_dim not in HEAD_DIMS or prob.dv != prob.head_dim and not narrower:
-        return f"head_dim {prob.head_dim} (V's {prob.dv}): takes a multiple of 8 from 32 to 256, V's the same"
+    if prob.head_dim not in HEAD_DIMS or prob.dv not in HEAD_DIMS or prob.dv > prob.head_dim:
+        return f"head_dim {prob.head_dim} (V's {prob.dv}): takes a multiple of 8 from 32 to 256, V's no wider"
     if prob.softcap > 0 or alibi or prob.seqused:
         return "softcap, ALiBi and seqused_k run on the Triton kernels"
     if prob.window_offset is not None and not prob.causal:
@@ -863,7 +859,7 @@ class Tiles(NamedTuple):
     stages: int = 2  # Q/dO tiles in flight (``STAGES``)
     cols: bool = False  # each warpgroup holds dK and dV of every key over a column half (``COLS``), not its keys'
     # Q's and dO's stage freed once dV's and dK's products are done, while dQ's run (``EARLY``; the P/dS buffer then
-    # freed by its own barrier): at one stage the next tile's loads overlap dQ's products and adds; not timed
+    # freed by its own barrier): at one stage the next tile's loads overlap dQ's products and adds
     early_free: bool = False
 
 
@@ -880,13 +876,15 @@ def tiles(head: int, deterministic: bool = False) -> Tiles:
     128 keys, as FlashAttention-3 cuts it there (each warpgroup's own keys over the whole tile adds twice the
     bytes). At 256 (``COLS``): 64-key blocks whose dK and dV each warpgroup holds in column halves, one stage of Q
     and dO and one buffer of P and dS (K, V, Q and dO take 128 KB; with two stages they would not fit beside dQ's
-    staging), dQ's column half in two 64-column pieces (docs/PERF.md, "Past head_dim 128"). Either way each
+    staging), dQ's column half in two 64-column pieces, Q's and dO's one stage freed for the next tile's loads as
+    soon as dV's and dK's products are done, while dQ's run (1.13-1.46x holding it through dQ's; docs/PERF.md, "Past
+    head_dim 128"). Either way each
     warpgroup adds its own half of a dQ tile, so deterministic, each half takes its own turns."""
     if head <= 64:
         return Tiles(rows=128, rs=True, ds_bufs=2, dq_rows=64, dq_cols=head)
     if head <= 128:
         return Tiles(rows=64, rs=False, ds_bufs=2, dq_rows=64, dq_cols=head // 2)
-    return Tiles(rows=64, rs=False, ds_bufs=1, dq_rows=64, dq_cols=64, block_n=64, stages=1, cols=True)
+    return Tiles(rows=64, rs=False, ds_bufs=1, dq_rows=64, dq_cols=64, block_n=64, stages=1, cols=True, early_free=True)
 
 
 def descriptors(q, k, v, do, dq, lse, delta, layout: str, head: int, cut: Tiles) -> tuple[list, list[int]]:
