@@ -34,7 +34,8 @@ SHAPES = [  # (batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim)
     (2, 2, 1, 129, 200, 40),    # padded to 64, not a multiple of 16
     (1, 2, 2, 260, 260, 120),
     (1, 4, 2, 300, 500, 256),   # Gemma's head dim: each warpgroup dK's and dV's column half over 64 keys
-    (2, 2, 1, 129, 200, 192),   # padded to 256
+    (2, 2, 1, 129, 200, 192),   # padded to 256, its products over 192 columns
+    (1, 2, 2, 200, 333, 136),   # 192 columns multiplied, 56 of them TMA's zeros
 ]
 ALIGNS = [(False, "top_left"), (True, "top_left"), (True, "bottom_right")]
 
@@ -290,6 +291,8 @@ NARROWER = [  # (batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, V's), cau
     ((1, 4, 1, 700, 700, 192, 128), True, "top_left", "bshd", False),
     ((1, 2, 2, 129, 300, 128, 64), True, "top_left", "bhsd", True),        # V padded within a 128-wide tile
     ((1, 2, 1, 333, 333, 96, 40), False, "top_left", "bhsd", False),
+    ((1, 2, 1, 200, 300, 256, 192), True, "bottom_right", "bshd", True),  # dV's columns shared 128 + 64
+    ((1, 2, 2, 150, 150, 160, 40), False, "top_left", "bhsd", False),     # dV's 64 + 64 over 40
 ]
 
 

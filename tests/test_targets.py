@@ -1,4 +1,5 @@
 """Ahead-of-time builds with no GPU: the instructions and resources the report claims."""
+import collections
 import json
 import os
 import re
@@ -698,6 +699,23 @@ def test_hopper_backward_builds_past_head_dim_128_in_column_halves(causal, deter
     shapes = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)", ptx))
     assert shapes == {"m64n32k16", "m64n128k16", "m64n64k16"}, shapes
     assert b.metadata["shared"] <= SMEM_LIMIT and b.config["block_n"] == 64 and b.config["num_stages"] == 1
+    usage = targets.ptxas_usage(ptx, 90)
+    assert usage["spill_stores"] <= 64 and not usage["serialized"], usage
+
+
+@pytest.mark.parametrize("head_dim_v,products", [(128, {"m64n32k16": 40, "m64n128k16": 4, "m64n64k16": 24}),
+                                                  (0, {"m64n32k16": 48, "m64n128k16": 8, "m64n64k16": 20})])
+def test_hopper_backward_multiplies_the_columns_that_exist(head_dim_v, products):
+    """At head_dim 192 in 256-column tiles (DeepSeek-V3's 192/128, and 192 with V's the same) the products read 192
+    columns of Q and K (128 and 64, in two products each) and V's 128 (or 192), not TMA's zeros past them: S's and dP's
+    16-deep steps are 12 and 8 (or 12), not 16 each; dK's, dV's and dQ's columns are shared so that each warpgroup
+    multiplies as much (dK 128 + 64 columns, dQ's 64-column pieces one + two, three reduce-adds where 256 has four).
+    wgmma instructions of both warpgroups, counted by shape, and ptxas's spills."""
+    b = targets.build_hopper_backward(192, "bfloat16", True, False, head_dim_v=head_dim_v)
+    ptx = b.asm["ptx"]
+    found = collections.Counter(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)", ptx))
+    assert found == products, found
+    assert len(re.findall(r"cp\.reduce\.async\.bulk\.tensor\.3d\.global\.shared::cta\.add\.tile", ptx)) == 3
     usage = targets.ptxas_usage(ptx, 90)
     assert usage["spill_stores"] <= 64 and not usage["serialized"], usage
 

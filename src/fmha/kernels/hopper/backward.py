@@ -480,6 +480,49 @@ def _pds_views(p_smem, ds_smem, d, WG: gl.constexpr, KEYS: gl.constexpr, RS: gl.
     return p_w, ds_w, ds_q
 
 
+@gluon.constexpr_function
+def _span(d, head):
+    """The columns of a ``head``-wide tile that a product over ``d`` real columns reads: whole 64-column steps."""
+    return min(head, (d + 63) // 64 * 64)
+
+
+@gluon.constexpr_function
+def _steps(span):
+    """The products :func:`_over_span` issues over ``span`` columns: one a power of two, else 128 and the rest."""
+    return 1 if span & (span - 1) == 0 else 2
+
+
+@gluon.constexpr_function
+def _col0(span, wg):
+    """COLS: the first of warpgroup ``wg``'s share of ``span`` columns (a multiple of 64, taken at least 128 wide so
+    that each share is whole 64-column steps): halves where they are a power of two, else the first 128 and the rest
+    (192: 128 and 64)."""
+    span = max(span, 128)
+    return 0 if wg == 0 else (span // 2 if _steps(span // 2) == 1 else 128)
+
+
+@gluon.constexpr_function
+def _cols(span, wg):
+    """COLS: how many columns warpgroup ``wg``'s share of ``span`` holds (:func:`_col0`)."""
+    return _col0(span, 1) if wg == 0 else max(span, 128) - _col0(span, 1)
+
+
+@gluon.jit
+def _over_span(a_smem, b_smem, zeros, SPAN: gl.constexpr):
+    """``a[:, :SPAN] b[:, :SPAN]^T`` from shared memory, issued (:func:`_steps` products, each its own group): the
+    columns past SPAN, TMA's zeros, not multiplied."""
+    FIRST: gl.constexpr = SPAN if _steps(SPAN) == 1 else 128
+    if SPAN == a_smem.shape[1]:  # (the whole tile)
+        acc = warpgroup_mma(a_smem, b_smem.permute((1, 0)), zeros, use_acc=False, is_async=True)
+    else:
+        acc = warpgroup_mma(a_smem.slice(0, FIRST, dim=1), b_smem.slice(0, FIRST, dim=1).permute((1, 0)), zeros,
+                            use_acc=False, is_async=True)
+    if FIRST < SPAN:
+        acc = warpgroup_mma(a_smem.slice(FIRST, SPAN - FIRST, dim=1),
+                            b_smem.slice(FIRST, SPAN - FIRST, dim=1).permute((1, 0)), acc, is_async=True)
+    return acc
+
+
 @gluon.jit
 def _unhoisted(i):
     """Index ``i`` of a buffer (K's and V's, or a ring of one) as a register the compiler cannot fold, taken at every
@@ -510,14 +553,24 @@ def _consumer(k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
     BLOCK_N: gl.constexpr = k_bufs.shape[1]  # a program's keys
     KEYS: gl.constexpr = BLOCK_N // 2  # this warpgroup's keys of S and dP
     STAGES: gl.constexpr = q_bufs.shape[0]
-    # this warpgroup's dK and dV: its keys' rows over every column, or COLS every key's rows over its column half
+    # the columns the products read: q/k's and V's, in whole 64-column steps of the tile (TMA's zeros past them)
+    SPAN: gl.constexpr = _span(D, HEAD)
+    SPAN_V: gl.constexpr = _span(D_V, HEAD)
+    # this warpgroup's dK and dV: its keys' rows over every column, or COLS every key's rows over its share of the
+    # columns (:func:`_col0`)
     KV_ROWS: gl.constexpr = BLOCK_N if COLS else KEYS
-    KV_COLS: gl.constexpr = HEAD // 2 if COLS else HEAD
+    K_COL0: gl.constexpr = _col0(SPAN, WG) if COLS else 0
+    K_COLS: gl.constexpr = _cols(SPAN, WG) if COLS else HEAD
+    V_COL0: gl.constexpr = _col0(SPAN_V, WG) if COLS else 0
+    V_COLS: gl.constexpr = _cols(SPAN_V, WG) if COLS else HEAD
     BLOCK_M: gl.constexpr = q_bufs.shape[1]  # query rows a tile
     DS_BUFS: gl.constexpr = ds_smem.shape[0]
     DQ_ROWS: gl.constexpr = dq_desc.block_type.shape[1]  # dQ: a row or a column half each (:func:`tiles`)
     DQ_COLS: gl.constexpr = dq_desc.block_type.shape[2]
-    DQ_PIECES: gl.constexpr = dq_box.shape[0] // 2  # a warpgroup's dQ adds a tile
+    # a warpgroup's dQ adds a tile and the first one's index: one, or COLS the 64-column pieces of its share of the
+    # span, the share whose dK columns are fewer taking more (at 192: 128 + 64 and 64 + 128 a warpgroup)
+    DQ_PIECE0: gl.constexpr = WG * (SPAN // DQ_COLS // 2) if COLS else WG
+    DQ_PIECES: gl.constexpr = (SPAN // DQ_COLS - DQ_PIECE0 if WG else SPAN // DQ_COLS // 2) if COLS else 1
     FREE_APART: gl.constexpr = DS_BUFS != STAGES or EARLY  # the P/dS buffer freed by its own barrier
     # dK's product issued after dQ's (64-wide tiles, fast mode: 7-12% faster causal); 1-3% slower at 128, and 2-4%
     # slower deterministic, which issue it before
@@ -527,7 +580,9 @@ def _consumer(k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, KEYS, 16])
     g_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, KV_COLS, 16])
+                                                       instr_shape=[16, K_COLS, 16])
+    gv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, V_COLS, 16])
     q_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, DQ_COLS, 16])
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -553,14 +608,14 @@ def _consumer(k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
         # dQ[rows, cols] = dS[rows, all keys] K[all keys, cols]: this warpgroup's row half, or its column half (COLS:
         # in pieces of DQ_COLS, one product and one add each)
         dq_row = 0
-        dq_col: gl.constexpr = WG * DQ_COLS * DQ_PIECES if DQ_COLS * DQ_PIECES < HEAD else 0
+        dq_col: gl.constexpr = DQ_PIECE0 * DQ_COLS if DQ_COLS < HEAD else 0
         if DQ_ROWS < BLOCK_M:
             dq_row = WG * DQ_ROWS
         # a tile's query rows and this warpgroup's keys along the scores' dimensions (RS: S^T's, keys the rows)
         offs_q = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, t_layout) if RS else row_layout)
         offs_k = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, t_layout) if RS else gl.SliceLayout(0, s_layout))
-        dk = gl.zeros([KV_ROWS, KV_COLS], gl.float32, g_layout)
-        dv = gl.zeros([KV_ROWS, KV_COLS], gl.float32, g_layout)
+        dk = gl.zeros([KV_ROWS, K_COLS], gl.float32, g_layout)
+        dv = gl.zeros([KV_ROWS, V_COLS], gl.float32, gv_layout)
         first, end = _walk(pid_n, n_m_b, causal_b, window_b, BLOCK_M, BLOCK_N, CAUSAL, WINDOW)
         if _active(pid_n, sk, BLOCK_N, VARLEN):
             mbarrier.wait(kv_ready, n_kv & 1)
@@ -630,9 +685,9 @@ def _consumer(k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
                     else:
                         lse2, delta = _row_stats(lse_bufs.index(s), delta_bufs.index(s), LOG2E, row_layout)
                         zeros = gl.zeros([BLOCK_M, KEYS], gl.float32, s_layout)
-                        qk = warpgroup_mma(q_s, k_w.permute((1, 0)), zeros, use_acc=False, is_async=True)
-                        dp = warpgroup_mma(do_s, v_w.permute((1, 0)), zeros, use_acc=False, is_async=True)
-                        qk = warpgroup_mma_wait(1, deps=[qk])
+                        qk = _over_span(q_s, k_w, zeros, SPAN)
+                        dp = _over_span(do_s, v_w, zeros, SPAN_V)
+                        qk = warpgroup_mma_wait(_steps(SPAN_V), deps=[qk])
                         p = gl.exp2(qk * scale_log2 - lse2[:, None])
                         if _crossed(m, key0, sq, sk, causal_b, window_b, BLOCK_M, KEYS, CAUSAL, WINDOW, RAGGED,
                                     VARLEN):
@@ -652,10 +707,10 @@ def _consumer(k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
                             dk = warpgroup_mma(ds_w.permute((1, 0)), q_s, dk, is_async=True)
                     if COLS:  # every key's P and dS, both warpgroups' halves, by this warpgroup's columns
                         mbarrier.wait(ds_ready.index(d), d_phase)
-                        dv = warpgroup_mma(p_smem.index(d).permute((1, 0)), do_s.slice(WG * KV_COLS, KV_COLS, dim=1),
-                                           dv, is_async=True)
-                        dk = warpgroup_mma(ds_smem.index(d).permute((1, 0)), q_s.slice(WG * KV_COLS, KV_COLS, dim=1),
-                                           dk, is_async=True)
+                        dv = warpgroup_mma(p_smem.index(d).permute((1, 0)), do_s.slice(V_COL0, V_COLS, dim=1), dv,
+                                           is_async=True)
+                        dk = warpgroup_mma(ds_smem.index(d).permute((1, 0)), q_s.slice(K_COL0, K_COLS, dim=1), dk,
+                                           is_async=True)
                 if DETERMINISTIC:  # the previous tile's add, complete by now: the next block's turn at that tile
                     if it > 0:
                         _pass_turn(lock)
@@ -682,7 +737,7 @@ def _consumer(k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
                                 mbarrier.arrive(ds_free.index(d), count=1)
                     if piece == 0:
                         tma.store_wait(0)  # the previous tile's reduce-adds have read their buffers
-                    dq_tile = dq_box.index(WG * DQ_PIECES + piece)
+                    dq_tile = dq_box.index(DQ_PIECE0 + piece)
                     dq_tile._reinterpret(gl.float32, [DQ_ROWS, DQ_COLS], TILE_F32).store(dq)
                     fence_async_shared()
                     if DETERMINISTIC and piece == 0:
@@ -706,9 +761,8 @@ def _consumer(k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
                 _pass_turn(lock)
         # (packed: the batch strides are 0, the sequence's keys from its first)
         row0 = k0 + pid_n * BLOCK_N if COLS else k0 + key0
-        col0 = WG * KV_COLS if COLS else 0
-        _store_rows(dk, DK, b, kvh, k0 + sk, dk_strides, row0, col0, g_layout, KV_ROWS, KV_COLS, D)
-        _store_rows(dv, DV, b, kvh, k0 + sk, dv_strides, row0, col0, g_layout, KV_ROWS, KV_COLS, D_V)
+        _store_rows(dk, DK, b, kvh, k0 + sk, dk_strides, row0, K_COL0, g_layout, KV_ROWS, K_COLS, D)
+        _store_rows(dv, DV, b, kvh, k0 + sk, dv_strides, row0, V_COL0, gv_layout, KV_ROWS, V_COLS, D_V)
         if DYNAMIC:
             item = _receive(n_seen, ids, id_ready, id_free, ID_4)
             n_seen += 1
