@@ -930,7 +930,8 @@ def tiles(head: int, deterministic: bool = False) -> Tiles:
     128 keys, as FlashAttention-3 cuts it there (each warpgroup's own keys over the whole tile adds twice the
     bytes). At 256 (``COLS``): 64-key blocks whose dK and dV each warpgroup holds in column halves, one stage of Q
     and dO and one buffer of P and dS (K, V, Q and dO take 128 KB; with two stages they would not fit beside dQ's
-    staging), dQ's column half in two 64-column pieces, Q's and dO's one stage freed for the next tile's loads as
+    staging), dQ's column half in two 64-column pieces (the products over the columns that exist, shared between the
+    warpgroups: :func:`_col0`), Q's and dO's one stage freed for the next tile's loads as
     soon as dV's and dK's products are done, while dQ's run (1.13-1.46x holding it through dQ's; docs/PERF.md, "Past
     head_dim 128"). Either way each
     warpgroup adds its own half of a dQ tile, so deterministic, each half takes its own turns."""
