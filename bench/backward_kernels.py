@@ -39,8 +39,8 @@ DEALT = gluon.schedule
 TILES = gluon.tiles
 
 
-def early_free(head, deterministic=False):
-    return TILES(head, deterministic)._replace(early_free=True)
+def early_free(head, deterministic=False, dv=0):
+    return TILES(head, deterministic, dv)._replace(early_free=True)
 
 
 def one_program_a_block(blocks, sms, causal, packed, deterministic):

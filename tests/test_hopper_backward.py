@@ -272,7 +272,8 @@ def test_hopper_backward_with_q_and_do_freed_the_other_way(shape, causal, align,
     from fmha.kernels.hopper import backward as hopper
     table = hopper.tiles
     monkeypatch.setattr(hopper, "tiles",
-                        lambda head, det=False: table(head, det)._replace(early_free=not table(head, det).early_free))
+                        lambda head, det=False, dv=0: table(head, det, dv)._replace(
+                            early_free=not table(head, det, dv).early_free))
     i = 3 if deterministic else 5
     q, k, v = make_qkv(*shape, torch.bfloat16, seed=70 + shape[5] + i)
     kw = dict(causal=causal, causal_align=align, deterministic=deterministic)

@@ -689,8 +689,7 @@ def test_hopper_backward_builds_past_head_dim_128_in_column_halves(causal, deter
     every key (two 64 x 128 float32 accumulators, wgmma's m64n128 over the block's P^T and dS^T) beside its 32 keys'
     S and dP (m64n32 over all 256 columns); its dQ half leaves as two 64-column TMA reduce-adds, both warpgroups' four;
     one stage fits sm_90's shared memory; and with the products' descriptors made in the walk, ptxas spills at most
-    56 bytes (hoisted out of it, 420-1456).  With V narrower (DeepSeek-V3's 128 beside 192), V
-    and dO in the same tiles, the same kernel."""
+    56 bytes (hoisted out of it, 420-1456).  With V 128 wide, V and dO in 128-wide tiles and two stages of Q and dO."""
     from fmha.kernels.hopper.resources import SMEM_LIMIT
     b = targets.build_hopper_backward(256, "bfloat16", causal, deterministic, **flags)
     ptx = b.asm["ptx"]
@@ -698,7 +697,8 @@ def test_hopper_backward_builds_past_head_dim_128_in_column_halves(causal, deter
     assert len(re.findall(r"\bld\.global\b", ptx)) <= (12 if flags.get("varlen") else 0)
     shapes = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)", ptx))
     assert shapes == {"m64n32k16", "m64n128k16", "m64n64k16"}, shapes
-    assert b.metadata["shared"] <= SMEM_LIMIT and b.config["block_n"] == 64 and b.config["num_stages"] == 1
+    stages = 2 if flags.get("head_dim_v") else 1  # (V and dO in 128-wide tiles: two stages fit)
+    assert b.metadata["shared"] <= SMEM_LIMIT and b.config["block_n"] == 64 and b.config["num_stages"] == stages
     usage = targets.ptxas_usage(ptx, 90)
     assert usage["spill_stores"] <= 64 and not usage["serialized"], usage
 
@@ -716,6 +716,7 @@ def test_hopper_backward_multiplies_the_columns_that_exist(head_dim_v, products)
     found = collections.Counter(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)", ptx))
     assert found == products, found
     assert len(re.findall(r"cp\.reduce\.async\.bulk\.tensor\.3d\.global\.shared::cta\.add\.tile", ptx)) == 3
+    assert b.config["num_stages"] == (2 if head_dim_v else 1)  # V 128 wide: V and dO in 128-wide tiles, two stages
     usage = targets.ptxas_usage(ptx, 90)
     assert usage["spill_stores"] <= 64 and not usage["serialized"], usage
 
@@ -732,7 +733,7 @@ def test_hopper_backward_can_free_q_and_do_while_dq_runs():
             "table = hopper.tiles\n"
             "out = []\n"
             "for early in (False, True):\n"
-            "    hopper.tiles = lambda head, det=False, e=early: table(head, det)._replace(early_free=e)\n"
+            "    hopper.tiles = lambda head, det=False, dv=0, e=early: table(head, det, dv)._replace(early_free=e)\n"
             "    ptx = targets.build_hopper_backward(256, 'bfloat16', True).asm['ptx']\n"
             "    out.append([len(re.findall(r'wgmma\\.wait_group\\.sync\\.aligned\\s+1;', ptx)),\n"
             "                len(re.findall(r'mbarrier\\.init', ptx)), targets.ptxas_usage(ptx, 90)['spill_stores']])\n"

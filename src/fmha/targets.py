@@ -132,7 +132,7 @@ def _compile_backward(head_dim: int, dtype: str, causal: bool, deterministic: bo
     from .kernels.hopper import backward, reduce_pass
     tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
     head = backward.tile_width(head_dim)
-    cut = backward.tiles(head, deterministic)
+    cut = backward.tiles(head, deterministic, head_dim_v)
     t = torch.empty(1, 1, 256, head_dim, dtype=tdt)
     tv = torch.empty(1, 1, 256, head_dim_v, dtype=tdt)
     stat = torch.empty(1, 256, dtype=torch.float32)
@@ -182,7 +182,7 @@ def build_hopper_backward(head_dim: int, dtype: str = "bfloat16", causal: bool =
         return _build_elsewhere(head_dim, dtype, causal, deterministic, *flags.values(), head_dim_v,
                                 builder="build_hopper_backward")
     compiled = _compile_backward(head_dim, dtype, causal, deterministic, **flags, head_dim_v=head_dim_v or head_dim)
-    cut = backward.tiles(backward.tile_width(head_dim), deterministic)
+    cut = backward.tiles(backward.tile_width(head_dim), deterministic, head_dim_v)
     cfg = dict(block_m=cut.rows, block_n=cut.block_n, num_warps=12, num_stages=cut.stages,
                **({"deterministic": True} if deterministic else {}), **{k: True for k, v in flags.items() if v})
     return Build("hopper_backward", "sm_90", head_dim, dtype, causal, cfg, dict(compiled.asm),

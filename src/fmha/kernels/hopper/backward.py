@@ -555,14 +555,14 @@ def _consumer(k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
     STAGES: gl.constexpr = q_bufs.shape[0]
     # the columns the products read: q/k's and V's, in whole 64-column steps of the tile (TMA's zeros past them)
     SPAN: gl.constexpr = _span(D, HEAD)
-    SPAN_V: gl.constexpr = _span(D_V, HEAD)
+    SPAN_V: gl.constexpr = _span(D_V, v_bufs.shape[2])
     # this warpgroup's dK and dV: its keys' rows over every column, or COLS every key's rows over its share of the
     # columns (:func:`_col0`)
     KV_ROWS: gl.constexpr = BLOCK_N if COLS else KEYS
     K_COL0: gl.constexpr = _col0(SPAN, WG) if COLS else 0
     K_COLS: gl.constexpr = _cols(SPAN, WG) if COLS else HEAD
     V_COL0: gl.constexpr = _col0(SPAN_V, WG) if COLS else 0
-    V_COLS: gl.constexpr = _cols(SPAN_V, WG) if COLS else HEAD
+    V_COLS: gl.constexpr = _cols(SPAN_V, WG) if COLS else v_bufs.shape[2]
     BLOCK_M: gl.constexpr = q_bufs.shape[1]  # query rows a tile
     DS_BUFS: gl.constexpr = ds_smem.shape[0]
     DQ_ROWS: gl.constexpr = dq_desc.block_type.shape[1]  # dQ: a row or a column half each (:func:`tiles`)
@@ -794,8 +794,8 @@ def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_de
                     COLS: gl.constexpr, EARLY: gl.constexpr):
     """dK and dV of each key block of a (batch, KV head) a program walks (:func:`_program`), and its share of dQ
     added into ``dq_desc``'s float32 buffer.  HEAD: the tile width (head_dim padded), D: head_dim, D_V: V's (no
-    wider: V and dO read in q/k's tiles, TMA's zeros past D_V, so their dP and dV products run as wide as Q's; dV
-    stored over V's own columns).
+    wider: V and dO read in tiles of their own width, ``v_desc``'s box, or in q/k's, TMA's zeros past D_V; dV stored
+    over V's own columns).
     ``Locks``: deterministic, zeroed int32 counters, one a half of each (batch * head, query tile);
     ``Deal``: DYNAMIC, two int32 counters at zero (left so): the next key block a program takes as it frees, past
     the first turn's (each program's own number), and the programs done;
@@ -806,12 +806,13 @@ def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_de
     dtype: gl.constexpr = q_desc.dtype
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
+    HEAD_V: gl.constexpr = v_desc.block_type.shape[3]  # V's and dO's tile width (:class:`Tiles`)
     q_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD], TILE)
-    do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD], TILE)
+    do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_V], TILE)
     lse_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], lse_desc.layout)
     delta_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], delta_desc.layout)
     k_bufs = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD], TILE)  # (one buffer, indexed: :func:`_unhoisted`)
-    v_bufs = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD], TILE)
+    v_bufs = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_V], TILE)
     k_smem = k_bufs.index(0)
     v_smem = v_bufs.index(0)
     if RS:  # P stays in registers
@@ -820,9 +821,9 @@ def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_de
     else:
         ds_smem = gl.allocate_shared_memory(dtype, [DS_BUFS, BLOCK_M, BLOCK_N], TILE)
         p_smem = gl.allocate_shared_memory(dtype, [DS_BUFS, BLOCK_M, BLOCK_N], TILE)
-    # (COLS: each warpgroup's column half of dQ in pieces of the descriptor's box)
-    DQ_PIECES: gl.constexpr = HEAD // 2 // dq_desc.block_type.shape[2] if COLS else 1
-    dq_box = gl.allocate_shared_memory(gl.float32, [2 * DQ_PIECES, 1, dq_desc.block_type.shape[1],
+    # a warpgroup's dQ tile each, or COLS the pieces of the descriptor's box over the columns that exist
+    DQ_BOXES: gl.constexpr = _span(D, HEAD) // dq_desc.block_type.shape[2] if COLS else 2
+    dq_box = gl.allocate_shared_memory(gl.float32, [DQ_BOXES, 1, dq_desc.block_type.shape[1],
                                                     dq_desc.block_type.shape[2]], dq_desc.layout)
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -915,10 +916,11 @@ class Tiles(NamedTuple):
     # Q's and dO's stage freed once dV's and dK's products are done, while dQ's run (``EARLY``; the P/dS buffer then
     # freed by its own barrier): at one stage the next tile's loads overlap dQ's products and adds
     early_free: bool = False
+    head_v: int = 0  # V's and dO's tile width, where narrower than Q's and K's (0: as wide)
 
 
-def tiles(head: int, deterministic: bool = False) -> Tiles:
-    """The tiles of a call ``head`` columns wide.
+def tiles(head: int, deterministic: bool = False, dv: int = 0) -> Tiles:
+    """The tiles of a call ``head`` columns wide, V's head dim ``dv`` (0: q/k's).
 
     At 128: P and dS through shared memory in two buffers (224 KB), dQ in column halves over all 128 keys (a
     whole-width dQ accumulator beside dK's and dV's does not fit).  S^T's registers form there spilled 392-504
@@ -933,13 +935,16 @@ def tiles(head: int, deterministic: bool = False) -> Tiles:
     staging), dQ's column half in two 64-column pieces (the products over the columns that exist, shared between the
     warpgroups: :func:`_col0`), Q's and dO's one stage freed for the next tile's loads as
     soon as dV's and dK's products are done, while dQ's run (1.13-1.46x holding it through dQ's; docs/PERF.md, "Past
-    head_dim 128"). Either way each
-    warpgroup adds its own half of a dQ tile, so deterministic, each half takes its own turns."""
+    head_dim 128"). Where V's head dim fits 128 columns (DeepSeek-V3's 192/128) V and dO take 128-wide tiles, and two
+    stages of Q and dO fit. Either way each warpgroup adds its own half of a dQ tile, so deterministic, each half takes
+    its own turns."""
     if head <= 64:
         return Tiles(rows=128, rs=True, ds_bufs=2, dq_rows=64, dq_cols=head)
     if head <= 128:
         return Tiles(rows=64, rs=False, ds_bufs=2, dq_rows=64, dq_cols=head // 2)
-    return Tiles(rows=64, rs=False, ds_bufs=1, dq_rows=64, dq_cols=64, block_n=64, stages=1, cols=True, early_free=True)
+    narrow = 0 < dv <= 128
+    return Tiles(rows=64, rs=False, ds_bufs=1, dq_rows=64, dq_cols=64, block_n=64, stages=2 if narrow else 1, cols=True,
+                 early_free=True, head_v=128 if narrow else 0)
 
 
 def descriptors(q, k, v, do, dq, lse, delta, layout: str, head: int, cut: Tiles) -> tuple[list, list[int]]:
@@ -947,9 +952,10 @@ def descriptors(q, k, v, do, dq, lse, delta, layout: str, head: int, cut: Tiles)
     the float32 ``dq`` buffer (a warpgroup's share of a tile) and of the LSE and delta (``[batch * heads,
     seqlen_q]``, a tile's rows a box), and the (batch, head) placements of the first four."""
     descs, place = [], []
-    for t, rows in ((q, cut.rows), (k, cut.block_n), (v, cut.block_n), (do, cut.rows)):
+    for t, rows, width in ((q, cut.rows, head), (k, cut.block_n, head), (v, cut.block_n, cut.head_v or head),
+                           (do, cut.rows, cut.head_v or head)):
         shape, st, p = _place(t, layout)
-        descs.append(TensorDescriptor(t, shape, st, [1, 1, rows, head], IN_LAYOUT))
+        descs.append(TensorDescriptor(t, shape, st, [1, 1, rows, width], IN_LAYOUT))
         place += p
     box = [1, cut.dq_rows, cut.dq_cols]
     descs.append(TensorDescriptor(dq, list(dq.shape), list(dq.stride()), box, DQ_LAYOUT))
@@ -1033,7 +1039,7 @@ def launch(prob, q, k, v, do, lse, delta, dk, dv, layout: str, strides, zeros, d
     (:func:`dq_gap`), and the LSE and delta ``[heads, packed_stats_rows]``, laid out for TMA
     (:func:`fmha.kernels.backward.stats_row`)."""
     head = tile_width(prob.head_dim)
-    cut = tiles(head, deterministic)
+    cut = tiles(head, deterministic, prob.dv)
     if packed:
         cu_q, cu_k, seqlen_q, seqlen_k = packed
         dq = zeros((prob.heads, prob.seqlen_q + prob.batch * dq_gap(prob, deterministic), head), torch.float32)
