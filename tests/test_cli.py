@@ -102,6 +102,26 @@ def test_compile_takes_v_head_dim_apart():
     assert [i.split(".")[4] for i in json.loads(out.stdout)["matrix_instructions"]] == ["m64n64k16"]  # P V's too
 
 
+def test_compile_builds_the_backward_with_v_head_dim_apart():
+    """``--backward --head-dim-v``: the Gluon backward at DeepSeek's 192/128 (V and dO in 128-wide tiles, two stages)
+    and the Triton kernels' (V's tiles 128 wide), each build saying V's head dim; a V wider than q/k, which the Gluon
+    kernel does not take, is refused by name."""
+    import json
+    out = fmha("compile", "--variant", "hopper", "--backward", "--target", "sm_90", "--head-dim", "192",
+               "--head-dim-v", "128", "--causal", "--json")
+    assert out.returncode == 0, out.stderr[-2000:]
+    report = json.loads(out.stdout)
+    report = report[0] if isinstance(report, list) else report
+    assert report["config"]["head_dim_v"] == 128 and report["config"]["num_stages"] == 2, report["config"]
+    out = fmha("compile", "--backward", "--target", "sm_80", "--head-dim", "192", "--head-dim-v", "128", "--json")
+    assert out.returncode == 0, out.stderr[-2000:]
+    reports = json.loads(out.stdout)
+    assert reports and all(r["config"]["head_dim_v"] == 128 for r in reports), reports
+    refused = fmha("compile", "--variant", "hopper", "--backward", "--target", "sm_90", "--head-dim", "128",
+                   "--head-dim-v", "192")
+    assert refused.returncode == 2 and "head_dim_v 192" in refused.stderr and "Traceback" not in refused.stderr
+
+
 def test_compile_records_a_build_row(tmp_path):
     import csv
     rows_at = tmp_path / "builds.csv"

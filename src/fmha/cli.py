@@ -310,6 +310,9 @@ def cmd_compile(args) -> int:
                                  "or, with --variant hopper --target sm_90, the Gluon kernel (head_dim "
                                  "a multiple of 8 from 32 to 256); "
                                  "float16 or bfloat16")
+            if gluon and args.head_dim_v > args.head_dim:
+                raise ValueError(f"head_dim_v {args.head_dim_v}: the Gluon backward takes V's head dim no wider than "
+                                 f"q/k's ({args.head_dim})")
         elif args.variant is None:
             raise ValueError("--variant is required (or --backward)")
         else:
@@ -320,10 +323,10 @@ def cmd_compile(args) -> int:
         raise UsageError(str(e)) from None
     if args.backward and args.variant:
         return _report_builds(args, [targets.build_hopper_backward(args.head_dim, args.dtype, args.causal,
-                                                                   args.deterministic)])
+                                                                   args.deterministic, head_dim_v=args.head_dim_v)])
     if args.backward:
-        builds = [b for name in names for b in targets.build_backward_kernels(name, args.head_dim, args.dtype,
-                                                                              args.causal, args.deterministic)]
+        builds = [b for name in names for b in targets.build_backward_kernels(
+            name, args.head_dim, args.dtype, args.causal, args.deterministic, head_dim_v=args.head_dim_v)]
         return _report_builds(args, builds)
     if args.target == "all":  # every target this variant builds for
         skipped = [n for n in names if targets.unbuildable(args.variant, n, args.head_dim, args.dtype)]
@@ -378,7 +381,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--head-dim", type=int, default=128, choices=[*HEAD_DIMS, MLA_ABSORBED[0]],
                    help=f"{MLA_ABSORBED[0]}: MLA's absorbed decode (V {MLA_ABSORBED[1]}), tiled only")
     c.add_argument("--head-dim-v", type=int, default=0, choices=[0, *HEAD_DIMS],
-                   help="V's head dim where it differs from q/k's (DeepSeek's 192/128), no larger")
+                   help="V's head dim where it differs from q/k's (DeepSeek's 192/128; the Gluon kernels "
+                        "take it no larger), forward or --backward")
     c.add_argument("--dtype", choices=["float16", "bfloat16", "float8_e4m3fn"], default="float16")
     c.add_argument("--causal", action="store_true")
     c.add_argument("--out", default=None, help="write binary, assembly and report.json here")

@@ -184,6 +184,7 @@ def build_hopper_backward(head_dim: int, dtype: str = "bfloat16", causal: bool =
     compiled = _compile_backward(head_dim, dtype, causal, deterministic, **flags, head_dim_v=head_dim_v or head_dim)
     cut = backward.tiles(backward.tile_width(head_dim), deterministic, head_dim_v)
     cfg = dict(block_m=cut.rows, block_n=cut.block_n, num_warps=12, num_stages=cut.stages,
+               **({"head_dim_v": head_dim_v} if head_dim_v and head_dim_v != head_dim else {}),
                **({"deterministic": True} if deterministic else {}), **{k: True for k, v in flags.items() if v})
     return Build("hopper_backward", "sm_90", head_dim, dtype, causal, cfg, dict(compiled.asm),
                  _plain(compiled.metadata))
@@ -199,7 +200,8 @@ def family_of_target(target: str) -> str:
 
 def build_backward_kernels(target: str, head_dim: int, dtype: str = "bfloat16", causal: bool = False,
                            deterministic: bool = False, attn_mask: bool | str = False,
-                           shared: int = 0, mask_grad: bool = False, dropout: bool = False) -> list["Build"]:
+                           shared: int = 0, mask_grad: bool = False, dropout: bool = False,
+                           head_dim_v: int = 0) -> list["Build"]:
     """The portable backward's kernels (:mod:`fmha.kernels.backward`: dK/dV, and dQ unless the first adds it
     atomically) compiled for ``target`` without a GPU, with the tiles :func:`fmha.backward.tiles` picks
     there; their ``variant`` is the kernel's name.  ``attn_mask``: built to read one (:func:`_mask_build`);
@@ -207,20 +209,25 @@ def build_backward_kernels(target: str, head_dim: int, dtype: str = "bfloat16", 
     takes them then).  ``dropout``: built to drop the forward's attention probabilities again
     (:mod:`fmha.kernels.dropout`).
     ``shared``: the bytes of shared memory a block may take, as a GPU of that target has them (0: the target's
-    SM's less 1 KB: an A100's for sm_80)."""
+    SM's less 1 KB: an A100's for sm_80).  ``head_dim_v``: V's head dim where it is not q/k's (DeepSeek-V3's 128
+    beside 192), in the tiles the backward takes for the larger."""
     from .backward import tiles
+    from .plan import v_tile
     from .kernels import backward as kernels
     _check_choice("target", target, list(TARGETS))
     _check_choice("dtype", dtype, ["float16", "bfloat16"])
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         return _build_elsewhere(target, head_dim, dtype, causal, deterministic, attn_mask, shared, mask_grad, dropout,
-                                builder="build_backward_kernels")
+                                head_dim_v, builder="build_backward_kernels")
     chip = TARGETS[target]
     # a block's shared memory: an SM's less the 1 KB the driver keeps (an A100's 163 KB for sm_80)
     if mask_grad and attn_mask in (False, True):
         raise ValueError("mask_grad: the gradient of a float attn_mask (attn_mask='bias')")
-    kv_tiles, q_tiles = tiles(head_dim, causal, deterministic or mask_grad, family_of_target(target),
-                              shared or chip.shared_bytes - 1024, bool(attn_mask), dropout)
+    dv = head_dim_v or head_dim
+    if dv != head_dim:
+        _check_choice("head_dim_v", dv, list(range(8, 257, 8)))
+    kv_tiles, q_tiles = tiles(max(head_dim, dv), causal, deterministic or mask_grad, family_of_target(target),
+                              shared or chip.shared_bytes - 1024, bool(attn_mask), dropout, head_dim_v=dv)
     block_d = max(16, triton.next_power_of_2(head_dim))
     out = []
     for kernel, t in ((kernels.dkdv_kernel, kv_tiles), (kernels.dq_kernel, q_tiles)):
@@ -229,7 +236,8 @@ def build_backward_kernels(target: str, head_dim: int, dtype: str = "bfloat16", 
         atomic = kernel is kernels.dkdv_kernel and q_tiles is None
         const = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=t["BLOCK_M"], BLOCK_N=t["BLOCK_N"], CAUSAL=causal,
                      WINDOW=False, SOFTCAP=False, ALIBI=False, VARLEN=False, SEQUSED=False, ALIGN_BR=False,
-                     HEAD_V=head_dim, BLOCK_DV=block_d, QK_CHUNKS=t["QK_CHUNKS"], **_mask_build(attn_mask, kernel)[0])
+                     HEAD_V=dv, BLOCK_DV=v_tile(head_dim, dv), QK_CHUNKS=t["QK_CHUNKS"],
+                     **_mask_build(attn_mask, kernel)[0])
         if dropout:
             const["DROPOUT"] = True
         if t.get("HALVES"):  # the dK/dV kernel's columns in halves
@@ -246,6 +254,7 @@ def build_backward_kernels(target: str, head_dim: int, dtype: str = "bfloat16", 
         cfg = dict(block_m=t["BLOCK_M"], block_n=t["BLOCK_N"], num_warps=t["num_warps"], num_stages=t["num_stages"],
                    **({"qk_chunks": t["QK_CHUNKS"]} if t["QK_CHUNKS"] else {}),
                    **({"halves": True} if t.get("HALVES") else {}),
+                   **({"head_dim_v": dv} if dv != head_dim else {}),
                    **({"deterministic": True} if deterministic else {}))
         out.append(Build(kernel.__name__, target, head_dim, dtype, causal, cfg, dict(compiled.asm),
                          _plain(compiled.metadata)))
