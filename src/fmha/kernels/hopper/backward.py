@@ -26,10 +26,12 @@ query rows the rows (so a row's LSE and delta are two registers a thread):
   tile; instead the products start from them: S^T's accumulator from ``-LSE / scale`` (and ``-inf`` above
   the causal diagonal), dP^T's from ``-delta``, so ``P^T = exp2(scale_log2 S^T)`` and ``dS^T = scale P^T
   dP^T`` (the statistics are read in the accumulators' column layout as the products are issued);
-* past head_dim 128 (``COLS``, :func:`tiles`: 256-column tiles, 64-key blocks, one stage) whole key rows of dK
-  and dV do not fit a warpgroup's registers, so each warpgroup holds their column half over all 64 keys (two
-  64 x 128 float32 accumulators), FlashAttention-3's cut at 256: S and dP over its 32 keys as above, then, both
-  halves of P and dS in place, ``dV += P^T dO`` and ``dK += dS^T Q`` over the block's keys and its columns;
+* past head_dim 128 (``COLS``, :func:`tiles`: 256-column tiles, 64-key blocks, one stage, or two where V and dO
+  take 128-wide tiles) whole key rows of dK and dV do not fit a warpgroup's registers, so each warpgroup holds
+  their columns' share over all 64 keys (at 256 two 64 x 128 float32 accumulators), FlashAttention-3's cut at 256:
+  S and dP over its 32 keys as above, then, both halves of P and dS in place, ``dV += P^T dO`` and ``dK += dS^T
+  Q`` over the block's keys and its columns; every product multiplies whole 64-column steps of the columns that
+  exist, not TMA's zeros past them (:func:`_span`, :func:`_col0`);
 * ``dQ += dS K`` over all 128 keys: at head_dim 128 the two warpgroups take a column half each, at 64 a
   row half each (:func:`tiles`; a barrier pair between them: both halves of dS in place, and both done with
   them).  The float32 half goes to shared memory and is added into a float32 dQ buffer by a TMA reduce-add
