@@ -104,8 +104,8 @@ def test_compile_takes_v_head_dim_apart():
 
 def test_compile_builds_the_backward_with_v_head_dim_apart():
     """``--backward --head-dim-v``: the Gluon backward at DeepSeek's 192/128 (V and dO in 128-wide tiles, two stages)
-    and the Triton kernels' (V's tiles 128 wide), each build saying V's head dim; a V wider than q/k, which the Gluon
-    kernel does not take, is refused by name."""
+    and the Triton kernels' (V's tiles 128 wide), each build saying V's head dim; a V the Gluon kernel does not take
+    (wider than q/k, or under 32) is refused by name."""
     import json
     out = fmha("compile", "--variant", "hopper", "--backward", "--target", "sm_90", "--head-dim", "192",
                "--head-dim-v", "128", "--causal", "--json")
@@ -117,9 +117,11 @@ def test_compile_builds_the_backward_with_v_head_dim_apart():
     assert out.returncode == 0, out.stderr[-2000:]
     reports = json.loads(out.stdout)
     assert reports and all(r["config"]["head_dim_v"] == 128 for r in reports), reports
-    refused = fmha("compile", "--variant", "hopper", "--backward", "--target", "sm_90", "--head-dim", "128",
-                   "--head-dim-v", "192")
-    assert refused.returncode == 2 and "head_dim_v 192" in refused.stderr and "Traceback" not in refused.stderr
+    for dv in ("192", "24"):  # wider than q/k's; under the Gluon kernel's 32
+        refused = fmha("compile", "--variant", "hopper", "--backward", "--target", "sm_90", "--head-dim", "128",
+                       "--head-dim-v", dv)
+        assert refused.returncode == 2 and f"head_dim_v {dv}" in refused.stderr, refused.stderr[-2000:]
+        assert "Traceback" not in refused.stderr
 
 
 def test_compile_records_a_build_row(tmp_path):

@@ -310,9 +310,10 @@ def cmd_compile(args) -> int:
                                  "or, with --variant hopper --target sm_90, the Gluon kernel (head_dim "
                                  "a multiple of 8 from 32 to 256); "
                                  "float16 or bfloat16")
-            if gluon and args.head_dim_v > args.head_dim:
-                raise ValueError(f"head_dim_v {args.head_dim_v}: the Gluon backward takes V's head dim no wider than "
-                                 f"q/k's ({args.head_dim})")
+            if gluon and args.head_dim_v and (args.head_dim_v > args.head_dim
+                                              or args.head_dim_v not in GLUON_BACKWARD_DIMS):
+                raise ValueError(f"head_dim_v {args.head_dim_v}: the Gluon backward takes V's head dim a multiple of 8 "
+                                 f"from 32, no wider than q/k's ({args.head_dim})")
         elif args.variant is None:
             raise ValueError("--variant is required (or --backward)")
         else:
