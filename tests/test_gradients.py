@@ -157,7 +157,8 @@ def test_column_halves_have_the_reference_gradients(monkeypatch, head_dim, head_
 
 def test_describe_names_the_backward_that_runs(monkeypatch):
     """:func:`fmha.backward.describe` says which backward runs and with which tiles, as :func:`fmha.backward.dense`
-    picks them: the table's tiles (AMD's here, the family patched), dQ from its own kernel when deterministic."""
+    picks them: the table's tiles (AMD's here, the family patched), dQ from its own kernel when deterministic; the
+    Gluon kernel's tiles (V's own 128-wide tiles and two stages at DeepSeek's 192/128)."""
     from fmha import backward
     q, k, v = make_qkv(1, 2, 1, 37, 45, 64, torch.bfloat16, "bhsd", seed=0)
     monkeypatch.setattr(backward, "family_of", lambda device: "cdna")
@@ -169,6 +170,14 @@ def test_describe_names_the_backward_that_runs(monkeypatch):
     q, k, v = make_qkv(1, 2, 1, 37, 45, 256, torch.bfloat16, "bhsd", seed=0)
     assert backward.describe(q, k, v) == ("triton backward dK/dV 16x32 warps=16 stages=1 qk_chunks=16, "
                                           "dQ 32x16 warps=16 stages=1 qk_chunks=16")
+    # where the Gluon kernel would run (patched in: it needs sm_90), its tiles past head_dim 128 as the call takes them
+    monkeypatch.setattr(backward, "kernel", lambda *a, **kw: "hopper")
+    q, k, _ = make_qkv(1, 2, 1, 37, 45, 192, torch.bfloat16, "bhsd", seed=0)
+    v = make_qkv(1, 2, 1, 37, 45, 128, torch.bfloat16, "bhsd", seed=1)[2]
+    assert backward.describe(q, k, v) == ("hopper backward BLOCK_M=64 BLOCK_N=64 stages=2 ds_bufs=1 rs=0 dq_rows=64 "
+                                          "dq_cols=64 dk_dv in column halves early_free v_tiles=128")
+    q, k, v = make_qkv(1, 2, 1, 37, 45, 256, torch.bfloat16, "bhsd", seed=0)
+    assert "stages=1" in backward.describe(q, k, v) and "v_tiles" not in backward.describe(q, k, v)
 
 
 @pytest.mark.parametrize("mods", [{"window": (6, 0)}, {"window": (4, 3)}, {"softcap": 5.0},

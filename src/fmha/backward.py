@@ -245,7 +245,8 @@ def describe(q, k, v, *, causal: bool = False, layout: str = "bhsd", determinist
         cut = hopper.tiles(hopper.tile_width(prob.head_dim), deterministic, prob.dv)
         return (f"hopper backward BLOCK_M={cut.rows} BLOCK_N={cut.block_n} stages={cut.stages} "
                 f"ds_bufs={cut.ds_bufs} rs={int(cut.rs)} dq_rows={cut.dq_rows} dq_cols={cut.dq_cols}"
-                f"{' dk_dv in column halves' if cut.cols else ''}{order}")
+                f"{' dk_dv in column halves' if cut.cols else ''}{' early_free' if cut.early_free else ''}"
+                f"{f' v_tiles={cut.head_v}' if cut.head_v else ''}{order}")
     kv_tiles, q_tiles = tiles(max(prob.head_dim, prob.dv), prob.causal, deterministic, family_of(q.device),
                               _shared(q.device), dropout=prob.dropout, head_dim_v=prob.dv)
 
