@@ -483,6 +483,13 @@ def _pds_views(p_smem, ds_smem, d, WG: gl.constexpr, KEYS: gl.constexpr, RS: gl.
 
 
 @gluon.constexpr_function
+def _frees_apart(ds_bufs, stages, early):
+    """Whether a tile's P/dS buffer is freed by a barrier of its own, not with its Q/dO stage (one barrier for both
+    where the two rings are as deep and the stage is held until dQ's products are done)."""
+    return ds_bufs != stages or early
+
+
+@gluon.constexpr_function
 def _span(d, head):
     """The columns of a ``head``-wide tile that a product over ``d`` real columns reads: whole 64-column steps."""
     return min(head, (d + 63) // 64 * 64)
@@ -573,7 +580,7 @@ def _consumer(k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
     # span, the share whose dK columns are fewer taking more (at 192: 128 + 64 and 64 + 128 a warpgroup)
     DQ_PIECE0: gl.constexpr = WG * (SPAN // DQ_COLS // 2) if COLS else WG
     DQ_PIECES: gl.constexpr = (SPAN // DQ_COLS - DQ_PIECE0 if WG else SPAN // DQ_COLS // 2) if COLS else 1
-    FREE_APART: gl.constexpr = DS_BUFS != STAGES or EARLY  # the P/dS buffer freed by its own barrier
+    FREE_APART: gl.constexpr = _frees_apart(DS_BUFS, STAGES, EARLY)
     # dK's product issued after dQ's (64-wide tiles, fast mode: 7-12% faster causal); 1-3% slower at 128, and 2-4%
     # slower deterministic, which issue it before
     DK_LAST: gl.constexpr = RS and not DETERMINISTIC
@@ -832,10 +839,11 @@ def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_de
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     ds_ready = gl.allocate_shared_memory(gl.int64, [DS_BUFS, 1], mbarrier.MBarrierLayout())
-    if DS_BUFS == STAGES and not EARLY:  # a tile frees its Q/dO stage and its P/dS buffer at once: one barrier
-        ds_free = q_empty
-    else:
+    FREE_APART: gl.constexpr = _frees_apart(DS_BUFS, STAGES, EARLY)
+    if FREE_APART:
         ds_free = gl.allocate_shared_memory(gl.int64, [DS_BUFS, 1], mbarrier.MBarrierLayout())
+    else:  # a tile frees its Q/dO stage and its P/dS buffer at once: one barrier
+        ds_free = q_empty
     landed = kv_ready  # VARLEN: the tiles whose rows past a sequence's end the producer zeroes land here first
     if VARLEN:
         landed = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -854,7 +862,7 @@ def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_de
         mbarrier.init(q_empty.index(i), count=2)
     for i in gl.static_range(DS_BUFS):
         mbarrier.init(ds_ready.index(i), count=2)
-        if DS_BUFS != STAGES or EARLY:
+        if FREE_APART:
             mbarrier.init(ds_free.index(i), count=2)
     order = (section, blocks, pairs)
     place = (q_lead, q_first_b, q_first_h, k_lead, k_first_b, k_first_h, v_lead, v_first_b, v_first_h, do_lead,
