@@ -2,14 +2,17 @@
 ``torch.autograd.grad`` costs (``torch.profiler``), less what the forward alone costs.
 
     PYTHONPATH=src python3 bench/backward_kernels.py [--head-dims 64 128] [--seqlens 512 1024 2048 4096]
-        [--causal 0 1] [--providers triton gluon gluon-block gluon-counter gluon-early cudnn] [--deterministic]
+        [--causal 0 1] [--providers triton gluon gluon-block gluon-counter gluon-early gluon:ds_bufs=2 cudnn fa4]
+        [--deterministic]
         [--kernels] [--head-dim-v 128] [--ledger bench/ledger.csv]
 
 Cells: the default grid's shapes (B*S = 16k, H*D = 2048; bf16, bhsd). Providers: ``triton`` (fmha's backward held to
 the Triton kernels), ``gluon`` (every length on the Gluon kernel, its programs dealt as
 :func:`fmha.kernels.hopper.backward.schedule` deals them), ``gluon-block`` (one program a key block),
 ``gluon-counter`` (every walk from the counter), ``gluon-early`` (Q's and dO's stage freed while dQ's products run:
-:class:`fmha.kernels.hopper.backward.Tiles`'s ``early_free``), ``cudnn`` (SDPA's cuDNN backend); ``--deterministic``
+:class:`fmha.kernels.hopper.backward.Tiles`'s ``early_free``), ``gluon:FIELD=VALUE,...`` (the table's tiles with those
+fields of :class:`~fmha.kernels.hopper.backward.Tiles` replaced), ``cudnn`` (SDPA's cuDNN backend), ``fa4``
+(FlashAttention-4's ``flash_attn.cute``, where it imports: its own bshd layout); ``--deterministic``
 times fmha's fixed order; ``--head-dim-v``: V's head dim (DeepSeek-V3's 128 beside q/k's 192). The backward's time
 is what its kernels take on the GPU, so a run reads the kernels' share of a backward apart from its host time and
 launch gaps (``fmha bench --pass bwd`` times the whole call). Rows: ``pass`` ``bwd``, ``ms`` the backward's kernels,
@@ -33,14 +36,28 @@ from fmha.bench.timing import kernel_times  # noqa: E402
 from fmha.kernels.hopper import backward as gluon  # noqa: E402
 
 # the rows rules each provider holds the backward to (distinct objects: the backward's replay key holds their ids)
-EVERY_LENGTH = {name: dict.fromkeys(backward.GLUON_ROWS, 1)
-                for name in ("gluon", "gluon-block", "gluon-counter", "gluon-early")}
+EVERY_LENGTH: dict[str, dict] = {}  # by provider, made at its first use
 DEALT = gluon.schedule
 TILES = gluon.tiles
 
 
-def early_free(head, deterministic=False, dv=0):
-    return TILES(head, deterministic, dv)._replace(early_free=True)
+def tiles_with(fields: dict):
+    """The table's tiles with ``fields`` replaced (the ``gluon:FIELD=VALUE`` providers)."""
+    return lambda head, deterministic=False, dv=0: TILES(head, deterministic, dv)._replace(**fields)
+
+
+def tile_fields(provider: str) -> dict:
+    """``gluon:ds_bufs=2,early_free=1`` -> {"ds_bufs": 2, "early_free": True}; {} for any other provider."""
+    if provider == "gluon-early":
+        return {"early_free": True}
+    if not provider.startswith("gluon:"):
+        return {}
+    fields = {}
+    for item in provider.split(":", 1)[1].split(","):
+        name, value = item.split("=")
+        kind = type(getattr(TILES(128), name))
+        fields[name] = kind(int(value))
+    return fields
 
 
 def one_program_a_block(blocks, sms, causal, packed, deterministic):
@@ -62,18 +79,29 @@ def attention_of(provider: str, causal: bool, deterministic: bool):
             with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
                 return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
         return sdpa
+    if provider == "fa4":
+        from fmha.bench.providers import entry
+        fa4 = entry("flash_attn.cute", "flash_attn_func")
+        if fa4 is None:
+            raise SystemExit("fa4: flash_attn.cute does not import here")
+        return lambda q, k, v: fa4(q, k, v, causal=causal)
     return lambda q, k, v: fmha.attention(q, k, v, causal=causal, deterministic=deterministic)
 
 
 def measure(provider: str, q, k, v, causal: bool, deterministic: bool, reps: int) -> tuple[float, dict]:
     """The backward's kernels' time (us) and the forward-and-backward's kernels, one call's."""
     attend = attention_of(provider, causal, deterministic)
+    if provider == "fa4":  # FlashAttention's own layout, bshd, made outside the timing
+        q, k, v = (t.detach().transpose(1, 2).contiguous().requires_grad_(True) for t in (q, k, v))
     do = torch.randn_like(v)  # (the output is as wide as V)
     rules = backward.GLUON_ROWS, backward.GLUON_ROWS_DETERMINISTIC
-    if provider != "cudnn":
-        backward.GLUON_ROWS = backward.GLUON_ROWS_DETERMINISTIC = EVERY_LENGTH.get(provider, providers.NO_GLUON_ROWS)
+    if provider not in ("cudnn", "fa4"):
+        gluon_rows = (EVERY_LENGTH.setdefault(provider, dict.fromkeys(backward.GLUON_ROWS, 1))
+                      if provider.startswith("gluon") else providers.NO_GLUON_ROWS)
+        backward.GLUON_ROWS = backward.GLUON_ROWS_DETERMINISTIC = gluon_rows
     gluon.schedule = DEALS.get(provider, DEALT)
-    gluon.tiles = early_free if provider == "gluon-early" else TILES
+    fields = tile_fields(provider)
+    gluon.tiles = tiles_with(fields) if fields else TILES
     try:
         forward = kernel_times(lambda: attend(q, k, v), reps)
         both = kernel_times(lambda: torch.autograd.grad(attend(q, k, v), (q, k, v), do), reps)
@@ -90,7 +118,7 @@ def main(argv=None) -> None:
     p.add_argument("--seqlens", nargs="+", type=int, default=[512, 1024, 2048, 4096])
     p.add_argument("--causal", nargs="+", type=int, default=[0, 1])
     p.add_argument("--providers", nargs="+", default=["triton", "gluon", "cudnn"],
-                   choices=["triton", "gluon", "gluon-block", "gluon-counter", "gluon-early", "cudnn"])
+                   help="triton, gluon, gluon-block, gluon-counter, gluon-early, gluon:FIELD=VALUE,..., cudnn, fa4")
     p.add_argument("--deterministic", action="store_true")
     p.add_argument("--head-dim-v", type=int, default=0, help="V's head dim (0: q/k's)")
     p.add_argument("--kernels", action="store_true", help="print each kernel's time too")
@@ -115,9 +143,10 @@ def main(argv=None) -> None:
                     if args.kernels:
                         for name, t in kernels.items():
                             print(f"      {t:9.1f}  {name}")
-                    rows.append({**env, "provider": "sdpa:cudnn" if provider == "cudnn" else
-                                 ("fmha:deterministic" if args.deterministic else "fmha:auto"),
-                                 "config": "library default" if provider == "cudnn" else f"backward: {provider}",
+                    peer = {"cudnn": "sdpa:cudnn", "fa4": "flash_attn.cute"}.get(provider)
+                    rows.append({**env, "provider": peer or ("fmha:deterministic" if args.deterministic else
+                                                            "fmha:auto"),
+                                 "config": "library default" if peer else f"backward: {provider}",
                                  "dtype": "bfloat16", "batch": b, "heads": h, "kv_heads": h, "seqlen_q": s,
                                  "seqlen_k": s, "head_dim": d, "causal": int(causal), "ms": us / 1000,
                                  "tflops": flops / us / 1e6, "note": "the backward's kernels' GPU time a call "

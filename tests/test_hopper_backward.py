@@ -295,6 +295,8 @@ NARROWER = [  # (batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, V's), cau
     ((1, 2, 1, 200, 300, 256, 192), True, "bottom_right", "bshd", True),  # dV's columns shared 128 + 64
     ((1, 2, 2, 150, 150, 160, 40), False, "top_left", "bhsd", False),     # dV's 64 + 64 over 40
     ((1, 4, 2, 333, 400, 256, 128), True, "top_left", "bshd", False),     # two stages beside four dQ pieces: 231 KB
+    ((2, 4, 2, 300, 200, 64, 32), True, "bottom_right", "bshd", True),   # S^T's form: dP^T over V's 32, dV m64n32
+    ((1, 2, 1, 257, 300, 112, 72), False, "top_left", "bhsd", False),   # dP over 80 columns (64 + 16), dV m64n72
 ]
 
 

@@ -721,6 +721,34 @@ def test_hopper_backward_multiplies_the_columns_that_exist(head_dim_v, products)
     assert usage["spill_stores"] <= 64 and not usage["serialized"], usage
 
 
+@pytest.mark.parametrize("head_dim,head_dim_v,causal,products", [
+    (96, 0, True, {"m64n64k16": 32, "m64n96k16": 16, "m64n32k16": 8}),
+    (80, 0, False, {"m64n64k16": 28, "m64n80k16": 16, "m64n16k16": 8}),
+    (112, 0, True, {"m64n64k16": 36, "m64n112k16": 16, "m64n48k16": 8}),
+    (128, 64, True, {"m64n64k16": 48, "m64n128k16": 8}),
+    (32, 0, True, {"m64n128k16": 8, "m64n32k16": 48}),
+    (48, 0, False, {"m64n128k16": 12, "m64n48k16": 48}),
+    (160, 0, True, {"m64n32k16": 40, "m64n128k16": 8, "m64n64k16": 20}),
+])
+def test_hopper_backward_multiplies_head_dims_off_the_tile(head_dim, head_dim_v, causal, products):
+    """A head dim padded to its tile's power of two (96 and 80 in 128, 32 and 48 in 64, 160 in 256) multiplies its
+    own columns, not TMA's zeros past them: S's and dP's reductions in 16-column steps of the real ones (96: 64 + 32,
+    80: 64 + 16; 32 and 48 in S^T's form, their m64n128 steps 2 and 3 a product where the tile's are 4), dK and dV
+    over them in one narrower wgmma (m64n96, m64n80; dV over V's 64 at 128/64), and the second warpgroup's dQ over
+    the columns of its half that exist (m64n32 at 96, m64n16 at 80); past 128, S and dP over 128 + 32 at 160.  wgmma
+    instructions of both warpgroups, counted by shape; ptxas spills at most 128 bytes, or as much as the tile's own
+    head dim."""
+    from fmha.kernels.hopper.backward import tile_width
+    b = targets.build_hopper_backward(head_dim, "bfloat16", causal, head_dim_v=head_dim_v)
+    ptx = b.asm["ptx"]
+    found = collections.Counter(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)", ptx))
+    assert found == products, found
+    usage = targets.ptxas_usage(ptx, 90)
+    tile = targets.build_hopper_backward(tile_width(head_dim), "bfloat16", causal).asm["ptx"]
+    assert usage["spill_stores"] <= max(targets.ptxas_usage(tile, 90)["spill_stores"], 128), usage
+    assert not usage["serialized"], usage
+
+
 def test_hopper_backward_can_free_q_and_do_while_dq_runs():
     """``Tiles.early_free`` at head_dim 256: the consumers wait for dV's and dK's products with dQ's first piece still
     in flight (one more ``wgmma.wait_group 1`` a warpgroup) and free Q's and dO's stage there, the P/dS buffer on a

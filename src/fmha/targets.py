@@ -129,7 +129,7 @@ def _compile_backward(head_dim: int, dtype: str, causal: bool, deterministic: bo
     from triton.backends.compiler import BaseBackend
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from .kernels.hopper import backward, reduce_pass
+    from .kernels.hopper import backward, narrow_pass, reduce_pass
     tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
     head = backward.tile_width(head_dim)
     cut = backward.tiles(head, deterministic, head_dim_v)
@@ -159,6 +159,7 @@ def _compile_backward(head_dim: int, dtype: str, causal: bool, deterministic: bo
         else:
             sig[name] = "i32"
     reduce_pass.install()
+    narrow_pass.install()
     return triton.compile(GluonASTSource(kernel, sig, const), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": 4})
 

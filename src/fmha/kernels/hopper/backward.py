@@ -76,8 +76,9 @@ from ... import replay
 from ...constants import LOG2E as LOG2E_VALUE
 from ...device import device_facts, l2_bytes
 from .. import tma as views
-from . import reduce_pass
+from . import narrow_pass, reduce_pass
 from .mask import _sequence
+from .narrow_pass import mark
 from .producer import _zero_rows
 from .resources import MIN_SCALE, padded
 
@@ -491,14 +492,37 @@ def _frees_apart(ds_bufs, stages, early):
 
 @gluon.constexpr_function
 def _span(d, head):
-    """The columns of a ``head``-wide tile that a product over ``d`` real columns reads: whole 64-column steps."""
+    """COLS: the columns of a ``head``-wide tile that dK's, dV's and dQ's shares cover for ``d`` real ones: whole
+    64-column steps (:func:`_col0`)."""
     return min(head, (d + 63) // 64 * 64)
 
 
 @gluon.constexpr_function
-def _steps(span):
-    """The products :func:`_over_span` issues over ``span`` columns: one a power of two, else 128 and the rest."""
-    return 1 if span & (span - 1) == 0 else 2
+def _depth(d, head):
+    """The columns a product reduces over for ``d`` real ones in a ``head``-wide tile: whole 16-column steps of
+    wgmma's k (TMA's zeros past them not multiplied)."""
+    return min(head, (d + 15) // 16 * 16)
+
+
+@gluon.constexpr_function
+def _width(d, n):
+    """The columns a product ``n`` wide keeps of ``d`` real ones: 0 where that is all ``n`` (nothing to narrow),
+    else ``d`` in wgmma's 8-column steps (:mod:`.narrow_pass`)."""
+    kept = (max(d, 8) + 7) // 8 * 8
+    return kept if kept < n else 0
+
+
+@gluon.constexpr_function
+def _pieces(depth, head):
+    """The products :func:`_over` issues over ``depth`` of a ``head``-wide tile's columns: one for the whole tile,
+    else one a power of two of ``depth``, widest first (96: 64 and 32; 192: 128 and 64)."""
+    return 1 if depth == head else bin(depth).count("1")
+
+
+@gluon.constexpr_function
+def _piece(depth, i):
+    """Where :func:`_over`'s ``i``-th piece of ``depth`` columns starts (past the last piece: ``depth``)."""
+    return sum([w for w in (256, 128, 64, 32, 16) if depth & w][:i])
 
 
 @gluon.constexpr_function
@@ -507,7 +531,8 @@ def _col0(span, wg):
     that each share is whole 64-column steps): halves where they are a power of two, else the first 128 and the rest
     (192: 128 and 64)."""
     span = max(span, 128)
-    return 0 if wg == 0 else (span // 2 if _steps(span // 2) == 1 else 128)
+    half = span // 2
+    return 0 if wg == 0 else (half if half & (half - 1) == 0 else 128)
 
 
 @gluon.constexpr_function
@@ -517,18 +542,33 @@ def _cols(span, wg):
 
 
 @gluon.jit
-def _over_span(a_smem, b_smem, zeros, SPAN: gl.constexpr):
-    """``a[:, :SPAN] b[:, :SPAN]^T`` from shared memory, issued (:func:`_steps` products, each its own group): the
-    columns past SPAN, TMA's zeros, not multiplied."""
-    FIRST: gl.constexpr = SPAN if _steps(SPAN) == 1 else 128
-    if SPAN == a_smem.shape[1]:  # (the whole tile)
-        acc = warpgroup_mma(a_smem, b_smem.permute((1, 0)), zeros, use_acc=False, is_async=True)
+def _cut(t, DEPTH: gl.constexpr, i: gl.constexpr):
+    """The columns of :func:`_over`'s ``i``-th piece of ``t``."""
+    return t.slice(_piece(DEPTH, i), _piece(DEPTH, i + 1) - _piece(DEPTH, i), dim=1)
+
+
+@gluon.jit
+def _over(a_smem, b_smem, acc, DEPTH: gl.constexpr, FRESH: gl.constexpr):
+    """``a[:, :DEPTH] b[:, :DEPTH]^T`` from shared memory into ``acc`` (FRESH: over it), issued (:func:`_pieces`
+    products, each its own group): the columns past DEPTH, TMA's zeros, not multiplied."""
+    if DEPTH == a_smem.shape[1]:  # (the whole tile)
+        acc = warpgroup_mma(a_smem, b_smem.permute((1, 0)), acc, use_acc=not FRESH, is_async=True)
     else:
-        acc = warpgroup_mma(a_smem.slice(0, FIRST, dim=1), b_smem.slice(0, FIRST, dim=1).permute((1, 0)), zeros,
-                            use_acc=False, is_async=True)
-    if FIRST < SPAN:
-        acc = warpgroup_mma(a_smem.slice(FIRST, SPAN - FIRST, dim=1),
-                            b_smem.slice(FIRST, SPAN - FIRST, dim=1).permute((1, 0)), acc, is_async=True)
+        for i in gl.static_range(_pieces(DEPTH, a_smem.shape[1])):
+            acc = warpgroup_mma(_cut(a_smem, DEPTH, i), _cut(b_smem, DEPTH, i).permute((1, 0)), acc,
+                                use_acc=not FRESH or i > 0, is_async=True)
+    return acc
+
+
+@gluon.jit
+def _mma(a, b, acc, N: gl.constexpr, USE_ACC: gl.constexpr = True):
+    """``a b`` into ``acc``, issued, over ``b``'s first N columns only (0: all of them): one wgmma that wide
+    (:mod:`.narrow_pass`), the accumulator's columns past N left as they were."""
+    if N:
+        gl.inline_asm_elementwise(mark(N), "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+    acc = warpgroup_mma(a, b, acc, use_acc=USE_ACC, is_async=True)
+    if N:
+        gl.inline_asm_elementwise(mark(0), "=r", [], dtype=gl.int32, is_pure=False, pack=1)
     return acc
 
 
@@ -565,6 +605,10 @@ def _consumer(k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
     # the columns the products read: q/k's and V's, in whole 64-column steps of the tile (TMA's zeros past them)
     SPAN: gl.constexpr = _span(D, HEAD)
     SPAN_V: gl.constexpr = _span(D_V, v_bufs.shape[2])
+    # S's and dP's reductions over q/k's and V's real columns in 16-column steps, and the narrower products' widths
+    # (0: the whole tile): dK over Q's columns, dV over dO's, dQ over this warpgroup's columns of K
+    DEPTH: gl.constexpr = _depth(D, HEAD)
+    DEPTH_V: gl.constexpr = _depth(D_V, v_bufs.shape[2])
     # this warpgroup's dK and dV: its keys' rows over every column, or COLS every key's rows over its share of the
     # columns (:func:`_col0`)
     KV_ROWS: gl.constexpr = BLOCK_N if COLS else KEYS
@@ -580,6 +624,11 @@ def _consumer(k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
     # span, the share whose dK columns are fewer taking more (at 192: 128 + 64 and 64 + 128 a warpgroup)
     DQ_PIECE0: gl.constexpr = WG * (SPAN // DQ_COLS // 2) if COLS else WG
     DQ_PIECES: gl.constexpr = (SPAN // DQ_COLS - DQ_PIECE0 if WG else SPAN // DQ_COLS // 2) if COLS else 1
+    # the narrower products' widths (0: the whole tile; COLS: the shares' whole 64-column steps): dK over Q's columns,
+    # dV over dO's, dQ over this warpgroup's columns of K
+    N_K: gl.constexpr = 0 if COLS else _width(D, HEAD)
+    N_V: gl.constexpr = 0 if COLS else _width(D_V, v_bufs.shape[2])
+    N_Q: gl.constexpr = 0 if COLS else _width(D - (WG * DQ_COLS if DQ_COLS < HEAD else 0), DQ_COLS)
     FREE_APART: gl.constexpr = _frees_apart(DS_BUFS, STAGES, EARLY)
     # dK's product issued after dQ's (64-wide tiles, fast mode: 7-12% faster causal); 1-3% slower at 128, and 2-4%
     # slower deterministic, which issue it before
@@ -667,19 +716,19 @@ def _consumer(k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
                                      WINDOW, VARLEN)
                         st0 = gl.where(seen, st0, float("-inf"))
 
-                    st = warpgroup_mma(k_w, q_s.permute((1, 0)), st0, is_async=True)
-                    dpt = warpgroup_mma(v_w, do_s.permute((1, 0)), zeros_t - delta_t[None, :], is_async=True)
+                    st = _over(k_w, q_s, st0, DEPTH, False)
+                    dpt = _over(v_w, do_s, zeros_t - delta_t[None, :], DEPTH_V, False)
                     st, dpt = warpgroup_mma_wait(0, deps=[st, dpt])
                     pt = gl.exp2(st * scale_log2)
                     dst = (pt * dpt * scale).to(dtype)
-                    dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do_s, dv, is_async=True)
+                    dv = _mma(gl.convert_layout(pt.to(dtype), a_layout), do_s, dv, N_V)
                     mbarrier.wait(ds_free.index(d), d_phase ^ 1)
                     ds_w.store(dst)
                     fence_async_shared()
                     mbarrier.arrive(ds_ready.index(d), count=1)
                     ds_t = gl.convert_layout(dst, a_layout)  # dK's A operand
                     if not DK_LAST:
-                        dk = warpgroup_mma(ds_t, q_s, dk, is_async=True)
+                        dk = _mma(ds_t, q_s, dk, N_K)
                 else:
                     # typed as the products' accumulators before the branch that may issue none
                     dv = warpgroup_mma_init(dv)
@@ -694,9 +743,9 @@ def _consumer(k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
                     else:
                         lse2, delta = _row_stats(lse_bufs.index(s), delta_bufs.index(s), LOG2E, row_layout)
                         zeros = gl.zeros([BLOCK_M, KEYS], gl.float32, s_layout)
-                        qk = _over_span(q_s, k_w, zeros, SPAN)
-                        dp = _over_span(do_s, v_w, zeros, SPAN_V)
-                        qk = warpgroup_mma_wait(_steps(SPAN_V), deps=[qk])
+                        qk = _over(q_s, k_w, zeros, DEPTH, True)
+                        dp = _over(do_s, v_w, zeros, DEPTH_V, True)
+                        qk = warpgroup_mma_wait(_pieces(DEPTH_V, v_bufs.shape[2]), deps=[qk])
                         p = gl.exp2(qk * scale_log2 - lse2[:, None])
                         if _crossed(m, key0, sq, sk, causal_b, window_b, BLOCK_M, KEYS, CAUSAL, WINDOW, RAGGED,
                                     VARLEN):
@@ -712,8 +761,8 @@ def _consumer(k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
                         fence_async_shared()
                         mbarrier.arrive(ds_ready.index(d), count=1)
                         if not COLS:
-                            dv = warpgroup_mma(p_w.permute((1, 0)), do_s, dv, is_async=True)
-                            dk = warpgroup_mma(ds_w.permute((1, 0)), q_s, dk, is_async=True)
+                            dv = _mma(p_w.permute((1, 0)), do_s, dv, N_V)
+                            dk = _mma(ds_w.permute((1, 0)), q_s, dk, N_K)
                     if COLS:  # every key's P and dS, both warpgroups' halves, by this warpgroup's columns
                         mbarrier.wait(ds_ready.index(d), d_phase)
                         dv = warpgroup_mma(p_smem.index(d).permute((1, 0)), do_s.slice(V_COL0, V_COLS, dim=1), dv,
@@ -728,10 +777,9 @@ def _consumer(k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
                     k_b = k_smem
                     if DQ_COLS < HEAD:
                         k_b = k_smem.slice(dq_col + piece * DQ_COLS, DQ_COLS, dim=1)
-                    dq = warpgroup_mma(ds_q, k_b, gl.zeros([DQ_ROWS, DQ_COLS], gl.float32, q_layout), use_acc=False,
-                                       is_async=True)
+                    dq = _mma(ds_q, k_b, gl.zeros([DQ_ROWS, DQ_COLS], gl.float32, q_layout), N_Q, False)
                     if DK_LAST:  # dK's product in flight while dQ's tile goes to shared memory and on to its add
-                        dk = warpgroup_mma(ds_t, q_s, dk, is_async=True)
+                        dk = _mma(ds_t, q_s, dk, N_K)
                         dq = warpgroup_mma_wait(1, deps=[dq])
                     else:
                         if EARLY and piece == 0:  # dV's and dK's products done: Q, dO and their statistics read
@@ -1062,6 +1110,7 @@ def launch(prob, q, k, v, do, lse, delta, dk, dv, layout: str, strides, zeros, d
         lse, delta = row_stats(lse, rows), row_stats(delta, rows)
     descs, place = descriptors(q, k, v, do, dq, lse, delta, layout, head, cut)
     reduce_pass.install()
+    narrow_pass.install()
     n_m = triton.cdiv(seqlen_q, cut.rows)
     locks = zeros((prob.batch * prob.heads * n_m * 2,), torch.int32) if deterministic else dq
     blocks, pairs = triton.cdiv(seqlen_k, cut.block_n), prob.batch * prob.kv_heads
