@@ -84,7 +84,11 @@ def attention_of(provider: str, causal: bool, deterministic: bool):
         fa4 = entry("flash_attn.cute", "flash_attn_func")
         if fa4 is None:
             raise SystemExit("fa4: flash_attn.cute does not import here")
-        return lambda q, k, v: fa4(q, k, v, causal=causal)
+
+        def flash(q, k, v):
+            out = fa4(q, k, v, causal=causal)
+            return out[0] if isinstance(out, tuple) else out  # (its output, and the LSE where it returns one)
+        return flash
     return lambda q, k, v: fmha.attention(q, k, v, causal=causal, deterministic=deterministic)
 
 
