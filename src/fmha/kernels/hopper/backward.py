@@ -475,7 +475,9 @@ def _pds_views(p_smem, ds_smem, d, WG: gl.constexpr, KEYS: gl.constexpr, RS: gl.
     if RS:
         ds_w = ds.slice(WG * KEYS, KEYS, dim=0)
         p_w = ds_w  # (P stays in registers)
-        ds_q = ds.slice(WG * DQ_ROWS, DQ_ROWS, dim=1).permute((1, 0))
+        ds_q = ds.permute((1, 0))
+        if DQ_ROWS < ds.shape[1]:  # (a row half of the tile's)
+            ds_q = ds.slice(WG * DQ_ROWS, DQ_ROWS, dim=1).permute((1, 0))
     else:
         p_w = p_smem.index(d).slice(WG * KEYS, KEYS, dim=1)
         ds_w = ds.slice(WG * KEYS, KEYS, dim=1)
