@@ -30,8 +30,11 @@ query rows the rows (so a row's LSE and delta are two registers a thread):
   take 128-wide tiles) whole key rows of dK and dV do not fit a warpgroup's registers, so each warpgroup holds
   their columns' share over all 64 keys (at 256 two 64 x 128 float32 accumulators), FlashAttention-3's cut at 256:
   S and dP over its 32 keys as above, then, both halves of P and dS in place, ``dV += P^T dO`` and ``dK += dS^T
-  Q`` over the block's keys and its columns; every product multiplies whole 64-column steps of the columns that
-  exist, not TMA's zeros past them (:func:`_span`, :func:`_col0`);
+  Q`` over the block's keys and its columns, the columns shared in whole 64-column steps (:func:`_span`,
+  :func:`_col0`);
+* a head dim between two tile widths (96 or 80 in 128, 32 in 64, 160 in 256) multiplies its own columns, not TMA's
+  zeros past them: S and dP reduce over them in 16-column steps (:func:`_over`), and dK's, dV's and dQ's products are
+  one wgmma as wide as the columns that exist (:func:`_mma`, :mod:`.narrow_pass`: ``m64n96k16`` at 96);
 * ``dQ += dS K`` over all 128 keys: at head_dim 128 the two warpgroups take a column half each, at 64 a
   row half each (:func:`tiles`; a barrier pair between them: both halves of dS in place, and both done with
   them).  The float32 half goes to shared memory and is added into a float32 dQ buffer by a TMA reduce-add
@@ -982,22 +985,22 @@ class Tiles(NamedTuple):
 def tiles(head: int, deterministic: bool = False, dv: int = 0) -> Tiles:
     """The tiles of a call ``head`` columns wide, V's head dim ``dv`` (0: q/k's).
 
-    At 128: P and dS through shared memory in two buffers (224 KB), dQ in column halves over all 128 keys (a
-    whole-width dQ accumulator beside dK's and dV's does not fit).  S^T's registers form there spilled 392-504
-    bytes beside dK's and dV's accumulators holding the statistics through the tile (12-14% slower), and 28-40
-    with the products started from them (2-4% slower without causal, no faster causal; docs/PERF.md, "The
-    Gluon backward").  At 64: FlashAttention-3's 128-row tiles in S^T's registers form, the products started
-    from the statistics: 1.21-1.27x the 64-row tiles from 1k tokens without causal, 1.04-1.10x causal (holding
-    the statistics through the tile spilled 752-792 bytes and ran 24-33% slower); dQ in row halves over all
-    128 keys, as FlashAttention-3 cuts it there (each warpgroup's own keys over the whole tile adds twice the
-    bytes). At 256 (``COLS``): 64-key blocks whose dK and dV each warpgroup holds in column halves, one stage of Q
-    and dO and one buffer of P and dS (K, V, Q and dO take 128 KB; with two stages they would not fit beside dQ's
-    staging), dQ's column half in two 64-column pieces (the products over the columns that exist, shared between the
-    warpgroups: :func:`_col0`), Q's and dO's one stage freed for the next tile's loads as
-    soon as dV's and dK's products are done, while dQ's run (1.13-1.46x holding it through dQ's; docs/PERF.md, "Past
-    head_dim 128"). Where V's head dim fits 128 columns (DeepSeek-V3's 192/128) V and dO take 128-wide tiles, and two
-    stages of Q and dO fit. Either way each warpgroup adds its own half of a dQ tile, so deterministic, each half takes
-    its own turns."""
+    At 128: P and dS through shared memory in two buffers (224 KB), dQ in column halves over all 128 keys (a whole-width
+    dQ accumulator beside dK's and dV's does not fit). S^T's registers form there spilled 392-504 bytes beside dK's and
+    dV's accumulators holding the statistics through the tile (12-14% slower), and 28-40 with the products started from
+    them (2-4% slower without causal, no faster causal; docs/PERF.md, "The Gluon backward"; timed again beside the
+    narrower products: 0.97-1.03x at 128 and 0.95-0.99x at 96, a third stage of Q and dO no better, "Head dims off the
+    tile"). At 64: FlashAttention-3's 128-row tiles in S^T's registers form, the products started from the statistics:
+    1.21-1.27x the 64-row tiles from 1k tokens without causal, 1.04-1.10x causal (holding the statistics through the
+    tile spilled 752-792 bytes and ran 24-33% slower); dQ in row halves over all 128 keys, as FlashAttention-3 cuts it
+    there (each warpgroup's own keys over the whole tile adds twice the bytes). At 256 (``COLS``): 64-key blocks whose
+    dK and dV each warpgroup holds in column halves, one stage of Q and dO and one buffer of P and dS (K, V, Q and dO
+    take 128 KB; with two stages they would not fit beside dQ's staging), dQ's column half in two 64-column pieces (the
+    products over the columns that exist, shared between the warpgroups: :func:`_col0`), Q's and dO's one stage freed
+    for the next tile's loads as soon as dV's and dK's products are done, while dQ's run (1.13-1.46x holding it through
+    dQ's; docs/PERF.md, "Past head_dim 128"). Where V's head dim fits 128 columns (DeepSeek-V3's 192/128) V and dO take
+    128-wide tiles, and two stages of Q and dO fit. Either way each warpgroup adds its own half of a dQ tile, so
+    deterministic, each half takes its own turns."""
     if head <= 64:
         return Tiles(rows=128, rs=True, ds_bufs=2, dq_rows=64, dq_cols=head)
     if head <= 128:
