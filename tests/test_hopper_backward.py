@@ -468,11 +468,11 @@ def test_what_the_hopper_backward_leaves_to_triton(monkeypatch):
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_hopper_backward_allocates_the_gradients_and_its_two_buffers_only(deterministic):
     """What the backward allocates beyond what the forward left (q, k, v, O, LSE): the three gradients, ``delta``
-    (float32, as the LSE) and the float32 dQ its tiles add into (``[batch * heads, seqlen_q, tile width]``), and,
-    deterministic, its turn counters (two int32 a query tile and head).  The peak stays within their sum and 1 MB
-    (the allocator's rounding, the LSE's zero gradient autograd may make); a copy of an input, or a float32 dK or
-    dV, would go past it."""
-    b, h, kvh, s, d = 2, 8, 2, 2048, 128
+    (float32, as the LSE) and the float32 dQ its tiles add into (``[batch * heads, seqlen_q, head_dim]``, not the
+    tile's 128 columns at head_dim 96), and, deterministic, its turn counters (two int32 a query tile and head).  The
+    peak stays within their sum and 1 MB (the allocator's rounding, the LSE's zero gradient autograd may make); a copy
+    of an input, a float32 dK or dV, or a dQ buffer as wide as the tile (4 MB more here), would go past it."""
+    b, h, kvh, s, d = 2, 8, 2, 2048, 96
     q, k, v = leaves(*make_qkv(b, h, kvh, s, s, d, torch.bfloat16))
     assert runs_on(q, k, v, causal=True, deterministic=deterministic) == "hopper"
     o = fmha.attention(q, k, v, causal=True, deterministic=deterministic)

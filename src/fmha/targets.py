@@ -136,8 +136,8 @@ def _compile_backward(head_dim: int, dtype: str, causal: bool, deterministic: bo
     t = torch.empty(1, 1, 256, head_dim, dtype=tdt)
     tv = torch.empty(1, 1, 256, head_dim_v, dtype=tdt)
     stat = torch.empty(1, 256, dtype=torch.float32)
-    descs, _ = backward.descriptors(t, t, tv, tv, torch.empty(1, 256, head, dtype=torch.float32), stat, stat, "bhsd",
-                                    head, cut)
+    dq = torch.empty(1, 256, head_dim, dtype=torch.float32)
+    descs, _ = backward.descriptors(t, t, tv, tv, dq, stat, stat, "bhsd", head, cut)
     kernel = backward.backward_kernel
     const = dict(HEAD=head, D=head_dim, D_V=head_dim_v, CAUSAL=causal, WINDOW=window, RAGGED=ragged or varlen,
                  RS=cut.rs, DS_BUFS=cut.ds_bufs, DETERMINISTIC=deterministic, VARLEN=varlen, ALIGN_BR=varlen,

@@ -1094,21 +1094,23 @@ def schedule(blocks: int, sms: int, causal: bool, packed: bool, deterministic: b
 
 def launch(prob, q, k, v, do, lse, delta, dk, dv, layout: str, strides, zeros, deterministic: bool = False,
            packed=None) -> torch.Tensor:
-    """dK and dV into ``dk``, ``dv``; returns dQ (float32, ``[batch * heads, seqlen_q, tile width]``), its adds
+    """dK and dV into ``dk``, ``dv``; returns dQ (float32, ``[batch * heads, seqlen_q, head_dim]``: the tile's
+    columns past head_dim, which the dQ boxes reach, are past the buffer's edge, so TMA adds nothing there), its adds
     in one fixed order when ``deterministic``.  ``zeros(shape, dtype)``: a zeroed buffer (dQ's, the counters).
     ``packed``: ``(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)`` of packed sequences (q, k, v, dO
     one sequence of every row, ``[1, total, heads, head_dim]``; the LSE and delta ``[heads, total_q]``); dQ is
-    then ``[heads, total_q + batch * gap, tile width]``, sequence b's rows from ``cu_seqlens_q[b] + b * gap``
+    then ``[heads, total_q + batch * gap, head_dim]``, sequence b's rows from ``cu_seqlens_q[b] + b * gap``
     (:func:`dq_gap`), and the LSE and delta ``[heads, packed_stats_rows]``, laid out for TMA
     (:func:`fmha.kernels.backward.stats_row`)."""
     head = tile_width(prob.head_dim)
     cut = tiles(head, deterministic, prob.dv)
     if packed:
         cu_q, cu_k, seqlen_q, seqlen_k = packed
-        dq = zeros((prob.heads, prob.seqlen_q + prob.batch * dq_gap(prob, deterministic), head), torch.float32)
+        dq = zeros((prob.heads, prob.seqlen_q + prob.batch * dq_gap(prob, deterministic), prob.head_dim),
+                   torch.float32)
     else:
         seqlen_q, seqlen_k = prob.seqlen_q, prob.seqlen_k
-        dq = zeros((prob.batch * prob.heads, seqlen_q, head), torch.float32)
+        dq = zeros((prob.batch * prob.heads, seqlen_q, prob.head_dim), torch.float32)
         cu_q = cu_k = dq  # (unread)
     if not packed:  # (packed: laid out for TMA already, :func:`packed_stats_rows`)
         rows = stats_rows(prob.seqlen_q)
