@@ -272,6 +272,42 @@ def test_plot_turns_a_ledger_into_pngs(tmp_path):
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 10_000
 
 
+def test_plot_gives_each_provider_one_color_in_every_panel(tmp_path):
+    """A peer that failed in one panel (its row without a time) takes no line there, and the other providers keep
+    their colors: one color a provider over the run, and the legend names every provider drawn in any panel."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    env = {"timestamp": "t", "run_id": "r1", "git_sha": "s", "gpu": "fake", "torch": "t", "triton": "t"}
+    rows = []
+    for p, d, s in itertools.product(["flash_attn.cute", "fmha:auto", "sdpa:cudnn"], [80, 96], [1024, 4096]):
+        failed = p == "flash_attn.cute" and d == 80
+        rows.append(dict(env, provider=p, dtype="bfloat16", batch=1, heads=16, kv_heads=16, seqlen_q=s, seqlen_k=s,
+                         head_dim=d, causal=0, ms="" if failed else 1.0, tflops="" if failed else 100 + s / 100,
+                         ratio_best_peer=1.0, note="failed: wrong gradients" if failed else "ok"))
+    assert plot.colors(rows) == {"flash_attn.cute": "C0", "fmha:auto": "C1", "sdpa:cudnn": "C2"}
+    path = tmp_path / "ledger.csv"
+    ledger.append(path, rows)
+    drawn = []
+    save = plt.Figure.savefig
+
+    def keep(fig, *args, **kw):
+        drawn.append({ax.get_title(): {line.get_label(): line.get_color() for line in ax.get_lines()}
+                      for ax in fig.axes})
+        legend = fig.axes[0].get_legend()
+        drawn[-1]["legend"] = [t.get_text() for t in legend.get_texts()] if legend else []
+        return save(fig, *args, **kw)
+    plt.Figure.savefig = keep
+    try:
+        plot.plot(path, tmp_path / "plots")
+    finally:
+        plt.Figure.savefig = save
+    tflops = drawn[0]
+    assert tflops["D=80 non-causal"] == {"fmha:auto": "C1", "sdpa:cudnn": "C2"}
+    assert tflops["D=96 non-causal"] == {"flash_attn.cute": "C0", "fmha:auto": "C1", "sdpa:cudnn": "C2"}
+    assert tflops["legend"] == ["flash_attn.cute", "fmha:auto", "sdpa:cudnn"]
+
+
 def test_plot_panels_split_decoding_by_query_rows():
     """The default grid (seqlen_q = seqlen_k) plots one panel per (head_dim, causal); the decode grid
     (seqlen_q 1, 4, 16 against the same keys) one per seqlen_q, so no line joins different query counts."""

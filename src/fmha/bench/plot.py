@@ -30,6 +30,12 @@ def panel(r) -> tuple[int, int, int]:
     return int(r["head_dim"]), int(r["causal"]), 0 if sq == sk else sq
 
 
+def colors(rows: list[dict]) -> dict[str, str]:
+    """One color a provider, the same in every panel and plot of a run (matplotlib's cycle in the providers' sorted
+    order), so a provider missing from one panel (a peer that failed or refused the shape) shifts no other line's."""
+    return {p: f"C{i % 10}" for i, p in enumerate(sorted({r["provider"] for r in rows}))}
+
+
 def plot(ledger_path, out_dir, run_id: str | None = None) -> list[Path]:
     """Write the plots of one run (default: the latest) under ``out_dir``; returns the paths."""
     import matplotlib
@@ -49,10 +55,12 @@ def plot(ledger_path, out_dir, run_id: str | None = None) -> list[Path]:
     paths = []
     gpu = rows[0]["gpu"] if rows else ""
     panels = sorted({panel(r) for r in ok})
+    color = colors(ok)
     for dtype in sorted({r["dtype"] for r in ok}):
         sel = [r for r in ok if r["dtype"] == dtype]
         for kind, ylabel in (("tflops", "TFLOP/s"), ("ratio_best_peer", "best peer ms / provider ms")):
             fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 4), squeeze=False)
+            shown = {}  # every provider drawn in any panel, for the one legend
             for ax, (d, c, q) in zip(axes[0], panels):
                 mine = [r for r in sel if panel(r) == (d, c, q)]
                 provs = sorted({r["provider"] for r in mine})
@@ -62,7 +70,8 @@ def plot(ledger_path, out_dir, run_id: str | None = None) -> list[Path]:
                     pts = sorted((int(r["seqlen_k"]), _num(r, kind)) for r in mine if r["provider"] == p
                                  and _num(r, kind))
                     if pts:
-                        ax.plot(*zip(*pts), marker="o", label=p, lw=2.5 if p == "fmha:auto" else 1.2)
+                        shown[p] = ax.plot(*zip(*pts), marker="o", label=p, color=color[p],
+                                           lw=2.5 if p == "fmha:auto" else 1.2)[0]
                 if kind == "ratio_best_peer":
                     ax.axhline(1.0, color="k", lw=0.8, ls="--")
                 ax.set_xscale("log", base=2)
@@ -70,7 +79,7 @@ def plot(ledger_path, out_dir, run_id: str | None = None) -> list[Path]:
                 ax.set_xlabel("keys (seqlen_k)" if q else "sequence length")
                 ax.set_ylabel(ylabel)
                 ax.grid(alpha=0.3)
-            axes[0][0].legend(fontsize=7)
+            axes[0][0].legend([shown[p] for p in sorted(shown)], sorted(shown), fontsize=7)
             fig.suptitle(f"{gpu} {dtype} run {run_id}")
             fig.tight_layout()
             path = out_dir / f"{kind}_{dtype}.png"
@@ -86,7 +95,7 @@ def plot(ledger_path, out_dir, run_id: str | None = None) -> list[Path]:
         pts = [(_num(r, "tflops") / _num(r, "tbps"), _num(r, "tflops")) for r in ok
                if r["provider"] == p and _num(r, "tbps")]
         if pts:
-            ax.scatter(*zip(*pts), s=14, label=p)
+            ax.scatter(*zip(*pts), s=14, label=p, color=color[p])
     if peak and bw:
         import numpy as np
         x = np.logspace(0, 4.5, 100)
