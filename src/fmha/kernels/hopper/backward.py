@@ -37,7 +37,8 @@ query rows the rows (so a row's LSE and delta are two registers a thread):
   one wgmma as wide as the columns that exist (:func:`_mma`, :mod:`.narrow_pass`: ``m64n96k16`` at 96);
 * ``dQ += dS K`` over all 128 keys: at head_dim 128 the two warpgroups take a column half each, at 64 a
   row half each (:func:`tiles`; a barrier pair between them: both halves of dS in place, and both done with
-  them).  The float32 half goes to shared memory and is added into a float32 dQ buffer by a TMA reduce-add
+  them).  The float32 half goes to shared memory and is added into a float32 dQ buffer as wide as the head dim
+  (a tile's columns past it fall outside, so nothing is added there) by a TMA reduce-add
   (``cp.reduce.async.bulk.tensor``: Gluon 3.6 has only the TMA store, so the build marks itself and
   :mod:`.reduce_pass` turns its stores into reduce-adds), in an order that varies from run to run; or,
   ``DETERMINISTIC``, in one fixed order (:func:`_turn`): each half of a dQ tile has a counter in global memory,
