@@ -608,11 +608,10 @@ def _consumer(k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
     BLOCK_N: gl.constexpr = k_bufs.shape[1]  # a program's keys
     KEYS: gl.constexpr = BLOCK_N // 2  # this warpgroup's keys of S and dP
     STAGES: gl.constexpr = q_bufs.shape[0]
-    # the columns the products read: q/k's and V's, in whole 64-column steps of the tile (TMA's zeros past them)
+    # COLS: the columns dK's, dV's and dQ's shares cover, q/k's and V's in whole 64-column steps of the tile
     SPAN: gl.constexpr = _span(D, HEAD)
     SPAN_V: gl.constexpr = _span(D_V, v_bufs.shape[2])
-    # S's and dP's reductions over q/k's and V's real columns in 16-column steps, and the narrower products' widths
-    # (0: the whole tile): dK over Q's columns, dV over dO's, dQ over this warpgroup's columns of K
+    # S's and dP's reductions: over q/k's and V's real columns in 16-column steps (TMA's zeros past them)
     DEPTH: gl.constexpr = _depth(D, HEAD)
     DEPTH_V: gl.constexpr = _depth(D_V, v_bufs.shape[2])
     # this warpgroup's dK and dV: its keys' rows over every column, or COLS every key's rows over its share of the
