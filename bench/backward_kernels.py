@@ -132,7 +132,6 @@ def main(argv=None) -> None:
     if not torch.cuda.is_available():
         raise SystemExit("backward_kernels.py times a GPU's kernels: no CUDA GPU here")
     env = ledger.environment("cuda")
-    rows = []
     for d in args.head_dims:
         for s in args.seqlens:
             for causal in map(bool, args.causal):
@@ -141,6 +140,7 @@ def main(argv=None) -> None:
                            for width in (d, d, dv))
                 flops = 2.5 * attention_flops(b, h, s, s, d, causal, head_dim_v=dv)
                 print(f"B{b} H{h} S{s} D{d}{f'/{dv}' if dv != d else ''}{' causal' if causal else ''}")
+                rows = []
                 for provider in args.providers:
                     us, kernels = measure(provider, q, k, v, causal, args.deterministic, args.reps)
                     print(f"  {provider:14s} {us:9.1f} us  {flops / us / 1e6:6.1f} TFLOP/s")
@@ -156,8 +156,8 @@ def main(argv=None) -> None:
                                  "tflops": flops / us / 1e6, "note": "the backward's kernels' GPU time a call "
                                  "(bench/backward_kernels.py)", "pass": "bwd",
                                  "features": f"head_dim_v={dv}" if dv != d else ""})
-    if args.ledger:
-        ledger.append(args.ledger, rows)
+                if args.ledger:  # a cell at a time: a run cut short keeps what it measured
+                    ledger.append(args.ledger, rows)
 
 
 if __name__ == "__main__":
