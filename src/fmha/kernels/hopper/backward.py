@@ -34,7 +34,7 @@ query rows the rows (so a row's LSE and delta are two registers a thread):
   :func:`_col0`);
 * a head dim between two tile widths (96 or 80 in 128, 32 in 64, 160 in 256) multiplies its own columns, not TMA's
   zeros past them: S and dP reduce over them in 16-column steps (:func:`_over`), and dK's, dV's and dQ's products are
-  one wgmma as wide as the columns that exist (:func:`_mma`, :mod:`.narrow_pass`: ``m64n96k16`` at 96);
+  one wgmma as wide as the columns that exist (:func:`.narrow_pass.narrowed`: ``m64n96k16`` at 96);
 * ``dQ += dS K`` over all 128 keys: at head_dim 128 the two warpgroups take a column half each, at 64 a
   row half each (:func:`tiles`; a barrier pair between them: both halves of dS in place, and both done with
   them).  The float32 half goes to shared memory and is added into a float32 dQ buffer as wide as the head dim
@@ -82,7 +82,7 @@ from ...device import device_facts, l2_bytes
 from .. import tma as views
 from . import narrow_pass, reduce_pass
 from .mask import _sequence
-from .narrow_pass import mark
+from .narrow_pass import narrowed
 from .producer import _zero_rows
 from .resources import MIN_SCALE, padded
 
@@ -511,14 +511,6 @@ def _depth(d, head):
 
 
 @gluon.constexpr_function
-def _width(d, n):
-    """The columns a product ``n`` wide keeps of ``d`` real ones: 0 where that is all ``n`` (nothing to narrow),
-    else ``d`` in wgmma's 8-column steps (:mod:`.narrow_pass`)."""
-    kept = (max(d, 8) + 7) // 8 * 8
-    return kept if kept < n else 0
-
-
-@gluon.constexpr_function
 def _pieces(depth, head):
     """The products :func:`_over` issues over ``depth`` of a ``head``-wide tile's columns: one for the whole tile,
     else one a power of two of ``depth``, widest first (96: 64 and 32; 192: 128 and 64)."""
@@ -563,18 +555,6 @@ def _over(a_smem, b_smem, acc, DEPTH: gl.constexpr, FRESH: gl.constexpr):
         for i in gl.static_range(_pieces(DEPTH, a_smem.shape[1])):
             acc = warpgroup_mma(_cut(a_smem, DEPTH, i), _cut(b_smem, DEPTH, i).permute((1, 0)), acc,
                                 use_acc=not FRESH or i > 0, is_async=True)
-    return acc
-
-
-@gluon.jit
-def _mma(a, b, acc, N: gl.constexpr, USE_ACC: gl.constexpr = True):
-    """``a b`` into ``acc``, issued, over ``b``'s first N columns only (0: all of them): one wgmma that wide
-    (:mod:`.narrow_pass`), the accumulator's columns past N left as they were."""
-    if N:
-        gl.inline_asm_elementwise(mark(N), "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-    acc = warpgroup_mma(a, b, acc, use_acc=USE_ACC, is_async=True)
-    if N:
-        gl.inline_asm_elementwise(mark(0), "=r", [], dtype=gl.int32, is_pure=False, pack=1)
     return acc
 
 
@@ -631,9 +611,9 @@ def _consumer(k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
     DQ_PIECES: gl.constexpr = (SPAN // DQ_COLS - DQ_PIECE0 if WG else SPAN // DQ_COLS // 2) if COLS else 1
     # the narrower products' widths (0: the whole tile; COLS: the shares' whole 64-column steps): dK over Q's columns,
     # dV over dO's, dQ over this warpgroup's columns of K
-    N_K: gl.constexpr = 0 if COLS else _width(D, HEAD)
-    N_V: gl.constexpr = 0 if COLS else _width(D_V, v_bufs.shape[2])
-    N_Q: gl.constexpr = 0 if COLS else _width(D - (WG * DQ_COLS if DQ_COLS < HEAD else 0), DQ_COLS)
+    N_K: gl.constexpr = 0 if COLS else narrow_pass.width(D, HEAD)
+    N_V: gl.constexpr = 0 if COLS else narrow_pass.width(D_V, v_bufs.shape[2])
+    N_Q: gl.constexpr = 0 if COLS else narrow_pass.width(D - (WG * DQ_COLS if DQ_COLS < HEAD else 0), DQ_COLS)
     FREE_APART: gl.constexpr = _frees_apart(DS_BUFS, STAGES, EARLY)
     # dK's product issued after dQ's (64-wide tiles, fast mode: 7-12% faster causal); 1-3% slower at 128, and 2-4%
     # slower deterministic, which issue it before
@@ -726,14 +706,14 @@ def _consumer(k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
                     st, dpt = warpgroup_mma_wait(0, deps=[st, dpt])
                     pt = gl.exp2(st * scale_log2)
                     dst = (pt * dpt * scale).to(dtype)
-                    dv = _mma(gl.convert_layout(pt.to(dtype), a_layout), do_s, dv, N_V)
+                    dv = narrowed(gl.convert_layout(pt.to(dtype), a_layout), do_s, dv, N_V)
                     mbarrier.wait(ds_free.index(d), d_phase ^ 1)
                     ds_w.store(dst)
                     fence_async_shared()
                     mbarrier.arrive(ds_ready.index(d), count=1)
                     ds_t = gl.convert_layout(dst, a_layout)  # dK's A operand
                     if not DK_LAST:
-                        dk = _mma(ds_t, q_s, dk, N_K)
+                        dk = narrowed(ds_t, q_s, dk, N_K)
                 else:
                     # typed as the products' accumulators before the branch that may issue none
                     dv = warpgroup_mma_init(dv)
@@ -766,8 +746,8 @@ def _consumer(k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
                         fence_async_shared()
                         mbarrier.arrive(ds_ready.index(d), count=1)
                         if not COLS:
-                            dv = _mma(p_w.permute((1, 0)), do_s, dv, N_V)
-                            dk = _mma(ds_w.permute((1, 0)), q_s, dk, N_K)
+                            dv = narrowed(p_w.permute((1, 0)), do_s, dv, N_V)
+                            dk = narrowed(ds_w.permute((1, 0)), q_s, dk, N_K)
                     if COLS:  # every key's P and dS, both warpgroups' halves, by this warpgroup's columns
                         mbarrier.wait(ds_ready.index(d), d_phase)
                         dv = warpgroup_mma(p_smem.index(d).permute((1, 0)), do_s.slice(V_COL0, V_COLS, dim=1), dv,
@@ -782,9 +762,9 @@ def _consumer(k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
                     k_b = k_smem
                     if DQ_COLS < HEAD:
                         k_b = k_smem.slice(dq_col + piece * DQ_COLS, DQ_COLS, dim=1)
-                    dq = _mma(ds_q, k_b, gl.zeros([DQ_ROWS, DQ_COLS], gl.float32, q_layout), N_Q, False)
+                    dq = narrowed(ds_q, k_b, gl.zeros([DQ_ROWS, DQ_COLS], gl.float32, q_layout), N_Q, False)
                     if DK_LAST:  # dK's product in flight while dQ's tile goes to shared memory and on to its add
-                        dk = _mma(ds_t, q_s, dk, N_K)
+                        dk = narrowed(ds_t, q_s, dk, N_K)
                         dq = warpgroup_mma_wait(1, deps=[dq])
                     else:
                         if EARLY and piece == 0:  # dV's and dK's products done: Q, dO and their statistics read

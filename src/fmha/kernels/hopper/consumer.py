@@ -11,7 +11,7 @@ from .cluster import MMA_128_CLUSTER, _cluster_sync, _cta_rank, _release, _store
 from .epilogue import _store_piece
 from .mask import _key_tiles, _mask_from, _scores, _sequence, _window_until
 from . import narrow_pass
-from .narrow_pass import mark
+from .narrow_pass import narrowed
 from .schedule import _n_items, _piece, _tile, _work
 from .softmax import _any_row_over, _fence, _first_seen, _lse, _narrow, _pivot, _rescale_lazy, _softmax
 
@@ -63,12 +63,7 @@ def _qk(q_op, q_lo, k_bufs, k_lo_bufs, s, s_layout: gl.constexpr, ROWS: gl.const
 def _pv(p_op, v_op, acc, NARROW: gl.constexpr):
     """P V of one tile into O's accumulator, issued (step 5.6).  NARROW > 0: a V padded to its tile's power
     of two (96 in 128) runs over its first NARROW columns only, one wgmma of that width (:mod:`.narrow_pass`)."""
-    if NARROW:
-        gl.inline_asm_elementwise(mark(NARROW), "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-    acc = warpgroup_mma(p_op, v_op, acc, is_async=True)
-    if NARROW:
-        gl.inline_asm_elementwise(mark(0), "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-    return acc
+    return narrowed(p_op, v_op, acc, NARROW)
 
 
 @gluon.jit

@@ -17,6 +17,8 @@ from __future__ import annotations
 import re
 
 from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma
 
 from . import ptx_passes
 
@@ -33,11 +35,25 @@ def mark(width):
     return f"{BEGIN}{width}\n\tmov.u32 $0, 0;" if width else f"{END}\n\tmov.u32 $0, 0;"
 
 
-def width(dv: int, tile: int) -> int:
-    """The columns P V runs over for a V of ``dv`` columns in a ``tile``-column tile: ``dv`` rounded up to a
-    multiple of 8 (the wgmma's step), or 0 where that is the whole tile (nothing to narrow)."""
-    n = -(-dv // 8) * 8
+@gluon.constexpr_function
+def width(cols, tile):
+    """The columns a product over ``cols`` real columns of a ``tile``-column operand runs over (P V over V's, the
+    backward's dK, dV and dQ over theirs): ``cols`` rounded up to a multiple of 8 (the wgmma's step), or 0 where that
+    is the whole tile (nothing to narrow)."""
+    n = -(-cols // 8) * 8
     return n if n < tile else 0
+
+
+@gluon.jit
+def narrowed(a, b, acc, N: gl.constexpr, USE_ACC: gl.constexpr = True):
+    """``a b`` into ``acc``, issued, over ``b``'s first N columns only (0: all of them): one wgmma that wide, between
+    the two marks this pass reads; the accumulator's columns past N are left as they were."""
+    if N:
+        gl.inline_asm_elementwise(mark(N), "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+    acc = warpgroup_mma(a, b, acc, use_acc=USE_ACC, is_async=True)
+    if N:
+        gl.inline_asm_elementwise(mark(0), "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+    return acc
 
 
 def rewrite(ptx: str) -> str:
