@@ -1,16 +1,16 @@
-"""What Gluon 3.6 cannot say for a padded V, said in the PTX: P V over V's own columns.
+"""What Gluon 3.6 cannot say for a padded head dim, said in the PTX: a product over its own columns.
 
-Gluon's tensors are powers of two, so a V of 96 columns (or 192) runs in a tile of 128 (or 256), and P V's
-wgmma, ``m64n128k16``, spends a quarter of its work on the columns past 96, which hold TMA's zeros and are
-never stored.  The wgmma itself takes any multiple of 8 columns up to 256 (FlashAttention-3 and -4 issue
-``m64n96k16``).  The consumer brackets each P V product it issues with two :func:`mark` (the first names the width);
-this pass, run on the PTX between Triton's ``ptx`` and ``cubin`` stages (:mod:`.ptx_passes`), turns every
-wgmma between a pair into that width with the first ``width / 2`` accumulator registers: a thread's
-accumulator registers run column group by column group (four registers each 8 columns), so those are the
-columns the product keeps, and the rest hold what they held.  V's tile is read as before: its swizzle
-atoms run along the columns, and the narrower product stops within them.  It checks what it found (a
-wgmma it cannot read, an unpaired mark, a pair with nothing between), and the marks carry a version so
-that a changed pass cannot meet a kernel cached under the old one.
+Gluon's tensors are powers of two, so a V of 96 columns (or 192) runs in a tile of 128 (or 256), and P V's wgmma,
+``m64n128k16``, spends a quarter of its work on the columns past 96, which hold TMA's zeros and are never stored; so
+do the backward's dK, dV and dQ products past a padded head dim. The wgmma itself takes any multiple of 8 columns up
+to 256 (FlashAttention-3 and -4 issue ``m64n96k16``). :func:`narrowed` brackets such a product (the forward's P V,
+the backward's dK, dV and dQ) with two :func:`mark` (the first names the width); this pass, run on the PTX between
+Triton's ``ptx`` and ``cubin`` stages (:mod:`.ptx_passes`), turns every wgmma between a pair into that width with
+the first ``width / 2`` accumulator registers: a thread's accumulator registers run column group by column group
+(four registers each 8 columns), so those are the columns the product keeps, and the rest hold what they held. V's
+tile is read as before: its swizzle atoms run along the columns, and the narrower product stops within them. It
+checks what it found (a wgmma it cannot read, an unpaired mark, a pair with nothing between), and the marks carry a
+version so that a changed pass cannot meet a kernel cached under the old one.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ _BEGIN = re.compile(re.escape(BEGIN) + r"(\d+)")
 
 @gluon.constexpr_function
 def mark(width):
-    """The inline assembly before a P V product meant ``width`` columns wide, or (``width`` 0) after it."""
+    """The inline assembly before a product meant ``width`` columns wide, or (``width`` 0) after it."""
     return f"{BEGIN}{width}\n\tmov.u32 $0, 0;" if width else f"{END}\n\tmov.u32 $0, 0;"
 
 
