@@ -227,7 +227,7 @@ def kernel(prob, q, k, v, do, layout: str, alibi, deterministic: bool = False, r
     if interpreting() or not q.is_cuda or prob.attn_mask or prob.dropout:
         return "triton"
     from .kernels.hopper import backward as hopper
-    if hopper.supports(prob, q, k, v, do, layout, alibi is not None):
+    if hopper.supports(prob, q, k, v, do, layout, alibi_kind(alibi)):
         return "triton"
     least = (GLUON_ROWS_DETERMINISTIC if deterministic else GLUON_ROWS)[hopper.tile_width(prob.head_dim), prob.causal]
     return "hopper" if least is not None and (prob.seqlen_q if rows is None else rows) >= least else "triton"
@@ -273,7 +273,7 @@ def _delta(prob, o, do, lse, layout, cu_q, rows, delta=None, lse_out=None):
     return delta
 
 
-def _hopper(prob, do, q, k, v, o, lse, dk, dv, layout, sinks, deterministic, seqs, rows, keys):
+def _hopper(prob, do, q, k, v, o, lse, dk, dv, layout, alibi, sinks, deterministic, seqs, rows, keys):
     """The Gluon backward: dK, dV in place, dQ through its float32 buffer (its adds in one order when
     ``deterministic``), cast into q's layout.  Packed (``prob.varlen``): ``seqs`` the cu_seqlens, ``rows`` and
     ``keys`` the longest sequence's."""
@@ -295,7 +295,7 @@ def _hopper(prob, do, q, k, v, o, lse, dk, dv, layout, sinks, deterministic, seq
                                                dtype=torch.float32, device=q.device))
             delta = _delta(prob, o, do, lse, layout, lse, rows, padded[..., :prob.seqlen_q])
         acc = hopper.launch(prob, q, k, v, do, lse, delta, dk, dv, layout, strides,
-                            lambda shape, dtype: _zeros(shape, dtype, q.device), deterministic, packed)
+                            lambda shape, dtype: _zeros(shape, dtype, q.device), deterministic, packed, alibi)
         dq = replay.buffer(torch.empty_like(q, memory_format=torch.contiguous_format))
         dst = list(strides_bhsd(dq, layout)[:3])
         if packed:
@@ -319,7 +319,8 @@ def _run(prob, do, q, k, v, o, lse, layout, alibi, seqs, rows, keys, sinks, dete
     # (packed with sinks on the Triton kernels: the sinks' gradient reads delta laid out as the forward's LSE)
     if (kernel(prob, q, k, v, do, layout, alibi, deterministic, rows) == "hopper"
             and not (prob.varlen and sinks is not None)):
-        return (*_hopper(prob, do, q, k, v, o, lse, dk, dv, layout, sinks, deterministic, seqs, rows, keys), None)
+        return (*_hopper(prob, do, q, k, v, o, lse, dk, dv, layout, alibi, sinks, deterministic, seqs, rows, keys),
+                None)
     # a bias's gradient comes from the dQ pass, which visits each score of the band once (deterministic's tiles)
     kv_tiles, q_tiles = tiles(max(prob.head_dim, prob.dv), prob.causal, deterministic or mask_grad,
                               family_of(q.device), _shared(q.device), prob.attn_mask, prob.dropout, prob.dv)

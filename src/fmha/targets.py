@@ -121,7 +121,7 @@ def _hopper_source(head_dim: int, dtype: str, causal: bool, cfg, seqlen_k: int =
 
 
 def _compile_backward(head_dim: int, dtype: str, causal: bool, deterministic: bool, window: bool, ragged: bool,
-                      varlen: bool, head_dim_v: int):
+                      varlen: bool, head_dim_v: int, softcap: bool = False, alibi: bool = False):
     """The Gluon backward (:mod:`fmha.kernels.hopper.backward`) compiled for sm_90 from stand-in CPU
     tensors: Triton's compiled kernel, its PTX after fmha's passes (the dQ stores made reduce-adds)."""
     import torch
@@ -142,7 +142,7 @@ def _compile_backward(head_dim: int, dtype: str, causal: bool, deterministic: bo
     const = dict(HEAD=head, D=head_dim, D_V=head_dim_v, CAUSAL=causal, WINDOW=window, RAGGED=ragged or varlen,
                  RS=cut.rs, DS_BUFS=cut.ds_bufs, DETERMINISTIC=deterministic, VARLEN=varlen, ALIGN_BR=varlen,
                  DYNAMIC=backward.schedule(1, 1, causal, varlen, deterministic)[1], STAGES=cut.stages, COLS=cut.cols,
-                 EARLY=cut.early_free)
+                 EARLY=cut.early_free, SOFTCAP=softcap, ALIBI=alibi)
     by_name = dict(zip(("q_desc", "k_desc", "v_desc", "do_desc", "dq_desc", "lse_desc", "delta_desc"), descs))
     sig = {}
     for name in kernel.arg_names:
@@ -154,7 +154,9 @@ def _compile_backward(head_dim: int, dtype: str, causal: bool, deterministic: bo
             sig[name] = "*i32"
         elif name in ("DK", "DV"):
             sig[name] = "*" + DTYPES[dtype]
-        elif name in ("scale_log2", "scale"):
+        elif name == "Alibi":
+            sig[name] = "*fp32"
+        elif name in ("scale_log2", "scale", "cap_in", "cap_out", "alibi_scale"):
             sig[name] = "fp32"
         else:
             sig[name] = "i32"
@@ -166,22 +168,22 @@ def _compile_backward(head_dim: int, dtype: str, causal: bool, deterministic: bo
 
 def build_hopper_backward(head_dim: int, dtype: str = "bfloat16", causal: bool = False, deterministic: bool = False,
                           window: bool = False, ragged: bool = False, varlen: bool = False,
-                          head_dim_v: int = 0) -> "Build":
+                          head_dim_v: int = 0, softcap: bool = False, alibi: bool = False) -> "Build":
     """The Gluon backward built for ``sm_90`` as a :class:`Build` (variant ``hopper_backward``) for :func:`report`
     and :func:`write`: its config names the tile (query rows, keys a program: 128, 64 past head_dim 128), the ring's
     depth, the CTA's 12 warps (two consumer warpgroups and the producer's, padded to a warpgroup) and, deterministic,
     the fixed order of dQ's adds.  ``window``: built for a sliding window's lower edge; ``ragged``: for a key count
     not a multiple of the key block; ``varlen``: for packed sequences (bottom-right aligned, ragged);
-    ``head_dim_v``: V's, if narrower."""
+    ``head_dim_v``: V's, if narrower; ``softcap``, ``alibi``: built to cap and bias the scores as the forward's."""
     from .kernels.hopper import backward
     _check_choice("dtype", dtype, ["float16", "bfloat16"])
     _check_choice("head_dim", head_dim, backward.HEAD_DIMS)
     if head_dim_v:
         _check_choice("head_dim_v", head_dim_v, [d for d in backward.HEAD_DIMS if d <= head_dim])
-    flags = dict(window=window, ragged=ragged, varlen=varlen)
+    flags = dict(window=window, ragged=ragged, varlen=varlen, softcap=softcap, alibi=alibi)
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
-        return _build_elsewhere(head_dim, dtype, causal, deterministic, *flags.values(), head_dim_v,
-                                builder="build_hopper_backward")
+        return _build_elsewhere(head_dim, dtype, causal, deterministic, window, ragged, varlen, head_dim_v, softcap,
+                                alibi, builder="build_hopper_backward")
     compiled = _compile_backward(head_dim, dtype, causal, deterministic, **flags, head_dim_v=head_dim_v or head_dim)
     cut = backward.tiles(backward.tile_width(head_dim), deterministic, head_dim_v)
     cfg = dict(block_m=cut.rows, block_n=cut.block_n, num_warps=12, num_stages=cut.stages,

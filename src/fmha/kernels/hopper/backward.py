@@ -15,8 +15,9 @@ the keys each, with dK and dV in registers (wgmma accumulators) for the whole wa
 query rows the rows (so a row's LSE and delta are two registers a thread):
 
 * ``S = Q K^T`` and ``dP = dO V^T`` over its keys;
-* ``P = exp2(scale_log2 S - lse2)`` from the forward's LSE, zero above the causal diagonal;
-* ``dS = scale P (dP - delta)``;
+* ``P = exp2(scale_log2 S - lse2)`` from the forward's LSE, zero above the causal diagonal, S capped and biased
+  first as the forward's where SOFTCAP and ALIBI (:func:`.mask._modified`);
+* ``dS = scale P (dP - delta)``, times the cap's derivative ``1 - tanh^2`` where capped;
 * P and dS into shared memory (a tile's query rows by the block's 128 keys, each warpgroup its column
   half; two buffers of each, ``DS_BUFS``), then ``dV += P^T dO`` and ``dK += dS^T Q`` with P^T and dS^T
   read transposed; or, in tiles 64 wide (``RS``, :func:`tiles`), FlashAttention-3's form:
@@ -53,8 +54,8 @@ not stored. A row that sees no key (LSE ``-inf``) is masked wherever it meets a 
 holds an unseen pair, so it is one of the tiles masked (:func:`_crossed`), and its P is 0. Takes (:func:`supports`):
 sm_90, head_dim a multiple of 8 from 32 to 256 with V's one of those no wider (DeepSeek-V3's 192/128; tiles of 64,
 128 or 256 columns, zeros past head_dim), a scale of at least :data:`MIN_SCALE`, causal in either alignment,
-sliding windows with an upper edge (causal, or a right side), packed sequences (``VARLEN``), no softcap, ALiBi or
-seqused_k; anything else runs on the Triton kernels.
+sliding windows with an upper edge (causal, or a right side), packed sequences (``VARLEN``), softcap, ALiBi with one
+slope a head, no seqused_k; anything else runs on the Triton kernels.
 
 Packed sequences (``VARLEN``): a program's (batch, KV head) is a sequence's, its bounds read from cu_seqlens
 (:func:`_extent`), blocks past a shorter sequence's end idle, the band moved to each sequence's diagonal.  The
@@ -81,7 +82,7 @@ from ...constants import LOG2E as LOG2E_VALUE
 from ...device import device_facts, l2_bytes
 from .. import tma as views
 from . import narrow_pass, reduce_pass
-from .mask import _sequence
+from .mask import _modified, _sequence
 from .narrow_pass import narrowed
 from .producer import _zero_rows
 from .resources import MIN_SCALE, padded
@@ -580,11 +581,10 @@ def _row_stats(lse_s, delta_s, factor, layout: gl.constexpr):
 def _consumer(k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_smem, dq_box, kv_ready, kv_empty,
               q_ready, q_empty, ds_ready, ds_free, dq_desc, DK, DV, Locks, CuQ, CuK, heads, kv_heads, group, seqlen_q,
               seqlen_k, n_m, causal_offset, window_offset, chunk, order, scale_log2, scale, dk_strides, dv_strides,
-              ids, id_ready, id_free, WG: gl.constexpr, HEAD: gl.constexpr, D: gl.constexpr, D_V: gl.constexpr,
-              CAUSAL: gl.constexpr,
-              WINDOW: gl.constexpr, RAGGED: gl.constexpr, RS: gl.constexpr, DETERMINISTIC: gl.constexpr,
-              VARLEN: gl.constexpr, ALIGN_BR: gl.constexpr, DYNAMIC: gl.constexpr, COLS: gl.constexpr,
-              EARLY: gl.constexpr):
+              ids, id_ready, id_free, mods, WG: gl.constexpr, HEAD: gl.constexpr, D: gl.constexpr,
+              D_V: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, RAGGED: gl.constexpr, RS: gl.constexpr,
+              DETERMINISTIC: gl.constexpr, VARLEN: gl.constexpr, ALIGN_BR: gl.constexpr, DYNAMIC: gl.constexpr,
+              COLS: gl.constexpr, EARLY: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr):
     BLOCK_N: gl.constexpr = k_bufs.shape[1]  # a program's keys
     KEYS: gl.constexpr = BLOCK_N // 2  # this warpgroup's keys of S and dP
     STAGES: gl.constexpr = q_bufs.shape[0]
@@ -618,6 +618,10 @@ def _consumer(k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
     # dK's product issued after dQ's (64-wide tiles, fast mode: 7-12% faster causal); 1-3% slower at 128, and 2-4%
     # slower deterministic, which issue it before
     DK_LAST: gl.constexpr = RS and not DETERMINISTIC
+    # the scores modified as the forward's (:func:`.mask._modified`): ALiBi's bias, linear, starts the products'
+    # accumulator where no cap comes first; the cap, not linear, takes the product's raw scores
+    BIASED: gl.constexpr = ALIBI and not SOFTCAP
+    Alibi, align_offset, cap_in, cap_out, alibi_scale = mods
     dtype: gl.constexpr = k_bufs.dtype
     gl.inline_asm_elementwise(REDUCE_MARK, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -659,6 +663,7 @@ def _consumer(k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
         offs_k = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, t_layout) if RS else gl.SliceLayout(0, s_layout))
         dk = gl.zeros([KV_ROWS, K_COLS], gl.float32, g_layout)
         dv = gl.zeros([KV_ROWS, V_COLS], gl.float32, gv_layout)
+        align_b = align_offset + causal_b - causal_offset  # ALiBi's diagonal, moved as the band's
         first, end = _walk(pid_n, n_m_b, causal_b, window_b, BLOCK_M, BLOCK_N, CAUSAL, WINDOW)
         if _active(pid_n, sk, BLOCK_N, VARLEN):
             mbarrier.wait(kv_ready, n_kv & 1)
@@ -666,6 +671,9 @@ def _consumer(k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
             end = first
         for gi in range(group):
             bh = b * heads + kvh * group + gi
+            slope = 0.0
+            if ALIBI:
+                slope = gl.load(Alibi + kvh * group + gi) * alibi_scale
             dq_at = (bh, 0)  # dQ's float32 rows (packed: [heads, rows], a tile's room after each sequence)
             if VARLEN:
                 dq_at = (kvh * group + gi, q0 + b * BLOCK_M)
@@ -694,16 +702,31 @@ def _consumer(k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
                     lse_t, delta_t = _row_stats(lse_bufs.index(s), delta_bufs.index(s), 1.0 / scale,
                                                 gl.SliceLayout(0, t_layout))
                     zeros_t = gl.zeros([KEYS, BLOCK_M], gl.float32, t_layout)
-                    st0 = zeros_t - lse_t[None, :]
-                    if _crossed(m, key0, sq, sk, causal_b, window_b, BLOCK_M, KEYS, CAUSAL, WINDOW, RAGGED,
-                                VARLEN):
-                        seen = _seen(offs_k[:, None], rows[None, :], sq, sk, causal_b, window_b, CAUSAL,
-                                     WINDOW, VARLEN)
-                        st0 = gl.where(seen, st0, float("-inf"))
+                    crossed = _crossed(m, key0, sq, sk, causal_b, window_b, BLOCK_M, KEYS, CAUSAL, WINDOW, RAGGED,
+                                       VARLEN)
+                    # (keys the rows: ALiBi's |row + align - key| as |key - align - row|)
+                    st0 = zeros_t
+                    if not SOFTCAP:  # the statistics, ALiBi's bias and the masks start the accumulator
+                        st0 = zeros_t - lse_t[None, :]
+                        if BIASED:
+                            st0, _ = _modified(st0, offs_k[:, None], rows[None, :], -align_b, cap_in, cap_out, slope,
+                                               False, True)
+                        if crossed:
+                            seen = _seen(offs_k[:, None], rows[None, :], sq, sk, causal_b, window_b, CAUSAL,
+                                         WINDOW, VARLEN)
+                            st0 = gl.where(seen, st0, float("-inf"))
 
                     st = _over(k_w, q_s, st0, DEPTH, False)
                     dpt = _over(v_w, do_s, zeros_t - delta_t[None, :], DEPTH_V, False)
                     st, dpt = warpgroup_mma_wait(0, deps=[st, dpt])
+                    if SOFTCAP:
+                        st, dcap = _modified(st, offs_k[:, None], rows[None, :], -align_b, cap_in, cap_out, slope,
+                                             SOFTCAP, ALIBI)
+                        dpt = dpt * dcap
+                        st = st - lse_t[None, :]
+                        if crossed:
+                            st = gl.where(_seen(offs_k[:, None], rows[None, :], sq, sk, causal_b, window_b, CAUSAL,
+                                                WINDOW, VARLEN), st, float("-inf"))
                     pt = gl.exp2(st * scale_log2)
                     dst = (pt * dpt * scale).to(dtype)
                     dv = narrowed(gl.convert_layout(pt.to(dtype), a_layout), do_s, dv, N_V)
@@ -728,9 +751,20 @@ def _consumer(k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
                     else:
                         lse2, delta = _row_stats(lse_bufs.index(s), delta_bufs.index(s), LOG2E, row_layout)
                         zeros = gl.zeros([BLOCK_M, KEYS], gl.float32, s_layout)
-                        qk = _over(q_s, k_w, zeros, DEPTH, True)
+                        s0 = zeros
+                        if BIASED:
+                            s0, _ = _modified(zeros, rows[:, None], offs_k[None, :], align_b, cap_in, cap_out, slope,
+                                              False, True)
+                        qk = _over(q_s, k_w, s0, DEPTH, not BIASED)
                         dp = _over(do_s, v_w, zeros, DEPTH_V, True)
-                        qk = warpgroup_mma_wait(_pieces(DEPTH_V, v_bufs.shape[2]), deps=[qk])
+                        if SOFTCAP:  # (dP too: each score's cap derivative goes into its dP at once)
+                            qk, dp = warpgroup_mma_wait(0, deps=[qk, dp])
+                        else:
+                            qk = warpgroup_mma_wait(_pieces(DEPTH_V, v_bufs.shape[2]), deps=[qk])
+                        if SOFTCAP:  # dS = P (dP dcap - delta dcap)
+                            qk, dcap = _modified(qk, rows[:, None], offs_k[None, :], align_b, cap_in, cap_out, slope,
+                                                 SOFTCAP, ALIBI)
+                            dp = (dp - delta[:, None]) * dcap + delta[:, None]
                         p = gl.exp2(qk * scale_log2 - lse2[:, None])
                         if _crossed(m, key0, sq, sk, causal_b, window_b, BLOCK_M, KEYS, CAUSAL, WINDOW, RAGGED,
                                     VARLEN):
@@ -827,13 +861,14 @@ def _store_rows(acc, Ptr, b, h, seqlen, strides, row0, col0, layout: gl.constexp
 
 @gluon.jit
 def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_desc, DK, DV, Locks, Deal, CuQ, CuK,
-                    heads, kv_heads, group, seqlen_q, seqlen_k, n_m, causal_offset, window_offset, chunk, section,
-                    blocks, pairs, scale_log2, scale, q_lead, q_first_b, q_first_h, k_lead, k_first_b, k_first_h,
+                    Alibi, heads, kv_heads, group, seqlen_q, seqlen_k, n_m, causal_offset, window_offset,
+                    align_offset, chunk, section, blocks, pairs, scale_log2, scale, cap_in, cap_out, alibi_scale,
+                    q_lead, q_first_b, q_first_h, k_lead, k_first_b, k_first_h,
                     v_lead, v_first_b, v_first_h, do_lead, do_first_b, do_first_h, dk_b, dk_h, dk_s, dv_b, dv_h, dv_s,
                     HEAD: gl.constexpr, D: gl.constexpr, D_V: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
                     RAGGED: gl.constexpr, RS: gl.constexpr, DS_BUFS: gl.constexpr, DETERMINISTIC: gl.constexpr,
                     VARLEN: gl.constexpr, ALIGN_BR: gl.constexpr, DYNAMIC: gl.constexpr, STAGES: gl.constexpr,
-                    COLS: gl.constexpr, EARLY: gl.constexpr):
+                    COLS: gl.constexpr, EARLY: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr):
     """dK and dV of each key block of a (batch, KV head) a program walks (:func:`_program`), and its share of dQ
     added into ``dq_desc``'s float32 buffer.  HEAD: the tile width (head_dim padded), D: head_dim, D_V: V's (no
     wider: V and dO read in tiles of their own width, ``v_desc``'s box, or in q/k's, TMA's zeros past D_V; dV stored
@@ -844,7 +879,9 @@ def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_de
     ``chunk``: deterministic, the key blocks that walk side by side (:func:`_turn`; VARLEN: at most the SMs);
     ``section``, ``blocks``, ``pairs``: the programs' order (:func:`_program`).  VARLEN: packed sequences,
     ``CuQ``/``CuK`` their cu_seqlens, ``batch`` of them; seqlen_q/k the totals and ``n_m``, ``blocks`` the
-    longest sequence's; the band's offsets relative to each sequence's diagonal where ALIGN_BR."""
+    longest sequence's; the band's offsets relative to each sequence's diagonal where ALIGN_BR.  SOFTCAP, ALIBI: the
+    scores as the forward's (``cap_in``, ``cap_out``; ``Alibi`` a slope a head, times ``alibi_scale``, about the
+    diagonal ``align_offset``)."""
     dtype: gl.constexpr = q_desc.dtype
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
@@ -898,19 +935,22 @@ def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_de
         if FREE_APART:
             mbarrier.init(ds_free.index(i), count=2)
     order = (section, blocks, pairs)
+    mods = (Alibi, align_offset, cap_in, cap_out, alibi_scale)
     place = (q_lead, q_first_b, q_first_h, k_lead, k_first_b, k_first_h, v_lead, v_first_b, v_first_h, do_lead,
              do_first_b, do_first_h)
     gl.warp_specialize([
         (_consumer, (k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_smem, dq_box, kv_ready,
                      kv_empty, q_ready, q_empty, ds_ready, ds_free, dq_desc, DK, DV, Locks, CuQ, CuK, heads, kv_heads,
                      group, seqlen_q, seqlen_k, n_m, causal_offset, window_offset, chunk, order, scale_log2, scale,
-                     (dk_b, dk_h, dk_s), (dv_b, dv_h, dv_s), ids, id_ready, id_free, 0, HEAD, D, D_V, CAUSAL, WINDOW,
-                     RAGGED, RS, DETERMINISTIC, VARLEN, ALIGN_BR, DYNAMIC, COLS, EARLY)),
+                     (dk_b, dk_h, dk_s), (dv_b, dv_h, dv_s), ids, id_ready, id_free, mods, 0, HEAD, D, D_V,
+                     CAUSAL, WINDOW, RAGGED, RS, DETERMINISTIC, VARLEN, ALIGN_BR, DYNAMIC, COLS, EARLY, SOFTCAP,
+                     ALIBI)),
         (_consumer, (k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_smem, dq_box, kv_ready,
                      kv_empty, q_ready, q_empty, ds_ready, ds_free, dq_desc, DK, DV, Locks, CuQ, CuK, heads, kv_heads,
                      group, seqlen_q, seqlen_k, n_m, causal_offset, window_offset, chunk, order, scale_log2, scale,
-                     (dk_b, dk_h, dk_s), (dv_b, dv_h, dv_s), ids, id_ready, id_free, 1, HEAD, D, D_V, CAUSAL, WINDOW,
-                     RAGGED, RS, DETERMINISTIC, VARLEN, ALIGN_BR, DYNAMIC, COLS, EARLY)),
+                     (dk_b, dk_h, dk_s), (dv_b, dv_h, dv_s), ids, id_ready, id_free, mods, 1, HEAD, D, D_V,
+                     CAUSAL, WINDOW, RAGGED, RS, DETERMINISTIC, VARLEN, ALIGN_BR, DYNAMIC, COLS, EARLY, SOFTCAP,
+                     ALIBI)),
         (_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, q_bufs, do_bufs, lse_bufs, delta_bufs,
                      k_smem, v_smem, kv_ready, kv_empty, q_ready, q_empty, landed, CuQ, CuK, heads, kv_heads, group,
                      seqlen_q, seqlen_k, n_m, causal_offset, window_offset, chunk, order, place, Deal, ids, id_ready,
@@ -918,14 +958,14 @@ def backward_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_de
     ], [4, 1], [240, 24])
 
 
-def supports(prob, q, k, v, do, layout: str, alibi: bool) -> str | None:
-    """None if the Gluon backward takes this call, else why not."""
+def supports(prob, q, k, v, do, layout: str, alibi: int) -> str | None:
+    """None if the Gluon backward takes this call, else why not (``alibi``: the slopes' :func:`..alibi_kind`)."""
     if not q.is_cuda or device_facts(q.device.index)[0] != 9:
         return "needs an sm_90 GPU"
     if prob.head_dim not in HEAD_DIMS or prob.dv not in HEAD_DIMS or prob.dv > prob.head_dim:
         return f"head_dim {prob.head_dim} (V's {prob.dv}): takes a multiple of 8 from 32 to 256, V's no wider"
-    if prob.softcap > 0 or alibi or prob.seqused:
-        return "softcap, ALiBi and seqused_k run on the Triton kernels"
+    if alibi == 2 or prob.seqused:
+        return "ALiBi slopes per (batch, head) and seqused_k run on the Triton kernels"
     if prob.window_offset is not None and not prob.causal:
         return "a window open to the right (no upper edge) runs on the Triton kernels"
     if not prob.scale_log2 >= MIN_SCALE:
@@ -1073,7 +1113,7 @@ def schedule(blocks: int, sms: int, causal: bool, packed: bool, deterministic: b
 
 
 def launch(prob, q, k, v, do, lse, delta, dk, dv, layout: str, strides, zeros, deterministic: bool = False,
-           packed=None) -> torch.Tensor:
+           packed=None, alibi=None) -> torch.Tensor:
     """dK and dV into ``dk``, ``dv``; returns dQ (float32, ``[batch * heads, seqlen_q, head_dim]``: the tile's
     columns past head_dim, which the dQ boxes reach, are past the buffer's edge, so TMA adds nothing there), its adds
     in one fixed order when ``deterministic``.  ``zeros(shape, dtype)``: a zeroed buffer (dQ's, the counters).
@@ -1081,7 +1121,7 @@ def launch(prob, q, k, v, do, lse, delta, dk, dv, layout: str, strides, zeros, d
     one sequence of every row, ``[1, total, heads, head_dim]``; the LSE and delta ``[heads, total_q]``); dQ is
     then ``[heads, total_q + batch * gap, head_dim]``, sequence b's rows from ``cu_seqlens_q[b] + b * gap``
     (:func:`dq_gap`), and the LSE and delta ``[heads, packed_stats_rows]``, laid out for TMA
-    (:func:`fmha.kernels.backward.stats_row`)."""
+    (:func:`fmha.kernels.backward.stats_row`).  ``alibi``: float32 slopes ``[heads]``, as the forward took them."""
     head = tile_width(prob.head_dim)
     cut = tiles(head, deterministic, prob.dv)
     if packed:
@@ -1111,13 +1151,16 @@ def launch(prob, q, k, v, do, lse, delta, dk, dv, layout: str, strides, zeros, d
     deal = locks  # (unread)
     if dynamic:  # a stream's counters, left at zero; where a call may hold nothing (a CUDA graph's capture), its own
         deal = replay.tickets(q.device, 2) if replay.holding(q.device) else zeros((2,), torch.int32)
-    replay.launch(backward_kernel, (programs,), *descs, dk, dv, locks, deal, cu_q, cu_k, prob.heads, prob.kv_heads,
+    cap = prob.softcap or 1.0
+    replay.launch(backward_kernel, (programs,), *descs, dk, dv, locks, deal, cu_q, cu_k,
+                  alibi.contiguous() if alibi is not None else delta, prob.heads, prob.kv_heads,
                   prob.heads // prob.kv_heads, prob.seqlen_q, prob.seqlen_k, n_m, prob.causal_offset,
-                  prob.window_offset or 0, chunk, heads_in_turn, blocks, pairs, prob.scale_log2, scale, *place,
-                  *strides["dk"], *strides["dv"],
+                  prob.window_offset or 0, prob.align_offset, chunk, heads_in_turn, blocks, pairs, prob.scale_log2,
+                  scale, scale / cap, cap / scale, 1.0 / scale, *place, *strides["dk"], *strides["dv"],
                   HEAD=head, D=prob.head_dim, D_V=prob.dv, CAUSAL=bool(prob.causal),
                   WINDOW=prob.window_offset is not None,
                   RAGGED=bool(packed) or prob.seqlen_k % cut.block_n != 0, RS=cut.rs, DS_BUFS=cut.ds_bufs,
                   DETERMINISTIC=deterministic, VARLEN=bool(packed), ALIGN_BR=bool(packed) and prob.align_br,
-                  DYNAMIC=dynamic, STAGES=cut.stages, COLS=cut.cols, EARLY=cut.early_free, num_warps=4)
+                  DYNAMIC=dynamic, STAGES=cut.stages, COLS=cut.cols, EARLY=cut.early_free, SOFTCAP=prob.softcap > 0,
+                  ALIBI=alibi is not None, num_warps=4)
     return dq

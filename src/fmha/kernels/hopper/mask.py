@@ -54,21 +54,32 @@ def _scores(qk, i, mask_from, window_until, offs_m, offs_n, seqlen_k, causal_off
             cap_in, cap_out, slope, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
             SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, RAGGED: gl.constexpr):
     """Step 5.2 on key tile ``i``, in raw ``q.k`` units (the caller scales by ``scale_log2``):
-    softcap ``cap_out * tanh(cap_in * qk)`` (``cap_in = scale / softcap``, ``cap_out = softcap /
-    scale``), ALiBi ``- slope |row + align_offset - key|`` (``slope`` already over ``scale``),
-    then -inf past the upper edge (tiles from ``mask_from``: those crossing it), which is the
+    :func:`_modified`'s softcap (``cap_in = scale / softcap``, ``cap_out = softcap / scale``) and ALiBi
+    (``slope`` already over ``scale``), then -inf past the upper edge (tiles from ``mask_from``: those crossing it), which is the
     causal diagonal and, RAGGED, the last key (TMA reads zeros past seqlen_k), and before the
     window's lower edge (tiles before ``window_until``: those crossing it)."""
     cols = i * BLOCK_N + offs_n
-    if SOFTCAP:
-        qk = cap_out * (1.0 - 2.0 / (gl.exp2((2.0 / LN2) * cap_in * qk) + 1.0))  # tanh via exp2
-    if ALIBI:
-        qk = qk - slope * gl.abs((offs_m[:, None] + align_offset - cols[None, :]).to(gl.float32))
+    qk, _ = _modified(qk, offs_m[:, None], cols[None, :], align_offset, cap_in, cap_out, slope, SOFTCAP, ALIBI)
     if CAUSAL or RAGGED or WINDOW:
         if (i >= mask_from) | (i < window_until):  # one branch, one select per score for every edge
             qk = gl.where(_visible(cols, offs_m, seqlen_k, causal_offset, window_offset, CAUSAL, WINDOW, RAGGED), qk,
                           float("-inf"))
     return qk
+
+
+@gluon.jit
+def _modified(qk, rows, keys, align_offset, cap_in, cap_out, slope, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr):
+    """Scores of query ``rows`` by ``keys`` (broadcast against each other) before any mask: softcap ``cap_out *
+    tanh(cap_in * qk)``, then ALiBi ``- slope |row + align_offset - key|``; and SOFTCAP the cap's derivative ``1 -
+    tanh^2`` that the backward's dS takes (a capped score's gradient with respect to the raw one), else 1."""
+    dcap = 1.0
+    if SOFTCAP:
+        th = 1.0 - 2.0 / (gl.exp2((2.0 / LN2) * cap_in * qk) + 1.0)  # tanh via exp2
+        qk = cap_out * th
+        dcap = 1.0 - th * th
+    if ALIBI:
+        qk = qk - slope * gl.abs((rows + align_offset - keys).to(gl.float32))
+    return qk, dcap
 
 
 @gluon.jit
