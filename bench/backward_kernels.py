@@ -3,7 +3,7 @@
 
     PYTHONPATH=src python3 bench/backward_kernels.py [--head-dims 64 128] [--seqlens 512 1024 2048 4096]
         [--causal 0 1] [--providers triton gluon gluon-block gluon-counter gluon-early gluon:ds_bufs=2 cudnn fa4]
-        [--deterministic]
+        [--deterministic] [--softcap 50] [--alibi]
         [--kernels] [--head-dim-v 128] [--ledger bench/ledger.csv]
 
 Cells: the default grid's shapes (B*S = 16k, H*D = 2048; bf16, bhsd). Providers: ``triton`` (fmha's backward held to
@@ -13,7 +13,9 @@ the Triton kernels), ``gluon`` (every length on the Gluon kernel, its programs d
 :class:`fmha.kernels.hopper.backward.Tiles`'s ``early_free``), ``gluon:FIELD=VALUE,...`` (the table's tiles with those
 fields of :class:`~fmha.kernels.hopper.backward.Tiles` replaced), ``cudnn`` (SDPA's cuDNN backend), ``fa4``
 (FlashAttention-4's ``flash_attn.cute``, where it imports: its own bshd layout); ``--deterministic``
-times fmha's fixed order; ``--head-dim-v``: V's head dim (DeepSeek-V3's 128 beside q/k's 192). The backward's time
+times fmha's fixed order; ``--head-dim-v``: V's head dim (DeepSeek-V3's 128 beside q/k's 192); ``--softcap``,
+``--alibi``: the scores capped (Gemma 2's 50) or biased (a slope a head), where a provider takes them (cuDNN neither,
+FA4 the cap). The backward's time
 is what its kernels take on the GPU, so a run reads the kernels' share of a backward apart from its host time and
 launch gaps (``fmha bench --pass bwd`` times the whole call). Rows: ``pass`` ``bwd``, ``ms`` the backward's kernels,
 TFLOP/s 2.5x the forward's FLOPs over it.
@@ -71,7 +73,7 @@ def every_walk_from_the_counter(blocks, sms, causal, packed, deterministic):
 DEALS = {"gluon-block": one_program_a_block, "gluon-counter": every_walk_from_the_counter}
 
 
-def attention_of(provider: str, causal: bool, deterministic: bool):
+def attention_of(provider: str, causal: bool, deterministic: bool, mods: dict):
     if provider == "cudnn":
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -86,15 +88,23 @@ def attention_of(provider: str, causal: bool, deterministic: bool):
             raise SystemExit("fa4: flash_attn.cute does not import here")
 
         def flash(q, k, v):
-            out = fa4(q, k, v, causal=causal)
+            out = fa4(q, k, v, causal=causal, softcap=mods.get("softcap", 0.0))
             return out[0] if isinstance(out, tuple) else out  # (its output, and the LSE where it returns one)
         return flash
-    return lambda q, k, v: fmha.attention(q, k, v, causal=causal, deterministic=deterministic)
+    return lambda q, k, v: fmha.attention(q, k, v, causal=causal, deterministic=deterministic, **mods)
 
 
-def measure(provider: str, q, k, v, causal: bool, deterministic: bool, reps: int) -> tuple[float, dict]:
+def takes(provider: str, mods: dict) -> bool:
+    """Whether ``provider`` takes the scores' modifiers ``mods``."""
+    if provider == "cudnn":
+        return not mods
+    return provider != "fa4" or "alibi_slopes" not in mods
+
+
+def measure(provider: str, q, k, v, causal: bool, deterministic: bool, reps: int,
+            mods: dict) -> tuple[float, dict]:
     """The backward's kernels' time (us) and the forward-and-backward's kernels, one call's."""
-    attend = attention_of(provider, causal, deterministic)
+    attend = attention_of(provider, causal, deterministic, mods)
     if provider == "fa4":  # FlashAttention's own layout, bshd, made outside the timing
         q, k, v = (t.detach().transpose(1, 2).contiguous().requires_grad_(True) for t in (q, k, v))
     do = torch.randn_like(v)  # (the output is as wide as V)
@@ -125,6 +135,8 @@ def main(argv=None) -> None:
                    help="triton, gluon, gluon-block, gluon-counter, gluon-early, gluon:FIELD=VALUE,..., cudnn, fa4")
     p.add_argument("--deterministic", action="store_true")
     p.add_argument("--head-dim-v", type=int, default=0, help="V's head dim (0: q/k's)")
+    p.add_argument("--softcap", type=float, default=0.0, help="the scores' cap (0: none)")
+    p.add_argument("--alibi", action="store_true", help="ALiBi, a slope a head")
     p.add_argument("--kernels", action="store_true", help="print each kernel's time too")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--ledger", default=None)
@@ -140,9 +152,17 @@ def main(argv=None) -> None:
                            for width in (d, d, dv))
                 flops = 2.5 * attention_flops(b, h, s, s, d, causal, head_dim_v=dv)
                 print(f"B{b} H{h} S{s} D{d}{f'/{dv}' if dv != d else ''}{' causal' if causal else ''}")
+                mods = {"softcap": args.softcap} if args.softcap else {}
+                if args.alibi:
+                    mods["alibi_slopes"] = torch.linspace(0.02, 0.5, h, device="cuda")
+                features = [f"head_dim_v={dv}"] if dv != d else []
+                features += [f"softcap={args.softcap:g}"] * bool(args.softcap) + ["alibi=1"] * args.alibi
                 rows = []
                 for provider in args.providers:
-                    us, kernels = measure(provider, q, k, v, causal, args.deterministic, args.reps)
+                    if not takes(provider, mods):
+                        print(f"  {provider:14s} takes no {' or '.join(features[-2:])}")
+                        continue
+                    us, kernels = measure(provider, q, k, v, causal, args.deterministic, args.reps, mods)
                     print(f"  {provider:14s} {us:9.1f} us  {flops / us / 1e6:6.1f} TFLOP/s")
                     if args.kernels:
                         for name, t in kernels.items():
@@ -155,7 +175,7 @@ def main(argv=None) -> None:
                                  "seqlen_k": s, "head_dim": d, "causal": int(causal), "ms": us / 1000,
                                  "tflops": flops / us / 1e6, "note": "the backward's kernels' GPU time a call "
                                  "(bench/backward_kernels.py)", "pass": "bwd",
-                                 "features": f"head_dim_v={dv}" if dv != d else ""})
+                                 "features": " ".join(features)})
                 if args.ledger:  # a cell at a time: a run cut short keeps what it measured
                     ledger.append(args.ledger, rows)
 

@@ -52,9 +52,9 @@ def gradients(q, k, v, seed, **kw):
     return (q.grad, k.grad, v.grad), (q, k, v, do)
 
 
-def runs_on(q, k, v, layout="bhsd", causal=False, deterministic=False, **kw):
+def runs_on(q, k, v, layout="bhsd", causal=False, deterministic=False, alibi_slopes=None, **kw):
     prob = plan.problem(*plan.sizes(q, k, layout), causal=causal, scale=None, **kw)
-    return backward.kernel(prob, q, k, v, q, layout, None, deterministic)
+    return backward.kernel(prob, q, k, v, q, layout, alibi_slopes, deterministic)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}h{}kv{}-q{}k{}-d{}".format(*s))
@@ -177,6 +177,57 @@ def test_hopper_backward_with_a_sliding_window(shape, window, causal, align, det
             assert torch.equal(a, e), name
     grads, (q, k, v, do) = runs[0]
     check_grads(grads, q, k, v, do, causal, align, window=window)
+
+
+MODIFIED = [  # (batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim), causal, align, window, softcap, ALiBi
+    ((2, 4, 2, 300, 500, 256), True, "top_left", (-1, -1), 50.0, False),        # Gemma 2's full layers
+    ((1, 4, 2, 700, 700, 256), True, "top_left", (256, 0), 50.0, False),        # ... and its sliding ones
+    ((1, 4, 2, 333, 200, 128), True, "bottom_right", (-1, -1), 5.0, False),     # a cap the scores reach, GQA
+    ((1, 2, 2, 260, 390, 128), False, "top_left", (-1, -1), 0.0, True),         # BLOOM's and MPT's ALiBi
+    ((2, 4, 1, 300, 300, 64), True, "top_left", (-1, -1), 0.0, True),           # S^T's registers form: the bias
+    ((1, 4, 2, 200, 500, 64), True, "bottom_right", (-1, -1), 3.0, True),       # ... the cap and the bias, in place
+    ((1, 2, 1, 129, 257, 96), True, "top_left", (100, 0), 10.0, True),          # every modifier together
+    ((1, 2, 2, 300, 300, 192), True, "top_left", (-1, -1), 20.0, False),        # DeepSeek's q/k with V's 128 below
+]
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("case", MODIFIED,
+                         ids=lambda c: "d{5}".format(*c[0]) + f"-cap{c[4]:g}" + ("-alibi" if c[5] else ""))
+def test_hopper_backward_with_softcap_and_alibi(case, deterministic):
+    """Softcap and ALiBi (one slope a head) run on the Gluon backward: the scores capped and biased as the forward
+    took them, dS through the cap's derivative, in every form of the kernel (S^T's registers form at 64, P and dS
+    in shared memory at 96-128, column shares past 128, V narrower); the gradients pass the float64 yardstick, and
+    deterministic, two runs give the same bits.  Scores that reach the cap (q scaled up) make its derivative
+    matter."""
+    shape, causal, align, window, cap, alibi = case
+    i = MODIFIED.index(case)
+    q, k, v = make_qkv(*shape, (torch.float16, torch.bfloat16)[i % 2], seed=90 + i)
+    if shape[-1] == 192:
+        v = v[..., :128].contiguous()
+    if cap:
+        q = q * 3
+    slopes = torch.linspace(0.02, 0.5, shape[1], device=DEVICE) if alibi else None
+    kw = dict(causal=causal, causal_align=align, window=window, softcap=cap, alibi_slopes=slopes)
+    mods = dict(head_dim_v=128) if shape[-1] == 192 else {}
+    assert runs_on(q, k, v, deterministic=deterministic, **kw, **mods) == "hopper"
+    runs = [gradients(q, k, v, i, deterministic=deterministic, **kw) for _ in range(2 if deterministic else 1)]
+    for grads, _ in runs[1:]:
+        for name, a, e in zip("qkv", grads, runs[0][0]):
+            assert torch.equal(a, e), name
+    grads, (q, k, v, do) = runs[0]
+    check_grads(grads, q, k, v, do, causal, align, window=window, softcap=cap, alibi_slopes=slopes)
+
+
+def test_packed_sequences_with_softcap_and_alibi():
+    """Packed sequences with softcap and ALiBi on the Gluon backward: each sequence's bias about its own
+    bottom-right diagonal, its gradients its own."""
+    lens_q, lens_k = [200, 77, 333, 1], [260, 77, 300, 50]
+    slopes = torch.linspace(0.05, 0.4, 4, device=DEVICE)
+    kw = dict(causal=True, causal_align="bottom_right", softcap=8.0, alibi_slopes=slopes)
+    grads, tensors, cu = packed_gradients(lens_q, lens_k, 4, 2, 128, 21, **kw)
+    for b, found, (q, k, v, do) in each_sequence(grads, tensors, cu):
+        check_grads(found, q, k, v, do, True, "bottom_right", "bshd", softcap=8.0, alibi_slopes=slopes)
 
 
 PACKED = [  # (query rows and keys of each sequence, heads, kv_heads, head_dim, causal, align, window)
@@ -462,7 +513,8 @@ def test_what_the_hopper_backward_leaves_to_triton(monkeypatch):
     q, k, v = make_qkv(1, 2, 2, 1024, 1024, 64, torch.bfloat16)
     assert runs_on(q, k, v, window=(8, 0)) == "hopper"
     assert runs_on(q, k, v, window=(8, -1)) == "triton"  # open to the right: no upper edge
-    assert runs_on(q, k, v, softcap=5.0) == "triton"
+    assert runs_on(q, k, v, softcap=5.0, alibi_slopes=torch.ones(2, device=DEVICE)) == "hopper"
+    assert runs_on(q, k, v, alibi_slopes=torch.ones(1, 2, device=DEVICE)) == "triton"  # a slope per (batch, head)
 
 
 @pytest.mark.parametrize("deterministic", [False, True])

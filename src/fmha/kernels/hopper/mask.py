@@ -55,9 +55,9 @@ def _scores(qk, i, mask_from, window_until, offs_m, offs_n, seqlen_k, causal_off
             SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, RAGGED: gl.constexpr):
     """Step 5.2 on key tile ``i``, in raw ``q.k`` units (the caller scales by ``scale_log2``):
     :func:`_modified`'s softcap (``cap_in = scale / softcap``, ``cap_out = softcap / scale``) and ALiBi
-    (``slope`` already over ``scale``), then -inf past the upper edge (tiles from ``mask_from``: those crossing it), which is the
-    causal diagonal and, RAGGED, the last key (TMA reads zeros past seqlen_k), and before the
-    window's lower edge (tiles before ``window_until``: those crossing it)."""
+    (``slope`` already over ``scale``), then -inf past the upper edge (tiles from ``mask_from``: those
+    crossing it), which is the causal diagonal and, RAGGED, the last key (TMA reads zeros past seqlen_k),
+    and before the window's lower edge (tiles before ``window_until``: those crossing it)."""
     cols = i * BLOCK_N + offs_n
     qk, _ = _modified(qk, offs_m[:, None], cols[None, :], align_offset, cap_in, cap_out, slope, SOFTCAP, ALIBI)
     if CAUSAL or RAGGED or WINDOW:
