@@ -185,7 +185,8 @@ MODIFIED = [  # (batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim), causal, 
     ((1, 4, 2, 333, 200, 128), True, "bottom_right", (-1, -1), 5.0, False),     # a cap the scores reach, GQA
     ((1, 2, 2, 260, 390, 128), False, "top_left", (-1, -1), 0.0, True),         # BLOOM's and MPT's ALiBi
     ((2, 4, 1, 300, 300, 64), True, "top_left", (-1, -1), 0.0, True),           # S^T's registers form: the bias
-    ((1, 4, 2, 200, 500, 64), True, "bottom_right", (-1, -1), 3.0, True),       # ... the cap and the bias, in place
+    ((1, 4, 2, 200, 500, 64), True, "bottom_right", (-1, -1), 3.0, True),       # capped: 64-row tiles instead
+    ((2, 2, 2, 300, 300, 32), False, "top_left", (-1, -1), 30.0, False),
     ((1, 2, 1, 129, 257, 96), True, "top_left", (100, 0), 10.0, True),          # every modifier together
     ((1, 2, 2, 300, 300, 192), True, "top_left", (-1, -1), 20.0, False),        # DeepSeek's q/k with V's 128 below
 ]
@@ -196,10 +197,10 @@ MODIFIED = [  # (batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim), causal, 
                          ids=lambda c: "d{5}".format(*c[0]) + f"-cap{c[4]:g}" + ("-alibi" if c[5] else ""))
 def test_hopper_backward_with_softcap_and_alibi(case, deterministic):
     """Softcap and ALiBi (one slope a head) run on the Gluon backward: the scores capped and biased as the forward
-    took them, dS through the cap's derivative, in every form of the kernel (S^T's registers form at 64, P and dS
-    in shared memory at 96-128, column shares past 128, V narrower); the gradients pass the float64 yardstick, and
-    deterministic, two runs give the same bits.  Scores that reach the cap (q scaled up) make its derivative
-    matter."""
+    took them, dS through the cap's derivative, in every form of the kernel (S^T's registers form at 64 with ALiBi,
+    P and dS in shared memory at 96-128 and capped at 32-64, column shares past 128, V narrower); the gradients
+    pass the float64 yardstick, and deterministic, two runs give the same bits.  Scores that reach the cap (q scaled
+    up) make its derivative matter."""
     shape, causal, align, window, cap, alibi = case
     i = MODIFIED.index(case)
     q, k, v = make_qkv(*shape, (torch.float16, torch.bfloat16)[i % 2], seed=90 + i)
@@ -219,13 +220,15 @@ def test_hopper_backward_with_softcap_and_alibi(case, deterministic):
     check_grads(grads, q, k, v, do, causal, align, window=window, softcap=cap, alibi_slopes=slopes)
 
 
-def test_packed_sequences_with_softcap_and_alibi():
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_packed_sequences_with_softcap_and_alibi(head_dim):
     """Packed sequences with softcap and ALiBi on the Gluon backward: each sequence's bias about its own
-    bottom-right diagonal, its gradients its own."""
+    bottom-right diagonal, its gradients its own (at 64 in the capped calls' 64-row tiles, whose dQ rows leave
+    their own room after each sequence)."""
     lens_q, lens_k = [200, 77, 333, 1], [260, 77, 300, 50]
     slopes = torch.linspace(0.05, 0.4, 4, device=DEVICE)
     kw = dict(causal=True, causal_align="bottom_right", softcap=8.0, alibi_slopes=slopes)
-    grads, tensors, cu = packed_gradients(lens_q, lens_k, 4, 2, 128, 21, **kw)
+    grads, tensors, cu = packed_gradients(lens_q, lens_k, 4, 2, head_dim, 21, **kw)
     for b, found, (q, k, v, do) in each_sequence(grads, tensors, cu):
         check_grads(found, q, k, v, do, True, "bottom_right", "bshd", softcap=8.0, alibi_slopes=slopes)
 

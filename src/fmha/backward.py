@@ -242,7 +242,7 @@ def describe(q, k, v, *, causal: bool = False, layout: str = "bhsd", determinist
     order = ", deterministic" if deterministic else ""
     if kernel(prob, q, k, v, q, layout, alibi_slopes, deterministic) == "hopper":
         from .kernels.hopper import backward as hopper
-        cut = hopper.tiles(hopper.tile_width(prob.head_dim), deterministic, prob.dv)
+        cut = hopper.cut_of(prob, deterministic)
         return (f"hopper backward BLOCK_M={cut.rows} BLOCK_N={cut.block_n} stages={cut.stages} "
                 f"ds_bufs={cut.ds_bufs} rs={int(cut.rs)} dq_rows={cut.dq_rows} dq_cols={cut.dq_cols}"
                 f"{' dk_dv in column halves' if cut.cols else ''}{' early_free' if cut.early_free else ''}"

@@ -120,6 +120,16 @@ def _hopper_source(head_dim: int, dtype: str, causal: bool, cfg, seqlen_k: int =
     return GluonASTSource(kernel, sig, const)
 
 
+def _backward_cut(head_dim: int, causal: bool, deterministic: bool, head_dim_v: int, softcap: bool):
+    """The Gluon backward's tiles for a call of these (:func:`fmha.kernels.hopper.backward.cut_of`)."""
+    from .kernels.hopper import backward
+    from .plan import Problem
+    dv = head_dim_v or head_dim
+    prob = Problem(1, 1, 1, 256, 256, head_dim, causal, 0, 1.0, softcap=float(softcap),
+                   head_dim_v=dv if dv != head_dim else 0)
+    return backward.cut_of(prob, deterministic)
+
+
 def _compile_backward(head_dim: int, dtype: str, causal: bool, deterministic: bool, window: bool, ragged: bool,
                       varlen: bool, head_dim_v: int, softcap: bool = False, alibi: bool = False):
     """The Gluon backward (:mod:`fmha.kernels.hopper.backward`) compiled for sm_90 from stand-in CPU
@@ -132,7 +142,7 @@ def _compile_backward(head_dim: int, dtype: str, causal: bool, deterministic: bo
     from .kernels.hopper import backward, narrow_pass, reduce_pass
     tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
     head = backward.tile_width(head_dim)
-    cut = backward.tiles(head, deterministic, head_dim_v)
+    cut = _backward_cut(head_dim, causal, deterministic, head_dim_v, softcap)
     t = torch.empty(1, 1, 256, head_dim, dtype=tdt)
     tv = torch.empty(1, 1, 256, head_dim_v, dtype=tdt)
     stat = torch.empty(1, 256, dtype=torch.float32)
@@ -185,7 +195,7 @@ def build_hopper_backward(head_dim: int, dtype: str = "bfloat16", causal: bool =
         return _build_elsewhere(head_dim, dtype, causal, deterministic, window, ragged, varlen, head_dim_v, softcap,
                                 alibi, builder="build_hopper_backward")
     compiled = _compile_backward(head_dim, dtype, causal, deterministic, **flags, head_dim_v=head_dim_v or head_dim)
-    cut = backward.tiles(backward.tile_width(head_dim), deterministic, head_dim_v)
+    cut = _backward_cut(head_dim, causal, deterministic, head_dim_v, softcap)
     cfg = dict(block_m=cut.rows, block_n=cut.block_n, num_warps=12, num_stages=cut.stages,
                **({"head_dim_v": head_dim_v} if head_dim_v and head_dim_v != head_dim else {}),
                **({"deterministic": True} if deterministic else {}), **{k: True for k, v in flags.items() if v})
