@@ -757,14 +757,13 @@ def _consumer(k_bufs, v_bufs, q_bufs, do_bufs, lse_bufs, delta_bufs, p_smem, ds_
                                               False, True)
                         qk = _over(q_s, k_w, s0, DEPTH, not BIASED)
                         dp = _over(do_s, v_w, zeros, DEPTH_V, True)
-                        if SOFTCAP:  # (dP too: each score's cap derivative goes into its dP at once)
+                        if SOFTCAP:  # dP too, each score's cap derivative into its dP at once: dS = P (dP - delta) dcap
                             qk, dp = warpgroup_mma_wait(0, deps=[qk, dp])
-                        else:
-                            qk = warpgroup_mma_wait(_pieces(DEPTH_V, v_bufs.shape[2]), deps=[qk])
-                        if SOFTCAP:  # dS = P (dP dcap - delta dcap)
                             qk, dcap = _modified(qk, rows[:, None], offs_k[None, :], align_b, cap_in, cap_out, slope,
                                                  SOFTCAP, ALIBI)
                             dp = (dp - delta[:, None]) * dcap + delta[:, None]
+                        else:
+                            qk = warpgroup_mma_wait(_pieces(DEPTH_V, v_bufs.shape[2]), deps=[qk])
                         p = gl.exp2(qk * scale_log2 - lse2[:, None])
                         if _crossed(m, key0, sq, sk, causal_b, window_b, BLOCK_M, KEYS, CAUSAL, WINDOW, RAGGED,
                                     VARLEN):
