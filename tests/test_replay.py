@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from fmha import replay
+from fmha import launcher, replay
 
 
 @dataclass
@@ -152,28 +152,53 @@ def test_constants_are_passed_as_they_are():
     assert kernel.launches[-1][2][1] is work and kernel.launches[-1][2][0] is x2
 
 
+_SENT: dict = {}  # function handle -> the stand-in kernel whose plans the stand-in launcher decodes
+
+
+def _send(plan, stream, *args):
+    """The C launcher's stand-in: decodes a plan (:mod:`fmha.launcher`) into the kernel's parameters, each slot's
+    value or the argument it names, and logs them on the kernel (the two scratch pointers checked and dropped)."""
+    function, gx, gy, gz, threads, shared, ctas, coop, pdl, n, pointers, descriptors, _ = launcher.HEADER.unpack_from(
+        plan)
+    assert len(plan) == launcher.HEADER.size + n * launcher.SLOT.size and len(args) == pointers + descriptors
+    assert all(isinstance(a, int) for a in args[:pointers])
+    params = []
+    for k in range(n):
+        source, _, value = launcher.SLOT.unpack_from(plan, launcher.HEADER.size + k * launcher.SLOT.size)
+        params.append(value if source < 0 else args[source])
+    assert params[-2:] == [0, 0]
+    _SENT[function].launches.append(("raw", (gx, gy, gz), params[:-2]))
+
+
 class RawKernel(FakeKernel):
-    """A compiled stand-in with Triton's CUDA launcher's shape: a raw launch function behind the
-    tensor-descriptor wrapper, no scratch memory, one descriptor lowered to a CUtensorMap."""
+    """A compiled stand-in with Triton's CUDA launcher's shape: its signature (one descriptor lowered to a
+    CUtensorMap), no scratch memory, its launches sent from plans (decoded by :func:`_send`)."""
 
     class metadata:
         tensordesc_meta = [dict(swizzle=3, elem_size=2, elem_type=8, block_size=[8], fp4_padded=False)]
+
+    class src:
+        signature = {"X": "*fp32", "Y": "*fp32", "D": "tensordesc<fp32[8]>", "n": "i32", "BLOCK": "constexpr"}
+    packed_metadata = (4, 1, 0)
+
+    def __init__(self):
+        super().__init__()
+        self.function = id(self)
+        _SENT[self.function] = self
 
     @functools.cached_property  # (one launcher a compiled kernel, as Triton's)
     def run(self):
         kernel = self
 
-        def launcher(*args):  # the C function's arguments: 13 fixed ones, then the flattened kernel's
-            kernel.launches.append(("raw", args[:3], list(args[13:])))
-
-        def inner(*args):  # Triton's wrapper, holding the C function as ``launcher``
-            return launcher(*args)
-
         def through_triton(self, gx, gy, gz, stream, fn, meta, lm, enter, exit_, *args):
             kernel.launches.append(("direct", (gx, gy, gz), list(args)))
-        return type("Launcher", (), dict(launch=staticmethod(inner), global_scratch_size=0, profile_scratch_size=0,
-                                         launch_cooperative_grid=False, launch_pdl=False,
-                                         __call__=through_triton))()
+        return type("Launcher", (), dict(global_scratch_size=0, profile_scratch_size=0, launch_cooperative_grid=False,
+                                         launch_pdl=False, __call__=through_triton))()
+
+
+@pytest.fixture(autouse=True)
+def stand_in_launcher(monkeypatch):
+    monkeypatch.setattr(launcher, "sender", lambda: _send)
 
 
 def test_without_hooks_a_replay_drives_the_raw_launcher(monkeypatch):
@@ -195,7 +220,7 @@ def test_without_hooks_a_replay_drives_the_raw_launcher(monkeypatch):
         out, _ = replay.call(_kind(x2, y2), (x2, y2), torch.device("cpu"), lambda: pytest.fail("not replayed"))
     (how, grid, args), (_, _, partial_args) = kernel.launches[-2:]
     assert how == "raw" and grid == (2, 1, 1)
-    assert args == [x2.data_ptr(), out.data_ptr(), ("map", y2.data_ptr()), 4, 1, 7, 32]
+    assert args == [x2.data_ptr(), out.data_ptr(), ("map", y2.data_ptr()), 4, 1, 7]  # (BLOCK: a constexpr)
     assert isinstance(partial_args[1], int) and partial_args[1] not in (out.data_ptr(), x2.data_ptr())
     assert [f[0] for f in fills] == [y2.data_ptr()] * 2  # one a launch, not one a replay
     assert fills[0][1] == (3, 2, 10, [8], [4], [1], 0)
@@ -409,6 +434,10 @@ class GrowKernel(RawKernel):
     arg_names = ["X", "Y", "D", "n", "m", "BLOCK"]
     params = [Param(None)] * 5 + [Param(16)]
 
+    class src:
+        signature = {"X": "*fp32", "Y": "*fp32", "D": "tensordesc<fp32[8, 8]>", "n": "i32", "m": "i32",
+                     "BLOCK": "constexpr"}
+
 
 def _growing(kernel, x, y, n, bump=lambda n: 0, outcome=lambda n: 3, planned=None, ahead=None):
     """A decode-like call at length ``n``: x ``[n, 4]`` and y ``[2, n]`` (the length along x's rows and y's
@@ -456,7 +485,7 @@ def test_a_growing_length_replays_from_its_family(monkeypatch):
     out, _ = _growing(kernel, x, y, 41)  # (its key kept: a plain replay)
     _, _, args = kernel.launches[-1]
     filled = ("map", y.data_ptr(), 3, 2, 10, [8], [2, 41], [41, 1], 0)
-    assert args == [x.data_ptr(), out.data_ptr(), filled, 2, 41, 41, 1, 41, 7, 32]
+    assert args == [x.data_ptr(), out.data_ptr(), filled, 2, 41, 41, 1, 41, 7]
 
 
 def test_a_line_the_third_recording_breaks_replays_nothing(monkeypatch):
@@ -469,7 +498,7 @@ def test_a_line_the_third_recording_breaks_replays_nothing(monkeypatch):
     assert _lengths(kernel, [39, 41], step) == ["raw", "raw"]  # lines through 37 and 38, proven at 39
     x, y = torch.zeros(42, 4), torch.ones(2, 42)
     _growing(kernel, x, y, 42, step)
-    assert kernel.launches[-1][2][-2] == 107
+    assert kernel.launches[-1][2][-1] == 107
 
 
 def test_integers_off_any_line_replay_nothing(monkeypatch):

@@ -13,9 +13,9 @@ of the key, so Triton's specialization (integers on ``== 1`` and divisibility by
 16-byte alignment: both in the key) is the one the compiled kernel was built for.  A replay
 allocates, then launches each compiled kernel directly; no host-device synchronization, no planning.
 With no launch hook installed it goes further (:class:`_Launch`): the argument list Triton's launcher
-takes is flattened once, tensors become raw pointers and TMA descriptors are filled once for each base
-pointer a slot meets (:data:`DESCRIPTORS_KEPT` of them), so a replayed launch is one call into the compiled
-launcher.
+takes is flattened and packed once into a plan (:mod:`fmha.launcher`), TMA descriptors are filled once for
+each base pointer a slot meets (:data:`DESCRIPTORS_KEPT` of them), and a replayed launch passes only its
+pointers and descriptors to one C function that calls the driver.
 
 A call of a new kind takes the ordinary path, but its launches skip Triton's JIT where they can
 (:func:`_dispatch`): a launch whose arguments specialize as an earlier launch's of the same kernel did
@@ -45,6 +45,7 @@ from triton import knobs
 from triton._C.libtriton import native_specialize_impl as specialize
 from triton.runtime.jit import JITFunction
 
+from . import launcher as fmha_launcher
 from .device import on
 
 _RECIPES: dict = {}
@@ -420,88 +421,97 @@ def _hooked(chain) -> bool:
     return chain is not None and bool(getattr(chain, "calls", True))
 
 
-def _raw_launcher(launcher):
-    """The compiled C launch function behind Triton's :class:`CudaLauncher` (its tensor-descriptor
-    wrapper holds it as ``launcher``); LookupError when there is scratch memory to allocate per launch."""
+def _launchable(launcher) -> None:
+    """LookupError where a launch cannot be sent from a plan (:mod:`fmha.launcher`): ROCm's launcher, or
+    scratch memory to allocate per launch."""
     if torch.version.hip:
         raise LookupError("ROCm's launcher")
     if getattr(launcher, "global_scratch_size", 1) or getattr(launcher, "profile_scratch_size", 1):
         raise LookupError("a launch with scratch memory")
-    fn = launcher.launch
-    closure = getattr(fn, "__closure__", None)
-    if closure is not None:
-        cells = dict(zip(fn.__code__.co_freevars, closure))
-        if "launcher" not in cells:
-            raise LookupError("an unknown launcher wrapper")
-        fn = cells["launcher"].cell_contents
-    return fn
 
 
 class _Launch:
-    """One recorded launch, driven through the raw launcher: the flattened argument list (Triton's own
-    expansion of a tensor descriptor: the filled CUtensorMap, or the base pointer, then shape and strides)
-    with the slots that change between calls: pointers, and descriptors filled for each new base."""
-    __slots__ = ("launch", "head", "flat", "ptr_slots", "desc_slots", "filled")
+    """One recorded launch, sent from its plan (:mod:`fmha.launcher`): the flattened argument list of Triton's
+    launcher (Triton's own expansion of a tensor descriptor: the filled CUtensorMap, or the base pointer, then
+    shape and strides) packed once, with the slots that change between calls: pointers, and descriptors filled
+    for each new base."""
+    __slots__ = ("send", "compiled", "grid", "flags", "device", "tys", "flat", "ptr_slots", "desc_slots", "plan",
+                 "at", "pointers", "filled")
 
     def __init__(self, compiled, launcher, function, packed, grid, template, plain, descs):
         from triton.backends.nvidia import driver as nv
-        self.launch = _raw_launcher(launcher)
-        self.head = (grid[0], grid[1], grid[2], None, function, launcher.launch_cooperative_grid,
-                     launcher.launch_pdl, None, None, packed, None, None, None)
+        _launchable(launcher)
+        self.compiled, self.grid = compiled, grid
+        self.flags = (launcher.launch_cooperative_grid, launcher.launch_pdl)
+        self.device = torch._C._cuda_getDevice() if torch.cuda.is_available() else 0  # (the recording's)
+        self.tys = fmha_launcher.types(compiled)
         metas = list(getattr(compiled.metadata, "tensordesc_meta", None) or [])
         at = {pos: (is_input, i, shape, strides, padding) for pos, is_input, i, shape, strides, padding in descs}
         ptr_at = {pos: (is_input, i) for pos, is_input, i in plain}
-        self.flat, self.ptr_slots, self.desc_slots = [], [], []
+        flat, self.ptr_slots, self.desc_slots = [], [], []
         for pos, a in enumerate(template):
             if pos in ptr_at:
-                self.ptr_slots.append((len(self.flat), *ptr_at[pos]))
-                self.flat.append(None)
+                self.ptr_slots.append((len(flat), *ptr_at[pos]))
+                flat.append(None)
             elif pos in at:
                 is_input, i, shape, strides, padding = at[pos]
                 meta = metas.pop(0) if metas else None
                 if meta is None:
-                    self.desc_slots.append((len(self.flat), is_input, i, None))
-                    self.flat += [None, *shape, *strides, padding == "nan", *shape, *strides]
+                    self.desc_slots.append((len(flat), is_input, i, None))
+                    flat += [None, *shape, *strides, padding == "nan", *shape, *strides]
                 else:
                     if meta.get("fp4_padded"):
                         raise LookupError("an fp4 descriptor")
                     fill = (meta["swizzle"], meta["elem_size"], nv.TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]],
                             meta["block_size"], list(shape), list(strides), 1 if padding == "nan" else 0)
-                    self.desc_slots.append((len(self.flat), is_input, i, fill))
-                    self.flat += [None, *shape, *strides]
+                    self.desc_slots.append((len(flat), is_input, i, fill))
+                    flat += [None, *shape, *strides]
             else:
-                self.flat.append(a)
+                flat.append(a)
+        self._pack(flat, self.desc_slots)
+        self.send = fmha_launcher.sender()
+
+    def _pack(self, flat, desc_slots):
+        """The plan over ``flat``, its pointers (and descriptors lowered to pointers) first, then its descriptors."""
+        self.flat, self.desc_slots = flat, desc_slots
+        pointers = [(at, is_input, i) for at, is_input, i in self.ptr_slots]
+        pointers += [(at, is_input, i) for at, is_input, i, fill in desc_slots if fill is None]
+        self.pointers = [(is_input, i) for _, is_input, i in pointers]
+        sources = {at: k for k, (at, _, _) in enumerate(pointers)}
+        sources.update({at: len(pointers) + k for k, (at, _, _, _) in
+                        enumerate(s for s in desc_slots if s[3] is not None)})
+        self.plan, self.at = fmha_launcher.plan(self.compiled, self.tys, self.grid, *self.flags, flat, sources,
+                                                self.device)
         # flat position -> {base pointer: its filled descriptor}: the bases a slot has seen (the KV caches of a
         # model's layers, which share one recipe, take turns in a decode's K and V slots)
-        self.filled = {at: {} for at, _, _, fill in self.desc_slots if fill is not None}
+        self.filled = {at: {} for at, _, _, fill in desc_slots if fill is not None}
 
-    def moved(self, flat, desc_slots):
+    def moved(self, flat, desc_slots, changed):
         """This launch with the argument list ``flat`` and the descriptor slots ``desc_slots`` (another length's,
-        :class:`_Length`), its filled descriptors its own."""
+        :class:`_Length`), ``changed`` the places in ``flat`` whose values differ; its filled descriptors its own."""
         launch = _Launch.__new__(_Launch)
-        launch.launch, launch.head, launch.ptr_slots = self.launch, self.head, self.ptr_slots
+        launch.send, launch.compiled, launch.grid, launch.flags, launch.device, launch.tys = (
+            self.send, self.compiled, self.grid, self.flags, self.device, self.tys)
+        launch.ptr_slots, launch.pointers, launch.at = self.ptr_slots, self.pointers, self.at
         launch.flat, launch.desc_slots = flat, desc_slots
+        launch.plan = fmha_launcher.patch(self.plan, self.tys, self.at, ((at, flat[at]) for at in changed))
         launch.filled = {at: {} for at, _, _, fill in desc_slots if fill is not None}
         return launch
 
     def __call__(self, ptrs, n_inputs, stream):
-        flat = self.flat.copy()
-        for at, is_input, i in self.ptr_slots:
-            flat[at] = ptrs[i if is_input else n_inputs + i]
+        args = [ptrs[i if is_input else n_inputs + i] for is_input, i in self.pointers]
         for at, is_input, i, fill in self.desc_slots:
-            ptr = ptrs[i if is_input else n_inputs + i]
             if fill is None:
-                flat[at] = ptr
                 continue
+            ptr = ptrs[i if is_input else n_inputs + i]
             seen = self.filled[at]
             desc = seen.get(ptr)
             if desc is None:
                 if len(seen) >= DESCRIPTORS_KEPT:
                     seen.clear()
                 desc = seen[ptr] = _fill_descriptor(ptr, *fill)
-            flat[at] = desc
-        head = self.head
-        self.launch(head[0], head[1], head[2], stream, *head[4:], *flat)
+            args.append(desc)
+        self.send(self.plan, stream, *args)
 
 
 def _fill_descriptor(ptr, *fill):
@@ -733,7 +743,7 @@ class _Length:
                     fill = slot[3]
                     slot = (*slot[:3], (*fill[:4], shape, strides, fill[6]))
                 slots.append(slot)
-            fast.append(launch.moved(flat, slots))
+            fast.append(launch.moved(flat, slots, [at for at, _, _, _ in ints]))
         recipe = Recipe.__new__(Recipe)  # (a shallow copy, as copy.copy makes it, for a fraction of its cost)
         recipe.__dict__.update(self.recipe.__dict__)
         recipe.fast, recipe.steps = fast, None
@@ -743,7 +753,8 @@ class _Length:
         """Whether :meth:`at` ``n`` launches what ``recipe``, recorded at ``n``, launches."""
         mine = self.at(n)
         return mine is not None and recipe.fast is not None and _same_kernels(mine, recipe) and all(
-            a.flat == b.flat and a.desc_slots == b.desc_slots for a, b in zip(mine.fast, recipe.fast))
+            a.flat == b.flat and a.desc_slots == b.desc_slots and a.plan == b.plan
+            for a, b in zip(mine.fast, recipe.fast))
 
 
 class _Family:
@@ -816,7 +827,7 @@ class _Family:
 
 def _same_kernels(ra, rb) -> bool:
     """Whether two recipes' fast launches run the same compiled kernels over the same grids."""
-    return len(ra.fast) == len(rb.fast) and all(a.launch is b.launch and a.head == b.head
+    return len(ra.fast) == len(rb.fast) and all(a.compiled is b.compiled and a.grid == b.grid and a.flags == b.flags
                                                 for a, b in zip(ra.fast, rb.fast))
 
 
