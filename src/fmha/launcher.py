@@ -200,11 +200,22 @@ PyMODINIT_FUNC PyInit_fmha_launcher(void) { return PyModule_Create(&module); }
 
 
 @functools.cache
-def module():
-    """The compiled module (built once per machine into Triton's cache)."""
+def _built():
+    """The compiled module (built once per machine into Triton's cache), or why it did not build."""
     from triton.backends.nvidia import driver
     from triton.runtime.build import compile_module_from_src
-    return compile_module_from_src(_SOURCE, "fmha_launcher", include_dirs=driver.include_dirs)
+    try:
+        return compile_module_from_src(_SOURCE, "fmha_launcher", include_dirs=driver.include_dirs)
+    except Exception as e:  # (no C compiler, a failed build: the replay keeps Triton's own launcher)
+        return LookupError(f"fmha's launcher did not build: {e}")
+
+
+def module():
+    """The compiled module; LookupError where it did not build."""
+    built = _built()
+    if isinstance(built, LookupError):
+        raise built
+    return built
 
 
 def sender():
