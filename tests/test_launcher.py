@@ -17,6 +17,17 @@ _FORMAT = {"i1": "b", "i8": "b", "i16": "h", "i32": "i", "i64": "L", "u1": "B", 
 META = dict(swizzle=3, elem_size=2, elem_type=8, block_size=[64, 64], fp4_padded=False)
 
 
+class _Compiled:  # a compiled kernel's stand-in (hashable by identity, as Triton's)
+    def __init__(self, signature, metas):
+        self.src = SimpleNamespace(signature=signature)
+        self.metadata = SimpleNamespace(tensordesc_meta=metas)
+        self.packed_metadata, self.function = (4, 1, 1024), 77
+
+
+def _compiled(signature, metas=None):
+    return _Compiled(signature, metas)
+
+
 @pytest.mark.parametrize("signature, metas", [
     ({"X": "*bf16", "n": "i32", "big": "i64", "s": "fp32", "flag": "i1", "B": "constexpr"}, None),
     ({"Q": "tensordesc<bf16[64, 64]>", "O": "*bf16", "n": "i32", "C": "constexpr"}, [META]),
@@ -29,8 +40,7 @@ def test_types_follow_the_signature_as_tritons_launcher_expands_it(signature, me
     from triton.backends.nvidia.driver import make_launcher
     src = make_launcher({}, dict(enumerate(signature.values())), metas)
     tritons = re.search(r'PyArg_ParseTuple\(args, "([^"]*)"', src).group(1)[len("iiiKKppOOOOOO"):]
-    compiled = SimpleNamespace(src=SimpleNamespace(signature=signature), metadata=SimpleNamespace(
-        tensordesc_meta=metas))
+    compiled = _compiled(signature, metas)
     ours = "".join(_FORMAT.get(ty, "O") for ty in launcher.types(compiled))
     assert ours == tritons
 
@@ -45,11 +55,6 @@ def test_values_are_the_bytes_tritons_launcher_passes():
     assert launcher.value("*bf16", None) == 0 and launcher.value("*bf16", 4096) == 4096
     with pytest.raises(LookupError):
         launcher.value("nvTmaDesc", 0)
-
-
-def _compiled(signature, metas=None):
-    return SimpleNamespace(src=SimpleNamespace(signature=signature), metadata=SimpleNamespace(tensordesc_meta=metas),
-                           packed_metadata=(4, 1, 1024), function=77)
 
 
 def test_a_plan_holds_values_and_the_places_of_the_arguments():
@@ -74,6 +79,11 @@ def test_a_plan_holds_values_and_the_places_of_the_arguments():
         launcher.plan(compiled, tys, (1, 1, 1), False, False, flat, {5: 0})
     with pytest.raises(LookupError):  # arguments off the signature
         launcher.plan(compiled, tys, (1, 1, 1), False, False, flat[:-1], {0: 1, 5: 0})
+    with pytest.raises(LookupError):  # a tensor where the kernel took a constant
+        launcher.check(compiled, flat, {0: 1, 5: 0, 8: 2})
+    with pytest.raises(LookupError):  # a type the plan does not pack
+        launcher.check(_compiled({"X": "*fp32", "x": "fp8"}), [None, 1.0], {0: 0})
+    assert launcher.value("fp32", 1e39) == 0x7F800000  # (C's double to float: infinite past its range)
 
 
 @pytest.mark.skipif(shutil.which("gcc") is None and shutil.which("clang") is None, reason="no C compiler")

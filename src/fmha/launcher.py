@@ -228,10 +228,11 @@ def sender():
     return mod.launch
 
 
-def types(compiled) -> list:
+@functools.lru_cache(maxsize=1024)
+def types(compiled) -> tuple:
     """The type of each argument Triton's launcher takes after its fixed ones, in order (a tensor descriptor
     expanded as ``make_launcher`` expands it: the filled CUtensorMap, or the base pointer with shape, strides and
-    padding, then shape and strides)."""
+    padding, then shape and strides); read once for each compiled kernel."""
     metas = list(getattr(compiled.metadata, "tensordesc_meta", None) or [])
     out = []
     for ty in compiled.src.signature.values():
@@ -244,10 +245,19 @@ def types(compiled) -> list:
             out += ["i32"] * ndim + ["i64"] * ndim
         else:
             out.append(ty)
-    return out
+    return tuple(out)
 
 
 _INTS = {"i1", "i8", "i16", "i32", "i64", "u1", "u8", "u16", "u32", "u64"}
+_FLOATS = {"fp16", "bf16", "fp32", "f32", "fp64"}
+
+
+def _float32(v) -> bytes:
+    """``v`` as C's conversion of a double to float gives it (infinite past float's range)."""
+    try:
+        return struct.pack("<f", v)
+    except OverflowError:
+        return struct.pack("<f", float("inf") if v > 0 else float("-inf"))
 
 
 def value(ty: str, v) -> int:
@@ -257,50 +267,75 @@ def value(ty: str, v) -> int:
     if ty in _INTS:
         return int(v) & 0xFFFFFFFFFFFFFFFF
     if ty in ("fp32", "f32"):
-        return struct.unpack("<I", struct.pack("<f", v))[0]
+        return struct.unpack("<I", _float32(v))[0]
     if ty == "fp64":
         return struct.unpack("<Q", struct.pack("<d", v))[0]
     if ty == "fp16":
         return struct.unpack("<H", struct.pack("<e", v))[0]
     if ty == "bf16":  # (Triton's launcher truncates float32 to bfloat16)
-        return struct.unpack("<I", struct.pack("<f", v))[0] >> 16
+        return struct.unpack("<I", _float32(v))[0] >> 16
     raise LookupError(f"a parameter of type {ty}")
 
 
-def plan(compiled, tys: list, grid, cooperative: bool, pdl: bool, flat: list, sources: dict,
+@functools.lru_cache(maxsize=1024)
+def _places(compiled) -> tuple:
+    """(the places of the constexprs, of the descriptors, of the pointers, the parameters' count) of
+    :func:`types`; LookupError for a type this module does not pack."""
+    tys = types(compiled)
+    unknown = {ty for ty in tys if ty[0] != "*" and ty not in _INTS | _FLOATS | {"constexpr", "nvTmaDesc"}}
+    if unknown:
+        raise LookupError(f"a parameter of type {unknown.pop()}")
+    constexprs = frozenset(pos for pos, ty in enumerate(tys) if ty == "constexpr")
+    descriptors = frozenset(pos for pos, ty in enumerate(tys) if ty == "nvTmaDesc")
+    pointers = tuple(pos for pos, ty in enumerate(tys) if ty[0] == "*")
+    return constexprs, descriptors, pointers, len(tys) - len(constexprs) + 2
+
+
+def check(compiled, flat: list, sources: dict) -> None:
+    """LookupError where :func:`plan` could not pack this launch (so a replay can keep Triton's launcher)."""
+    tys = types(compiled)
+    constexprs, descriptors, pointers, n = _places(compiled)
+    if len(tys) != len(flat):
+        raise LookupError("arguments that do not follow the kernel's signature")
+    if compiled.packed_metadata[1] == 16:  # (a non-portable cluster: Triton's launcher sets an attribute for it)
+        raise LookupError("a cluster of 16")
+    if n > MAX_PARAMS:
+        raise LookupError("too many parameters")
+    if not constexprs.isdisjoint(sources):
+        raise LookupError("a tensor the kernel took as a constant")
+    if not descriptors.issubset(sources):
+        raise LookupError("a descriptor the call does not fill")
+    for pos in pointers:
+        v = flat[pos]
+        if pos not in sources and v is not None and not isinstance(v, int) and not hasattr(v, "data_ptr"):
+            raise LookupError(f"a pointer given as {type(v).__name__}")
+
+
+def plan(compiled, tys: tuple, grid, cooperative: bool, pdl: bool, flat: list, sources: dict,
          device: int = 0) -> tuple[bytearray, dict]:
     """The plan of one launch of ``compiled`` over ``grid`` with ``flat`` (Triton's launcher's arguments after its
     fixed ones), where ``sources`` maps a place in ``flat`` to the place of the call's argument that fills it
     (pointers first, then descriptors); ``tys``: :func:`types`; ``device``: the kernel's (its primary context is
     made current in a thread that has none).  Returns the plan and {place in ``flat``: its slot}, for
-    :func:`patch`."""
-    if len(tys) != len(flat):
-        raise LookupError("arguments that do not follow the kernel's signature")
+    :func:`patch`; LookupError as :func:`check` says."""
+    check(compiled, flat, sources)
     num_warps, ctas, shared = compiled.packed_metadata
-    if ctas == 16:  # (a non-portable cluster: Triton's launcher sets an attribute for it)
-        raise LookupError("a cluster of 16")
-    slots, at = [], {}
-    for pos, (ty, v) in enumerate(zip(tys, flat)):
+    fields, at = [], {}  # each slot's source, padding and value, in turn
+    for pos, ty in enumerate(tys):
         if ty == "constexpr":
-            if pos in sources:
-                raise LookupError("a tensor the kernel took as a constant")
             continue
-        at[pos] = len(slots)
+        at[pos] = len(at)
         if pos in sources:
-            slots.append((sources[pos], 0))
-        elif ty == "nvTmaDesc":
-            raise LookupError("a descriptor the call does not fill")
+            fields += (sources[pos], 0, 0)
         else:
-            slots.append((-1, value(ty, v)))
-    slots += [(-1, 0), (-1, 0)]  # global and profile scratch: none
-    if len(slots) > MAX_PARAMS:
-        raise LookupError("too many parameters")
+            v = flat[pos]
+            fields += (-1, 0, v & 0xFFFFFFFFFFFFFFFF if ty in _INTS and type(v) is int else value(ty, v))
+    fields += (-1, 0, 0, -1, 0, 0)  # global and profile scratch: none
+    n = len(fields) // 3
     n_desc = sum(tys[pos] == "nvTmaDesc" for pos in sources)
     out = bytearray(HEADER.pack(compiled.function, *grid, 32 * num_warps, shared, ctas, int(cooperative), int(pdl),
-                                len(slots), len(sources) - n_desc, n_desc, device))
-    for source, v in slots:
-        out += SLOT.pack(source, 0, v)
-    return out, at
+                                n, len(sources) - n_desc, n_desc, device))
+    return out + struct.pack("<" + "iIQ" * n, *fields), at
 
 
 def patch(plan_: bytearray, tys: list, at: dict, changed) -> bytearray:

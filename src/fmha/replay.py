@@ -433,10 +433,10 @@ def _launchable(launcher) -> None:
 class _Launch:
     """One recorded launch, sent from its plan (:mod:`fmha.launcher`): the flattened argument list of Triton's
     launcher (Triton's own expansion of a tensor descriptor: the filled CUtensorMap, or the base pointer, then
-    shape and strides) packed once, with the slots that change between calls: pointers, and descriptors filled
-    for each new base."""
-    __slots__ = ("send", "compiled", "grid", "flags", "device", "tys", "flat", "ptr_slots", "desc_slots", "plan",
-                 "at", "pointers", "filled")
+    shape and strides) packed at its first call (a recording that only teaches a family its lines never is), with
+    the slots that change between calls: pointers, and descriptors filled for each new base."""
+    __slots__ = ("send", "compiled", "grid", "flags", "device", "tys", "flat", "ptr_slots", "desc_slots", "sources",
+                 "plan", "at", "pointers", "filled")
 
     def __init__(self, compiled, launcher, function, packed, grid, template, plain, descs):
         from triton.backends.nvidia import driver as nv
@@ -468,37 +468,43 @@ class _Launch:
                     flat += [None, *shape, *strides]
             else:
                 flat.append(a)
-        self._pack(flat, self.desc_slots)
-        self.send = fmha_launcher.sender()
-
-    def _pack(self, flat, desc_slots):
-        """The plan over ``flat``, its pointers (and descriptors lowered to pointers) first, then its descriptors."""
-        self.flat, self.desc_slots = flat, desc_slots
+        self.flat = flat
+        # the call's arguments, its pointers (and descriptors lowered to pointers) first, then its descriptors
         pointers = [(at, is_input, i) for at, is_input, i in self.ptr_slots]
-        pointers += [(at, is_input, i) for at, is_input, i, fill in desc_slots if fill is None]
+        pointers += [(at, is_input, i) for at, is_input, i, fill in self.desc_slots if fill is None]
         self.pointers = [(is_input, i) for _, is_input, i in pointers]
-        sources = {at: k for k, (at, _, _) in enumerate(pointers)}
-        sources.update({at: len(pointers) + k for k, (at, _, _, _) in
-                        enumerate(s for s in desc_slots if s[3] is not None)})
-        self.plan, self.at = fmha_launcher.plan(self.compiled, self.tys, self.grid, *self.flags, flat, sources,
-                                                self.device)
+        self.sources = {at: k for k, (at, _, _) in enumerate(pointers)}
+        self.sources.update({at: len(pointers) + k for k, (at, _, _, _) in
+                             enumerate(s for s in self.desc_slots if s[3] is not None)})
+        fmha_launcher.check(compiled, flat, self.sources)
+        self.plan = self.at = None
         # flat position -> {base pointer: its filled descriptor}: the bases a slot has seen (the KV caches of a
         # model's layers, which share one recipe, take turns in a decode's K and V slots)
-        self.filled = {at: {} for at, _, _, fill in desc_slots if fill is not None}
+        self.filled = {at: {} for at, _, _, fill in self.desc_slots if fill is not None}
+        self.send = fmha_launcher.sender()
+
+    def _pack(self):
+        self.plan, self.at = fmha_launcher.plan(self.compiled, self.tys, self.grid, *self.flags, self.flat,
+                                                self.sources, self.device)
 
     def moved(self, flat, desc_slots, changed):
         """This launch with the argument list ``flat`` and the descriptor slots ``desc_slots`` (another length's,
         :class:`_Length`), ``changed`` the places in ``flat`` whose values differ; its filled descriptors its own."""
+        if self.plan is None:
+            self._pack()
         launch = _Launch.__new__(_Launch)
         launch.send, launch.compiled, launch.grid, launch.flags, launch.device, launch.tys = (
             self.send, self.compiled, self.grid, self.flags, self.device, self.tys)
-        launch.ptr_slots, launch.pointers, launch.at = self.ptr_slots, self.pointers, self.at
+        launch.ptr_slots, launch.pointers, launch.sources, launch.at = (
+            self.ptr_slots, self.pointers, self.sources, self.at)
         launch.flat, launch.desc_slots = flat, desc_slots
         launch.plan = fmha_launcher.patch(self.plan, self.tys, self.at, ((at, flat[at]) for at in changed))
         launch.filled = {at: {} for at, _, _, fill in desc_slots if fill is not None}
         return launch
 
     def __call__(self, ptrs, n_inputs, stream):
+        if self.plan is None:
+            self._pack()
         args = [ptrs[i if is_input else n_inputs + i] for is_input, i in self.pointers]
         for at, is_input, i, fill in self.desc_slots:
             if fill is None:
@@ -753,8 +759,7 @@ class _Length:
         """Whether :meth:`at` ``n`` launches what ``recipe``, recorded at ``n``, launches."""
         mine = self.at(n)
         return mine is not None and recipe.fast is not None and _same_kernels(mine, recipe) and all(
-            a.flat == b.flat and a.desc_slots == b.desc_slots and a.plan == b.plan
-            for a, b in zip(mine.fast, recipe.fast))
+            a.flat == b.flat and a.desc_slots == b.desc_slots for a, b in zip(mine.fast, recipe.fast))
 
 
 class _Family:
