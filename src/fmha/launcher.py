@@ -1,12 +1,14 @@
 """A replayed launch sent to the driver from parameters packed once (:mod:`fmha.replay`'s fast path).
 
 Triton's compiled launcher parses every argument of a launch at every call (90-odd for the Gluon kernel: its TMA
-descriptors expand into shapes and strides), though a replay changes only the pointers and descriptors.  Here a
-recorded launch becomes a *plan*, a ``bytearray`` built once: the launch's configuration, then one 16-byte slot a
-kernel parameter, in the kernel's order (constexprs dropped, as Triton's launcher drops them), each holding its
-value or the place of a call's argument that replaces it.  A call passes the plan, the stream, the pointers and the
-filled descriptors; the C function below points the driver's parameter list at them and calls ``cuLaunchKernelEx``
-with the launch attributes Triton's launcher sets (cooperative grid, programmatic serialization, cluster size).
+descriptors expand into shapes and strides), though a replay changes only the pointers and descriptors. Here a
+recorded launch becomes a *plan*, a ``bytearray`` built once (at its first replay): the launch's configuration and
+device, then one 16-byte slot a kernel parameter, in the kernel's order (constexprs dropped, as Triton's launcher
+drops them), each holding its value or the place of a call's argument that replaces it. A call passes the plan, the
+stream, the pointers and the filled descriptors; the C function below points the driver's parameter list at them and
+calls ``cuLaunchKernelEx`` with the launch attributes Triton's launcher sets (cooperative grid, programmatic
+serialization, cluster size), making the device's primary context current first in a thread that has none, as
+Triton's launcher does.
 
 The module is compiled once per machine by Triton's own builder (the C compiler Triton's launchers need), with
 Triton's copy of ``cuda.h``; the driver is opened at the first launch, so the module builds and loads without a GPU.
@@ -220,11 +222,11 @@ def module():
 
 def sender():
     """``launch(plan, stream, *pointers, *descriptors)``, told the type of Triton's filled descriptors."""
-    from triton.backends.nvidia import driver
-    from triton.runtime import driver as active
-    active.active.utils  # (loads Triton's C utilities, which define the descriptor type)
+    from triton.backends.nvidia import driver as nvidia
+    from triton.runtime import driver
+    driver.active.utils  # (loads Triton's C utilities, which define the descriptor type)
     mod = module()
-    mod.setup(driver.PyCUtensorMap)
+    mod.setup(nvidia.PyCUtensorMap)
     return mod.launch
 
 
