@@ -438,7 +438,8 @@ class _Launch:
     __slots__ = ("send", "compiled", "grid", "flags", "device", "tys", "flat", "ptr_slots", "desc_slots", "sources",
                  "plan", "at", "pointers", "filled")
 
-    def __init__(self, compiled, launcher, function, packed, grid, template, plain, descs):
+    def __init__(self, compiled, launcher, _function, _packed, grid, template, plain, descs):
+        """A step of :class:`Recipe` (the plan reads the function and packed metadata off ``compiled``)."""
         from triton.backends.nvidia import driver as nv
         _launchable(launcher)
         self.compiled, self.grid = compiled, grid
