@@ -18,14 +18,10 @@ META = dict(swizzle=3, elem_size=2, elem_type=8, block_size=[64, 64], fp4_padded
 
 
 class _Compiled:  # a compiled kernel's stand-in (hashable by identity, as Triton's)
-    def __init__(self, signature, metas):
+    def __init__(self, signature, metas=None):
         self.src = SimpleNamespace(signature=signature)
         self.metadata = SimpleNamespace(tensordesc_meta=metas)
         self.packed_metadata, self.function = (4, 1, 1024), 77
-
-
-def _compiled(signature, metas=None):
-    return _Compiled(signature, metas)
 
 
 @pytest.mark.parametrize("signature, metas", [
@@ -40,7 +36,7 @@ def test_types_follow_the_signature_as_tritons_launcher_expands_it(signature, me
     from triton.backends.nvidia.driver import make_launcher
     src = make_launcher({}, dict(enumerate(signature.values())), metas)
     tritons = re.search(r'PyArg_ParseTuple\(args, "([^"]*)"', src).group(1)[len("iiiKKppOOOOOO"):]
-    compiled = _compiled(signature, metas)
+    compiled = _Compiled(signature, metas)
     ours = "".join(_FORMAT.get(ty, "O") for ty in launcher.types(compiled))
     assert ours == tritons
 
@@ -60,11 +56,11 @@ def test_values_are_the_bytes_tritons_launcher_passes():
 def test_a_plan_holds_values_and_the_places_of_the_arguments():
     """Constexprs dropped, each other parameter a slot: its value, or the place among the call's pointers and
     then descriptors; the two scratch pointers last; a patched plan changes only the slots named."""
-    compiled = _compiled({"Q": "tensordesc<bf16[64, 64]>", "O": "*bf16", "n": "i32", "s": "fp32",
+    compiled = _Compiled({"Q": "tensordesc<bf16[64, 64]>", "O": "*bf16", "n": "i32", "s": "fp32",
                           "C": "constexpr"}, [META])
     tys = launcher.types(compiled)
     flat = [None, 64, 128, 128, 1, None, 100, 0.5, 32]
-    plan, at = launcher.plan(compiled, tys, (3, 2, 1), False, True, flat, {0: 1, 5: 0})
+    plan, at = launcher.plan(compiled, (3, 2, 1), False, True, flat, {0: 1, 5: 0})
     head = launcher.HEADER.unpack_from(plan)
     assert head == (77, 3, 2, 1, 128, 1024, 1, 0, 1, 10, 1, 1, 0)  # (device 0)
     slots = [launcher.SLOT.unpack_from(plan, launcher.HEADER.size + k * launcher.SLOT.size) for k in range(10)]
@@ -76,13 +72,13 @@ def test_a_plan_holds_values_and_the_places_of_the_arguments():
         launcher.HEADER.size + k * 16:][:16]]
     assert changed == [2, 6] and launcher.SLOT.unpack_from(moved, launcher.HEADER.size + 6 * 16)[2] == 101
     with pytest.raises(LookupError):  # a descriptor no argument fills
-        launcher.plan(compiled, tys, (1, 1, 1), False, False, flat, {5: 0})
+        launcher.plan(compiled, (1, 1, 1), False, False, flat, {5: 0})
     with pytest.raises(LookupError):  # arguments off the signature
-        launcher.plan(compiled, tys, (1, 1, 1), False, False, flat[:-1], {0: 1, 5: 0})
+        launcher.plan(compiled, (1, 1, 1), False, False, flat[:-1], {0: 1, 5: 0})
     with pytest.raises(LookupError):  # a tensor where the kernel took a constant
         launcher.check(compiled, flat, {0: 1, 5: 0, 8: 2})
     with pytest.raises(LookupError):  # a type the plan does not pack
-        launcher.check(_compiled({"X": "*fp32", "x": "fp8"}), [None, 1.0], {0: 0})
+        launcher.check(_Compiled({"X": "*fp32", "x": "fp8"}), [None, 1.0], {0: 0})
     assert launcher.value("fp32", 1e39) == 0x7F800000  # (C's double to float: infinite past its range)
 
 
@@ -91,9 +87,8 @@ def test_the_module_builds_and_refuses_what_does_not_match():
     """Built without a GPU; a plan must match its arguments (count, pointers as integers, descriptors of Triton's
     type) before the driver is opened, and an empty grid launches nothing."""
     mod = launcher.module()
-    compiled = _compiled({"X": "*fp32", "n": "i32"})
-    tys = launcher.types(compiled)
-    empty, _ = launcher.plan(compiled, tys, (0, 1, 1), False, False, [None, 5], {0: 0})
+    compiled = _Compiled({"X": "*fp32", "n": "i32"})
+    empty, _ = launcher.plan(compiled, (0, 1, 1), False, False, [None, 5], {0: 0})
     assert mod.launch(empty, 0, 4096) is None
     with pytest.raises(ValueError):
         mod.launch(empty, 0)
@@ -103,9 +98,8 @@ def test_the_module_builds_and_refuses_what_does_not_match():
         mod.launch(bytes(empty), 0, 4096)
     with pytest.raises(TypeError):
         mod.launch(empty, 0, "not a pointer")
-    d_compiled = _compiled({"D": "tensordesc<bf16[64, 64]>"}, [META])
-    d_tys = launcher.types(d_compiled)
-    with_desc, _ = launcher.plan(d_compiled, d_tys, (0, 1, 1), False, False, [None, 1, 1, 1, 1], {0: 0})
+    d_compiled = _Compiled({"D": "tensordesc<bf16[64, 64]>"}, [META])
+    with_desc, _ = launcher.plan(d_compiled, (0, 1, 1), False, False, [None, 1, 1, 1, 1], {0: 0})
     mod.setup(SimpleNamespace)
     with pytest.raises(TypeError):
         mod.launch(with_desc, 0, object())

@@ -313,14 +313,15 @@ def check(compiled, flat: list, sources: dict) -> None:
             raise LookupError(f"a pointer given as {type(v).__name__}")
 
 
-def plan(compiled, tys: tuple, grid, cooperative: bool, pdl: bool, flat: list, sources: dict,
+def plan(compiled, grid, cooperative: bool, pdl: bool, flat: list, sources: dict,
          device: int = 0) -> tuple[bytearray, dict]:
     """The plan of one launch of ``compiled`` over ``grid`` with ``flat`` (Triton's launcher's arguments after its
     fixed ones), where ``sources`` maps a place in ``flat`` to the place of the call's argument that fills it
-    (pointers first, then descriptors); ``tys``: :func:`types`; ``device``: the kernel's (its primary context is
+    (pointers first, then descriptors); ``device``: the kernel's (its primary context is
     made current in a thread that has none).  Returns the plan and {place in ``flat``: its slot}, for
     :func:`patch`; LookupError as :func:`check` says."""
     check(compiled, flat, sources)
+    tys = types(compiled)
     num_warps, ctas, shared = compiled.packed_metadata
     fields, at = [], {}  # each slot's source, padding and value, in turn
     for pos, ty in enumerate(tys):

@@ -485,8 +485,8 @@ class _Launch:
         self.send = fmha_launcher.sender()
 
     def _pack(self):
-        self.plan, self.at = fmha_launcher.plan(self.compiled, self.tys, self.grid, *self.flags, self.flat,
-                                                self.sources, self.device)
+        self.plan, self.at = fmha_launcher.plan(self.compiled, self.grid, *self.flags, self.flat, self.sources,
+                                                self.device)
 
     def moved(self, flat, desc_slots, changed):
         """This launch with the argument list ``flat`` and the descriptor slots ``desc_slots`` (another length's,
