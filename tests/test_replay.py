@@ -488,6 +488,42 @@ def test_a_growing_length_replays_from_its_family(monkeypatch):
     assert args == [x.data_ptr(), out.data_ptr(), filled, 2, 41, 41, 1, 41, 7]
 
 
+class SpecKernel(GrowKernel):
+    """A growing launch whose length divisible by 16 runs another compiled kernel, as Triton's specialization of
+    integer arguments picks one (both log their launches here)."""
+
+    def __init__(self):
+        super().__init__()
+        self.wide = GrowKernel()
+        self.wide.launches = self.launches
+
+    def __getitem__(self, grid):
+        def run(*args, **kw):
+            self.launches.append(("jit", grid, list(args) + [kw.get("BLOCK", 16)]))
+            return self.wide if args[3] % 16 == 0 else self
+        return run
+
+
+def test_a_trusted_family_takes_another_compiled_kernel_from_one_recording(monkeypatch):
+    """Lines proven on one compiled kernel hold for the other that lengths divisible by 16 run: one recording of
+    the other kernel, launching what the lines give there, makes them replay its lengths (their launches sent to
+    that kernel); a recording the lines do not give is no line of the family."""
+    monkeypatch.setattr(replay, "_fill_descriptor", lambda ptr, *fill: ("map", ptr, *fill))
+    kernel = SpecKernel()
+    assert _lengths(kernel, [33, 34, 35, 37, 48, 50, 64, 80, 81]) == ["jit"] * 3 + ["raw", "jit"] + ["raw"] * 4
+    sent = [fn for fn in _SENT if _SENT[fn] in (kernel, kernel.wide)]
+    x, y = torch.zeros(96, 4), torch.ones(2, 96)
+    out, _ = _growing(kernel, x, y, 96)
+    how, _, args = kernel.launches[-1]
+    filled = ("map", y.data_ptr(), 3, 2, 10, [8], [2, 96], [96, 1], 0)
+    assert how == "raw" and args == [x.data_ptr(), out.data_ptr(), filled, 2, 96, 96, 1, 96, 7]
+    assert len(sent) == 2
+    replay.clear()
+    kernel = SpecKernel()  # the other kernel's recording off the lines (a step at 48): not taken
+    step = lambda n: 100 if n >= 48 else 0  # noqa: E731
+    assert _lengths(kernel, [33, 34, 35, 37, 48, 64], step) == ["jit"] * 3 + ["raw", "jit", "jit"]
+
+
 def test_a_line_the_third_recording_breaks_replays_nothing(monkeypatch):
     """Integers on lines through two lengths but off them at a third (a step the family's key does not see)
     are not trusted: every length keeps the ordinary path, until lines through two later recordings hold."""
@@ -575,14 +611,16 @@ def test_a_decodes_plan_steps_up_with_the_length(shape, layout, window, monkeypa
 
 def test_a_proven_family_asks_the_plan_how_far_its_span_reaches(monkeypatch):
     """A cache one key longer at each call is always past the lengths planned: once the family is proven it asks
-    the plan (over stand-ins) about lengths ahead in doubling steps while the plan decides alike, and the calls
-    up to there skip their own checks and plan."""
+    the plan (over stand-ins) about lengths ahead in doubling steps while the plan decides alike, then halves the
+    last step to the span's end; the calls up to there skip their own checks and plan."""
     monkeypatch.setattr(replay, "_fill_descriptor", lambda ptr, *fill: ("map", ptr))
     kernel, planned, ahead = GrowKernel(), [], []
     outcome = lambda n: n // 40  # noqa: E731
     hows = _lengths(kernel, range(33, 47), outcome=outcome, planned=planned, ahead=ahead)
     assert hows == (["jit"] * 3 + ["raw"] * 4) * 2
-    assert ahead == [36, 37, 39, 43, 43, 44, 46, 50, 58, 74, 106] and planned == [33, 34, 35, 40, 41, 42]
+    assert ahead == [36, 37, 39, 43, 41, 40, 43, 44, 46, 50, 58, 74, 106, 90, 82, 78, 80, 79]
+    assert planned == [33, 34, 35, 40, 41, 42]
+    assert [(f.lo, f.hi) for f in replay._FAMILIES[next(iter(replay._FAMILIES))].values()] == [(33, 39), (40, 79)]
 
 
 def test_a_plan_the_stand_ins_cannot_make_ends_the_span():

@@ -499,7 +499,9 @@ class _Launch:
         launch.ptr_slots, launch.pointers, launch.sources, launch.at = (
             self.ptr_slots, self.pointers, self.sources, self.at)
         launch.flat, launch.desc_slots = flat, desc_slots
-        launch.plan = fmha_launcher.patch(self.plan, self.tys, self.at, ((at, flat[at]) for at in changed))
+        # (an integer the kernel took as a constant, a 1, has no slot in the plan; :meth:`_Length.at` keeps it 1)
+        launch.plan = fmha_launcher.patch(self.plan, self.tys, self.at, ((at, flat[at]) for at in changed
+                                                                         if at in self.at))
         launch.filled = {at: {} for at, _, _, fill in desc_slots if fill is not None}
         return launch
 
@@ -728,15 +730,16 @@ class _Length:
             launches.append((ints, fills))
         return _Length(ra, launches)
 
-    def at(self, n: int):
-        """The recipe at length ``n`` (its launches without Triton's own path: under a launch hook it answers
-        None, :meth:`Recipe.run`), or None where an integer would specialize otherwise or a descriptor's size
-        would not be positive."""
-        for _, (ints, _) in zip(self.recipe.fast, self.launches):  # (checked before anything is built)
-            for _, a, b, spec in ints:
-                if _specialized(a + b * n) != spec:
-                    return None
-        fast = []
+    def _predicted(self, n: int, specialized: bool = True):
+        """Per launch, the argument list and descriptor slots at length ``n`` and the places of the integers that
+        moved; None where a descriptor's size would not be positive, or (``specialized``) an integer would
+        specialize otherwise than the recorded one did."""
+        if specialized:
+            for _, (ints, _) in zip(self.recipe.fast, self.launches):  # (checked before anything is built)
+                for _, a, b, spec in ints:
+                    if _specialized(a + b * n) != spec:
+                        return None
+        out = []
         for launch, (ints, fills) in zip(self.recipe.fast, self.launches):
             flat = launch.flat.copy()
             for at, a, b, _ in ints:
@@ -750,17 +753,48 @@ class _Length:
                     fill = slot[3]
                     slot = (*slot[:3], (*fill[:4], shape, strides, fill[6]))
                 slots.append(slot)
-            fast.append(launch.moved(flat, slots, [at for at, _, _, _ in ints]))
+            out.append((flat, slots, [at for at, _, _, _ in ints]))
+        return out
+
+    def at(self, n: int):
+        """The recipe at length ``n`` (its launches without Triton's own path: under a launch hook it answers
+        None, :meth:`Recipe.run`), or None where an integer would specialize otherwise or a descriptor's size
+        would not be positive."""
+        predicted = self._predicted(n)
+        if predicted is None:
+            return None
         recipe = Recipe.__new__(Recipe)  # (a shallow copy, as copy.copy makes it, for a fraction of its cost)
         recipe.__dict__.update(self.recipe.__dict__)
-        recipe.fast, recipe.steps = fast, None
+        recipe.fast = [launch.moved(*p) for launch, p in zip(self.recipe.fast, predicted)]
+        recipe.steps = None
         return recipe
+
+    def _matches(self, n: int, recipe, specialized: bool = True) -> bool:
+        """Whether ``recipe``, recorded at ``n``, launches what the lines give there (the same buffers, grids and
+        launch flags, argument lists and descriptor slots; with ``specialized``, the same compiled kernels too)."""
+        predicted = self._predicted(n, specialized)
+        mine = self.recipe
+        return (predicted is not None and recipe.fast is not None and not recipe.constants
+                and (mine.buffers, mine.tickets, mine.outputs) == (recipe.buffers, recipe.tickets, recipe.outputs)
+                and len(recipe.fast) == len(mine.fast)
+                and all((a.compiled is b.compiled or not specialized) and a.grid == b.grid and a.flags == b.flags
+                        and flat == b.flat and slots == b.desc_slots
+                        for a, b, (flat, slots, _) in zip(mine.fast, recipe.fast, predicted)))
 
     def predicts(self, n: int, recipe) -> bool:
         """Whether :meth:`at` ``n`` launches what ``recipe``, recorded at ``n``, launches."""
-        mine = self.at(n)
-        return mine is not None and recipe.fast is not None and _same_kernels(mine, recipe) and all(
-            a.flat == b.flat and a.desc_slots == b.desc_slots for a, b in zip(mine.fast, recipe.fast))
+        return self._matches(n, recipe)
+
+    def over(self, n: int, recipe):
+        """These lines over ``recipe``'s compiled kernels, which it was recorded at length ``n`` with, where the
+        integers specialize otherwise than the recorded ones did (a length divisible by 16): a :class:`_Length`
+        for the lengths that specialize as ``n`` does, or None where ``recipe`` launches anything but what the lines
+        give at ``n``.  The lines are the plan's integers, whichever compiled kernel takes them: proven once
+        already, they need no second pair of recordings."""
+        if self._predicted(n) is not None or not self._matches(n, recipe, specialized=False):
+            return None  # (where the integers specialize as recorded, the lines replay ``n`` themselves)
+        return _Length(recipe, [([(at, a, b, _specialized(a + b * n)) for at, a, b, _ in ints], fills)
+                                for ints, fills in self.launches])
 
 
 class _Family:
@@ -786,19 +820,33 @@ class _Family:
 
     def reach(self, n: int, outcome, plan_at) -> None:
         """Once the family has a proven recipe and ``n`` is its longest length planned: the longest length up to
-        :data:`REACH` ahead that the plan (``plan_at``) still decides alike, in doubling steps (the lengths
-        between are then known)."""
+        :data:`REACH` ahead that the plan (``plan_at``) still decides alike (the lengths between are then known),
+        sought in doubling steps, and where a step leaves the outcome, by halving the last step: the plan's
+        outcomes step up with the length and never come back (``tests/test_replay.py`` sweeps it), so a length
+        planned alike has every length before it planned alike."""
         if plan_at is None or not self.trusted or n < self.hi:
             return
+
+        def alike(m: int) -> bool:
+            try:
+                return plan_at(m) == outcome
+            except Exception:  # a plan the stand-ins cannot make (a forced variant refusing them): the span ends
+                return False
         step = 1
         while step <= self.REACH:
-            try:
-                if plan_at(n + step) != outcome:
-                    return
-            except Exception:  # a plan the stand-ins cannot make (a forced variant refusing them): the span ends
-                return
+            if not alike(n + step):
+                break
             self.hi = n + step
             step *= 2
+        else:
+            return
+        end = n + step  # planned otherwise; every length up to ``hi`` alike
+        while end - self.hi > 1:
+            mid = (self.hi + end) // 2
+            if alike(mid):
+                self.hi = mid
+            else:
+                end = mid
 
     def replay(self, k, inputs, device, n: int, held: bool | None = None, stream: int | None = None):
         """The outputs of ``at(n)``'s launches over ``inputs``, the recipe kept under ``k``; or None."""
@@ -822,6 +870,11 @@ class _Family:
                     self.trusted = [c, *self.trusted[:self.KEPT - 1]]
                     return
                 break
+        for t in self.trusted:  # a length the trusted lines know, on other compiled kernels
+            line = t.over(n, recipe)
+            if line is not None:
+                self.trusted = [line, *self.trusted[:self.KEPT - 1]]
+                return
         for m, other in self.pending:
             line = _Length.fit(other, m, recipe, n)
             if line is not None:
