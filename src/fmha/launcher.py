@@ -22,6 +22,8 @@ import struct
 HEADER = struct.Struct("<Q12I")  # function; grid x, y, z; threads, shared memory, CTAs, cooperative, PDL;
 # parameters, pointers, descriptors; the device
 SLOT = struct.Struct("<iIQ")  # source (-1: the value here, else the call's argument at that place); padding; value
+_VALUE = struct.Struct("<Q")  # a slot's value alone
+_FIRST_VALUE = HEADER.size + 8  # where the first slot's value lies in a plan
 MAX_PARAMS = 512
 
 _SOURCE = r"""
@@ -343,8 +345,10 @@ def plan(compiled, grid, cooperative: bool, pdl: bool, flat: list, sources: dict
 
 def patch(plan_: bytearray, tys: list, at: dict, changed) -> bytearray:
     """A copy of ``plan_`` with the values at ``changed`` (pairs of a place in ``flat`` and its value) replaced;
-    ``tys``: :func:`types`."""
+    ``tys``: :func:`types`.  (Only a value slot changes: its source and padding stay.)"""
     out = bytearray(plan_)
     for pos, v in changed:
-        SLOT.pack_into(out, HEADER.size + SLOT.size * at[pos], -1, 0, value(tys[pos], v))
+        ty = tys[pos]
+        _VALUE.pack_into(out, _FIRST_VALUE + SLOT.size * at[pos],
+                         v & 0xFFFFFFFFFFFFFFFF if type(v) is int and ty in _INTS else value(ty, v))
     return out
