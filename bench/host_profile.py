@@ -192,12 +192,13 @@ def parts(fn, calls: int) -> dict:
     from fmha.kernels import combine
     spent: dict = {}
     wrapped = [(api, "check_inputs"), (plan, "problem"), (plan, "plan"), (forward, "output"), (kernels, "launch"),
-               (combine, "launch"), (replay, "_dispatch"), (replay, "Recipe"), (replay, "key"), (replay, "call"),
-               (replay, "_known_length"), (replay, "lengthwise")]
+               (combine, "launch"), (replay, "_dispatch"), (replay.Recipe, "__init__"), (replay, "key"),
+               (replay, "call"), (replay, "_known_length"), (replay, "lengthwise"), (replay._Length, "at"),
+               (replay._Family, "learn"), (replay._Family, "reach")]
     real = {(owner, name): getattr(owner, name) for owner, name in wrapped}
 
     def timed(owner, name):
-        inner, label = real[(owner, name)], f"{owner.__name__.removeprefix('fmha.')}.{name}"
+        inner, label = real[(owner, name)], f"{owner.__name__.removeprefix('fmha.')}.{name}"  # (a module or a class)
 
         def part(*a, **kw):
             t0 = time.perf_counter()
