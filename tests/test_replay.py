@@ -271,7 +271,7 @@ def test_a_replay_keeps_its_scratch_in_the_threads_workspace(monkeypatch):
     and grown when a call needs more (up to a bound); never an input's or the returned output's memory."""
     kernel = RawKernel()
     monkeypatch.setattr(replay, "_fill_descriptor", lambda ptr, *fill: ("map", ptr))
-    monkeypatch.setattr(replay._local, "workspaces", {}, raising=False)
+    monkeypatch.setattr(replay._local, "workspaces", {})
 
     def with_partials(a, n):
         def call():
@@ -306,7 +306,7 @@ def test_a_replay_told_whether_it_may_hold_asks_no_more(monkeypatch):
     workspace, or, told it may hold nothing, a block of its own, without asking again."""
     kernel = RawKernel()
     monkeypatch.setattr(replay, "_fill_descriptor", lambda ptr, *fill: ("map", ptr))
-    monkeypatch.setattr(replay._local, "workspaces", {}, raising=False)
+    monkeypatch.setattr(replay._local, "workspaces", {})
     x, y = torch.zeros(4), torch.ones(4)
     cpu = torch.device("cpu")
 

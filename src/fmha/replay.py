@@ -50,7 +50,19 @@ from .device import on
 
 _RECIPES: dict = {}
 _MAX_RECIPES = 4096  # a long-running server's distinct call kinds; past it the table starts again
-_local = threading.local()
+
+
+class _Thread(threading.local):
+    """A thread's state (the class's attributes are what a thread starts with: reading them costs no failed lookup,
+    as ``getattr`` with a default on a missing one does)."""
+    steps = buffers = constants = tickets = None  # the call being recorded: its launches, buffers, constants, counters
+    call = family = None  # the call being recorded: its key, inputs and length; the family that its plan names
+    replayed = False  # the call being recorded was replayed from its family
+    transient = False  # within :class:`transient`
+    workspaces = None  # (device, stream) -> the thread's workspace there
+
+
+_local = _Thread()
 UNRECORDABLE = object()  # the key of a call that was recorded and could not be replayed
 DESCRIPTORS_KEPT = 128  # filled TMA descriptors a launch's slot keeps, by base pointer (past it, it starts again)
 WORKSPACE_BYTES = 16 << 20  # the most scratch a thread's workspace holds for one stream (a decode's partials)
@@ -90,7 +102,7 @@ def launch(kernel, grid, *args, **kwargs) -> None:
     if compiled is None:
         compiled = kernel[grid](*args, **kwargs)
         _remember(kernel, compiled, args, kwargs)
-    steps = getattr(_local, "steps", None)
+    steps = _local.steps
     if steps is not None:
         steps.append((kernel, compiled, grid, args, kwargs))
 
@@ -214,7 +226,7 @@ class _Opaque:
 
 def buffer(t: torch.Tensor) -> torch.Tensor:
     """``t``, a tensor the call allocated whose contents its launches write: a replay allocates its own."""
-    if getattr(_local, "steps", None) is not None:
+    if _local.steps is not None:
         _local.buffers.append(t)
     return t
 
@@ -223,7 +235,7 @@ def host_work() -> None:
     """The call being recorded writes its outputs by more than its launches (an edge answered with
     ``zero_()`` after a check's launch): a replay, which makes only the launches, would return them unwritten,
     so the kind keeps the ordinary path."""
-    if getattr(_local, "steps", None) is not None:
+    if _local.steps is not None:
         _local.steps.append(None)
 
 
@@ -234,7 +246,7 @@ def holding(device: torch.device, stream: int | None = None) -> bool:
     kept from there would be a live block of the pool that no graph owns, which the trees refuse).  ``stream``:
     the device's current raw stream where the caller has it; the legacy default stream (0, an eager program's)
     is never captured (CUDA refuses to capture it), so the capture query, microseconds of a call, is not made."""
-    if getattr(_local, "transient", False):
+    if _local.transient:
         return False
     return device.type != "cuda" or stream == 0 or not torch._C._cuda_isCurrentStreamCapturing()
 
@@ -243,7 +255,7 @@ class transient:
     """Within it, calls keep no buffer past their end (:func:`holding`)."""
 
     def __enter__(self):
-        self.before = getattr(_local, "transient", False)
+        self.before = _local.transient
         _local.transient = True
 
     def __exit__(self, *exc):
@@ -259,7 +271,7 @@ def tickets(device: torch.device, n: int) -> torch.Tensor:
     launches of one stream run one after another, two streams' never share counters.  A replay takes the
     block of the stream it launches on."""
     block = _tickets(device, _stream(device), n)
-    if getattr(_local, "steps", None) is not None:
+    if _local.steps is not None:
         _local.tickets.append(block)
     return block
 
@@ -275,7 +287,7 @@ def _tickets(device: torch.device, stream: int, n: int) -> torch.Tensor:
 
 def constant(t: torch.Tensor) -> torch.Tensor:
     """``t``, a tensor whose contents follow from the call's key alone: a replay passes this one."""
-    if getattr(_local, "steps", None) is not None:
+    if _local.steps is not None:
         _local.constants.append(t)
     return t
 
@@ -405,7 +417,7 @@ def _workspace(nbytes: int, device: torch.device, stream: int, held: bool | None
     memory from everything else.  ``held``: :func:`holding`, where the call has asked already."""
     if nbytes > WORKSPACE_BYTES or not (holding(device) if held is None else held):
         return torch.empty(nbytes, dtype=torch.uint8, device=device)
-    spaces = getattr(_local, "workspaces", None)
+    spaces = _local.workspaces
     if spaces is None:
         spaces = _local.workspaces = {}
     block = spaces.get((device.index, stream))
@@ -564,15 +576,15 @@ def call(k: tuple, inputs, device: torch.device, run, checks=None, lengths=None,
         del _RECIPES[k]  # a length's recipe under a launch hook (:meth:`Recipe.run`): the ordinary path
         recipe = None
     loose = None
-    if recipe is None and lengths is not None and getattr(_local, "steps", None) is None:
+    if recipe is None and lengths is not None and _local.steps is None:
         loose = _loose(k, inputs, *lengths)
         outputs = _known_length(k, inputs, device, loose, lengths[1], held, stream) if loose is not None else None
         if outputs is not None:
             return outputs
     if checks is not None and (loose is None or loose not in _FAMILIES):  # (a family's first call ran them: they
         checks()  # are a function of its loose key, as a replay's are of its key)
-    if recipe is UNRECORDABLE or getattr(_local, "steps", None) is not None:
-        outer = getattr(_local, "call", None)  # (a call inside one being recorded: not the family's to replay)
+    if recipe is UNRECORDABLE or _local.steps is not None:
+        outer = _local.call  # (a call inside one being recorded: not the family's to replay)
         _local.call = None
         try:
             return run()
@@ -651,7 +663,7 @@ def lengthwise(outcome, plan_at=None):
     knows.  Returns the call's outputs when a proven recipe of the family replays it (the call is then kept
     under its own key, its launches not made again); None: the call goes on through the ordinary path and its
     recording teaches the family."""
-    now = getattr(_local, "call", None)
+    now = _local.call
     if now is None or now[3] is None:
         return None
     k, inputs, device, loose, n = now

@@ -64,9 +64,8 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     sinks = kwargs.get("s_aux")  # gpt-oss's attention sinks, one logit a head
     sinks = sinks.float() if sinks is not None else None
     q, k, v = query, key, value
-    dev = q.device.type
-    if q.dtype == torch.float32 and torch.is_autocast_enabled(dev):  # mixed precision: as autocast casts SDPA's
-        q, k, v = (t.to(torch.get_autocast_dtype(dev)) for t in (q, k, v))
+    if q.dtype == torch.float32 and torch.is_autocast_enabled(q.device.type):  # mixed precision: as autocast casts
+        q, k, v = (t.to(torch.get_autocast_dtype(q.device.type)) for t in (q, k, v))  # SDPA's
     if kwargs.get("block_indices") is not None:
         raise NotImplementedError("fmha does not take block-sparse attention (block_indices: the key blocks an "
                                   "indexer picks, MiniMax-M3's); use attn_implementation='sdpa'")
