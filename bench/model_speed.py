@@ -5,7 +5,7 @@ weights, bf16), eager.
     PYTHONPATH=src python3 bench/model_speed.py [--models llama qwen2 gemma2 mistral] [--layers 4]
         [--seqlens 1024 4096 16384] [--batches 1 8] [--new-tokens 32] [--left-pad 256] [--packed 8]
         [--first-generate] [--reps 3]
-        [--compiled [--profile]] [--ledger bench/ledger.csv]
+        [--compiled] [--profile] [--ledger bench/ledger.csv]
 
 Per model, batch and prompt length, for each implementation: the prefill forward's time, the time inside attention
 (CUDA events around every attention call of that forward, summed), and the time per token of greedy ``generate()``
@@ -25,7 +25,8 @@ length at each token) apart from the other layers' (``features`` ``part=host-cal
 call). ``--compiled``: generate() alone with a static cache, whose decoding steps transformers compiles
 (``torch.compile(mode="reduce-overhead")``), with dynamo's counts of graphs, graph breaks and recompilations while
 timed (:func:`compiled_decode`; ``features`` ``part=decode compiled=...``); ``--profile`` prints each implementation's
-GPU kernels over one such generate().
+GPU kernels over one such generate(), and without ``--compiled`` cProfile's view of one eager generate() each (where
+the host's time goes, :func:`_host_profile`).
 """
 from __future__ import annotations
 
@@ -167,7 +168,7 @@ def prompt_mask(ids, pad: int = 0):
 
 
 def decode(models: dict, ids, new_tokens: int, reps: int = 3, first: bool = False, mask=None, timers=None,
-           layers: int = 0) -> dict:
+           layers: int = 0, profile: bool = False) -> dict:
     """Per model: the time per token of greedy generate() after ``ids`` (``1 + new_tokens`` tokens less one
     token's time, over ``new_tokens``) and the tokens it made.  The models' runs alternate, so a drift of the
     host's speed (eager decoding is host-bound) reaches each alike.  Each cache length recurs from the runs
@@ -176,7 +177,9 @@ def decode(models: dict, ids, new_tokens: int, reps: int = 3, first: bool = Fals
     (:mod:`fmha.replay`).  ``mask``: the prompt's attention mask (:func:`prompt_mask`'s all ones by default).
     With ``timers`` (the :class:`Timed` wrappers) and the model's ``layers``: each attention call's host time in the
     timed generate() runs, past the prompt's, in microseconds, the median of the first layer's calls (a new cache length
-    at each token: for fmha a new kind where ``first``) and of the other layers' (``host_first``, ``host_rest``)."""
+    at each token: for fmha a new kind where ``first``) and of the other layers' (``host_first``, ``host_rest``).
+    ``profile``: then one more generate() per implementation under cProfile (:func:`_host_profile`; for fmha a
+    program's first where ``first``)."""
     mask = prompt_mask(ids) if mask is None else mask
 
     def gen(model, n):
@@ -200,6 +203,12 @@ def decode(models: dict, ids, new_tokens: int, reps: int = 3, first: bool = Fals
                         calls, timers[impl].host = timers[impl].host[layers:], None  # (past the prompt's)
                         host[impl][0].extend(calls[::layers])
                         host[impl][1].extend(c for i, c in enumerate(calls) if i % layers)
+    if profile:
+        with torch.no_grad():
+            for impl, model in models.items():
+                if first and impl == "fmha":
+                    fmha.replay.clear(compiled=False)
+                _host_profile(impl, partial(gen, model, 1 + new_tokens))
     for impl, (one, many) in times.items():
         out[impl]["decode"] = (statistics.median(many) - statistics.median(one)) / new_tokens
         if timers is not None:
@@ -261,6 +270,23 @@ def _profile(impl: str, fn) -> None:
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=70))
 
 
+def _host_profile(impl: str, fn, rows: int = 25) -> None:
+    """Print cProfile's busiest functions (their own time) over one run of ``fn``, and the attention implementation's
+    own calls by their inclusive time: where an eager generate()'s host time goes."""
+    import cProfile
+    import pstats
+    prof = cProfile.Profile()
+    prof.enable()
+    fn()
+    torch.cuda.synchronize()
+    prof.disable()
+    stats = pstats.Stats(prof)
+    print(f"{impl}: the host's time in one generate(), {stats.total_calls} Python calls, {stats.total_tt * 1e3:.1f} ms "
+          "under the profiler")
+    stats.sort_stats("tottime").print_stats(rows)
+    stats.sort_stats("cumulative").print_stats("fmha|sdpa_attention|masking_utils", rows)
+
+
 def packed_step(models: dict, tokens: int, sequences: int, reps: int = 5) -> dict:
     """Per model: the time of one training step's forward and backward (no optimizer) over one row of ``tokens``
     tokens packed from ``sequences`` sequences of random lengths, told apart by position_ids alone
@@ -303,7 +329,8 @@ def main():
     p.add_argument("--compiled", action="store_true",
                    help="time generate() only, with a static cache (transformers compiles its decoding steps in "
                         "torch.compile's reduce-overhead mode: CUDA graphs), counting graphs, breaks, recompilations")
-    p.add_argument("--profile", action="store_true", help="--compiled: print each implementation's GPU kernels")
+    p.add_argument("--profile", action="store_true", help="print each implementation's GPU kernels (--compiled) or "
+                   "where the host's time goes in one eager generate() (cProfile)")
     p.add_argument("--reps", type=int, default=3,
                    help="rounds of generate() per implementation, alternating (the forward takes two more)")
     p.add_argument("--ledger", default=None)
@@ -339,7 +366,7 @@ def main():
                 res = measure(models, timed, ids, reps=args.reps + 2)
                 mask = prompt_mask(ids, args.left_pad)
                 for impl, r in decode(models, ids, args.new_tokens, reps=args.reps, first=args.first_generate,
-                                      mask=mask, timers=timed, layers=args.layers).items():
+                                      mask=mask, timers=timed, layers=args.layers, profile=args.profile).items():
                     res[impl].update(r)
                 same, parting, off = _agreement(res, ids, models["sdpa"], mask)
                 ran = "+".join(sorted(RAN)) or "-"
