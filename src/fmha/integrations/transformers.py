@@ -76,8 +76,10 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         return _sdpa_instead(instead, module, query, key, value, attention_mask, dropout, scaling, is_causal, causal,
                              window, sinks, kwargs)
     kw = dict(causal=causal, scale=scaling, window=window, softcap=softcap, sinks=sinks)
-    given = [kwargs.get(n) for n in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")]
-    packing = q.shape[0] == 1 and all(x is not None for x in given)  # told as FlashAttention is told it
+    packing = q.shape[0] == 1 and kwargs.get("cu_seq_lens_q") is not None  # told as FlashAttention is told it
+    if packing:
+        given = [kwargs.get(n) for n in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")]
+        packing = all(x is not None for x in given)
     if attention_mask is None and q.shape[2] == 1 and not packing:
         # one new token a sequence: q/k/v read as the bhsd tensors they are; the [batch, heads, 1, dim] output,
         # transposed, is the [batch, 1, heads, dim] one transformers takes, contiguous (two views fewer a call)
