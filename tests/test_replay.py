@@ -4,6 +4,7 @@ the new pointers, keeps nothing of the recorded call alive, and refuses to recor
 replay correctly.  The GPU tests run it on the real kernels."""
 import functools
 import gc
+import threading
 import weakref
 from dataclasses import dataclass
 
@@ -228,6 +229,36 @@ def test_without_hooks_a_replay_drives_the_raw_launcher(monkeypatch):
     replay.knobs.runtime.launch_enter_hook.add(lambda meta: None)
     replay.call(_kind(x2, y2), (x2, y2), torch.device("cpu"), lambda: pytest.fail("not replayed"))
     assert kernel.launches[-1][0] == "direct"
+
+
+def test_a_new_thread_starts_outside_any_recording(monkeypatch):
+    """A thread's state starts empty (nothing being recorded, not transient, no workspace): a kind recorded in one
+    thread replays in another, and a kind first met there is recorded there, its scratch in that thread's own
+    workspace."""
+    monkeypatch.setattr(replay, "_fill_descriptor", lambda ptr, *fill: ("map", ptr))
+    kernel = RawKernel()
+    x, y = torch.zeros(4), torch.ones(4)
+    replay.call(_kind(x, y), (x, y), torch.device("cpu"), lambda: _call(kernel, x, y))
+    seen, spaces = [], []
+
+    def other():
+        seen.append((replay._local.steps, replay._local.call, replay._local.transient, replay._local.workspaces))
+        x2, y2 = torch.zeros(4), torch.ones(4)
+        replay.call(_kind(x2, y2), (x2, y2), torch.device("cpu"), lambda: seen.append("not replayed"))
+        seen.append(kernel.launches[-1][0])
+
+        def with_partials():
+            replay.launch(kernel, (1,), x2, replay.buffer(torch.empty(3)), Desc(y2, [8]), 5)
+            return x2, None
+        for _ in range(2):
+            replay.call(replay.key("other", (x2, y2)), (x2, y2), torch.device("cpu"), with_partials)
+        seen.append((kernel.launches[-1][0], list(replay._local.workspaces)))
+        spaces.append(replay._local.workspaces)
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join()
+    assert seen == [(None, None, False, None), "raw", ("raw", [(None, 0)])]
+    assert spaces[0] is not replay._local.workspaces
 
 
 def test_a_replay_counts_in_the_tickets_of_the_stream_it_launches_on(monkeypatch):
