@@ -555,6 +555,23 @@ def test_a_trusted_family_takes_another_compiled_kernel_from_one_recording(monke
     assert _lengths(kernel, [33, 34, 35, 37, 48, 64], step) == ["jit"] * 3 + ["raw", "jit", "jit"]
 
 
+def test_a_family_leaves_its_latest_lengths_in_the_table(monkeypatch):
+    """A cache one key longer at each call makes a recipe a length: the family leaves only its latest
+    :data:`KEPT_LENGTHS` in the replay table (a call at one of them replays it without the family), so the table
+    neither grows a recipe a token nor starts again and drops every other kind's."""
+    monkeypatch.setattr(replay, "_fill_descriptor", lambda ptr, *fill: ("map", ptr))
+    kernel = GrowKernel()
+    kept = replay._Family.KEPT_LENGTHS
+    lengths = [n for n in range(33, 33 + 3 * kept) if n % 16]
+    assert _lengths(kernel, lengths)[3:] == ["raw"] * (len(lengths) - 3)
+    made = [r for r in replay._RECIPES.values() if r is not replay.UNRECORDABLE and r.steps is None]
+    assert len(made) == kept and len(replay._RECIPES) == kept + 3  # (and the three recordings)
+    at = []
+    monkeypatch.setattr(replay, "_known_length", lambda *a: at.append(a) or None)
+    _lengths(kernel, lengths[-kept:])
+    assert not at
+
+
 def test_a_line_the_third_recording_breaks_replays_nothing(monkeypatch):
     """Integers on lines through two lengths but off them at a third (a step the family's key does not see)
     are not trusted: every length keeps the ordinary path, until lines through two later recordings hold."""

@@ -37,6 +37,7 @@ as they see any other.
 """
 from __future__ import annotations
 
+import collections
 import math
 import threading
 
@@ -813,12 +814,17 @@ class _Family:
     """The recipes of calls whose kinds differ by one length alone (:func:`lengthwise`), learning from them: two
     recordings of the same kernels at two lengths give a :class:`_Length` through both, which a third recording
     must match exactly before it replays any call (then :meth:`_Length.at`)."""
-    __slots__ = ("pending", "candidates", "trusted", "lo", "hi")
+    __slots__ = ("pending", "candidates", "trusted", "lo", "hi", "kept")
     KEPT = 4  # recordings kept waiting for a partner, candidates and trusted lines
+    # the latest lengths whose recipes the family leaves in the replay table: a model's layers meet one length in
+    # turn (its first layer replays from the family, the others that recipe), a few sequences decoded apart a few;
+    # a cache one key longer at each call would fill the table otherwise, and empty it of every other kind
+    KEPT_LENGTHS = 16
 
     def __init__(self, n: int):
         self.pending, self.candidates, self.trusted = [], [], []
         self.lo = self.hi = n  # the shortest and longest lengths planned to this family's outcome
+        self.kept = collections.deque()  # the keys of those lengths, the oldest first
 
     def at(self, n: int):
         """A proven recipe at length ``n`` (the first whose integers specialize there as they did), or None."""
@@ -868,6 +874,9 @@ class _Family:
             if len(_RECIPES) >= _MAX_RECIPES:
                 _RECIPES.clear()
             _RECIPES[k] = recipe
+            self.kept.append(k)
+            if len(self.kept) > self.KEPT_LENGTHS:
+                _RECIPES.pop(self.kept.popleft(), None)
         return outputs
 
     def learn(self, n: int, recipe) -> None:
