@@ -64,8 +64,9 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     sinks = kwargs.get("s_aux")  # gpt-oss's attention sinks, one logit a head
     sinks = sinks.float() if sinks is not None else None
     q, k, v = query, key, value
-    if q.dtype == torch.float32 and torch.is_autocast_enabled(q.device.type):  # mixed precision: as autocast casts
-        q, k, v = (t.to(torch.get_autocast_dtype(q.device.type)) for t in (q, k, v))  # SDPA's
+    # mixed precision: q, k and v cast as autocast casts SDPA's
+    if q.dtype == torch.float32 and torch.is_autocast_enabled(q.device.type):
+        q, k, v = (t.to(torch.get_autocast_dtype(q.device.type)) for t in (q, k, v))
     if kwargs.get("block_indices") is not None:
         raise NotImplementedError("fmha does not take block-sparse attention (block_indices: the key blocks an "
                                   "indexer picks, MiniMax-M3's); use attn_implementation='sdpa'")
