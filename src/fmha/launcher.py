@@ -266,10 +266,10 @@ def _float32(v) -> bytes:
 
 def value(ty: str, v) -> int:
     """A parameter's value as the low bytes of a little-endian 64-bit slot, as Triton's launcher passes it."""
-    if ty[0] == "*":
-        return 0 if v is None else (v if isinstance(v, int) else v.data_ptr())
     if ty in _INTS:
         return int(v) & 0xFFFFFFFFFFFFFFFF
+    if ty[0] == "*":
+        return 0 if v is None else (v if isinstance(v, int) else v.data_ptr())
     if ty in ("fp32", "f32"):
         return struct.unpack("<I", _float32(v))[0]
     if ty == "fp64":
@@ -334,7 +334,7 @@ def plan(compiled, grid, cooperative: bool, pdl: bool, flat: list, sources: dict
             fields += (sources[pos], 0, 0)
         else:
             v = flat[pos]
-            fields += (-1, 0, v & 0xFFFFFFFFFFFFFFFF if ty in _INTS and type(v) is int else value(ty, v))
+            fields += (-1, 0, value(ty, v))
     fields += (-1, 0, 0, -1, 0, 0)  # global and profile scratch: none
     n = len(fields) // 3
     n_desc = sum(tys[pos] == "nvTmaDesc" for pos in sources)
@@ -348,7 +348,5 @@ def patch(plan_: bytearray, tys: list, at: dict, changed) -> bytearray:
     ``tys``: :func:`types`.  (Only a value slot changes: its source and padding stay.)"""
     out = bytearray(plan_)
     for pos, v in changed:
-        ty = tys[pos]
-        _VALUE.pack_into(out, _FIRST_VALUE + SLOT.size * at[pos],
-                         v & 0xFFFFFFFFFFFFFFFF if type(v) is int and ty in _INTS else value(ty, v))
+        _VALUE.pack_into(out, _FIRST_VALUE + SLOT.size * at[pos], value(tys[pos], v))
     return out
