@@ -177,7 +177,8 @@ def decode(models: dict, ids, new_tokens: int, reps: int = 3, first: bool = Fals
     (:mod:`fmha.replay`).  ``mask``: the prompt's attention mask (:func:`prompt_mask`'s all ones by default).
     With ``timers`` (the :class:`Timed` wrappers) and the model's ``layers``: each attention call's host time in the
     timed generate() runs, past the prompt's, in microseconds, the median of the first layer's calls (a new cache length
-    at each token: for fmha a new kind where ``first``) and of the other layers' (``host_first``, ``host_rest``).
+    at each token: for fmha a new kind where ``first``) and of the other layers' (``host_first``, ``host_rest``), and
+    every layer's calls summed over a token, the mean (``host_token``: what the per-token figure holds of them).
     ``profile``: then one more generate() per implementation under cProfile (:func:`_host_profile`; for fmha a
     program's first where ``first``)."""
     mask = prompt_mask(ids) if mask is None else mask
@@ -213,6 +214,8 @@ def decode(models: dict, ids, new_tokens: int, reps: int = 3, first: bool = Fals
         out[impl]["decode"] = (statistics.median(many) - statistics.median(one)) / new_tokens
         if timers is not None:
             out[impl]["host_first"], out[impl]["host_rest"] = (statistics.median(h) * 1e6 for h in host[impl])
+            first_calls, other_calls = host[impl]  # (one first-layer call a token)
+            out[impl]["host_token"] = (sum(first_calls) + sum(other_calls)) / len(first_calls) * 1e6
     # each round's own ratio, SDPA's time per token over fmha's: how far the host's drift moves one figure
     per_token = {impl: [(m - o) / new_tokens for o, m in zip(*times[impl])] for impl in times}
     if "fmha" in per_token and "sdpa" in per_token:
@@ -380,8 +383,8 @@ def main():
                 host = {part: res["sdpa"][part] / res["fmha"][part] for part in ("host_first", "host_rest")}
                 print(f"{'':18}host us a call in generate(), fmha/sdpa: first layer {res['fmha']['host_first']:.1f}/"
                       f"{res['sdpa']['host_first']:.1f} ({host['host_first']:.2f}x), other layers "
-                      f"{res['fmha']['host_rest']:.1f}/{res['sdpa']['host_rest']:.1f} ({host['host_rest']:.2f}x)",
-                      flush=True)
+                      f"{res['fmha']['host_rest']:.1f}/{res['sdpa']['host_rest']:.1f} ({host['host_rest']:.2f}x); every call "
+                      f"of a token {res['fmha']['host_token']:.1f}/{res['sdpa']['host_token']:.1f}", flush=True)
                 rows = []
                 first = (" first-generate" if args.first_generate else "") + (
                     f" padding=left{args.left_pad}" if args.left_pad else "")

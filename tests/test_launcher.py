@@ -55,7 +55,7 @@ def test_values_are_the_bytes_tritons_launcher_passes():
 
 def test_a_plan_holds_values_and_the_places_of_the_arguments():
     """Constexprs dropped, each other parameter a slot: its value, or the place among the call's pointers and
-    then descriptors; the two scratch pointers last; a patched plan changes only the slots named."""
+    then descriptors; the two scratch pointers last; a patched plan changes only the integers named."""
     compiled = _Compiled({"Q": "tensordesc<bf16[64, 64]>", "O": "*bf16", "n": "i32", "s": "fp32",
                           "C": "constexpr"}, [META])
     tys = launcher.types(compiled)
@@ -67,10 +67,15 @@ def test_a_plan_holds_values_and_the_places_of_the_arguments():
     assert [(s, v) for s, _, v in slots] == [(1, 0), (-1, 64), (-1, 128), (-1, 128), (-1, 1), (0, 0), (-1, 100),
                                              (-1, launcher.value("fp32", 0.5)), (-1, 0), (-1, 0)]
     assert 8 not in at and at[6] == 6
-    moved = launcher.patch(plan, tys, at, [(2, 256), (6, 101)])
+    places = launcher.value_places(tys, at, [2, 6, 8])
+    assert places[2] is None  # (a constexpr: no slot)
+    moved = launcher.with_values(plan, places[:2], [256, -101])
     changed = [k for k in range(10) if moved[launcher.HEADER.size + k * 16:][:16] != plan[
         launcher.HEADER.size + k * 16:][:16]]
-    assert changed == [2, 6] and launcher.SLOT.unpack_from(moved, launcher.HEADER.size + 6 * 16)[2] == 101
+    assert changed == [2, 6] and launcher.SLOT.unpack_from(moved, launcher.HEADER.size + 2 * 16) == (-1, 0, 256)
+    assert launcher.SLOT.unpack_from(moved, launcher.HEADER.size + 6 * 16) == (-1, 0, launcher.value("i32", -101))
+    with pytest.raises(LookupError):  # a float that moves: not written as an integer
+        launcher.value_places(tys, at, [7])
     with pytest.raises(LookupError):  # a descriptor no argument fills
         launcher.plan(compiled, (1, 1, 1), False, False, flat, {5: 0})
     with pytest.raises(LookupError):  # arguments off the signature

@@ -535,6 +535,20 @@ class SpecKernel(GrowKernel):
         return run
 
 
+def test_a_length_reads_its_integers_specializations_as_evaluating_each_would():
+    """:meth:`_Length.specializes`, which evaluates no integer where only their divisibility by 16 can move, agrees
+    with evaluating each integer's specialization: lines through 1, across the 32-bit bounds, falling, flat."""
+    lines = [(0, 1), (3, 16), (-(1 << 31) + 5, 1), ((1 << 31) - 50, 1), (100, -1), (5, -32), (1, 0), (7, 64),
+             (-2, 3), (0, 1 << 28), (1 << 40, -(1 << 33))]
+    for n0 in (1, 2, 8, 33, 48, 60, 97, 130):
+        for a, b in lines:
+            ints = [(0, a, b, replay._specialized(a + b * n0)), (1, 0, 1, replay._specialized(n0))]
+            length = replay._Length(None, [(ints, [])], n0)
+            for n in range(-10, 300):
+                want = all(replay._specialized(x + y * n) == spec for _, x, y, spec in ints)
+                assert length.specializes(n) == want, (a, b, n0, n)
+
+
 def test_a_trusted_family_takes_another_compiled_kernel_from_one_recording(monkeypatch):
     """Lines proven on one compiled kernel hold for the other that lengths divisible by 16 run: one recording of
     the other kernel, launching what the lines give there, makes them replay its lengths (their launches sent to

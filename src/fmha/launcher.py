@@ -343,10 +343,27 @@ def plan(compiled, grid, cooperative: bool, pdl: bool, flat: list, sources: dict
     return out + struct.pack("<" + "iIQ" * n, *fields), at
 
 
-def patch(plan_: bytearray, tys: list, at: dict, changed) -> bytearray:
-    """A copy of ``plan_`` with the values at ``changed`` (pairs of a place in ``flat`` and its value) replaced;
-    ``tys``: :func:`types`.  (Only a value slot changes: its source and padding stay.)"""
+def value_places(tys: list, at: dict, positions) -> list:
+    """Where the values of the integer parameters at ``positions`` (places in ``flat``) lie in a plan seen as 64-bit
+    words (:func:`with_values`), None for one the plan has no slot for (a 1, which the kernel took as a constant);
+    ``tys``: :func:`types`, ``at``: :func:`plan`'s.  LookupError for a parameter that is not an integer."""
+    places = []
+    for pos in positions:
+        if pos not in at:
+            places.append(None)
+        elif tys[pos] not in _INTS:
+            raise LookupError(f"a moving parameter of type {tys[pos]}")
+        else:
+            places.append((_FIRST_VALUE + SLOT.size * at[pos]) // _VALUE.size)
+    return places
+
+
+def with_values(plan_: bytearray, places, values) -> bytearray:
+    """A copy of ``plan_`` with the integers ``values`` at ``places`` (:func:`value_places`; only a value changes:
+    each slot's source and padding stay)."""
     out = bytearray(plan_)
-    for pos, v in changed:
-        _VALUE.pack_into(out, _FIRST_VALUE + SLOT.size * at[pos], value(tys[pos], v))
+    words = memoryview(out).cast("Q")
+    for at, v in zip(places, values):
+        words[at] = v & 0xFFFFFFFFFFFFFFFF
+    words.release()
     return out

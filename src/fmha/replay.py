@@ -501,20 +501,24 @@ class _Launch:
         self.plan, self.at = fmha_launcher.plan(self.compiled, self.grid, *self.flags, self.flat, self.sources,
                                                 self.device)
 
-    def moved(self, flat, desc_slots, changed):
-        """This launch with the argument list ``flat`` and the descriptor slots ``desc_slots`` (another length's,
-        :class:`_Length`), ``changed`` the places in ``flat`` whose values differ; its filled descriptors its own."""
+    def places(self, positions) -> list:
+        """Where the integers at ``positions`` of the argument list lie in the plan (:func:`fmha.launcher.value_places`;
+        the plan packed first)."""
         if self.plan is None:
             self._pack()
+        return fmha_launcher.value_places(self.tys, self.at, positions)
+
+    def at_length(self, places, values, desc_slots):
+        """This launch with the integers ``values`` at ``places`` of its plan (:meth:`places`) and the descriptor
+        slots ``desc_slots`` (another length's, :class:`_Length`); its filled descriptors its own."""
         launch = _Launch.__new__(_Launch)
         launch.send, launch.compiled, launch.grid, launch.flags, launch.device, launch.tys = (
             self.send, self.compiled, self.grid, self.flags, self.device, self.tys)
         launch.ptr_slots, launch.pointers, launch.sources, launch.at = (
             self.ptr_slots, self.pointers, self.sources, self.at)
-        launch.flat, launch.desc_slots = flat, desc_slots
-        # (an integer the kernel took as a constant, a 1, has no slot in the plan; :meth:`_Length.at` keeps it 1)
-        launch.plan = fmha_launcher.patch(self.plan, self.tys, self.at, ((at, flat[at]) for at in changed
-                                                                         if at in self.at))
+        launch.flat = None  # (the plan holds the values: only a recording's launch is packed from its list)
+        launch.desc_slots = desc_slots
+        launch.plan = fmha_launcher.with_values(self.plan, places, values)
         launch.filled = {at: {} for at, _, _, fill in desc_slots if fill is not None}
         return launch
 
@@ -696,14 +700,72 @@ def _specialized(v: int) -> tuple:
     return v == 1, v % 16 == 0, -(1 << 31) <= v < (1 << 31)
 
 
+_INT32 = (-(1 << 31), (1 << 31) - 1)
+
+
+def _within(a: int, b: int, lo, hi) -> tuple:
+    """The lengths ``n`` (an interval, None for an open end) where ``lo <= a + b * n <= hi`` (None: no bound),
+    ``b != 0``."""
+    if b < 0:
+        a, b, lo, hi = -a, -b, (None if hi is None else -hi), (None if lo is None else -lo)
+    return (None if lo is None else -((a - lo) // b)), (None if hi is None else (hi - a) // b)
+
+
+def _steady(a: int, b: int, n: int) -> tuple:
+    """The lengths around ``n`` (an interval, None for an open end) where ``a + b * n`` stays 1 or not 1, and 32 bits
+    wide or not, as it is at ``n``: where its specialization changes with its divisibility by 16 alone."""
+    v = a + b * n
+    if b == 0:
+        return None, None
+    ones = (n, n) if v == 1 else _within(a, b, 2, None) if v > 1 else _within(a, b, None, 0)
+    bits = _within(a, b, *_INT32) if _INT32[0] <= v <= _INT32[1] else (
+        _within(a, b, _INT32[1] + 1, None) if v > 0 else _within(a, b, None, _INT32[0] - 1))
+    return _tighter(ones[0], bits[0], max), _tighter(ones[1], bits[1], min)
+
+
+def _tighter(x, y, pick):
+    return y if x is None else x if y is None else pick(x, y)
+
+
+def _descriptors(launch, fills, n: int):
+    """``launch``'s descriptor slots at length ``n``, each slot with lines in ``fills`` (:class:`_Length`) filled over
+    their shape and strides there; None where a size would not be positive."""
+    if fills.count(None) == len(fills):
+        return launch.desc_slots
+    slots = []
+    for slot, lines in zip(launch.desc_slots, fills):
+        if lines is not None:
+            shape = [a + b * n for a, b in lines[0]]
+            if min(shape) < 1:
+                return None
+            fill = slot[3]
+            slot = (*slot[:3], (*fill[:4], shape, [a + b * n for a, b in lines[1]], fill[6]))
+        slots.append(slot)
+    return slots
+
+
 class _Length:
     """A recipe whose launches' integers (kernel arguments, descriptor shapes and strides) are affine in one
     length ``n``, each ``a + b * n`` (:meth:`fit`), every other part as recorded; :meth:`at` gives the
     recipe for a length whose integers specialize as the recorded ones did (the same compiled kernels)."""
 
-    def __init__(self, recipe, launches):
+    def __init__(self, recipe, launches, n: int):
+        """``launches``: per launch of ``recipe``, ``([(flat position, a, b, specialization)], [None or (shape,
+        strides)])``, the integers' specializations those at ``n``."""
         self.recipe = recipe
-        self.launches = launches  # per launch: ([(flat position, a, b, specialization)], [None or (shape, strides)])
+        self.launches = launches
+        # the lengths around n where each integer's specialization moves with its divisibility by 16 alone, and
+        # the lengths' residues mod 16 where every integer's divides as it did: :meth:`specializes` without
+        # evaluating each integer
+        self.lo = self.hi = None
+        residues = set(range(16))
+        for ints, _ in launches:
+            for _, a, b, spec in ints:
+                lo, hi = _steady(a, b, n)
+                self.lo, self.hi = _tighter(self.lo, lo, max), _tighter(self.hi, hi, min)
+                residues = {r for r in residues if ((a + b * r) % 16 == 0) == spec[1]}
+        self.residues = frozenset(residues)
+        self.sends = None  # per launch: (the plan's places of the integers that move, their lines); at first use
 
     @staticmethod
     def fit(ra, na: int, rb, nb: int):
@@ -741,44 +803,52 @@ class _Length:
                     return None
                 fills.append(lines)
             launches.append((ints, fills))
-        return _Length(ra, launches)
+        return _Length(ra, launches, na)
 
     def _predicted(self, n: int, specialized: bool = True):
-        """Per launch, the argument list and descriptor slots at length ``n`` and the places of the integers that
-        moved; None where a descriptor's size would not be positive, or (``specialized``) an integer would
-        specialize otherwise than the recorded one did."""
-        if specialized:
-            for _, (ints, _) in zip(self.recipe.fast, self.launches):  # (checked before anything is built)
-                for _, a, b, spec in ints:
-                    if _specialized(a + b * n) != spec:
-                        return None
+        """Per launch, the argument list and descriptor slots at length ``n``; None where a descriptor's size would
+        not be positive, or (``specialized``) an integer would specialize otherwise than the recorded one did."""
+        if specialized and not self.specializes(n):  # (checked before anything is built)
+            return None
         out = []
         for launch, (ints, fills) in zip(self.recipe.fast, self.launches):
             flat = launch.flat.copy()
             for at, a, b, _ in ints:
                 flat[at] = a + b * n
-            slots = []
-            for slot, lines in zip(launch.desc_slots, fills):
-                if lines is not None:
-                    shape, strides = ([a + b * n for a, b in line] for line in lines)
-                    if min(shape) < 1:
-                        return None
-                    fill = slot[3]
-                    slot = (*slot[:3], (*fill[:4], shape, strides, fill[6]))
-                slots.append(slot)
-            out.append((flat, slots, [at for at, _, _, _ in ints]))
+            slots = _descriptors(launch, fills, n)
+            if slots is None:
+                return None
+            out.append((flat, slots))
         return out
+
+    def specializes(self, n: int) -> bool:
+        """Whether every integer specializes at length ``n`` as it did where these lines were recorded."""
+        if (self.lo is None or self.lo <= n) and (self.hi is None or n <= self.hi):
+            return n % 16 in self.residues
+        return all(_specialized(a + b * n) == spec for ints, _ in self.launches for _, a, b, spec in ints)
 
     def at(self, n: int):
         """The recipe at length ``n`` (its launches without Triton's own path: under a launch hook it answers
         None, :meth:`Recipe.run`), or None where an integer would specialize otherwise or a descriptor's size
-        would not be positive."""
-        predicted = self._predicted(n)
-        if predicted is None:
+        would not be positive.  Only what a launch sends is made: its plan with the integers of ``n`` written in,
+        and its descriptors' shapes and strides."""
+        if not self.specializes(n):
             return None
+        if self.sends is None:
+            self.sends = []
+            for launch, (ints, _) in zip(self.recipe.fast, self.launches):
+                places = launch.places([at for at, _, _, _ in ints])
+                self.sends.append(([p for p in places if p is not None],
+                                   [(a, b) for (_, a, b, _), p in zip(ints, places) if p is not None]))
+        fast = []
+        for launch, (_, fills), (places, lines) in zip(self.recipe.fast, self.launches, self.sends):
+            slots = _descriptors(launch, fills, n)
+            if slots is None:
+                return None
+            fast.append(launch.at_length(places, [a + b * n for a, b in lines], slots))
         recipe = Recipe.__new__(Recipe)  # (a shallow copy, as copy.copy makes it, for a fraction of its cost)
         recipe.__dict__.update(self.recipe.__dict__)
-        recipe.fast = [launch.moved(*p) for launch, p in zip(self.recipe.fast, predicted)]
+        recipe.fast = fast
         recipe.steps = None
         return recipe
 
@@ -792,7 +862,7 @@ class _Length:
                 and len(recipe.fast) == len(mine.fast)
                 and all((a.compiled is b.compiled or not specialized) and a.grid == b.grid and a.flags == b.flags
                         and flat == b.flat and slots == b.desc_slots
-                        for a, b, (flat, slots, _) in zip(mine.fast, recipe.fast, predicted)))
+                        for a, b, (flat, slots) in zip(mine.fast, recipe.fast, predicted)))
 
     def predicts(self, n: int, recipe) -> bool:
         """Whether :meth:`at` ``n`` launches what ``recipe``, recorded at ``n``, launches."""
@@ -807,7 +877,7 @@ class _Length:
         if self._predicted(n) is not None or not self._matches(n, recipe, specialized=False):
             return None  # (where the integers specialize as recorded, the lines replay ``n`` themselves)
         return _Length(recipe, [([(at, a, b, _specialized(a + b * n)) for at, a, b, _ in ints], fills)
-                                for ints, fills in self.launches])
+                                for ints, fills in self.launches], n)
 
 
 class _Family:
