@@ -383,8 +383,9 @@ def main():
                 host = {part: res["sdpa"][part] / res["fmha"][part] for part in ("host_first", "host_rest")}
                 print(f"{'':18}host us a call in generate(), fmha/sdpa: first layer {res['fmha']['host_first']:.1f}/"
                       f"{res['sdpa']['host_first']:.1f} ({host['host_first']:.2f}x), other layers "
-                      f"{res['fmha']['host_rest']:.1f}/{res['sdpa']['host_rest']:.1f} ({host['host_rest']:.2f}x); every call "
-                      f"of a token {res['fmha']['host_token']:.1f}/{res['sdpa']['host_token']:.1f}", flush=True)
+                      f"{res['fmha']['host_rest']:.1f}/{res['sdpa']['host_rest']:.1f} ({host['host_rest']:.2f}x); "
+                      f"every call of a token {res['fmha']['host_token']:.1f}/{res['sdpa']['host_token']:.1f}",
+                      flush=True)
                 rows = []
                 first = (" first-generate" if args.first_generate else "") + (
                     f" padding=left{args.left_pad}" if args.left_pad else "")

@@ -820,6 +820,32 @@ def test_later_calls_replay_the_first(case):
     assert not torch.equal(as_list(first)[0], as_list(again[0])[0])
 
 
+@pytest.mark.parametrize("layout,seqlen_q,return_lse", [("bhsd", 1, False), ("bshd", 512, True)],
+                         ids=["decode", "prefill-lse"])
+def test_a_plain_call_met_before_replays_before_anything_else(layout, seqlen_q, return_lse, monkeypatch):
+    """The second call of a plain kind (no out, ALiBi, seqused_k, float8 factors, mask or dropout) is replayed from
+    the entry point (:func:`fmha.forward.replayed`), the ordinary entry not reached, and gives the bits a fresh
+    recording gives; float8 K, whose ordinary entry adds its factors' table to the call, is not taken for it."""
+    from fmha import forward, replay
+    q, k, v = make_qkv(2, 8, 2, seqlen_q, 700, 64, torch.bfloat16, layout, seed=seqlen_q)
+    again = [t + 1 for t in (q, k, v)]
+    replay.clear()
+    fmha.attention(q, k, v, causal=True, layout=layout, return_lse=return_lse)
+    ordinary = forward.dense
+    monkeypatch.setattr(forward, "dense", lambda *a, **kw: pytest.fail("the ordinary entry"))
+    got = fmha.attention(*again, causal=True, layout=layout, return_lse=return_lse)
+    monkeypatch.setattr(forward, "dense", ordinary)
+    replay.clear()
+    want = fmha.attention(*again, causal=True, layout=layout, return_lse=return_lse)
+    for x, y in zip(got if return_lse else [got], want if return_lse else [want]):
+        assert torch.equal(x, y)
+    k8, v8 = (t.to(torch.float8_e4m3fn) for t in (k, v))
+    first = fmha.attention(q, k8, v8, causal=True, layout=layout)
+    entered = []
+    monkeypatch.setattr(forward, "dense", lambda *a, **kw: entered.append(1) or ordinary(*a, **kw))
+    assert torch.equal(fmha.attention(q, k8, v8, causal=True, layout=layout), first) and entered
+
+
 @pytest.mark.parametrize("sizes,grown,causal", [((1, 8192, 128), (1, 8704, 128), False),
                                                 ((1, 1024, 64), (1, 1040, 64), False),
                                                 ((1024, 1024, 128), (1536, 1536, 128), False),

@@ -231,6 +231,24 @@ def test_without_hooks_a_replay_drives_the_raw_launcher(monkeypatch):
     assert kernel.launches[-1][0] == "direct"
 
 
+def test_an_entry_point_replays_a_kind_the_table_holds(monkeypatch):
+    """:func:`replay.replayed` makes the key :func:`replay.through` makes on a GPU (the flags, then whether the call
+    may hold buffers) and replays the recipe it finds; a kind the table does not hold answers None, launching
+    nothing."""
+    monkeypatch.setattr(replay, "_fill_descriptor", lambda ptr, *fill: ("map", ptr))
+    kernel = RawKernel()
+    x, y = torch.zeros(4), torch.ones(4)
+    cpu = torch.device("cpu")
+    replay.call(replay.key("w", (x, y), "flag", True), (x, y), cpu, lambda: _call(kernel, x, y))
+    x2, y2 = torch.zeros(4), torch.ones(4)
+    out, _ = replay.replayed("w", (x2, y2), "flag")
+    assert kernel.launches[-1] == ("raw", (2, 1, 1), [x2.data_ptr(), out.data_ptr(), ("map", y2.data_ptr()), 4, 1, 7])
+    launched = len(kernel.launches)
+    assert replay.replayed("w", (x2, y2), "other flag") is None
+    assert replay.replayed("w", (x2, torch.ones(5)), "flag") is None
+    assert len(kernel.launches) == launched
+
+
 def test_a_new_thread_starts_outside_any_recording(monkeypatch):
     """A thread's state starts empty (nothing being recorded, not transient, no workspace): a kind recorded in one
     thread replays in another, and a kind first met there is recorded there, its scratch in that thread's own

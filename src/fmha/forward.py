@@ -49,9 +49,24 @@ def dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse, 
     lengths = ({1: seq, 2: seq}, k.shape[seq]) if (q.dim() == k.dim() == 4 and q.shape[seq] <= 16
                                                    and attn_mask is None and dropout is None) else None
     seed, dropout_p = dropout if dropout is not None else (None, 0.0)
-    return replay.through("dense", (q, k, v, out, alibi_slopes, seqused_k, descale, attn_mask, seed), call, causal,
-                          scale, variant, causal_align, layout, return_lse, config, window, softcap, num_splits,
-                          dropout_p, checks=checks, lengths=lengths)
+    return replay.through("dense", (q, k, v, out, alibi_slopes, seqused_k, descale, attn_mask, seed), call,
+                          *_flags(causal, scale, variant, causal_align, layout, return_lse, config, window, softcap,
+                                  num_splits, dropout_p), checks=checks, lengths=lengths)
+
+
+def _flags(causal, scale, variant, causal_align, layout, return_lse, config, window, softcap, num_splits, dropout_p):
+    """What besides its tensors decides a dense call's launches: its replay key's flags, in their order."""
+    return causal, scale, variant, causal_align, layout, return_lse, config, window, softcap, num_splits, dropout_p
+
+
+_ABSENT = (None,) * 6  # a plain call's out, alibi_slopes, seqused_k, descale, attn_mask and dropout seed
+
+
+def replayed(q, k, v, causal, scale, variant, causal_align, layout, return_lse, config, window, softcap, num_splits):
+    """:func:`dense`'s outputs for a plain call (no ``out``, ALiBi, seqused_k, float8 factors, mask or dropout) whose
+    kind the replay table holds, or None (:func:`fmha.replay.replayed`): its key made first, nothing else."""
+    flags = _flags(causal, scale, variant, causal_align, layout, return_lse, config, window, softcap, num_splits, 0.0)
+    return replay.replayed("dense", (q, k, v, *_ABSENT), *flags)
 
 
 def _dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse, out, config, window, softcap,
