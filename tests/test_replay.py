@@ -247,6 +247,16 @@ def test_an_entry_point_replays_a_kind_the_table_holds(monkeypatch):
     assert replay.replayed("w", (x2, y2), "other flag") is None
     assert replay.replayed("w", (x2, torch.ones(5)), "flag") is None
     assert len(kernel.launches) == launched
+    grow = GrowKernel()  # a length its family knows (asked of ``lengths`` on the table's miss alone)
+    _lengths(grow, [33, 34, 35, 37], ahead=[])
+    x, y = torch.zeros(38, 4), torch.ones(2, 38)
+    asked = []
+    out, _ = replay.replayed("grow", (x, y), "flag", lengths=lambda: asked.append(1) or ({0: 0, 1: 1}, 38))
+    assert grow.launches[-1] == ("raw", (2, 1, 1), [x.data_ptr(), out.data_ptr(), ("map", y.data_ptr()), 2, 38,
+                                                    38, 1, 38, 7])
+    assert replay.replayed("grow", (x, y), "flag", lengths=lambda: asked.append(1)) is not None and asked == [1]
+    x, y = torch.zeros(48, 4), torch.ones(2, 48)  # divisible by 16: no line of another compiled kernel yet
+    assert replay.replayed("grow", (x, y), "flag", lengths=lambda: ({0: 0, 1: 1}, 48)) is None
 
 
 def test_a_new_thread_starts_outside_any_recording(monkeypatch):
@@ -505,8 +515,8 @@ def _growing(kernel, x, y, n, bump=lambda n: 0, outcome=lambda n: 3, planned=Non
         out = replay.buffer(torch.empty(4))
         replay.launch(kernel, (2,), x, out, Desc(y, [8], shape=(2, n), strides=(n, 1)), n, 7 + bump(n), BLOCK=32)
         return out, None
-    return replay.call(replay.key("grow", (x, y), "flag"), (x, y), torch.device("cpu"), call,
-                       lengths=({0: 0, 1: 1}, n))
+    return replay.call(replay.key("grow", (x, y), "flag", True), (x, y), torch.device("cpu"), call,
+                       lengths=({0: 0, 1: 1}, n))  # (the key :func:`replay.replayed` makes: whether the call holds)
 
 
 def _lengths(kernel, lengths, bump=lambda n: 0, outcome=lambda n: 3, planned=None, ahead=None):

@@ -44,14 +44,18 @@ def dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse, 
                       layout=layout, return_lse=return_lse, out=out, config=config, window=window, softcap=softcap,
                       alibi_slopes=alibi_slopes, seqused_k=seqused_k, num_splits=num_splits, descale=descale,
                       attn_mask=attn_mask, dropout=dropout)
-    seq = 2 if layout == "bhsd" else 1
-    # decoding: a KV cache one key longer at each call makes each call a new kind, which its family may know
-    lengths = ({1: seq, 2: seq}, k.shape[seq]) if (q.dim() == k.dim() == 4 and q.shape[seq] <= 16
-                                                   and attn_mask is None and dropout is None) else None
+    lengths = _lengths(q, k, layout) if attn_mask is None and dropout is None else None
     seed, dropout_p = dropout if dropout is not None else (None, 0.0)
     return replay.through("dense", (q, k, v, out, alibi_slopes, seqused_k, descale, attn_mask, seed), call,
                           *_flags(causal, scale, variant, causal_align, layout, return_lse, config, window, softcap,
                                   num_splits, dropout_p), checks=checks, lengths=lengths)
+
+
+def _lengths(q, k, layout: str):
+    """A decode's length for :func:`fmha.replay.call` (``lengths``), or None: a KV cache one key longer at each call
+    makes each call a new kind, which its family may know."""
+    seq = 2 if layout == "bhsd" else 1
+    return ({1: seq, 2: seq}, k.shape[seq]) if q.dim() == k.dim() == 4 and q.shape[seq] <= 16 else None
 
 
 def _flags(causal, scale, variant, causal_align, layout, return_lse, config, window, softcap, num_splits, dropout_p):
@@ -64,9 +68,10 @@ _ABSENT = (None,) * 6  # a plain call's out, alibi_slopes, seqused_k, descale, a
 
 def replayed(q, k, v, causal, scale, variant, causal_align, layout, return_lse, config, window, softcap, num_splits):
     """:func:`dense`'s outputs for a plain call (no ``out``, ALiBi, seqused_k, float8 factors, mask or dropout) whose
-    kind the replay table holds, or None (:func:`fmha.replay.replayed`): its key made first, nothing else."""
+    kind the replay table holds (or whose decode's family knows its length), or None (:func:`fmha.replay.replayed`):
+    its key made first, nothing else."""
     flags = _flags(causal, scale, variant, causal_align, layout, return_lse, config, window, softcap, num_splits, 0.0)
-    return replay.replayed("dense", (q, k, v, *_ABSENT), *flags)
+    return replay.replayed("dense", (q, k, v, *_ABSENT), *flags, lengths=lambda: _lengths(q, k, layout))
 
 
 def _dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse, out, config, window, softcap,

@@ -565,17 +565,21 @@ def through(kind: str, inputs, run, *flags, checks=None, lengths=None):
     return tuple(call(key(kind, inputs, *flags, held), inputs, device, run, checks, lengths, held, stream))
 
 
-def replayed(kind: str, inputs, *flags):
+def replayed(kind: str, inputs, *flags, lengths=None):
     """The outputs of a call on a GPU whose kind (:func:`through`'s of the same ``kind``, ``inputs`` and ``flags``) the
-    replay table holds, replayed; None otherwise (the caller then takes its ordinary path, through :func:`through`).
-    An entry point's shortest way to a replay: the call's key made before anything else of the call."""
+    replay table holds, or whose family knows its length (``lengths()``: :func:`call`'s ``lengths``, asked on a
+    miss), replayed; None otherwise (the caller then takes its ordinary path, through :func:`through`).  An entry
+    point's shortest way to a replay: the call's key made before anything else of the call."""
     device = inputs[0].device
     stream = _stream(device)
     held = holding(device, stream)
-    recipe = _RECIPES.get(key(kind, inputs, *flags, held))
-    if recipe is None or recipe is UNRECORDABLE:
-        return None
-    return recipe.run(inputs, device, held, stream)
+    k = key(kind, inputs, *flags, held)
+    recipe = _RECIPES.get(k)
+    if recipe is None:
+        if lengths is None or _local.steps is not None:
+            return None
+        return _by_length(k, inputs, device, lengths(), held, stream)[1]
+    return None if recipe is UNRECORDABLE else recipe.run(inputs, device, held, stream)
 
 
 def call(k: tuple, inputs, device: torch.device, run, checks=None, lengths=None, held: bool | None = None,
@@ -595,8 +599,7 @@ def call(k: tuple, inputs, device: torch.device, run, checks=None, lengths=None,
         recipe = None
     loose = None
     if recipe is None and lengths is not None and _local.steps is None:
-        loose = _loose(k, inputs, *lengths)
-        outputs = _known_length(k, inputs, device, loose, lengths[1], held, stream) if loose is not None else None
+        loose, outputs = _by_length(k, inputs, device, lengths, held, stream)
         if outputs is not None:
             return outputs
     if checks is not None and (loose is None or loose not in _FAMILIES):  # (a family's first call ran them: they
@@ -655,6 +658,14 @@ def _loose(k: tuple, inputs, dims: dict, n: int):
         shape = tuple(parts[1 + i][0])
         parts[1 + i] = (shape[:dim] + (None,) + shape[dim + 1:], *parts[1 + i][2:])
     return tuple(parts)
+
+
+def _by_length(k, inputs, device, lengths, held, stream) -> tuple:
+    """``(loose key, outputs)`` of a call of kind ``k`` with ``lengths`` (:func:`call`'s; None: no length) that the
+    table does not hold: its loose key (:func:`_loose`, None where it has none) and, where a family knows its length,
+    its outputs (:func:`_known_length`), else None."""
+    loose = _loose(k, inputs, *lengths) if lengths is not None else None
+    return loose, (_known_length(k, inputs, device, loose, lengths[1], held, stream) if loose is not None else None)
 
 
 def _known_length(k, inputs, device, loose, n: int, held: bool | None = None, stream: int | None = None):
