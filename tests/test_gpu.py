@@ -824,7 +824,7 @@ def test_later_calls_replay_the_first(case):
                          ids=["decode", "prefill-lse"])
 def test_a_plain_call_met_before_replays_before_anything_else(layout, seqlen_q, return_lse, monkeypatch):
     """The second call of a plain kind (no out, ALiBi, seqused_k, float8 factors, mask or dropout) is replayed from
-    the entry point (:func:`fmha.forward.replayed`), the ordinary entry not reached, and gives the bits a fresh
+    the entry point (:func:`fmha.forward.replayed_dense`), the ordinary entry not reached, and gives the bits a fresh
     recording gives; float8 K, whose ordinary entry adds its factors' table to the call, is not taken for it."""
     from fmha import forward, replay
     q, k, v = make_qkv(2, 8, 2, seqlen_q, 700, 64, torch.bfloat16, layout, seed=seqlen_q)
@@ -844,6 +844,26 @@ def test_a_plain_call_met_before_replays_before_anything_else(layout, seqlen_q, 
     entered = []
     monkeypatch.setattr(forward, "dense", lambda *a, **kw: entered.append(1) or ordinary(*a, **kw))
     assert torch.equal(fmha.attention(q, k8, v8, causal=True, layout=layout), first) and entered
+
+
+def test_a_packed_call_met_before_replays_before_anything_else(monkeypatch):
+    """attention_varlen's second call of a kind is replayed from the entry point (:func:`fmha.forward.replayed_packed`),
+    the ordinary entry not reached, and gives the bits a fresh recording gives."""
+    from fmha import forward, replay
+    lens = [130, 1, 517, 64]
+    q, cu = packed(lens, 8, 128, torch.bfloat16, 0)
+    k, _ = packed(lens, 2, 128, torch.bfloat16, 1)
+    v, _ = packed(lens, 2, 128, torch.bfloat16, 2)
+    again = [t + 1 for t in (q, k, v)]
+    replay.clear()
+    fmha.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=True, return_lse=True)
+    ordinary = forward.packed
+    monkeypatch.setattr(forward, "packed", lambda *a, **kw: pytest.fail("the ordinary entry"))
+    got = fmha.attention_varlen(*again, cu, cu, max(lens), max(lens), causal=True, return_lse=True)
+    monkeypatch.setattr(forward, "packed", ordinary)
+    replay.clear()
+    want = fmha.attention_varlen(*again, cu, cu, max(lens), max(lens), causal=True, return_lse=True)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 @pytest.mark.parametrize("sizes,grown,causal", [((1, 8192, 128), (1, 8704, 128), False),

@@ -101,8 +101,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
             and seqused_k is None and q_descale is None and k_descale is None and v_descale is None
             and _replayable(q, k, v, window=window, softcap=softcap) and not gradients.needs_grad(q, k, v)
             and not torch.compiler.is_compiling()):  # a plain call whose kind was met: replayed, nothing else made
-        hit = forward.replayed(q, k, v, causal, scale, variant, causal_align, layout, return_lse, config, window,
-                               float(softcap), num_splits)
+        hit = forward.replayed_dense(q, k, v, causal, scale, variant, causal_align, layout, return_lse, config,
+                                     window, float(softcap), num_splits)
         if hit is not None:
             o, lse = hit
             return (o, lse) if return_lse else o
@@ -189,6 +189,15 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     ``dropout_p``: attention dropout as in :func:`attention` (each pair drawn at its row's place and its key's number
     in the sequence).
     """
+    if (sinks is None and alibi_slopes is None and not dropout_p
+            and _replayable(q, k, v, cu_seqlens_q, cu_seqlens_k, window=window, softcap=softcap)
+            and not gradients.needs_grad(q, k, v) and not torch.compiler.is_compiling()):  # (as attention's)
+        hit = forward.replayed_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+                                      variant, causal_align, return_lse, window, float(softcap), config)
+        if hit is not None:
+            o, lse = hit
+            return (o, lse) if return_lse else o
+
     def checks():
         check_varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, causal_align, variant, scale, window, softcap,
                           alibi_slopes, sinks)

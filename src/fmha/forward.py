@@ -66,7 +66,8 @@ def _flags(causal, scale, variant, causal_align, layout, return_lse, config, win
 _ABSENT = (None,) * 6  # a plain call's out, alibi_slopes, seqused_k, descale, attn_mask and dropout seed
 
 
-def replayed(q, k, v, causal, scale, variant, causal_align, layout, return_lse, config, window, softcap, num_splits):
+def replayed_dense(q, k, v, causal, scale, variant, causal_align, layout, return_lse, config, window, softcap,
+                   num_splits):
     """:func:`dense`'s outputs for a plain call (no ``out``, ALiBi, seqused_k, float8 factors, mask or dropout) whose
     kind the replay table holds (or whose decode's family knows its length), or None (:func:`fmha.replay.replayed`):
     its key made first, nothing else."""
@@ -120,8 +121,24 @@ def packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, c
                        softcap=softcap, alibi_slopes=alibi_slopes, config=config, dropout=dropout)
     seed, dropout_p = dropout if dropout is not None else (None, 0.0)
     return replay.through("packed", (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, seed), call,
-                          int(max_seqlen_q), int(max_seqlen_k), causal, scale, variant, causal_align, return_lse,
-                          window, softcap, config, dropout_p, checks=checks)
+                          *_packed_flags(max_seqlen_q, max_seqlen_k, causal, scale, variant, causal_align, return_lse,
+                                         window, softcap, config, dropout_p), checks=checks)
+
+
+def _packed_flags(max_seqlen_q, max_seqlen_k, causal, scale, variant, causal_align, return_lse, window, softcap, config,
+                  dropout_p):
+    """What besides its tensors decides a packed call's launches: its replay key's flags, in their order."""
+    return (int(max_seqlen_q), int(max_seqlen_k), causal, scale, variant, causal_align, return_lse, window, softcap,
+            config, dropout_p)
+
+
+def replayed_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, variant,
+                    causal_align, return_lse, window, softcap, config):
+    """:func:`packed`'s outputs for a call without ALiBi or dropout whose kind the replay table holds, or None
+    (:func:`fmha.replay.replayed`): its key made first, nothing else."""
+    flags = _packed_flags(max_seqlen_q, max_seqlen_k, causal, scale, variant, causal_align, return_lse, window, softcap,
+                          config, 0.0)
+    return replay.replayed("packed", (q, k, v, cu_seqlens_q, cu_seqlens_k, None, None), *flags)
 
 
 def _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal, scale, variant,
