@@ -193,8 +193,8 @@ def parts(fn, calls: int) -> dict:
     spent: dict = {}
     wrapped = [(api, "check_inputs"), (plan, "problem"), (plan, "plan"), (forward, "output"), (kernels, "launch"),
                (combine, "launch"), (replay, "_dispatch"), (replay.Recipe, "__init__"), (replay, "key"),
-               (replay, "call"), (replay, "_known_length"), (replay, "lengthwise"), (replay._Length, "at"),
-               (replay._Family, "learn"), (replay._Family, "reach")]
+               (replay, "replayed"), (replay, "call"), (replay, "_known_length"), (replay, "lengthwise"),
+               (replay._Length, "at"), (replay._Family, "learn"), (replay._Family, "reach")]
     real = {(owner, name): getattr(owner, name) for owner, name in wrapped}
 
     def timed(owner, name):
