@@ -44,6 +44,7 @@ import threading
 import torch
 from triton import knobs
 from triton._C.libtriton import native_specialize_impl as specialize
+from triton.runtime import driver
 from triton.runtime.jit import JITFunction
 
 from . import launcher as fmha_launcher
@@ -542,7 +543,6 @@ class _Launch:
 
 def _fill_descriptor(ptr, *fill):
     """A CUtensorMap over ``ptr`` (Triton's filler, as its launcher calls it)."""
-    from triton.runtime import driver
     return driver.active.utils.fill_tma_descriptor(ptr, *fill)
 
 
