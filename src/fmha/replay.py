@@ -15,7 +15,9 @@ allocates, then launches each compiled kernel directly; no host-device synchroni
 With no launch hook installed it goes further (:class:`_Launch`): the argument list Triton's launcher
 takes is flattened and packed once into a plan (:mod:`fmha.launcher`), TMA descriptors are filled once for
 each base pointer a slot meets (:data:`DESCRIPTORS_KEPT` of them), and a replayed launch passes only its
-pointers and descriptors to one C function that calls the driver.
+pointers and descriptors to one C function that calls the driver.  An entry point whose call is plain makes its
+key before anything else (:func:`replayed`) and replays from there; any other call, and a miss, goes through
+:func:`through`.
 
 A call of a new kind takes the ordinary path, but its launches skip Triton's JIT where they can
 (:func:`_dispatch`): a launch whose arguments specialize as an earlier launch's of the same kernel did
