@@ -102,6 +102,10 @@ def test_more_errors_name_the_argument():
     q = t(1, 2, 16, 64)
     with pytest.raises(TypeError, match="k must be a torch.Tensor, got ndarray"):
         fmha.attention(q, q.cpu().numpy(), q)
+    with pytest.raises(TypeError, match="k must be a torch.Tensor, got NoneType"):  # (on a GPU: not replayable)
+        fmha.attention(q, None, q)
+    with pytest.raises(TypeError, match="cu_seqlens_q must be an int32 torch.Tensor"):
+        fmha.attention_varlen(q[0], q[0], q[0], None, None, 16, 16)
     with pytest.raises(ValueError, match="q, k, v must be on one device"):
         fmha.attention(q, torch.empty(1, 2, 16, 64, dtype=F16, device="meta"), q)
     with pytest.raises(ValueError, match="k and v must agree"):

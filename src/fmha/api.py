@@ -99,7 +99,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     """
     if (out is None and attn_mask is None and not dropout_p and sinks is None and alibi_slopes is None
             and seqused_k is None and q_descale is None and k_descale is None and v_descale is None
-            and _replayable(q, k, v, window=window, softcap=softcap) and not gradients.needs_grad(q, k, v)
+            and _replayable((q, k, v), window=window, softcap=softcap) and not gradients.needs_grad(q, k, v)
             and not torch.compiler.is_compiling()):  # a plain call whose kind was met: replayed, nothing else made
         hit = forward.replayed_dense(q, k, v, causal, scale, variant, causal_align, layout, return_lse, config,
                                      window, float(softcap), num_splits)
@@ -121,7 +121,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
             check_out(out, q, k, v)
     dropout = _dropout(dropout_p, q, k, sinks)
     if (out is None and sinks is None and q_descale is None and k_descale is None and v_descale is None
-            and _replayable(q, k, v, alibi_slopes, seqused_k, mask, window=window, softcap=softcap)
+            and _replayable((q, k, v), (alibi_slopes, seqused_k, mask), window=window, softcap=softcap)
             and not gradients.needs_grad(q, k, v, mask) and not torch.compiler.is_compiling()):
         o, lse = forward.dense(q, k, v, causal=causal, scale=scale, variant=variant, causal_align=causal_align,
                                layout=layout, return_lse=return_lse, config=config, window=window,
@@ -190,7 +190,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     in the sequence).
     """
     if (sinks is None and alibi_slopes is None and not dropout_p
-            and _replayable(q, k, v, cu_seqlens_q, cu_seqlens_k, window=window, softcap=softcap)
+            and _replayable((q, k, v, cu_seqlens_q, cu_seqlens_k), window=window, softcap=softcap)
             and not gradients.needs_grad(q, k, v) and not torch.compiler.is_compiling()):  # (as attention's)
         hit = forward.replayed_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
                                       variant, causal_align, return_lse, window, float(softcap), config)
@@ -203,7 +203,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                           alibi_slopes, sinks)
         check_forward_only(q, v, gradients.needs_grad(q, k, v))
     dropout = _dropout(dropout_p, q, k, sinks)
-    if (sinks is None and _replayable(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, window=window, softcap=softcap)
+    if (sinks is None and _replayable((q, k, v, cu_seqlens_q, cu_seqlens_k), (alibi_slopes,), window=window,
+                                      softcap=softcap)
             and not gradients.needs_grad(q, k, v) and not torch.compiler.is_compiling()):
         o, lse = forward.packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
                                 scale=scale, variant=variant, causal_align=causal_align, return_lse=return_lse,
@@ -246,14 +247,17 @@ def _dropout(dropout_p, q, k, sinks):
     return draw_seed(q.device), float(dropout_p)
 
 
-def _replayable(*tensors, window, softcap) -> bool:
-    """A call the replay table can answer (:mod:`fmha.replay`): CUDA tensors (None for an absent one), a window
-    tuple and a numeric softcap.  The checks of such a call are a function of its replay key: they run on the
-    first call of each kind only."""
-    for t in tensors:
+def _replayable(given, optional=(), *, window, softcap) -> bool:
+    """A call the replay table can answer (:mod:`fmha.replay`): tensors ``given``, the first on a CUDA device, and
+    ``optional`` tensors or None, a window tuple and a numeric softcap.  The checks of such a call are a function of
+    its replay key: they run on the first call of each kind only (a call that is none goes to them at once)."""
+    for t in given:
+        if not isinstance(t, torch.Tensor):
+            return False
+    for t in optional:
         if t is not None and not isinstance(t, torch.Tensor):
             return False
-    return tensors[0].is_cuda and type(window) is tuple and isinstance(softcap, (int, float))
+    return given[0].is_cuda and type(window) is tuple and isinstance(softcap, (int, float))
 
 
 @gradients.inference_only
@@ -286,7 +290,7 @@ def attention_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                                     int(window[0]), int(window[1]), float(softcap), alibi_slopes, int(num_splits),
                                     variant, sinks)
         return (o, lse) if return_lse else o
-    if not (sinks is None and _replayable(q, k_cache, v_cache, block_table, cache_seqlens, alibi_slopes,
+    if not (sinks is None and _replayable((q, k_cache, v_cache, block_table, cache_seqlens), (alibi_slopes,),
                                           window=window, softcap=softcap)):
         checks()
         checks = None

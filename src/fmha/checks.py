@@ -176,6 +176,9 @@ def check_packed_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k) -> None:
         if not isinstance(t, torch.Tensor) or t.dim() != 3:
             raise ValueError(f"{name} must be a 3-dimensional tensor [total, heads, head_dim], got "
                              f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be an int32 torch.Tensor [batch + 1], got {type(t).__name__}")
     if cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape != cu_seqlens_k.shape:
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must be 1-D of one length (batch + 1), got "
                          f"{tuple(cu_seqlens_q.shape)} and {tuple(cu_seqlens_k.shape)}")
