@@ -1,4 +1,6 @@
 """Split-key decoding (flash-decoding): partials merged by their LSE equal the unsplit answer."""
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -193,12 +195,33 @@ def test_only_tiled_takes_the_decode_table_on_a_split(monkeypatch):
     q = torch.zeros(1, 2, 1074, 256, dtype=torch.bfloat16)
     k = v = torch.zeros(1, 2, 1257, 256, dtype=torch.bfloat16)
     prob = plan.problem(*plan.sizes(q, k, "bhsd"), causal=True, scale=None)
-    tiled = plan.plan(prob, q, k, v, q, "bhsd", "tiled", None, None, 4)
+    tiled = plan.plan(prob, q, k, v, q, "bhsd", "tiled", None, None, 4, graphed=True)
     assert tiled.config == configs.decode_config(1074, 1257, 256, "sm90") and tiled.split_len
     for variant in ("pipelined", "singlewave"):
         p = plan.plan(prob, q, k, v, q, "bhsd", variant, None, None, 4)
         own = configs.default_config(variant, "sm90", 256, True, 1257, False, per_sequence=False, seqlen_q=1074)
         assert p.config == own and p.split_len, (variant, p.config)
+
+
+def test_an_eager_decode_reads_kv_by_pointer(monkeypatch):
+    """On sm_90 a split decode that may be captured into a graph reads K/V by TMA, as the decode table says; an eager
+    one by pointer (its KV cache moves: two descriptors filled a call cost more host time than TMA saves), as does
+    float8 K/V; a caller's config with TMA keeps it."""
+    from fmha import configs, plan
+    monkeypatch.setattr(plan, "arch_of", lambda device: "sm90")
+    q = torch.zeros(1, 32, 1, 128, dtype=torch.bfloat16)
+    k = v = torch.zeros(1, 8, 4096, 128, dtype=torch.bfloat16)
+    prob = plan.problem(*plan.sizes(q, k, "bhsd"), causal=False, scale=None)
+    table = configs.decode_config(4, 4096, 128, "sm90")
+    assert table.tma
+    graphed = plan.plan(prob, q, k, v, q, "bhsd", "auto", None, None, 4, graphed=True)
+    eager = plan.plan(prob, q, k, v, q, "bhsd", "auto", None, None, 4)
+    assert graphed.split_len and graphed.config == table
+    assert eager.split_len == graphed.split_len and eager.config == dataclasses.replace(table, tma=0)
+    fp8 = plan.plan(dataclasses.replace(prob, fp8=True), q, k, v, q, "bhsd", "auto", None, None, 4, graphed=True)
+    assert not fp8.config.tma
+    fixed = plan.plan(prob, q, k, v, q, "bhsd", "tiled", table, None, 4)
+    assert fixed.config.tma
 
 
 @pytest.mark.parametrize("shared,head_dim,sq,sk,stages", [
