@@ -195,7 +195,7 @@ def test_only_tiled_takes_the_decode_table_on_a_split(monkeypatch):
     q = torch.zeros(1, 2, 1074, 256, dtype=torch.bfloat16)
     k = v = torch.zeros(1, 2, 1257, 256, dtype=torch.bfloat16)
     prob = plan.problem(*plan.sizes(q, k, "bhsd"), causal=True, scale=None)
-    tiled = plan.plan(prob, q, k, v, q, "bhsd", "tiled", None, None, 4, graphed=True)
+    tiled = plan.plan(prob, q, k, v, q, "bhsd", "tiled", None, None, 4)
     assert tiled.config == configs.decode_config(1074, 1257, 256, "sm90") and tiled.split_len
     for variant in ("pipelined", "singlewave"):
         p = plan.plan(prob, q, k, v, q, "bhsd", variant, None, None, 4)
@@ -203,10 +203,10 @@ def test_only_tiled_takes_the_decode_table_on_a_split(monkeypatch):
         assert p.config == own and p.split_len, (variant, p.config)
 
 
-def test_an_eager_decode_reads_kv_by_pointer(monkeypatch):
-    """On sm_90 a split decode that may be captured into a graph reads K/V by TMA, as the decode table says; an eager
-    one by pointer (its KV cache moves: two descriptors filled a call cost more host time than TMA saves), as does
-    float8 K/V; a caller's config with TMA keeps it."""
+def test_a_growing_cache_is_read_by_pointer(monkeypatch):
+    """On sm_90 a split decode reads K/V by TMA, as the decode table says, unless they are a cache that grows into a
+    new tensor at every call (:func:`fmha.replay.growing`: two descriptors filled a call cost more host time than TMA
+    saves) or float8; a caller's config with TMA keeps it."""
     from fmha import configs, plan
     monkeypatch.setattr(plan, "arch_of", lambda device: "sm90")
     q = torch.zeros(1, 32, 1, 128, dtype=torch.bfloat16)
@@ -214,13 +214,13 @@ def test_an_eager_decode_reads_kv_by_pointer(monkeypatch):
     prob = plan.problem(*plan.sizes(q, k, "bhsd"), causal=False, scale=None)
     table = configs.decode_config(4, 4096, 128, "sm90")
     assert table.tma
-    graphed = plan.plan(prob, q, k, v, q, "bhsd", "auto", None, None, 4, graphed=True)
-    eager = plan.plan(prob, q, k, v, q, "bhsd", "auto", None, None, 4)
-    assert graphed.split_len and graphed.config == table
-    assert eager.split_len == graphed.split_len and eager.config == dataclasses.replace(table, tma=0)
-    fp8 = plan.plan(dataclasses.replace(prob, fp8=True), q, k, v, q, "bhsd", "auto", None, None, 4, graphed=True)
+    staying = plan.plan(prob, q, k, v, q, "bhsd", "auto", None, None, 4)
+    growing = plan.plan(prob, q, k, v, q, "bhsd", "auto", None, None, 4, growing=True)
+    assert staying.split_len and staying.config == table
+    assert growing.split_len == staying.split_len and growing.config == dataclasses.replace(table, tma=0)
+    fp8 = plan.plan(dataclasses.replace(prob, fp8=True), q, k, v, q, "bhsd", "auto", None, None, 4)
     assert not fp8.config.tma
-    fixed = plan.plan(prob, q, k, v, q, "bhsd", "tiled", table, None, 4)
+    fixed = plan.plan(prob, q, k, v, q, "bhsd", "tiled", table, None, 4, growing=True)
     assert fixed.config.tma
 
 

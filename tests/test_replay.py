@@ -531,6 +531,33 @@ def _lengths(kernel, lengths, bump=lambda n: 0, outcome=lambda n: 3, planned=Non
     return hows
 
 
+def test_a_call_knows_whether_its_cache_grows(monkeypatch):
+    """:func:`replay.growing` inside a recorded call: false for the first length of a kind (a cache that stays) and
+    outside any call; true once the kind was met at another length, also for the other side of a graph's capture
+    (a key's last part, whether the call holds), so a capture plans as its eager warm-up did; never for a kind of
+    other flags."""
+    monkeypatch.setattr(replay, "_fill_descriptor", lambda ptr, *fill: ("map", ptr, *fill))
+    kernel, seen = GrowKernel(), []
+
+    def at(n, held=True, flag="flag"):
+        x, y = torch.zeros(n, 4), torch.ones(2, n)
+
+        def call():
+            seen.append(replay.growing())
+            assert replay.lengthwise(("split", 3)) is None  # (the family learns the length; two prove nothing)
+            out = replay.buffer(torch.empty(4))
+            replay.launch(kernel, (2,), x, out, Desc(y, [8], shape=(2, n), strides=(n, 1)), n, 7, BLOCK=32)
+            return out, None
+        replay.call(replay.key("grow", (x, y), flag, held), (x, y), torch.device("cpu"), call,
+                    lengths=({0: 0, 1: 1}, n), held=held)
+    assert not replay.growing()
+    at(33)
+    at(34)
+    at(33, flag="other")
+    at(40, held=False)
+    assert seen == [False, True, False, True]
+
+
 def test_a_growing_length_replays_from_its_family(monkeypatch):
     """A KV cache one key longer at each call (every call a new kind): two recordings of the same compiled kernel
     at two lengths give each integer's line, a third must match them, then each later length of the family

@@ -92,9 +92,9 @@ def _dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse,
                                 window=window, causal_align=causal_align, softcap=softcap,
                                 seqused=seqused_k is not None, head_dim_v=v.shape[3], fp8=descale is not None,
                                 attn_mask=planning.mask_kind(attn_mask), dropout=dropout is not None)
-        return planning.plan(prob, q, k, v, o, layout, variant, config, alibi_slopes, num_splits, graphed=graphed)
+        return planning.plan(prob, q, k, v, o, layout, variant, config, alibi_slopes, num_splits, growing=growing)
 
-    graphed = not replay.holding(q.device)
+    growing = replay.growing()
 
     def plan_at(n: int) -> tuple:
         """The plan's outcome at another length, over stand-ins for K and V (their shapes at ``n``, contiguous,

@@ -189,12 +189,12 @@ class Plan:
 
 
 def plan(prob: Problem, q, k, v, o, layout: str, variant: str, config, alibi_slopes, num_splits: int,
-         longest=None, graphed: bool = False) -> Plan:
+         longest=None, growing: bool = False) -> Plan:
     """What runs a checked call: the variant (``auto`` picks, falling back to ``tiled`` when the pick
     cannot take the call), its config, GQA packing for decoding and the key split (not for packed
-    sequences, whose ``longest`` query and key lengths stand for the shape).  ``graphed``: the call's launches
-    may be captured into a CUDA graph (:func:`fmha.replay.holding` is false); a split decode then reads K and V
-    by TMA, as the decode table says, and an eager one by pointer (:func:`_kv_by_tma`)."""
+    sequences, whose ``longest`` query and key lengths stand for the shape).  ``growing``: K and V are a cache that
+    grows into a new tensor at every call (:func:`fmha.replay.growing`), which a split decode reads by pointer, not
+    by TMA as the decode table says (:func:`_kv_by_tma`)."""
     from . import kernels
     arch = arch_of(q.device)
     seqlen_q, seqlen_k = longest or (prob.seqlen_q, prob.seqlen_k)
@@ -222,7 +222,7 @@ def plan(prob: Problem, q, k, v, o, layout: str, variant: str, config, alibi_slo
         prob = _pack_gqa(prob, alibi_slopes)
         cfg, splits, split_len = _split_plan(num_splits, arch, prob, cfg, q.device, name, fixed=config is not None,
                                              modifiers=modifiers)
-        if cfg.tma and not _kv_by_tma(name, cfg, prob, q, k, v, o, layout, config is not None, graphed):
+        if cfg.tma and not _kv_by_tma(name, cfg, prob, q, k, v, o, layout, config is not None, growing):
             cfg = dataclasses.replace(cfg, tma=0)
     if name == "tiled" and arch in ("sm90", "sm80"):
         major, limit = _shared(q.device, arch)
@@ -236,17 +236,17 @@ def plan(prob: Problem, q, k, v, o, layout: str, variant: str, config, alibi_slo
     return Plan(name, cfg, prob, split_len, splits)
 
 
-def _kv_by_tma(name: str, cfg, prob: Problem, q, k, v, o, layout: str, fixed: bool, graphed: bool) -> bool:
+def _kv_by_tma(name: str, cfg, prob: Problem, q, k, v, o, layout: str, fixed: bool, growing: bool) -> bool:
     """Whether a config with ``tma`` (the decode table's, or the caller's where ``fixed``) keeps K/V by TMA: where the
     call can take it, and unless the table's choice meets float8 K/V (decoded 5-20% slower by TMA than by pointer on
-    the H200, bench/fp8_speed.py) or an eager call.  An eager decode's KV cache moves (transformers' grows into a
-    new tensor at every token), and the two descriptors it fills then cost more host time than TMA saves on the
-    GPU (inside generate() on an H100, 8-20 us a call against 0.7-2.2 us of GPU time at head_dim 128, none at 64:
-    docs/PERF.md, "The host side"); a graph's launches fill theirs once."""
+    the H200, bench/fp8_speed.py) or a ``growing`` cache.  A cache that grows into a new tensor at every call
+    (transformers' in generate()) would fill two descriptors a call, which costs more host time than TMA saves on
+    the GPU (inside generate() on an H100, 8-20 us a call against 0.6-2.2 us of GPU time at head_dim 128, none at
+    64: docs/PERF.md, "The host side"); a cache that stays (a static one, a graph's) fills its descriptors once."""
     from . import kernels
     if kernels.unsupported(name, cfg, prob, q, k, v, o, layout):
         return False
-    return fixed or graphed and not prob.fp8
+    return fixed or not (growing or prob.fp8)
 
 
 def _shared(device: torch.device, arch: str) -> tuple[int, int]:
@@ -260,13 +260,11 @@ def _shared(device: torch.device, arch: str) -> tuple[int, int]:
 
 def describe(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
              variant: str = "auto", window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
-             alibi_slopes: torch.Tensor | None = None, layout: str = "bhsd", dropout_p: float = 0.0,
-             graphed: bool = False) -> str:
+             alibi_slopes: torch.Tensor | None = None, layout: str = "bhsd", dropout_p: float = 0.0) -> str:
     """What :func:`fmha.attention` runs for this call (top-left): variant, config, and
-    GQA packing / key split when used; ``graphed``: run inside a CUDA graph's capture (:func:`plan`).  For
-    benchmark ledgers."""
+    GQA packing / key split when used.  For benchmark ledgers."""
     prob = problem(*sizes(q, k, layout), causal=causal, scale=None, window=window, softcap=softcap,
                    head_dim_v=v.shape[3], fp8=k.dtype == torch.float8_e4m3fn, dropout=dropout_p > 0)
-    p = plan(prob, q, k, v, q, layout, variant, None, alibi_slopes, 0, graphed=graphed)
+    p = plan(prob, q, k, v, q, layout, variant, None, alibi_slopes, 0)
     extra = (" packed-gqa" if p.problem.pack_gqa else "") + (f" split {p.split_len}" if p.split_len else "")
     return f"{p.variant} {p.config}{extra}"

@@ -724,6 +724,18 @@ def lengthwise(outcome, plan_at=None):
     return outputs
 
 
+def growing() -> bool:
+    """Whether the call being recorded is a member of a length family met before (:func:`lengthwise`: its kind met
+    at another length, by a call with ``lengths``), held or not (the last part of a key, :func:`call`): a KV cache
+    that grows into a new tensor at each call, as transformers' does in generate(), whose plan reads it by pointer
+    (:func:`fmha.plan.plan`).  A kind met at one length only (a static cache) is not.  Either way a graph's capture
+    plans as the eager calls of its kind did, so it launches the kernels their warm-up loaded (the driver refuses to
+    load one while a stream is captured)."""
+    now = _local.call
+    loose = now[3] if now is not None else None
+    return loose is not None and (loose in _FAMILIES or (*loose[:-1], not loose[-1]) in _FAMILIES)
+
+
 def _line(x, nx: int, y, ny: int):
     """``(a, b)`` with ``x = a + b * nx`` and ``y = a + b * ny`` in integers, or None."""
     if type(x) is not int or type(y) is not int or (y - x) % (ny - nx):

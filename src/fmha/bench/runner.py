@@ -192,7 +192,7 @@ def run_cell(cell: Cell, dtype: torch.dtype, provs: list[Provider], device: str,
     rows, ready = [], []
     for p in provs:  # first every provider once: compile, check; a failure is recorded, the run goes on
         with p.scope():
-            row = dict(base, provider=p.name, config=_config_of(p, cell, q, k, v, pass_, graphs), _peer=p.peer)
+            row = dict(base, provider=p.name, config=_config_of(p, cell, q, k, v, pass_), _peer=p.peer)
         if graphs and pass_ != "fwd" and not p.graph_backward:
             row.update(note="failed: its backward cannot be captured in a CUDA graph (time it without --cuda-graphs)")
             rows.append(row)
@@ -226,9 +226,9 @@ def _timed_as(graphs: bool, pass_: str) -> str:
     return "ok, cuda graph (fwd+bwd less fwd)" if pass_ == "bwd" else "ok, cuda graph"
 
 
-def _config_of(p: Provider, cell: Cell, q, k, v, pass_: str = "fwd", graphs: bool = False) -> str:
-    """What ran: a provider's own config, or fmha's forward (:func:`fmha.api.describe`, ``graphs``: timed under CUDA
-    graphs) and, for a backward pass, its backward (:func:`fmha.backward.describe`)."""
+def _config_of(p: Provider, cell: Cell, q, k, v, pass_: str = "fwd") -> str:
+    """What ran: a provider's own config, or fmha's forward (:func:`fmha.api.describe`) and, for a backward
+    pass, its backward (:func:`fmha.backward.describe`)."""
     if p.config is not None:
         return str(p.config(cell))
     if not p.name.startswith("fmha:"):
@@ -238,8 +238,7 @@ def _config_of(p: Provider, cell: Cell, q, k, v, pass_: str = "fwd", graphs: boo
     deterministic = variant == "deterministic"  # (auto's forward, the deterministic backward)
     variant = "auto" if variant in ("deterministic", "triton-backward") else variant
     try:
-        config = api.describe(q, k, v, causal=cell.causal, variant=variant, graphed=graphs,
-                              **modifiers(cell, q.device))
+        config = api.describe(q, k, v, causal=cell.causal, variant=variant, **modifiers(cell, q.device))
     except ValueError as e:
         return f"{variant} ({e})"
     if pass_ == "fwd":
