@@ -874,12 +874,14 @@ def test_a_packed_call_met_before_replays_before_anything_else(monkeypatch):
 def test_a_new_kind_launches_what_triton_compiled(sizes, grown, causal, monkeypatch):
     """A call of a new kind (a longer cache, a longer prompt) whose launches specialize as an earlier call's
     did goes to the kernels Triton compiled for that call without its JIT (:func:`fmha.replay._dispatch`), and
-    gives the bits the ordinary path gives."""
+    gives the bits the ordinary path gives.  (Two earlier lengths: a decode's cache met at a second length grows,
+    and is read by pointer from then on, :func:`fmha.replay.growing`.)"""
     from triton.runtime.jit import JITFunction
     from fmha import replay
     replay.clear()
     kw = dict(causal=causal, causal_align="bottom_right")
-    fmha.attention(*make_qkv(2, 8, 2, *sizes, torch.bfloat16, seed=0), **kw)
+    for more in (0, 16):
+        fmha.attention(*make_qkv(2, 8, 2, sizes[0], sizes[1] + more, sizes[2], torch.bfloat16, seed=0), **kw)
     jit = []
     real = JITFunction.run
     monkeypatch.setattr(JITFunction, "run", lambda self, *a, **k: jit.append(self.fn.__name__) or real(self, *a, **k))
