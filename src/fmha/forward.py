@@ -86,6 +86,7 @@ def _dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse,
     if seqlen_k == 0:
         return _no_keys(o, lse)
     seq = 2 if layout == "bhsd" else 1
+    growing = replay.growing()
 
     def plan(k, v):
         prob = planning.problem(batch, heads, kv_heads, seqlen_q, k.shape[seq], head_dim, causal=causal, scale=scale,
@@ -93,8 +94,6 @@ def _dense(q, k, v, *, causal, scale, variant, causal_align, layout, return_lse,
                                 seqused=seqused_k is not None, head_dim_v=v.shape[3], fp8=descale is not None,
                                 attn_mask=planning.mask_kind(attn_mask), dropout=dropout is not None)
         return planning.plan(prob, q, k, v, o, layout, variant, config, alibi_slopes, num_splits, growing=growing)
-
-    growing = replay.growing()
 
     def plan_at(n: int) -> tuple:
         """The plan's outcome at another length, over stand-ins for K and V (their shapes at ``n``, contiguous,

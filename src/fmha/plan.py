@@ -194,7 +194,7 @@ def plan(prob: Problem, q, k, v, o, layout: str, variant: str, config, alibi_slo
     cannot take the call), its config, GQA packing for decoding and the key split (not for packed
     sequences, whose ``longest`` query and key lengths stand for the shape).  ``growing``: K and V are a cache that
     grows into a new tensor at every call (:func:`fmha.replay.growing`), which a split decode reads by pointer, not
-    by TMA as the decode table says (:func:`_kv_by_tma`)."""
+    by TMA as the decode table says."""
     from . import kernels
     arch = arch_of(q.device)
     seqlen_q, seqlen_k = longest or (prob.seqlen_q, prob.seqlen_k)
@@ -222,7 +222,14 @@ def plan(prob: Problem, q, k, v, o, layout: str, variant: str, config, alibi_slo
         prob = _pack_gqa(prob, alibi_slopes)
         cfg, splits, split_len = _split_plan(num_splits, arch, prob, cfg, q.device, name, fixed=config is not None,
                                              modifiers=modifiers)
-        if cfg.tma and not _kv_by_tma(name, cfg, prob, q, k, v, o, layout, config is not None, growing):
+        # the decode table's TMA, where the call can take it, but not for float8 K/V (decoded 5-20% slower by TMA
+        # than by pointer on the H200, bench/fp8_speed.py) nor for a cache that grows into a new tensor at every call
+        # (transformers' in generate()): its two descriptors filled a call cost more host time than TMA saves on the
+        # GPU (inside generate() on an H100, 8-20 us a call against 0.6-2.2 us of GPU time at head_dim 128, none at
+        # 64: docs/PERF.md, "The host side"); a cache that stays fills its descriptors once.  A caller's config keeps
+        # its TMA where the call can take it.
+        if cfg.tma and (kernels.unsupported(name, cfg, prob, q, k, v, o, layout)
+                        or config is None and (prob.fp8 or growing)):
             cfg = dataclasses.replace(cfg, tma=0)
     if name == "tiled" and arch in ("sm90", "sm80"):
         major, limit = _shared(q.device, arch)
@@ -234,19 +241,6 @@ def plan(prob: Problem, q, k, v, o, layout: str, variant: str, config, alibi_slo
             raise ValueError(f"variant {name!r} cannot take this call: config {cfg} asks for more shared memory than "
                              f"this GPU has ({limit >> 10} KB: {what}); num_stages={fitted.num_stages} fits")
     return Plan(name, cfg, prob, split_len, splits)
-
-
-def _kv_by_tma(name: str, cfg, prob: Problem, q, k, v, o, layout: str, fixed: bool, growing: bool) -> bool:
-    """Whether a config with ``tma`` (the decode table's, or the caller's where ``fixed``) keeps K/V by TMA: where the
-    call can take it, and unless the table's choice meets float8 K/V (decoded 5-20% slower by TMA than by pointer on
-    the H200, bench/fp8_speed.py) or a ``growing`` cache.  A cache that grows into a new tensor at every call
-    (transformers' in generate()) would fill two descriptors a call, which costs more host time than TMA saves on
-    the GPU (inside generate() on an H100, 8-20 us a call against 0.6-2.2 us of GPU time at head_dim 128, none at
-    64: docs/PERF.md, "The host side"); a cache that stays (a static one, a graph's) fills its descriptors once."""
-    from . import kernels
-    if kernels.unsupported(name, cfg, prob, q, k, v, o, layout):
-        return False
-    return fixed or not (growing or prob.fp8)
 
 
 def _shared(device: torch.device, arch: str) -> tuple[int, int]:
