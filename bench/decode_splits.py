@@ -6,7 +6,8 @@
 Shapes are batch x heads x kv_heads x head_dim (bf16, bhsd).  For each shape and key length: cuDNN's time and SDPA's
 own pick's (``enable_gqa``: what transformers' SDPA path calls), fmha's automatic split in microseconds, then fmha at
 each fixed ``num_splits`` (the decode config for that length) as the better peer's time over fmha's (> 1: fmha
-faster; ``-``: a split count past the keys' tiles).  The automatic choice should sit at the row's best.
+faster; a count past the keys' tiles runs as many splits as there are tiles).  The automatic choice should sit at
+the row's best.
 """
 import argparse
 
@@ -40,12 +41,8 @@ def main() -> None:
             peers = [graph_median_ms(cudnn), graph_median_ms(sdpa)]
             peer = min(peers)
             auto = graph_median_ms(lambda: fmha.attention(q, k, v))
-            fixed = []
-            for n in args.splits:
-                try:
-                    fixed.append(f"{peer / graph_median_ms(lambda n=n: fmha.attention(q, k, v, num_splits=n)):>5.3f}")
-                except (ValueError, RuntimeError):
-                    fixed.append(f"{'-':>5}")
+            fixed = [f"{peer / graph_median_ms(lambda n=n: fmha.attention(q, k, v, num_splits=n)):>5.3f}"
+                     for n in args.splits]
             print(f"{shape:>12} {seqlen_k:>8} {peers[0] * 1e3:>9.2f} {peers[1] * 1e3:>8.2f} {auto * 1e3:>8.2f} "
                   f"{peer / auto:>6.3f} " + " ".join(fixed) + f"  auto: {fmha.api.describe(q, k, v)}", flush=True)
 
