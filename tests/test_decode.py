@@ -136,6 +136,23 @@ def test_split_count_follows_programs_per_sm(monkeypatch):
         assert 16 * count <= (per_sm or 4) * 100
 
 
+@pytest.mark.parametrize("batch,kv_heads,seqlen_k,head_dim,splits,split_len", [
+    (1, 8, 1024, 64, 16, 64),     # 8 programs: a tile a split fills 128 SMs (four tiles a split left 100 idle)
+    (1, 4, 4096, 128, 33, 128),   # 4 programs: 33 splits asked, 32 of two tiles launched
+    (1, 8, 4096, 128, 16, 256),   # four tiles a split already fill the SMs
+    (8, 8, 1024, 64, 4, 256),     # head_dim 64: two programs an SM, four tiles each
+    (8, 4, 1024, 128, 4, 256),    # head_dim 128: one program an SM
+])
+def test_a_split_leaves_no_sm_idle(batch, kv_heads, seqlen_k, head_dim, splits, split_len, monkeypatch):
+    """The automatic split on a 132-SM GPU (GQA rows packed, one 16-row block a KV head): splits of four key tiles
+    or more, unless fewer programs than SMs would run; then as many splits as fill each SM, down to one tile each."""
+    from fmha import configs, plan
+    monkeypatch.setattr(plan, "device_facts", lambda index: (9, 132))
+    prob = plan.Problem(batch, 4 * kv_heads, kv_heads, 1, seqlen_k, head_dim, False, 0, 1.0, pack_gqa=True)
+    cfg = configs.decode_config(4, seqlen_k, head_dim)
+    assert plan._split_len(0, "sm90", prob, cfg, torch.device("cuda", 0)) == (splits, split_len)
+
+
 @pytest.mark.parametrize("sq,layout,causal", [(1, "bhsd", False), (4, "bshd", True), (40, "bhsd", True)])
 def test_kv_by_tma(sq, layout, causal):
     """``tiled`` with K/V read by TMA (config tma=1): split decoding with packed GQA and prefill,
