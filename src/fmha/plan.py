@@ -144,7 +144,7 @@ def _split_len(num_splits: int, arch: str, prob: Problem, cfg, device) -> tuple[
         # a memory-bound loop: more programs keep more loads in flight; rounded down, so the programs
         # never spill past per_sm * SMs into a last, nearly empty wave.  A split takes four key tiles or more,
         # unless that leaves SMs without a program: then as many splits as fill each SM once, down to a tile
-        # each (batch 1 at 1k keys: 16 splits of one tile ran 1.27-1.31x four of four, docs/PERF.md "Decoding")
+        # each (batch 1 at 1k keys: 16 splits of one tile ran 1.27-1.31x four splits of four, docs/PERF.md "Decoding")
         per_sm = cfg.split_per_sm or 4
         num_splits = max(min(per_sm * sms // programs, tiles // 4), min(sms // programs, tiles))
     if num_splits <= 1:
