@@ -24,7 +24,7 @@ time inside the timed generate() runs (entry to return, no synchronization), the
 length at each token) apart from the other layers' (``features`` ``part=host-call layer=first|rest``, ``ms`` per
 call). ``--compiled``: generate() alone with a static cache, whose decoding steps transformers compiles
 (``torch.compile(mode="reduce-overhead")``), with dynamo's counts of graphs, graph breaks and recompilations while
-timed (:func:`compiled_decode`; ``features`` ``part=decode compiled=...``); ``--profile`` prints each implementation's
+timed and inductor's of graphs run without their CUDA graph (:func:`compiled_decode`; ``features`` ``part=decode compiled=...``); ``--profile`` prints each implementation's
 GPU kernels over one such generate(), and without ``--compiled`` cProfile's view of one eager generate() each (where
 the host's time goes, :func:`_host_profile`).
 """
@@ -228,8 +228,9 @@ def compiled_decode(models: dict, ids, new_tokens: int, reps: int = 3, profile: 
     """Per model: the time per token of greedy generate() with a static cache (``cache_implementation="static"``),
     whose decoding steps transformers compiles itself (``torch.compile``, ``mode="reduce-overhead"``: CUDA
     graphs; the prefill stays eager), timed as :func:`decode` times it after two untimed runs (the compilation,
-    the graphs' recording); with dynamo's counts: graphs compiled in all, graph breaks, and graphs compiled
-    during the timed runs (a recompilation per token shows there).  ``profile``: then one more generate() under
+    the graphs' recording); with dynamo's counts: graphs compiled in all, graph breaks, graphs compiled
+    during the timed runs (a recompilation per token shows there) and graphs inductor ran without their CUDA graph
+    (``TORCH_LOGS=cudagraphs`` says why).  ``profile``: then one more generate() under
     torch's profiler, its GPU kernels' times printed, the costliest first (each decoding step's, the graph
     replayed, among them)."""
     import torch._dynamo
@@ -257,7 +258,8 @@ def compiled_decode(models: dict, ids, new_tokens: int, reps: int = 3, profile: 
             out[impl] = {"decode": (statistics.median(many) - statistics.median(one)) / new_tokens,
                          "tokens": tokens, "graphs": counters["stats"]["unique_graphs"],
                          "breaks": sum(counters["graph_break"].values()),
-                         "recompiled": counters["stats"]["unique_graphs"] - before}
+                         "recompiled": counters["stats"]["unique_graphs"] - before,
+                         "cudagraph_skips": counters["inductor"]["cudagraph_skips"]}
         finally:
             torch._dynamo.reset()
     return out
@@ -446,8 +448,8 @@ def _agreement(res: dict, ids, sdpa_model, mask=None) -> tuple[int, str, list]:
 def _compiled_rows(name, layers, b, s, heads, kvh, d, env, res, new_tokens, same, parting, off) -> list:
     """Print :func:`compiled_decode`'s figures for one cell; its ledger rows."""
     ratio = res["sdpa"]["decode"] / res["fmha"]["decode"]
-    counts = {impl: f"graphs {r['graphs']}, breaks {r['breaks']}, compiled while timed {r['recompiled']}"
-              for impl, r in res.items()}
+    counts = {impl: f"graphs {r['graphs']}, breaks {r['breaks']}, compiled while timed {r['recompiled']}, "
+                    f"CUDA graphs skipped {r['cudagraph_skips']}" for impl, r in res.items()}
     print(f"{name:8} {b:>2} {s:>6} | compiled, static cache, per token fmha/sdpa ms {res['fmha']['decode']:.2f}/"
           f"{res['sdpa']['decode']:.2f} ({ratio:.2f}x) | same tokens {same}/{new_tokens + 1}{'!' if off else ''} | "
           f"fmha: {counts['fmha']}; sdpa: {counts['sdpa']}", flush=True)
