@@ -24,13 +24,15 @@ time inside the timed generate() runs (entry to return, no synchronization), the
 length at each token) apart from the other layers' (``features`` ``part=host-call layer=first|rest``, ``ms`` per
 call). ``--compiled``: generate() alone with a static cache, whose decoding steps transformers compiles
 (``torch.compile(mode="reduce-overhead")``), with dynamo's counts of graphs, graph breaks and recompilations while
-timed and inductor's of graphs run without their CUDA graph (:func:`compiled_decode`; ``features`` ``part=decode compiled=...``); ``--profile`` prints each implementation's
+timed, inductor's of graphs run without their CUDA graph, and the CUDA graphs recorded while timed
+(:func:`compiled_decode`; ``features`` ``part=decode compiled=...``); ``--profile`` prints each implementation's
 GPU kernels over one such generate(), and without ``--compiled`` cProfile's view of one eager generate() each (where
 the host's time goes, :func:`_host_profile`).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import statistics
 import sys
@@ -229,8 +231,10 @@ def compiled_decode(models: dict, ids, new_tokens: int, reps: int = 3, profile: 
     whose decoding steps transformers compiles itself (``torch.compile``, ``mode="reduce-overhead"``: CUDA
     graphs; the prefill stays eager), timed as :func:`decode` times it after two untimed runs (the compilation,
     the graphs' recording); with dynamo's counts: graphs compiled in all, graph breaks, graphs compiled
-    during the timed runs (a recompilation per token shows there) and graphs inductor ran without their CUDA graph
-    (``TORCH_LOGS=cudagraphs`` says why).  ``profile``: then one more generate() under
+    during the timed runs (a recompilation per token shows there), graphs inductor ran without their CUDA graph
+    (``TORCH_LOGS=cudagraphs`` says why), and the CUDA graphs recorded during the timed runs with the host time
+    their recordings took (a static input met at a new address records the step's graph again, inside the time
+    per token).  ``profile``: then one more generate() under
     torch's profiler, its GPU kernels' times printed, the costliest first (each decoding step's, the graph
     replayed, among them)."""
     import torch._dynamo
@@ -250,19 +254,43 @@ def compiled_decode(models: dict, ids, new_tokens: int, reps: int = 3, profile: 
                     gen(model, 1)
                 before = counters["stats"]["unique_graphs"]
                 one, many = [], []
-                for _ in range(reps):
-                    for at, n in enumerate((1, 1 + new_tokens)):
-                        (one, many)[at].append(_ms(partial(gen, model, n)))
+                with _recordings() as recorded:
+                    for _ in range(reps):
+                        for at, n in enumerate((1, 1 + new_tokens)):
+                            (one, many)[at].append(_ms(partial(gen, model, n)))
                 if profile:
                     _profile(impl, partial(gen, model, 1 + new_tokens))
             out[impl] = {"decode": (statistics.median(many) - statistics.median(one)) / new_tokens,
                          "tokens": tokens, "graphs": counters["stats"]["unique_graphs"],
                          "breaks": sum(counters["graph_break"].values()),
                          "recompiled": counters["stats"]["unique_graphs"] - before,
-                         "cudagraph_skips": counters["inductor"]["cudagraph_skips"]}
+                         "cudagraph_skips": counters["inductor"]["cudagraph_skips"],
+                         "recorded": recorded}
         finally:
             torch._dynamo.reset()
     return out
+
+
+@contextlib.contextmanager
+def _recordings():
+    """Within: ``[count, seconds]`` of the CUDA graphs inductor's CUDA graph trees record, and the host time their
+    recordings take."""
+    from torch._inductor import cudagraph_trees
+    manager = cudagraph_trees.CUDAGraphTreeManager
+    record, seen = manager.record_function, [0, 0.0]
+
+    def counted(self, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return record(self, *args, **kwargs)
+        finally:
+            seen[0] += 1
+            seen[1] += time.perf_counter() - start
+    manager.record_function = counted
+    try:
+        yield seen
+    finally:
+        manager.record_function = record
 
 
 def _profile(impl: str, fn) -> None:
@@ -449,7 +477,8 @@ def _compiled_rows(name, layers, b, s, heads, kvh, d, env, res, new_tokens, same
     """Print :func:`compiled_decode`'s figures for one cell; its ledger rows."""
     ratio = res["sdpa"]["decode"] / res["fmha"]["decode"]
     counts = {impl: f"graphs {r['graphs']}, breaks {r['breaks']}, compiled while timed {r['recompiled']}, "
-                    f"CUDA graphs skipped {r['cudagraph_skips']}" for impl, r in res.items()}
+                    f"CUDA graphs skipped {r['cudagraph_skips']}, recorded while timed {r['recorded'][0]} "
+                    f"({1e3 * r['recorded'][1]:.1f} ms)" for impl, r in res.items()}
     print(f"{name:8} {b:>2} {s:>6} | compiled, static cache, per token fmha/sdpa ms {res['fmha']['decode']:.2f}/"
           f"{res['sdpa']['decode']:.2f} ({ratio:.2f}x) | same tokens {same}/{new_tokens + 1}{'!' if off else ''} | "
           f"fmha: {counts['fmha']}; sdpa: {counts['sdpa']}", flush=True)
