@@ -5,7 +5,7 @@ weights, bf16), eager.
     PYTHONPATH=src python3 bench/model_speed.py [--models llama qwen2 gemma2 mistral] [--layers 4]
         [--seqlens 1024 4096 16384] [--batches 1 8] [--new-tokens 32] [--left-pad 256] [--packed 8]
         [--first-generate] [--reps 3]
-        [--compiled] [--profile] [--ledger bench/ledger.csv]
+        [--compiled [--fresh-cache]] [--profile] [--ledger bench/ledger.csv]
 
 Per model, batch and prompt length, for each implementation: the prefill forward's time, the time inside attention
 (CUDA events around every attention call of that forward, summed), and the time per token of greedy ``generate()``
@@ -226,40 +226,48 @@ def decode(models: dict, ids, new_tokens: int, reps: int = 3, first: bool = Fals
     return out
 
 
-def compiled_decode(models: dict, ids, new_tokens: int, reps: int = 3, profile: bool = False) -> dict:
-    """Per model: the time per token of greedy generate() with a static cache (``cache_implementation="static"``),
-    whose decoding steps transformers compiles itself (``torch.compile``, ``mode="reduce-overhead"``: CUDA
-    graphs; the prefill stays eager), timed as :func:`decode` times it after two untimed runs (the compilation,
-    the graphs' recording); with dynamo's counts: graphs compiled in all, graph breaks, graphs compiled
-    during the timed runs (a recompilation per token shows there), graphs inductor ran without their CUDA graph
-    (``TORCH_LOGS=cudagraphs`` says why), and the CUDA graphs recorded during the timed runs with the host time
-    their recordings took (a static input met at a new address records the step's graph again, inside the time
-    per token).  ``profile``: then one more generate() under
-    torch's profiler, its GPU kernels' times printed, the costliest first (each decoding step's, the graph
-    replayed, among them)."""
+def compiled_decode(models: dict, ids, new_tokens: int, reps: int = 3, profile: bool = False,
+                    fresh_cache: bool = False) -> dict:
+    """Per model: the time per token of greedy generate() with a static cache, whose decoding steps transformers
+    compiles itself (``torch.compile``, ``mode="reduce-overhead"``: CUDA graphs; the prefill stays eager), timed as
+    :func:`decode` times it after two untimed runs (the compilation, the graphs' recording).  The cache: one
+    ``StaticCache`` per model, reset before each generate(), as a server keeps one; ``fresh_cache``: a new one in
+    each generate() (``cache_implementation="static"``, transformers' way), whose tensors, static inputs of the
+    step's CUDA graph, record that graph again wherever the allocator places them elsewhere than the last.  With
+    dynamo's counts: graphs compiled in all, graph breaks, graphs compiled during the timed runs (a recompilation per
+    token shows there), graphs inductor ran without their CUDA graph (``TORCH_LOGS=cudagraphs`` says why), and the
+    CUDA graphs recorded during the timed runs with the host time their recordings took (inside the time per
+    token).  ``profile``: then one more generate() under torch's profiler, its GPU kernels' times printed, the
+    costliest first (each decoding step's, the graph replayed, among them)."""
     import torch._dynamo
     from torch._dynamo.utils import counters
+    from transformers import StaticCache
 
-    def gen(model, n):
+    def gen(model, cache, n):
+        if cache is None:
+            return model.generate(ids, attention_mask=prompt_mask(ids), max_new_tokens=n, min_new_tokens=n,
+                                  do_sample=False, cache_implementation="static")
+        cache.reset()
         return model.generate(ids, attention_mask=prompt_mask(ids), max_new_tokens=n, min_new_tokens=n,
-                              do_sample=False, cache_implementation="static")
+                              do_sample=False, past_key_values=cache)
     out = {}
     for impl, model in models.items():
         torch._dynamo.reset()
         counters.clear()
+        cache = None if fresh_cache else StaticCache(config=model.config, max_cache_len=ids.shape[1] + 1 + new_tokens)
         try:
             with torch.no_grad():
                 for _ in range(2):
-                    tokens = gen(model, 1 + new_tokens)[:, ids.shape[1]:]
-                    gen(model, 1)
+                    tokens = gen(model, cache, 1 + new_tokens)[:, ids.shape[1]:]
+                    gen(model, cache, 1)
                 before = counters["stats"]["unique_graphs"]
                 one, many = [], []
                 with _recordings() as recorded:
                     for _ in range(reps):
                         for at, n in enumerate((1, 1 + new_tokens)):
-                            (one, many)[at].append(_ms(partial(gen, model, n)))
+                            (one, many)[at].append(_ms(partial(gen, model, cache, n)))
                 if profile:
-                    _profile(impl, partial(gen, model, 1 + new_tokens))
+                    _profile(impl, partial(gen, model, cache, 1 + new_tokens))
             out[impl] = {"decode": (statistics.median(many) - statistics.median(one)) / new_tokens,
                          "tokens": tokens, "graphs": counters["stats"]["unique_graphs"],
                          "breaks": sum(counters["graph_break"].values()),
@@ -362,6 +370,9 @@ def main():
     p.add_argument("--compiled", action="store_true",
                    help="time generate() only, with a static cache (transformers compiles its decoding steps in "
                         "torch.compile's reduce-overhead mode: CUDA graphs), counting graphs, breaks, recompilations")
+    p.add_argument("--fresh-cache", action="store_true",
+                   help="--compiled: a new static cache in each generate() (transformers' cache_implementation="
+                        "\"static\"), not one reset between calls")
     p.add_argument("--profile", action="store_true", help="print each implementation's GPU kernels (--compiled) or "
                    "where the host's time goes in one eager generate() (cProfile)")
     p.add_argument("--reps", type=int, default=3,
@@ -390,8 +401,10 @@ def main():
                     continue
                 ids = torch.randint(0, VOCAB, (b, s), device="cuda", generator=torch.Generator("cuda").manual_seed(s))
                 if args.compiled:
-                    res = compiled_decode(models, ids, args.new_tokens, profile=args.profile)
+                    res = compiled_decode(models, ids, args.new_tokens, reps=args.reps, profile=args.profile,
+                                          fresh_cache=args.fresh_cache)
                     rows = _compiled_rows(name, args.layers, b, s, heads, kvh, d, env, res, args.new_tokens,
+                                          args.fresh_cache,
                                           *_agreement(res, ids, models["sdpa"]))
                     ledger.append(args.ledger, rows)
                     continue
@@ -473,7 +486,7 @@ def _agreement(res: dict, ids, sdpa_model, mask=None) -> tuple[int, str, list]:
     return same, parting, off
 
 
-def _compiled_rows(name, layers, b, s, heads, kvh, d, env, res, new_tokens, same, parting, off) -> list:
+def _compiled_rows(name, layers, b, s, heads, kvh, d, env, res, new_tokens, fresh_cache, same, parting, off) -> list:
     """Print :func:`compiled_decode`'s figures for one cell; its ledger rows."""
     ratio = res["sdpa"]["decode"] / res["fmha"]["decode"]
     counts = {impl: f"graphs {r['graphs']}, breaks {r['breaks']}, compiled while timed {r['recompiled']}, "
@@ -484,7 +497,8 @@ def _compiled_rows(name, layers, b, s, heads, kvh, d, env, res, new_tokens, same
           f"fmha: {counts['fmha']}; sdpa: {counts['sdpa']}", flush=True)
     return [dict(env, provider=f"transformers:{impl}", dtype="bfloat16", batch=b, heads=heads, kv_heads=kvh,
                  seqlen_q=1, seqlen_k=s, head_dim=d, causal=1, ms=r["decode"],
-                 features="part=decode compiled=reduce-overhead cache=static", config=f"{name} {layers} layers",
+                 features="part=decode compiled=reduce-overhead cache=static" + ("" if fresh_cache else "-reused"),
+                 config=f"{name} {layers} layers",
                  ratio_best_peer=ratio if impl == "fmha" else 1.0,
                  note=counts[impl] + (f"; greedy tokens equal sdpa's: first {same} of {new_tokens + 1}{parting}"
                                       if impl == "fmha" else ""))
