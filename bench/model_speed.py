@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import gc
 import statistics
 import sys
 import time
@@ -130,13 +131,20 @@ def register() -> dict[str, Timed]:
 
 
 def _ms(fn) -> float:
-    """``fn()``'s time in milliseconds, between two CUDA events after a synchronization."""
+    """``fn()``'s time in milliseconds, between two CUDA events after a synchronization; the garbage collector run
+    before and held off during it (a pass over torch.compile's objects, tens of milliseconds, would land at random in
+    one implementation's runs or the other's)."""
+    gc.collect()
     torch.cuda.synchronize()
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    fn()
-    e.record()
-    torch.cuda.synchronize()
+    gc.disable()
+    try:
+        s.record()
+        fn()
+        e.record()
+        torch.cuda.synchronize()
+    finally:
+        gc.enable()
     return s.elapsed_time(e)
 
 
