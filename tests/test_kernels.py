@@ -144,3 +144,20 @@ def test_tiled_amd_rows_beside_the_modifiers_match_reference(max_d, cfg):
     out = nan_like(q)
     fmha.attention(q, k, v, causal=True, causal_align="bottom_right", variant="tiled", config=cfg, out=out, **mods)
     check_against_reference(out, q, k, v, True, "bottom_right", **mods)
+
+
+@pytest.mark.parametrize("d", [80, 96, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_pipelined_amd_build_splits_q_k_over_the_head_dim(monkeypatch, d, causal):
+    """The pipelined kernel as an AMD build runs it past head_dim 64 (``pipelined._qk``: Q K^T as two products over
+    the head dimension's halves, the second half of K loaded for the second), run by the interpreter with a window,
+    softcap and ALiBi at once, lengths off the 16-key tile, head dims whose second half is partly padding (80, 96);
+    output and LSE against float64."""
+    from fmha import kernels
+    monkeypatch.setattr(kernels, "amd_build", lambda q: True)
+    q, k, v = make_qkv(1, 2, 1, 37, 45, d, F16, seed=d + causal)
+    mods = dict(window=(20, 3), softcap=5.0, alibi_slopes=torch.tensor([0.1, 0.3], device=q.device))
+    out = nan_like(q)
+    _, lse = fmha.attention(q, k, v, causal=causal, causal_align="bottom_right", variant="pipelined", out=out,
+                            return_lse=True, **mods)
+    check_against_reference(out, q, k, v, causal, "bottom_right", lse=lse, **mods)

@@ -12,8 +12,10 @@ sinks the next tile's Q K^T below it, as LLVM's scheduler does: it then spills Q
 reads it back every tile.  ``AMD`` builds make this tile's scores wait for the next tile's Q K^T
 (:func:`.common.after`), the order the seed pipelines in, so K's operand dies before the softmax;
 beside the causal mask, a window, softcap or ALiBi (their registers besides), the second half's P V
-also waits for the first's: no spills at 96 or 128 but with a window at 128 or all three modifiers at
-once, 8 registers (docs/SEED_MAP.md).
+also waits for the first's.  At 65-128 columns ``AMD`` builds also take Q K^T as two products over the head
+dimension's halves, each with its own half of K (:func:`_qk`), so half of K's operand is live at a time: with a
+window, or all three modifiers at once, those builds spilled 8 registers before (docs/SEED_MAP.md).  Past 128
+columns Q and the accumulator alone fill the register file; AMD runs ``tiled`` there.
 """
 import triton
 import triton.language as tl
@@ -51,7 +53,6 @@ def pipelined_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     HALF: tl.constexpr = BLOCK_D // 2  # the accumulator and V in two column halves (pv_half)
     offs_h = tl.arange(0, HALF)
-    k_ptrs = k_base + offs_n[:, None] * stride_ks + offs_d[None, :] * stride_kd
     v_ptrs = v_base + offs_n[:, None] * stride_vs + offs_h[None, :] * stride_vd
 
     m, l, acc = initial_state(BLOCK_M, HALF)
@@ -60,17 +61,23 @@ def pipelined_kernel(
     first = window_start(row_lo, window_offset, BLOCK_N, WINDOW)
     stop = causal_stop(row_hi, seqlen_k, causal_offset, CAUSAL)
     first, stop = split_keys(first, stop, split_len, SPLIT)
-    k_ptrs += first * stride_ks
     v_ptrs += first * stride_vs
+    SPLIT_QK: tl.constexpr = AMD and BLOCK_D == 128  # Q K^T over the head dimension's halves (_qk)
+    if SPLIT_QK:
+        q_lo, q_hi = tl.split(tl.permute(tl.reshape(q, [BLOCK_M, 2, HALF]), (0, 2, 1)))
+        k_ptrs = k_base + (first + offs_n)[:, None] * stride_ks + offs_h[None, :] * stride_kd
+    else:
+        q_lo, q_hi = q, q
+        k_ptrs = k_base + (first + offs_n)[:, None] * stride_ks + offs_d[None, :] * stride_kd
     # prologue: QK of tile 0 (keys past `stop` read as 0 and are masked below)
-    k = load_rows(k_ptrs, first + offs_n, stop, offs_d, HEAD_DIM, BLOCK_D, True)
-    qk = mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
+    qk = _qk(q, q_lo, q_hi, k_ptrs, first + offs_n, stop, offs_d, offs_h, stride_kd, HEAD_DIM, BLOCK_D, HALF,
+             BLOCK_M, BLOCK_N, SPLIT_QK)
     for start_n in range(first, stop, BLOCK_N):
         cols = start_n + offs_n
         # 5.1 for tile t+1, issued before the softmax of tile t
         k_ptrs += BLOCK_N * stride_ks
-        k_next = load_rows(k_ptrs, cols + BLOCK_N, stop, offs_d, HEAD_DIM, BLOCK_D, True)
-        qk_next = mma(q, tl.trans(k_next), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
+        qk_next = _qk(q, q_lo, q_hi, k_ptrs, cols + BLOCK_N, stop, offs_d, offs_h, stride_kd, HEAD_DIM, BLOCK_D, HALF,
+                      BLOCK_M, BLOCK_N, SPLIT_QK)
         # 5.2-5.6 for tile t, once 5.1 of tile t+1 is done
         s = scores(after(qk, qk_next, AMD), offs_m, cols, seqlen_k, scale_log2, softcap, slope, causal_offset,
                    window_offset, align_offset, True, CAUSAL, WINDOW, SOFTCAP, ALIBI)
@@ -85,6 +92,25 @@ def pipelined_kernel(
     write_output(o_rows, LSE, lse_rows, acc, l, m, offs_m, seqlen_q, offs_h, stride_od, HALF, HALF, STORE_LSE)
     write_output(o_rows + HALF * stride_od, LSE, lse_rows, acc_hi, l, m, offs_m, seqlen_q, offs_h, stride_od,
                  HEAD_DIM - HALF, HALF, False)
+
+
+@triton.jit
+def _qk(q, q_lo, q_hi, k_ptrs, rows, stop, offs_d, offs_h, stride_kd, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+        HALF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_QK: tl.constexpr):
+    """Step 5.1, ``Q K^T`` for the key ``rows`` at ``k_ptrs``.  ``SPLIT_QK``: as two products over the head
+    dimension's halves (``q_lo``, ``q_hi``: Q's column halves; ``k_ptrs`` over K's first half), each with its own
+    half of K, so only half of K's operand (32 VGPRs on gfx11 at head_dim 128, the operand held twice) is live at a
+    time; else one product over Q whole."""
+    zero = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    if SPLIT_QK:
+        k_lo = load_rows(k_ptrs, rows, stop, offs_h, HALF, HALF, True)
+        qk = mma(q_lo, tl.trans(k_lo), zero)
+        k_hi = load_rows(k_ptrs + HALF * stride_kd, rows, stop, offs_h, HEAD_DIM - HALF, HALF, True)
+        qk = mma(q_hi, tl.trans(k_hi), qk)
+    else:
+        k = load_rows(k_ptrs, rows, stop, offs_d, HEAD_DIM, BLOCK_D, True)
+        qk = mma(q, tl.trans(k), zero)
+    return qk
 
 
 KERNEL = pipelined_kernel
