@@ -152,6 +152,38 @@ def test_only_padding_masks_are_unpadded():
     assert key_padding(windowed[:1].expand(2, 1, q, k), q, k, True, (2, -1)).valid is not None  # sequence 0's padding
 
 
+def test_a_masks_verdict_lives_as_long_as_the_mask(models, monkeypatch):
+    """key_padding reads a mask once (every layer passes the same) and keeps its verdict, device tensors included,
+    only while the mask lives: after generate() with a static cache (whose masks hide the slots not yet written, so
+    each verdict holds the real keys and their lengths), nothing of its forwards is held."""
+    import gc
+
+    import fmha.integrations.transformers as fmha_hf
+    from fmha.integrations.transformers import key_padding
+    _, ours = models
+    fmha_hf._seen.clear()
+    q = k = 6
+    mask = (torch.ones(q, k, dtype=torch.bool).tril()[None] & torch.tensor([[0, 1, 1, 1, 1, 1]], dtype=torch.bool)
+            [:, None, :])[:, None]
+    found = key_padding(mask, q, k, True, (-1, -1))
+    monkeypatch.setattr(fmha_hf, "_structure", None)  # a second reading would fail: the verdict is kept
+    assert key_padding(mask, q, k, True, (-1, -1)) is found and len(fmha_hf._seen) == 1
+    del mask, found
+    gc.collect()
+    assert not fmha_hf._seen
+    monkeypatch.undo()
+    read = []
+    monkeypatch.setattr(fmha_hf, "key_padding", lambda *a: read.append(key_padding(*a)) or read[-1])
+    ids = torch.randint(1, 101, (1, 12), generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    with torch.no_grad():
+        ours.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, min_new_tokens=3, do_sample=False,
+                      cache_implementation="static")
+    assert any(r is not None and r.used is not None for r in read)  # verdicts with device tensors were made
+    read.clear()
+    gc.collect()
+    assert not fmha_hf._seen and not fmha_hf._packed
+
+
 @pytest.mark.parametrize("q_len,k_len", [(5, 8), (9, 4), (6, 6)])
 @pytest.mark.parametrize("left", [False, True], ids=["right-padded", "left-padded"])
 def test_a_bidirectional_padding_mask_keeps_every_query_row(q_len, k_len, left):

@@ -237,10 +237,18 @@ def key_padding(mask: torch.Tensor, q_len: int, k_len: int, causal: bool, window
         padding = Padding(valid, last, used, None if used is not None else
                           _gather(valid, q_len, n_keys, n_rows, last))
     if remember:
-        if len(_seen) > 8:
-            _seen.clear()
-        _seen[key] = (weakref.ref(mask), padding)
+        _note(_seen, key, mask, (weakref.ref(mask), padding))
     return padding
+
+
+def _note(table: dict, key, mask: torch.Tensor, entry) -> None:
+    """``table[key] = entry`` for as long as ``mask`` lives: what the entry holds (a verdict's device tensors) goes
+    with the mask, so no tensor of one forward outlives it into the program's next allocations (they stayed until
+    nine entries had gathered)."""
+    if len(table) > 8:
+        table.clear()
+    table[key] = entry
+    weakref.finalize(mask, table.pop, key, None)
 
 
 def _structure(mask: torch.Tensor, q_len: int, k_len: int, causal: bool, window):
@@ -380,9 +388,7 @@ _packed: dict = {}  # id(mask) -> [the mask, weakly; its sequence ids [batch, se
 def _remember_packing(dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """Note that ``dense``, the mask :func:`mask` built, is the causal band (and window) within packed sequences
     whose index per token is ``ids`` (transformers' ``find_packed_sequence_indices``)."""
-    if len(_packed) > 8:
-        _packed.clear()
-    _packed[id(dense)] = [weakref.ref(dense), ids, None]
+    _note(_packed, id(dense), dense, [weakref.ref(dense), ids, None])
     return dense
 
 
