@@ -87,7 +87,7 @@ def test_pipelined_with_a_modifier_builds_for_rdna_without_spills(target, head_d
     """The seed's pipelined kernel beside a window, softcap or ALiBi: its second half's P V waits for the first's, as
     beside the causal mask (without the wait, non-causal, 8 registers spilled in each of these on gfx1151, 16 with a
     window alone at 128), and Q K^T comes as two products over the head dimension's halves, each with its own half of
-    K (before, a window alone at 128 and all of them at once spilled 8)."""
+    K (with K whole, a window alone at 128 and all of them at once spill 8)."""
     for causal in (False, True):
         r = targets.report(targets.build("pipelined", target, head_dim, "float16", causal, modifiers=modifiers))
         assert r.spilled_registers == 0 and r.scratch_bytes == 0, (causal, r.spilled_registers)

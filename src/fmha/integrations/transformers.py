@@ -243,8 +243,7 @@ def key_padding(mask: torch.Tensor, q_len: int, k_len: int, causal: bool, window
 
 def _note(table: dict, key, mask: torch.Tensor, entry) -> None:
     """``table[key] = entry`` for as long as ``mask`` lives: what the entry holds (a verdict's device tensors) goes
-    with the mask, so no tensor of one forward outlives it into the program's next allocations (they stayed until
-    nine entries had gathered)."""
+    with the mask, so no tensor of one forward outlives it into the program's next allocations."""
     if len(table) > 8:
         table.clear()
     table[key] = entry

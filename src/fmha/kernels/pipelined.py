@@ -13,9 +13,9 @@ reads it back every tile.  ``AMD`` builds make this tile's scores wait for the n
 (:func:`.common.after`), the order the seed pipelines in, so K's operand dies before the softmax;
 beside the causal mask, a window, softcap or ALiBi (their registers besides), the second half's P V
 also waits for the first's.  At 65-128 columns ``AMD`` builds also take Q K^T as two products over the head
-dimension's halves, each with its own half of K (:func:`_qk`), so half of K's operand is live at a time: with a
-window, or all three modifiers at once, those builds spilled 8 registers before (docs/SEED_MAP.md).  Past 128
-columns Q and the accumulator alone fill the register file; AMD runs ``tiled`` there.
+dimension's halves, each with its own half of K (:func:`_qk`), so half of K's operand is live at a time (with K
+whole, a window or all three modifiers at once spill 8 registers: docs/SEED_MAP.md).  Past 128 columns Q and the
+accumulator alone fill the register file; AMD runs ``tiled`` there.
 """
 import triton
 import triton.language as tl
