@@ -61,6 +61,35 @@ def test_problems_with_dropout_pass_and_other_pairs_are_caught(monkeypatch):
             fuzz.run(p, DEVICE)
 
 
+def test_problems_with_sinks_pass_and_wrong_sinks_are_caught(monkeypatch):
+    """Problems with attention sinks pass on each entry point, forward and backward (the sinks' gradient against the
+    float64 reference's); a backward whose sinks' gradient is 5% off, or a call that drops the sinks, fails them."""
+    from fmha import backward
+    drawn = [fuzz.draw(random.Random(s), False, False) for s in range(400)]
+    forward = [next(p for p in drawn if p.sinks and not p.grad and p.entry == e) for e in ("attention", "varlen",
+                                                                                            "paged")]
+    grads = [p for p in drawn if p.sinks and p.grad][:2]
+    assert len(grads) == 2
+    for p in forward + grads:
+        fuzz.run(p, DEVICE)
+    real = backward.dense
+
+    def off(*args, **kwargs):
+        dq, dk, dv, dsinks, dmask = real(*args, **kwargs)
+        return dq, dk, dv, dsinks * 1.05, dmask
+    monkeypatch.setattr(backward, "dense", off)
+    for p in grads:
+        with pytest.raises(AssertionError, match="sinks' gradient"):
+            fuzz.run(p, DEVICE)
+    monkeypatch.undo()
+    for name in ("attention", "attention_varlen", "attention_paged"):
+        call = getattr(fuzz, name)
+        monkeypatch.setattr(fuzz, name, lambda *a, sinks=None, call=call, **kw: call(*a, **kw))
+    for p in forward:
+        with pytest.raises(AssertionError):
+            fuzz.run(p, DEVICE)
+
+
 def test_problems_with_a_narrower_v_pass():
     """V narrower than q/k (MLA's shapes): O as wide as V, each entry that takes them against float64; the
     seed's one-warp variants refuse them (a ValueError, counted by the fuzzer as refused)."""

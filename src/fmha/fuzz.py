@@ -4,11 +4,11 @@
 ``attention_varlen``, ``attention_paged``), variants and their table configs, dtypes, head dims, V
 narrower than q/k (MLA's 192/128), lengths on and off every tile, layouts (bhsd, bshd,
 transformers' transposed views, slices of one fused qkv tensor), GQA, both causal alignments, windows,
-softcap, ALiBi in either of FlashAttention's forms, key padding, the key split and now and then a scale of 0 or
-below (:func:`scale_of`), and fills them with score patterns that stress the online
-softmax and the pivots that stand in for the row max: scores rising along the keys, one huge key late in
-the row, rows whose first visible key comes late, all-equal scores, inf or NaN in one key, magnitudes near
-the dtype's limits.
+softcap, ALiBi in either of FlashAttention's forms, attention sinks (their gradient too, with the backward), key
+padding, the key split and now and then a scale of 0 or below (:func:`scale_of`), and fills them with score
+patterns that stress the online softmax and the pivots that stand in for the row max: scores rising along the
+keys, one huge key late in the row, rows whose first visible key comes late, all-equal scores, inf or NaN in one
+key, magnitudes near the dtype's limits.
 Each answer (output poisoned with NaN first, and its LSE) is held against the float64 reference by
 :mod:`fmha.verify`'s rule.  Some ``attention`` problems with finite inputs also take the backward, fast or
 ``deterministic`` (:data:`GRADS`), some of them under a random ``attn_mask`` (boolean, or a bias whose own
@@ -68,6 +68,7 @@ class Problem:
     grad: str = ""          # attention: also the backward, "fast" or "deterministic" (:func:`_takes_grad`)
     attn_mask: bool = False  # attention: a random mask [batch, 1 or heads, seqlen_q, seqlen_k] too (:func:`_mask`)
     dropout: float = 0.0    # attention with the backward: attention dropout's probability (:func:`_run_grad`)
+    sinks: bool = False     # learnable attention sinks: one float32 logit a head joins every row's softmax
 
     def __str__(self):
         return json.dumps(dataclasses.asdict(self))
@@ -153,6 +154,8 @@ def draw(rng: random.Random, on_gpu: bool, hopper: bool) -> Problem:
             p = dataclasses.replace(p, dropout=own.choice([0.1, 0.5]))
     elif p.entry == "attention" and own.random() < 0.2:
         p = dataclasses.replace(p, attn_mask=True)
+    if not p.dropout and random.Random(p.seed + 2).random() < 0.15:  # (SDPA's dropout knows no sinks)
+        p = dataclasses.replace(p, sinks=True)
     if (p.attn_mask or p.dropout) and p.config:  # the table's row as the plan takes it beside a mask (boolean or a
         # bias) or dropout, whose tiles take shared memory
         widths = padded(p.head_dim, 16), plan.v_tile(p.head_dim, p.head_dim_v or p.head_dim)
@@ -224,6 +227,8 @@ def run(p: Problem, device: str) -> None:
     slopes = (p.batch, p.heads) if p.seed >> 3 & 1 else (p.heads,)  # FlashAttention's two forms, by the seed
     mods = dict(window=tuple(p.window), softcap=p.softcap,
                 alibi_slopes=torch.rand(slopes, generator=g).to(device) if p.alibi else None, scale=scale_of(p))
+    if p.sinks:  # logits about the scores' own size, some rows' weight mostly the sink's
+        mods["sinks"] = (2 * torch.randn(p.heads, generator=g)).to(device)
     cfg = configs.KernelConfig(**p.config) if p.config else None
     if p.grad:
         return _run_grad(p, q, k, v, g, dtype, device, mods, cfg)
@@ -285,6 +290,9 @@ def _run_grad(p, q, k, v, g, dtype, device, mods, cfg):
     deterministic = p.grad == "deterministic"
     mask = _mask(p, g)
     leaves = (qd, kd, vd)
+    if p.sinks:
+        mods = {**mods, "sinks": mods["sinks"].detach().clone().requires_grad_(True)}
+        leaves += (mods["sinks"],)
     if mask is not None:
         mask = mask.to(device)
         if mask.dtype != torch.bool:  # a bias: its gradient too
@@ -299,17 +307,21 @@ def _run_grad(p, q, k, v, g, dtype, device, mods, cfg):
         do = torch.randn(o.shape, generator=g).to(dtype).to(device) if do is None else do
         return torch.autograd.grad(o, leaves, do, allow_unused=True, materialize_grads=True), do, o.detach(), lse
     got, do, o, lse = grads()
-    # the references take the mask as the kernels read it, [batch, heads, seqlen_q, seqlen_k]
+    # the references take the mask as the kernels read it, [batch, heads, seqlen_q, seqlen_k], and the sinks' values
     ref = mods if mask is None else {**mods, "attn_mask": mask.detach().cpu().expand(p.batch, p.heads, p.seqlen_q,
                                                                                     p.seqlen_k)}
+    if p.sinks:
+        ref = {**ref, "sinks": mods["sinks"].detach()}
     if p.dropout:
         torch.manual_seed(p.seed)
         drawn = dropout.factors(dropout.draw_seed(qd.device), p.dropout, p.batch, p.heads, p.seqlen_q, p.seqlen_k)
         ref = {**ref, "dropout": drawn.cpu()}
     verify.check(verify.to_bhsd(o, layout), *(t.to(dtype) for t in (q, k, v)), p.causal, p.align, lse=lse, **ref)
     verify.check_grads(got[:3], qd, kd, vd, do, p.causal, p.align, layout, o=o, lse=lse, **ref)
-    if len(got) > 3:
-        verify.check_mask_grad(got[3], qd, kd, vd, do, p.causal, p.align, layout, o=o,
+    if p.sinks:
+        verify.check_sinks_grad(got[3], qd, kd, vd, do, p.causal, p.align, layout, o=o, **ref)
+    if len(got) > 3 + p.sinks:
+        verify.check_mask_grad(got[3 + p.sinks], qd, kd, vd, do, p.causal, p.align, layout, o=o,
                                **{**mods, "attn_mask": mask.detach(), **({"dropout": ref["dropout"]} if p.dropout
                                                                          else {})})
     if deterministic:
@@ -386,6 +398,8 @@ def fuzz(seconds: float | None, problems: int | None, seed: int, device: str, st
                 counts["with an attn_mask" + (", a bias" if p.seed >> 4 & 1 else "")] += 1
             if p.dropout:
                 counts["with dropout"] += 1
+            if p.sinks:
+                counts["with sinks"] += 1
             if scale_of(p) is not None:
                 counts["with a scale of 0 or below"] += 1
         except ValueError as e:  # the variant or config does not take this call: said, not wrong

@@ -264,6 +264,28 @@ def check_mask_grad(got, q, k, v, do, causal, causal_align="top_left", layout="b
     return err
 
 
+def check_sinks_grad(got, q, k, v, do, causal, causal_align="top_left", layout="bhsd", o=None, sinks=None, **mods):
+    """Assert the sinks' gradient ``got`` (``[heads]``) against the float64 reference's, ``-sum`` over a head's rows
+    of ``exp(sink - LSE) * delta`` (:func:`fmha.reference.dense_attention_backward`): within twice the error that
+    ``delta`` from the stored output ``o`` (at the input precision) causes, plus 1e-4 of that sum over the rows'
+    magnitudes, ``exp(sink - LSE) * rowsum(|dO O|)`` (float32 sums and LSE); and finite.  Returns the error."""
+    q, k, v, do = (to_bhsd(t, layout).detach() for t in (q, k, v, do))
+    kw = dict(causal=causal, causal_align=causal_align, sinks=sinks.detach(), **mods)
+    ref = reference.dense_attention_backward(q, k, v, do, **kw)[3]
+    exact, lse = reference.dense_attention(q, k, v, return_lse=True, **kw)
+    stored = to_bhsd(o, layout).detach().cpu() if o is not None else torch.from_numpy(exact).to(q.dtype)
+    rounded = reference.dense_attention_backward(q, k, v, do, o=stored, **kw)[3]
+    weight = np.exp(sinks.detach().cpu().double().numpy()[None, :, None] - lse)
+    magnitude = (weight * np.abs(do.cpu().double().numpy() * exact).sum(-1)).sum(axis=(0, 2))
+    g = got.detach().cpu().double().numpy()
+    assert np.isfinite(g).all(), "the sinks' gradient is not finite"
+    err, o_err = np.abs(g - ref), np.abs(rounded - ref)
+    bound = 2 * o_err + 1e-4 * magnitude + 1e-6
+    assert (err <= bound).all(), (f"the sinks' gradient: error {err.max():.3g} past {bound[err.argmax()]:.3g} (the "
+                                  f"stored O's {o_err[err.argmax()]:.3g})")
+    return float(err.max())
+
+
 def _score_grad_accumulation(v, do) -> float:
     """What float32 accumulation may cost one score's gradient ``P (dO . v_j - dO . o)``: a float32 unit of
     ``sum_d |dO_d| max_j |v_jd|`` for each product, at the largest row (``P`` at most 1, ``|o_d|`` at most
