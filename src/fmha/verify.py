@@ -264,7 +264,7 @@ def check_mask_grad(got, q, k, v, do, causal, causal_align="top_left", layout="b
     return err
 
 
-def check_sinks_grad(got, q, k, v, do, causal, causal_align="top_left", layout="bhsd", o=None, sinks=None, **mods):
+def check_sinks_grad(got, q, k, v, do, causal, causal_align="top_left", layout="bhsd", o=None, *, sinks, **mods):
     """Assert the sinks' gradient ``got`` (``[heads]``) against the float64 reference's, ``-sum`` over a head's rows
     of ``exp(sink - LSE) * delta`` (:func:`fmha.reference.dense_attention_backward`): within twice the error that
     ``delta`` from the stored output ``o`` (at the input precision) causes, plus 1e-4 of that sum over the rows'

@@ -70,13 +70,13 @@ def pipelined_kernel(
         q_lo, q_hi = q, q
         k_ptrs = k_base + (first + offs_n)[:, None] * stride_ks + offs_d[None, :] * stride_kd
     # prologue: QK of tile 0 (keys past `stop` read as 0 and are masked below)
-    qk = _qk(q, q_lo, q_hi, k_ptrs, first + offs_n, stop, offs_d, offs_h, stride_kd, HEAD_DIM, BLOCK_D, HALF,
+    qk = _qk(q_lo, q_hi, k_ptrs, first + offs_n, stop, offs_d, offs_h, stride_kd, HEAD_DIM, BLOCK_D, HALF,
              BLOCK_M, BLOCK_N, SPLIT_QK)
     for start_n in range(first, stop, BLOCK_N):
         cols = start_n + offs_n
         # 5.1 for tile t+1, issued before the softmax of tile t
         k_ptrs += BLOCK_N * stride_ks
-        qk_next = _qk(q, q_lo, q_hi, k_ptrs, cols + BLOCK_N, stop, offs_d, offs_h, stride_kd, HEAD_DIM, BLOCK_D, HALF,
+        qk_next = _qk(q_lo, q_hi, k_ptrs, cols + BLOCK_N, stop, offs_d, offs_h, stride_kd, HEAD_DIM, BLOCK_D, HALF,
                       BLOCK_M, BLOCK_N, SPLIT_QK)
         # 5.2-5.6 for tile t, once 5.1 of tile t+1 is done
         s = scores(after(qk, qk_next, AMD), offs_m, cols, seqlen_k, scale_log2, softcap, slope, causal_offset,
@@ -95,12 +95,12 @@ def pipelined_kernel(
 
 
 @triton.jit
-def _qk(q, q_lo, q_hi, k_ptrs, rows, stop, offs_d, offs_h, stride_kd, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+def _qk(q_lo, q_hi, k_ptrs, rows, stop, offs_d, offs_h, stride_kd, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
         HALF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_QK: tl.constexpr):
     """Step 5.1, ``Q K^T`` for the key ``rows`` at ``k_ptrs``.  ``SPLIT_QK``: as two products over the head
     dimension's halves (``q_lo``, ``q_hi``: Q's column halves; ``k_ptrs`` over K's first half), each with its own
     half of K, so only half of K's operand (32 VGPRs on gfx11 at head_dim 128, the operand held twice) is live at a
-    time; else one product over Q whole."""
+    time; else one product over ``q_lo``, Q whole."""
     zero = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     if SPLIT_QK:
         k_lo = load_rows(k_ptrs, rows, stop, offs_h, HALF, HALF, True)
@@ -109,7 +109,7 @@ def _qk(q, q_lo, q_hi, k_ptrs, rows, stop, offs_d, offs_h, stride_kd, HEAD_DIM: 
         qk = mma(q_hi, tl.trans(k_hi), qk)
     else:
         k = load_rows(k_ptrs, rows, stop, offs_d, HEAD_DIM, BLOCK_D, True)
-        qk = mma(q, tl.trans(k), zero)
+        qk = mma(q_lo, tl.trans(k), zero)
     return qk
 
 
