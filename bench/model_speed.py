@@ -26,8 +26,8 @@ call). ``--compiled``: generate() alone with a static cache, whose decoding step
 (``torch.compile(mode="reduce-overhead")``), with dynamo's counts of graphs, graph breaks and recompilations while
 timed, inductor's of graphs run without their CUDA graph, and the CUDA graphs recorded while timed
 (:func:`compiled_decode`; ``features`` ``part=decode compiled=...``); ``--profile`` prints each implementation's
-GPU kernels over one such generate(), and without ``--compiled`` cProfile's view of one eager generate() each (where
-the host's time goes, :func:`_host_profile`).
+GPU kernels over one such generate(), and without ``--compiled`` the GPU kernels and the operators' host time of one
+prefill forward and cProfile's view of one eager generate() each (where the host's time goes, :func:`_host_profile`).
 """
 from __future__ import annotations
 
@@ -309,14 +309,19 @@ def _recordings():
         manager.record_function = record
 
 
-def _profile(impl: str, fn) -> None:
-    """Print the GPU kernels of one run of ``fn`` under torch's profiler, by total time, the costliest first."""
+def _profile(impl: str, fn, what: str = "one generate()", host: bool = False) -> None:
+    """Print the GPU kernels of one run of ``fn`` under torch's profiler, by total time, the costliest first; with
+    ``host``, also the operators by their own host time (what an eager, host-bound run spends where)."""
     from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if host else [])) as prof:
         fn()
         torch.cuda.synchronize()
-    print(f"{impl}: the GPU kernels of one generate()")
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=70))
+    table = prof.key_averages()
+    print(f"{impl}: the GPU kernels of {what}")
+    print(table.table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=70))
+    if host:
+        print(f"{impl}: the operators of {what} by their own host time")
+        print(table.table(sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=70))
 
 
 def _host_profile(impl: str, fn, rows: int = 25) -> None:
@@ -382,7 +387,8 @@ def main():
                    help="--compiled: a new static cache in each generate() (transformers' cache_implementation="
                         "\"static\"), not one reset between calls")
     p.add_argument("--profile", action="store_true", help="print each implementation's GPU kernels (--compiled) or "
-                   "where the host's time goes in one eager generate() (cProfile)")
+                   "those and the operators' host time in one prefill forward, and where the host's time goes in one "
+                   "eager generate() (cProfile)")
     p.add_argument("--reps", type=int, default=3,
                    help="rounds of generate() per implementation, alternating (the forward takes two more)")
     p.add_argument("--ledger", default=None)
@@ -418,6 +424,10 @@ def main():
                     continue
                 RAN.clear()
                 res = measure(models, timed, ids, reps=args.reps + 2)
+                if args.profile:
+                    with torch.no_grad():
+                        for impl, model in models.items():
+                            _profile(impl, partial(model, ids, use_cache=False), "one prefill forward", host=True)
                 mask = prompt_mask(ids, args.left_pad)
                 for impl, r in decode(models, ids, args.new_tokens, reps=args.reps, first=args.first_generate,
                                       mask=mask, timers=timed, layers=args.layers, profile=args.profile).items():
