@@ -864,6 +864,18 @@ def test_model_check_passes_real_models_and_catches_a_dropped_window(monkeypatch
     assert row.verdict == "off" and row.fmha > 0.2, row
 
 
+def test_model_check_skips_a_model_its_small_config_leaves_large(monkeypatch):
+    """A model whose small config stays large (BLT's sub-configs keep their own sizes: 4.6 billion parameters) is
+    skipped on its parameter count, taken on the meta device, before any weights are made."""
+    from fmha.integrations import model_check
+    llama = model_check._parameters("llama", model_check.SMALL)
+    assert 10_000 < llama < model_check.LARGEST
+    monkeypatch.setattr(model_check, "LARGEST", llama - 1)
+    monkeypatch.setattr(model_check, "_build", lambda *a: pytest.fail("built with weights"))
+    [row] = model_check.run(["llama"], DEVICE)
+    assert row.verdict == "skipped" and f"{llama / 1e6:.0f}M parameters" in row.note, row
+
+
 def test_model_check_compiles_the_models_it_checks(monkeypatch):
     """``model-check --compile eager``: SDPA's and fmha's models run under ``torch.compile``; Doge (a window its layers
     do not name) passes, as it did not while a compiled layer lost its window."""
