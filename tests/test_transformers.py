@@ -866,10 +866,12 @@ def test_model_check_passes_real_models_and_catches_a_dropped_window(monkeypatch
 
 def test_model_check_skips_a_model_its_small_config_leaves_large(monkeypatch):
     """A model whose small config stays large (BLT's sub-configs keep their own sizes: 4.6 billion parameters) is
-    skipped on its parameter count, taken on the meta device, before any weights are made."""
+    skipped on its parameter count, taken on the meta device, before any weights are made; a text sub-config takes
+    the small sizes (Emu3's causal LM, built from it, had 8.5 billion)."""
     from fmha.integrations import model_check
     llama = model_check._parameters("llama", model_check.SMALL)
     assert 10_000 < llama < model_check.LARGEST
+    assert model_check._parameters("emu3", model_check.SMALL) < 10 * llama
     monkeypatch.setattr(model_check, "LARGEST", llama - 1)
     monkeypatch.setattr(model_check, "_build", lambda *a: pytest.fail("built with weights"))
     [row] = model_check.run(["llama"], DEVICE)

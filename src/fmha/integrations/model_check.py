@@ -7,10 +7,10 @@ with eager attention (the reference: the model's own definition), SDPA and fmha.
 fmha's models under ``torch.compile``); the largest difference from eager's logits over the real tokens, relative
 to eager's largest, is each implementation's error.  fmha passes when its
 error is at most twice SDPA's, or 0.05 (bfloat16's noise through two random layers) where that is more or SDPA is
-not offered; a dropped window, a lost causal band or a bias left out moves the logits by 0.3-0.8.  A model type
-that a config this small does not build, whose eager code answers none of the prompts, or that stays large (sub-configs
-keeping their own sizes: BLT's 4.6 billion parameters, counted on the meta device first) is skipped; one that builds
-with eager but not with fmha is an error.
+not offered; a dropped window, a lost causal band or a bias left out moves the logits by 0.3-0.8.  A text sub-config
+(``text_config``) takes the same sizes.  A model type that a config this small does not build, whose eager code
+answers none of the prompts, or that stays large (other sub-configs keeping their own sizes: BLT's 4.6 billion
+parameters, counted on the meta device first) is skipped; one that builds with eager but not with fmha is an error.
 """
 from __future__ import annotations
 
@@ -52,11 +52,21 @@ def causal_lms() -> list[str]:
     return list(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
 
+def _config(model_type: str, sizes: dict):
+    """The config of ``model_type`` at ``sizes``, its text sub-config (``text_config``: Emu3's causal LM is built from
+    it) at those sizes too."""
+    import transformers
+    cfg = transformers.AutoConfig.for_model(model_type, **sizes)
+    if "text_config" in (getattr(cfg, "sub_configs", None) or {}):
+        cfg = transformers.AutoConfig.for_model(model_type, **sizes, text_config=dict(sizes))
+    return cfg
+
+
 def _build(model_type: str, impl: str, device: str, sizes: dict):
     """The model of config ``sizes`` (:data:`SMALL` or :data:`PLAIN`) with attention ``impl``, random weights from
     one seed."""
     import transformers
-    cfg = transformers.AutoConfig.for_model(model_type, **sizes)
+    cfg = _config(model_type, sizes)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation=impl,
                                                           dtype=torch.bfloat16)
@@ -68,7 +78,7 @@ def _parameters(model_type: str, sizes: dict) -> int | None:
     it does not build there."""
     import transformers
     try:
-        cfg = transformers.AutoConfig.for_model(model_type, **sizes)
+        cfg = _config(model_type, sizes)
         with torch.device("meta"):
             model = transformers.AutoModelForCausalLM.from_config(cfg)
     except Exception:
