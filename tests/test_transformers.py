@@ -864,6 +864,20 @@ def test_model_check_passes_real_models_and_catches_a_dropped_window(monkeypatch
     assert row.verdict == "off" and row.fmha > 0.2, row
 
 
+def test_a_window_no_mask_holds_is_left_out_as_eager_leaves_it():
+    """OLMoE's calls pass its config's ``sliding_window`` where the config has one, but its masks never hold a window
+    (eager and SDPA see none): fmha computes what they compute, unpadded as padded (with the window applied where
+    :func:`mask` left the mask out, the unpadded prefill was 0.5 off eager's logits and the padded one matched).
+    Doge keeps its window in its masks alone, Mistral in both."""
+    from transformers import DogeConfig, MistralConfig, OlmoeConfig
+
+    import fmha.integrations.transformers as fmha_hf
+    from fmha.integrations import model_check
+    assert [fmha_hf._window_lives(c) for c in (OlmoeConfig, DogeConfig, MistralConfig)] == ["call", "mask", None]
+    [row] = model_check.run(["olmoe"], DEVICE)
+    assert row.verdict == "ok" and row.fmha <= 0.05, row
+
+
 def test_model_check_skips_a_model_its_small_config_leaves_large(monkeypatch):
     """A model whose small config stays large (BLT's sub-configs keep their own sizes: 4.6 billion parameters) is
     skipped on its parameter count, taken on the meta device, before any weights are made; a text sub-config takes

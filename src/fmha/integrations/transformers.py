@@ -10,29 +10,29 @@ GIT, which pick a class of theirs by the implementation's name, take their SDPA 
 eager's masks from the mask function, and runs its code; sparse attention's picks (``indices``, DeepSeek-V3.2's) join
 the mask, as eager joins them.  Calls without a mask (causal or bidirectional, prefill or decode with a KV cache,
 sliding-window layers, Gemma-style soft-capping, gpt-oss's attention sinks) run fmha.  The mask function registered
-beside it (:func:`mask`) asks for no mask whenever the causal band and the layer's window are all there is (no
-padding, the queries the last positions of the keys), under ``torch.compile`` too, so those calls make no host checks
-and trace whole; a layer whose call names no window, where the sliding mask was left out, takes its config's window as
-its mask would (Doge, PhiMoE, Qwen2-MoE), and what goes to SDPA gets the band back.  A padded batch (a mask that is
-exactly the causal band, the layer's window and one contiguous run of real tokens per sequence) runs as packed
-sequences: the real tokens gathered, :func:`fmha.attention_varlen`, scattered back, with zeros on padded query rows;
-its decoding steps (one query row a sequence, every row computed) run fmha with the mask as ``attn_mask``, the cache
-read in place; a static cache's mask (the real keys a prefix, the queries the last of them, the unused slots after)
-runs with ``seqused_k``.  A padding mask with no band (an encoder's own, a decoder's cross-attention) computes every
-query row against the real keys.  Sequences packed along a row and told apart by position_ids alone (transformers'
-padding-free format, ``DataCollatorWithFlattening``) run as one varlen call over every token
-(:func:`packed_attention`; the mask function notes them, :func:`mask`, or FlashAttention's kwargs ``cu_seq_lens_q/k``
-and ``max_length_q/k`` tell them).  Any other mask goes to torch SDPA with that mask, so nothing is computed wrong;
-with sinks, which SDPA lacks, fmha runs with the mask itself, boolean or additive (``attn_mask``, gradients included).
-Under ``torch.compile`` a mask is not read on the host: a decoding step without gradients (and any call with sinks)
-runs fmha with the mask itself (``attn_mask``, the keys up to its last real one), with no ``torch.cond``, so
-transformers' compiled decoding (a static cache, CUDA graphs) keeps its CUDA graph; otherwise ``torch.cond`` picks
-fmha for the band alone, fmha with ``seqused_k`` for a static cache's mask and SDPA with the mask otherwise (no graph
-break, no graphs that depend on the mask's values).  Training works (gradients through :mod:`fmha.gradients`), under
-autocast too (float32 q, k, v are cast to the autocast dtype, as autocast casts SDPA's); a training step with
-attention dropout runs SDPA, said once (fmha's ``dropout_p`` runs on its portable kernels, a step's forward and
-backward about even with SDPA's FlashAttention-2 kernels, which also take dropout under ``torch.compile``:
-docs/PERF.md).
+beside it (:func:`mask`) asks for no mask whenever the causal band and the layer's window are all there is (no padding,
+the queries the last positions of the keys), under ``torch.compile`` too, so those calls make no host checks and trace
+whole; a layer whose call names no window, where the sliding mask was left out, takes its config's window as its mask
+would (Doge, PhiMoE, Qwen2-MoE), and what goes to SDPA gets the band back; a window a call names that the model's masks
+never hold (OLMoE's, from a config that has one) is left out, as eager and SDPA leave it.  A padded batch (a mask that
+is exactly the causal band, the layer's window and one contiguous run of real tokens per sequence) runs as packed
+sequences: the real tokens gathered, :func:`fmha.attention_varlen`, scattered back, with zeros on padded query rows; its
+decoding steps (one query row a sequence, every row computed) run fmha with the mask as ``attn_mask``, the cache read in
+place; a static cache's mask (the real keys a prefix, the queries the last of them, the unused slots after) runs with
+``seqused_k``.  A padding mask with no band (an encoder's own, a decoder's cross-attention) computes every query row
+against the real keys.  Sequences packed along a row and told apart by position_ids alone (transformers' padding-free
+format, ``DataCollatorWithFlattening``) run as one varlen call over every token (:func:`packed_attention`; the mask
+function notes them, :func:`mask`, or FlashAttention's kwargs ``cu_seq_lens_q/k`` and ``max_length_q/k`` tell them).
+Any other mask goes to torch SDPA with that mask, so nothing is computed wrong; with sinks, which SDPA lacks, fmha runs
+with the mask itself, boolean or additive (``attn_mask``, gradients included).  Under ``torch.compile`` a mask is not
+read on the host: a decoding step without gradients (and any call with sinks) runs fmha with the mask itself
+(``attn_mask``, the keys up to its last real one), with no ``torch.cond``, so transformers' compiled decoding (a static
+cache, CUDA graphs) keeps its CUDA graph; otherwise ``torch.cond`` picks fmha for the band alone, fmha with
+``seqused_k`` for a static cache's mask and SDPA with the mask otherwise (no graph break, no graphs that depend on the
+mask's values).  Training works (gradients through :mod:`fmha.gradients`), under autocast too (float32 q, k, v are cast
+to the autocast dtype, as autocast casts SDPA's); a training step with attention dropout runs SDPA, said once (fmha's
+``dropout_p`` runs on its portable kernels, a step's forward and backward about even with SDPA's FlashAttention-2
+kernels, which also take dropout under ``torch.compile``: docs/PERF.md).
 """
 from __future__ import annotations
 
@@ -59,6 +59,8 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     if query.shape[2] <= 1:  # one new token sees the whole cache (a branch: where Dynamo traces the length as a
         causal = False  # symbol, ``causal`` stays a plain bool, as torch.cond's branches need what they read to be)
     sliding = kwargs.get("sliding_window") if "sliding_window" in kwargs else _window_left_out(module)
+    if sliding and _window_not_masked(module):
+        sliding = None
     window = (sliding - 1, -1) if sliding else (-1, -1)
     softcap = float(kwargs.get("softcap") or 0.0)
     sinks = kwargs.get("s_aux")  # gpt-oss's attention sinks, one logit a head
@@ -547,25 +549,61 @@ def _interface_of(kind) -> bool:
     return _interface[kind]
 
 
-_window_in_mask: dict = {}  # config class -> whether its model's window lives in its mask alone
+_windows: dict = {}  # config class -> where its model's window lives: "mask", "call" (alone), or None (both, or none)
+
+
+def _model_source(kind) -> str:
+    """The source of the module that defines the model of config class ``kind`` ("" for remote code, or where there
+    is none to read)."""
+    import inspect
+    import sys
+
+    model = _model_of(kind)
+    try:
+        return inspect.getsource(sys.modules[model.__module__]) if model is not None else ""
+    except (KeyError, OSError, TypeError):
+        return ""
+
+
+def _window_lives(kind) -> str | None:
+    """Where the sliding window of the model of config class ``kind`` lives, read from its module's source:
+    ``"mask"`` where it builds sliding-window masks but names no window in its attention calls (``sliding_window=``
+    nowhere: Doge, PhiMoE, Qwen2-MoE); ``"call"`` where its calls name one but it builds its masks itself
+    (``create_causal_mask``) and never a sliding-window one (OLMoE, whose calls pass its config's ``sliding_window``
+    where it has one, and DeepSeek-OCR 2's and PaddleOCR-VL's sliding layers, whose masks transformers builds
+    without it): the eager and SDPA attentions, which read the mask alone, see no window there.  None otherwise (both
+    agree; or a config transformers does not map to a model, remote code)."""
+    if kind not in _windows:
+        import re
+
+        source = _model_source(kind)
+        named = "sliding_window=" in source
+        own_masks = "create_causal_mask" in source or "create_bidirectional_mask" in source
+        any_sliding_mask = re.search(r"sliding_window\w*mask|sliding_window_overlay", source) is not None
+        _windows[kind] = "mask" if "create_sliding_window_causal_mask" in source and not named else \
+            "call" if named and own_masks and not any_sliding_mask else None
+    return _windows[kind]
 
 
 @torch._dynamo.assume_constant_result  # under torch.compile: run once while tracing, a constant after
 def _window_in_mask_only(kind) -> bool:
-    """Whether the model of config class ``kind`` builds sliding-window masks but names no window in its attention
-    calls (``sliding_window=`` nowhere in its module): Doge, PhiMoE, Qwen2-MoE, whose window lives in their mask
-    alone.  False for a config transformers does not map to a model (remote code)."""
-    if kind not in _window_in_mask:
-        import inspect
-        import sys
+    """Whether the model of config class ``kind`` keeps its window in its masks alone (:func:`_window_lives`)."""
+    return _window_lives(kind) == "mask"
 
-        model = _model_of(kind)
-        try:
-            source = inspect.getsource(sys.modules[model.__module__]) if model is not None else ""
-        except (KeyError, OSError, TypeError):  # no source to read: taken to name it
-            source = ""
-        _window_in_mask[kind] = "create_sliding_window_causal_mask" in source and "sliding_window=" not in source
-    return _window_in_mask[kind]
+
+@torch._dynamo.assume_constant_result  # under torch.compile: run once while tracing, a constant after
+def _window_in_call_only(kind) -> bool:
+    """Whether the model of config class ``kind`` names a window in its attention calls that none of its masks holds
+    (:func:`_window_lives`): the model as its eager attention defines it has none."""
+    return _window_lives(kind) == "call"
+
+
+def _window_not_masked(module) -> bool:
+    """Whether the window a layer's call names is one its model's masks never hold (:func:`_window_in_call_only`):
+    fmha then computes what the eager and SDPA attentions compute, with or without padding (the window applied only
+    where :func:`mask` leaves the mask out would make the padded and unpadded calls of one model disagree)."""
+    config = getattr(module, "config", None)
+    return config is not None and _window_in_call_only(type(config))
 
 
 def _window_left_out(module) -> int | None:
