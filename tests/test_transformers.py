@@ -976,3 +976,23 @@ def test_a_float32_model_runs_sdpa_said_once(monkeypatch):
     with torch.no_grad(), torch.autocast(DEVICE, dtype=torch.bfloat16):
         ours(ids)
     assert calls == [torch.bfloat16] * cfg.num_hidden_layers
+
+
+def test_model_check_reaches_the_attention_layers_of_hybrids_and_latent_attention(monkeypatch):
+    """Hybrids whose two-layer configs hold no attention layer (Qwen3-Next's first is its fourth; Jamba places its own
+    by a period and an offset) and DeepSeek-V2's latent attention (its KV heads its heads) are checked, not skipped:
+    each ``ok``, with fmha's attention run in each."""
+    import fmha.integrations.transformers as fmha_hf
+    from fmha.integrations import model_check
+    calls = []
+    real = fmha_hf.attention_forward
+
+    def counted(module, *args, **kwargs):
+        calls.append(type(module).__name__)
+        return real(module, *args, **kwargs)
+    monkeypatch.setattr(fmha_hf, "attention_forward", counted)
+    for model_type in ("qwen3_next", "jamba", "deepseek_v2"):
+        calls.clear()
+        [row] = model_check.run([model_type], DEVICE)
+        assert row.verdict == "ok", row
+        assert calls, f"{model_type}: fmha never ran"

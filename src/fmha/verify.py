@@ -26,10 +26,11 @@ def to_bhsd(t, layout: str):
 
 
 def _softmax_lowp(s, sinks):
-    """float32 softmax over the last axis, ``sinks`` (one logit a head) joining the denominator."""
+    """float32 softmax over the last axis, ``sinks`` (one logit a head, on any device: a GPU call's checked against
+    inputs on the CPU) joining the denominator."""
     if sinks is None:
         return torch.softmax(s, -1)
-    col = sinks.float()[None, :, None, None].expand(*s.shape[:-1], 1)
+    col = sinks.to(s.device, torch.float32)[None, :, None, None].expand(*s.shape[:-1], 1)
     return torch.softmax(torch.cat([s, col], -1), -1)[..., :-1]
 
 

@@ -8,8 +8,11 @@ fmha's models under ``torch.compile``); the largest difference from eager's logi
 to eager's largest, is each implementation's error.  fmha passes when its
 error is at most twice SDPA's, or 0.05 (bfloat16's noise through two random layers) where that is more or SDPA is
 not offered; a dropped window, a lost causal band or a bias left out moves the logits by 0.3-0.8.  A text sub-config
-(``text_config``) takes the same sizes.  A model type that a config this small does not build, whose eager code
-answers none of the prompts, or that stays large (other sub-configs keeping their own sizes: BLT's 4.6 billion
+(``text_config``) takes the same sizes.  Where the small config does not answer, four layers (a hybrid's first
+attention layer: Qwen3-Next's fourth), as many KV heads as heads (DeepSeek-V2) and the sizes alone are tried in
+turn; hybrids that place their attention layers by a setting of their own (Jamba, Bamba, Granite-MoE-Hybrid) get
+one in two layers.  A model type that none of these builds, whose eager code answers none of the prompts, or that
+stays large (other sub-configs keeping their own sizes: BLT's 4.6 billion
 parameters, counted on the meta device first) is skipped; one that builds with eager but not with fmha is an error.
 """
 from __future__ import annotations
@@ -30,6 +33,13 @@ SMALL = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_la
              num_experts_per_tok=2, moe_intermediate_size=32, n_group=1, topk_group=1, first_k_dense_replace=1,
              qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16, kv_lora_rank=32, q_lora_rank=32,
              index_topk=4, index_n_heads=2, index_head_dim=16, rotary_dim=8)
+# where the first attention layer of a hybrid lies past two layers (Qwen3-Next's and Qwen3.5's fourth, RecurrentGemma's
+# third), and where a model's KV heads are its heads (DeepSeek-V2's latent attention repeats none)
+DEEPER = {**SMALL, "num_hidden_layers": 4}
+SAME_HEADS = {**SMALL, "num_key_value_heads": SMALL["num_attention_heads"]}
+# hybrids that place their attention layers by a setting of their own, past two layers by default: one of two here
+ATTENTION_LAYERS = {"jamba": dict(attn_layer_offset=1, attn_layer_period=2), "bamba": dict(attn_layer_indices=[1]),
+                    "granitemoehybrid": dict(layer_types=["linear_attention", "full_attention"])}
 # where a model takes no more: the sizes alone, and as many KV heads as heads (DeepSeek's latent attention)
 PLAIN = {**{k: SMALL[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                                    "num_attention_heads")}, "num_key_value_heads": 4}
@@ -58,6 +68,7 @@ def _config(model_type: str, sizes: dict):
     """The config of ``model_type`` at ``sizes``, its text sub-config (``text_config``: Emu3's causal LM is built from
     it) at those sizes too."""
     import transformers
+    sizes = {**sizes, **ATTENTION_LAYERS.get(model_type, {})}
     cfg = transformers.AutoConfig.for_model(model_type, **sizes)
     if "text_config" in (getattr(cfg, "sub_configs", None) or {}):
         cfg = transformers.AutoConfig.for_model(model_type, **sizes, text_config=dict(sizes))
@@ -65,7 +76,7 @@ def _config(model_type: str, sizes: dict):
 
 
 def _build(model_type: str, impl: str, device: str, sizes: dict):
-    """The model of config ``sizes`` (:data:`SMALL` or :data:`PLAIN`) with attention ``impl``, random weights from
+    """The model of config ``sizes`` (:data:`SMALL` or another of the sizes :func:`check` tries) with attention ``impl``, random weights from
     one seed."""
     import transformers
     cfg = _config(model_type, sizes)
@@ -122,7 +133,7 @@ def check(model_type: str, device: str = "cpu", compile_backend: str | None = No
     ids = torch.randint(3, SMALL["vocab_size"], (2, 21), generator=g).to(device)
     mask = torch.ones_like(ids)
     mask[1, :5] = 0
-    for sizes in (SMALL, PLAIN):
+    for sizes in (SMALL, DEEPER, SAME_HEADS, PLAIN):
         want, left_out = {}, []
         count = _parameters(model_type, sizes)
         if count is not None and count > LARGEST:  # its sub-configs keep their own sizes: too large to check here
