@@ -76,8 +76,8 @@ def _config(model_type: str, sizes: dict):
 
 
 def _build(model_type: str, impl: str, device: str, sizes: dict):
-    """The model of config ``sizes`` (:data:`SMALL` or another of the sizes :func:`check` tries) with attention ``impl``, random weights from
-    one seed."""
+    """The model of config ``sizes`` (:data:`SMALL` or another of the sizes :func:`check` tries) with attention
+    ``impl``, random weights from one seed."""
     import transformers
     cfg = _config(model_type, sizes)
     torch.manual_seed(0)
