@@ -10,8 +10,9 @@ error is at most twice SDPA's, or 0.05 (bfloat16's noise through two random laye
 not offered; a dropped window, a lost causal band or a bias left out moves the logits by 0.3-0.8.  A text sub-config
 (``text_config``) takes the same sizes.  Where the small config does not answer, four layers (a hybrid's first
 attention layer: Qwen3-Next's fourth), as many KV heads as heads (DeepSeek-V2) and the sizes alone are tried in
-turn; hybrids that place their attention layers by a setting of their own (Jamba, Bamba, Granite-MoE-Hybrid) get one
-in two layers, and Gemma 3n's text model two layers that share the keys and values of the two before them.  A model
+turn; a model type that places its kinds of layer by a setting of its own, or reads one with no default fit for
+these sizes, gets it (:data:`OWN_SETTINGS`: hybrids one attention layer in two, Gemma 3n's text model two layers
+that share the keys and values of the two before them, Dots1 its shared experts).  A model
 type that none of these builds, whose eager code answers none of the prompts, or that stays large (other sub-configs
 keeping their own sizes: BLT's 4.6 billion parameters, counted on the meta device first) is skipped; one that builds
 with eager but not with fmha is an error.
@@ -38,13 +39,17 @@ SMALL = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_la
 # third), and where a model's KV heads are its heads (DeepSeek-V2's latent attention repeats none)
 DEEPER = {**SMALL, "num_hidden_layers": 4}
 SAME_HEADS = {**SMALL, "num_key_value_heads": SMALL["num_attention_heads"]}
-# models that place their kinds of layer by a setting of their own, the first attention layer (or the first sharing
-# another's keys and values) past two or four layers by default: hybrids get one attention layer in two; Gemma 3n's
-# last two of four layers read the keys and values of the two before them
-ATTENTION_LAYERS = {"jamba": dict(attn_layer_offset=1, attn_layer_period=2), "bamba": dict(attn_layer_indices=[1]),
-                    "granitemoehybrid": dict(layer_types=["linear_attention", "full_attention"]),
-                    "gemma3n_text": dict(num_kv_shared_layers=2,
-                                         layer_types=["sliding_attention", "full_attention"] * 2)}
+# settings of a model type's own beside the sizes.  Where it places its kinds of layer, its first attention layer (or
+# the first sharing another's keys and values) past two or four layers by default: hybrids get one attention layer in
+# two (LFM2-MoE's other a convolution, Zamba 2's a Mamba block before its shared attention one); Gemma 3n's last two
+# of four layers read the keys and values of the two before them.  What its code reads with no default fit for these
+# sizes: Dots1's shared experts
+OWN_SETTINGS = {"jamba": dict(attn_layer_offset=1, attn_layer_period=2), "bamba": dict(attn_layer_indices=[1]),
+                "granitemoehybrid": dict(layer_types=["linear_attention", "full_attention"]),
+                "lfm2_moe": dict(layer_types=["conv", "full_attention"]),
+                "zamba2": dict(layers_block_type=["mamba", "hybrid"]),
+                "gemma3n_text": dict(num_kv_shared_layers=2, layer_types=["sliding_attention", "full_attention"] * 2),
+                "dots1": dict(n_shared_experts=1)}
 # where a model takes no more: the sizes alone, and as many KV heads as heads (DeepSeek's latent attention)
 PLAIN = {**{k: SMALL[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                                    "num_attention_heads")}, "num_key_value_heads": 4}
@@ -73,7 +78,7 @@ def _config(model_type: str, sizes: dict):
     """The config of ``model_type`` at ``sizes``, its text sub-config (``text_config``: Emu3's causal LM is built from
     it) at those sizes too."""
     import transformers
-    sizes = {**sizes, **ATTENTION_LAYERS.get(model_type, {})}
+    sizes = {**sizes, **OWN_SETTINGS.get(model_type, {})}
     cfg = transformers.AutoConfig.for_model(model_type, **sizes)
     if "text_config" in (getattr(cfg, "sub_configs", None) or {}):
         cfg = transformers.AutoConfig.for_model(model_type, **sizes, text_config=dict(sizes))
