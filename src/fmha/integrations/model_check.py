@@ -41,12 +41,15 @@ DEEPER = {**SMALL, "num_hidden_layers": 4}
 SAME_HEADS = {**SMALL, "num_key_value_heads": SMALL["num_attention_heads"]}
 # settings of a model type's own beside the sizes.  Where it places its kinds of layer, its first attention layer (or
 # the first sharing another's keys and values) past two or four layers by default: hybrids get one attention layer in
-# two (LFM2-MoE's other a convolution, Zamba 2's a Mamba block before its shared attention one); Gemma 3n's last two
-# of four layers read the keys and values of the two before them.  What its code reads with no default fit for these
+# two (LFM2-MoE's other a convolution, Zamba 2's a Mamba block before its shared attention one, Kimi-Linear's latent
+# attention after a linear one); GPT-Neo a global layer and a local one (its window the small one); Gemma 3n's last
+# two of four layers read the keys and values of the two before them.  What its code reads with no default fit for these
 # sizes: Dots1's shared experts
 OWN_SETTINGS = {"jamba": dict(attn_layer_offset=1, attn_layer_period=2), "bamba": dict(attn_layer_indices=[1]),
                 "granitemoehybrid": dict(layer_types=["linear_attention", "full_attention"]),
                 "lfm2_moe": dict(layer_types=["conv", "full_attention"]),
+                "kimi_linear": dict(layer_types=["linear_attention", "full_attention"]),
+                "gpt_neo": dict(attention_types=[[["global", "local"], 1]], window_size=8),
                 "zamba2": dict(layers_block_type=["mamba", "hybrid"]),
                 "gemma3n_text": dict(num_kv_shared_layers=2, layer_types=["sliding_attention", "full_attention"] * 2),
                 "dots1": dict(n_shared_experts=1)}
