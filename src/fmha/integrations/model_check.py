@@ -28,13 +28,15 @@ import torch
 # two layers of 4 heads of 16 (2 KV heads), a window of 8 keys where a model has one; a mixture of experts with every
 # expert taken (a near-tie in routing would send a token elsewhere under either attention's rounding); DeepSeek's
 # latent attention with q/k heads of 32 and V's of 16, its sparse indexer picking 4 keys a row; rotary embeddings on 8
-# of a head's 16 columns where a model names them so (GPT-J, CodeGen: theirs default to 64)
+# of a head's 16 columns where a model names them so (GPT-J, CodeGen: theirs default to 64); an encoder-decoder's
+# decoder (BART's, Whisper's, BigBird-Pegasus's causal LMs) as large as the rest, under its own names
 SMALL = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, head_dim=16, max_position_embeddings=256, sliding_window=8, pad_token_id=0,
              bos_token_id=1, eos_token_id=2, num_local_experts=2, num_experts=2, n_routed_experts=2,
              num_experts_per_tok=2, moe_intermediate_size=32, n_group=1, topk_group=1, first_k_dense_replace=1,
              qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16, kv_lora_rank=32, q_lora_rank=32,
-             index_topk=4, index_n_heads=2, index_head_dim=16, rotary_dim=8)
+             index_topk=4, index_n_heads=2, index_head_dim=16, rotary_dim=8, decoder_layers=2, encoder_layers=2,
+             decoder_attention_heads=4, encoder_attention_heads=4, decoder_ffn_dim=96, encoder_ffn_dim=96)
 # where the first attention layer of a hybrid lies past two layers (Qwen3-Next's and Qwen3.5's fourth, RecurrentGemma's
 # third), and where a model's KV heads are its heads (DeepSeek-V2's latent attention repeats none)
 DEEPER = {**SMALL, "num_hidden_layers": 4}

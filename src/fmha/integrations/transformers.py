@@ -494,6 +494,9 @@ def mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function
                                                kv_offset=kv_offset, mask_function=mask_function, attention_mask=None,
                                                local_size=local_size, allow_is_causal_skip=False, **kwargs), ids)
     band = mask_function is causal_mask_function if local_size is None else _sliding_window(mask_function)
+    config = kwargs.get("config")
+    if config is not None and not _keeps_is_causal(type(config)):  # its layers' is_causal may not be its masks'
+        allow_is_causal_skip = False
     # SDPA skips a static cache's prefill mask (12 queries, 17 slots) for its top-left is_causal; fmha reads no
     # mask as bottom-right, so it skips only where the two agree
     skip = allow_is_causal_skip and q_length in (1, kv_length)
@@ -510,6 +513,7 @@ def mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function
 
 
 _interface: dict = {}  # config class -> whether its model computes attention through transformers' interface
+_is_causal_kept: dict = {}  # config class -> whether its model's attention layers say is_causal as their masks are
 
 
 def _calls_the_interface(config) -> bool:
@@ -547,6 +551,21 @@ def _interface_of(kind) -> bool:
                           "attention interface: attn_implementation='fmha' runs none of it (its masks are eager's)",
                           stacklevel=4)
     return _interface[kind]
+
+
+@torch._dynamo.assume_constant_result  # under torch.compile: run once while tracing, a constant after
+def _keeps_is_causal(kind) -> bool:
+    """Whether the model of config class ``kind`` offers SDPA, FlashAttention or any attention function: transformers
+    then hands those no mask for a causal band alone, and they read its layers' ``is_causal``, so the flag is the
+    masks'.  A model that offers none may have layers whose flag was never read (BigBird-Pegasus's decoder says
+    ``is_causal=False`` under causal masks): :func:`mask` gives it its masks, band included, whatever they hold.  A
+    config transformers does not map to a model (remote code) is taken to keep it."""
+    if kind not in _is_causal_kept:
+        model = _model_of(kind)
+        _is_causal_kept[kind] = model is None or any(
+            getattr(model, flag, False) for flag in ("_supports_sdpa", "_supports_flash_attn",
+                                                     "_supports_attention_backend"))
+    return _is_causal_kept[kind]
 
 
 _windows: dict = {}  # config class -> where its model's window lives: "mask", "call" (alone), or None (both, or none)
