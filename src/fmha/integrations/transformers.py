@@ -24,7 +24,7 @@ of them, the unused slots after) runs with ``seqused_k``.  A padding mask with n
 cross-attention) computes every query row against the real keys.  Sequences packed along a row and told apart by
 position_ids alone (transformers' padding-free format, ``DataCollatorWithFlattening``) run as one varlen call over every
 token (:func:`packed_attention`; the mask function notes them, :func:`mask`, or FlashAttention's kwargs
-``cu_seq_lens_q/k`` and ``max_length_q/k`` tell them). Any other mask goes to torch SDPA with that mask, so nothing is
+``cu_seq_lens_q/k`` and ``max_length_q/k`` tell them).  Any other mask goes to torch SDPA with that mask, so nothing is
 computed wrong; with sinks, which SDPA lacks, fmha runs with the mask itself, boolean or additive (``attn_mask``,
 gradients included).  Under ``torch.compile`` a mask is not read on the host: a decoding step without gradients (and any
 call with sinks) runs fmha with the mask itself (``attn_mask``, the keys up to its last real one), with no
