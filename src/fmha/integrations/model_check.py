@@ -12,10 +12,10 @@ not offered; a dropped window, a lost causal band or a bias left out moves the l
 attention layer: Qwen3-Next's fourth), as many KV heads as heads (DeepSeek-V2) and the sizes alone are tried in
 turn; a model type that places its kinds of layer by a setting of its own, or reads one with no default fit for
 these sizes, gets it (:data:`OWN_SETTINGS`: hybrids one attention layer in two, Gemma 3n's text model two layers
-that share the keys and values of the two before them, Dots1 its shared experts).  A model
-type that none of these builds, whose eager code answers none of the prompts, or that stays large (other sub-configs
-keeping their own sizes: BLT's 4.6 billion parameters, counted on the meta device first) is skipped; one that builds
-with eager but not with fmha is an error.
+that share the keys and values of the two before them, Dots1 its shared experts).  A model type that none of these
+builds, whose eager code answers none of the prompts, or that stays large (other sub-configs keeping their own sizes:
+BLT's 4.6 billion parameters, counted on the meta device first) is skipped; one that builds with eager but not with
+fmha is an error.
 """
 from __future__ import annotations
 
