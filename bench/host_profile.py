@@ -153,16 +153,22 @@ def breakdown(fn, calls: int, rounds: int) -> dict:
     the allocation alone (the returned buffers, the workspace) and each recorded launch alone over the same
     buffers."""
     from fmha import replay
-    seen, real = [], replay.call
-    replay.call = lambda k, inputs, device, *rest: seen.append((k, inputs, device)) or real(k, inputs, device, *rest)
+    seen, real = [], replay.key  # (every replayed call makes its key first: :func:`fmha.replay.replayed`)
+
+    def key(kind, inputs, *flags):
+        k = real(kind, inputs, *flags)
+        seen.append((k, inputs))
+        return k
+    replay.key = key
     try:
         fn()
         fn()
     finally:
-        replay.call = real
-    k, inputs, device = seen[-1]
-    recipe = replay._RECIPES[k]
-    if recipe is replay.UNRECORDABLE or recipe.fast is None:
+        replay.key = real
+    k, inputs = seen[-1]
+    device = inputs[0].device
+    recipe = replay._RECIPES.get(k)
+    if recipe is None or recipe is replay.UNRECORDABLE or recipe.fast is None:
         return {"whole call (not on the fast replay path)": host_us({"": fn}, calls, rounds)[""]}
     n, stream = len(inputs), replay._stream(device)
     held = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in recipe.buffers]
