@@ -61,6 +61,9 @@ HOPPER_CONFIGS = [fmha.KernelConfig(128, 128, 4, 3), fmha.KernelConfig(192, 128,
                   fmha.KernelConfig(128, 128, 4, 3, q_regs=1, fence=1, stale=1),
                   fmha.KernelConfig(192, 128, 4, 2, pingpong=1, stale=1),
                   fmha.KernelConfig(64, 64, 4, 2, occupancy=3, q_regs=1, stale=1),
+                  # O out through Q's tile where it has no stage of its own (3 stages at head_dim 128)
+                  fmha.KernelConfig(128, 128, 4, 3, o_via_q=1),
+                  fmha.KernelConfig(128, 128, 4, 3, pingpong=1, o_via_q=1),
                   # off the tables: key tiles of 16 and 32, one stage and four
                   fmha.KernelConfig(128, 32, 4, 2), fmha.KernelConfig(64, 16, 4, 2), fmha.KernelConfig(128, 64, 4, 1),
                   fmha.KernelConfig(128, 64, 4, 4)]
@@ -150,7 +153,9 @@ def test_hopper_runs_many_short_items(d, sq, causal, config):
                                       (96, fmha.KernelConfig(128, 128, 4, 2, q_regs=1, stale=1)),
                                       (96, fmha.KernelConfig(128, 128, 4, 2, lazy=1)),
                                       (32, fmha.KernelConfig(192, 128, 4, 2, pingpong=1, stale=1)),
-                                      (256, fmha.KernelConfig(128, 64, 4, 2, lazy=1))], ids=str)
+                                      (256, fmha.KernelConfig(128, 64, 4, 2, lazy=1)),
+                                      (256, fmha.KernelConfig(128, 64, 4, 2, pingpong=1, stale=1, o_via_q=1))],
+                         ids=str)
 def test_hopper_rescales_as_scores_grow(d, config, growth):
     """Keys growing along the sequence (key j scaled by 1 + growth * j): at 0.05 every row's max grows
     by far more than 2**8 from one key tile to the next, so a lazy pivot moves (and O is rescaled) at
@@ -281,7 +286,10 @@ def _arranged(b, h, kvh, s, d, dv, arrangement, seed):
                                          (32, 32, fmha.KernelConfig(128, 128, 4, 2)),
                                          (96, 96, fmha.KernelConfig(128, 128, 4, 2)),
                                          (96, 96, fmha.KernelConfig(192, 128, 4, 2, pingpong=1, q_regs=1)),
-                                         (32, 32, fmha.KernelConfig(64, 128, 4, 2, occupancy=2))], ids=str)
+                                         (32, 32, fmha.KernelConfig(64, 128, 4, 2, occupancy=2)),
+                                         (256, 256, fmha.KernelConfig(128, 64, 4, 2, pingpong=1, stale=1, o_via_q=1)),
+                                         (256, 256, fmha.KernelConfig(128, 64, 4, 2, lazy=1, o_via_q=1)),
+                                         (160, 160, fmha.KernelConfig(128, 64, 4, 2, o_via_q=1))], ids=str)
 def test_hopper_takes_every_head_dim(d, dv, config, causal, align, arrangement):
     """head_dim 32, 96, 192, 256, every other multiple of 8 from 40 (a sample: 40 and 80 with two Q K^T slices, 112
     and 248 over the whole tile), DeepSeek's 192/128 and V narrower than q/k in tiles of another swizzle (64/32)

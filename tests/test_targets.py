@@ -237,6 +237,23 @@ def test_hopper_builds_a_standing_pivot():
         assert ptx.count(qk) > plain.asm["ptx"].count(qk)  # the recomputed Q K^T
 
 
+def test_hopper_builds_o_out_through_q():
+    """``o_via_q`` at head_dim 256 (the table's rows: Q and two stages of 64-key K/V tiles fill shared memory,
+    O has no stage of its own): O goes out by TMA from each warpgroup's Q tile (a warpgroup straddling the end still
+    stores its rows from registers), in the same shared memory, without spills; without the flag, no TMA store."""
+    from dataclasses import replace
+
+    from fmha import configs
+    store = "cp.async.bulk.tensor.3d.global.shared::cta"
+    for causal in (False, True):
+        cfg = configs.hopper_config(256, causal, 16384)
+        b, plain = (targets.build("hopper", "sm_90", 256, "bfloat16", causal, replace(cfg, o_via_q=flag),
+                                  seqlen_k=16384) for flag in (1, 0))
+        r = targets.report(b)
+        assert store in b.asm["ptx"] and store not in plain.asm["ptx"]
+        assert r.spilled_registers == 0 and r.shared_bytes == targets.report(plain).shared_bytes
+
+
 def test_multicast_pass_reads_what_it_rewrites():
     """The PTX pass changes only marked PTX, rewrites each 4-D TMA load and each marked arrive, and
     refuses what it cannot read."""

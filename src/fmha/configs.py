@@ -36,6 +36,7 @@ class KernelConfig:
     split_qk: int = 0  # hopper, q/k head dim 192: 1 Q and K held as a 128- and a 64-column tile (no padding)
     wide: int = 0  # hopper: 1 P V over a padded V's whole tile (0: over its own columns, ``narrow_pass``)
     qk_chunks: int = 0  # tiled: Q K^T as one batched product over this many column chunks, summed (0: one product)
+    o_via_q: int = 0  # hopper: 1 where O has no shared-memory stage of its own, it goes out through Q's tile (TMA)
 
     def as_dict(self) -> dict:
         return asdict(self)

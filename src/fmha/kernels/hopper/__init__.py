@@ -86,7 +86,8 @@ from ...constants import LOG2E
 from ...device import device_facts
 from .kernel import KERNEL, hopper_kernel  # noqa: F401
 from .resources import (MIN_SCALE, REGS_SM, SMEM_LIMIT, SMEM_SM, SMEM_SPARE, SPLIT_QK_DIM, consumer_regs,  # noqa: F401
-                        launch_options, launch_regs, o_staged, padded, sm_bytes, smem_bytes, tile_layout)
+                        launch_options, launch_regs, o_stage, o_staged, o_via_q_reason, padded, sm_bytes,
+                        smem_bytes, tile_layout)
 from .schedule import (ITEM_COST, _schedule, balanced_tail, block_tiles, item_rows, paired_block,  # noqa: F401
                        per_sequence, split_pieces, tail_pieces)
 
@@ -130,6 +131,10 @@ def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
     if cfg.split_qk and (cfg.cluster or prob.fp8):
         return "split_qk takes no clusters and no float8"
     in_bytes = _in_bytes(prob)
+    if cfg.o_via_q:
+        why = o_via_q_reason(prob.head_dim, cfg, prob.dv, in_bytes)
+        if why:
+            return why
     smem = smem_bytes(prob.head_dim, cfg, prob.dv, in_bytes)
     if smem + SMEM_SPARE > SMEM_LIMIT:
         return f"needs {smem >> 10} KB of shared memory, sm_90 has {SMEM_LIMIT >> 10} KB"
@@ -323,7 +328,7 @@ def constexprs(prob, cfg, store_lse: bool, paired: bool = False, alibi: bool = F
                 RAGGED=per_sequence(prob) or prob.seqlen_k % cfg.block_n != 0, PAIRED=paired,
                 PINGPONG=bool(cfg.pingpong), STORE_LSE=store_lse, VARLEN=prob.varlen, SEQUSED=prob.seqused,
                 ALIGN_BR=per_sequence(prob) and prob.align_br, PAGED=bool(prob.page),
-                O_SMEM=o_staged(prob.head_dim, cfg, prob.dv, _in_bytes(prob)), Q_REGS=bool(cfg.q_regs),
+                O_SMEM=o_stage(prob.head_dim, cfg, prob.dv, _in_bytes(prob)), Q_REGS=bool(cfg.q_regs),
                 FENCE=bool(cfg.fence), LAZY=bool(cfg.lazy), STALE=bool(cfg.stale), SPLIT=split, BALANCE=balance,
                 CLUSTER=bool(cfg.cluster), FP8=prob.fp8, SPLIT_QK=bool(cfg.split_qk),
                 NARROW=0 if cfg.wide else narrow_pass.width(prob.dv, padded(prob.dv)))

@@ -275,8 +275,8 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
             else:
                 acc = acc * alpha_o
             p16 = _carried_p(p, p_dtype, p_layout, FP8)
-        if not Q_REGS:  # every Q K^T of this item has retired: the producer may load the next item's Q
-            mbarrier.arrive(q_empty, count=1)
+        if not Q_REGS and O_SMEM != 2:  # every Q K^T of this item has retired: the producer may load the next
+            mbarrier.arrive(q_empty, count=1)  # item's Q (O_SMEM 2: once O has gone out through it, below)
         last = (ring_pos + n_iters - 1) % STAGES
         mbarrier.wait(v_ready.index(last), ((ring_pos + n_iters - 1) // STAGES) & 1)
         _take_turn(turns, n_turn, WG, PINGPONG)
@@ -294,7 +294,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
         if SPLIT and part >= 0:  # a piece's float32 result and LSE, merged after the kernel
             _store_piece(acc, l, m, PieceO, PieceLSE, Rows, g, part, n_tiles, bh * seqlen_q + row0, row0, sq, rank,
                          o_layout, row_layout, BLOCK_M, HEAD_V, WG, CLUSTER)
-        elif O_SMEM and row0 + ROWS <= sq:
+        elif O_SMEM and row0 + ROWS <= sq:  # (2: this warpgroup's Q tile, whose Q K^T have all retired)
             o_half = o_smem.index(WG)
             o_half.store(acc.to(dtype))
             fence_async_shared()
@@ -320,6 +320,8 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
             else:  # [batch, heads, seqlen_q]
                 lse_row0 = bh.to(gl.int64) * seqlen_q
             _store(LSE + lse_row0 + offs_m, lse, offs_m < sq, CLUSTER)
+        if O_SMEM == 2:  # O's store has read the Q tile (store_wait above): the next item's Q may land there
+            mbarrier.arrive(q_empty, count=1)
         ring_pos += n_iters
         items_done += 1
     _cluster_sync(CLUSTER)

@@ -40,6 +40,7 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
     warpgroup, so that every warp runs a partition (the cluster barrier counts every thread).
     HEAD and HEAD_V: q/k's and v's tile widths (``resources.padded``), DV: v's head dim; QK_HI and QK_LO:
     the slices Q K^T runs over where it leaves a padded head dim's zero columns out (:func:`qk_slices`).
+    O_SMEM: how O goes out (``resources.o_stage``): 1 a shared stage of its own, 2 Q's tile, 0 from registers.
     FP8: q, k and v float8 (``Descale``: each (batch, kv head)'s three factors), V read transposed (``v_desc``
     over V^T: the float8 wgmma takes its B operand K-major only), O bfloat16.  SPLIT_QK (q/k head dim 192): Q
     and K held as a 128-column tile and a 64-column one, each filled by 64-column TMA boxes, instead of a
@@ -72,9 +73,12 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
         q_smem = q_box._reinterpret(q_desc.dtype, [NUM_WG, 64, HEAD], in_tile)
         q_lo_box = gl.allocate_shared_memory(q_desc.dtype, [1, 8, 8], spare_layout)  # placeholders
         q_lo_smem = q_lo_box
-    if O_SMEM:
+    if O_SMEM == 1:
         o_box = gl.allocate_shared_memory(o_desc.dtype, [NUM_WG, 1, 64, HEAD_V], o_desc.layout)
         o_smem = o_box._reinterpret(o_desc.dtype, [NUM_WG, 64, HEAD_V], tile_v)
+    elif O_SMEM == 2:  # O out through each warpgroup's Q tile, Q's type and width (``resources.o_stage``)
+        o_box = q_box._reinterpret(o_desc.dtype, [NUM_WG, 1, 64, HEAD_V], o_desc.layout)
+        o_smem = q_box._reinterpret(o_desc.dtype, [NUM_WG, 64, HEAD_V], tile_v)
     else:  # never used: placeholders for the partitions' argument lists
         o_box = gl.allocate_shared_memory(o_desc.dtype, [1, 8, 8], spare_layout)
         o_smem = o_box

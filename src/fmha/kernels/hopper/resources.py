@@ -70,6 +70,25 @@ def o_staged(head_dim: int, cfg, head_dim_v: int | None = None, in_bytes: int = 
         <= SMEM_LIMIT
 
 
+def o_via_q_reason(head_dim: int, cfg, head_dim_v: int | None = None, in_bytes: int = 2) -> str | None:
+    """Why O cannot go out through Q's shared tile (``cfg.o_via_q``), or None: Q's tile must be O's (16-bit,
+    as wide) and stay in shared memory until the item's last Q K^T, in one piece on one CTA."""
+    d, dv = _tiles(head_dim, head_dim_v, cfg)
+    if in_bytes != 2 or d != dv or cfg.split_qk or cfg.cluster or cfg.q_regs:
+        return ("o_via_q takes 16-bit q of V's tile width, held whole in shared memory (no float8, split_qk, "
+                "clusters or Q in registers)")
+    return None
+
+
+def o_stage(head_dim: int, cfg, head_dim_v: int | None = None, in_bytes: int = 2) -> int:
+    """How O goes out: 1 through a shared-memory stage of its own (:func:`o_staged`), 2 through Q's tile once the
+    item's last Q K^T has retired (``cfg.o_via_q``, where no stage of its own fits; the next item's Q then loads
+    after the store has read it), 0 from registers, each thread its part."""
+    if o_staged(head_dim, cfg, head_dim_v, in_bytes):
+        return 1
+    return 2 if cfg.o_via_q and o_via_q_reason(head_dim, cfg, head_dim_v, in_bytes) is None else 0
+
+
 def smem_bytes(head_dim: int, cfg, head_dim_v: int | None = None, in_bytes: int = 2) -> int:
     """Shared memory one program allocates: Q, the K/V rings and, staged, O."""
     o = _o_bytes(head_dim, cfg, head_dim_v) if o_staged(head_dim, cfg, head_dim_v, in_bytes) else 0
