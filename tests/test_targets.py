@@ -240,7 +240,9 @@ def test_hopper_builds_a_standing_pivot():
 def test_hopper_builds_o_out_through_q():
     """``o_via_q`` at head_dim 256 (the table's rows: Q and two stages of 64-key K/V tiles fill shared memory,
     O has no stage of its own): O goes out by TMA from each warpgroup's Q tile (a warpgroup straddling the end still
-    stores its rows from registers), in the same shared memory, without spills; without the flag, no TMA store."""
+    stores its rows from registers), each warpgroup's Q loaded apart once its own O has gone out, in the same shared
+    memory; without the flag, no TMA store.  Non-causal (ping-pong, the standing pivot) spills one register: a value
+    stored at the kernel's start and read back once, outside the key loop."""
     from dataclasses import replace
 
     from fmha import configs
@@ -251,7 +253,8 @@ def test_hopper_builds_o_out_through_q():
                                   seqlen_k=16384) for flag in (1, 0))
         r = targets.report(b)
         assert store in b.asm["ptx"] and store not in plain.asm["ptx"]
-        assert r.spilled_registers == 0 and r.shared_bytes == targets.report(plain).shared_bytes
+        assert r.spilled_registers == (0 if causal else 1)
+        assert r.shared_bytes - targets.report(plain).shared_bytes <= 16  # (the warpgroups' Q barriers apart)
 
 
 def test_multicast_pass_reads_what_it_rewrites():

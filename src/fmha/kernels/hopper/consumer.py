@@ -156,6 +156,8 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     q_half = q_smem.index(WG)
+    q_ready = q_bar.index(WG if O_SMEM == 2 else 0)  # (O_SMEM 2: this warpgroup's Q apart, kernel.py)
+    q_free = q_empty.index(WG if O_SMEM == 2 else 0)
     if SPLIT_QK:
         q_lo = q_lo_smem.index(WG)
     else:
@@ -195,7 +197,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
 
         # tile 0: 5.1-5.4 (no rescale yet)
         s = ring_pos % STAGES
-        mbarrier.wait(q_bar, items_done & 1)
+        mbarrier.wait(q_ready, items_done & 1)
         if Q_REGS:  # Q into registers once: its shared slot goes back to the producer at once
             q_op = q_half.load(q_layout)
             if SPLIT_QK:
@@ -206,7 +208,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
             # the proxy fence the slot is released while they are in flight (the build waits on their registers
             # only at the first Q K^T), and the next Q can land under them
             fence_async_shared()
-            mbarrier.arrive(q_empty, count=1)
+            mbarrier.arrive(q_free, count=1)
         else:
             q_op = q_half
             q_lo_op = q_lo
@@ -276,7 +278,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
                 acc = acc * alpha_o
             p16 = _carried_p(p, p_dtype, p_layout, FP8)
         if not Q_REGS and O_SMEM != 2:  # every Q K^T of this item has retired: the producer may load the next
-            mbarrier.arrive(q_empty, count=1)  # item's Q (O_SMEM 2: once O has gone out through it, below)
+            mbarrier.arrive(q_free, count=1)  # item's Q (O_SMEM 2: once O has gone out through it, below)
         last = (ring_pos + n_iters - 1) % STAGES
         mbarrier.wait(v_ready.index(last), ((ring_pos + n_iters - 1) // STAGES) & 1)
         _take_turn(turns, n_turn, WG, PINGPONG)
@@ -321,7 +323,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
                 lse_row0 = bh.to(gl.int64) * seqlen_q
             _store(LSE + lse_row0 + offs_m, lse, offs_m < sq, CLUSTER)
         if O_SMEM == 2:  # O's store has read the Q tile (store_wait above): the next item's Q may land there
-            mbarrier.arrive(q_empty, count=1)
+            mbarrier.arrive(q_free, count=1)
         ring_pos += n_iters
         items_done += 1
     _cluster_sync(CLUSTER)

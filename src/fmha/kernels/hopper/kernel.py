@@ -107,16 +107,19 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
     if not SPLIT_QK:
         k_lo_load = gl.allocate_shared_memory(k_desc.dtype, [1, 8, 8], spare_layout)  # placeholders
         k_lo_bufs = k_lo_load
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
-    q_empty = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
+    # Q's barriers: the first of each for the whole tile; O_SMEM 2, one for each warpgroup's part (its own Q loads
+    # once its own O has gone out through it)
+    q_bar = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], bar_layout)
+    q_empty = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], bar_layout)
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
     turns = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], bar_layout)  # ping-pong
     v_tail = gl.allocate_shared_memory(gl.int64, [1], bar_layout)  # a V tile to zero past the end
-    mbarrier.init(q_bar, count=1)
-    mbarrier.init(q_empty, count=NUM_WG)  # one arrival per consumer warpgroup
+    for i in gl.static_range(NUM_WG):
+        mbarrier.init(q_bar.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=1 if O_SMEM == 2 else NUM_WG)  # (one arrival per consumer warpgroup)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(k_empty.index(i), count=NUM_WG * (2 if CLUSTER else 1))  # CLUSTER: both CTAs' consumers
@@ -153,7 +156,8 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                          k_empty, v_ready, v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k,
                          causal_offset, window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_lead, kv_seq_b,
                          kv_seq_h, kv_lead, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL,
-                         WINDOW, PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK)),
+                         WINDOW, PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK,
+                         O_SMEM)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     elif NUM_WG == 2:
         gl.warp_specialize([
@@ -175,7 +179,8 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                          k_empty, v_ready, v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k,
                          causal_offset, window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_lead, kv_seq_b,
                          kv_seq_h, kv_lead, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL,
-                         WINDOW, PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK)),
+                         WINDOW, PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK,
+                         O_SMEM)),
         ], [4, 4 if CLUSTER else 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:  # one consumer warpgroup: it is the default partition, with the registers the producer gives up
         gl.warp_specialize([
@@ -190,7 +195,8 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                          k_empty, v_ready, v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k,
                          causal_offset, window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_lead, kv_seq_b,
                          kv_seq_h, kv_lead, Pages, pages_b, page, pieces, NUM_WG, STAGES, BLOCK_M, BLOCK_N, CAUSAL,
-                         WINDOW, PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK)),
+                         WINDOW, PAIRED, VARLEN, SEQUSED, ALIGN_BR, PAGED, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK,
+                         O_SMEM)),
         ], [1], [PRODUCER_REGS])
 
 

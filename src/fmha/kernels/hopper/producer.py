@@ -19,7 +19,7 @@ def _producer(q_desc, k_desc, v_desc, q_box, q_lo_box, k_bufs, k_lo_bufs, v_bufs
               BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, PAIRED: gl.constexpr,
               VARLEN: gl.constexpr, SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, PAGED: gl.constexpr,
               SPLIT: gl.constexpr, BALANCE: gl.constexpr, CLUSTER: gl.constexpr, FP8: gl.constexpr,
-              SPLIT_QK: gl.constexpr):
+              SPLIT_QK: gl.constexpr, O_SMEM: gl.constexpr):
     _cluster_sync(CLUSTER)
     rank = _cta_rank(CLUSTER)
     it = 0  # position in the K/V rings, continued across work items
@@ -50,17 +50,26 @@ def _producer(q_desc, k_desc, v_desc, q_box, q_lo_box, k_bufs, k_lo_bufs, v_bufs
         mbarrier.wait(k_empty.index(s), ((it // STAGES) & 1) ^ 1)
         _load_k(k_desc, [kv_at, kv_s, row], k_ready.index(s), k_bufs, k_lo_bufs, s, rank, CLUSTER, SPLIT_QK)
         # Q in 64-row boxes [1, 64, HEAD] (TMA boxes are powers of two; 192 rows is three), once every
-        # consumer has issued its last Q K^T of the previous item; SPLIT_QK: three 64-column boxes a warpgroup
-        mbarrier.wait(q_empty, (tc & 1) ^ 1)
-        mbarrier.expect(q_bar, NUM_WG * (3 if SPLIT_QK else 1) * q_desc.block_type.nbytes)
-        for g in gl.static_range(NUM_WG):
-            q_row = b * q_rows_b + h * q_rows_h + q0 + start_m + 64 * g
-            if SPLIT_QK:
-                tma.async_copy_global_to_shared(q_desc, [h * q_lead, q_row, 0], q_bar, q_box.index(2 * g))
-                tma.async_copy_global_to_shared(q_desc, [h * q_lead, q_row, 64], q_bar, q_box.index(2 * g + 1))
-                tma.async_copy_global_to_shared(q_desc, [h * q_lead, q_row, 128], q_bar, q_lo_box.index(g))
-            else:
-                tma.async_copy_global_to_shared(q_desc, [h * q_lead, q_row, 0], q_bar, q_box.index(g))
+        # consumer has issued its last Q K^T of the previous item; SPLIT_QK: three 64-column boxes a warpgroup.
+        # O_SMEM 2 (O out through Q's tile): each warpgroup's box once that warpgroup's O has gone out
+        if O_SMEM == 2:
+            for g in gl.static_range(NUM_WG):
+                mbarrier.wait(q_empty.index(g), (tc & 1) ^ 1)
+                mbarrier.expect(q_bar.index(g), q_desc.block_type.nbytes)
+                q_row = b * q_rows_b + h * q_rows_h + q0 + start_m + 64 * g
+                tma.async_copy_global_to_shared(q_desc, [h * q_lead, q_row, 0], q_bar.index(g), q_box.index(g))
+        else:
+            q_all = q_bar.index(0)
+            mbarrier.wait(q_empty.index(0), (tc & 1) ^ 1)
+            mbarrier.expect(q_all, NUM_WG * (3 if SPLIT_QK else 1) * q_desc.block_type.nbytes)
+            for g in gl.static_range(NUM_WG):
+                q_row = b * q_rows_b + h * q_rows_h + q0 + start_m + 64 * g
+                if SPLIT_QK:
+                    tma.async_copy_global_to_shared(q_desc, [h * q_lead, q_row, 0], q_all, q_box.index(2 * g))
+                    tma.async_copy_global_to_shared(q_desc, [h * q_lead, q_row, 64], q_all, q_box.index(2 * g + 1))
+                    tma.async_copy_global_to_shared(q_desc, [h * q_lead, q_row, 128], q_all, q_lo_box.index(g))
+                else:
+                    tma.async_copy_global_to_shared(q_desc, [h * q_lead, q_row, 0], q_all, q_box.index(g))
         if VARLEN or SEQUSED:
             # the previous item's last V tile, zeroed past its end only now, once this item's first
             # K and Q are on their way (waiting for it at once measured the same)
