@@ -982,8 +982,9 @@ def test_model_check_reaches_the_attention_layers_of_hybrids_and_latent_attentio
     """Hybrids whose two-layer configs hold no attention layer (Qwen3-Next's first is its fourth; Jamba places its own
     by a period and an offset), DeepSeek-V2's latent attention (its KV heads its heads) and BigBird-Pegasus's decoder
     (an encoder-decoder's, whose layers say ``is_causal=False`` under causal masks: the mask function kept its band,
-    :func:`fmha.integrations.transformers._keeps_is_causal`; without, fmha ran the prefill unmasked, 0.21 off) are
-    checked, not skipped: each ``ok``, with fmha's attention run in each."""
+    :func:`fmha.integrations.transformers._keeps_is_causal`; without, fmha ran the prefill unmasked, 0.21 off) and
+    DBRX (its sizes under names of its own) are checked, not skipped: each ``ok``, with fmha's attention run in
+    each."""
     import fmha.integrations.transformers as fmha_hf
     from fmha.integrations import model_check
     calls = []
@@ -993,7 +994,7 @@ def test_model_check_reaches_the_attention_layers_of_hybrids_and_latent_attentio
         calls.append(type(module).__name__)
         return real(module, *args, **kwargs)
     monkeypatch.setattr(fmha_hf, "attention_forward", counted)
-    for model_type in ("qwen3_next", "jamba", "deepseek_v2", "bigbird_pegasus"):
+    for model_type in ("qwen3_next", "jamba", "deepseek_v2", "bigbird_pegasus", "dbrx"):
         calls.clear()
         [row] = model_check.run([model_type], DEVICE)
         assert row.verdict == "ok", row

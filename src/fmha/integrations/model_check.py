@@ -12,10 +12,10 @@ not offered; a dropped window, a lost causal band or a bias left out moves the l
 attention layer: Qwen3-Next's fourth), as many KV heads as heads (DeepSeek-V2) and the sizes alone are tried in
 turn; a model type that places its kinds of layer by a setting of its own, or reads one with no default fit for
 these sizes, gets it (:data:`OWN_SETTINGS`: hybrids one attention layer in two, Gemma 3n's text model two layers
-that share the keys and values of the two before them, Dots1 its shared experts).  A model type that none of these
-builds, whose eager code answers none of the prompts, or that stays large (other sub-configs keeping their own sizes:
-BLT's 4.6 billion parameters, counted on the meta device first) is skipped; one that builds with eager but not with
-fmha is an error.
+that share the keys and values of the two before them, Dots1 its shared experts, DBRX its sizes under names of its
+own).  A model type that none of these builds, whose eager code answers none of the prompts, or that stays large
+(other sub-configs keeping their own sizes: BLT's 4.6 billion parameters, counted on the meta device first) is
+skipped; one that builds with eager but not with fmha is an error.
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ SAME_HEADS = {**SMALL, "num_key_value_heads": SMALL["num_attention_heads"]}
 # two (LFM2-MoE's other a convolution, Zamba 2's a Mamba block before its shared attention one, Kimi-Linear's latent
 # attention after a linear one); GPT-Neo a global layer and a local one (its window the small one); Gemma 3n's last
 # two of four layers read the keys and values of the two before them.  What its code reads with no default fit for these
-# sizes: Dots1's shared experts
+# sizes: Dots1's shared experts; DBRX's sizes under names of its own (its FFN config's width, 2048 by default)
 OWN_SETTINGS = {"jamba": dict(attn_layer_offset=1, attn_layer_period=2), "bamba": dict(attn_layer_indices=[1]),
                 "granitemoehybrid": dict(layer_types=["linear_attention", "full_attention"]),
                 "lfm2_moe": dict(layer_types=["conv", "full_attention"]),
@@ -54,7 +54,10 @@ OWN_SETTINGS = {"jamba": dict(attn_layer_offset=1, attn_layer_period=2), "bamba"
                 "gpt_neo": dict(attention_types=[[["global", "local"], 1]], window_size=8),
                 "zamba2": dict(layers_block_type=["mamba", "hybrid"]),
                 "gemma3n_text": dict(num_kv_shared_layers=2, layer_types=["sliding_attention", "full_attention"] * 2),
-                "dots1": dict(n_shared_experts=1)}
+                "dots1": dict(n_shared_experts=1),
+                "dbrx": dict(d_model=64, n_heads=4, n_layers=2, max_seq_len=256,
+                             attn_config=dict(kv_n_heads=2, clip_qkv=8.0, rope_theta=10000.0),
+                             ffn_config=dict(ffn_hidden_size=96, moe_num_experts=2, moe_top_k=2, hidden_size=64))}
 # where a model takes no more: the sizes alone, and as many KV heads as heads (DeepSeek's latent attention)
 PLAIN = {**{k: SMALL[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                                    "num_attention_heads")}, "num_key_value_heads": 4}
