@@ -978,6 +978,29 @@ def test_a_float32_model_runs_sdpa_said_once(monkeypatch):
     assert calls == [torch.bfloat16] * cfg.num_hidden_layers
 
 
+def test_a_layer_saying_not_causal_under_causal_masks_runs_fmha_causal(monkeypatch):
+    """BigBird-Pegasus's decoder layers say ``is_causal=False`` while the masks they get are causal (given whole:
+    :func:`fmha.integrations.transformers._keeps_is_causal`): the band is read from the mask, so its prefill runs
+    fmha causal rather than SDPA with the mask, and the model check still reads ``ok`` against eager."""
+    import fmha.integrations.transformers as fmha_hf
+    from fmha.integrations import model_check
+    fmha_hf.register()
+    ran = []
+    real_sdpa, real_attention = fmha_hf._sdpa, fmha_hf.fmha.attention
+    monkeypatch.setattr(fmha_hf, "_sdpa", lambda *a, **kw: ran.append("sdpa") or real_sdpa(*a, **kw))
+
+    def attention(q, *a, **kw):
+        ran.append(("fmha", kw.get("causal"), q.shape[1]))
+        return real_attention(q, *a, **kw)
+    monkeypatch.setattr(fmha_hf.fmha, "attention", attention)
+    model = model_check._build("bigbird_pegasus", "fmha", DEVICE, model_check.SMALL)
+    with torch.no_grad():
+        model(torch.randint(3, 128, (2, 21), device=DEVICE))
+    assert ran == [("fmha", True, 21)] * 2  # two decoder layers, bshd views of 21 rows, causal
+    [row] = model_check.run(["bigbird_pegasus"], DEVICE)
+    assert row.verdict == "ok", row
+
+
 def test_model_check_reaches_the_attention_layers_of_hybrids_and_latent_attention(monkeypatch):
     """Hybrids whose two-layer configs hold no attention layer (Qwen3-Next's first is its fourth; Jamba places its own
     by a period and an offset), DeepSeek-V2's latent attention (its KV heads its heads) and BigBird-Pegasus's decoder

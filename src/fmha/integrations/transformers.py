@@ -13,28 +13,28 @@ sliding-window layers, Gemma-style soft-capping, gpt-oss's attention sinks) run 
 beside it (:func:`mask`) asks for no mask whenever the causal band and the layer's window are all there is (no padding,
 the queries the last positions of the keys), under ``torch.compile`` too, so those calls make no host checks and trace
 whole (a model that offers neither SDPA, FlashAttention nor attention functions, whose layers' ``is_causal`` nothing has
-read, gets its masks: BigBird-Pegasus's decoder); a layer whose call names no window, where the sliding mask was left
-out, takes its config's window as its mask would (Doge, PhiMoE, Qwen2-MoE), and what goes to SDPA gets the band back; a
-window a call names that the model's masks never hold (OLMoE's, from a config that has one) is left out, as eager and
-SDPA leave it.  A padded batch (a mask that is exactly the causal band, the layer's window and one contiguous run of
-real tokens per sequence) runs as packed sequences: the real tokens gathered, :func:`fmha.attention_varlen`, scattered
-back, with zeros on padded query rows; its decoding steps (one query row a sequence, every row computed) run fmha with
-the mask as ``attn_mask``, the cache read in place; a static cache's mask (the real keys a prefix, the queries the last
-of them, the unused slots after) runs with ``seqused_k``.  A padding mask with no band (an encoder's own, a decoder's
-cross-attention) computes every query row against the real keys.  Sequences packed along a row and told apart by
-position_ids alone (transformers' padding-free format, ``DataCollatorWithFlattening``) run as one varlen call over every
-token (:func:`packed_attention`; the mask function notes them, :func:`mask`, or FlashAttention's kwargs
-``cu_seq_lens_q/k`` and ``max_length_q/k`` tell them).  Any other mask goes to torch SDPA with that mask, so nothing is
-computed wrong; with sinks, which SDPA lacks, fmha runs with the mask itself, boolean or additive (``attn_mask``,
-gradients included).  Under ``torch.compile`` a mask is not read on the host: a decoding step without gradients (and any
-call with sinks) runs fmha with the mask itself (``attn_mask``, the keys up to its last real one), with no
-``torch.cond``, so transformers' compiled decoding (a static cache, CUDA graphs) keeps its CUDA graph; otherwise
-``torch.cond`` picks fmha for the band alone, fmha with ``seqused_k`` for a static cache's mask and SDPA with the mask
-otherwise (no graph break, no graphs that depend on the mask's values).  Training works (gradients through
-:mod:`fmha.gradients`), under autocast too (float32 q, k, v are cast to the autocast dtype, as autocast casts SDPA's); a
-training step with attention dropout runs SDPA, said once (fmha's ``dropout_p`` runs on its portable kernels, a step's
-forward and backward about even with SDPA's FlashAttention-2 kernels, which also take dropout under ``torch.compile``:
-docs/PERF.md).
+read, gets its masks: BigBird-Pegasus's decoder, whose layers say not causal, runs causal with the band read from them);
+a layer whose call names no window, where the sliding mask was left out, takes its config's window as its mask would
+(Doge, PhiMoE, Qwen2-MoE), and what goes to SDPA gets the band back; a window a call names that the model's masks never
+hold (OLMoE's, from a config that has one) is left out, as eager and SDPA leave it.  A padded batch (a mask that is
+exactly the causal band, the layer's window and one contiguous run of real tokens per sequence) runs as packed
+sequences: the real tokens gathered, :func:`fmha.attention_varlen`, scattered back, with zeros on padded query rows; its
+decoding steps (one query row a sequence, every row computed) run fmha with the mask as ``attn_mask``, the cache read in
+place; a static cache's mask (the real keys a prefix, the queries the last of them, the unused slots after) runs with
+``seqused_k``.  A padding mask with no band (an encoder's own, a decoder's cross-attention) computes every query row
+against the real keys.  Sequences packed along a row and told apart by position_ids alone (transformers' padding-free
+format, ``DataCollatorWithFlattening``) run as one varlen call over every token (:func:`packed_attention`; the mask
+function notes them, :func:`mask`, or FlashAttention's kwargs ``cu_seq_lens_q/k`` and ``max_length_q/k`` tell
+them).  Any other mask goes to torch SDPA with that mask, so nothing is computed wrong; with sinks, which SDPA lacks,
+fmha runs with the mask itself, boolean or additive (``attn_mask``, gradients included).  Under ``torch.compile`` a mask
+is not read on the host: a decoding step without gradients (and any call with sinks) runs fmha with the mask itself
+(``attn_mask``, the keys up to its last real one), with no ``torch.cond``, so transformers' compiled decoding (a static
+cache, CUDA graphs) keeps its CUDA graph; otherwise ``torch.cond`` picks fmha for the band alone, fmha with
+``seqused_k`` for a static cache's mask and SDPA with the mask otherwise (no graph break, no graphs that depend on the
+mask's values).  Training works (gradients through :mod:`fmha.gradients`), under autocast too (float32 q, k, v are cast
+to the autocast dtype, as autocast casts SDPA's); a training step with attention dropout runs SDPA, said once (fmha's
+``dropout_p`` runs on its portable kernels, a step's forward and backward about even with SDPA's FlashAttention-2
+kernels, which also take dropout under ``torch.compile``: docs/PERF.md).
 """
 from __future__ import annotations
 
@@ -105,6 +105,11 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     if sequences is not None:
         return packed_attention(q, k, v, sequences, **kw), None
     padding = key_padding(attention_mask, q.shape[1], k.shape[1], causal, window)
+    if padding is None and not causal and q.shape[1] > 1:  # a layer saying is_causal=False under causal masks
+        # (BigBird-Pegasus's decoder, given its masks whole: _keeps_is_causal): the band read from the mask itself
+        padding = key_padding(attention_mask, q.shape[1], k.shape[1], True, window)
+        if padding is not None:
+            causal = kw["causal"] = True
     if padding is None:
         if sinks is not None:  # SDPA has no sinks: running it would drop them
             return masked_attention(q, k, v, attention_mask, scale=scaling, softcap=softcap, sinks=sinks), None
