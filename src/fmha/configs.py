@@ -92,6 +92,8 @@ TILED_SM80_MASKED = [
 # The Gluon sm_90 kernel: block_m = 64 x consumer warpgroups (64, 128 or 192), num_stages = ring depth.
 # (head_dim, causal, longest seqlen_k) -> config, first match wins; each row the fastest beside its
 # neighbours in one run on the H200 (docs/PERF.md, "The tables", has each measurement and its run).
+O_VIA_Q_KEYS = 4096  # the longest seqlen_k whose 256-wide rows send O out through Q's tile (below)
+
 HOPPER = [
     (64, False, 512, KernelConfig(128, 128, 4, 2, q_regs=1)),  # 192 rows pad short sequences; no stale here
     (64, False, 1024, KernelConfig(128, 128, 4, 2, q_regs=1, stale=1)),  # the standing pivot from 1k keys
@@ -108,12 +110,15 @@ HOPPER = [
     (128, True, 16384, KernelConfig(128, 128, 4, 2, q_regs=1)),
     (128, True, None, KernelConfig(128, 128, 4, 3, q_regs=1)),
     # 256-wide tiles (head_dim 192 and 256): O's 64 x 256 accumulator takes 128 registers a thread,
-    # so 64-key tiles, Q in shared memory and O stored from registers (Q and the rings fill it); non-causal, the
+    # so 64-key tiles and Q in shared memory (Q and the rings fill it: O has no stage of its own); non-causal, the
     # standing pivot spares the 128 registers' rescale and the two warpgroups take turns: +2-3% from 4k keys;
     # causal, where the standing pivot spills a register or two in the sm_90 build, the lazy pivot (no spills):
-    # +3.3-5.9% beside the row without it in one run, plain calls (with modifiers :func:`hopper_config` drops it)
-    # (docs/PERF.md)
+    # +3.3-5.9% beside the row without it in one run, plain calls (with modifiers :func:`hopper_config` drops it).
+    # Up to 4k keys O goes out by TMA through each warpgroup's Q tile (``o_via_q``): +10-17% at 1k keys, +1-5% at 4k;
+    # at 16k, where an item's end weighs least, 0-3% slower than O stored from registers (docs/PERF.md)
+    (256, False, O_VIA_Q_KEYS, KernelConfig(128, 64, 4, 2, pingpong=1, stale=1, o_via_q=1)),
     (256, False, None, KernelConfig(128, 64, 4, 2, pingpong=1, stale=1)),
+    (256, True, O_VIA_Q_KEYS, KernelConfig(128, 64, 4, 2, lazy=1, o_via_q=1)),
     (256, True, None, KernelConfig(128, 64, 4, 2, lazy=1)),
 ]
 
@@ -187,7 +192,8 @@ def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = 
     q, k and v take the ``HOPPER_FP8`` row of their head dim and keys (none: the 16-bit rows, which
     ``hopper.fp8_reason`` then refuses), 192 rows becoming 128 as above.  ``head_dim_v`` (0: q/k's): q/k 192
     with V's 128 or fewer takes ``HOPPER_SPLIT_QK``; 80 and 96 without causal past ``NARROW_LONG_KEYS`` keys, dense
-    and in whole key tiles, ``HOPPER_NARROW_LONG``."""
+    and in whole key tiles, ``HOPPER_NARROW_LONG``.  O out through Q's tile (``o_via_q``, the 256 rows up to
+    ``O_VIA_Q_KEYS``) only on plain 16-bit calls whose V is as wide as q/k."""
     if head_dim == SPLIT_QK_DIM and 0 < head_dim_v <= 128 and not fp8:
         return HOPPER_SPLIT_QK
     if (head_dim in NARROW_LONG_DIMS and head_dim_v in (0, head_dim)
@@ -211,6 +217,8 @@ def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = 
                 cfg = replace(cfg, lazy=0)
             if modifiers or per_sequence or -(-seqlen_q // cfg.block_m) % 2 or padded(head_dim_v or head_dim, 64) != d:
                 cfg = replace(cfg, cluster=0)
+            if modifiers or per_sequence or fp8 or padded(head_dim_v or head_dim, 64) != d:  # timed on plain calls
+                cfg = replace(cfg, o_via_q=0)  # (packed sequences at 256 spill 6 registers with it, sm_90 build)
             return replace(cfg, block_m=128) if _too_wide(cfg, modifiers, per_sequence, seqlen_k) else cfg
     raise AssertionError("the HOPPER table ends with an open row for every (head_dim, causal)")
 
