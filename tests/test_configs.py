@@ -66,20 +66,23 @@ def test_o_is_staged_where_it_fits():
 
 def test_o_goes_out_through_q_only_where_it_has_no_stage_and_q_is_its_tile():
     """``o_via_q``: O through Q's shared tile (stage 2) where no stage of its own fits and Q is O's tile (16-bit,
-    as wide, held whole in shared memory); a stage of its own (1) wins where it fits; elsewhere the flag is refused
-    by name."""
+    as wide, held in shared memory; ``split_qk``'s 128-column tile beside V's 128, DeepSeek's 192/128); a stage of
+    its own (1) wins where it fits; elsewhere the flag is refused by name."""
     from dataclasses import replace
     kc = configs.KernelConfig
     for d, dv, cfg, in_bytes, stage in [(256, 256, kc(128, 64, 4, 2, o_via_q=1), 2, 2),
                                         (256, 256, kc(128, 64, 4, 2), 2, 0),
                                         (128, 128, kc(128, 128, 4, 3, o_via_q=1), 2, 2),
                                         (128, 128, kc(128, 128, 4, 2, o_via_q=1), 2, 1),
-                                        (192, 128, kc(128, 64, 4, 2, o_via_q=1), 2, 1)]:
+                                        (192, 128, kc(128, 64, 4, 2, o_via_q=1), 2, 1),
+                                        (192, 128, kc(128, 128, 4, 2, split_qk=1, o_via_q=1), 2, 2),
+                                        (192, 128, kc(128, 128, 4, 2, split_qk=1), 2, 0)]:
         assert hopper.o_stage(d, cfg, dv, in_bytes) == stage
     base = kc(128, 128, 4, 3, o_via_q=1)
     assert hopper.o_via_q_reason(128, base) is None
     for cfg, d, dv, in_bytes in [(replace(base, q_regs=1), 128, 128, 2), (replace(base, cluster=1), 128, 128, 2),
-                                 (base, 128, 128, 1), (base, 256, 128, 2), (replace(base, split_qk=1), 192, 192, 2)]:
+                                 (base, 128, 128, 1), (base, 256, 128, 2), (replace(base, split_qk=1), 192, 192, 2),
+                                 (replace(base, split_qk=1), 192, 64, 2)]:
         assert "o_via_q takes" in hopper.o_via_q_reason(d, cfg, dv, in_bytes)
         assert hopper.o_stage(d, cfg, dv, in_bytes) != 2
 

@@ -289,7 +289,9 @@ def _arranged(b, h, kvh, s, d, dv, arrangement, seed):
                                          (32, 32, fmha.KernelConfig(64, 128, 4, 2, occupancy=2)),
                                          (256, 256, fmha.KernelConfig(128, 64, 4, 2, pingpong=1, stale=1, o_via_q=1)),
                                          (256, 256, fmha.KernelConfig(128, 64, 4, 2, lazy=1, o_via_q=1)),
-                                         (160, 160, fmha.KernelConfig(128, 64, 4, 2, o_via_q=1))], ids=str)
+                                         (160, 160, fmha.KernelConfig(128, 64, 4, 2, o_via_q=1)),
+                                         (192, 128, fmha.KernelConfig(128, 128, 4, 2, split_qk=1, o_via_q=1))],
+                         ids=str)
 def test_hopper_takes_every_head_dim(d, dv, config, causal, align, arrangement):
     """head_dim 32, 96, 192, 256, every other multiple of 8 from 40 (a sample: 40 and 80 with two Q K^T slices, 112
     and 248 over the whole tile), DeepSeek's 192/128 and V narrower than q/k in tiles of another swizzle (64/32)

@@ -12,6 +12,18 @@ from .schedule import _n_items, _piece, _tile, _work
 
 
 @gluon.jit
+def _load_q(q_desc, at, row, bar, q_box, q_lo_box, g, SPLIT_QK: gl.constexpr):
+    """Warpgroup ``g``'s 64 rows of Q, from ``row`` of the view's ``at``: one box [1, 64, HEAD]; SPLIT_QK three
+    64-column boxes, the first two its 128-column tile (``q_box`` 2g and 2g + 1), the last its 64-column one."""
+    if SPLIT_QK:
+        tma.async_copy_global_to_shared(q_desc, [at, row, 0], bar, q_box.index(2 * g))
+        tma.async_copy_global_to_shared(q_desc, [at, row, 64], bar, q_box.index(2 * g + 1))
+        tma.async_copy_global_to_shared(q_desc, [at, row, 128], bar, q_lo_box.index(g))
+    else:
+        tma.async_copy_global_to_shared(q_desc, [at, row, 0], bar, q_box.index(g))
+
+
+@gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_box, q_lo_box, k_bufs, k_lo_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
               v_ready, v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k, causal_offset,
               window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_lead, kv_seq_b, kv_seq_h, kv_lead, Pages,
@@ -51,25 +63,19 @@ def _producer(q_desc, k_desc, v_desc, q_box, q_lo_box, k_bufs, k_lo_bufs, v_bufs
         _load_k(k_desc, [kv_at, kv_s, row], k_ready.index(s), k_bufs, k_lo_bufs, s, rank, CLUSTER, SPLIT_QK)
         # Q in 64-row boxes [1, 64, HEAD] (TMA boxes are powers of two; 192 rows is three), once every
         # consumer has issued its last Q K^T of the previous item; SPLIT_QK: three 64-column boxes a warpgroup.
-        # O_SMEM 2 (O out through Q's tile): each warpgroup's box once that warpgroup's O has gone out
+        # O_SMEM 2 (O out through Q's tile): each warpgroup's boxes once that warpgroup's O has gone out
+        q_first = b * q_rows_b + h * q_rows_h + q0 + start_m
+        q_bytes: gl.constexpr = (3 if SPLIT_QK else 1) * q_desc.block_type.nbytes  # a warpgroup's
         if O_SMEM == 2:
             for g in gl.static_range(NUM_WG):
                 mbarrier.wait(q_empty.index(g), (tc & 1) ^ 1)
-                mbarrier.expect(q_bar.index(g), q_desc.block_type.nbytes)
-                q_row = b * q_rows_b + h * q_rows_h + q0 + start_m + 64 * g
-                tma.async_copy_global_to_shared(q_desc, [h * q_lead, q_row, 0], q_bar.index(g), q_box.index(g))
+                mbarrier.expect(q_bar.index(g), q_bytes)
+                _load_q(q_desc, h * q_lead, q_first + 64 * g, q_bar.index(g), q_box, q_lo_box, g, SPLIT_QK)
         else:
-            q_all = q_bar.index(0)
             mbarrier.wait(q_empty.index(0), (tc & 1) ^ 1)
-            mbarrier.expect(q_all, NUM_WG * (3 if SPLIT_QK else 1) * q_desc.block_type.nbytes)
+            mbarrier.expect(q_bar.index(0), NUM_WG * q_bytes)
             for g in gl.static_range(NUM_WG):
-                q_row = b * q_rows_b + h * q_rows_h + q0 + start_m + 64 * g
-                if SPLIT_QK:
-                    tma.async_copy_global_to_shared(q_desc, [h * q_lead, q_row, 0], q_all, q_box.index(2 * g))
-                    tma.async_copy_global_to_shared(q_desc, [h * q_lead, q_row, 64], q_all, q_box.index(2 * g + 1))
-                    tma.async_copy_global_to_shared(q_desc, [h * q_lead, q_row, 128], q_all, q_lo_box.index(g))
-                else:
-                    tma.async_copy_global_to_shared(q_desc, [h * q_lead, q_row, 0], q_all, q_box.index(g))
+                _load_q(q_desc, h * q_lead, q_first + 64 * g, q_bar.index(0), q_box, q_lo_box, g, SPLIT_QK)
         if VARLEN or SEQUSED:
             # the previous item's last V tile, zeroed past its end only now, once this item's first
             # K and Q are on their way (waiting for it at once measured the same)

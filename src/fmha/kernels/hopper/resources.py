@@ -71,12 +71,13 @@ def o_staged(head_dim: int, cfg, head_dim_v: int | None = None, in_bytes: int = 
 
 
 def o_via_q_reason(head_dim: int, cfg, head_dim_v: int | None = None, in_bytes: int = 2) -> str | None:
-    """Why O cannot go out through Q's shared tile (``cfg.o_via_q``), or None: Q's tile must be O's (16-bit,
-    as wide) and stay in shared memory until the item's last Q K^T, in one piece on one CTA."""
+    """Why O cannot go out through Q's shared tile (``cfg.o_via_q``), or None: Q's tile (``split_qk``: its
+    128-column one) must be O's (16-bit, as wide) and stay in shared memory until the item's last Q K^T, on one
+    CTA."""
     d, dv = _tiles(head_dim, head_dim_v, cfg)
-    if in_bytes != 2 or d != dv or cfg.split_qk or cfg.cluster or cfg.q_regs:
-        return ("o_via_q takes 16-bit q of V's tile width, held whole in shared memory (no float8, split_qk, "
-                "clusters or Q in registers)")
+    if in_bytes != 2 or dv != (128 if cfg.split_qk else d) or cfg.cluster or cfg.q_regs:
+        return ("o_via_q takes 16-bit q whose tile (split_qk: the 128-column one) is V's width, held in shared "
+                "memory (no float8, clusters or Q in registers)")
     return None
 
 
