@@ -76,7 +76,7 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
     if O_SMEM == 1:
         o_box = gl.allocate_shared_memory(o_desc.dtype, [NUM_WG, 1, 64, HEAD_V], o_desc.layout)
         o_smem = o_box._reinterpret(o_desc.dtype, [NUM_WG, 64, HEAD_V], tile_v)
-    elif O_SMEM == 2:  # O out through each warpgroup's Q tile (SPLIT_QK: its 128 columns), as wide (``resources.o_stage``)
+    elif O_SMEM == 2:  # O out through each warpgroup's Q tile (SPLIT_QK: its 128 columns; ``resources.o_stage``)
         o_box = q_box._reinterpret(o_desc.dtype, [NUM_WG, 1, 64, HEAD_V], o_desc.layout)
         o_smem = q_box._reinterpret(o_desc.dtype, [NUM_WG, 64, HEAD_V], tile_v)
     else:  # never used: placeholders for the partitions' argument lists
