@@ -452,3 +452,29 @@ def test_a_bench_scripts_cell_ranks_against_its_peers_and_says_what_was_skipped(
     assert lines[3] == "32/8   128 flash_attn   skipped: not installed"
     assert lines[4].endswith("skipped: RuntimeError: no kernel for this")
     assert np.isnan(report.cell_lines("x", {"fmha:auto": (1.0, 0.0)}, 1e9, lambda n: False)[0][3])  # no peer
+
+
+def test_a_gpu_times_each_provider_twice_the_second_round_reversed(monkeypatch):
+    """On a GPU each provider's time is the better of two medians, taken in two rounds over the providers, the
+    second in reverse order (so none always runs first, at the GPU's coolest); a provider whose timing fails keeps
+    its failure and no time, and is not timed again; elsewhere one round."""
+    calls = []
+    times = {"a": [3.0, 2.0], "b": [1.0, 4.0], "c": [RuntimeError("not capturable")]}
+
+    def fake(fn, device, graphs=False):
+        calls.append(fn)
+        t = times[fn].pop(0)
+        if isinstance(t, Exception):
+            raise t
+        return t
+    monkeypatch.setattr(runner, "time_ms", fake)
+    rows = [{"provider": n} for n in "abc"]
+    ticks = []
+    out = runner.time_in_rounds([(r, r["provider"]) for r in rows], "cuda", True, lambda r: ticks.append(r["provider"]))
+    assert calls == ["a", "b", "c", "b", "a"] and ticks == calls
+    assert [(r["provider"], ms) for r, ms in out] == [("a", 2.0), ("b", 1.0)]
+    assert rows[2]["note"].startswith("failed: RuntimeError: not capturable")
+    times.update(a=[5.0], b=[6.0])
+    calls.clear()
+    out = runner.time_in_rounds([(r, r["provider"]) for r in rows[:2]], "cpu", False, lambda r: None)
+    assert calls == ["a", "b"] and [ms for _, ms in out] == [5.0, 6.0]
