@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 from conftest import ON_GPU
 
-from fmha import backward, targets
+from fmha import backward, configs, targets
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +104,6 @@ def test_nvidia_and_cdna_builds(builds):
 
 
 def test_hopper_builds_for_sm90_with_wgmma_and_tma():
-    from fmha import configs
     # causal: the persistent pairs' schedule, the table's 128 rows at 4k keys
     b = targets.build("hopper", "sm_90", 128, "bfloat16", True, configs.hopper_config(128, True, 4096), seqlen_k=4096)
     r = targets.report(b)
@@ -155,7 +154,6 @@ def test_hopper_fence_and_q_in_registers(tmp_path, head_dim, causal):
     """``fence=1``: a key tile's 64 exponentials per thread (128 keys x 64 rows over 128 threads)
     lie between the wait for Q K^T and the wait for P V, so they overlap P V; without it ptxas
     moves the second wait above them.  ``q_regs=1``: Q K^T takes Q from registers."""
-    from fmha import configs
     sass = {}
     for fence, q_regs in ((0, 0), (1, 1)):
         cfg = configs.KernelConfig(128, 128, 4, 2, fence=fence, q_regs=q_regs)
@@ -171,7 +169,6 @@ def test_hopper_fence_and_q_in_registers(tmp_path, head_dim, causal):
 def test_hopper_table_keeps_wgmma_asynchronous(head_dim, causal):
     """The table's Gluon forward at 16k keys: ptxas keeps its wgmma products asynchronous (it serializes them
     all where a product's accumulator registers are read while it may be in flight: ``ptxas_usage``)."""
-    from fmha import configs
     b = targets.build("hopper", "sm_90", head_dim, "bfloat16", causal, configs.hopper_config(head_dim, causal, 16384),
                       seqlen_k=16384)
     assert not targets.ptxas_usage(b.asm["ptx"], 90)["serialized"]
@@ -183,7 +180,6 @@ def test_hopper_builds_balanced_causal():
     arithmetic alone does not make)."""
     from dataclasses import replace
 
-    from fmha import configs
     for sk in (4096, 16384):
         cfg = configs.hopper_config(64, True, sk)
         assert cfg.balance
@@ -199,7 +195,6 @@ def test_hopper_builds_clusters_with_multicast():
     CTA (``mapa`` + a cluster-scope arrive); no spills; the plain build is untouched by the pass."""
     from dataclasses import replace
 
-    from fmha import configs
     cfg = replace(configs.hopper_config(128, False, 16384), cluster=1)
     b = targets.build("hopper", "sm_90", 128, "bfloat16", False, cfg, seqlen_k=16384)
     ptx = b.asm["ptx"]
@@ -224,7 +219,6 @@ def test_hopper_builds_a_standing_pivot():
     there is none.  (192 rows at D=64, three warpgroups of 160 registers, spill 26 with it.)"""
     from dataclasses import replace
 
-    from fmha import configs
     for d, causal, sk in ((128, False, 16384), (128, False, 131072), (64, True, 4096)):
         cfg = configs.hopper_config(d, causal, sk)
         b = targets.build("hopper", "sm_90", d, "bfloat16", causal, replace(cfg, stale=1), seqlen_k=sk)
@@ -245,7 +239,6 @@ def test_hopper_builds_o_out_through_q():
     stored at the kernel's start and read back once, outside the key loop."""
     from dataclasses import replace
 
-    from fmha import configs
     store = "cp.async.bulk.tensor.3d.global.shared::cta"
     for causal in (False, True):
         cfg = configs.hopper_config(256, causal, 16384)
@@ -316,7 +309,6 @@ def test_hopper_builds_one_warpgroup_several_programs_per_sm(occupancy, block_n,
     the launch register count shares the SM's 64K registers among them (two warpgroups each: the
     consumer and the producer's warp, padded), the consumer takes what the producer gives up, and the
     build has no spills and fits that many programs on the SM."""
-    from fmha import configs
     cfg = configs.KernelConfig(64, block_n, 4, 2, q_regs=1, occupancy=occupancy)
     b = targets.build("hopper", "sm_90", 64, "bfloat16", True, cfg, seqlen_k=512)
     r, ptx = targets.report(b), b.asm["ptx"]
@@ -336,7 +328,6 @@ def test_hopper_q_in_registers_frees_its_slot_behind_a_proxy_fence(head_dim, cfg
     with the reads still in flight (their registers waited on only at the first Q K^T), and on an H100 about 3% of
     thousands of short causal heads came out computed with the next item's Q
     (``tests/test_gpu.py::test_hopper_runs_many_short_items``)."""
-    from fmha import configs
     b = targets.build("hopper", "sm_90", head_dim, "bfloat16", True, configs.KernelConfig(**cfg, num_warps=4,
                                                                                          num_stages=2, q_regs=1))
     unfenced = _reads_released_unfenced(b.asm["ptx"])
@@ -362,7 +353,6 @@ def test_hopper_builds_lengths_per_sequence(lengths, head_dim, causal):
     """Packed sequences, per-batch key lengths and a paged cache build for sm_90 without spills;
     the producer zeroes V past a sequence's end with shared-memory stores the dense build does
     not have (and, paged, reads each key tile's page from the block table)."""
-    from fmha import configs
     cfg = configs.hopper_config(head_dim, causal, 4096, per_sequence=True)
     assert cfg.block_m == 128  # 192 rows would spill on the ragged mask
     dense = targets.build("hopper", "sm_90", head_dim, "bfloat16", causal, cfg, seqlen_k=1000)
@@ -447,7 +437,6 @@ def test_hopper_builds_every_head_dim(head_dim):
     start and read again by the producer (24 registers) and once an item, not in the key loop."""
     from dataclasses import replace
 
-    from fmha import configs
     from fmha.kernels import hopper
     cfg = replace(configs.hopper_config(head_dim, True, 4096), q_regs=0)
     b = targets.build("hopper", "sm_90", head_dim, "bfloat16", True, cfg, seqlen_k=4096)
@@ -474,7 +463,6 @@ def test_hopper_builds_80_and_96_in_192_by_64_tiles(head_dim):
     """Head_dim 80's and 96's long non-causal row (three consumer warpgroups at 160 registers, 64-key tiles, 3 stages)
     builds for sm_90 without spills: Q K^T over the head dim's own columns in 64-key products, P V over V's own
     columns (:mod:`fmha.kernels.hopper.narrow_pass`)."""
-    from fmha import configs
     cfg = configs.hopper_config(head_dim, False, 8192)
     assert cfg == configs.HOPPER_NARROW_LONG
     b = targets.build("hopper", "sm_90", head_dim, "bfloat16", False, cfg, seqlen_k=8192)
@@ -490,7 +478,6 @@ def test_hopper_holds_q_and_k_of_192_unpadded():
     the padded tiles' by their zero columns, or O staged beside them where it now fits."""
     from dataclasses import replace
 
-    from fmha import configs
     from fmha.kernels.hopper import resources
     padded = configs.hopper_config(192, True, 4096)
     split = replace(padded, split_qk=1)
@@ -543,7 +530,6 @@ def test_fp8_builds_for_sm90_on_hopper(head_dim, causal, seqlen_k):
     step: Q K^T over head_dim, P V over the 128-key tile with V^T K-major), P rounded to float8 in registers,
     O written bfloat16 (P V's operand reordered in registers, not exchanged, and packed as it is narrowed); its float8
     table entry (without a length, the one of a key tile; at 64 past 1k keys, 192 rows in turns); no spills."""
-    from fmha import configs
     cfg = configs.hopper_config(head_dim, causal, seqlen_k, fp8=True)
     if seqlen_k:
         b = targets.build("hopper", "sm_90", head_dim, "float8_e4m3fn", causal, cfg, seqlen_k=seqlen_k)
@@ -671,7 +657,6 @@ def test_tiled_past_head_dim_128_builds_for_amd_without_spills(target, head_dim)
     """``tiled`` past head_dim 128 on AMD (the table's row, and on gfx1151 a decode's 16 and 32 rows), dense, beside
     a boolean mask or a float32 bias and over a paged cache: Q K^T over 16 column chunks keeps every value in
     registers (Q held whole, gfx1151 spilled 62-116 registers in all but the dense build)."""
-    from fmha import configs
     decode = (configs.amd_decode_config(16, head_dim), configs.amd_decode_config(32, head_dim))
     for cfg in (configs.tiled_config("hip", head_dim), *(decode if target == "gfx1151" else ())):
         assert cfg.qk_chunks == 16
@@ -950,7 +935,6 @@ def test_mla_absorbed_decode_builds_for_amd_without_spills(target):
     Q's 576 columns held whole by every warp spill on RDNA and the NVIDIA row's 32-key tiles on CDNA; the decode
     config keeps it (a few query rows, the keys split)."""
     from dataclasses import replace
-    from fmha import configs
     b = targets.build("tiled", target, 576, "bfloat16", True)
     assert b.config == configs.mla_config("hip").as_dict() and targets.report(b).spilled_registers == 0
     held = replace(configs.mla_config("hip"), qk_chunks=0)
@@ -982,7 +966,6 @@ def test_tiled_with_every_modifier_builds_for_amd_without_spills(target, head_di
     """``tiled`` on AMD with a window, softcap, ALiBi and the LSE at once (``modifiers``), in the configs the plan
     takes beside them (:data:`fmha.configs.TILED_HIP_MODIFIED`, and the decode tiles with ``modifiers``): no spills
     with per-sequence lengths or beside a mask (the plain rows spilled 2-30 registers there)."""
-    from fmha import configs
     for lengths, mask in (("seqused", False), ("dense", True)):
         b = targets.build("tiled", target, head_dim, "bfloat16", True, lengths=lengths, attn_mask=mask, modifiers=True)
         assert b.config == configs.tiled_config("hip", head_dim, modifiers=True).as_dict()
@@ -1029,7 +1012,6 @@ def test_amd_decoding_fits_a_workgroups_lds(target, head_dim, rows):
     workgroup gets (the NVIDIA rows' three stages asked for up to 128 KB) and keep their values in registers on
     both chips, at head_dim 256 too (gfx1151 spilled 92 registers there with 32 rows in 8 warps and V's masked rows
     by a masked load)."""
-    from fmha import configs
     cfg = configs.decode_config(rows, 4096, head_dim, "hip")
     r = targets.report(targets.build("tiled", target, head_dim, "bfloat16", False, config=cfg))
     assert r.shared_bytes <= 65536
@@ -1053,7 +1035,6 @@ def test_tiled_fits_the_shared_memory_of_its_gpu(target, limit, head_dim, rows, 
     64 x 64 at 256 240 KB; a float bias's tiles in two of three stages); on an A100 (163 KB) a split's 64 x 64 tiles
     at 256 (168 KB in three); on sm_86 / sm_89 (99 KB) a decode's 128-key tiles at 128 from 8k keys (136 KB) and its
     64-key ones at 256 (138 KB; 104 KB in two stages for 64 query rows, so one)."""
-    from fmha import configs
     from fmha.kernels.hopper.resources import padded
     arch, major = target.replace("_", ""), int(target[3])
     config = (configs.decode_config(rows, seqlen_k, head_dim, arch) if rows
@@ -1070,7 +1051,6 @@ def test_dropout_tiles_fit_shared_memory_with_the_kept_pairs_counted(head_dim):
     bytes a score; draws made in another layout than the scores' crossed shared memory, and three stages of 128 x 128
     tiles at D=128 took 240 KB, past the 227 KB an H200 gives a block): the plain table's rows and the dropout rows fit
     as built, within what is counted."""
-    from fmha import configs
     from fmha.kernels.hopper.resources import padded
     width = padded(head_dim, 16)
     for config in (configs.tiled_config("sm90", head_dim), configs.tiled_config("sm90", head_dim, dropout=True)):
@@ -1085,7 +1065,6 @@ def test_a_bias_beside_three_stage_tiles_is_counted_as_its_build_takes_it():
     build takes 176 KB and keeps its three stages; beside a float bias it took 240 KB, past the 227 KB an H100 gives a
     block (Triton's out-of-resources error at the launch), where the count had taken the bias for a boolean mask.
     Counted as the build takes it, the bias's config falls to two stages, which fit."""
-    from fmha import configs
     from fmha.configs import KernelConfig
     three = KernelConfig(128, 128, 8, 3)
     for mask, stages in ((True, 3), ("bias", 2)):
@@ -1103,7 +1082,6 @@ def test_sm90_builds_fit_shared_memory(variant, head_dim, rows):
     launch): ``tiled``'s prefill row at 128 (224 KB), its decode tiles at 256 (``rows``: a key split's query
     rows; three 64-key stages), the seed's variants at 256 in their own tiles (the decode tiles asked
     ``pipelined`` for 256 KB)."""
-    from fmha import configs
     from fmha.kernels.hopper.resources import SMEM_LIMIT
     config = configs.decode_config(rows, 4096, head_dim, "sm90") if rows else None
     b = targets.build(variant, "sm_90", head_dim, "bfloat16", True, config)
@@ -1158,7 +1136,6 @@ def test_tiled_beside_a_mask_builds_for_sm80_without_spills(head_dim):
     """``tiled`` reading an attn_mask on NVIDIA before Hopper takes :data:`fmha.configs.TILED_SM80_MASKED` (the sm80
     rows spilled 100-143 registers beside a boolean mask, 11-56 beside a bias): none spilled, boolean or bias,
     causal or not, with a window, softcap and ALiBi beside it too."""
-    from fmha import configs
     row = next(cfg for max_d, cfg in configs.TILED_SM80_MASKED if head_dim <= max_d)
     for mask, causal, mods in ((True, False, False), (True, True, True), ("bias", False, False), ("bias", True, True)):
         b = targets.build("tiled", "sm_80", head_dim, "bfloat16", causal, attn_mask=mask, modifiers=mods)
@@ -1166,7 +1143,6 @@ def test_tiled_beside_a_mask_builds_for_sm80_without_spills(head_dim):
         assert targets.report(b).spilled_registers == 0, (mask, causal, mods)
 
 
-# the table rows that build with spills, as timed: (dtype, head_dim, causal, longest seqlen_k) -> registers spilled
 def test_a_failed_hopper_build_is_told_by_ptxas_own_line():
     """64 rows of 256-key tiles at head_dim 64 run out of registers in ptxas; the launch's refusal quotes ptxas's own
     line from the failed build's message, which goes on with the whole PTX (:func:`fmha.kernels.hopper.ptxas_says`;
@@ -1180,14 +1156,15 @@ def test_a_failed_hopper_build_is_told_by_ptxas_own_line():
     assert said.startswith("ptxas fatal") and "Insufficient registers" in said and "\n" not in said, said
 
 
-HOPPER_ROWS_SPILLING = {("bfloat16", 64, False, None): 26}  # 192 rows, the standing pivot's re-take (timed fastest so)
+# the table rows that build with spills, as timed: (dtype, head_dim, causal, longest seqlen_k) -> registers spilled
+HOPPER_ROWS_SPILLING = {("bfloat16", 64, False, None): 26,  # 192 rows, the standing pivot's re-take (timed fastest so)
+                        ("bfloat16", 256, False, configs.O_VIA_Q_KEYS): 1}  # O out through Q: stored once, at the start
 
 
 def test_every_hopper_table_row_builds_for_sm90_within_its_registers():
     """Every row of the Gluon kernel's tables (bf16's, float8's, 192/128's unpadded Q and K, 80 and 96's long row)
     builds for sm_90 with no spilled register, but the rows timed fastest with a few (:data:`HOPPER_ROWS_SPILLING`):
     a change to the kernel that makes a row spill shows here, on the CPU, before a GPU times it."""
-    from fmha import configs
     rows = [(d, causal, longest, cfg, "bfloat16", 0) for d, causal, longest, cfg in configs.HOPPER]
     rows += [(d, causal, longest, cfg, "float8_e4m3fn", 0) for d, causal, longest, cfg in configs.HOPPER_FP8]
     rows += [(192, True, None, configs.HOPPER_SPLIT_QK, "bfloat16", 128)]
