@@ -115,7 +115,8 @@ HOPPER = [
     # causal, where the standing pivot spills a register or two in the sm_90 build, the lazy pivot (no spills):
     # +3.3-5.9% beside the row without it in one run, plain calls (with modifiers :func:`hopper_config` drops it).
     # Up to 4k keys O goes out by TMA through each warpgroup's Q tile (``o_via_q``): +10-17% at 1k keys, +1-5% at 4k;
-    # at 16k, where an item's end weighs least, 0-3% slower than O stored from registers (docs/PERF.md)
+    # at 16k, where an item's end weighs least, 0-3% slower than O stored from registers, timed second in each cell
+    # (docs/PERF.md)
     (256, False, O_VIA_Q_KEYS, KernelConfig(128, 64, 4, 2, pingpong=1, stale=1, o_via_q=1)),
     (256, False, None, KernelConfig(128, 64, 4, 2, pingpong=1, stale=1)),
     (256, True, O_VIA_Q_KEYS, KernelConfig(128, 64, 4, 2, lazy=1, o_via_q=1)),
