@@ -273,10 +273,11 @@ def test_causal_backward_heads_go_in_l2_sections(seqlen, heads, kv_heads, head, 
     assert backward.section(dataclasses.replace(prob, causal=False), head, 2, 0, deterministic=False) == 1
 
 
-def test_hopper_sends_o_through_q_on_plain_calls_up_to_4k_keys():
+def test_hopper_sends_o_through_q_on_plain_calls():
     """The 256-wide rows send O out through Q's tile up to ``O_VIA_Q_KEYS`` keys (where it was timed faster), on
     plain 16-bit calls with V as wide as q/k; past that, beside modifiers, packed sequences, float8 or a narrower
-    V, O leaves from registers, and every pick is one ``hopper`` takes (``o_via_q_reason`` None where it is on)."""
+    V, O leaves from registers.  DeepSeek's 192/128 (``split_qk``) sends it through Q's 128-column tile at every
+    length, on plain calls.  Every pick is one ``hopper`` takes (``o_via_q_reason`` None where it is on)."""
     for d in (160, 192, 256):
         for causal in (False, True):
             assert configs.hopper_config(d, causal, 1024).o_via_q == 1
@@ -285,6 +286,12 @@ def test_hopper_sends_o_through_q_on_plain_calls_up_to_4k_keys():
             assert configs.hopper_config(d, causal, 1024, modifiers=True).o_via_q == 0
             assert configs.hopper_config(d, causal, 1024, per_sequence=True).o_via_q == 0
             assert configs.hopper_config(d, causal, 1024, fp8=True).o_via_q == 0
-            assert configs.hopper_config(d, causal, 1024, head_dim_v=128).o_via_q == 0
+            assert configs.hopper_config(d, causal, 1024, head_dim_v=128).o_via_q == (d == 192)  # 192: split_qk
             assert hopper.o_via_q_reason(d, configs.hopper_config(d, causal, 1024)) is None
+    for causal in (False, True):
+        for keys in (1024, 16384, 131072):
+            mla = configs.hopper_config(192, causal, keys, head_dim_v=128)
+            assert mla.split_qk == mla.o_via_q == 1 and hopper.o_via_q_reason(192, mla, 128) is None
+        assert configs.hopper_config(192, causal, 1024, modifiers=True, head_dim_v=128).o_via_q == 0
+        assert configs.hopper_config(192, causal, 1024, per_sequence=True, head_dim_v=128).o_via_q == 0
     assert configs.hopper_config(128, False, 1024).o_via_q == 0

@@ -115,7 +115,7 @@ HOPPER = [
     # causal, where the standing pivot spills a register or two in the sm_90 build, the lazy pivot (no spills):
     # +3.3-5.9% beside the row without it in one run, plain calls (with modifiers :func:`hopper_config` drops it).
     # Up to 4k keys O goes out by TMA through each warpgroup's Q tile (``o_via_q``): +10-17% at 1k keys, +1-5% at 4k;
-    # at 16k, where an item's end weighs least, 0-3% slower than O stored from registers, timed second in each cell
+    # at 16k, where an item's end weighs least, 1% slower than O stored from registers without causal, even causal
     # (docs/PERF.md)
     (256, False, O_VIA_Q_KEYS, KernelConfig(128, 64, 4, 2, pingpong=1, stale=1, o_via_q=1)),
     (256, False, None, KernelConfig(128, 64, 4, 2, pingpong=1, stale=1)),
@@ -125,8 +125,9 @@ HOPPER = [
 
 
 # DeepSeek's q/k 192 with a V of at most 128 columns: Q and K unpadded (a 128- and a 64-column tile) leave room
-# for 128-key tiles in two stages (213 KB); 1.00-1.09x the 256 row in one run, causal (docs/PERF.md)
-HOPPER_SPLIT_QK = KernelConfig(128, 128, 4, 2, split_qk=1)
+# for 128-key tiles in two stages (213 KB); 1.00-1.09x the 256 row in one run, causal; O, which has no stage of its
+# own, out through Q's 128-column tile on plain calls: +6% at 1k keys, +1-1.5% at 4k-16k (docs/PERF.md)
+HOPPER_SPLIT_QK = KernelConfig(128, 128, 4, 2, split_qk=1, o_via_q=1)
 
 
 # head_dim 80 and 96 without causal past 2k keys, whole 64-key tiles, no modifiers: 192 x 64 tiles in 3 stages (three
@@ -193,10 +194,10 @@ def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = 
     q, k and v take the ``HOPPER_FP8`` row of their head dim and keys (none: the 16-bit rows, which
     ``hopper.fp8_reason`` then refuses), 192 rows becoming 128 as above.  ``head_dim_v`` (0: q/k's): q/k 192
     with V's 128 or fewer takes ``HOPPER_SPLIT_QK``; 80 and 96 without causal past ``NARROW_LONG_KEYS`` keys, dense
-    and in whole key tiles, ``HOPPER_NARROW_LONG``.  O out through Q's tile (``o_via_q``, the 256 rows up to
-    ``O_VIA_Q_KEYS``) only on plain 16-bit calls whose V is as wide as q/k."""
+    and in whole key tiles, ``HOPPER_NARROW_LONG``.  O out through Q's tile (``o_via_q``: the 256 rows up to
+    ``O_VIA_Q_KEYS`` where V is as wide as q/k, and ``HOPPER_SPLIT_QK``) only on plain 16-bit calls."""
     if head_dim == SPLIT_QK_DIM and 0 < head_dim_v <= 128 and not fp8:
-        return HOPPER_SPLIT_QK
+        return replace(HOPPER_SPLIT_QK, o_via_q=0) if modifiers or per_sequence else HOPPER_SPLIT_QK
     if (head_dim in NARROW_LONG_DIMS and head_dim_v in (0, head_dim)
             and not (causal or fp8 or modifiers or per_sequence)
             and seqlen_k > NARROW_LONG_KEYS and seqlen_k % HOPPER_NARROW_LONG.block_n == 0):
