@@ -145,16 +145,18 @@ def test_a_schedule_is_built_only_where_it_may_be_kept():
     assert torch.equal(built, torch.from_numpy(hopper.balanced_tail(3, 101, 132, tiles)))
 
 
-@pytest.mark.parametrize("n_m, n_bh, programs", [(4, 1024, 132), (8, 512, 132), (128, 16, 132), (86, 32, 132),
-                                                 (5, 7, 132), (3, 101, 132), (7, 61, 100), (16, 300, 8)])
-def test_balanced_tail_runs_every_item_once_and_ends_sooner(n_m, n_bh, programs):
+@pytest.mark.parametrize("n_m, n_bh, programs, head_group", [(4, 1024, 132, 1), (8, 512, 132, 1), (128, 16, 132, 1),
+                                                             (86, 32, 132, 1), (5, 7, 132, 1), (3, 101, 132, 1),
+                                                             (7, 61, 100, 1), (16, 300, 8, 1), (128, 16, 132, 4),
+                                                             (86, 32, 132, 8), (16, 300, 8, 7), (4, 1024, 132, 1024)])
+def test_balanced_tail_runs_every_item_once_and_ends_sooner(n_m, n_bh, programs, head_group):
     """``balance``: each program's whole rounds of pairs, then its share of the rest by LPT: every
     item runs exactly once, and the busiest program's key tiles (plus ITEM_COST an item) are no more
     than under pairs alone, and within an item of the mean."""
     # bottom-right, 256 keys more than rows: 2 more tiles per block
     tiles = hopper.block_tiles(np.arange(n_m) * 128, n_m * 128 + 256, 256, 0, 128, 128, True, False)
     assert tiles[0] == 3 and tiles[-1] == n_m + 2
-    sched = hopper.balanced_tail(n_m, n_bh, programs, tiles)
+    sched = hopper.balanced_tail(n_m, n_bh, programs, tiles, head_group)
     lead, offsets = int(sched[0]), sched[1:programs + 2]
     lists = sched[programs + 2:]
     assert lead % 2 == 0 and offsets[0] == 0 and offsets[-1] == len(lists)
@@ -163,12 +165,33 @@ def test_balanced_tail_runs_every_item_once_and_ends_sooner(n_m, n_bh, programs)
     for p in range(programs):
         mine = [2 * (p + (k // 2) * programs) + k % 2 for k in range(lead)] + list(lists[offsets[p]:offsets[p + 1]])
         ran += mine
-        loads.append(sum(tiles[hopper.paired_block(np.array(mine, dtype=np.int64), n_m)] + hopper.ITEM_COST))
+        block = hopper.paired_item(np.array(mine, dtype=np.int64), n_m, n_bh, head_group)[0]
+        loads.append(sum(tiles[block] + hopper.ITEM_COST))
     assert sorted(ran) == list(range(n_tiles))
-    cost = tiles[hopper.paired_block(np.arange(n_tiles), n_m)] + hopper.ITEM_COST
+    cost = tiles[hopper.paired_item(np.arange(n_tiles), n_m, n_bh, head_group)[0]] + hopper.ITEM_COST
     pairs = [cost[2 * q::2 * programs].sum() + cost[2 * q + 1::2 * programs].sum() for q in range(programs)]
     assert max(loads) <= max(pairs)
     assert max(loads) <= cost.sum() / programs + cost.max()
+
+
+@pytest.mark.parametrize("n_m, n_bh, head_group", [(128, 16, 1), (86, 21, 1), (7, 5, 1), (128, 16, 4), (86, 21, 8),
+                                                  (2, 9, 4), (64, 3, 1024)])
+def test_causal_pairs_cover_every_block_once_and_cost_alike(n_m, n_bh, head_group):
+    """PAIRED numbering (``_tile``, mirrored by ``paired_item``): every (block, head) once; each pair of items
+    ``2k, 2k + 1`` a block and its complement in one head, so every pair costs ``n_m + 1`` key tiles (head-major
+    with an odd ``n_m``, every other head's pairs ``n_m``, and one across each head's end); across ``head_group``
+    heads the pairs run pair by pair over the group's heads (the launch takes that with an even ``n_m`` only)."""
+    g = np.arange(n_m * n_bh)
+    block, bh = hopper.paired_item(g, n_m, n_bh, head_group)
+    assert sorted(zip(block.tolist(), bh.tolist())) == [(m, h) for m in range(n_m) for h in range(n_bh)]
+    same_head = bh[0::2][:len(bh[1::2])] == bh[1::2]
+    both = block[0::2][:len(block[1::2])] + block[1::2]
+    if n_m % 2 == 0:
+        assert same_head.all() and (both == n_m - 1).all()
+    else:  # head-major, a head's pairs shifted by one item after an odd head: n_m - 1 or n_m - 2 blocks apart
+        assert head_group == 1 and np.isin(both[same_head], (n_m - 1, n_m - 2)).all()
+    if head_group > 1:  # the first pairs go to different heads of the first group
+        assert len(set(bh[0:2 * min(head_group, n_bh):2].tolist())) == min(head_group, n_bh)
 
 
 @pytest.mark.parametrize("per_sequence", [False, True])

@@ -467,23 +467,28 @@ def test_hopper_cluster_matches_reference(cfg, dtype, layout, shape):
     torch.testing.assert_close(lse, ref_lse, atol=1e-3, rtol=1e-4)
 
 
-BALANCE_SHAPES = [  # (batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, block_m, align): causal pairs + LPT tail
-    (8, 32, 8, 1024, 1024, 64, 128, "top_left"),       # 2048 items: 6 rounds of pairs, the rest by LPT; GQA
-    (3, 50, 50, 1000, 1152, 64, 192, "bottom_right"),  # 900 items (odd heads x blocks), ragged rows, sq < sk
-    (2, 16, 16, 700, 2048, 128, 128, "bottom_right"),  # sq < sk: every block sees 1348 keys more
-    (1, 16, 4, 2048, 700, 128, 128, "top_left"),       # sq > sk: the lower blocks see every key
-    (2, 40, 40, 384, 384, 128, 128, "top_left"),       # 240 items: one each, no pairs before the tail
+BALANCE_SHAPES = [  # (batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, block_m, align, head_group): causal pairs
+    (8, 32, 8, 1024, 1024, 64, 128, "top_left", 1),       # 2048 items: 6 rounds of pairs, the rest by LPT; GQA
+    (3, 50, 50, 1000, 1152, 64, 192, "bottom_right", 1),  # 900 items (odd heads x blocks), ragged rows, sq < sk
+    (2, 16, 16, 700, 2048, 128, 128, "bottom_right", 1),  # sq < sk: every block sees 1348 keys more
+    (1, 16, 4, 2048, 700, 128, 128, "top_left", 1),       # sq > sk: the lower blocks see every key
+    (2, 40, 40, 384, 384, 128, 128, "top_left", 1),       # 240 items: one each, no pairs before the tail
+    (8, 32, 8, 1024, 1024, 64, 128, "top_left", 4),       # pairs across 4 heads at a time; GQA
+    (3, 50, 50, 1000, 1152, 64, 192, "bottom_right", 8),  # 6 blocks a head, groups of 8 heads, the last of 6
+    (2, 40, 40, 384, 384, 128, 128, "top_left", 4),       # 3 blocks a head (odd): head-major pairs instead
 ]
 
 
-@pytest.mark.parametrize("shape", BALANCE_SHAPES, ids=lambda s: "b{}h{}kv{}-q{}k{}-d{}-m{}-{}".format(*s))
-def test_hopper_balanced_causal_matches_reference(shape):
-    """``balance``: the last round or two of causal pairs dealt longest item first from a host-built
-    list (:func:`fmha.kernels.hopper.balanced_tail`); every item once, output and LSE exact."""
+@pytest.mark.parametrize("balance", [0, 1])
+@pytest.mark.parametrize("shape", BALANCE_SHAPES, ids=lambda s: "b{}h{}kv{}-q{}k{}-d{}-m{}-{}-g{}".format(*s))
+def test_hopper_balanced_causal_matches_reference(shape, balance):
+    """Causal pairs of items, numbered head by head or across ``head_group`` heads, alone or (``balance``) with the
+    last round or two dealt longest item first from a host-built list
+    (:func:`fmha.kernels.hopper.balanced_tail`); every item once, output and LSE exact."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("sm_90 only")
-    b, h, kvh, sq, sk, d, block_m, align = shape
-    cfg = fmha.KernelConfig(block_m, 128, 4, 2, q_regs=int(block_m == 128), balance=1)
+    b, h, kvh, sq, sk, d, block_m, align, head_group = shape
+    cfg = fmha.KernelConfig(block_m, 128, 4, 2, q_regs=int(block_m == 128), balance=balance, head_group=head_group)
     q, k, v = make_qkv(b, h, kvh, sq, sk, d, torch.bfloat16, seed=sq + sk)
     out = nan_like(q)
     o, lse = fmha.attention(q, k, v, causal=True, causal_align=align, variant="hopper", out=out, return_lse=True,

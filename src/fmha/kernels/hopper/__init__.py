@@ -73,6 +73,8 @@ The backward on sm_90 is :mod:`.backward` (FlashAttention-3's shape, its dQ adde
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -88,7 +90,7 @@ from .kernel import KERNEL, hopper_kernel  # noqa: F401
 from .resources import (MIN_SCALE, REGS_SM, SMEM_LIMIT, SMEM_SM, SMEM_SPARE, SPLIT_QK_DIM, consumer_regs,  # noqa: F401
                         launch_options, launch_regs, o_stage, o_staged, o_via_q_reason, padded, sm_bytes,
                         smem_bytes, tile_layout)
-from .schedule import (ITEM_COST, _schedule, balanced_tail, block_tiles, item_rows, paired_block,  # noqa: F401
+from .schedule import (ITEM_COST, _schedule, balanced_tail, block_tiles, item_rows, paired_item,  # noqa: F401
                        per_sequence, split_pieces, tail_pieces)
 
 
@@ -250,11 +252,13 @@ def launch(prob, cfg, q, k, v, o, lse, layout: str, alibi=None, seqs=(None, None
     # a window's items cost about the same anyway; packed sequences come longest first instead
     paired = bool(prob.causal and prob.window_offset is None and persistent and n_tiles > resident and not prob.varlen)
     grid = (min(-(-n_tiles // 2) if paired else n_tiles, resident) if persistent else n_tiles,)
+    if paired and n_m % 2:  # pairs across head_group heads take an even number of blocks a head (:func:`_tile`)
+        cfg = replace(cfg, head_group=0)
     balance = paired and bool(cfg.balance)
     if balance:  # the last round or two of pairs dealt out longest item first to the least loaded program (a list
         # built on the host; where a call may keep nothing and none is kept yet, the pairs alone)
         schedule = _schedule(q.device, n_m, n_tiles // n_m, min(n_tiles, resident), cfg.block_m, cfg.block_n,
-                             prob.seqlen_k, causal_offset, build=replay.holding(q.device))
+                             prob.seqlen_k, causal_offset, max(cfg.head_group, 1), build=replay.holding(q.device))
         balance = schedule is not None
     if balance:
         grid = (min(n_tiles, resident),)
@@ -325,7 +329,8 @@ def constexprs(prob, cfg, store_lse: bool, paired: bool = False, alibi: bool = F
                 BLOCK_N=cfg.block_n, STAGES=cfg.num_stages,
                 CONSUMER_REGS=consumer_regs(cfg), CAUSAL=prob.causal,
                 WINDOW=prob.window_offset is not None, SOFTCAP=prob.softcap > 0, ALIBI=alibi,
-                RAGGED=per_sequence(prob) or prob.seqlen_k % cfg.block_n != 0, PAIRED=paired,
+                RAGGED=per_sequence(prob) or prob.seqlen_k % cfg.block_n != 0,
+                PAIRED=(2 if cfg.head_group > 1 else 1) if paired else 0,
                 PINGPONG=bool(cfg.pingpong), STORE_LSE=store_lse, VARLEN=prob.varlen, SEQUSED=prob.seqused,
                 ALIGN_BR=per_sequence(prob) and prob.align_br, PAGED=bool(prob.page),
                 O_SMEM=o_stage(prob.head_dim, cfg, prob.dv, _in_bytes(prob)), Q_REGS=bool(cfg.q_regs),

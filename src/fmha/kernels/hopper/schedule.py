@@ -93,10 +93,11 @@ def _tile(g, n_m, n_bh, head_group, Items, heads, rank, CAUSAL: gl.constexpr, PA
     in groups of ``head_group`` heads, query block by query block within a group (head-major
     when 1), so the items running together share a few heads' K/V in L2 without every
     program reading the same tile at once.  Causal items differ in length: one program per
-    item takes each block's longest first; PAIRED (persistent causal, head-major), a head's
-    items are numbered longest, shortest, second longest, ... and a program runs them two by
-    two, so every pair costs the same (``n_m + 1`` key tiles, or ``n_m`` across a head
-    boundary) and the programs stay balanced.  VARLEN: packed sequences differ in length, so a
+    item takes each block's longest first; PAIRED (persistent causal), a head's items are
+    numbered longest, shortest, second longest, ... and a program runs them two by two, so
+    every pair costs the same (``n_m + 1`` key tiles, or ``n_m`` across a head boundary) and
+    the programs stay balanced; PAIRED 2, the pairs are numbered pair by pair across ``head_group``
+    heads (which takes an even ``n_m``: every pair within one head).  VARLEN: packed sequences differ in length, so a
     list built on the device holds every query block that has rows, longest first (:mod:`.worklist`,
     ``(b << 16) | block`` after its count, the heads of each block numbered in turn) and the programs deal the items out
     snake-wise, round by round (forward, then backward), so each program's rounds add up to
@@ -106,6 +107,13 @@ def _tile(g, n_m, n_bh, head_group, Items, heads, rank, CAUSAL: gl.constexpr, PA
         entry = gl.load(Items + 1 + g // heads)
         pid_m = entry & 0xFFFF
         bh = (entry >> 16) * heads + g % heads
+    elif PAIRED == 2:  # pairs across head_group heads
+        first = g // (n_m * head_group) * head_group  # the group's first head
+        r = g - first * n_m
+        width = gl.minimum(head_group, n_bh - first)
+        w = 2 * (r // 2 // width) + r % 2  # the item's place in its head's longest, shortest, ... order
+        pid_m = gl.where(w % 2 == 0, n_m - 1 - w // 2, w // 2)
+        bh = first + r // 2 % width
     elif PAIRED:
         w = g % n_m
         pid_m = gl.where(w % 2 == 0, n_m - 1 - w // 2, w // 2)
@@ -174,14 +182,17 @@ def block_tiles(start, seqlen_k, causal_offset: int, window_offset: int, block_m
     return end - first
 
 
-def paired_block(g, n_m: int):
-    """:func:`_tile`'s PAIRED numbering on the host: item ``g`` -> its query block (a head's
-    blocks longest, shortest, second longest, ...)."""
-    w = g % n_m
-    return np.where(w % 2 == 0, n_m - 1 - w // 2, w // 2)
+def paired_item(g, n_m: int, n_bh: int, head_group: int = 1):
+    """:func:`_tile`'s PAIRED numbering on the host: item ``g`` -> (its query block, its batch*head); a head's
+    blocks longest, shortest, second longest, ..., the pairs numbered across ``head_group`` heads."""
+    first = g // (n_m * head_group) * head_group
+    r = g - first * n_m
+    width = np.minimum(head_group, n_bh - first)
+    w = 2 * (r // 2 // width) + r % 2
+    return np.where(w % 2 == 0, n_m - 1 - w // 2, w // 2), first + r // 2 % width
 
 
-def balanced_tail(n_m: int, n_bh: int, programs: int, tiles) -> np.ndarray:
+def balanced_tail(n_m: int, n_bh: int, programs: int, tiles, head_group: int = 1) -> np.ndarray:
     """The BALANCE schedule of paired causal items (:func:`_tile`'s numbering, ``n_m`` blocks of
     ``n_bh`` heads, ``tiles[j]`` key tiles for block ``j``), int32: ``[lead, offsets (programs + 1),
     lists]``.  Every program first runs ``lead`` items as whole rounds of pairs (all the rounds but
@@ -193,7 +204,7 @@ def balanced_tail(n_m: int, n_bh: int, programs: int, tiles) -> np.ndarray:
     n_tiles = n_m * n_bh
     lead = 2 * max((n_tiles + 1) // 2 // programs - 1, 0)
     g = np.arange(lead * programs, n_tiles)
-    cost = np.asarray(tiles)[paired_block(g, n_m)] + ITEM_COST
+    cost = np.asarray(tiles)[paired_item(g, n_m, n_bh, head_group)[0]] + ITEM_COST
     loads = [(0, p) for p in range(programs)]
     lists = [[] for _ in range(programs)]
     for i in np.argsort(-cost, kind="stable"):
@@ -208,18 +219,18 @@ _SCHEDULES: dict = {}  # (device, shape) -> balanced_tail's list on the device
 
 
 def _schedule(device, n_m: int, n_bh: int, programs: int, block_m: int, block_n: int, seqlen_k: int,
-              causal_offset: int, build: bool = True) -> torch.Tensor | None:
+              causal_offset: int, head_group: int = 1, build: bool = True) -> torch.Tensor | None:
     """:func:`balanced_tail` on ``device``, kept for the next call of the same shape; None where it is not kept yet
     and ``build`` is false: a call that may keep nothing past its end (``replay.holding``) must not leave it in a
     CUDA graph's memory pool (cudagraph trees refuse a live block there that no graph owns), and a stream being
     captured cannot copy it from the host."""
-    key = (device, n_m, n_bh, programs, block_m, block_n, seqlen_k, causal_offset)
+    key = (device, n_m, n_bh, programs, block_m, block_n, seqlen_k, causal_offset, head_group)
     items = _SCHEDULES.get(key)
     if items is None and build:
         if len(_SCHEDULES) >= 64:
             _SCHEDULES.clear()
         tiles = block_tiles(np.arange(n_m) * block_m, seqlen_k, causal_offset, 0, block_m, block_n, True, False)
-        items = _SCHEDULES[key] = torch.from_numpy(balanced_tail(n_m, n_bh, programs, tiles)).to(device)
+        items = _SCHEDULES[key] = torch.from_numpy(balanced_tail(n_m, n_bh, programs, tiles, head_group)).to(device)
     return items
 
 
