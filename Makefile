@@ -23,10 +23,11 @@ test: setup
 
 # on a GPU machine with torch and triton already there (no venv): the compiled kernels.  One NumPy
 # thread per worker: the float64 references of GPU-sized cases would otherwise oversubscribe the cores.
+# SHARD=I/N runs the I-th of N fixed parts (a cold Triton cache makes the whole suite longer than one call).
 GPU_JOBS ?= 15
 gpu-test:
 	PYTHONPATH=src OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 \
-		$(PYTHON) -m pytest -q -n $(GPU_JOBS) -p no:cacheprovider -rf tests
+		$(PYTHON) -m pytest -q -n $(GPU_JOBS) -p no:cacheprovider -rf $(if $(SHARD),--shard $(SHARD)) tests
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

@@ -2,6 +2,7 @@
 (:mod:`fmha.verify`: at most twice PyTorch's own error at the input precision, plus one unit
 in the last place, both against the float64 reference)."""
 import os
+import zlib
 
 import torch
 
@@ -25,11 +26,31 @@ ON_GPU = os.environ.get("TRITON_INTERPRET", "0") != "1"
 DEVICE = "cuda" if ON_GPU else "cpu"
 
 
+def pytest_addoption(parser):
+    parser.addoption("--shard", default=None, metavar="I/N",
+                     help="run only the I-th of N parts of the collected tests (each test's part fixed by its id), "
+                          "so a suite longer than one GPU call runs in N calls")
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (runs the compiled kernels, larger sizes)")
 
 
+def in_shard(nodeid: str, shard: str) -> bool:
+    """Whether test ``nodeid`` falls in part ``"I/N"`` (1 <= I <= N): by a CRC of its id, the same on every
+    machine and run, each test in exactly one part."""
+    i, n = (int(x) for x in shard.split("/"))
+    if not 1 <= i <= n:
+        raise pytest.UsageError(f"--shard {shard}: I must run from 1 to N")
+    return zlib.crc32(nodeid.encode()) % n == i - 1
+
+
 def pytest_collection_modifyitems(config, items):
+    shard = config.getoption("--shard")
+    if shard:
+        kept = [item for item in items if in_shard(item.nodeid, shard)]
+        config.hook.pytest_deselected(items=[item for item in items if not in_shard(item.nodeid, shard)])
+        items[:] = kept
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU with the interpreter off")
     for item in items:
         if "gpu" in item.keywords and not ON_GPU:
