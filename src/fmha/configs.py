@@ -23,7 +23,9 @@ class KernelConfig:
     persistent: int = -1  # hopper: 1 one program per SM, 0 one per work item, -1 the variant's default (1)
     split_per_sm: int = 0  # key-split launches: programs per SM the split aims for; 0: the default (4)
     pingpong: int = 0  # hopper: 1 the consumer warpgroups take turns issuing their matrix products
-    head_group: int = 0  # hopper: work items numbered across this many heads at once; 0: head-major (1)
+    # hopper: work items (causal pairs too, where a head has an even number of blocks) numbered across this many
+    # heads at once; 0: head-major (1)
+    head_group: int = 0
     tma: int = 0  # tiled: 1 K/V read by TMA (3-D descriptors; sm_90, contiguous K/V, not varlen or paged)
     q_regs: int = 0  # hopper: 1 each consumer warpgroup holds its Q in registers (Q K^T reads only K from smem)
     fence: int = 0  # hopper: 1 the softmax is fenced above the wait for P V (ptxas moves that wait up otherwise)
