@@ -12,6 +12,8 @@ Backward cells (the default grid's shapes, bf16, bhsd): `bwd128c512` (B=32, H=16
 `bwd128nc16k` (B=1, H=16, S=16384, D=128) and `bwd64nc16k` (B=1, H=32, S=16384, D=64): the gradients of fmha's
 call and of cuDNN's, each forward run once before the profiled range, so the range holds the backward's kernels
 alone (fmha's: dQ's zeroing, ``delta``, the main kernel, dQ's cast).
+Any forward cell of ``fmha bench``'s grids, beside any of its providers (FlashAttention-4's when installed):
+`--grid head-dims --where "head_dim=96 causal=1 seqlen_q=16384" --providers fmha:auto flash_attn.cute`.
 """
 import argparse
 import dataclasses
@@ -21,7 +23,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fmha
 from fmha import backward, configs
+from fmha.bench import grids, providers
 from fmha.bench.providers import config_changes
+from fmha.bench.runner import cell_inputs
 
 
 BACKWARD = {"bwd128c512": (32, 16, 512, 128, True), "bwd128nc16k": (1, 16, 16384, 128, False),
@@ -61,6 +65,25 @@ def quantized(t: torch.Tensor):
     return (t.float() / scale[:, :, None, None]).to(torch.float8_e4m3fn), scale
 
 
+def profile(fns) -> None:
+    """One call of each of ``fns`` inside the profiled range, each warmed up (compiled) before it."""
+    for fn in fns:
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStart()
+        fn()
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStop()
+
+
+def in_scope(p, fn):
+    def run():
+        with p.scope():
+            return fn()
+    return run
+
+
 def changed(q, k, v, spec: str):
     """fmha's hopper kernel on the cell's table config with the fields of ``spec`` changed."""
     cfg = dataclasses.replace(configs.hopper_config(q.shape[-1], False, k.shape[2]), **config_changes(spec))
@@ -70,8 +93,18 @@ def changed(q, k, v, spec: str):
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("cells", nargs="*", default=["d128nc16k", "decode8k"])
 ap.add_argument("--hopper", nargs="*", default=[], help="table-config changes to profile too: field=value,...")
+ap.add_argument("--grid", choices=sorted(grids.GRIDS), help="profile this grid's cells (bf16) instead of named ones")
+ap.add_argument("--where", help='only the grid\'s cells with these values, e.g. "head_dim=96 causal=1"')
+ap.add_argument("--providers", nargs="+", default=["fmha:auto", "sdpa:cudnn"],
+                help="with --grid: as fmha bench names them")
 args = ap.parse_args()
-for name in args.cells:
+if args.grid:
+    provs = providers.select(providers.providers("cuda"), args.providers)
+    for c in grids.where(grids.GRIDS[args.grid](), args.where):
+        q, k, v, _, _ = cell_inputs(c, torch.bfloat16, "cuda")
+        print(f"{c}: fmha runs {fmha.api.describe(q, k, v, causal=c.causal)}; then {args.providers}", flush=True)
+        profile([in_scope(p, p.make(q, k, v, c)) for p in provs])
+for name in [] if args.grid else args.cells:
     q, k, v = cell(name)
     if name in BACKWARD:
         causal = BACKWARD[name][4]
@@ -85,11 +118,4 @@ for name in args.cells:
     if name == "fp8nc16k":
         (q8, qs), (k8, ks), (v8, vs) = (quantized(t) for t in (q, k, v))
         fns[1] = lambda: fmha.attention(q8, k8, v8, q_descale=qs, k_descale=ks, v_descale=vs)
-    for fn in fns:
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        torch.cuda.cudart().cudaProfilerStart()
-        fn()
-        torch.cuda.synchronize()
-        torch.cuda.cudart().cudaProfilerStop()
+    profile(fns)
