@@ -187,6 +187,9 @@ def test_hopper_builds_balanced_causal():
         assert targets.report(b).spilled_registers == 0
     plain = targets.build("hopper", "sm_90", 64, "bfloat16", True, replace(cfg, balance=0), seqlen_k=sk)
     assert b.asm["ptx"].count("ld.global") > plain.asm["ptx"].count("ld.global")
+    # pairs numbered across head groups (PAIRED 2): their own numbering, no spills; head-major pairs unchanged
+    grouped = targets.build("hopper", "sm_90", 64, "bfloat16", True, replace(cfg, head_group=8), seqlen_k=sk)
+    assert targets.report(grouped).spilled_registers == 0 and grouped.asm["ptx"] != b.asm["ptx"]
 
 
 def test_hopper_builds_clusters_with_multicast():
