@@ -48,9 +48,9 @@ def in_shard(nodeid: str, shard: str) -> bool:
 def pytest_collection_modifyitems(config, items):
     shard = config.getoption("--shard")
     if shard:
-        kept = [item for item in items if in_shard(item.nodeid, shard)]
-        config.hook.pytest_deselected(items=[item for item in items if not in_shard(item.nodeid, shard)])
-        items[:] = kept
+        mine = [in_shard(item.nodeid, shard) for item in items]
+        config.hook.pytest_deselected(items=[item for item, m in zip(items, mine) if not m])
+        items[:] = [item for item, m in zip(items, mine) if m]
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU with the interpreter off")
     for item in items:
         if "gpu" in item.keywords and not ON_GPU:
