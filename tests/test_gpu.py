@@ -177,6 +177,38 @@ def test_hopper_rescales_as_scores_grow(d, config, growth):
         check_against_reference(out, q, k, v, causal)
 
 
+@pytest.mark.parametrize("window", [(-1, -1), (700, -1), (555, 300)], ids=str)
+@pytest.mark.parametrize("d,config", [(128, fmha.KernelConfig(128, 128, 4, 2, q_regs=1, stale=1)),
+                                      (96, fmha.KernelConfig(128, 128, 4, 2, balance=1, stale=1)),
+                                      (64, fmha.KernelConfig(192, 128, 4, 2, stale=1)),
+                                      (64, fmha.KernelConfig(128, 128, 4, 2, q_regs=1, balance=1, stale=1))],
+                         ids=str)
+def test_hopper_standing_pivot_beside_the_masks(d, config, window):
+    """The key loop runs its tiles in three runs (those a window's lower edge crosses, those every row sees
+    whole, those the diagonal or the last key crosses), the standing pivot in the middle one only: causal,
+    bottom-right, ragged keys and a band, with keys that jump 300-fold inside a tile (the standing pivot
+    overflows and takes the tile again), against the float64 reference, output and LSE."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("sm_90 only")
+    q, k, v = make_qkv(1, 4, 2, 1000, 1500, d, torch.bfloat16, seed=d)
+    for jump in (False, True):
+        if jump:
+            j = torch.arange(1500, device=k.device)
+            k = (k.float() * torch.where(j < 620, 1.0, 300.0)[:, None]).to(k.dtype)
+        for causal, align in ((True, "top_left"), (True, "bottom_right"), (False, "top_left")):
+            kw = dict(causal=causal, causal_align=align, window=window)
+            out = nan_like(q)
+            _, lse = fmha.attention(q, k, v, variant="hopper", out=out, return_lse=True, config=config, **kw)
+            torch.cuda.synchronize()
+            ref, ref_lse = reference.dense_attention(q, k, v, return_lse=True, **kw)
+            assert np.isfinite(out.double().cpu().numpy()).all()
+            assert np.abs(out.double().cpu().numpy() - ref).max() < 2e-2
+            got = lse.double().cpu().numpy()
+            assert np.array_equal(np.isneginf(got), np.isneginf(ref_lse))
+            live = np.isfinite(ref_lse)
+            assert np.abs(got[live] - ref_lse[live]).max() < 2e-2
+
+
 def test_hopper_refuses_what_does_not_fit():
     """4 K/V stages at D=128 need 288 KB of shared memory: a clear refusal, not a launch failure
     (3 fit when O goes out from registers: ``test_hopper_matches_reference`` runs them)."""

@@ -225,58 +225,83 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
         p = gl.exp2(qk * item_scale - _pivot(m, MASKED)[:, None])
         l = gl.sum(p, axis=1)
         p16 = _carried_p(p, p_dtype, p_layout, FP8)
-        for i in range(1, n_iters):
-            s = (ring_pos + i) % STAGES
-            ph = ((ring_pos + i) // STAGES) & 1
-            prev_slot = (ring_pos + i - 1) % STAGES
-            prev_phase = ((ring_pos + i - 1) // STAGES) & 1
-            # 5.1 of tile i issued, then 5.6 of tile i-1; wait for the scores only
-            _wait_ring(k_ready.index(s), ph, CLUSTER)
-            if PINGPONG:  # both operands in place before the turn is taken
-                mbarrier.wait(v_ready.index(prev_slot), prev_phase)
-                _take_turn(turns, n_turn, WG, PINGPONG)
-            qk = _qk(q_op, q_lo_op, k_bufs, k_lo_bufs, s, s_layout, ROWS, BLOCK_N, QK_HI, QK_LO, SPLIT_QK)
-            if not PINGPONG:
-                mbarrier.wait(v_ready.index(prev_slot), prev_phase)
-            acc = _pv(_pv_operand(p16, p_dtype, p_layout, FP8), _v_operand(v_bufs.index(prev_slot), FP8), acc,
-                      NARROW)
-            _pass_turn(turns, WG, NUM_WG, PINGPONG)
-            n_turn += 1
-            qk = warpgroup_mma_wait(1, deps=[qk])
-            if not STALE:
-                _release(k_empty.index(s), CLUSTER)
-            # 5.2-5.4 of tile i while P V of tile i-1 runs
-            qk = _scores(qk, first + i, mask_from, window_until, offs_m, offs_n, sk, seq_causal, seq_window,
-                         seq_align, cap_in, cap_out, slope, BLOCK_N, CAUSAL, WINDOW, SOFTCAP, ALIBI, RAGGED)
-            if STALE:  # the standing pivot, no row max; a row sum past STALE_SUM: the tile again, with its max
-                p = gl.exp2(qk * item_scale - _pivot(m, MASKED)[:, None])
-                l_tile = gl.sum(p, axis=1)
-                alpha = gl.full_like(l_tile, 1.0)
-                if _any_row_over(_first_seen(l_tile, m, MASKED), WG) != 0:
-                    qk2 = _qk(q_op, q_lo_op, k_bufs, k_lo_bufs, s, s_layout, ROWS, BLOCK_N, QK_HI, QK_LO, SPLIT_QK)
-                    qk2 = warpgroup_mma_wait(0, deps=[qk2])
-                    qk2 = _scores(qk2, first + i, mask_from, window_until, offs_m, offs_n, sk, seq_causal,
-                                  seq_window, seq_align, cap_in, cap_out, slope, BLOCK_N, CAUSAL, WINDOW, SOFTCAP,
-                                  ALIBI, RAGGED)
-                    p, alpha, m = _softmax(qk2, m, item_scale, MASKED, False)
-                    l_tile = gl.sum(p, axis=1)
-                _release(k_empty.index(s), CLUSTER)
+        # the tiles after the first, STALE in three runs, each loop's code holding only what its tiles need: those
+        # the window's lower edge crosses, those every row of this warpgroup sees whole (no mask: the standing pivot),
+        # those the diagonal or the last key crosses (each tile's exact max: any pivot gives the same P / l; the
+        # standing pivot's second Q K^T beside a mask's code spilled 57 registers at head_dim 128 causal, 181 at 64).
+        # Otherwise in one run, each tile masked where it crosses an edge.
+        lo = 1
+        hi = n_iters
+        if STALE:
+            lo = gl.minimum(gl.maximum(window_until - first, 1), n_iters)
+            hi = gl.minimum(gl.maximum(mask_from - first, lo), n_iters)
+        for run in gl.static_range(3):
+            if run == 0:
+                start = 1
+                stop = lo
+            elif run == 1:
+                start = lo
+                stop = hi
             else:
-                p, alpha, m = _softmax(qk, m, item_scale, MASKED, LAZY, P_SHIFT)
-                l_tile = gl.sum(p, axis=1)
-            l = l * alpha + l_tile
-            if FENCE:
-                l = _fence(l)
-            acc = _wait_pv(acc, p16, FP8)
-            _release(v_empty.index(prev_slot), CLUSTER)
-            # 5.5: rescale the accumulator once P V of tile i-1 has landed (under the next Q K^T instead,
-            # FlashAttention-3's place, measured 1-2% slower)
-            alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-            if LAZY or STALE:
-                acc = _rescale_lazy(acc, alpha_o, HEAD_V)
-            else:
-                acc = acc * alpha_o
-            p16 = _carried_p(p, p_dtype, p_layout, FP8)
+                start = hi
+                stop = n_iters
+            if run == 1 or (STALE and ((run == 0 and WINDOW) or (run == 2 and (CAUSAL or RAGGED)))):
+                for i in range(start, stop):
+                    s = (ring_pos + i) % STAGES
+                    ph = ((ring_pos + i) // STAGES) & 1
+                    prev_slot = (ring_pos + i - 1) % STAGES
+                    prev_phase = ((ring_pos + i - 1) // STAGES) & 1
+                    # 5.1 of tile i issued, then 5.6 of tile i-1; wait for the scores only
+                    _wait_ring(k_ready.index(s), ph, CLUSTER)
+                    if PINGPONG:  # both operands in place before the turn is taken
+                        mbarrier.wait(v_ready.index(prev_slot), prev_phase)
+                        _take_turn(turns, n_turn, WG, PINGPONG)
+                    qk = _qk(q_op, q_lo_op, k_bufs, k_lo_bufs, s, s_layout, ROWS, BLOCK_N, QK_HI, QK_LO, SPLIT_QK)
+                    if not PINGPONG:
+                        mbarrier.wait(v_ready.index(prev_slot), prev_phase)
+                    acc = _pv(_pv_operand(p16, p_dtype, p_layout, FP8), _v_operand(v_bufs.index(prev_slot), FP8),
+                              acc, NARROW)
+                    _pass_turn(turns, WG, NUM_WG, PINGPONG)
+                    n_turn += 1
+                    qk = warpgroup_mma_wait(1, deps=[qk])
+                    if not (STALE and run == 1):
+                        _release(k_empty.index(s), CLUSTER)
+                    # 5.2-5.4 of tile i while P V of tile i-1 runs
+                    qk = _scores(qk, first + i, mask_from, window_until, offs_m, offs_n, sk, seq_causal, seq_window,
+                                 seq_align, cap_in, cap_out, slope, BLOCK_N,
+                                 CAUSAL and not (STALE and run == 1), WINDOW and not (STALE and run == 1), SOFTCAP,
+                                 ALIBI, RAGGED and not (STALE and run == 1))
+                    if STALE and run == 1:  # the standing pivot, no row max; a row sum past STALE_SUM: the tile again,
+                        # with its max
+                        p = gl.exp2(qk * item_scale - _pivot(m, MASKED)[:, None])
+                        l_tile = gl.sum(p, axis=1)
+                        alpha = gl.full_like(l_tile, 1.0)
+                        if _any_row_over(_first_seen(l_tile, m, MASKED), WG) != 0:
+                            qk2 = _qk(q_op, q_lo_op, k_bufs, k_lo_bufs, s, s_layout, ROWS, BLOCK_N, QK_HI, QK_LO,
+                                      SPLIT_QK)
+                            qk2 = warpgroup_mma_wait(0, deps=[qk2])
+                            qk2 = _scores(qk2, first + i, mask_from, window_until, offs_m, offs_n, sk, seq_causal,
+                                          seq_window, seq_align, cap_in, cap_out, slope, BLOCK_N, False, False, SOFTCAP,
+                                          ALIBI, False)
+                            p, alpha, m = _softmax(qk2, m, item_scale, MASKED, False)
+                            l_tile = gl.sum(p, axis=1)
+                        _release(k_empty.index(s), CLUSTER)
+                    else:
+                        p, alpha, m = _softmax(qk, m, item_scale, MASKED, LAZY, P_SHIFT)
+                        l_tile = gl.sum(p, axis=1)
+                    l = l * alpha + l_tile
+                    if FENCE:
+                        l = _fence(l)
+                    acc = _wait_pv(acc, p16, FP8)
+                    _release(v_empty.index(prev_slot), CLUSTER)
+                    # 5.5: rescale the accumulator once P V of tile i-1 has landed (under the next Q K^T instead,
+                    # FlashAttention-3's place, measured 1-2% slower)
+                    alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+                    if LAZY or STALE:
+                        acc = _rescale_lazy(acc, alpha_o, HEAD_V)
+                    else:
+                        acc = acc * alpha_o
+                    p16 = _carried_p(p, p_dtype, p_layout, FP8)
         if not Q_REGS and O_SMEM != 2:  # every Q K^T of this item has retired: the producer may load the next
             mbarrier.arrive(q_free, count=1)  # item's Q (O_SMEM 2: once O has gone out through it, below)
         last = (ring_pos + n_iters - 1) % STAGES
