@@ -102,14 +102,15 @@ HOPPER = [
     (64, False, None, KernelConfig(192, 128, 4, 2, pingpong=1, stale=1)),  # three warpgroups take turns
     (64, True, 512, KernelConfig(64, 64, 4, 2, q_regs=1, balance=1, occupancy=3)),  # 3 short programs an SM
     (64, True, 4096, KernelConfig(128, 128, 4, 2, q_regs=1, balance=1)),  # the last rounds dealt by LPT
-    (64, True, 16384, KernelConfig(192, 128, 4, 2, balance=1)),  # 192 rows once items are long
+    (64, True, 16384, KernelConfig(192, 128, 4, 2, balance=1, stale=1)),  # 192 rows once items are long
     (64, True, None, KernelConfig(192, 128, 4, 2)),
     (128, False, 512, KernelConfig(128, 128, 4, 2, pingpong=1, head_group=2, q_regs=1, fence=1, stale=1)),
     # up to 16k keys: 2-CTA clusters read each K/V tile once for both (multicast)
     (128, False, 16384, KernelConfig(128, 128, 4, 2, head_group=2, q_regs=1, fence=1, cluster=1, stale=1)),
     (128, False, None, KernelConfig(128, 128, 4, 3, q_regs=1, fence=1, stale=1)),  # a head's K/V past L2: 3 stages
     (128, True, 512, KernelConfig(64, 64, 4, 2, q_regs=1, occupancy=2, stale=1)),  # 2 short programs an SM
-    (128, True, 16384, KernelConfig(128, 128, 4, 2, q_regs=1)),
+    (128, True, 2048, KernelConfig(128, 128, 4, 2, q_regs=1)),
+    (128, True, 16384, KernelConfig(128, 128, 4, 2, q_regs=1, stale=1)),  # the standing pivot from 4k keys
     (128, True, None, KernelConfig(128, 128, 4, 3, q_regs=1)),
     # 256-wide tiles (head_dim 192 and 256): O's 64 x 256 accumulator takes 128 registers a thread,
     # so 64-key tiles and Q in shared memory (Q and the rings fill it: O has no stage of its own); non-causal, the
@@ -122,7 +123,7 @@ HOPPER = [
     (256, False, O_VIA_Q_KEYS, KernelConfig(128, 64, 4, 2, pingpong=1, stale=1, o_via_q=1)),
     (256, False, None, KernelConfig(128, 64, 4, 2, pingpong=1, stale=1)),
     (256, True, O_VIA_Q_KEYS, KernelConfig(128, 64, 4, 2, lazy=1, o_via_q=1)),
-    (256, True, None, KernelConfig(128, 64, 4, 2, lazy=1)),
+    (256, True, None, KernelConfig(128, 64, 4, 2, stale=1)),
 ]
 
 
