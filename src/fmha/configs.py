@@ -102,7 +102,8 @@ HOPPER = [
     (64, False, None, KernelConfig(192, 128, 4, 2, pingpong=1, stale=1)),  # three warpgroups take turns
     (64, True, 512, KernelConfig(64, 64, 4, 2, q_regs=1, balance=1, occupancy=3)),  # 3 short programs an SM
     (64, True, 4096, KernelConfig(128, 128, 4, 2, q_regs=1, balance=1)),  # the last rounds dealt by LPT
-    (64, True, 16384, KernelConfig(192, 128, 4, 2, balance=1, stale=1)),  # 192 rows once items are long
+    # 192 rows once items are long; the standing pivot on the tiles every row sees whole (+1.8-2.4% at 8k-16k)
+    (64, True, 16384, KernelConfig(192, 128, 4, 2, balance=1, stale=1)),
     (64, True, None, KernelConfig(192, 128, 4, 2)),
     (128, False, 512, KernelConfig(128, 128, 4, 2, pingpong=1, head_group=2, q_regs=1, fence=1, stale=1)),
     # up to 16k keys: 2-CTA clusters read each K/V tile once for both (multicast)
@@ -110,20 +111,20 @@ HOPPER = [
     (128, False, None, KernelConfig(128, 128, 4, 3, q_regs=1, fence=1, stale=1)),  # a head's K/V past L2: 3 stages
     (128, True, 512, KernelConfig(64, 64, 4, 2, q_regs=1, occupancy=2, stale=1)),  # 2 short programs an SM
     (128, True, 2048, KernelConfig(128, 128, 4, 2, q_regs=1)),
-    (128, True, 16384, KernelConfig(128, 128, 4, 2, q_regs=1, stale=1)),  # the standing pivot from 4k keys
+    (128, True, 16384, KernelConfig(128, 128, 4, 2, q_regs=1, stale=1)),  # the standing pivot from 4k: +1.7-4.1%
     (128, True, None, KernelConfig(128, 128, 4, 3, q_regs=1)),
     # 256-wide tiles (head_dim 192 and 256): O's 64 x 256 accumulator takes 128 registers a thread,
     # so 64-key tiles and Q in shared memory (Q and the rings fill it: O has no stage of its own); non-causal, the
     # standing pivot spares the 128 registers' rescale and the two warpgroups take turns: +2-3% from 4k keys;
-    # causal, where the standing pivot spills a register or two in the sm_90 build, the lazy pivot (no spills):
-    # +3.3-5.9% beside the row without it in one run, plain calls (with modifiers :func:`hopper_config` drops it).
+    # causal, up to 4k keys the lazy pivot (+3.3-5.9% beside the row without it in one run, plain calls: with
+    # modifiers :func:`hopper_config` drops it), past them the standing one (+2.8% at 16k against the lazy one).
     # Up to 4k keys O goes out by TMA through each warpgroup's Q tile (``o_via_q``): +10-17% at 1k keys, +1-5% at 4k;
     # at 16k, where an item's end weighs least, 1% slower than O stored from registers without causal, even causal
     # (docs/PERF.md)
     (256, False, O_VIA_Q_KEYS, KernelConfig(128, 64, 4, 2, pingpong=1, stale=1, o_via_q=1)),
     (256, False, None, KernelConfig(128, 64, 4, 2, pingpong=1, stale=1)),
     (256, True, O_VIA_Q_KEYS, KernelConfig(128, 64, 4, 2, lazy=1, o_via_q=1)),
-    (256, True, None, KernelConfig(128, 64, 4, 2, stale=1)),
+    (256, True, None, KernelConfig(128, 64, 4, 2, stale=1)),  # (one spilled register, outside the key loop)
 ]
 
 
@@ -189,7 +190,7 @@ def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = 
     window alone (``window_only``: 0-4 spilled registers, 2-7% faster at 4k tokens); so it does for a
     causal head dim padded to its tile (96), whose Q K^T then skips the zero columns
     (``hopper.qk_slices``: 1-3% faster at D=96, docs/PERF.md), and which takes the standing pivot (``stale``:
-    2-3% faster there, 1-5% slower at D=128 causal up to 8k keys) and the last rounds dealt by LPT (``balance``:
+    2-5% faster there from 4k keys, 3% slower at 1k) and the last rounds dealt by LPT (``balance``:
     2-3% faster there); with them or lengths per sequence, no clusters (``hopper.supports``), nor for a V in a
     narrower tile than q/k's (80/40), nor where ``seqlen_q`` (0: not known) makes an odd number of query blocks
     (FlashAttention-3's rule): a cluster runs two blocks, and the partner of a last lone block would compute rows
@@ -218,8 +219,9 @@ def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = 
                 cfg = replace(cfg, q_regs=0)
             elif window_only and causal and d == 128:  # full bands first, across the heads
                 cfg = replace(cfg, head_group=WINDOW_HEAD_GROUP)
-            if modifiers:  # the lazy pivot was timed without them; beside a window at 256 it spills (sm_90 build)
-                cfg = replace(cfg, lazy=0)
+            if modifiers:  # the lazy pivot was timed without them; beside a window at 256 it spills (sm_90 build);
+                # causal, the standing pivot beside a window, softcap and ALiBi spilled 167-312 registers (D=64-128)
+                cfg = replace(cfg, lazy=0, stale=0 if causal and head_dim == padded(head_dim) else cfg.stale)
             if modifiers or per_sequence or -(-seqlen_q // cfg.block_m) % 2 or padded(head_dim_v or head_dim, 64) != d:
                 cfg = replace(cfg, cluster=0)
             if modifiers or per_sequence or fp8 or padded(head_dim_v or head_dim, 64) != d:  # timed on plain calls
