@@ -189,8 +189,8 @@ def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = 
     registers with window, softcap and ALiBi, causal; 134 with a window, non-causal), except under a causal
     window alone (``window_only``: 0-4 spilled registers, 2-7% faster at 4k tokens); so it does for a
     causal head dim padded to its tile (96), whose Q K^T then skips the zero columns
-    (``hopper.qk_slices``: 1-3% faster at D=96, docs/PERF.md), and which takes the standing pivot (``stale``:
-    2-5% faster there from 4k keys, 3% slower at 1k) and the last rounds dealt by LPT (``balance``:
+    (``hopper.qk_slices``: 1-3% faster at D=96, docs/PERF.md), with D=128's pivot (the standing one from 4k keys:
+    in the exact one 80 and 96 ran 2.4-3.6% faster at 1k) and the last rounds dealt by LPT (``balance``:
     2-3% faster there); with them or lengths per sequence, no clusters (``hopper.supports``), nor for a V in a
     narrower tile than q/k's (80/40), nor where ``seqlen_q`` (0: not known) makes an odd number of query blocks
     (FlashAttention-3's rule): a cluster runs two blocks, and the partner of a last lone block would compute rows
@@ -212,16 +212,16 @@ def hopper_config(head_dim: int, causal: bool, seqlen_k: int, modifiers: bool = 
             return replace(cfg, block_m=128, pingpong=0) if _too_wide(cfg, modifiers, per_sequence, seqlen_k) else cfg
     for key_d, key_causal, longest, cfg in HOPPER:
         if key_d == d and key_causal == bool(causal) and (longest is None or seqlen_k <= longest):
-            if causal and head_dim != padded(head_dim):  # Q K^T over its own columns; 96 the standing pivot and LPT
+            if causal and head_dim != padded(head_dim):  # Q K^T over its own columns; 96 the LPT rounds
                 lpt = d == 128 and LPT_96_KEYS[0] < seqlen_k <= LPT_96_KEYS[1]
-                cfg = replace(cfg, q_regs=0, stale=int(cfg.stale or d == 128), balance=int(cfg.balance or lpt))
+                cfg = replace(cfg, q_regs=0, balance=int(cfg.balance or lpt))
             elif modifiers and d == 128 and not (window_only and causal):
                 cfg = replace(cfg, q_regs=0)
             elif window_only and causal and d == 128:  # full bands first, across the heads
                 cfg = replace(cfg, head_group=WINDOW_HEAD_GROUP)
             if modifiers:  # the lazy pivot was timed without them; beside a window at 256 it spills (sm_90 build);
-                # causal, the standing pivot beside a window, softcap and ALiBi spilled 167-312 registers (D=64-128)
-                cfg = replace(cfg, lazy=0, stale=0 if causal and head_dim == padded(head_dim) else cfg.stale)
+                # causal, the standing pivot beside a window, softcap and ALiBi spilled 167-312 registers (D=64-256)
+                cfg = replace(cfg, lazy=0, stale=0 if causal else cfg.stale)
             if modifiers or per_sequence or -(-seqlen_q // cfg.block_m) % 2 or padded(head_dim_v or head_dim, 64) != d:
                 cfg = replace(cfg, cluster=0)
             if modifiers or per_sequence or fp8 or padded(head_dim_v or head_dim, 64) != d:  # timed on plain calls
