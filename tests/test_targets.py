@@ -123,8 +123,9 @@ def test_hopper_builds_for_sm90_with_wgmma_and_tma():
     assert "cp.async.bulk.tensor.3d.global.shared::cta" not in deep.asm["ptx"]
     assert deep_r.spilled_registers == 0 and deep_r.shared_bytes <= 232448
     # ping-pong: every consumer warpgroup waits for its turn before each of its 3 issue points
-    turns = targets.build("hopper", "sm_90", 128, "bfloat16", True, configs.KernelConfig(128, 128, 4, 2, pingpong=1))
-    assert turns.asm["ptx"].count("mbarrier.try_wait") == ptx.count("mbarrier.try_wait") + 2 * 3
+    turns, alone = (targets.build("hopper", "sm_90", 128, "bfloat16", True,
+                                  configs.KernelConfig(128, 128, 4, 2, pingpong=p)) for p in (1, 0))
+    assert turns.asm["ptx"].count("mbarrier.try_wait") == alone.asm["ptx"].count("mbarrier.try_wait") + 2 * 3
 
 
 def _sass(cubin: bytes, tmp_path) -> str:
@@ -176,20 +177,22 @@ def test_hopper_table_keeps_wgmma_asynchronous(head_dim, causal):
 
 def test_hopper_builds_balanced_causal():
     """``balance``: the table's D=64 causal rows (128 rows with Q in registers, 192 rows) build for
-    sm_90 without spills, and their programs read the host-built list (global loads the pairs'
-    arithmetic alone does not make)."""
+    sm_90 without spills but the 192 rows' standing pivot's (:data:`HOPPER_ROWS_SPILLING`), and their programs read
+    the host-built list (global loads the pairs' arithmetic alone does not make)."""
     from dataclasses import replace
 
     for sk in (4096, 16384):
         cfg = configs.hopper_config(64, True, sk)
         assert cfg.balance
         b = targets.build("hopper", "sm_90", 64, "bfloat16", True, cfg, seqlen_k=sk)
-        assert targets.report(b).spilled_registers == 0
+        assert targets.report(b).spilled_registers == HOPPER_ROWS_SPILLING.get(("bfloat16", 64, True, sk), 0)
     plain = targets.build("hopper", "sm_90", 64, "bfloat16", True, replace(cfg, balance=0), seqlen_k=sk)
     assert b.asm["ptx"].count("ld.global") > plain.asm["ptx"].count("ld.global")
-    # pairs numbered across head groups (PAIRED 2): their own numbering, no spills; head-major pairs unchanged
+    # pairs numbered across head groups (PAIRED 2): their own numbering, no more spills than the row's; head-major
+    # pairs unchanged
     grouped = targets.build("hopper", "sm_90", 64, "bfloat16", True, replace(cfg, head_group=8), seqlen_k=sk)
-    assert targets.report(grouped).spilled_registers == 0 and grouped.asm["ptx"] != b.asm["ptx"]
+    assert targets.report(grouped).spilled_registers == targets.report(b).spilled_registers
+    assert grouped.asm["ptx"] != b.asm["ptx"]
 
 
 def test_hopper_builds_clusters_with_multicast():
@@ -239,8 +242,8 @@ def test_hopper_builds_o_out_through_q():
     """``o_via_q`` at head_dim 256 and 192/128 (the table's rows: Q and two stages of K/V tiles fill shared memory,
     O has no stage of its own): O goes out by TMA from each warpgroup's Q tile (a warpgroup straddling the end still
     stores its rows from registers), each warpgroup's Q loaded apart once its own O has gone out, in the same shared
-    memory; without the flag, no TMA store.  Non-causal (ping-pong, the standing pivot) spills one register: a value
-    stored at the kernel's start and read back once, outside the key loop."""
+    memory; without the flag, no TMA store.  With the standing pivot (non-causal beside ping-pong, causal past 4k keys)
+    one register spills: a value stored at the kernel's start and read back once, outside the key loop."""
     from dataclasses import replace
 
     store = "cp.async.bulk.tensor.3d.global.shared::cta"
@@ -250,7 +253,7 @@ def test_hopper_builds_o_out_through_q():
                                   seqlen_k=16384) for flag in (1, 0))
         r = targets.report(b)
         assert store in b.asm["ptx"] and store not in plain.asm["ptx"]
-        assert r.spilled_registers == (0 if causal else 1)
+        assert r.spilled_registers == 1
         assert r.shared_bytes - targets.report(plain).shared_bytes <= 32  # (the warpgroups' Q barriers apart, aligned)
     # DeepSeek's 192/128 (``split_qk``): O through Q's 128-column tile, beside the 64-column one, without spills
     mla = configs.hopper_config(192, True, 4096, head_dim_v=128)
@@ -1161,6 +1164,8 @@ def test_a_failed_hopper_build_is_told_by_ptxas_own_line():
 
 # the table rows that build with spills, as timed: (dtype, head_dim, causal, longest seqlen_k) -> registers spilled
 HOPPER_ROWS_SPILLING = {("bfloat16", 64, False, None): 26,  # 192 rows, the standing pivot's re-take (timed fastest so)
+                        ("bfloat16", 64, True, 16384): 12,  # 192 rows causal, the same (+1.8-4.7% over the exact pivot)
+                        ("bfloat16", 256, True, None): 1,  # the standing pivot, causal: one register, outside the loop
                         ("bfloat16", 256, False, configs.O_VIA_Q_KEYS): 1}  # O out through Q: stored once, at the start
 
 
