@@ -1,0 +1,55 @@
+"""Compile the kernels a bench run will launch, many processes at once, so the timed run meets a warm Triton cache.
+
+    PYTHONPATH=src python3 bench/warm_cache.py --jobs 12 \\
+        "default|causal=1|fmha:auto;fmha:hopper[stale=1]" "head-dims|head_dim=96|fmha:auto"
+
+Each argument is ``grid|where|providers``: a grid of ``fmha bench``, its ``--where`` filter (empty: every cell) and
+the providers separated by ``;``.  Every (cell, provider) runs once, untimed and unchecked, in a pool of ``--jobs``
+processes (each compiles what its call needs into ``TRITON_CACHE_DIR``, which ``fmha bench`` then reads): on a cold
+cache a bench run otherwise compiles its Gluon kernels one after the other, 20-40 s each.  Prints one line a call:
+``ok`` or ``FAIL`` with the error.
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+
+
+def _cells(grid: str, where: str | None):
+    from fmha.bench import grids
+    return grids.where(getattr(grids, grid.replace("-", "_") + "_grid")(), where)
+
+
+def _one(job: tuple) -> str:
+    grid, where, name, index = job
+    import torch
+    from fmha.bench import providers, runner
+    cell = _cells(grid, where)[index]
+    runner._reference = lambda *args: None  # the inputs only: no reference to compute
+    try:
+        q, k, v, _, _ = runner.cell_inputs(cell, torch.bfloat16, "cuda")
+        providers.select(providers.providers("cuda"), [name])[0].make(q, k, v, cell)()
+        torch.cuda.synchronize()
+        return f"ok {grid} {cell} {name}"
+    except Exception as e:  # a provider that refuses a cell is the bench's to report
+        return f"FAIL {grid} {cell} {name}: {type(e).__name__}: {' '.join(str(e).split())[:200]}"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("specs", nargs="+", help="grid|where|provider;provider...")
+    p.add_argument("--jobs", type=int, default=8)
+    args = p.parse_args()
+    jobs = []
+    for spec in args.specs:
+        grid, where, names = spec.split("|")
+        n = len(_cells(grid, where or None))
+        jobs += [(grid, where or None, name, i) for name in names.split(";") for i in range(n)]
+    with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        for line in pool.map(_one, jobs):
+            print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
