@@ -18,7 +18,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 def _cells(grid: str, where: str | None):
     from fmha.bench import grids
-    return grids.where(getattr(grids, grid.replace("-", "_") + "_grid")(), where)
+    return grids.where(grids.GRIDS[grid](), where)
 
 
 def _one(job: tuple) -> str:
@@ -29,7 +29,9 @@ def _one(job: tuple) -> str:
     runner._reference = lambda *args: None  # the inputs only: no reference to compute
     try:
         q, k, v, _, _ = runner.cell_inputs(cell, torch.bfloat16, "cuda")
-        providers.select(providers.providers("cuda"), [name])[0].make(q, k, v, cell)()
+        provider = providers.select(providers.providers("cuda"), [name])[0]
+        with provider.scope():
+            provider.make(q, k, v, cell)()
         torch.cuda.synchronize()
         return f"ok {grid} {cell} {name}"
     except Exception as e:  # a provider that refuses a cell is the bench's to report
