@@ -582,6 +582,30 @@ def test_hopper_varlen_matches_reference(d, dv, dtype, causal, align, window, le
     check_varlen(o, lse, q, k, v, cu_q, cu_k, **kw)
 
 
+@pytest.mark.parametrize("d", [32, 64, 80, 96, 128, 256])
+def test_hopper_varlen_long_causal_runs_the_tables_standing_pivot(d):
+    """Packed causal sequences past 4k keys take the table's causal rows there, the standing pivot on the tiles
+    every row sees whole (``stale``): each sequence (output and LSE) against its own float64 reference, top-left
+    and bottom-right, the output poisoned with NaN, with keys that jump 300-fold inside one sequence (its
+    standing pivot overflows and takes the tile again) beside sequences of random keys."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("sm_90 only")
+    lens_q, lens_k = [4100, 1, 2999, 64, 4500], [4100, 5000, 3000, 64, 4500]
+    assert fmha.configs.hopper_config(d, True, max(lens_k), per_sequence=True).stale == 1
+    q, cu_q = packed(lens_q, 4, d, torch.bfloat16, 7)
+    k, cu_k = packed(lens_k, 2, d, torch.bfloat16, 8)
+    v, _ = packed(lens_k, 2, d, torch.bfloat16, 9)
+    jump = int(cu_k[4]) + 2100  # inside a key tile of the last sequence
+    k[jump:] = (k[jump:].float() * 300).to(k.dtype)
+    for align in ("top_left", "bottom_right"):
+        out = nan_like(q)
+        del out  # the caching allocator hands this NaN block to the output
+        o, lse = fmha.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
+                                       causal_align=align, variant="hopper", return_lse=True)
+        torch.cuda.synchronize()
+        check_varlen(o, lse, q, k, v, cu_q, cu_k, causal=True, causal_align=align)
+
+
 def test_hopper_varlen_keys_stop_at_the_sequence_end():
     """A sequence's last key tile runs into the next sequence's keys: those are masked and their
     values zeroed, so a next sequence of NaN leaves this one exact (only the NaN one is NaN)."""
