@@ -64,6 +64,10 @@ HOPPER_CONFIGS = [fmha.KernelConfig(128, 128, 4, 3), fmha.KernelConfig(192, 128,
                   # O out through Q's tile where it has no stage of its own (3 stages at head_dim 128)
                   fmha.KernelConfig(128, 128, 4, 3, o_via_q=1),
                   fmha.KernelConfig(128, 128, 4, 3, pingpong=1, o_via_q=1),
+                  # P to P V through each warpgroup's shared tile, not its registers
+                  fmha.KernelConfig(128, 128, 4, 2, p_smem=1), fmha.KernelConfig(192, 128, 4, 2, stale=1, p_smem=1),
+                  fmha.KernelConfig(128, 128, 4, 2, q_regs=1, fence=1, stale=1, p_smem=1),
+                  fmha.KernelConfig(192, 128, 4, 2, pingpong=1, lazy=1, p_smem=1),
                   # off the tables: key tiles of 16 and 32, one stage and four
                   fmha.KernelConfig(128, 32, 4, 2), fmha.KernelConfig(64, 16, 4, 2), fmha.KernelConfig(128, 64, 4, 1),
                   fmha.KernelConfig(128, 64, 4, 4)]
@@ -147,6 +151,8 @@ def test_hopper_runs_many_short_items(d, sq, causal, config):
 @pytest.mark.parametrize("d,config", [(128, fmha.KernelConfig(128, 128, 4, 2, lazy=1)),
                                       (64, fmha.KernelConfig(192, 128, 4, 2, lazy=1)),
                                       (64, fmha.KernelConfig(64, 64, 4, 2, occupancy=3, lazy=1)),
+                                      (96, fmha.KernelConfig(192, 128, 4, 2, fence=1, stale=1, p_smem=1)),
+                                      (64, fmha.KernelConfig(192, 128, 4, 2, balance=1, stale=1, p_smem=1)),
                                       (128, fmha.KernelConfig(128, 128, 4, 2, q_regs=1, fence=1, stale=1)),
                                       (64, fmha.KernelConfig(192, 128, 4, 2, pingpong=1, stale=1)),
                                       (64, fmha.KernelConfig(64, 64, 4, 2, occupancy=3, stale=1)),
@@ -322,7 +328,10 @@ def _arranged(b, h, kvh, s, d, dv, arrangement, seed):
                                          (256, 256, fmha.KernelConfig(128, 64, 4, 2, pingpong=1, stale=1, o_via_q=1)),
                                          (256, 256, fmha.KernelConfig(128, 64, 4, 2, lazy=1, o_via_q=1)),
                                          (160, 160, fmha.KernelConfig(128, 64, 4, 2, o_via_q=1)),
-                                         (192, 128, fmha.KernelConfig(128, 128, 4, 2, split_qk=1, o_via_q=1))],
+                                         (192, 128, fmha.KernelConfig(128, 128, 4, 2, split_qk=1, o_via_q=1)),
+                                         (96, 96, fmha.KernelConfig(192, 128, 4, 2, fence=1, stale=1, p_smem=1)),
+                                         (80, 80, fmha.KernelConfig(192, 128, 4, 2, fence=1, stale=1, p_smem=1)),
+                                         (192, 128, fmha.KernelConfig(128, 128, 4, 2, split_qk=1, p_smem=1))],
                          ids=str)
 def test_hopper_takes_every_head_dim(d, dv, config, causal, align, arrangement):
     """head_dim 32, 96, 192, 256, every other multiple of 8 from 40 (a sample: 40 and 80 with two Q K^T slices, 112

@@ -477,6 +477,23 @@ def test_hopper_builds_80_and_96_in_192_by_64_tiles(head_dim):
     assert n == {64, head_dim}
 
 
+def test_hopper_sends_p_through_shared_memory():
+    """``p_smem``: each consumer warpgroup writes P into its shared tile and P V reads its A operand from there (a
+    descriptor, where P from registers is four registers a k-step), over V's own 96 columns: 96 in 192 x 128 tiles,
+    FlashAttention-3's tiles there (P in registers spilled 175 registers there, in shared memory 2); without the
+    flag the build reads P from registers."""
+    from dataclasses import replace
+    wide = re.compile(r"wgmma\.mma_async\.sync\.aligned\.m64n96k16\.f32\.bf16\.bf16 \{[^}]*\}, (\S+)")
+    cfg = configs.KernelConfig(192, 128, 4, 2, fence=1, stale=1, p_smem=1)
+    for flag, a_operand in ((1, r"%rd\d+,"), (0, r"\{")):
+        b = targets.build("hopper", "sm_90", 96, "bfloat16", False, replace(cfg, p_smem=flag), seqlen_k=8192)
+        operands = wide.findall(b.asm["ptx"])
+        assert operands and all(re.match(a_operand, a) for a in operands), operands[:2]
+        if flag:
+            r = targets.report(b)
+            assert r.spilled_registers <= 2 and r.shared_bytes <= 232448
+
+
 def test_hopper_holds_q_and_k_of_192_unpadded():
     """``split_qk``: q/k head dim 192 held as a 128- and a 64-column tile, filled by 64-column TMA boxes, instead of
     a 256-column tile a quarter zeros: the same products (Q K^T in 12 steps of 64 keys, P V in 4 over V's 192

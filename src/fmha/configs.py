@@ -39,6 +39,7 @@ class KernelConfig:
     wide: int = 0  # hopper: 1 P V over a padded V's whole tile (0: over its own columns, ``narrow_pass``)
     qk_chunks: int = 0  # tiled: Q K^T as one batched product over this many column chunks, summed (0: one product)
     o_via_q: int = 0  # hopper: 1 where O has no shared-memory stage of its own, it goes out through Q's tile (TMA)
+    p_smem: int = 0  # hopper: 1 P reaches P V through a shared tile of its warpgroup (FA3's "P not RS"), not registers
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -88,7 +88,7 @@ from ...constants import LOG2E
 from ...device import device_facts
 from .kernel import KERNEL, hopper_kernel  # noqa: F401
 from .resources import (MIN_SCALE, REGS_SM, SMEM_LIMIT, SMEM_SM, SMEM_SPARE, SPLIT_QK_DIM, consumer_regs,  # noqa: F401
-                        launch_options, launch_regs, o_stage, o_staged, o_via_q_reason, padded, sm_bytes,
+                        launch_options, launch_regs, o_stage, o_staged, o_via_q_reason, p_smem_reason, padded, sm_bytes,
                         smem_bytes, tile_layout)
 from .schedule import (ITEM_COST, _schedule, balanced_tail, block_tiles, item_rows, paired_item,  # noqa: F401
                        per_sequence, split_pieces, tail_pieces)
@@ -132,6 +132,10 @@ def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
         return f"split_qk takes q/k head_dim {SPLIT_QK_DIM} (not {prob.head_dim})"
     if cfg.split_qk and (cfg.cluster or prob.fp8):
         return "split_qk takes no clusters and no float8"
+    if cfg.p_smem:
+        why = p_smem_reason(cfg, _in_bytes(prob))
+        if why:
+            return why
     in_bytes = _in_bytes(prob)
     if cfg.o_via_q:
         why = o_via_q_reason(prob.head_dim, cfg, prob.dv, in_bytes)
@@ -336,4 +340,4 @@ def constexprs(prob, cfg, store_lse: bool, paired: bool = False, alibi: bool = F
                 O_SMEM=o_stage(prob.head_dim, cfg, prob.dv, _in_bytes(prob)), Q_REGS=bool(cfg.q_regs),
                 FENCE=bool(cfg.fence), LAZY=bool(cfg.lazy), STALE=bool(cfg.stale), SPLIT=split, BALANCE=balance,
                 CLUSTER=bool(cfg.cluster), FP8=prob.fp8, SPLIT_QK=bool(cfg.split_qk),
-                NARROW=0 if cfg.wide else narrow_pass.width(prob.dv, padded(prob.dv)))
+                NARROW=0 if cfg.wide else narrow_pass.width(prob.dv, padded(prob.dv)), P_SMEM=bool(cfg.p_smem))

@@ -90,11 +90,17 @@ def _p_operand(p, p_dtype: gl.constexpr, p_layout: gl.constexpr, FP8: gl.constex
 
 
 @gluon.jit
-def _carried_p(p, p_dtype: gl.constexpr, p_layout: gl.constexpr, FP8: gl.constexpr):
+def _carried_p(p, p_dtype: gl.constexpr, p_layout: gl.constexpr, p_buf, FP8: gl.constexpr, P_SMEM: gl.constexpr):
     """P as the loop carries it to the next step's P V: P V's A operand, except float8's, carried as float32
     and narrowed where P V is issued (:func:`_pv_operand`): a float8 operand crosses the loop one byte a
-    value, and packing the bytes again took four byte permutes a register."""
-    if FP8:
+    value, and packing the bytes again took four byte permutes a register.  P_SMEM: P narrowed into the
+    warpgroup's shared tile ``p_buf`` (its last P V has retired: :func:`_wait_pv` comes first), which is the
+    operand; the wgmma reads each warp's own 16 rows, as each warp wrote them."""
+    if P_SMEM:
+        p_buf.store(_narrow(p, p_dtype))
+        fence_async_shared()
+        carried = p_buf
+    elif FP8:
         carried = p
     else:
         carried = _p_operand(p, p_dtype, p_layout, FP8)
@@ -121,8 +127,8 @@ def _v_operand(v_slot, FP8: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k_lo_bufs, v_bufs, q_bar, q_empty,
-              k_ready, k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k,
+def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k_lo_bufs, v_bufs, p_bufs, q_bar,
+              q_empty, k_ready, k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q, seqlen_k,
               causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2, n_tiles, n_m,
               head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows, pieces, group, Descale,
               STAGES: gl.constexpr, WG: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -131,7 +137,8 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
               PAIRED: gl.constexpr, PINGPONG: gl.constexpr, STORE_LSE: gl.constexpr, VARLEN: gl.constexpr,
               SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, O_SMEM: gl.constexpr, Q_REGS: gl.constexpr,
               FENCE: gl.constexpr, LAZY: gl.constexpr, STALE: gl.constexpr, SPLIT: gl.constexpr, BALANCE: gl.constexpr,
-              CLUSTER: gl.constexpr, FP8: gl.constexpr, SPLIT_QK: gl.constexpr, NARROW: gl.constexpr):
+              CLUSTER: gl.constexpr, FP8: gl.constexpr, SPLIT_QK: gl.constexpr, NARROW: gl.constexpr,
+              P_SMEM: gl.constexpr):
     _cluster_sync(CLUSTER)
     rank = _cta_rank(CLUSTER)
     ROWS: gl.constexpr = 64
@@ -162,6 +169,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
         q_lo = q_lo_smem.index(WG)
     else:
         q_lo = q_half  # not read
+    p_buf = p_bufs.index(WG) if P_SMEM else p_bufs  # (P_SMEM 0: not read)
     ring_pos = 0  # position in the K/V rings, continued across work items
     items_done = 0
     n_turn = 0  # ping-pong: the steps this warpgroup has taken its turn for
@@ -224,7 +232,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
         m = gl.max(qk, axis=1) * item_scale - P_SHIFT
         p = gl.exp2(qk * item_scale - _pivot(m, MASKED)[:, None])
         l = gl.sum(p, axis=1)
-        p16 = _carried_p(p, p_dtype, p_layout, FP8)
+        p16 = _carried_p(p, p_dtype, p_layout, p_buf, FP8, P_SMEM)
         # the tiles after the first, STALE in three runs, each loop's code holding only what its tiles need: those
         # the window's lower edge crosses, those every row of this warpgroup sees whole (no mask: the standing pivot),
         # those the diagonal or the last key crosses (each tile's exact max: any pivot gives the same P / l; the
@@ -301,7 +309,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
                         acc = _rescale_lazy(acc, alpha_o, HEAD_V)
                     else:
                         acc = acc * alpha_o
-                    p16 = _carried_p(p, p_dtype, p_layout, FP8)
+                    p16 = _carried_p(p, p_dtype, p_layout, p_buf, FP8, P_SMEM)
         if not Q_REGS and O_SMEM != 2:  # every Q K^T of this item has retired: the producer may load the next
             mbarrier.arrive(q_free, count=1)  # item's Q (O_SMEM 2: once O has gone out through it, below)
         last = (ring_pos + n_iters - 1) % STAGES

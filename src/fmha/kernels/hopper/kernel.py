@@ -32,7 +32,7 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
                   VARLEN: gl.constexpr, SEQUSED: gl.constexpr, ALIGN_BR: gl.constexpr, PAGED: gl.constexpr,
                   O_SMEM: gl.constexpr, Q_REGS: gl.constexpr, FENCE: gl.constexpr, LAZY: gl.constexpr,
                   STALE: gl.constexpr, SPLIT: gl.constexpr, BALANCE: gl.constexpr, CLUSTER: gl.constexpr,
-                  FP8: gl.constexpr, SPLIT_QK: gl.constexpr, NARROW: gl.constexpr):
+                  FP8: gl.constexpr, SPLIT_QK: gl.constexpr, NARROW: gl.constexpr, P_SMEM: gl.constexpr):
     """Each program runs its work items (query block, batch*head), :func:`_n_items` and
     :func:`_tile`; the K/V rings and the barrier phases carry on from one item to the
     next, so the next item's first loads overlap this one's epilogue.  CLUSTER: a program is a
@@ -45,7 +45,8 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
     over V^T: the float8 wgmma takes its B operand K-major only), O bfloat16.  SPLIT_QK (q/k head dim 192): Q
     and K held as a 128-column tile and a 64-column one, each filled by 64-column TMA boxes, instead of a
     256-column tile a quarter padding (``q_lo_*``, ``k_lo_*``; placeholders otherwise).  NARROW: the columns
-    P V runs over where V is padded (:mod:`.narrow_pass`; 0: the whole tile)."""
+    P V runs over where V is padded (:mod:`.narrow_pass`; 0: the whole tile).  P_SMEM: P reaches P V through a
+    ``[64, BLOCK_N]`` shared tile of each consumer warpgroup instead of its registers."""
     NUM_WG: gl.constexpr = BLOCK_M // 64
     if CLUSTER:  # each CTA of the cluster holds all of every buffer
         bar_layout: gl.constexpr = BARRIER_CLUSTER
@@ -73,6 +74,10 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
         q_smem = q_box._reinterpret(q_desc.dtype, [NUM_WG, 64, HEAD], in_tile)
         q_lo_box = gl.allocate_shared_memory(q_desc.dtype, [1, 8, 8], spare_layout)  # placeholders
         q_lo_smem = q_lo_box
+    if P_SMEM:  # P's tiles, one a consumer warpgroup
+        p_bufs = gl.allocate_shared_memory(v_desc.dtype, [NUM_WG, 64, BLOCK_N], tile_layout(BLOCK_N))
+    else:
+        p_bufs = q_smem  # not read
     if O_SMEM == 1:
         o_box = gl.allocate_shared_memory(o_desc.dtype, [NUM_WG, 1, 64, HEAD_V], o_desc.layout)
         o_smem = o_box._reinterpret(o_desc.dtype, [NUM_WG, 64, HEAD_V], tile_v)
@@ -131,27 +136,27 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
     # (the partition arguments are spelled out: a tuple would lose their constexpr-ness)
     if NUM_WG == 3:
         gl.warp_specialize([
-            (_consumer, (o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k_lo_bufs, v_bufs, q_bar,
-                         q_empty, k_ready, k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q,
-                         seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2,
-                         n_tiles, n_m, head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows,
-                         pieces, group, Descale, STAGES, 0, BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI, QK_LO, CAUSAL, WINDOW,
-                         SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS,
-                         FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK, NARROW)),
-            (_consumer, (o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k_lo_bufs, v_bufs, q_bar,
-                         q_empty, k_ready, k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q,
-                         seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2,
-                         n_tiles, n_m, head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows,
-                         pieces, group, Descale, STAGES, 1, BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI, QK_LO, CAUSAL, WINDOW,
-                         SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS,
-                         FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK, NARROW)),
-            (_consumer, (o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k_lo_bufs, v_bufs, q_bar,
-                         q_empty, k_ready, k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q,
-                         seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2,
-                         n_tiles, n_m, head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows,
-                         pieces, group, Descale, STAGES, 2, BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI, QK_LO, CAUSAL, WINDOW,
-                         SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS,
-                         FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK, NARROW)),
+            (_consumer, (o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k_lo_bufs, v_bufs, p_bufs,
+                         q_bar, q_empty, k_ready, k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads,
+                         seqlen_q, seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale,
+                         scale_log2, n_tiles, n_m, head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE,
+                         Rows, pieces, group, Descale, STAGES, 0, BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI, QK_LO, CAUSAL,
+                         WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED, ALIGN_BR,
+                         O_SMEM, Q_REGS, FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK, NARROW, P_SMEM)),
+            (_consumer, (o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k_lo_bufs, v_bufs, p_bufs,
+                         q_bar, q_empty, k_ready, k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads,
+                         seqlen_q, seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale,
+                         scale_log2, n_tiles, n_m, head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE,
+                         Rows, pieces, group, Descale, STAGES, 1, BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI, QK_LO, CAUSAL,
+                         WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED, ALIGN_BR,
+                         O_SMEM, Q_REGS, FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK, NARROW, P_SMEM)),
+            (_consumer, (o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k_lo_bufs, v_bufs, p_bufs,
+                         q_bar, q_empty, k_ready, k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads,
+                         seqlen_q, seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale,
+                         scale_log2, n_tiles, n_m, head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE,
+                         Rows, pieces, group, Descale, STAGES, 2, BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI, QK_LO, CAUSAL,
+                         WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED, ALIGN_BR,
+                         O_SMEM, Q_REGS, FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK, NARROW, P_SMEM)),
             (_producer, (q_desc, k_desc, v_desc, q_box, q_lo_box, k_load, k_lo_load, v_load, q_bar, q_empty, k_ready,
                          k_empty, v_ready, v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k,
                          causal_offset, window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_lead, kv_seq_b,
@@ -161,20 +166,20 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     elif NUM_WG == 2:
         gl.warp_specialize([
-            (_consumer, (o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k_lo_bufs, v_bufs, q_bar,
-                         q_empty, k_ready, k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q,
-                         seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2,
-                         n_tiles, n_m, head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows,
-                         pieces, group, Descale, STAGES, 0, BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI, QK_LO, CAUSAL, WINDOW,
-                         SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS,
-                         FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK, NARROW)),
-            (_consumer, (o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k_lo_bufs, v_bufs, q_bar,
-                         q_empty, k_ready, k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q,
-                         seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2,
-                         n_tiles, n_m, head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows,
-                         pieces, group, Descale, STAGES, 1, BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI, QK_LO, CAUSAL, WINDOW,
-                         SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS,
-                         FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK, NARROW)),
+            (_consumer, (o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k_lo_bufs, v_bufs, p_bufs,
+                         q_bar, q_empty, k_ready, k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads,
+                         seqlen_q, seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale,
+                         scale_log2, n_tiles, n_m, head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE,
+                         Rows, pieces, group, Descale, STAGES, 0, BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI, QK_LO, CAUSAL,
+                         WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED, ALIGN_BR,
+                         O_SMEM, Q_REGS, FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK, NARROW, P_SMEM)),
+            (_consumer, (o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k_lo_bufs, v_bufs, p_bufs,
+                         q_bar, q_empty, k_ready, k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads,
+                         seqlen_q, seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale,
+                         scale_log2, n_tiles, n_m, head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE,
+                         Rows, pieces, group, Descale, STAGES, 1, BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI, QK_LO, CAUSAL,
+                         WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED, ALIGN_BR,
+                         O_SMEM, Q_REGS, FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK, NARROW, P_SMEM)),
             (_producer, (q_desc, k_desc, v_desc, q_box, q_lo_box, k_load, k_lo_load, v_load, q_bar, q_empty, k_ready,
                          k_empty, v_ready, v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k,
                          causal_offset, window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_lead, kv_seq_b,
@@ -184,13 +189,13 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
         ], [4, 4 if CLUSTER else 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:  # one consumer warpgroup: it is the default partition, with the registers the producer gives up
         gl.warp_specialize([
-            (_consumer, (o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k_lo_bufs, v_bufs, q_bar,
-                         q_empty, k_ready, k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads, seqlen_q,
-                         seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale, scale_log2,
-                         n_tiles, n_m, head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE, Rows,
-                         pieces, group, Descale, STAGES, 0, BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI, QK_LO, CAUSAL, WINDOW,
-                         SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED, ALIGN_BR, O_SMEM, Q_REGS,
-                         FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK, NARROW)),
+            (_consumer, (o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k_lo_bufs, v_bufs, p_bufs,
+                         q_bar, q_empty, k_ready, k_empty, v_ready, v_empty, turns, CuQ, CuK, SeqK, Items, heads,
+                         seqlen_q, seqlen_k, causal_offset, window_offset, align_offset, cap_in, cap_out, alibi_scale,
+                         scale_log2, n_tiles, n_m, head_group, o_rows_b, o_rows_h, o_col_h, o_stride, PieceO, PieceLSE,
+                         Rows, pieces, group, Descale, STAGES, 0, BLOCK_M, BLOCK_N, HEAD_V, DV, QK_HI, QK_LO, CAUSAL,
+                         WINDOW, SOFTCAP, ALIBI, RAGGED, PAIRED, PINGPONG, STORE_LSE, VARLEN, SEQUSED, ALIGN_BR,
+                         O_SMEM, Q_REGS, FENCE, LAZY, STALE, SPLIT, BALANCE, CLUSTER, FP8, SPLIT_QK, NARROW, P_SMEM)),
             (_producer, (q_desc, k_desc, v_desc, q_box, q_lo_box, k_load, k_lo_load, v_load, q_bar, q_empty, k_ready,
                          k_empty, v_ready, v_empty, v_tail, CuQ, CuK, SeqK, Items, heads, group, seqlen_q, seqlen_k,
                          causal_offset, window_offset, n_tiles, n_m, head_group, q_rows_b, q_rows_h, q_lead, kv_seq_b,
