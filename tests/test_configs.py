@@ -88,18 +88,21 @@ def test_o_goes_out_through_q_only_where_it_has_no_stage_and_q_is_its_tile():
 
 
 def test_p_in_shared_memory_takes_its_room_before_o():
-    """``p_smem``: a 16-bit ``[64, block_n]`` tile of P for each consumer warpgroup, counted before O's stage, which
-    then fits only where room is left (192 x 128 tiles at head_dim 96: Q and two stages of K/V tiles and P's three
-    tiles leave none, so O goes out from registers); float8 and clusters are refused by name."""
+    """``p_smem``: a ``[64, block_n]`` tile of P (V's element size) for each consumer warpgroup, counted before O's
+    stage, which then fits only where room is left (192 x 128 tiles at head_dim 96: Q and two stages of K/V tiles and
+    P's three tiles leave none, so O goes out from registers); float8 at head_dim 128 in 256-key tiles; clusters are
+    refused by name."""
     kc = configs.KernelConfig
-    for d, cfg, kb, stage in [(96, kc(192, 128, 4, 2), 224, 1), (96, kc(192, 128, 4, 2, p_smem=1), 224, 0),
-                              (128, kc(128, 128, 4, 2), 192, 1), (128, kc(128, 128, 4, 2, p_smem=1), 224, 1),
-                              (64, kc(192, 128, 4, 2, p_smem=1), 160, 1)]:
-        assert hopper.smem_bytes(d, cfg) == kb << 10
-        assert hopper.o_stage(d, cfg) == stage
+    for d, cfg, in_bytes, kb, stage in [(96, kc(192, 128, 4, 2), 2, 224, 1),
+                                        (96, kc(192, 128, 4, 2, p_smem=1), 2, 224, 0),
+                                        (128, kc(128, 128, 4, 2), 2, 192, 1),
+                                        (128, kc(128, 128, 4, 2, p_smem=1), 2, 224, 1),
+                                        (64, kc(192, 128, 4, 2, p_smem=1), 2, 160, 1),
+                                        (128, kc(128, 256, 4, 2, p_smem=1), 1, 208, 1)]:
+        assert hopper.smem_bytes(d, cfg, None, in_bytes) == kb << 10
+        assert hopper.o_stage(d, cfg, None, in_bytes) == stage
     assert hopper.p_smem_reason(kc(192, 128, 4, 2, p_smem=1)) is None
-    for cfg, in_bytes in [(kc(128, 128, 4, 2, p_smem=1), 1), (kc(128, 128, 4, 2, p_smem=1, cluster=1), 2)]:
-        assert "p_smem takes" in hopper.p_smem_reason(cfg, in_bytes)
+    assert "p_smem takes" in hopper.p_smem_reason(kc(128, 128, 4, 2, p_smem=1, cluster=1))
 
 
 @pytest.mark.parametrize("rows", [1, 4, 16, 17, 64])

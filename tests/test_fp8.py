@@ -186,15 +186,35 @@ def test_fp8_on_hopper_in_64_key_tiles(causal, align, rows, d, sq, sk):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("head_dim,rows,keys", [(64, 128, 128), (64, 192, 128), (128, 128, 128), (128, 192, 64)])
+@pytest.mark.parametrize("causal,align", [(False, "top_left"), (True, "bottom_right"), (True, "top_left")])
+@pytest.mark.parametrize("keys", [128, 256])
+@pytest.mark.parametrize("d,sq,sk", [(128, 300, 300), (128, 200, 333), (96, 129, 130), (64, 640, 2560),
+                                     (128, 1000, 1000)])
+def test_fp8_on_hopper_with_p_in_shared_memory(causal, align, keys, d, sq, sk):
+    """float8 P written to each warpgroup's shared tile for P V (``p_smem``; its columns reordered as V^T's keys
+    are), in 128- and 256-key tiles (256 only so: in registers it spilled): lengths off the tiles, GQA, against the
+    float64 reference of the dequantized inputs; the output poisoned."""
+    if not _sm90():
+        pytest.skip("the Gluon kernel needs an sm_90 GPU")
+    (q, k, v), descales, full = fp8_inputs(2, 8, 2, sq, sk, d, F8, seed=sq + d + keys)
+    out = torch.full((*q.shape[:-1], d), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    config = fmha.KernelConfig(128, keys, 4, 2, fence=1, p_smem=1)
+    o, lse = fmha.attention(q, k, v, causal=causal, causal_align=align, out=out, return_lse=True, variant="hopper",
+                            q_descale=descales[0], k_descale=descales[1], v_descale=descales[2], config=config)
+    check_fp8_p(o, lse, full, causal, align)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim,rows,keys,p_smem", [(64, 128, 128, 0), (64, 192, 128, 0), (128, 128, 128, 0),
+                                                       (128, 192, 64, 0), (128, 128, 256, 1), (64, 128, 256, 1)])
 @pytest.mark.parametrize("lazy", [0, 1])
-def test_fp8_on_hopper_sees_through_a_huge_key(lazy, head_dim, rows, keys):
+def test_fp8_on_hopper_sees_through_a_huge_key(lazy, head_dim, rows, keys, p_smem):
     """One key far above the rest (its probability near 1, the others rounded to float8's small values), and
     scores rising along the keys: the online softmax's rescales with float8 P, with the exact pivot and with the
     lazy one (``lazy=1``: a pivot that lags the max by up to 0.75, P up to 2**8.75, inside float8's 448)."""
     if not _sm90():
         pytest.skip("the Gluon kernel needs an sm_90 GPU")
-    config = fmha.KernelConfig(rows, keys, 4, 2, lazy=lazy, pingpong=int(rows == 192))  # (192: three in turns)
+    config = fmha.KernelConfig(rows, keys, 4, 2, lazy=lazy, pingpong=int(rows == 192), p_smem=p_smem)  # (192: in turns)
     (q, k, v), descales, full = fp8_inputs(1, 4, 4, 256, 512, head_dim, F8, seed=11)
     k = k.clone()
     k[:, :, 300] = (q[:, :, 0].float() * 4).clamp(-448, 448).to(F8)  # the first query's huge key

@@ -494,6 +494,19 @@ def test_hopper_sends_p_through_shared_memory():
             assert r.spilled_registers <= 2 and r.shared_bytes <= 232448
 
 
+def test_hopper_float8_takes_256_key_tiles_with_p_in_shared_memory():
+    """float8 at head_dim 128 in 128 x 256 tiles (FlashAttention-3 runs 128 x 224): with P in shared memory
+    (``p_smem``) the build spills nothing (P in registers beside S's 128 registers a thread: 475); Q K^T as
+    ``m64n256k32``, P V as ``m64n128k32`` reading P by descriptor."""
+    cfg = configs.KernelConfig(128, 256, 4, 2, fence=1, p_smem=1)
+    b = targets.build("hopper", "sm_90", 128, "float8_e4m3fn", False, cfg, seqlen_k=16384)
+    r = targets.report(b)
+    assert r.spilled_registers == 0 and r.shared_bytes <= 232448
+    assert {re.search(r"m64n(\d+)k32", k)[1] for k in r.matrix_instructions} == {"256", "128"}
+    pv = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n128k32\.f32\.e4m3\.e4m3 \{[^}]*\}, (\S+)", b.asm["ptx"])
+    assert pv and all(re.match(r"%rd\d+,", a) for a in pv)
+
+
 def test_hopper_holds_q_and_k_of_192_unpadded():
     """``split_qk``: q/k head dim 192 held as a 128- and a 64-column tile, filled by 64-column TMA boxes, instead of
     a 256-column tile a quarter zeros: the same products (Q K^T in 12 steps of 64 keys, P V in 4 over V's 192

@@ -133,7 +133,7 @@ def supports(prob, cfg, q, k, v, o, layout: str) -> str | None:
     if cfg.split_qk and (cfg.cluster or prob.fp8):
         return "split_qk takes no clusters and no float8"
     if cfg.p_smem:
-        why = p_smem_reason(cfg, _in_bytes(prob))
+        why = p_smem_reason(cfg)
         if why:
             return why
     in_bytes = _in_bytes(prob)
@@ -174,7 +174,9 @@ def fp8_head_dim_reason(head_dim: int, head_dim_v: int) -> str | None:
 def fp8_reason(prob, cfg, q) -> str | None:
     """Why the float8 forward cannot take this call, or None: float8 q too (the wgmma multiplies two float8
     operands), a dense call (no packed sequences, per-batch lengths or pages), head_dim 64, 96 or 128 alike for V,
-    no softcap, 64- or 128-key tiles without clusters, pieces or Q in registers, and the exact pivot."""
+    no softcap, 64- or 128-key tiles (256 with P in shared memory: in registers beside S's 128 registers a thread it
+    spilled 475 registers at head_dim 128, sm_90 build) without clusters, pieces or Q in registers, and the exact
+    pivot."""
     if q.dtype != FP8:
         return f"float8 K/V with {q.dtype} q (the float8 wgmma takes float8 q; tiled dequantizes K/V instead)"
     if per_sequence(prob) or prob.page:
@@ -184,8 +186,9 @@ def fp8_reason(prob, cfg, q) -> str | None:
         return why
     if prob.softcap:
         return "float8 on hopper takes no softcap"
-    if cfg.block_n not in (64, 128) or cfg.cluster or cfg.split_tail or cfg.q_regs:
-        return "float8 on hopper runs 64- or 128-key tiles without clusters, pieces or Q in registers"
+    if cfg.block_n not in ((64, 128, 256) if cfg.p_smem else (64, 128)) or cfg.cluster or cfg.split_tail or cfg.q_regs:
+        return ("float8 on hopper runs 64- or 128-key tiles (256 with P in shared memory, p_smem) without clusters, "
+                "pieces or Q in registers")
     if cfg.stale:  # a pivot that stands would let P past float8's largest value, 448 (the lazy one lags 0.75 at most)
         return "float8 on hopper takes no standing pivot (stale)"
     return None

@@ -96,8 +96,8 @@ def _carried_p(p, p_dtype: gl.constexpr, p_layout: gl.constexpr, p_buf, FP8: gl.
     value, and packing the bytes again took four byte permutes a register.  P_SMEM: P narrowed into the
     warpgroup's shared tile ``p_buf`` (its last P V has retired: :func:`_wait_pv` comes first), which is the
     operand; the wgmma reads each warp's own 16 rows, as each warp wrote them."""
-    if P_SMEM:
-        p_buf.store(_narrow(p, p_dtype))
+    if P_SMEM:  # (float8: its columns reordered as V^T's keys are, as in registers)
+        p_buf.store(_p_operand(p, p_dtype, p_layout, FP8) if FP8 else _narrow(p, p_dtype))
         fence_async_shared()
         carried = p_buf
     elif FP8:
@@ -108,9 +108,9 @@ def _carried_p(p, p_dtype: gl.constexpr, p_layout: gl.constexpr, p_buf, FP8: gl.
 
 
 @gluon.jit
-def _pv_operand(p16, p_dtype: gl.constexpr, p_layout: gl.constexpr, FP8: gl.constexpr):
+def _pv_operand(p16, p_dtype: gl.constexpr, p_layout: gl.constexpr, FP8: gl.constexpr, P_SMEM: gl.constexpr):
     """P V's A operand from what :func:`_carried_p` carried."""
-    if FP8:
+    if FP8 and not P_SMEM:
         operand = _p_operand(p16, p_dtype, p_layout, FP8)
     else:
         operand = p16
@@ -267,8 +267,8 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
                     qk = _qk(q_op, q_lo_op, k_bufs, k_lo_bufs, s, s_layout, ROWS, BLOCK_N, QK_HI, QK_LO, SPLIT_QK)
                     if not PINGPONG:
                         mbarrier.wait(v_ready.index(prev_slot), prev_phase)
-                    acc = _pv(_pv_operand(p16, p_dtype, p_layout, FP8), _v_operand(v_bufs.index(prev_slot), FP8),
-                              acc, NARROW)
+                    acc = _pv(_pv_operand(p16, p_dtype, p_layout, FP8, P_SMEM),
+                              _v_operand(v_bufs.index(prev_slot), FP8), acc, NARROW)
                     _pass_turn(turns, WG, NUM_WG, PINGPONG)
                     n_turn += 1
                     qk = warpgroup_mma_wait(1, deps=[qk])
@@ -315,7 +315,7 @@ def _consumer(o_desc, O, LSE, Alibi, q_smem, q_lo_smem, o_smem, o_box, k_bufs, k
         last = (ring_pos + n_iters - 1) % STAGES
         mbarrier.wait(v_ready.index(last), ((ring_pos + n_iters - 1) // STAGES) & 1)
         _take_turn(turns, n_turn, WG, PINGPONG)
-        acc = _pv(_pv_operand(p16, p_dtype, p_layout, FP8), _v_operand(v_bufs.index(last), FP8), acc, NARROW)
+        acc = _pv(_pv_operand(p16, p_dtype, p_layout, FP8, P_SMEM), _v_operand(v_bufs.index(last), FP8), acc, NARROW)
         _pass_turn(turns, WG, NUM_WG, PINGPONG)
         n_turn += 1
         acc = _wait_pv(acc, p16, FP8)

@@ -75,7 +75,8 @@ def hopper_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, Alibi, CuQ, CuK, SeqK,
         q_lo_box = gl.allocate_shared_memory(q_desc.dtype, [1, 8, 8], spare_layout)  # placeholders
         q_lo_smem = q_lo_box
     if P_SMEM:  # P's tiles, one a consumer warpgroup
-        p_bufs = gl.allocate_shared_memory(v_desc.dtype, [NUM_WG, 64, BLOCK_N], tile_layout(BLOCK_N))
+        p_bufs = gl.allocate_shared_memory(v_desc.dtype, [NUM_WG, 64, BLOCK_N],
+                                           tile_layout(BLOCK_N, 2, 8 if FP8 else 16))
     else:
         p_bufs = q_smem  # not read
     if O_SMEM == 1:

@@ -62,17 +62,18 @@ def _o_bytes(head_dim: int, cfg, head_dim_v: int | None) -> int:
     return 2 * cfg.block_m * _tiles(head_dim, head_dim_v, cfg)[1]
 
 
-def _p_bytes(cfg) -> int:
-    """P's tiles in shared memory (``cfg.p_smem``: a 16-bit ``[64, block_n]`` tile for each consumer warpgroup)."""
-    return 2 * cfg.block_m * cfg.block_n if cfg.p_smem else 0
+def _p_bytes(cfg, in_bytes: int = 2) -> int:
+    """P's tiles in shared memory (``cfg.p_smem``: a ``[64, block_n]`` tile for each consumer warpgroup, of V's
+    ``in_bytes``-byte elements)."""
+    return in_bytes * cfg.block_m * cfg.block_n if cfg.p_smem else 0
 
 
 def o_staged(head_dim: int, cfg, head_dim_v: int | None = None, in_bytes: int = 2) -> bool:
     """Whether O (16-bit, float8 inputs' too) goes out through shared memory (a TMA store) beside Q, the
     K/V rings and P's tiles; where it does not fit (16-bit D=128 with 3 stages, D=256), each thread stores its
     part of O from registers."""
-    return (_inputs_bytes(head_dim, cfg, head_dim_v, in_bytes) + _p_bytes(cfg) + _o_bytes(head_dim, cfg, head_dim_v)
-            + SMEM_SPARE <= SMEM_LIMIT)
+    return (_inputs_bytes(head_dim, cfg, head_dim_v, in_bytes) + _p_bytes(cfg, in_bytes)
+            + _o_bytes(head_dim, cfg, head_dim_v) + SMEM_SPARE <= SMEM_LIMIT)
 
 
 def o_via_q_reason(head_dim: int, cfg, head_dim_v: int | None = None, in_bytes: int = 2) -> str | None:
@@ -86,11 +87,11 @@ def o_via_q_reason(head_dim: int, cfg, head_dim_v: int | None = None, in_bytes: 
     return None
 
 
-def p_smem_reason(cfg, in_bytes: int = 2) -> str | None:
-    """Why P cannot reach P V through shared memory (``cfg.p_smem``), or None: it takes 16-bit q, k and v (float8's
-    P stays in registers, its columns reordered for V^T) on one CTA (no clusters)."""
-    if in_bytes != 2 or cfg.cluster:
-        return "p_smem takes 16-bit q, k and v on one CTA (no float8, whose P stays in registers, and no clusters)"
+def p_smem_reason(cfg) -> str | None:
+    """Why P cannot reach P V through shared memory (``cfg.p_smem``), or None: on one CTA (no clusters, whose
+    programs' shared tiles are laid out across both CTAs)."""
+    if cfg.cluster:
+        return "p_smem takes programs of one CTA (no clusters)"
     return None
 
 
@@ -106,7 +107,7 @@ def o_stage(head_dim: int, cfg, head_dim_v: int | None = None, in_bytes: int = 2
 def smem_bytes(head_dim: int, cfg, head_dim_v: int | None = None, in_bytes: int = 2) -> int:
     """Shared memory one program allocates: Q, the K/V rings, P's tiles (``cfg.p_smem``) and, staged, O."""
     o = _o_bytes(head_dim, cfg, head_dim_v) if o_staged(head_dim, cfg, head_dim_v, in_bytes) else 0
-    return _inputs_bytes(head_dim, cfg, head_dim_v, in_bytes) + _p_bytes(cfg) + o
+    return _inputs_bytes(head_dim, cfg, head_dim_v, in_bytes) + _p_bytes(cfg, in_bytes) + o
 
 
 def sm_bytes(head_dim: int, cfg, head_dim_v: int | None = None, in_bytes: int = 2) -> int:
