@@ -27,13 +27,9 @@ sys.path.append(str(Path(__file__).resolve().parents[1] / "src"))  # after PYTHO
 
 import fmha  # noqa: E402
 from fmha.bench import flops as bench_flops, grids, ledger  # noqa: E402
+from fmha.bench.runner import quantized  # noqa: E402
 
 CASES = [(1, 8192, 1), (8, 8192, 1), (8, 32768, 1), (4, 32768, 4), (1, 4096, 4096)]  # (batch, keys, query rows)
-
-
-def quantized(t: torch.Tensor):
-    scale = (t.float().abs().amax(dim=(2, 3)) / 448).clamp_min(1e-6)
-    return (t.float() / scale[:, :, None, None]).to(torch.float8_e4m3fn), scale
 
 
 def decode():

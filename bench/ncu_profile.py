@@ -25,7 +25,7 @@ import fmha
 from fmha import backward, configs
 from fmha.bench import grids, providers
 from fmha.bench.providers import config_changes
-from fmha.bench.runner import cell_inputs
+from fmha.bench.runner import cell_inputs, quantized
 
 
 BACKWARD = {"bwd128c512": (32, 16, 512, 128, True), "bwd128nc16k": (1, 16, 16384, 128, False),
@@ -57,12 +57,6 @@ def backward_of(attend, q, k, v):
     o = attend(*leaves)
     do = torch.randn_like(o)
     return lambda: torch.autograd.grad(o, leaves, do, retain_graph=True)
-
-
-def quantized(t: torch.Tensor):
-    """``t`` in float8 e4m3 with one descale factor per (batch, head), FlashAttention-3's form."""
-    scale = (t.float().abs().amax(dim=(2, 3)) / 448).clamp_min(1e-6)
-    return (t.float() / scale[:, :, None, None]).to(torch.float8_e4m3fn), scale
 
 
 def profile(fns) -> None:

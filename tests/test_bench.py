@@ -478,3 +478,19 @@ def test_a_gpu_times_each_provider_twice_the_second_round_reversed(monkeypatch):
     calls.clear()
     out = runner.time_in_rounds([(r, r["provider"]) for r in rows[:2]], "cpu", False, lambda r: None)
     assert calls == ["a", "b"] and [ms for _, ms in out] == [5.0, 6.0]
+
+
+def test_quantized_takes_one_factor_a_head():
+    """``runner.quantized``: float8 e4m3 with one descale factor per (batch, head), the largest value of each head
+    at float8's largest (448), and ``t8 * scale`` within e4m3's step (2^-3 relative, 2^-9 absolute below 2^-6) of
+    ``t``; a head of zeros keeps a positive factor."""
+    from fmha.bench.runner import quantized
+    t = torch.randn(2, 3, 40, 16) * torch.tensor([1.0, 30.0, 1e-3])[None, :, None, None]
+    t[1, 2] = 0.0
+    t8, scale = quantized(t)
+    assert t8.dtype == torch.float8_e4m3fn and scale.shape == (2, 3) and (scale > 0).all()
+    back = t8.float() * scale[:, :, None, None]
+    peak = t8.float().abs().amax(dim=(2, 3))
+    assert torch.allclose(peak[peak > 0], torch.full_like(peak[peak > 0], 448.0))
+    assert ((back - t).abs() <= t.abs() / 8 + 2.0 ** -9 * scale[:, :, None, None]).all()
+    assert (back[1, 2] == 0).all()

@@ -115,6 +115,13 @@ def cell_inputs(cell: Cell, dtype: torch.dtype, device: str, seed: int = 0):
     return q, k, v, _reference(q, k, v, cell), flops
 
 
+def quantized(t: torch.Tensor):
+    """``t`` in float8 e4m3 with one descale factor per (batch, head), FlashAttention-3's form: ``(t8, scale)``, float32
+    ``scale`` ``[batch, heads]`` with ``t8 * scale`` about ``t``."""
+    scale = (t.float().abs().amax(dim=(2, 3)) / 448).clamp_min(1e-6)
+    return (t.float() / scale[:, :, None, None]).to(torch.float8_e4m3fn), scale
+
+
 def cell_columns(cell: Cell, dtype: torch.dtype) -> dict:
     """The ledger columns that name the cell."""
     return {"dtype": str(dtype)[6:], "batch": cell.batch, "heads": cell.heads, "kv_heads": cell.kv_heads,
